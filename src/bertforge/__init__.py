@@ -1,0 +1,42 @@
+"""bertforge: BERT (Devlin et al., 2018) as a fast, installable tool.
+
+from bertforge import BertConfig, Tokenizer, BertModel, BertForPreTraining
+tok = Tokenizer.from_pretrained(path)
+model = BertModel.from_pretrained(path).eval()
+out = model(**tok(["a sentence"]))   # out.last_hidden_state (B, T, H), out.pooler_output (B, H)
+"""
+
+from .config import BertConfig
+from .errors import (
+    BertforgeError,
+    CheckpointError,
+    CheckpointWarning,
+    ConfigError,
+    DataError,
+    InputError,
+    VocabError,
+)
+from .heads import BertForPreTraining
+from .model import BertModel, BertOutput
+from .tokenizer import BatchEncoding, Encoding, Tokenizer, train_vocab
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BatchEncoding",
+    "BertConfig",
+    "BertForPreTraining",
+    "BertModel",
+    "BertOutput",
+    "BertforgeError",
+    "CheckpointError",
+    "CheckpointWarning",
+    "ConfigError",
+    "DataError",
+    "Encoding",
+    "InputError",
+    "Tokenizer",
+    "VocabError",
+    "__version__",
+    "train_vocab",
+]

@@ -1,0 +1,435 @@
+"""Checkpoints in the HF layout: config.json + vocab.txt + model.safetensors.
+
+Reads what users already have: HF checkpoints saved by `BertModel` (no prefix) or by any
+`BertFor...` class (`bert.` prefix), `model.safetensors` (also sharded, with an index) or
+`pytorch_model.bin` (loaded with `weights_only=True`, never a full unpickle), TF-converted names
+(`LayerNorm.gamma/beta`), DDP's `module.` prefix. Writes `model.safetensors` with HF names, so
+transformers loads our checkpoints too.
+
+Our parameter names differ from HF's (shorter, and one fused `qkv` projection instead of
+query/key/value); `KEY_TABLE` below is the whole mapping. Every error names the file and the
+tensor: missing files, shapes that do not fit the config (both shapes given), truncated or
+corrupt files, a vocab.txt larger than the config's vocab_size.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch import nn
+
+from .config import BertConfig
+from .errors import CheckpointError, CheckpointWarning, VocabError
+from .fileio import atomic_path
+from .hub import resolve
+
+SAFETENSORS = "model.safetensors"
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+PICKLE = "pytorch_model.bin"
+
+# Our name (regex) -> HF name(s). Several HF names are concatenated along dim 0 (fused qkv).
+# Names under `bert.` in our task models map to `bert.` + the same HF name.
+KEY_TABLE: list[tuple[str, tuple[str, ...]]] = [
+    (r"embeddings\.word\.(\w+)", ("embeddings.word_embeddings.{0}",)),
+    (r"embeddings\.position\.(\w+)", ("embeddings.position_embeddings.{0}",)),
+    (r"embeddings\.token_type\.(\w+)", ("embeddings.token_type_embeddings.{0}",)),
+    (r"embeddings\.norm\.(\w+)", ("embeddings.LayerNorm.{0}",)),
+    (
+        r"layers\.(\d+)\.attn\.qkv\.(\w+)",
+        (
+            "encoder.layer.{0}.attention.self.query.{1}",
+            "encoder.layer.{0}.attention.self.key.{1}",
+            "encoder.layer.{0}.attention.self.value.{1}",
+        ),
+    ),
+    (r"layers\.(\d+)\.attn\.out\.(\w+)", ("encoder.layer.{0}.attention.output.dense.{1}",)),
+    (r"layers\.(\d+)\.attn_norm\.(\w+)", ("encoder.layer.{0}.attention.output.LayerNorm.{1}",)),
+    (r"layers\.(\d+)\.ffn\.up\.(\w+)", ("encoder.layer.{0}.intermediate.dense.{1}",)),
+    (r"layers\.(\d+)\.ffn\.down\.(\w+)", ("encoder.layer.{0}.output.dense.{1}",)),
+    (r"layers\.(\d+)\.ffn_norm\.(\w+)", ("encoder.layer.{0}.output.LayerNorm.{1}",)),
+    (r"pooler\.dense\.(\w+)", ("pooler.dense.{0}",)),
+    # pre-training heads
+    (r"mlm\.transform\.(\w+)", ("cls.predictions.transform.dense.{0}",)),
+    (r"mlm\.norm\.(\w+)", ("cls.predictions.transform.LayerNorm.{0}",)),
+    (r"mlm\.bias", ("cls.predictions.bias",)),
+    (r"nsp\.(\w+)", ("cls.seq_relationship.{0}",)),
+]
+_COMPILED = [(re.compile(pattern + "$"), names) for pattern, names in KEY_TABLE]
+
+# Alternative spellings found in files, tried when the canonical HF name is absent.
+_ALIASES = {"cls.predictions.bias": "cls.predictions.decoder.bias"}
+# Tensors in files that are not parameters (buffers) or that we tie instead of loading.
+_IGNORED = re.compile(
+    r"(^|\.)(position_ids|token_type_ids)$|^(bert\.)?cls\.predictions\.decoder\.weight$"
+)
+_BODY_PREFIX = "bert."
+
+
+def hf_names(ours: str) -> tuple[str, ...]:
+    """HF tensor names for one of our parameter names (in file order for fused tensors)."""
+    prefix = ""
+    if ours.startswith(_BODY_PREFIX):
+        prefix, ours = _BODY_PREFIX, ours[len(_BODY_PREFIX) :]
+    for pattern, names in _COMPILED:
+        m = pattern.match(ours)
+        if m:
+            return tuple(prefix + n.format(*m.groups()) for n in names)
+    raise KeyError(f"no HF name for parameter {ours!r}: add it to checkpoint.KEY_TABLE")
+
+
+# ------------------------------------------------------------------------------------------------
+# Reading files
+
+
+def _weights_files(directory: Path) -> list[Path]:
+    if (directory / SAFETENSORS).is_file():
+        return [directory / SAFETENSORS]
+    index = directory / SAFETENSORS_INDEX
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+            shards = sorted(set(weight_map.values()))
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise CheckpointError(f"{index}: not a valid safetensors index ({e})") from None
+        missing = [s for s in shards if not (directory / s).is_file()]
+        if missing:
+            raise CheckpointError(
+                f"{index}: names shard files that are missing: {', '.join(missing)}"
+            )
+        return [directory / s for s in shards]
+    if (directory / PICKLE).is_file():
+        return [directory / PICKLE]
+    raise CheckpointError(
+        f"{directory}: no weights found (looked for {SAFETENSORS}, {SAFETENSORS_INDEX}, {PICKLE})"
+    )
+
+
+def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            return {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118
+    except Exception as e:  # SafetensorError, OSError, JSON errors in the header
+        size = path.stat().st_size if path.exists() else 0
+        raise CheckpointError(
+            f"{path}: corrupt or truncated safetensors file ({size} bytes): {e}"
+        ) from None
+
+
+def read_pickle(path: Path) -> dict[str, torch.Tensor]:
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # UnpicklingError for unsafe content, EOFError/RuntimeError if truncated
+        raise CheckpointError(
+            f"{path}: cannot read as a PyTorch state dict (weights_only=True): {e}"
+        ) from None
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise CheckpointError(f"{path}: expected a dict of tensors (a state_dict)")
+    return state
+
+
+def read_tensors(directory: Path) -> tuple[dict[str, torch.Tensor], dict[str, Path]]:
+    """All tensors of a checkpoint directory, with the file each came from."""
+    tensors: dict[str, torch.Tensor] = {}
+    origin: dict[str, Path] = {}
+    for path in _weights_files(directory):
+        part = read_safetensors(path) if path.suffix == ".safetensors" else read_pickle(path)
+        for name, t in part.items():
+            name = _canonical(name)
+            tensors[name] = t
+            origin[name] = path
+    return tensors, origin
+
+
+def _canonical(name: str) -> str:
+    """HF's spelling of a file's tensor name (DDP and TF-conversion leftovers removed)."""
+    if name.startswith("module."):
+        name = name[len("module.") :]
+    if name.endswith((".LayerNorm.gamma", ".LayerNorm.beta")):
+        name = name.replace(".gamma", ".weight").replace(".beta", ".bias")
+    return name
+
+
+def _find(name: str, tensors: dict[str, Any]) -> str | None:
+    """The file's spelling of HF `name`: as is, with or without `bert.`, or an alias."""
+    candidates = [name]
+    if name.startswith(_BODY_PREFIX):
+        candidates.append(name[len(_BODY_PREFIX) :])
+    elif not name.startswith(("cls.", "classifier.", "qa_outputs.")):
+        candidates.append(_BODY_PREFIX + name)
+    if name in _ALIASES:
+        candidates.append(_ALIASES[name])
+    return next((c for c in candidates if c in tensors), None)
+
+
+# ------------------------------------------------------------------------------------------------
+# Loading into a model
+
+M = TypeVar("M", bound=nn.Module)
+
+
+def check_vocab_file(vocab_file: Path, config: BertConfig, config_file: str) -> None:
+    """A vocab.txt with more tokens than the embedding matrix has rows cannot work."""
+    with open(vocab_file, "rb") as f:
+        n = sum(1 for _ in f)
+    if n > config.vocab_size:
+        raise VocabError(
+            f"{vocab_file} has {n} tokens but {config_file} says vocab_size={config.vocab_size}: "
+            "the vocabulary does not belong to this model"
+        )
+    if n < config.vocab_size:
+        # Padded embedding matrices (vocab_size rounded up for speed) are common and harmless.
+        warnings.warn(
+            f"{vocab_file} has {n} tokens, fewer than vocab_size={config.vocab_size} in "
+            f"{config_file}: the last {config.vocab_size - n} embedding rows are never used",
+            CheckpointWarning,
+            stacklevel=4,
+        )
+
+
+def load_state(model: nn.Module, tensors: dict[str, torch.Tensor], origin: dict[str, Path]) -> None:
+    """Copy a checkpoint's tensors into `model`, mapping names and checking shapes.
+
+    Missing encoder weights are an error; missing pooler or head weights keep their fresh
+    initialisation, with a warning that lists them.
+    """
+    expected = model.state_dict()
+    dtype = next(model.parameters()).dtype
+    loaded: dict[str, torch.Tensor] = {}
+    used: set[str] = set()
+    missing: list[tuple[str, str]] = []
+    for ours, target in expected.items():
+        names = hf_names(ours)
+        found = [_find(n, tensors) for n in names]
+        if any(f is None for f in found):
+            missing.append((ours, names[found.index(None)]))
+            continue
+        rows = target.shape[0] // len(names)
+        parts = []
+        for f in found:
+            assert f is not None
+            t = tensors[f]
+            want = (rows, *target.shape[1:]) if len(names) > 1 else tuple(target.shape)
+            if tuple(t.shape) != tuple(want):
+                raise CheckpointError(
+                    f"{origin[f]}: tensor {f!r} has shape {tuple(t.shape)} but the config needs "
+                    f"{tuple(want)}: config.json and the weights do not match"
+                )
+            if not t.is_floating_point():
+                raise CheckpointError(
+                    f"{origin[f]}: tensor {f!r} has dtype {t.dtype}, expected floats"
+                )
+            parts.append(t)
+            used.add(f)
+        loaded[ours] = (torch.cat(parts) if len(parts) > 1 else parts[0]).to(dtype)
+
+    body_missing = [hf for ours, hf in missing if not _is_fresh_ok(ours)]
+    if body_missing:
+        files = sorted({str(p) for p in origin.values()})
+        raise CheckpointError(
+            f"{', '.join(files)}: missing {len(body_missing)} encoder tensors, e.g. "
+            f"{', '.join(repr(n) for n in body_missing[:5])}: is this a BERT checkpoint?"
+        )
+    if missing:
+        warnings.warn(
+            "not in the checkpoint, freshly initialised: "
+            + ", ".join(sorted({_group(hf) for _, hf in missing})),
+            CheckpointWarning,
+            stacklevel=3,
+        )
+    _check_tied_decoder(tensors, loaded, model)
+    unknown = sorted(
+        n for n in tensors if n not in used and not _IGNORED.search(n) and not _is_known_head(n)
+    )
+    if unknown:
+        warnings.warn(
+            f"ignored {len(unknown)} unknown tensors in the checkpoint: {', '.join(unknown[:8])}",
+            CheckpointWarning,
+            stacklevel=3,
+        )
+    model.load_state_dict(loaded, strict=False)
+
+
+def _is_fresh_ok(ours: str) -> bool:
+    """Parameters that may be absent from a checkpoint (pooler and task heads)."""
+    return not ours.removeprefix(_BODY_PREFIX).startswith(("embeddings.", "layers."))
+
+
+def _is_known_head(name: str) -> bool:
+    return name.startswith(("cls.", "classifier.", "qa_outputs.", "bert.pooler.", "pooler."))
+
+
+def _group(hf_name: str) -> str:
+    """'cls.predictions.transform.dense.weight' -> 'cls.predictions.transform.dense'."""
+    return hf_name.rsplit(".", 1)[0]
+
+
+def _check_tied_decoder(
+    tensors: dict[str, torch.Tensor], loaded: dict[str, Any], model: nn.Module
+) -> None:
+    decoder = next((tensors[n] for n in ("cls.predictions.decoder.weight",) if n in tensors), None)
+    embeddings = loaded.get("bert.embeddings.word.weight")
+    if decoder is None or embeddings is None or not hasattr(model, "mlm"):
+        return
+    if decoder.shape != embeddings.shape or not torch.equal(
+        decoder.to(embeddings.dtype), embeddings
+    ):
+        warnings.warn(
+            "the checkpoint's cls.predictions.decoder.weight differs from the word embeddings; "
+            "BERT ties them, and bertforge uses the word embeddings",
+            CheckpointWarning,
+            stacklevel=3,
+        )
+
+
+def load_pretrained(
+    cls: type[M],
+    path: str | os.PathLike[str],
+    *,
+    config: BertConfig | None = None,
+    **model_kwargs: Any,
+) -> M:
+    """`cls(config)` with the weights of an HF-layout checkpoint directory (or hub name)."""
+    directory = resolve(path)
+    if not directory.is_dir():
+        raise CheckpointError(
+            f"{directory}: not a directory (a checkpoint is a directory with "
+            "config.json and model.safetensors)"
+        )
+    if config is None:
+        config = BertConfig.from_pretrained(directory)
+    config_file = next(
+        (
+            str(directory / n)
+            for n in ("config.json", "bert_config.json")
+            if (directory / n).exists()
+        ),
+        str(directory),
+    )
+    if (directory / "vocab.txt").is_file():
+        check_vocab_file(directory / "vocab.txt", config, config_file)
+    tensors, origin = read_tensors(directory)
+    model = cls(config, **model_kwargs)  # type: ignore[call-arg]
+    load_state(model, tensors, origin)
+    return model.eval()
+
+
+# ------------------------------------------------------------------------------------------------
+# Saving
+
+
+def hf_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """`model`'s parameters under HF names (fused tensors split), as contiguous CPU copies."""
+    out: dict[str, torch.Tensor] = {}
+    for ours, t in model.state_dict().items():
+        names = hf_names(ours)
+        for name, part in zip(names, t.detach().chunk(len(names), dim=0)):
+            out[name] = part.to("cpu").contiguous().clone()
+    return out
+
+
+def save_pretrained(model: nn.Module, directory: str | os.PathLike[str]) -> None:
+    """Write config.json and model.safetensors (HF names) atomically into `directory`."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    with atomic_path(directory / SAFETENSORS) as tmp:
+        save_file(hf_state_dict(model), str(tmp), metadata={"format": "pt"})
+    config: BertConfig = model.config  # type: ignore[assignment]
+    config.save(directory / "config.json", architectures=[type(model).hf_architecture])
+
+
+class Pretrained:
+    """`from_pretrained` / `save_pretrained` for our model classes (HF layout)."""
+
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike[str], **kwargs: Any) -> Any:
+        """Load from a checkpoint directory (or hub name); returns the model in eval mode."""
+        return load_pretrained(cls, path, **kwargs)  # type: ignore[type-var]
+
+    def save_pretrained(self, directory: str | os.PathLike[str]) -> None:
+        """Write config.json and model.safetensors into `directory`."""
+        save_pretrained(self, directory)  # type: ignore[arg-type]
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())  # type: ignore[attr-defined]
+
+
+# ------------------------------------------------------------------------------------------------
+# Inspecting without loading
+
+
+@dataclass
+class CheckpointInfo:
+    directory: Path
+    config: BertConfig
+    num_parameters: int
+    dtypes: list[str]
+    heads: list[str]
+    weights_files: list[Path]
+
+
+def inspect(path: str | os.PathLike[str]) -> CheckpointInfo:
+    """Config, parameter count and heads of a checkpoint, reading only file headers."""
+    directory = resolve(path)
+    config = BertConfig.from_pretrained(directory)
+    files = _weights_files(directory)
+    shapes: dict[str, tuple[tuple[int, ...], str]] = {}
+    for f in files:
+        if f.suffix == ".safetensors":
+            try:
+                with safe_open(str(f), framework="pt", device="cpu") as h:
+                    for name in h.keys():  # noqa: SIM118
+                        sl = h.get_slice(name)
+                        shapes[_canonical(name)] = (tuple(sl.get_shape()), sl.get_dtype())
+            except Exception as e:
+                raise CheckpointError(f"{f}: corrupt or truncated safetensors file: {e}") from None
+        else:
+            for name, t in read_pickle(f).items():
+                shapes[_canonical(name)] = (tuple(t.shape), str(t.dtype).replace("torch.", ""))
+    params = {n: s for n, s in shapes.items() if not _IGNORED.search(n)}
+    count = 0
+    for shape, _ in params.values():
+        size = 1
+        for d in shape:
+            size *= d
+        count += size
+    heads = []
+    if any(n.endswith("pooler.dense.weight") for n in params):
+        heads.append("pooler")
+    if any(n.startswith("cls.predictions.") for n in params):
+        heads.append("masked LM (mlm)")
+    if any(n.startswith("cls.seq_relationship.") for n in params):
+        heads.append("next sentence (nsp)")
+    if any(n.startswith("classifier.") for n in params):
+        heads.append("classifier")
+    if any(n.startswith("qa_outputs.") for n in params):
+        heads.append("span QA")
+    return CheckpointInfo(
+        directory=directory,
+        config=config,
+        num_parameters=count,
+        dtypes=sorted({d for _, d in params.values()}),
+        heads=heads,
+        weights_files=files,
+    )
+
+
+__all__ = [
+    "KEY_TABLE",
+    "CheckpointInfo",
+    "Pretrained",
+    "hf_names",
+    "hf_state_dict",
+    "inspect",
+    "load_pretrained",
+    "load_state",
+    "save_pretrained",
+]

@@ -1,0 +1,192 @@
+"""The `bertforge` command: a thin layer over functions importable on their own.
+
+    bertforge info PATH                      what a checkpoint holds
+    bertforge vocab train FILES... --size N --out DIR [--cased]
+    bertforge demo                           the foundation, end to end, on the stdlib's text
+
+Errors a user can cause print one line (`bertforge: error: ...`) and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import sys
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+
+from . import __version__
+from .errors import BertforgeError, DataError
+
+
+def expand_inputs(items: Sequence[str]) -> list[Path]:
+    """Files from a list of files, directories (all files below, sorted) and glob patterns."""
+    out: list[Path] = []
+    for item in items:
+        path = Path(item)
+        if path.is_dir():
+            out.extend(
+                sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
+            )
+        elif path.is_file():
+            out.append(path)
+        else:
+            matches = sorted(glob.glob(item, recursive=True))
+            if not matches:
+                raise DataError(f"{item}: no such file, directory or matching files")
+            out.extend(Path(m) for m in matches if Path(m).is_file())
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# commands
+
+
+def cmd_info(args: argparse.Namespace) -> None:
+    from .checkpoint import inspect
+    from .tokenizer import Tokenizer
+
+    info = inspect(args.path)
+    c = info.config
+    vocab = None
+    if (info.directory / "vocab.txt").is_file():
+        tok = Tokenizer.from_pretrained(info.directory)
+        vocab = {"size": tok.vocab_size, "cased": not tok.lowercase}
+    report = {
+        "directory": str(info.directory),
+        "layers": c.num_hidden_layers,
+        "hidden_size": c.hidden_size,
+        "heads": c.num_attention_heads,
+        "intermediate_size": c.intermediate_size,
+        "vocab_size": c.vocab_size,
+        "max_position_embeddings": c.max_position_embeddings,
+        "parameters": info.num_parameters,
+        "dtypes": info.dtypes,
+        "heads_present": info.heads,
+        "labels": c.id2label,
+        "vocab": vocab,
+        "weights": [str(p.name) for p in info.weights_files],
+    }
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return
+    print(f"checkpoint   {info.directory}")
+    print(
+        f"encoder      L={c.num_hidden_layers} H={c.hidden_size} A={c.num_attention_heads} "
+        f"I={c.intermediate_size} max_len={c.max_position_embeddings} act={c.hidden_act}"
+    )
+    print(f"parameters   {info.num_parameters:,} ({', '.join(info.dtypes)})")
+    print(f"heads        {', '.join(info.heads) or 'none (encoder only)'}")
+    if c.id2label:
+        print(f"labels       {', '.join(c.id2label[i] for i in sorted(c.id2label))}")
+    if vocab:
+        casing = "cased" if vocab["cased"] else "uncased"
+        print(
+            f"vocabulary   {vocab['size']:,} tokens, {casing} (config vocab_size {c.vocab_size:,})"
+        )
+    else:
+        print(f"vocabulary   no vocab.txt (config vocab_size {c.vocab_size:,})")
+    print(f"weights      {', '.join(p.name for p in info.weights_files)}")
+
+
+def cmd_vocab_train(args: argparse.Namespace) -> None:
+    from .tokenizer import train_vocab
+
+    files = expand_inputs(args.files)
+    if not files:
+        raise DataError("no input files found")
+    print(
+        f"training a {'cased' if args.cased else 'uncased'} WordPiece vocabulary of "
+        f"{args.size:,} tokens on {len(files)} file(s)",
+        file=sys.stderr,
+    )
+    tok = train_vocab(
+        files,
+        args.size,
+        lowercase=not args.cased,
+        min_frequency=args.min_frequency,
+        limit_alphabet=args.limit_alphabet,
+        encoding_errors=args.encoding_errors,
+    )
+    tok.save_pretrained(args.out)
+    print(
+        f"wrote {Path(args.out) / 'vocab.txt'} ({tok.vocab_size:,} tokens) and tokenizer_config.json"
+    )
+
+
+def cmd_demo(args: argparse.Namespace) -> None:
+    from .demo import run_demo
+
+    run_demo(Path(args.out), seed=args.seed)
+
+
+# ------------------------------------------------------------------------------------------------
+# parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="bertforge",
+        description="BERT (Devlin et al., 2018): tokenize, pre-train, fine-tune, extract features, serve.",
+    )
+    parser.add_argument("--version", action="version", version=f"bertforge {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("info", help="show what a checkpoint directory holds")
+    p.add_argument("path", help="checkpoint directory (config.json, model.safetensors, vocab.txt)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=cmd_info)
+
+    p = sub.add_parser("vocab", help="WordPiece vocabularies")
+    vsub = p.add_subparsers(dest="vocab_command", metavar="ACTION", required=True)
+    t = vsub.add_parser("train", help="train a WordPiece vocabulary from text files")
+    t.add_argument("files", nargs="+", help="text files, directories or glob patterns (UTF-8)")
+    t.add_argument("--size", type=int, default=30522, help="vocabulary size (default 30522)")
+    t.add_argument("--out", required=True, help="output directory for vocab.txt")
+    t.add_argument("--cased", action="store_true", help="keep case and accents (default: uncased)")
+    t.add_argument(
+        "--min-frequency", type=int, default=2, help="minimum pair frequency (default 2)"
+    )
+    t.add_argument(
+        "--limit-alphabet", type=int, default=1000, help="maximum initial characters (default 1000)"
+    )
+    t.add_argument(
+        "--encoding-errors",
+        choices=("strict", "replace", "ignore"),
+        default="strict",
+        help="what to do with bytes that are not UTF-8 (default: stop with an error)",
+    )
+    t.set_defaults(func=cmd_vocab_train)
+
+    p = sub.add_parser("demo", help="the foundation end to end on the Python stdlib's docstrings")
+    p.add_argument(
+        "--out", default="bertforge-demo", help="output directory (default bertforge-demo)"
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 0
+    warnings.simplefilter("default")
+    warnings.formatwarning = lambda msg, cat, *a, **k: f"bertforge: warning: {msg}\n"  # type: ignore[assignment]
+    try:
+        args.func(args)
+    except BertforgeError as e:
+        print(f"bertforge: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("bertforge: interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

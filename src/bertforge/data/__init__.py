@@ -1,0 +1,1 @@
+"""Data: corpora, pre-training instances, task readers. Never imports training code."""

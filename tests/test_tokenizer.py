@@ -1,0 +1,288 @@
+"""Tokenizer: agreement with the reference BERT tokenizer, offsets, pairs, padding, files."""
+
+from __future__ import annotations
+
+import random
+import unicodedata
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from bertforge import DataError, InputError, Tokenizer, VocabError, train_vocab
+from bertforge.textnorm import is_control
+from bertforge.tokenizer import truncate_pair_lengths
+
+# Text that has broken BERT tokenizers before: every case is compared with the reference.
+HARD_CASES = [
+    "Café naïve résumé coöperate Ångström façade jalapeño",
+    "combining: e\u0301 vs é, A\u030a vs Å, n\u0303, a\u0308\u0301 stacked, \u0301 alone",
+    "casing: Zürich ÉCOLE İstanbul ß ẞ ǅ ﬁ ﬂ ŉ",
+    "Greek: ΟΔΟΣ ΑΒΡΑΞΑΣ, ΣΑΣ. Σ alone ΑΣ\u200bΒ ὈΔΥΣΣΕΎΣ",
+    "CJK: 我爱北京天安门 日本語のテキスト 한국어 텍스트 𠀀𪜀 㐀 豈",
+    "emoji 😀👍🏽 👨‍👩‍👧 🏳️‍🌈 ❤️ 🥰 🫨",
+    "control\x00chars\x07here\x1b[0m \x7f del \x85 nel \x1c\x1d\x1e\x1f",
+    "zero\u200bwidth\u200cnon\u200djoiner\ufeffbom \u2060wj soft\u00adhyphen \u200e\u200f marks",
+    "ＦＵＬＬＷＩＤＴＨ　ｆｏｒｍｓ！ １２３ ｶﾀｶﾅ",
+    "a" * 100,
+    "b" * 101,
+    "long" + "x" * 120 + " ok " + "é" * 101,
+    "odd\u00a0whitespace\u2003em\u3000ideographic\tTab\nNL\rCR\u2028LS\u2029PS\x0bVT\x0cFF\u1680ogham",
+    "punctuation—dashes–and…ellipsis «quotes» „low“ ‘single’ ¿qué? ¡sí! ‽ ※",
+    "math ∑∫√∞ ≠ ≤ ½ ² x₁ ℃ ™ © ® § ¶ ° µ Ω",
+    "scripts: العربية עברית हिन्दी ภาษาไทย ქართული Ελληνικά Русский ᚠᚢᚦ",
+    "Vietnamese: Tiếng Việt có dấu, Ầ ẩ ẫ",
+    "[CLS] literal [SEP] specials[MASK]and [mask] and [UNK] [unused0]",
+    "lone surrogate \ud800 here \udfff",
+    "\ufffd replacement and \ufeff",
+    "U.S.A. e-mail don't it's C++ C# $5.00 50% @user #tag http://example.com/a?b=c&d=e",
+    "  leading and trailing  ",
+    "",
+    "   \n\t ",
+    "Unicode 14+: ab\u2e43cd \u0890x \u166dy \u1734z \U0001fae8 \U000111c9 \u08c7",
+    "private use \ue000 unassigned \u0378 noncharacter \uffff tag \U000e0041",
+    "mixed\u0301\u0302\u0303 ＡＢＣ１２３ ｄｅｆ ⅫⅪ ⑴ ㈱ ﷺ",
+]
+
+
+@pytest.fixture(scope="module", params=["uncased", "cased"])
+def pair(request: pytest.FixtureRequest, minilm_vocab: Path):
+    """(ours, reference) for the MiniLM vocabulary, uncased and cased."""
+    from transformers.models.bert.tokenization_bert_legacy import BertTokenizerLegacy
+
+    lower = request.param == "uncased"
+    return (
+        Tokenizer.from_pretrained(minilm_vocab, lowercase=lower),
+        BertTokenizerLegacy(str(minilm_vocab), do_lower_case=lower),
+    )
+
+
+@pytest.mark.parametrize("text", HARD_CASES)
+def test_hard_cases_match_reference(pair, text: str) -> None:
+    ours, ref = pair
+    enc = ours.encode(text, add_special_tokens=False, truncation=False)
+    expected = ref.tokenize(text)
+    assert enc.tokens == expected
+    assert enc.ids == ref.convert_tokens_to_ids(expected)
+    assert ours.encode(text).ids == ref.encode(text)  # with [CLS] ... [SEP]
+
+
+def _normalize(span: str, tok: Tokenizer) -> str:
+    """What the tokenizer makes of a span of the original text (Google's normalization)."""
+    span = "".join(c for c in span if not is_control(c) and c not in "\x00\ufffd")
+    if tok.lowercase:
+        span = "".join(
+            c for c in unicodedata.normalize("NFD", span.lower()) if unicodedata.category(c) != "Mn"
+        )
+    else:
+        span = unicodedata.normalize("NFC", span)
+    return span.replace("ς", "σ")  # final sigma depends on context the span lacks
+
+
+@pytest.mark.parametrize("text", HARD_CASES)
+def test_offsets_map_tokens_to_their_characters(pair, text: str) -> None:
+    ours, _ = pair
+    enc = ours.encode(text, truncation=False)
+    previous = (0, 0)
+    for token, (start, end), special in zip(enc.tokens, enc.offsets, enc.special_tokens_mask):
+        if special:
+            assert (start, end) == (0, 0)
+            continue
+        assert 0 <= start < end <= len(text), (token, start, end)
+        # in order; pieces of one character (a decomposed Hangul syllable) share its span
+        assert start >= previous[1] or (start, end) == previous, (token, start, end)
+        previous = (start, end)
+        if token in ("[UNK]", "[CLS]", "[SEP]", "[MASK]"):
+            continue
+        piece = token[2:] if token.startswith("##") else token
+        assert piece.replace("ς", "σ") in _normalize(text[start:end], ours), (
+            token,
+            text[start:end],
+        )
+
+
+def test_pairs_segments_and_truncation_match_reference(pair) -> None:
+    ours, ref = pair
+    rng = random.Random(0)
+    words = [
+        "the",
+        "a",
+        "of",
+        "cat",
+        "dog",
+        "runs",
+        "fast",
+        "slowly",
+        "and",
+        "then",
+        "naïve",
+        "我",
+        "ΑΣ",
+    ]
+    for _ in range(300):
+        a = " ".join(rng.choice(words) for _ in range(rng.randint(0, 14)))
+        b = " ".join(rng.choice(words) for _ in range(rng.randint(0, 14)))
+        n = rng.randint(3, 24)
+        enc = ours.encode(a, b, max_length=n)
+        assert enc.ids == ref.encode(a, b, truncation="longest_first", max_length=n)
+        first_sep = enc.tokens.index("[SEP]")
+        assert enc.token_type_ids == [0] * (first_sep + 1) + [1] * (len(enc) - first_sep - 1)
+        assert enc.sequence_ids[0] is None and enc.sequence_ids[-1] is None
+
+
+def test_truncate_pair_lengths_is_googles_loop() -> None:
+    def google(la: int, lb: int, budget: int) -> tuple[int, int]:
+        while la + lb > budget:
+            if la > lb:
+                la -= 1
+            else:
+                lb -= 1
+        return la, lb
+
+    for la in range(12):
+        for lb in range(12):
+            for budget in range(25):
+                assert truncate_pair_lengths(la, lb, budget) == google(la, lb, budget)
+
+
+def test_batch_tensors_padding_and_masks(minilm_vocab: Path) -> None:
+    tok = Tokenizer.from_pretrained(minilm_vocab)
+    batch = tok(["a short one", "a somewhat longer sentence than the first"], ["pair", "pair two"])
+    assert set(batch) == {"input_ids", "token_type_ids", "attention_mask"}
+    ids, types, mask = batch["input_ids"], batch["token_type_ids"], batch["attention_mask"]
+    assert ids.dtype == torch.long and ids.shape == types.shape == mask.shape
+    lengths = mask.sum(1).tolist()
+    assert lengths == [len(e.ids) - e.ids.count(tok.pad_id) for e in batch.encodings]
+    assert max(lengths) == ids.shape[1]
+    short = lengths.index(min(lengths))
+    assert (ids[short, lengths[short] :] == tok.pad_id).all()
+    assert (types[short, lengths[short] :] == 0).all()
+    fixed = tok(["x"], padding="max_length", max_length=16)
+    assert fixed["input_ids"].shape == (1, 16) and fixed["attention_mask"].sum() == 3
+    assert tok(["abc"] * 3, pad_to_multiple_of=8)["input_ids"].shape == (3, 8)
+    single = tok("one string is a batch of one")
+    assert single["input_ids"].shape[0] == 1
+
+
+def test_truncation_and_over_long_text(minilm_vocab: Path) -> None:
+    tok = Tokenizer.from_pretrained(minilm_vocab)
+    long_text = "word " * 600
+    assert tok([long_text])["input_ids"].shape == (1, 512)  # model_max_length by default
+    enc = tok.encode(long_text, max_length=32)
+    assert len(enc) == 32 and enc.tokens[0] == "[CLS]" and enc.tokens[-1] == "[SEP]"
+    with pytest.raises(InputError, match=r"text 1 has 602 tokens, more than max_length=512"):
+        tok(["fine", long_text], truncation=False)
+    with pytest.raises(InputError, match="no room for a text pair"):
+        tok.encode("a", "b", max_length=2)
+
+
+def test_split_into_words_word_ids_and_offsets(minilm_vocab: Path) -> None:
+    tok = Tokenizer.from_pretrained(minilm_vocab)
+    words = ["EU", "rejects", "German", "call", "to", "boycott", "ab\u2e43cd", "lamb", "."]
+    enc = tok.encode(words, split_into_words=True)
+    firsts = {}
+    for j, w in enumerate(enc.word_ids):
+        if w is not None:
+            firsts.setdefault(w, j)
+            start, end = enc.offsets[j]
+            assert 0 <= start < end <= len(words[w])
+    assert sorted(firsts) == list(range(len(words)))
+    assert enc.tokens[firsts[1]] == "rejects"
+    batch = tok([words, words[:3]], split_into_words=True)
+    assert batch["input_ids"].shape[0] == 2
+    assert batch.encodings[1].word_ids[1:4] == [0, 1, 2]
+
+
+def test_decode(minilm_vocab: Path) -> None:
+    tok = Tokenizer.from_pretrained(minilm_vocab)
+    text = "The unaffable cat, sat on the mat!"
+    assert tok.decode(tok.encode(text).ids) == "the unaffable cat, sat on the mat!"
+    assert tok.decode(tok.encode(text).ids, skip_special_tokens=False).startswith("[CLS] the")
+    assert tok.batch_decode(tok([text, "hi"])["input_ids"]) == [text.lower(), "hi"]
+
+
+def test_save_and_load_round_trip(minilm_vocab: Path, tmp_path: Path) -> None:
+    cased = Tokenizer.from_pretrained(minilm_vocab, lowercase=False, model_max_length=128)
+    cased.save_pretrained(tmp_path)
+    again = Tokenizer.from_pretrained(tmp_path)
+    assert again.lowercase is False and again.model_max_length == 128
+    assert again.tokens == cased.tokens
+    text = "Ünïcode Words, CJK 我, and [MASK]."
+    assert again.encode(text).ids == cased.encode(text).ids
+    # transformers reads what we wrote, with the same casing
+    from transformers.models.bert.tokenization_bert_legacy import BertTokenizerLegacy
+
+    ref = BertTokenizerLegacy.from_pretrained(str(tmp_path))
+    assert ref.tokenize(text) == again.tokenize(text)
+
+
+def test_casing_inferred_from_a_bare_vocab(tmp_path: Path, minilm_vocab: Path) -> None:
+    assert Tokenizer.from_pretrained(minilm_vocab).lowercase is True
+    tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    tokens += [w for w in ("The", "Paris", "London", "Apple") for _ in range(1)]
+    tokens += [f"Word{i}" for i in range(40)] + [f"w{i}" for i in range(40)]
+    (tmp_path / "vocab.txt").write_text("\n".join(tokens) + "\n")
+    tok = Tokenizer.from_pretrained(tmp_path / "vocab.txt")
+    assert tok.lowercase is False
+    assert tok.tokenize("Paris") == ["Paris"]
+
+
+def test_vocab_errors_name_the_file_and_line(tmp_path: Path) -> None:
+    empty_dir = tmp_path / "empty"
+    empty_dir.mkdir()
+    with pytest.raises(VocabError, match="empty: no vocab.txt in this directory"):
+        Tokenizer.from_pretrained(empty_dir)
+    with pytest.raises(VocabError, match="no such file or directory"):
+        Tokenizer.from_pretrained(tmp_path / "nope.txt")
+    bad = tmp_path / "vocab.txt"
+    bad.write_bytes(b"[PAD]\n[UNK]\n[CLS]\ncaf\xe9\n[SEP]\n[MASK]\n")
+    with pytest.raises(VocabError, match=r"vocab.txt: line 4: not valid UTF-8"):
+        Tokenizer.from_pretrained(bad)
+    bad.write_text("[PAD]\n[UNK]\nhello\n")
+    with pytest.raises(
+        VocabError, match=r"vocab.txt: missing BERT special tokens \[CLS\], \[SEP\], \[MASK\]"
+    ):
+        Tokenizer.from_pretrained(bad)
+    bad.write_text("")
+    with pytest.raises(VocabError, match="vocabulary file is empty"):
+        Tokenizer.from_pretrained(bad)
+    bad.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nhello\nhello\n")
+    with pytest.warns(UserWarning, match=r"1 duplicate tokens: 'hello' \(lines 6 and 7\)"):
+        Tokenizer.from_pretrained(bad, lowercase=True)
+    (tmp_path / "tokenizer_config.json").write_text('{"do_lower_case": "yes"}')
+    with pytest.raises(
+        VocabError, match=r"tokenizer_config.json: field 'do_lower_case' must be true"
+    ):
+        Tokenizer.from_pretrained(tmp_path)
+
+
+def test_train_vocab_from_text_files(tmp_path: Path) -> None:
+    text = tmp_path / "corpus.txt"
+    sentences = [
+        "The quick brown fox jumps over the lazy dog.",
+        "Pack my box with five dozen liquor jugs!",
+        "How vexingly quick daft zebras jump; the five boxing wizards jump quickly.",
+        "Über café naïve — déjà vu, ΑΒΓ and 東京.",
+    ]
+    text.write_text("\n".join(sentences * 50) + "\n", encoding="utf-8")
+    tok = train_vocab([text], 300, lowercase=False, show_progress=False)
+    assert tok.tokens[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    assert 100 < tok.vocab_size <= 300
+    for s in sentences:
+        ids = tok.encode(s).ids
+        assert tok.unk_id not in ids
+        assert "".join(tok.decode(ids).split()) == "".join(s.split())
+    tok.save_pretrained(tmp_path / "vocab")
+    assert Tokenizer.from_pretrained(tmp_path / "vocab").tokens == tok.tokens
+
+
+def test_train_vocab_rejects_non_utf8_with_file_and_line(tmp_path: Path) -> None:
+    bad = tmp_path / "latin1.txt"
+    bad.write_bytes(b"plain line\nanother\ncaf\xe9 au lait\n")
+    with pytest.raises(DataError, match=r"latin1.txt: line 3: byte 3 \(b'\\xe9'\) is not UTF-8"):
+        train_vocab([bad], 100, show_progress=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        tok = train_vocab([bad], 100, encoding_errors="replace", show_progress=False)
+    assert "caf" in tok.decode(tok.encode("café").ids)
