@@ -10,6 +10,14 @@ import torch
 
 from bertforge import BertConfig
 
+# Nothing downloads at test time: transformers and friends must use local files only.
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+# Under pytest-xdist, share the cores between workers instead of oversubscribing them.
+_workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _workers > 1:
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // _workers))
+
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("BERTFORGE_DATA", REPO.parent / "shared" / "data"))
 

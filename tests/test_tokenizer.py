@@ -13,37 +13,7 @@ import torch
 from bertforge import DataError, InputError, Tokenizer, VocabError, train_vocab
 from bertforge.textnorm import is_control
 from bertforge.tokenizer import truncate_pair_lengths
-
-# Text that has broken BERT tokenizers before: every case is compared with the reference.
-HARD_CASES = [
-    "Café naïve résumé coöperate Ångström façade jalapeño",
-    "combining: e\u0301 vs é, A\u030a vs Å, n\u0303, a\u0308\u0301 stacked, \u0301 alone",
-    "casing: Zürich ÉCOLE İstanbul ß ẞ ǅ ﬁ ﬂ ŉ",
-    "Greek: ΟΔΟΣ ΑΒΡΑΞΑΣ, ΣΑΣ. Σ alone ΑΣ\u200bΒ ὈΔΥΣΣΕΎΣ",
-    "CJK: 我爱北京天安门 日本語のテキスト 한국어 텍스트 𠀀𪜀 㐀 豈",
-    "emoji 😀👍🏽 👨‍👩‍👧 🏳️‍🌈 ❤️ 🥰 🫨",
-    "control\x00chars\x07here\x1b[0m \x7f del \x85 nel \x1c\x1d\x1e\x1f",
-    "zero\u200bwidth\u200cnon\u200djoiner\ufeffbom \u2060wj soft\u00adhyphen \u200e\u200f marks",
-    "ＦＵＬＬＷＩＤＴＨ　ｆｏｒｍｓ！ １２３ ｶﾀｶﾅ",
-    "a" * 100,
-    "b" * 101,
-    "long" + "x" * 120 + " ok " + "é" * 101,
-    "odd\u00a0whitespace\u2003em\u3000ideographic\tTab\nNL\rCR\u2028LS\u2029PS\x0bVT\x0cFF\u1680ogham",
-    "punctuation—dashes–and…ellipsis «quotes» „low“ ‘single’ ¿qué? ¡sí! ‽ ※",
-    "math ∑∫√∞ ≠ ≤ ½ ² x₁ ℃ ™ © ® § ¶ ° µ Ω",
-    "scripts: العربية עברית हिन्दी ภาษาไทย ქართული Ελληνικά Русский ᚠᚢᚦ",
-    "Vietnamese: Tiếng Việt có dấu, Ầ ẩ ẫ",
-    "[CLS] literal [SEP] specials[MASK]and [mask] and [UNK] [unused0]",
-    "lone surrogate \ud800 here \udfff",
-    "\ufffd replacement and \ufeff",
-    "U.S.A. e-mail don't it's C++ C# $5.00 50% @user #tag http://example.com/a?b=c&d=e",
-    "  leading and trailing  ",
-    "",
-    "   \n\t ",
-    "Unicode 14+: ab\u2e43cd \u0890x \u166dy \u1734z \U0001fae8 \U000111c9 \u08c7",
-    "private use \ue000 unassigned \u0378 noncharacter \uffff tag \U000e0041",
-    "mixed\u0301\u0302\u0303 ＡＢＣ１２３ ｄｅｆ ⅫⅪ ⑴ ㈱ ﷺ",
-]
+from tests.hard_cases import HARD_CASES
 
 
 @pytest.fixture(scope="module", params=["uncased", "cased"])
@@ -65,7 +35,12 @@ def test_hard_cases_match_reference(pair, text: str) -> None:
     expected = ref.tokenize(text)
     assert enc.tokens == expected
     assert enc.ids == ref.convert_tokens_to_ids(expected)
-    assert ours.encode(text).ids == ref.encode(text)  # with [CLS] ... [SEP]
+    ids = ours.encode(text).ids
+    assert ids == ref.encode(text)  # with [CLS] ... [SEP]
+    for skip in (True, False):
+        assert ours.decode(ids, skip_special_tokens=skip) == ref.decode(
+            ids, skip_special_tokens=skip
+        )
 
 
 def _normalize(span: str, tok: Tokenizer) -> str:

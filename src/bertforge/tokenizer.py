@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tokenizers import AddedToken, decoders, normalizers, pre_tokenizers, processors, trainers
+from tokenizers import AddedToken, normalizers, pre_tokenizers, processors, trainers
 from tokenizers import Tokenizer as Engine
 from tokenizers.models import WordPiece
 
@@ -35,7 +35,20 @@ from .textnorm import EngineFix
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)
 MAX_INPUT_CHARS_PER_WORD = 100  # Google: longer words become [UNK]
-_UNLIMITED = 10**9  # HF writes model_max_length = 1e30 for "no limit"
+_UNLIMITED = 10**9
+# transformers' clean_up_tokenization, applied by decode (in this order)
+_CLEANUP = [
+    (" .", "."),
+    (" ?", "?"),
+    (" !", "!"),
+    (" ,", ","),
+    (" ' ", "'"),
+    (" n't", "n't"),
+    (" 'm", "'m"),
+    (" 's", "'s"),
+    (" 've", "'ve"),
+    (" 're", "'re"),
+]  # HF writes model_max_length = 1e30 for "no limit"
 
 
 class Encoding:
@@ -202,7 +215,6 @@ def _build_engine(
         steps.append(normalizers.NFC())
     engine.normalizer = normalizers.Sequence(steps)
     engine.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    engine.decoder = decoders.WordPiece(prefix="##", cleanup=True)
     # Special tokens written literally in the text ("Paris is the [MASK] of France.") are used
     # as such, as transformers' tokenizer does.
     engine.add_special_tokens(
@@ -539,10 +551,17 @@ class Tokenizer:
     # -- decoding ----------------------------------------------------------------------------
 
     def decode(self, ids: Iterable[int] | torch.Tensor, skip_special_tokens: bool = True) -> str:
-        """Text of token ids: word pieces joined, spaces before punctuation cleaned up."""
+        """Text of token ids: pieces joined ("un ##aff" -> "unaff"), then transformers' clean-up
+        of spaces before punctuation and contractions ("it ' s ." -> "it's.")."""
         if isinstance(ids, torch.Tensor):
             ids = ids.tolist()
-        return self._engine.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        tokens = self.convert_ids_to_tokens(ids)
+        if skip_special_tokens:
+            tokens = [t for t in tokens if t not in SPECIAL_TOKENS]
+        text = " ".join(tokens).replace(" ##", "").strip()
+        for dirty, clean in _CLEANUP:
+            text = text.replace(dirty, clean)
+        return text
 
     def batch_decode(
         self, batch: Iterable[Iterable[int]] | torch.Tensor, **kwargs: Any

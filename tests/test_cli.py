@@ -1,0 +1,81 @@
+"""Smoke tests of every `bertforge` entry point, run as a user runs them (subprocesses)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from bertforge import BertForPreTraining, Tokenizer
+
+
+def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "bertforge", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=600,
+    )
+
+
+def test_help_and_version() -> None:
+    out = run("--help")
+    assert out.returncode == 0
+    for command in ("info", "vocab", "demo"):
+        assert command in out.stdout
+    assert run("--version").stdout.startswith("bertforge ")
+    assert run().returncode == 0  # no command: help, not a crash
+
+
+def test_console_script_is_installed() -> None:
+    exe = Path(sys.executable).parent / "bertforge"
+    out = subprocess.run([str(exe), "vocab", "--help"], capture_output=True, text=True)
+    assert out.returncode == 0 and "train" in out.stdout
+
+
+def test_info_on_real_weights(minilm_dir: Path) -> None:
+    out = run("info", str(minilm_dir))
+    assert out.returncode == 0, out.stderr
+    assert "L=6 H=384 A=12 I=1536" in out.stdout
+    assert "22,713,216" in out.stdout  # all-MiniLM-L6-v2's parameter count
+    assert "30,522 tokens, uncased" in out.stdout
+    report = json.loads(run("info", str(minilm_dir), "--json").stdout)
+    assert report["parameters"] == 22_713_216 and report["heads_present"] == ["pooler"]
+
+
+def test_errors_are_one_line_with_status_2(tmp_path: Path) -> None:
+    out = run("info", str(tmp_path / "missing"))
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == [
+        f"bertforge: error: {tmp_path / 'missing'}: no such file or directory"
+    ]
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"fine\ncaf\xe9\n")
+    out = run("vocab", "train", str(bad), "--size", "100", "--out", str(tmp_path / "v"))
+    assert out.returncode == 2 and "bad.txt: line 2: byte 3" in out.stderr
+    assert "Traceback" not in out.stderr
+    assert not (tmp_path / "v").exists()  # nothing half-written
+
+
+def test_vocab_train_writes_a_loadable_vocabulary(tmp_path: Path) -> None:
+    corpus = tmp_path / "texts"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("The cat sat on the mat.\nA dog barked at the cat.\n" * 40)
+    (corpus / "b.txt").write_text("Émile's café served naïve customers.\n" * 40)
+    out = run(
+        "vocab", "train", str(corpus), "--size", "200", "--out", str(tmp_path / "vocab"), "--cased"
+    )
+    assert out.returncode == 0, out.stderr
+    tok = Tokenizer.from_pretrained(tmp_path / "vocab")
+    assert tok.lowercase is False and tok.vocab_size <= 200
+    assert tok.decode(tok.encode("Émile's cat").ids) == "Émile's cat"
+
+
+def test_demo_runs_end_to_end(tmp_path: Path) -> None:
+    out = run("demo", "--out", str(tmp_path / "demo"))
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "max |logit difference| = 0.0e+00" in out.stdout
+    model = BertForPreTraining.from_pretrained(tmp_path / "demo" / "model")
+    assert model.config.num_hidden_layers == 4
