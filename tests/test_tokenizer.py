@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bertforge import DataError, InputError, Tokenizer, VocabError, train_vocab
+from bertforge import BertforgeError, DataError, InputError, Tokenizer, VocabError, train_vocab
 from bertforge.textnorm import is_control
 from bertforge.tokenizer import truncate_pair_lengths
 from tests.hard_cases import HARD_CASES
@@ -208,7 +208,7 @@ def test_vocab_errors_name_the_file_and_line(tmp_path: Path) -> None:
     empty_dir.mkdir()
     with pytest.raises(VocabError, match="empty: no vocab.txt in this directory"):
         Tokenizer.from_pretrained(empty_dir)
-    with pytest.raises(VocabError, match="no such file or directory"):
+    with pytest.raises(BertforgeError, match="nope.txt: no such file or directory"):
         Tokenizer.from_pretrained(tmp_path / "nope.txt")
     bad = tmp_path / "vocab.txt"
     bad.write_bytes(b"[PAD]\n[UNK]\n[CLS]\ncaf\xe9\n[SEP]\n[MASK]\n")

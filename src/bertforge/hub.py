@@ -31,7 +31,12 @@ def resolve(path: str | os.PathLike[str]) -> Path:
     if local.exists():
         return local
     name = str(path)
-    if not _REPO_ID.match(name) or name.startswith((".", "~")):
+    looks_local = (
+        not _REPO_ID.match(name)
+        or local.suffix in (".txt", ".json", ".bin", ".safetensors")
+        or (len(local.parts) > 1 and Path(local.parts[0]).exists())  # a typo below a real folder
+    )
+    if looks_local:
         raise CheckpointError(f"{name}: no such file or directory")
     try:
         from huggingface_hub import snapshot_download

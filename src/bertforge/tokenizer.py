@@ -30,6 +30,7 @@ from tokenizers.models import WordPiece
 
 from .errors import DataError, InputError, VocabError
 from .fileio import write_json, write_text
+from .hub import resolve
 from .textnorm import EngineFix
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
@@ -284,16 +285,14 @@ class Tokenizer:
         Casing comes from `lowercase` if given, else tokenizer_config.json's do_lower_case,
         else is inferred from the vocabulary (a vocabulary full of capitals is cased).
         """
-        path = Path(path)
+        path = resolve(path)
         if path.is_dir():
             vocab_file = path / "vocab.txt"
             if not vocab_file.is_file():
                 raise VocabError(f"{path}: no vocab.txt in this directory")
             settings = _read_tokenizer_config(path / "tokenizer_config.json")
-        elif path.exists():
-            vocab_file, settings = path, {}
         else:
-            raise VocabError(f"{path}: no such file or directory")
+            vocab_file, settings = path, {}
         tokens = read_vocab(vocab_file)
         if lowercase is not None:
             settings["lowercase"] = lowercase
