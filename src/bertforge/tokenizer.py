@@ -19,7 +19,7 @@ import functools
 import json
 import os
 import warnings
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,8 @@ from tokenizers import AddedToken, normalizers, pre_tokenizers, processors, trai
 from tokenizers import Tokenizer as Engine
 from tokenizers.models import WordPiece
 
-from .errors import DataError, InputError, VocabError
+from .data.corpus import read_lines
+from .errors import InputError, VocabError
 from .fileio import write_json, write_text
 from .hub import resolve
 from .textnorm import EngineFix
@@ -604,27 +605,6 @@ def _read_tokenizer_config(path: Path) -> dict[str, Any]:
 # Training a vocabulary
 
 
-def read_lines(
-    files: Iterable[str | os.PathLike[str]], encoding_errors: str = "strict"
-) -> Iterator[str]:
-    """Lines of text files (UTF-8). A byte that is not UTF-8 is an error naming file, line and
-    byte, unless encoding_errors="replace" (U+FFFD, dropped by the tokenizer) or "ignore"."""
-    for f in files:
-        path = Path(f)
-        if not path.is_file():
-            raise DataError(f"{path}: file not found")
-        with open(path, "rb") as handle:
-            for lineno, line in enumerate(handle, start=1):
-                try:
-                    yield line.decode("utf-8", errors=encoding_errors)
-                except UnicodeDecodeError as e:
-                    raise DataError(
-                        f"{path}: line {lineno}: byte {e.start} ({line[e.start : e.start + 1]!r}) is "
-                        "not UTF-8; convert the file to UTF-8, or pass encoding_errors='replace' "
-                        "(CLI: --encoding-errors replace)"
-                    ) from None
-
-
 def train_vocab(
     files: Sequence[str | os.PathLike[str]],
     vocab_size: int = 30522,
@@ -654,7 +634,9 @@ def train_vocab(
         continuing_subword_prefix="##",
         show_progress=show_progress,
     )
-    lines = (fix.prepare(line)[0] for line in read_lines(files, encoding_errors))
+    lines = (
+        fix.prepare(line)[0] for f in files for _, line in read_lines(Path(f), encoding_errors)
+    )
     engine.train_from_iterator(lines, trainer=trainer)
     vocab = engine.get_vocab()
     tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]

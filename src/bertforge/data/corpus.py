@@ -1,0 +1,217 @@
+"""Reading pre-training text: documents made of sentences, from the formats people have.
+
+Formats (`fmt`), detected per file when "auto":
+    lines       Google's format: one sentence (or paragraph) per line, a blank line between
+                documents. Each line is also run through the sentence splitter, so one
+                paragraph per line works too.
+    paragraphs  hard-wrapped prose (Project Gutenberg): blank lines separate paragraphs, the
+                whole file is one document.
+    wiki        WikiExtractor output: `<doc ...>` title, one paragraph per line, `</doc>`.
+    jsonl       one JSON object per line with a "text" field: one document each.
+Sentences come from sentencex (Wikimedia's offline, rule-based segmenter).
+
+Everything is UTF-8. Bad input ends in one DataError naming the file and line: bytes that are
+not UTF-8, a binary file, an empty file, a JSONL line that is not an object with a string
+"text".
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import DataError
+
+FORMATS = ("auto", "lines", "paragraphs", "wiki", "jsonl")
+_TERMINAL = re.compile(r"[.!?:;\"'”’)\]]\s*$")
+
+
+@dataclass
+class Document:
+    source: str  # file it came from
+    line: int  # line where it starts (1-based)
+    sentences: list[str]
+
+
+def expand_inputs(items: Sequence[str | os.PathLike[str]]) -> list[Path]:
+    """Files from a list of files, directories (all files below, sorted) and glob patterns."""
+    out: list[Path] = []
+    for item in items:
+        path = Path(item)
+        if path.is_dir():
+            out.extend(
+                sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
+            )
+        elif path.is_file():
+            out.append(path)
+        else:
+            matches = sorted(glob.glob(str(item), recursive=True))
+            files = [Path(m) for m in matches if Path(m).is_file()]
+            if not files:
+                raise DataError(f"{item}: no such file, directory or matching files")
+            out.extend(files)
+    return out
+
+
+def read_lines(
+    path: Path, encoding_errors: str = "strict", on_bytes: Callable[[int], object] | None = None
+) -> Iterator[tuple[int, str]]:
+    """(line number, text without the line ending) of a UTF-8 file.
+
+    A byte that is not UTF-8 is an error naming file, line and byte, unless
+    encoding_errors="replace" (U+FFFD, which the tokenizer drops) or "ignore".
+    on_bytes(n) is called with the size of each line read (for progress bars).
+    """
+    if not path.is_file():
+        raise DataError(f"{path}: file not found")
+    with open(path, "rb") as f:
+        head = f.read(8192)
+        if b"\x00" in head:
+            raise DataError(f"{path}: looks like a binary file (NUL bytes), expected UTF-8 text")
+        f.seek(0)
+        for lineno, raw in enumerate(f, start=1):
+            if on_bytes is not None:
+                on_bytes(len(raw))
+            try:
+                line = raw.decode("utf-8", errors=encoding_errors)
+            except UnicodeDecodeError as e:
+                raise DataError(
+                    f"{path}: line {lineno}: byte {e.start} ({raw[e.start : e.start + 1]!r}) is "
+                    "not UTF-8; convert the file to UTF-8, or pass encoding_errors='replace' "
+                    "(CLI: --encoding-errors replace)"
+                ) from None
+            yield lineno, line.rstrip("\r\n")
+
+
+def split_sentences(paragraph: str, language: str = "en") -> list[str]:
+    """Sentences of one paragraph (sentencex, rule-based, offline)."""
+    from sentencex import segment
+
+    return [s.strip() for s in segment(language, paragraph) if s.strip()]
+
+
+def detect_format(path: Path) -> str:
+    """jsonl by extension; wiki if it starts with <doc; hard-wrapped paragraphs if most lines
+    end mid-sentence; else lines (Google's format)."""
+    if path.suffix.lower() in (".jsonl", ".ndjson"):
+        return "jsonl"
+    with open(path, "rb") as f:
+        head = f.read(65536).decode("utf-8", errors="replace")
+    lines = [ln.strip() for ln in head.splitlines() if ln.strip()][:400]
+    if lines and lines[0].startswith("<doc"):
+        return "wiki"
+    if len(lines) >= 20 and sum(1 for ln in lines if _TERMINAL.search(ln)) < 0.4 * len(lines):
+        return "paragraphs"
+    return "lines"
+
+
+def read_documents(
+    path: Path,
+    fmt: str = "auto",
+    encoding_errors: str = "strict",
+    on_bytes: Callable[[int], object] | None = None,
+) -> Iterator[Document]:
+    """Documents of one file, in order."""
+    if fmt not in FORMATS:
+        raise DataError(f"format {fmt!r}: must be one of {', '.join(FORMATS)}")
+    if path.is_file() and path.stat().st_size == 0:
+        raise DataError(f"{path}: empty file")
+    if fmt == "auto":
+        fmt = detect_format(path)
+    lines = read_lines(path, encoding_errors, on_bytes)
+    reader = {"lines": _lines, "paragraphs": _paragraphs, "wiki": _wiki, "jsonl": _jsonl}[fmt]
+    count = 0
+    for doc in reader(str(path), lines):
+        if doc.sentences:
+            count += 1
+            yield doc
+    if count == 0:
+        raise DataError(f"{path}: no text found (read as format {fmt!r})")
+
+
+def read_corpus(
+    files: Iterable[Path],
+    fmt: str = "auto",
+    encoding_errors: str = "strict",
+    on_bytes: Callable[[int], object] | None = None,
+) -> Iterator[Document]:
+    for path in files:
+        yield from read_documents(path, fmt, encoding_errors, on_bytes)
+
+
+def _lines(source: str, lines: Iterator[tuple[int, str]]) -> Iterator[Document]:
+    doc = Document(source, 1, [])
+    for lineno, line in lines:
+        if not line.strip():
+            if doc.sentences:
+                yield doc
+            doc = Document(source, lineno + 1, [])
+            continue
+        doc.sentences.extend(split_sentences(line))
+    yield doc
+
+
+def _paragraphs(source: str, lines: Iterator[tuple[int, str]]) -> Iterator[Document]:
+    doc = Document(source, 1, [])
+    block: list[str] = []
+    for _, line in lines:
+        if line.strip():
+            block.append(line.strip())
+        elif block:
+            doc.sentences.extend(split_sentences(" ".join(block)))
+            block = []
+    if block:
+        doc.sentences.extend(split_sentences(" ".join(block)))
+    yield doc
+
+
+def _wiki(source: str, lines: Iterator[tuple[int, str]]) -> Iterator[Document]:
+    doc: Document | None = None
+    title_pending = False
+    for lineno, line in lines:
+        if line.startswith("<doc "):
+            if doc is not None:
+                raise DataError(f"{source}: line {lineno}: <doc> inside a <doc> (missing </doc>?)")
+            doc, title_pending = Document(source, lineno, []), True
+        elif line.startswith("</doc>"):
+            if doc is None:
+                raise DataError(f"{source}: line {lineno}: </doc> without a <doc>")
+            yield doc
+            doc = None
+        elif doc is None:
+            if line.strip():
+                raise DataError(f"{source}: line {lineno}: text outside <doc> ... </doc>")
+        elif title_pending:
+            title_pending = not line.strip()  # the first non-empty line is the title: skip it
+        elif line.strip():
+            doc.sentences.extend(split_sentences(line))
+    if doc is not None:
+        raise DataError(f"{source}: end of file inside a <doc> (missing </doc>)")
+
+
+def _jsonl(source: str, lines: Iterator[tuple[int, str]]) -> Iterator[Document]:
+    for lineno, line in lines:
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(
+                f"{source}: line {lineno}: invalid JSON: {e.msg} (column {e.colno})"
+            ) from None
+        if not isinstance(obj, dict) or "text" not in obj:
+            raise DataError(
+                f'{source}: line {lineno}: field "text" missing (expected {{"text": "..."}})'
+            )
+        text = obj["text"]
+        if not isinstance(text, str):
+            raise DataError(
+                f'{source}: line {lineno}: field "text" must be a string, got {type(text).__name__}'
+            )
+        sentences = [s for para in text.splitlines() if para.strip() for s in split_sentences(para)]
+        yield Document(source, lineno, sentences)

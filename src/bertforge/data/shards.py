@@ -1,0 +1,321 @@
+"""`bertforge prepare`: text -> token-id shards, offline, once; and reading them back.
+
+A prepared directory holds
+    vocab.txt, tokenizer_config.json   the tokenizer that made the shards
+    train-00000.tokens.npy ...          token ids of one shard, flat (uint16 if the vocabulary
+                                        fits, else uint32)
+    train-00000.index.npz ...           sentences: start offsets into tokens (S+1),
+                                        documents: start offsets into sentences (D+1)
+    heldout-00000.*                     the same for the held-out share (whole documents)
+    meta.json                           settings, tokenizer identity, counts, shard list;
+                                        written last: its presence means the job is complete
+
+Memory stays bounded (one shard's tokens at a time); each file is written to a temporary name
+and renamed. `progress.json` records how many documents are in finished shards, so an
+interrupted run loses at most one shard of work and the same command finishes the job.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import DataError
+from ..fileio import atomic_path, write_json
+from ..tokenizer import Tokenizer
+from .corpus import Document, expand_inputs, read_corpus
+
+FORMAT_VERSION = 1
+SPLITS = ("train", "heldout")
+
+
+def tokenizer_identity(tok: Tokenizer) -> dict[str, Any]:
+    """What must match between shards and the tokenizer that reads or trains on them."""
+    vocab = "".join(t + "\n" for t in tok.tokens).encode("utf-8")
+    return {
+        "vocab_sha256": hashlib.sha256(vocab).hexdigest(),
+        "vocab_size": tok.vocab_size,
+        "lowercase": tok.lowercase,
+        "strip_accents": tok.strip_accents,
+        "tokenize_chinese_chars": tok.tokenize_chinese_chars,
+    }
+
+
+def _is_heldout(ordinal: int, seed: int, fraction: float) -> bool:
+    """A fixed pseudo-random choice per document (splitmix64 of its ordinal and the seed)."""
+    z = (ordinal * 0x9E3779B97F4A7C15 + seed * 0xBF58476D1CE4E5B9 + 1) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    z ^= z >> 31
+    return z / 2**64 < fraction
+
+
+@dataclass
+class _Buffer:
+    """Documents of one split waiting to be written as a shard."""
+
+    tokens: list[np.ndarray]
+    sentence_lengths: list[np.ndarray]
+    doc_sentences: list[int]
+
+    @classmethod
+    def empty(cls) -> _Buffer:
+        return cls([], [], [])
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(t) for t in self.tokens)
+
+
+def _write_shard(out: Path, name: str, buf: _Buffer, dtype: np.dtype) -> dict[str, Any]:
+    tokens = (
+        np.concatenate(buf.tokens).astype(dtype, copy=False) if buf.tokens else np.zeros(0, dtype)
+    )
+    lengths = (
+        np.concatenate(buf.sentence_lengths) if buf.sentence_lengths else np.zeros(0, np.int64)
+    )
+    sentences = np.zeros(len(lengths) + 1, np.int64)
+    np.cumsum(lengths, out=sentences[1:])
+    docs = np.zeros(len(buf.doc_sentences) + 1, np.int64)
+    np.cumsum(buf.doc_sentences, out=docs[1:])
+    with atomic_path(out / f"{name}.tokens.npy") as tmp, open(tmp, "wb") as f:
+        np.save(f, tokens)
+    with atomic_path(out / f"{name}.index.npz") as tmp, open(tmp, "wb") as f:
+        np.savez(f, sentences=sentences, documents=docs)
+    return {
+        "name": name,
+        "documents": len(buf.doc_sentences),
+        "sentences": len(lengths),
+        "tokens": len(tokens),
+    }
+
+
+def prepare(
+    inputs: Sequence[str | os.PathLike[str]],
+    tokenizer: Tokenizer,
+    out: str | os.PathLike[str],
+    *,
+    fmt: str = "auto",
+    heldout: float = 0.01,
+    shard_tokens: int = 1 << 22,
+    seed: int = 0,
+    encoding_errors: str = "strict",
+    batch_sentences: int = 16384,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Tokenize a corpus into shards under `out`; returns meta.json's content.
+
+    Re-running with the same arguments resumes an interrupted run, or reports that the job is
+    already complete; other arguments on a non-empty `out` are an error (nothing is deleted).
+    """
+    out = Path(out)
+    if not 0.0 <= heldout < 1.0:
+        raise DataError(f"heldout={heldout}: must be in [0, 1)")
+    files = expand_inputs(inputs)
+    if not files:
+        raise DataError("no input files")
+    settings = {
+        "format_version": FORMAT_VERSION,
+        "tokenizer": tokenizer_identity(tokenizer),
+        "inputs": [{"path": str(f.resolve()), "bytes": f.stat().st_size} for f in files],
+        "format": fmt,
+        "heldout": heldout,
+        "shard_tokens": shard_tokens,
+        "seed": seed,
+        "encoding_errors": encoding_errors,
+    }
+    meta_file, progress_file = out / "meta.json", out / "progress.json"
+    state = {"documents_done": 0, "shards": [], "next_index": {s: 0 for s in SPLITS}}
+    for existing in (meta_file, progress_file):
+        if existing.is_file():
+            saved = json.loads(existing.read_text(encoding="utf-8"))
+            if saved.get("settings") != settings:
+                raise DataError(
+                    f"{out} already holds shards prepared with other settings or inputs "
+                    f"({existing.name}); choose a new --out or remove that directory"
+                )
+            if existing == meta_file:
+                if progress:
+                    print(
+                        f"{out}: already prepared ({saved['counts']['train']['tokens']:,} training tokens)"
+                    )
+                return saved
+            state = saved["state"]
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer.save_pretrained(out)
+    dtype = np.dtype(np.uint16 if tokenizer.vocab_size <= 1 << 16 else np.uint32)
+
+    total_bytes = sum(f.stat().st_size for f in files)
+    bar = _progress_bar(total_bytes, progress, state["documents_done"])
+    buffers = {s: _Buffer.empty() for s in SPLITS}
+    pending: list[tuple[int, Document]] = []
+    pending_sentences = 0
+    started = time.time()
+
+    def flush_shards() -> None:
+        for split in SPLITS:
+            buf = buffers[split]
+            if buf.doc_sentences:
+                name = f"{split}-{state['next_index'][split]:05d}"
+                info = _write_shard(out, name, buf, dtype)
+                info["split"] = split
+                state["shards"].append(info)
+                state["next_index"][split] += 1
+                buffers[split] = _Buffer.empty()
+
+    def tokenize_pending() -> None:
+        nonlocal pending, pending_sentences
+        sentences = [s for _, doc in pending for s in doc.sentences]
+        ids = tokenizer.encode_ids(sentences)
+        lengths = np.fromiter(map(len, ids), np.int64, count=len(ids))
+        flat = np.fromiter(itertools.chain.from_iterable(ids), dtype, count=int(lengths.sum()))
+        starts = np.zeros(len(lengths) + 1, np.int64)
+        np.cumsum(lengths, out=starts[1:])
+        s = 0
+        for ordinal, doc in pending:
+            n = len(doc.sentences)
+            doc_lengths = lengths[s : s + n]
+            keep = doc_lengths > 0  # sentences of nothing but dropped characters
+            if keep.any():
+                buf = buffers["heldout" if _is_heldout(ordinal, seed, heldout) else "train"]
+                buf.tokens.append(flat[starts[s] : starts[s + n]])
+                buf.sentence_lengths.append(doc_lengths[keep])
+                buf.doc_sentences.append(int(keep.sum()))
+            s += n
+        state["documents_done"] = pending[-1][0] + 1
+        pending, pending_sentences = [], 0
+
+    try:
+        for ordinal, doc in enumerate(read_corpus(files, fmt, encoding_errors, bar.update)):
+            if ordinal < state["documents_done"]:
+                continue  # in a shard written by an earlier, interrupted run
+            pending.append((ordinal, doc))
+            pending_sentences += len(doc.sentences)
+            if pending_sentences >= batch_sentences:
+                tokenize_pending()
+                if buffers["train"].num_tokens >= shard_tokens:
+                    flush_shards()
+                    write_json(progress_file, {"settings": settings, "state": state})
+        if pending:
+            tokenize_pending()
+        flush_shards()
+    finally:
+        bar.close()  # before any error message, so that message is the last line
+
+    counts = {
+        split: {
+            key: sum(s[key] for s in state["shards"] if s["split"] == split)
+            for key in ("documents", "sentences", "tokens")
+        }
+        for split in SPLITS
+    }
+    for split in SPLITS:
+        counts[split]["shards"] = sum(1 for s in state["shards"] if s["split"] == split)
+    if counts["train"]["tokens"] == 0:
+        raise DataError(f"no training text in {', '.join(str(f) for f in files[:3])}")
+    meta = {
+        "settings": settings,
+        "state": state,
+        "dtype": dtype.name,
+        "counts": counts,
+        "shards": state["shards"],
+        "seconds": round(time.time() - started, 2),
+    }
+    write_json(meta_file, meta)
+    progress_file.unlink(missing_ok=True)
+    if progress:
+        c = counts["train"]
+        print(
+            f"{out}: {c['documents']:,} documents, {c['sentences']:,} sentences, "
+            f"{c['tokens']:,} tokens in {c['shards']} training shards; "
+            f"held out {counts['heldout']['documents']:,} documents ({counts['heldout']['tokens']:,} tokens)"
+        )
+    return meta
+
+
+def _progress_bar(total: int, enabled: bool, skipping: int) -> Any:
+    from tqdm.auto import tqdm
+
+    desc = "prepare" if not skipping else f"prepare (resuming after {skipping:,} documents)"
+    return tqdm(
+        total=total, unit="B", unit_scale=True, desc=desc, disable=not enabled, smoothing=0.1
+    )
+
+
+# ------------------------------------------------------------------------------------------------
+# Reading shards
+
+
+@dataclass
+class Shard:
+    """One shard: flat token ids (memory-mapped) and its sentence and document offsets."""
+
+    name: str
+    tokens: np.ndarray  # (N,) token ids
+    sentences: np.ndarray  # (S+1,) start of each sentence in tokens
+    documents: np.ndarray  # (D+1,) start of each document in sentences
+
+    @property
+    def num_documents(self) -> int:
+        return len(self.documents) - 1
+
+
+class ShardSet:
+    """A prepared directory: its metadata and shards, checked against a tokenizer."""
+
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
+        self.directory = Path(directory)
+        meta_file = self.directory / "meta.json"
+        if not meta_file.is_file():
+            hint = (
+                " (an interrupted prepare: run it again)"
+                if (self.directory / "progress.json").exists()
+                else ""
+            )
+            raise DataError(f"{self.directory}: no meta.json, not a prepared data directory{hint}")
+        try:
+            self.meta = json.loads(meta_file.read_text(encoding="utf-8"))
+            self.identity = self.meta["settings"]["tokenizer"]
+        except (ValueError, KeyError) as e:
+            raise DataError(f"{meta_file}: not a valid meta.json ({e})") from None
+
+    def tokenizer(self) -> Tokenizer:
+        return Tokenizer.from_pretrained(self.directory)
+
+    def check_tokenizer(self, tok: Tokenizer, what: str) -> None:
+        """The model's tokenizer must be the one the shards were made with."""
+        theirs = tokenizer_identity(tok)
+        diff = [k for k in self.identity if self.identity[k] != theirs.get(k)]
+        if diff:
+            raise DataError(
+                f"{what} does not match the tokenizer of {self.directory / 'meta.json'} "
+                f"(differs in {', '.join(diff)}): prepare the data again with this tokenizer"
+            )
+
+    def names(self, split: str) -> list[str]:
+        return [s["name"] for s in self.meta["shards"] if s["split"] == split]
+
+    def count(self, split: str, key: str = "tokens") -> int:
+        return int(self.meta["counts"][split][key])
+
+    def load(self, name: str) -> Shard:
+        tokens_file = self.directory / f"{name}.tokens.npy"
+        index_file = self.directory / f"{name}.index.npz"
+        try:
+            tokens = np.load(tokens_file, mmap_mode="r")
+            with np.load(index_file) as index:
+                sentences, documents = index["sentences"], index["documents"]
+        except (OSError, ValueError, KeyError) as e:
+            raise DataError(f"{tokens_file.parent / name}: unreadable shard ({e})") from None
+        if sentences[-1] != len(tokens) or documents[-1] != len(sentences) - 1:
+            raise DataError(f"{tokens_file}: shard is inconsistent with its index (truncated?)")
+        return Shard(name, tokens, sentences, documents)

@@ -1,0 +1,220 @@
+"""`prepare`: shards that hold exactly the tokenized documents; resumable; clear errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bertforge import DataError, Tokenizer
+from bertforge.data import shards as shards_module
+from bertforge.data.corpus import read_corpus
+from bertforge.data.shards import ShardSet, _is_heldout, prepare
+
+
+def write_corpus(root: Path, docs: int = 60) -> list[Path]:
+    """Google-format, WikiExtractor and JSONL files of plain English sentences."""
+    rng = np.random.default_rng(0)
+    words = (
+        "the quick brown fox jumps over a lazy dog while seven wizards quietly box and judge my vow"
+    )
+    words = words.split()
+
+    def sentence() -> str:
+        return " ".join(rng.choice(words, rng.integers(3, 14))).capitalize() + "."
+
+    root.mkdir(parents=True, exist_ok=True)
+    google = root / "google.txt"
+    google.write_text(
+        "\n\n".join("\n".join(sentence() for _ in range(rng.integers(1, 12))) for _ in range(docs))
+        + "\n"
+    )
+    wiki = root / "wiki_00"
+    wiki.write_text(
+        "".join(
+            f'<doc id="{i}" url="u" title="T{i}">\nT{i}\n\n'
+            + " ".join(sentence() for _ in range(5))
+            + "\n</doc>\n"
+            for i in range(docs // 3)
+        )
+    )
+    jsonl = root / "docs.jsonl"
+    jsonl.write_text(
+        "".join(
+            json.dumps({"text": " ".join(sentence() for _ in range(4))}) + "\n"
+            for _ in range(docs // 3)
+        )
+    )
+    return [google, wiki, jsonl]
+
+
+@pytest.fixture(scope="module")
+def tok(minilm_dir: Path) -> Tokenizer:
+    return Tokenizer.from_pretrained(minilm_dir)
+
+
+def test_shards_hold_every_document_exactly(tmp_path: Path, tok: Tokenizer) -> None:
+    files = write_corpus(tmp_path / "corpus")
+    meta = prepare(
+        files,
+        tok,
+        tmp_path / "out",
+        shard_tokens=800,
+        heldout=0.2,
+        batch_sentences=30,
+        progress=False,
+    )
+    s = ShardSet(tmp_path / "out")
+    assert s.meta == meta and meta["dtype"] == "uint16"
+    assert s.count("train", "shards") > 3 and s.count("heldout", "documents") > 5
+    expected = {"train": [], "heldout": []}
+    for ordinal, doc in enumerate(read_corpus(files)):
+        split = "heldout" if _is_heldout(ordinal, 0, 0.2) else "train"
+        expected[split].append([tok.encode_ids([x])[0] for x in doc.sentences])
+    for split in ("train", "heldout"):
+        got = []
+        for name in s.names(split):
+            shard = s.load(name)
+            assert shard.tokens.dtype == np.uint16
+            for d in range(shard.num_documents):
+                first, last = shard.documents[d], shard.documents[d + 1]
+                got.append(
+                    [
+                        shard.tokens[shard.sentences[i] : shard.sentences[i + 1]].tolist()
+                        for i in range(first, last)
+                    ]
+                )
+        assert got == expected[split]
+        assert s.count(split) == sum(len(t) for doc in got for t in doc)
+    assert (
+        Tokenizer.from_pretrained(tmp_path / "out").tokens == tok.tokens
+    )  # the tokenizer travels along
+
+
+def test_interrupted_prepare_resumes_to_identical_shards(
+    tmp_path: Path, tok: Tokenizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    files = write_corpus(tmp_path / "corpus")
+    kwargs = {"shard_tokens": 1500, "heldout": 0.2, "batch_sentences": 100, "progress": False}
+    prepare(files, tok, tmp_path / "clean", **kwargs)
+
+    real = shards_module._write_shard
+    calls = {"n": 0}
+
+    def crash_on_fifth(*args, **kw):
+        calls["n"] += 1
+        if calls["n"] == 5:
+            raise KeyboardInterrupt  # as if the user pressed Ctrl-C mid-run
+        return real(*args, **kw)
+
+    monkeypatch.setattr(shards_module, "_write_shard", crash_on_fifth)
+    with pytest.raises(KeyboardInterrupt):
+        prepare(files, tok, tmp_path / "resumed", **kwargs)
+    monkeypatch.setattr(shards_module, "_write_shard", real)
+    progress = json.loads((tmp_path / "resumed" / "progress.json").read_text())
+    assert (
+        progress["state"]["documents_done"] > 0
+        and not (tmp_path / "resumed" / "meta.json").exists()
+    )
+    with pytest.raises(DataError, match="interrupted prepare: run it again"):
+        ShardSet(tmp_path / "resumed")
+
+    meta = prepare(files, tok, tmp_path / "resumed", **kwargs)
+    clean = json.loads((tmp_path / "clean" / "meta.json").read_text())
+    assert meta["counts"] == clean["counts"]
+    for info in clean["shards"]:
+        for suffix in (".tokens.npy", ".index.npz"):
+            a = (tmp_path / "clean" / (info["name"] + suffix)).read_bytes()
+            assert a == (tmp_path / "resumed" / (info["name"] + suffix)).read_bytes(), info["name"]
+    assert not (tmp_path / "resumed" / "progress.json").exists()
+    assert not list((tmp_path / "resumed").glob(".*tmp"))
+
+
+def test_prepare_again_and_with_other_settings(
+    tmp_path: Path, tok: Tokenizer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    files = write_corpus(tmp_path / "corpus", docs=12)
+    prepare(files, tok, tmp_path / "out", progress=False)
+    before = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "out").iterdir()}
+    prepare(files, tok, tmp_path / "out", progress=True)
+    assert "already prepared" in capsys.readouterr().out
+    assert before == {
+        p.name: p.stat().st_mtime_ns for p in (tmp_path / "out").iterdir()
+    }  # nothing rewritten
+    with pytest.raises(DataError, match="already holds shards prepared with other settings"):
+        prepare(files, tok, tmp_path / "out", heldout=0.5, progress=False)
+
+
+def test_shards_refuse_a_different_tokenizer(tmp_path: Path, tok: Tokenizer) -> None:
+    files = write_corpus(tmp_path / "corpus", docs=12)
+    prepare(files, tok, tmp_path / "out", progress=False)
+    s = ShardSet(tmp_path / "out")
+    s.check_tokenizer(tok, "the model's tokenizer")  # the same one passes
+    cased = Tokenizer(tok.tokens, lowercase=False)
+    with pytest.raises(
+        DataError, match=r"does not match the tokenizer of .*meta.json \(differs in lowercase\)"
+    ):
+        s.check_tokenizer(cased, "the model's tokenizer")
+    other = Tokenizer([*tok.tokens[:-1], "zzzz"])
+    with pytest.raises(DataError, match="differs in vocab_sha256"):
+        s.check_tokenizer(other, "the model's tokenizer")
+
+
+def test_damaged_shard_is_reported(tmp_path: Path, tok: Tokenizer) -> None:
+    files = write_corpus(tmp_path / "corpus", docs=12)
+    prepare(files, tok, tmp_path / "out", progress=False)
+    s = ShardSet(tmp_path / "out")
+    name = s.names("train")[0]
+    path = tmp_path / "out" / f"{name}.tokens.npy"
+    path.write_bytes(path.read_bytes()[:-40])
+    with pytest.raises(DataError, match=rf"{name}"):
+        s.load(name)
+
+
+def test_prepare_cli_errors_keep_earlier_work(tmp_path: Path, minilm_dir: Path) -> None:
+    files = write_corpus(tmp_path / "corpus", docs=12)
+    bad = tmp_path / "corpus" / "zz_bad.jsonl"
+    bad.write_text('{"text": "fine."}\n{"title": "no text"}\n')
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bertforge",
+            "prepare",
+            str(tmp_path / "corpus"),
+            "--tokenizer",
+            str(minilm_dir),
+            "--out",
+            str(tmp_path / "out"),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 2
+    assert (
+        out.stderr.strip().splitlines()[-1]
+        == f'bertforge: error: {bad}: line 2: field "text" missing (expected {{"text": "..."}})'
+    )
+    assert not (tmp_path / "out" / "meta.json").exists()
+    bad.unlink()
+    ok = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bertforge",
+            "prepare",
+            *map(str, files),
+            "--tokenizer",
+            str(minilm_dir),
+            "--out",
+            str(tmp_path / "out2"),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert ok.returncode == 0, ok.stderr
+    assert "documents" in ok.stdout
