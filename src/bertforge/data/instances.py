@@ -1,0 +1,192 @@
+"""Pre-training instances: next-sentence pairs and masked-LM masks (Google's
+`create_pretraining_data.py` semantics), as pure functions of an explicit numpy Generator.
+
+An instance is planned on sentence lengths alone and stored as token spans into its shard,
+`(a_start, a_end, b_start, b_end, is_random_next)`; tokens are read only when a batch is built.
+
+Pairs (`plan_shard`), per document, as Google does:
+  * the target length is max_seq_length - 3 (for [CLS] A [SEP] B [SEP]), or, with probability
+    short_seq_prob (drawn once per document), a random length in [2, max_seq_length - 3];
+  * sentences are packed greedily into a chunk until the target is reached; A is a random
+    number of the chunk's leading sentences; with probability 1/2 B is the rest of the chunk
+    (IsNext), otherwise text from a random other document (NotNext), and the chunk's unused
+    sentences go back to the pool;
+  * the longer side is truncated one token at a time, from the front or the back at random.
+One deliberate difference: Google forces NotNext whenever a chunk holds a single sentence,
+which skews the labels towards NotNext on short documents; here such a chunk is split inside
+the sentence so that IsNext stays possible and the labels stay 50/50.
+
+Masks (`mask_tokens`): 15% of the tokens (at least 1, at most max_predictions_per_seq), never
+[CLS]/[SEP]/[PAD]; of those 80% become [MASK], 10% a random token, 10% stay; optionally whole
+words (all of a word's pieces together).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+IGNORE_INDEX = -100
+
+
+def plan_shard(
+    sentences: np.ndarray,
+    documents: np.ndarray,
+    rng: np.random.Generator,
+    max_seq_length: int = 128,
+    short_seq_prob: float = 0.1,
+) -> np.ndarray:
+    """Instances of a shard, shuffled: (N, 5) int64 rows (a_start, a_end, b_start, b_end, random).
+
+    sentences: (S+1,) token offsets of sentences; documents: (D+1,) sentence offsets of docs.
+    """
+    max_num_tokens = max_seq_length - 3  # account for [CLS], [SEP], [SEP]
+    if max_num_tokens < 2:
+        raise ValueError(f"max_seq_length={max_seq_length}: must be at least 5")
+    num_docs = len(documents) - 1
+    rows: list[tuple[int, int, int, int, int]] = []
+    for d in rng.permutation(num_docs):
+        _plan_document(int(d), sentences, documents, rng, max_num_tokens, short_seq_prob, rows)
+    plans = np.array(rows, dtype=np.int64).reshape(-1, 5)
+    return plans[rng.permutation(len(plans))]
+
+
+def _plan_document(
+    d: int,
+    S: np.ndarray,
+    D: np.ndarray,
+    rng: np.random.Generator,
+    max_num_tokens: int,
+    short_seq_prob: float,
+    rows: list[tuple[int, int, int, int, int]],
+) -> None:
+    first, end = int(D[d]), int(D[d + 1])  # sentence range of the document
+    num_docs = len(D) - 1
+    target = max_num_tokens
+    if rng.random() < short_seq_prob:
+        target = int(rng.integers(2, max_num_tokens + 1))
+    chunk_start, length, i = first, 0, first
+    while i < end:
+        length += int(S[i + 1] - S[i])
+        if i == end - 1 or length >= target:
+            n = i + 1 - chunk_start  # sentences in the chunk
+            a_end = chunk_start + (int(rng.integers(1, n)) if n >= 2 else 1)  # sentence index
+            a = [int(S[chunk_start]), int(S[a_end])]
+            random_next = (n == 1 and S[a_end] - S[chunk_start] < 2) or rng.random() < 0.5
+            if not random_next and n == 1:
+                # one sentence: IsNext from a split inside it (Google would force NotNext)
+                cut = int(rng.integers(a[0] + 1, a[1]))
+                a, b = [a[0], cut], [cut, a[1]]
+            elif not random_next:
+                b = [int(S[a_end]), int(S[i + 1])]
+            else:
+                target_b = target - (a[1] - a[0])
+                r = d
+                for _ in range(10):  # Google: ten tries at another document
+                    r = int(rng.integers(0, num_docs))
+                    if r != d:
+                        break
+                r_first, r_end = int(D[r]), int(D[r + 1])
+                j = int(rng.integers(r_first, r_end))
+                b = [int(S[j]), int(S[j])]
+                while j < r_end:
+                    b[1] = int(S[j + 1])
+                    if b[1] - b[0] >= target_b:
+                        break
+                    j += 1
+                i -= i + 1 - a_end  # the chunk's unused sentences go back
+            _truncate_pair(a, b, max_num_tokens, rng)
+            if a[1] > a[0] and b[1] > b[0]:
+                rows.append((a[0], a[1], b[0], b[1], int(random_next)))
+            chunk_start, length = i + 1, 0
+        i += 1
+
+
+def _truncate_pair(
+    a: list[int], b: list[int], max_num_tokens: int, rng: np.random.Generator
+) -> None:
+    """Google's truncate_seq_pair on spans: trim the longer side, front or back at random."""
+    while (a[1] - a[0]) + (b[1] - b[0]) > max_num_tokens:
+        side = a if a[1] - a[0] > b[1] - b[0] else b
+        if rng.random() < 0.5:
+            side[0] += 1
+        else:
+            side[1] -= 1
+
+
+@dataclass(frozen=True)
+class MaskingSpec:
+    """What masking needs to know about the vocabulary."""
+
+    vocab_size: int
+    mask_id: int
+    special_ids: frozenset[int]  # never masked: [CLS], [SEP], [PAD]
+    is_continuation: np.ndarray  # (V,) bool: token starts with "##" (for whole-word masking)
+    masked_lm_prob: float = 0.15
+    max_predictions_per_seq: int = 20
+    whole_word: bool = False
+
+    @classmethod
+    def from_tokens(
+        cls, tokens: list[str], mask_id: int, special_ids: frozenset[int], **kw: object
+    ) -> MaskingSpec:
+        cont = np.fromiter((t.startswith("##") for t in tokens), dtype=bool, count=len(tokens))
+        return cls(len(tokens), mask_id, special_ids, cont, **kw)  # type: ignore[arg-type]
+
+
+def mask_tokens(
+    ids: np.ndarray, spec: MaskingSpec, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Google's create_masked_lm_predictions on one sequence of token ids.
+
+    Returns (input ids with masks applied, sorted masked positions (P,), original ids (P,)).
+    """
+    special = np.isin(ids, list(spec.special_ids))
+    candidates = np.flatnonzero(~special)
+    # Google counts the special tokens too: round(len(tokens) * prob), Python's rounding.
+    num_to_predict = min(
+        spec.max_predictions_per_seq, max(1, round(len(ids) * spec.masked_lm_prob))
+    )
+    if spec.whole_word:
+        positions = _whole_word_positions(ids, candidates, spec, num_to_predict, rng)
+    else:
+        positions = rng.permutation(candidates)[:num_to_predict]
+    positions = np.sort(positions)
+    labels = ids[positions].copy()
+    out = ids.copy()
+    n = len(positions)
+    u, v = rng.random(n), rng.random(n)
+    replace = rng.integers(0, spec.vocab_size, n)
+    masked = u < 0.8
+    randomized = ~masked & (v >= 0.5)  # the other half of the 20% keep the original
+    out[positions[masked]] = spec.mask_id
+    out[positions[randomized]] = replace[randomized]
+    return out, positions, labels
+
+
+def _whole_word_positions(
+    ids: np.ndarray,
+    candidates: np.ndarray,
+    spec: MaskingSpec,
+    num_to_predict: int,
+    rng: np.random.Generator,
+) -> np.ndarray:
+    # A candidate continues the previous word when it is a "##" piece right after another candidate.
+    cont = spec.is_continuation[ids[candidates]]
+    cont[0] = False
+    adjacent = np.ones(len(candidates), dtype=bool)
+    adjacent[1:] = candidates[1:] == candidates[:-1] + 1
+    starts = np.flatnonzero(~(cont & adjacent))
+    ends = np.append(starts[1:], len(candidates))
+    chosen: list[np.ndarray] = []
+    count = 0
+    for w in rng.permutation(len(starts)):
+        size = ends[w] - starts[w]
+        if count >= num_to_predict:
+            break
+        if count + size > num_to_predict:
+            continue  # Google skips words that do not fit and keeps looking
+        chosen.append(candidates[starts[w] : ends[w]])
+        count += size
+    return np.concatenate(chosen) if chosen else np.zeros(0, dtype=np.int64)
