@@ -10,7 +10,6 @@ Errors a user can cause print one line (`bertforge: error: ...`) and exit with s
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import sys
 import warnings
@@ -18,27 +17,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from . import __version__
+from .data.corpus import expand_inputs
 from .errors import BertforgeError, DataError
-
-
-def expand_inputs(items: Sequence[str]) -> list[Path]:
-    """Files from a list of files, directories (all files below, sorted) and glob patterns."""
-    out: list[Path] = []
-    for item in items:
-        path = Path(item)
-        if path.is_dir():
-            out.extend(
-                sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
-            )
-        elif path.is_file():
-            out.append(path)
-        else:
-            matches = sorted(glob.glob(item, recursive=True))
-            if not matches:
-                raise DataError(f"{item}: no such file, directory or matching files")
-            out.extend(Path(m) for m in matches if Path(m).is_file())
-    return out
-
 
 # ------------------------------------------------------------------------------------------------
 # commands
@@ -116,6 +96,37 @@ def cmd_vocab_train(args: argparse.Namespace) -> None:
     )
 
 
+def cmd_prepare(args: argparse.Namespace) -> None:
+    from .data.shards import prepare
+    from .tokenizer import Tokenizer
+
+    prepare(
+        args.inputs,
+        Tokenizer.from_pretrained(args.tokenizer),
+        args.out,
+        fmt=args.format,
+        heldout=args.heldout,
+        shard_tokens=args.shard_tokens,
+        seed=args.seed,
+        encoding_errors=args.encoding_errors,
+    )
+
+
+def cmd_pretrain(args: argparse.Namespace) -> None:
+    from .train.pretrain import PretrainConfig, run
+
+    fields = {f for f in PretrainConfig.__dataclass_fields__}
+    cfg = PretrainConfig(**{k: v for k, v in vars(args).items() if k in fields})
+    if run(cfg).get("interrupted"):
+        raise SystemExit(130)  # stopped by a signal, checkpoint saved: not finished
+
+
+def cmd_plot(args: argparse.Namespace) -> None:
+    from .train.plot import plot_run
+
+    print(f"wrote {plot_run(args.run, args.out)}")
+
+
 def cmd_demo(args: argparse.Namespace) -> None:
     from .demo import run_demo
 
@@ -159,6 +170,90 @@ def build_parser() -> argparse.ArgumentParser:
         help="what to do with bytes that are not UTF-8 (default: stop with an error)",
     )
     t.set_defaults(func=cmd_vocab_train)
+
+    p = sub.add_parser("prepare", help="tokenize a corpus into shards for pre-training")
+    p.add_argument("inputs", nargs="+", help="text files, directories or glob patterns")
+    p.add_argument("--tokenizer", required=True, help="model directory or vocab.txt")
+    p.add_argument("--out", required=True, help="output directory for the shards")
+    p.add_argument(
+        "--format",
+        choices=("auto", "lines", "paragraphs", "wiki", "jsonl"),
+        default="auto",
+        help="input format (default: detected per file; see bertforge.data.corpus)",
+    )
+    p.add_argument(
+        "--heldout",
+        type=float,
+        default=0.01,
+        help="share of documents held out for evaluation (default 0.01)",
+    )
+    p.add_argument(
+        "--shard-tokens", type=int, default=1 << 22, help="tokens per shard (default 4M)"
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--encoding-errors", choices=("strict", "replace", "ignore"), default="strict")
+    p.set_defaults(func=cmd_prepare)
+
+    p = sub.add_parser("pretrain", help="pre-train with masked LM + next sentence prediction")
+    p.add_argument("--data", required=True, help="directory made by `bertforge prepare`")
+    p.add_argument("--out", required=True, help="run directory (re-running the command resumes it)")
+    size = p.add_mutually_exclusive_group()
+    size.add_argument(
+        "--model-size", default="mini", choices=("tiny", "mini", "small", "medium", "base", "large")
+    )
+    size.add_argument("--config", help="config.json of the model to train from scratch")
+    size.add_argument("--init", help="start from this checkpoint (phase 2, domain adaptation)")
+    p.add_argument("--steps", type=int, default=10_000, help="optimizer steps (default 10000)")
+    p.add_argument(
+        "--batch-size", type=int, default=32, help="sequences per step, all processes together"
+    )
+    p.add_argument(
+        "--micro-batch-size",
+        type=int,
+        help="sequences per forward pass and process (gradient accumulation)",
+    )
+    p.add_argument("--max-seq-length", type=int, default=128)
+    p.add_argument("--max-predictions-per-seq", type=int, help="default: 15%% of max-seq-length")
+    p.add_argument("--masked-lm-prob", type=float, default=0.15)
+    p.add_argument("--short-seq-prob", type=float, default=0.1)
+    p.add_argument("--whole-word-mask", action="store_true")
+    p.add_argument(
+        "--dupe-factor",
+        type=int,
+        help="static masking with this many fixed copies (default: dynamic)",
+    )
+    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument(
+        "--warmup-ratio",
+        type=float,
+        default=0.01,
+        help="share of steps of linear warmup (default 0.01)",
+    )
+    p.add_argument("--weight-decay", type=float, default=0.01)
+    p.add_argument("--optimizer", choices=("adamw", "lamb"), default="adamw")
+    p.add_argument("--clip-norm", type=float, default=1.0)
+    p.add_argument(
+        "--precision",
+        choices=("auto", "fp32", "bf16", "fp16"),
+        default="auto",
+        help="auto: bf16 where the CPU/GPU supports it, fp16 + loss scaling on older GPUs",
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--log-every", type=int, default=10)
+    p.add_argument(
+        "--eval-every", type=int, default=500, help="held-out evaluation every N steps (0: never)"
+    )
+    p.add_argument("--eval-batches", type=int, default=20)
+    p.add_argument("--save-every", type=int, default=1000)
+    p.add_argument("--keep-checkpoints", type=int, default=3)
+    p.add_argument("--device", help="cpu, cuda, cuda:1 (default: a GPU if there is one)")
+    p.add_argument("--no-progress", dest="progress", action="store_false")
+    p.set_defaults(func=cmd_pretrain)
+
+    p = sub.add_parser("plot", help="training curves of a run as a PNG")
+    p.add_argument("run", help="run directory (with metrics.jsonl)")
+    p.add_argument("--out", help="PNG file (default RUN/curves.png)")
+    p.set_defaults(func=cmd_plot)
 
     p = sub.add_parser("demo", help="the foundation end to end on the Python stdlib's docstrings")
     p.add_argument(

@@ -1,0 +1,1 @@
+"""Training: optimizer and schedule, the one training loop, checkpoints, distributed helpers."""

@@ -1,0 +1,99 @@
+"""Training checkpoints: everything needed to continue a run exactly where it stopped.
+
+RUN/checkpoints/step-00001000/
+    config.json, model.safetensors, vocab.txt, ...   the model, loadable with from_pretrained
+    trainer_state.pt                                  optimizer, loss scaler, RNG states
+                                                      (read back with weights_only=True)
+    trainer_state.json                                step, data position, anything else
+A checkpoint is written into a temporary directory and renamed into place, so a crash never
+leaves a half-written one; the last `keep` are kept.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..checkpoint import load_state, read_tensors
+from ..errors import CheckpointError
+from ..fileio import write_json
+
+STATE = "trainer_state.pt"
+INFO = "trainer_state.json"
+
+
+def checkpoint_dirs(run_dir: Path) -> list[Path]:
+    """Complete checkpoints of a run, oldest first."""
+    root = run_dir / "checkpoints"
+    if not root.is_dir():
+        return []
+    found = [p for p in root.glob("step-*") if p.is_dir() and (p / INFO).is_file()]
+    return sorted(found, key=lambda p: int(p.name.split("-")[1]))
+
+
+def save(
+    run_dir: Path,
+    step: int,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scaler: Any,
+    info: dict[str, Any],
+    keep: int = 3,
+    extra_files: Any = None,
+) -> Path:
+    """Write checkpoint `step` atomically; `extra_files(dir)` may add e.g. the tokenizer."""
+    root = run_dir / "checkpoints"
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"step-{step:08d}"
+    tmp = root / f".tmp-step-{step:08d}-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    model.save_pretrained(tmp)  # type: ignore[operator]
+    if extra_files is not None:
+        extra_files(tmp)
+    rng = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        rng["cuda"] = torch.cuda.get_rng_state_all()
+    torch.save(
+        {
+            "optimizer": optimizer.state_dict(),
+            "scaler": scaler.state_dict() if scaler is not None else None,
+            "rng": rng,
+        },
+        tmp / STATE,
+    )
+    write_json(tmp / INFO, {"step": step, **info})
+    if final.exists():  # the same step saved again (e.g. at a signal right after a save)
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    for old in checkpoint_dirs(run_dir)[:-keep] if keep > 0 else []:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def load(
+    path: Path, model: nn.Module, optimizer: torch.optim.Optimizer | None, scaler: Any
+) -> dict[str, Any]:
+    """Restore model, optimizer, scaler and RNG states from a checkpoint; returns its info."""
+    try:
+        info = json.loads((path / INFO).read_text(encoding="utf-8"))
+        state = torch.load(path / STATE, map_location="cpu", weights_only=True)
+    except Exception as e:  # truncated or foreign files
+        raise CheckpointError(f"{path}: unreadable training checkpoint ({e})") from None
+    tensors, origin = read_tensors(path)
+    load_state(model, tensors, origin)
+    if optimizer is not None:
+        optimizer.load_state_dict(state["optimizer"])
+    if scaler is not None and state.get("scaler") is not None:
+        scaler.load_state_dict(state["scaler"])
+    torch.set_rng_state(state["rng"]["torch"])
+    if "cuda" in state["rng"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["rng"]["cuda"])
+    return info

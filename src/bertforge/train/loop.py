@@ -1,0 +1,271 @@
+"""The training loop (one for pre-training and fine-tuning; no framework).
+
+Each optimizer step: take the step's micro-batches, compute the loss of each under the chosen
+precision, accumulate gradients (DDP synchronises only on the last micro-batch), clip, step,
+follow the warmup-then-linear-decay schedule. Around it: progress bar and metrics, held-out
+evaluation, checkpoints every N steps and on SIGINT/SIGTERM, exact resume.
+
+What is task-specific comes in through `Task`: the batches (with their resumable position),
+the loss of a micro-batch, and the evaluation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from . import checkpoints
+from .distributed import Dist, all_reduce_sum
+from .logs import MetricsLog
+from .optim import build_optimizer, lr_factor, set_lr
+
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+
+
+@dataclass
+class LoopConfig:
+    steps: int
+    lr: float = 1e-4
+    warmup_steps: int = 0
+    weight_decay: float = 0.01
+    optimizer: str = "adamw"
+    adam_eps: float = 1e-6
+    clip_norm: float = 1.0
+    precision: str = "auto"
+    log_every: int = 10
+    eval_every: int = 0
+    save_every: int = 0
+    keep_checkpoints: int = 3
+    progress: bool = True
+    seed: int = 0
+
+
+class Task(Protocol):
+    """What the loop needs to know about a training task."""
+
+    def batches(self, position: Any) -> Iterator[tuple[list[Any], Any]]:
+        """From a saved position (None: the start): (this rank's micro-batches of one optimizer
+        step, the position after that step)."""
+        ...
+
+    def normalizers(self, micro_batches: list[Any]) -> torch.Tensor:
+        """Counts the loss is averaged over (e.g. masked tokens, sequences) for this rank's
+        micro-batches; the loop sums them over ranks."""
+        ...
+
+    def loss(
+        self, model: nn.Module, micro: Any, totals: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(loss to back-propagate, statistics to sum for logging) of one micro-batch; `totals`
+        are the step's normalizers summed over all ranks."""
+        ...
+
+    def summarize(self, stats: torch.Tensor) -> dict[str, float]:
+        """Logged numbers from statistics summed over micro-batches, ranks and steps."""
+        ...
+
+    def evaluate(self, model: nn.Module) -> dict[str, float]: ...
+
+
+def cpu_supports_bf16() -> bool:
+    """AVX-512 BF16 or AMX: where bf16 matmuls are fast on the CPU (Linux flags)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return " avx512_bf16" in flags or " amx_bf16" in flags
+
+
+def resolve_precision(precision: str, device: torch.device) -> str:
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision {precision!r}: must be one of {', '.join(PRECISIONS)}")
+    if precision != "auto":
+        if precision == "fp16" and device.type != "cuda":
+            raise ValueError("fp16 (with loss scaling) is for CUDA; use bf16 or fp32 on the CPU")
+        return precision
+    if device.type == "cuda":
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+    return "bf16" if cpu_supports_bf16() else "fp32"
+
+
+def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    return torch.autocast(device.type, dtype=dtype)
+
+
+class _StopFlag:
+    """Set by SIGINT/SIGTERM: finish the current step, save, exit."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> _StopFlag:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(ValueError):  # not the main thread
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.requested:  # a second Ctrl-C: stop now
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+def train(
+    model: nn.Module,
+    task: Task,
+    cfg: LoopConfig,
+    run_dir: Path,
+    d: Dist,
+    *,
+    save_extra: Callable[[Path], None] | None = None,
+    describe: str = "train",
+) -> dict[str, Any]:
+    """Train `model` on `task` for cfg.steps optimizer steps, resuming from RUN's last
+    checkpoint if there is one. Returns {"step", "interrupted", "eval": last evaluation}."""
+    device = d.device
+    model.to(device)
+    precision = resolve_precision(cfg.precision, device)
+    wrapped: nn.Module = model
+    if d.enabled:
+        wrapped = nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None
+        )
+    optimizer = build_optimizer(model, cfg.optimizer, cfg.lr, cfg.weight_decay, eps=cfg.adam_eps)
+    scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None
+
+    step, position = 0, None
+    saved = checkpoints.checkpoint_dirs(run_dir)
+    if saved:
+        info = checkpoints.load(saved[-1], model, optimizer, scaler)
+        step, position = info["step"], info["position"]
+        if d.is_main:
+            print(f"resuming from {saved[-1]} (step {step:,} of {cfg.steps:,})", flush=True)
+    if d.enabled:
+        # Each rank its own dropout stream (a resumed run restores rank 0's only: re-derive).
+        torch.manual_seed(cfg.seed + 1_000_003 * d.rank + 7_919 * step)
+    log = MetricsLog(run_dir, enabled=d.is_main)
+    log.truncate_after(step)
+    last_eval: dict[str, float] = {}
+
+    def save_checkpoint() -> None:
+        if d.is_main:
+            checkpoints.save(
+                run_dir,
+                step,
+                model,
+                optimizer,
+                scaler,
+                {"position": position, "precision": precision},
+                keep=cfg.keep_checkpoints,
+                extra_files=save_extra,
+            )
+
+    from tqdm.auto import tqdm
+
+    bar = tqdm(
+        total=cfg.steps,
+        initial=step,
+        desc=describe,
+        disable=not (cfg.progress and d.is_main),
+        dynamic_ncols=True,
+    )
+    data = task.batches(position)
+    stats_sum: torch.Tensor | None = None
+    window_tokens, window_start = 0, time.perf_counter()
+    model.train()
+    with _StopFlag() as stop:
+        while step < cfg.steps:
+            micro_batches, next_position = next(data)
+            lr = cfg.lr * lr_factor(step, cfg.warmup_steps, cfg.steps)
+            set_lr(optimizer, lr)
+            totals = all_reduce_sum(task.normalizers(micro_batches).to(device), d)
+            for i, micro in enumerate(micro_batches):
+                micro = micro.to(device)
+                last = i == len(micro_batches) - 1
+                sync = contextlib.nullcontext() if last or not d.enabled else wrapped.no_sync()  # type: ignore[operator]
+                with sync:
+                    with autocast(precision, device):
+                        loss, stats = task.loss(wrapped, micro, totals)
+                    (scaler.scale(loss) if scaler is not None else loss).backward()
+                stats_sum = stats if stats_sum is None else stats_sum + stats
+                window_tokens += micro.num_tokens
+            if scaler is not None:
+                scaler.unscale_(optimizer)
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_norm)
+            if scaler is not None:
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            step, position = step + 1, next_position
+
+            if step % cfg.log_every == 0 or step == cfg.steps:
+                assert stats_sum is not None
+                summed = all_reduce_sum(stats_sum.detach().float(), d)
+                tokens = int(
+                    all_reduce_sum(torch.tensor([float(window_tokens)], device=device), d).item()
+                )
+                elapsed = time.perf_counter() - window_start
+                numbers = task.summarize(summed)
+                numbers.update(
+                    lr=lr, grad_norm=float(grad_norm), tokens_per_s=tokens / max(elapsed, 1e-9)
+                )
+                log.log(step, **numbers)
+                bar.set_postfix(
+                    loss=f"{numbers.get('loss', float('nan')):.3f}",
+                    lr=f"{lr:.2e}",
+                    tok_s=f"{numbers['tokens_per_s']:,.0f}",
+                    refresh=False,
+                )
+                stats_sum, window_tokens, window_start = None, 0, time.perf_counter()
+            bar.update(1)
+
+            if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps):
+                model.eval()
+                with torch.no_grad(), autocast(precision, device):
+                    last_eval = task.evaluate(model)
+                model.train()
+                log.log(step, **{f"eval_{k}": v for k, v in last_eval.items()})
+                if d.is_main and cfg.progress:
+                    bar.write(
+                        f"step {step:,}: " + ", ".join(f"{k} {v:.4g}" for k, v in last_eval.items())
+                    )
+
+            stopping = _agree(stop.requested, d)
+            if (cfg.save_every and step % cfg.save_every == 0) or stopping or step == cfg.steps:
+                save_checkpoint()
+            if stopping:
+                break
+    bar.close()
+    log.close()
+    interrupted = step < cfg.steps
+    if interrupted and d.is_main:
+        print(
+            f"stopped at step {step:,}; checkpoint saved in {run_dir / 'checkpoints'}: run the same command to resume"
+        )
+    return {"step": step, "interrupted": interrupted, "eval": last_eval, "precision": precision}
+
+
+def _agree(flag: bool, d: Dist) -> bool:
+    """True on every rank if any rank was asked to stop."""
+    if not d.enabled:
+        return flag
+    t = torch.tensor([1.0 if flag else 0.0], device=d.device)
+    return bool(all_reduce_sum(t, d).item() > 0)

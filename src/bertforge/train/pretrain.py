@@ -1,0 +1,337 @@
+"""`bertforge pretrain`: masked LM + next sentence prediction on prepared shards.
+
+RUN/ (the --out directory)
+    run.json                the settings; re-running the same command resumes the run
+    checkpoints/step-N/     every --save-every steps and on SIGINT/SIGTERM (last K kept)
+    metrics.jsonl           training and held-out numbers; tensorboard/ mirrors them
+    config.json, model.safetensors, vocab.txt, tokenizer_config.json
+                            the final model (HF layout, with MLM and NSP heads)
+
+The loss of a step is the mean over the whole global batch (masked tokens for the MLM loss,
+sequences for NSP) whatever the number of processes or micro-batches, so a run on N processes
+follows the same curve as one process with the same global batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..config import BertConfig
+from ..data.instances import IGNORE_INDEX, MaskingSpec
+from ..data.pretraining import Batch, Position, PretrainingStream
+from ..data.shards import ShardSet
+from ..errors import BertforgeError, ConfigError
+from ..fileio import write_json
+from ..heads import BertForPreTraining, cross_entropy_sum
+from ..tokenizer import Tokenizer
+from . import distributed
+from .loop import LoopConfig, train
+
+# Settings that may change when a run is resumed (the rest must match run.json).
+_RESUMABLE = {
+    "steps",
+    "save_every",
+    "eval_every",
+    "log_every",
+    "keep_checkpoints",
+    "progress",
+    "device",
+}
+
+
+@dataclass
+class PretrainConfig:
+    data: str
+    out: str
+    model_size: str = "mini"
+    config: str | None = None  # a config.json instead of a named size
+    init: str | None = None  # start from this checkpoint's weights (phase 2, domain adaptation)
+    steps: int = 10_000
+    batch_size: int = 32  # sequences per optimizer step, over all processes
+    micro_batch_size: int | None = None  # per process and forward pass (default: no accumulation)
+    max_seq_length: int = 128
+    max_predictions_per_seq: int | None = None  # default: round(0.15 * max_seq_length)
+    masked_lm_prob: float = 0.15
+    short_seq_prob: float = 0.1
+    whole_word_mask: bool = False
+    dupe_factor: int | None = None  # None: dynamic masking; k: k fixed maskings, cycled
+    lr: float = 1e-4
+    warmup_ratio: float = 0.01
+    weight_decay: float = 0.01
+    optimizer: str = "adamw"
+    clip_norm: float = 1.0
+    precision: str = "auto"
+    seed: int = 0
+    log_every: int = 10
+    eval_every: int = 500
+    eval_batches: int = 20
+    save_every: int = 1000
+    keep_checkpoints: int = 3
+    device: str | None = None
+    progress: bool = True
+
+
+class PretrainingTask:
+    """Loss, batches and evaluation of BERT pre-training (see train/loop.py's Task)."""
+
+    # statistics summed for logging: MLM loss sum, masked count, MLM correct, NSP loss sum,
+    # sequences, NSP correct
+    def __init__(
+        self,
+        stream: PretrainingStream,
+        heldout: PretrainingStream | None,
+        cfg: PretrainConfig,
+        d: distributed.Dist,
+    ) -> None:
+        self.stream, self.heldout, self.cfg, self.d = stream, heldout, cfg, d
+        micro = cfg.micro_batch_size or cfg.batch_size // d.world_size
+        per_rank = cfg.batch_size // d.world_size
+        if cfg.batch_size % d.world_size or per_rank % micro:
+            raise ConfigError(
+                f"batch_size={cfg.batch_size} must split evenly into {d.world_size} processes "
+                f"x micro-batches of {micro}"
+            )
+        self.micro = micro
+
+    def batches(self, position: Any) -> Iterator[tuple[list[Batch], Any]]:
+        pos = Position(**position) if position else None
+        stream = self.stream.batches(self.cfg.batch_size, pos, self.d.rank, self.d.world_size)
+        for batch, nxt in stream:
+            yield _split(batch, self.micro), nxt.to_dict()
+
+    def normalizers(self, micro_batches: list[Batch]) -> torch.Tensor:
+        masked = sum(int((m.mlm_labels != IGNORE_INDEX).sum()) for m in micro_batches)
+        sequences = sum(len(m.nsp_labels) for m in micro_batches)
+        return torch.tensor([float(masked), float(sequences)])
+
+    def loss(
+        self, model: nn.Module, micro: Batch, totals: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        out = model(**micro.model_inputs())
+        logits = out.mlm_logits
+        labels = micro.mlm_labels
+        mlm_sum = cross_entropy_sum(logits, labels)
+        nsp_sum = F.cross_entropy(out.nsp_logits.float(), micro.nsp_labels, reduction="sum")
+        # Means over the global batch; x world size because DDP averages gradients over ranks.
+        loss = (mlm_sum / totals[0] + nsp_sum / totals[1]) * self.d.world_size
+        with torch.no_grad():
+            valid = labels != IGNORE_INDEX
+            stats = torch.stack(
+                [
+                    mlm_sum.detach(),
+                    valid.sum().float(),
+                    ((logits.argmax(-1) == labels) & valid).sum().float(),
+                    nsp_sum.detach(),
+                    torch.tensor(float(len(micro.nsp_labels)), device=logits.device),
+                    (out.nsp_logits.argmax(-1) == micro.nsp_labels).sum().float(),
+                ]
+            )
+        return loss, stats
+
+    def summarize(self, s: torch.Tensor) -> dict[str, float]:
+        mlm_loss, nsp_loss = float(s[0] / s[1]), float(s[3] / s[4])
+        return {
+            "loss": mlm_loss + nsp_loss,
+            "mlm_loss": mlm_loss,
+            "mlm_acc": float(s[2] / s[1]),
+            "nsp_loss": nsp_loss,
+            "nsp_acc": float(s[5] / s[4]),
+        }
+
+    def evaluate(self, model: nn.Module) -> dict[str, float]:
+        """Held-out MLM loss, accuracy and perplexity, NSP accuracy (fixed batches and masks)."""
+        if self.heldout is None:
+            return {}
+        total: torch.Tensor | None = None
+        batches = self.heldout.batches(self.cfg.batch_size, None, self.d.rank, self.d.world_size)
+        for _ in range(self.cfg.eval_batches):
+            batch, _ = next(batches)
+            for micro in _split(batch, self.micro):
+                micro = micro.to(self.d.device)
+                ones = torch.ones(2, device=self.d.device)
+                _, stats = self.loss(model, micro, ones)
+                total = stats if total is None else total + stats
+        assert total is not None
+        s = distributed.all_reduce_sum(total.float(), self.d)
+        out = self.summarize(s)
+        return {
+            "mlm_loss": out["mlm_loss"],
+            "mlm_acc": out["mlm_acc"],
+            "perplexity": math.exp(min(out["mlm_loss"], 50.0)),
+            "nsp_acc": out["nsp_acc"],
+        }
+
+
+def _split(batch: Batch, size: int) -> list[Batch]:
+    """Micro-batches of `size` rows (each trimmed to its own longest row)."""
+    if len(batch.nsp_labels) <= size:
+        return [batch]
+    parts = []
+    for i in range(0, len(batch.nsp_labels), size):
+        rows = slice(i, i + size)
+        T = int(batch.attention_mask[rows].sum(1).max())
+        parts.append(
+            Batch(
+                input_ids=batch.input_ids[rows, :T],
+                token_type_ids=batch.token_type_ids[rows, :T],
+                attention_mask=batch.attention_mask[rows, :T],
+                mlm_positions=batch.mlm_positions[rows],
+                mlm_labels=batch.mlm_labels[rows],
+                nsp_labels=batch.nsp_labels[rows],
+                num_tokens=int(batch.attention_mask[rows].sum()),
+            )
+        )
+    return parts
+
+
+def _settings(cfg: PretrainConfig) -> dict[str, Any]:
+    return {k: v for k, v in dataclasses.asdict(cfg).items() if k not in _RESUMABLE}
+
+
+def _check_run_dir(run_dir: Path, cfg: PretrainConfig) -> dict[str, Any] | None:
+    """run.json of an existing run: the same settings resume it, others are an error."""
+    path = run_dir / "run.json"
+    if not path.is_file():
+        return None
+    saved = json.loads(path.read_text(encoding="utf-8"))
+    mine = _settings(cfg)
+    diff = sorted(k for k in mine if saved["settings"].get(k) != mine[k])
+    if diff:
+        shown = ", ".join(f"{k}: {saved['settings'].get(k)!r} -> {mine[k]!r}" for k in diff)
+        raise BertforgeError(
+            f"{run_dir} holds a run with other settings ({shown}); use another --out to start a new run"
+        )
+    return saved
+
+
+def build_model(cfg: PretrainConfig, tok: Tokenizer) -> BertForPreTraining:
+    if cfg.init:
+        model = BertForPreTraining.from_pretrained(cfg.init)
+        if model.config.vocab_size < tok.vocab_size:
+            raise ConfigError(
+                f"{cfg.init}: vocab_size={model.config.vocab_size} is smaller than the data's vocabulary ({tok.vocab_size})"
+            )
+    else:
+        overrides = {"vocab_size": tok.vocab_size, "pad_token_id": tok.pad_id}
+        if cfg.config:
+            config = BertConfig.from_json_file(cfg.config).replace(**overrides)
+        else:
+            config = BertConfig.from_size(cfg.model_size, **overrides)
+        model = BertForPreTraining(config)
+    if cfg.max_seq_length > model.config.max_position_embeddings:
+        raise ConfigError(
+            f"max_seq_length={cfg.max_seq_length} is more than the model's "
+            f"max_position_embeddings={model.config.max_position_embeddings}"
+        )
+    return model.train()
+
+
+def run(cfg: PretrainConfig) -> dict[str, Any]:
+    """Pre-train (or resume) into cfg.out; returns a summary."""
+    d = distributed.init(cfg.device)
+    try:
+        return _run(cfg, d)
+    finally:
+        distributed.shutdown(d)
+
+
+def _run(cfg: PretrainConfig, d: distributed.Dist) -> dict[str, Any]:
+    run_dir = Path(cfg.out)
+    saved = _check_run_dir(run_dir, cfg)
+    if saved and saved.get("finished") and saved.get("steps") == cfg.steps:
+        if d.is_main:
+            print(
+                f"{run_dir}: this run already finished ({cfg.steps:,} steps); the model is in {run_dir}"
+            )
+        return {"step": cfg.steps, "interrupted": False, "already_finished": True}
+    shards = ShardSet(cfg.data)
+    tok = shards.tokenizer()
+    if cfg.init:
+        shards.check_tokenizer(Tokenizer.from_pretrained(cfg.init), f"the tokenizer of {cfg.init}")
+    torch.manual_seed(cfg.seed)
+    model = build_model(cfg, tok)
+    max_predictions = cfg.max_predictions_per_seq or max(
+        1, round(cfg.max_seq_length * cfg.masked_lm_prob)
+    )
+    spec = MaskingSpec.from_tokens(
+        tok.tokens,
+        tok.mask_id,
+        frozenset({tok.cls_id, tok.sep_id, tok.pad_id}),
+        masked_lm_prob=cfg.masked_lm_prob,
+        max_predictions_per_seq=max_predictions,
+        whole_word=cfg.whole_word_mask,
+    )
+    common = {"max_seq_length": cfg.max_seq_length, "short_seq_prob": cfg.short_seq_prob}
+    stream = PretrainingStream(
+        shards,
+        spec,
+        tok.cls_id,
+        tok.sep_id,
+        tok.pad_id,
+        seed=cfg.seed,
+        dupe_factor=cfg.dupe_factor,
+        **common,
+    )
+    heldout = None
+    if shards.names("heldout") and cfg.eval_every:
+        # fixed pairs and masks (one version), so evaluations are comparable across steps
+        heldout = PretrainingStream(
+            shards,
+            spec,
+            tok.cls_id,
+            tok.sep_id,
+            tok.pad_id,
+            split="heldout",
+            seed=cfg.seed + 1,
+            dupe_factor=1,
+            **common,
+        )
+    task = PretrainingTask(stream, heldout, cfg, d)
+    if d.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_json(
+            run_dir / "run.json",
+            {"settings": _settings(cfg), "steps": cfg.steps, "finished": False},
+        )
+        print(
+            f"pre-training {model.num_parameters():,} parameters on {shards.count('train'):,} tokens "
+            f"({cfg.data}); {d.world_size} process(es) on {d.device}; batch {cfg.batch_size} x {cfg.max_seq_length}"
+        )
+    loop = LoopConfig(
+        steps=cfg.steps,
+        lr=cfg.lr,
+        warmup_steps=round(cfg.warmup_ratio * cfg.steps),
+        weight_decay=cfg.weight_decay,
+        optimizer=cfg.optimizer,
+        clip_norm=cfg.clip_norm,
+        precision=cfg.precision,
+        log_every=cfg.log_every,
+        eval_every=cfg.eval_every if heldout is not None else 0,
+        save_every=cfg.save_every,
+        keep_checkpoints=cfg.keep_checkpoints,
+        progress=cfg.progress,
+        seed=cfg.seed,
+    )
+    result = train(
+        model, task, loop, run_dir, d, save_extra=tok.save_pretrained, describe="pretrain"
+    )
+    if not result["interrupted"] and d.is_main:
+        model.save_pretrained(run_dir)
+        tok.save_pretrained(run_dir)
+        write_json(
+            run_dir / "run.json",
+            {"settings": _settings(cfg), "steps": cfg.steps, "finished": True, "final": result},
+        )
+        print(f"done: {run_dir} holds the model (config.json, model.safetensors, vocab.txt)")
+    distributed.barrier(d)
+    return result

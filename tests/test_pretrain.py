@@ -1,0 +1,284 @@
+"""`bertforge pretrain` end to end: exact resume after SIGKILL, 2-process DDP, outputs, signals."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from bertforge import BertConfig, BertForPreTraining, Tokenizer
+from bertforge.data.shards import prepare
+from bertforge.train.optim import Lamb, lr_factor, param_groups
+from tests.test_shards import write_corpus
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory, minilm_dir: Path) -> Path:
+    root = tmp_path_factory.mktemp("pretrain")
+    files = write_corpus(root / "corpus", docs=240)
+    prepare(
+        files,
+        Tokenizer.from_pretrained(minilm_dir),
+        root / "shards",
+        shard_tokens=4000,
+        heldout=0.1,
+        progress=False,
+    )
+    return root / "shards"
+
+
+@pytest.fixture(scope="module")
+def nodrop(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("cfg") / "tiny.json"
+    BertConfig.from_size("tiny", hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0).save(
+        path
+    )
+    return path
+
+
+def pretrain_cmd(
+    data: Path, out: Path, *extra: str, model: tuple[str, str] = ("--model-size", "tiny")
+) -> list[str]:
+    return [
+        sys.executable, "-m", "bertforge", "pretrain", "--data", str(data), "--out", str(out), *model,
+        "--batch-size", "8", "--max-seq-length", "64", "--precision", "fp32", "--no-progress",
+        "--log-every", "1", *extra,
+    ]  # fmt: skip
+
+
+def run(cmd: list[str], **kw) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, **kw)
+
+
+def losses(run_dir: Path) -> list[tuple[int, float]]:
+    rows = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [(r["step"], r["loss"]) for r in rows if "loss" in r]
+
+
+@pytest.fixture(scope="module")
+def finished_run(data: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
+    out = tmp_path_factory.mktemp("runs") / "A"
+    args = [
+        "--steps",
+        "24",
+        "--save-every",
+        "8",
+        "--eval-every",
+        "8",
+        "--eval-batches",
+        "2",
+        "--micro-batch-size",
+        "4",
+    ]
+    result = run(pretrain_cmd(data, out, *args))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return out, args
+
+
+def test_sigkill_and_resume_ends_with_identical_parameters(
+    data: Path, finished_run, tmp_path: Path
+) -> None:
+    reference, args = finished_run
+    out = tmp_path / "B"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        pretrain_cmd(data, out, *args), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env
+    )
+    deadline = time.time() + 300
+    while not (out / "checkpoints" / "step-00000016").exists():
+        assert proc.poll() is None, proc.stderr.read().decode()[-2000:] if proc.stderr else ""
+        assert time.time() < deadline
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (out / "model.safetensors").exists()  # it really died before the end
+    result = run(pretrain_cmd(data, out, *args))
+    assert result.returncode == 0, result.stderr[-3000:]
+    a, b = load_file(reference / "model.safetensors"), load_file(out / "model.safetensors")
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert losses(reference) == losses(out)  # the same curve, resumed steps logged once
+
+
+def test_two_processes_follow_one_process(data: Path, nodrop: Path, tmp_path: Path) -> None:
+    """torchrun with 2 CPU processes (gloo) and the same global batch: the same losses.
+    Dropout is off: its masks are drawn per process and could not match one process's."""
+    common = ["--steps", "6", "--save-every", "0", "--eval-every", "0"]
+    model = ("--config", str(nodrop))
+    single = run(pretrain_cmd(data, tmp_path / "one", *common, model=model))
+    assert single.returncode == 0, single.stderr[-3000:]
+    cmd = pretrain_cmd(data, tmp_path / "two", *common, model=model)
+    cmd[1:3] = [
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "-m",
+        "bertforge",
+    ]
+    double = run(cmd)
+    assert double.returncode == 0, double.stderr[-3000:]
+    assert "2 process(es)" in double.stdout
+    one, two = losses(tmp_path / "one"), losses(tmp_path / "two")
+    assert [s for s, _ in one] == [s for s, _ in two] == list(range(1, 7))
+    assert max(abs(x - y) for (_, x), (_, y) in zip(one, two)) < 1e-5, (one, two)
+
+
+def test_outputs_of_a_finished_run(finished_run, tmp_path: Path) -> None:
+    out, _ = finished_run
+    names = {p.name for p in out.iterdir()}
+    assert {
+        "config.json",
+        "model.safetensors",
+        "vocab.txt",
+        "tokenizer_config.json",
+        "metrics.jsonl",
+        "run.json",
+        "tensorboard",
+        "checkpoints",
+    } <= names
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == [
+        "step-00000008",
+        "step-00000016",
+        "step-00000024",
+    ]
+    rows = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in rows if "eval_mlm_acc" in r]
+    assert [r["step"] for r in evals] == [8, 16, 24]
+    for r in evals:
+        assert (
+            0 <= r["eval_mlm_acc"] <= 1 and 0 <= r["eval_nsp_acc"] <= 1 and r["eval_perplexity"] > 1
+        )
+    train_rows = [r for r in rows if "loss" in r]
+    assert train_rows[-1]["loss"] < train_rows[0]["loss"]  # it learns something
+    assert all(r["tokens_per_s"] > 0 for r in train_rows)
+
+    # the final model loads in transformers' BertForPreTraining and gives the same logits
+    import transformers
+
+    ours = BertForPreTraining.from_pretrained(out)
+    theirs = transformers.BertForPreTraining.from_pretrained(str(out)).eval()
+    batch = Tokenizer.from_pretrained(out)(["the quick brown fox"], ["jumps over the dog"])
+    with torch.no_grad():
+        a, b = ours(**batch), theirs(**batch)
+    assert (a.mlm_logits - b.prediction_logits).abs().max() < 1e-4
+    assert (a.nsp_logits - b.seq_relationship_logits).abs().max() < 1e-4
+
+    # TensorBoard can read the event files
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(out / "tensorboard"))
+    acc.Reload()
+    loss = acc.Scalars("loss")
+    assert [e.step for e in loss] == [r["step"] for r in train_rows]
+    assert abs(loss[-1].value - train_rows[-1]["loss"]) < 1e-5
+    assert [e.step for e in acc.Scalars("eval_mlm_acc")] == [8, 16, 24]
+
+    plot = subprocess.run(
+        [sys.executable, "-m", "bertforge", "plot", str(out), "--out", str(tmp_path / "c.png")],
+        capture_output=True,
+        text=True,
+    )
+    assert plot.returncode == 0, plot.stderr
+    assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_rerun_of_a_finished_run_and_changed_settings(data: Path, finished_run) -> None:
+    out, args = finished_run
+    again = run(pretrain_cmd(data, out, *args))
+    assert again.returncode == 0 and "already finished" in again.stdout
+    changed = run(pretrain_cmd(data, out, *[a if a != "4" else "2" for a in args]))
+    assert changed.returncode == 2
+    assert "holds a run with other settings (micro_batch_size: 4 -> 2)" in changed.stderr
+
+
+def test_sigint_saves_a_checkpoint_and_the_same_command_resumes(data: Path, tmp_path: Path) -> None:
+    out = tmp_path / "C"
+    common = ["--save-every", "0", "--eval-every", "0"]
+    cmd = pretrain_cmd(data, out, "--steps", "400", *common)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.time() + 300
+    while (
+        not (out / "metrics.jsonl").exists()
+        or len((out / "metrics.jsonl").read_text().splitlines()) < 3
+    ):
+        assert proc.poll() is None and time.time() < deadline
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    stdout, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130  # stopped, not finished
+    assert "stopped at step" in stdout and "run the same command to resume" in stdout
+    (saved,) = (out / "checkpoints").iterdir()
+    step = int(saved.name.split("-")[1])
+    assert 3 <= step < 400
+    # the same command (here with fewer steps, which a resumed run may change) continues
+    resumed = run(pretrain_cmd(data, out, "--steps", str(step + 3), *common))
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert f"resuming from {saved} (step {step:,} of {step + 3:,})" in resumed.stdout
+    assert [s for s, _ in losses(out)] == list(range(1, step + 4))
+
+
+def test_phase_two_continues_at_a_longer_sequence_length(
+    data: Path, finished_run, tmp_path: Path
+) -> None:
+    first, _ = finished_run
+    out = tmp_path / "phase2"
+    cmd = pretrain_cmd(data, out, "--steps", "3", "--save-every", "0", "--eval-every", "0")
+    i = cmd.index("--model-size")
+    cmd[i : i + 2] = ["--init", str(first)]
+    cmd[cmd.index("--max-seq-length") + 1] = "128"
+    result = run(cmd)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert BertConfig.from_pretrained(out) == BertConfig.from_pretrained(first)
+
+
+def test_bad_arguments_give_one_line_errors(data: Path, tmp_path: Path) -> None:
+    missing = run(pretrain_cmd(tmp_path / "nothing", tmp_path / "x", "--steps", "1"))
+    assert (
+        missing.returncode == 2 and "no meta.json, not a prepared data directory" in missing.stderr
+    )
+    too_long = run(pretrain_cmd(data, tmp_path / "y", "--steps", "1", "--max-seq-length", "1024"))
+    assert (
+        too_long.returncode == 2
+        and "max_seq_length=1024 is more than the model's max_position_embeddings=512"
+        in too_long.stderr
+    )
+
+
+def test_param_groups_schedule_and_lamb() -> None:
+    model = BertForPreTraining(BertConfig.from_size("tiny", vocab_size=300))
+    decay, no_decay = param_groups(model, 0.01)
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert all("norm" in names[id(p)] or names[id(p)].endswith("bias") for p in no_decay["params"])
+    assert all(p.ndim == 2 for p in decay["params"])
+    assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
+    factors = [lr_factor(s, 10, 100) for s in range(100)]
+    assert factors[0] == 0.1 and factors[9] == 1.0 and factors[10] == 1.0
+    assert all(a >= b for a, b in itertools.pairwise(factors[10:])) and factors[
+        -1
+    ] == pytest.approx(1 / 90)
+    # LAMB minimises a least-squares problem
+    torch.manual_seed(0)
+    w = torch.nn.Parameter(torch.randn(20, 5))
+    x, y = torch.randn(200, 20), torch.randn(200, 5)
+    opt = Lamb([w], lr=0.05, weight_decay=0.0)
+    first = None
+    for _ in range(100):
+        loss = ((x @ w - y) ** 2).mean()
+        first = first if first is not None else loss.item()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert loss.item() < 0.5 * first
