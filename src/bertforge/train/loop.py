@@ -225,7 +225,10 @@ def train(
                 elapsed = time.perf_counter() - window_start
                 numbers = task.summarize(summed)
                 numbers.update(
-                    lr=lr, grad_norm=float(grad_norm), tokens_per_s=tokens / max(elapsed, 1e-9)
+                    lr=lr,
+                    grad_norm=float(grad_norm),
+                    tokens=tokens,  # non-padding tokens trained on since the last record
+                    tokens_per_s=tokens / max(elapsed, 1e-9),
                 )
                 log.log(step, **numbers)
                 bar.set_postfix(
