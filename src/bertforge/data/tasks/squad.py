@@ -1,0 +1,202 @@
+"""SQuAD v1.1 and v2.0 question answering files: one `SquadExample` per question.
+
+Why check offsets here: span QA trains on character offsets into the context. An answer
+whose `answer_start` does not point at its own text (a file edited by hand, a context
+re-normalised after annotation) silently teaches the model a wrong span, so the reader
+verifies context[start:start+len(text)] == text for every answer.
+
+Policy (chosen): a mismatch is an error by default (strict=True), naming the file, the
+question id and the field "answer_start". strict=False follows google-research/bert's
+run_squad.py instead, which skips training questions whose answer it cannot find: bad
+answers are dropped, a question left with no answer is skipped, and one warning counts them.
+
+Version: a file is read as v2.0 when any question has an "is_impossible" key (the file's own
+"version" field is not trusted: the derived v1.1-format train subset in shared/data says
+"v2.0"). v2.0 no-answer questions have is_impossible=True and answers [].
+
+Errors name the JSON path (data[i].paragraphs[j].qas[k]) and the question id, since a
+SQuAD file is often a single line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ...errors import DataError, InputError
+
+
+@dataclass(frozen=True)
+class SquadExample:
+    """One question about one context; answers are (text, character offset in context)."""
+
+    qid: str
+    question: str
+    context: str
+    answers: list[tuple[str, int]]
+    is_impossible: bool
+    title: str
+
+
+def load_json(path: str | os.PathLike[str]) -> object:
+    """A UTF-8 (BOM tolerated) JSON file; bad bytes or syntax are errors naming the spot."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: file not found")
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise DataError(f"{path}: line {line}: byte offset {e.start} is not UTF-8") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise DataError(
+            f"{path}: line {e.lineno}, column {e.colno}: invalid JSON: {e.msg}"
+        ) from None
+
+
+def _get(obj: object, key: str, kind: type | tuple[type, ...], where: str) -> object:
+    if not isinstance(obj, dict):
+        raise DataError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    if key not in obj:
+        raise DataError(f'{where}: field "{key}" missing')
+    value = obj[key]
+    # bool is an int in Python; no SQuAD field is meant to accept both.
+    if not isinstance(value, kind) or (isinstance(value, bool) and bool not in _as_tuple(kind)):
+        raise DataError(
+            f'{where}: field "{key}": expected {_kind_name(kind)}, got {type(value).__name__}'
+        )
+    return value
+
+
+def _as_tuple(kind: type | tuple[type, ...]) -> tuple[type, ...]:
+    return kind if isinstance(kind, tuple) else (kind,)
+
+
+def _kind_name(kind: type | tuple[type, ...]) -> str:
+    names = {
+        str: "a string",
+        int: "an integer",
+        list: "a list",
+        bool: "true/false",
+        dict: "an object",
+    }
+    return " or ".join(names.get(k, k.__name__) for k in _as_tuple(kind))
+
+
+def read_squad(
+    path: str | os.PathLike[str], *, strict: bool = True, version: str | None = None
+) -> list[SquadExample]:
+    """Questions of a SQuAD JSON file, in file order.
+
+    version "1.1", "2.0" or None (detect: 2.0 iff a question has "is_impossible"). See the
+    module docstring for strict. Question ids must be unique (they key predictions).
+    """
+    if version not in (None, "1.1", "2.0"):
+        raise InputError(f"version {version!r}: must be '1.1', '2.0' or None (detect)")
+    path = Path(path)
+    root = load_json(path)
+    articles = _get(root, "data", list, f"{path}: top level")
+    assert isinstance(articles, list)
+    v2 = version == "2.0" or (
+        version is None
+        and any(
+            isinstance(qa, dict) and "is_impossible" in qa
+            for a in articles
+            if isinstance(a, dict)
+            for p in a.get("paragraphs", ()) or ()
+            if isinstance(p, dict)
+            for qa in p.get("qas", ()) or ()
+        )
+    )
+    out: list[SquadExample] = []
+    seen: dict[str, str] = {}
+    bad_answers = 0
+    dropped: list[str] = []
+    for i, article in enumerate(articles):
+        where_a = f"{path}: data[{i}]"
+        title = article.get("title", "") if isinstance(article, dict) else ""
+        paragraphs = _get(article, "paragraphs", list, where_a)
+        assert isinstance(paragraphs, list)
+        for j, para in enumerate(paragraphs):
+            where_p = f"{where_a}.paragraphs[{j}]"
+            context = _get(para, "context", str, where_p)
+            assert isinstance(context, str)
+            if not context.strip():
+                raise DataError(f'{where_p}: field "context": empty text')
+            qas = _get(para, "qas", list, where_p)
+            assert isinstance(qas, list)
+            for k, qa in enumerate(qas):
+                where_q = f"{where_p}.qas[{k}]"
+                qid = _get(qa, "id", str, where_q)
+                assert isinstance(qid, str) and isinstance(qa, dict)
+                where_q = f"{where_q} (id {qid})"
+                if qid in seen:
+                    raise DataError(f'{where_q}: field "id": duplicate, first at {seen[qid]}')
+                seen[qid] = where_q
+                question = _get(qa, "question", str, where_q)
+                assert isinstance(question, str)
+                if not question.strip():
+                    raise DataError(f'{where_q}: field "question": empty text')
+                impossible = False
+                if v2:
+                    impossible = bool(_get(qa, "is_impossible", bool, where_q))
+                raw_answers = _get(qa, "answers", list, where_q)
+                assert isinstance(raw_answers, list)
+                if impossible and raw_answers:
+                    raise DataError(
+                        f'{where_q}: field "answers": is_impossible is true but there are '
+                        f"{len(raw_answers)} answers (v2.0 keeps them in plausible_answers)"
+                    )
+                if not impossible and not raw_answers:
+                    raise DataError(
+                        f'{where_q}: field "answers": empty'
+                        + (" and is_impossible is false" if v2 else " (a v1.1 file)")
+                    )
+                answers: list[tuple[str, int]] = []
+                for n, ans in enumerate(raw_answers):
+                    where_n = f"{where_q}: answers[{n}]"
+                    text = _get(ans, "text", str, where_n)
+                    start = _get(ans, "answer_start", int, where_n)
+                    assert isinstance(text, str) and isinstance(start, int)
+                    if not text.strip():
+                        raise DataError(f'{where_n}: field "text": empty answer text')
+                    if start >= 0 and context[start : start + len(text)] == text:
+                        answers.append((text, start))
+                        continue
+                    if strict:
+                        found = context[start : start + len(text)] if start >= 0 else ""
+                        hint = (
+                            ""
+                            if text not in context
+                            else f"; the text occurs at {context.find(text)}"
+                        )
+                        raise DataError(
+                            f'{where_n}: field "answer_start": {start} does not point at the '
+                            f"answer {text!r} (the context there reads {found!r}{hint}); "
+                            "strict=False skips such answers"
+                        )
+                    bad_answers += 1
+                if not impossible and not answers:
+                    dropped.append(qid)
+                    continue
+                out.append(SquadExample(qid, question, context, answers, impossible, str(title)))
+    if bad_answers:
+        warnings.warn(
+            f"{path}: skipped {bad_answers} answers whose answer_start does not point at their "
+            f"text, and {len(dropped)} questions left without an answer"
+            + (f" (e.g. {', '.join(dropped[:3])})" if dropped else ""),
+            stacklevel=2,
+        )
+    return out
+
+
+def gold_answers(examples: Iterable[SquadExample]) -> dict[str, list[str]]:
+    """qid -> gold answer texts ([] for a v2.0 no-answer question), for evaluate.squad_*."""
+    return {e.qid: [text for text, _ in e.answers] for e in examples}
