@@ -46,40 +46,42 @@ def plan_shard(
         raise ValueError(f"max_seq_length={max_seq_length}: must be at least 5")
     num_docs = len(documents) - 1
     rows: list[tuple[int, int, int, int, int]] = []
-    for d in rng.permutation(num_docs):
-        _plan_document(int(d), sentences, documents, rng, max_num_tokens, short_seq_prob, rows)
+    # Plain ints: indexing numpy arrays element by element is what made this slow.
+    S, D = sentences.tolist(), documents.tolist()
+    for d in rng.permutation(num_docs).tolist():
+        _plan_document(d, S, D, rng, max_num_tokens, short_seq_prob, rows)
     plans = np.array(rows, dtype=np.int64).reshape(-1, 5)
     return plans[rng.permutation(len(plans))]
 
 
 def _plan_document(
     d: int,
-    S: np.ndarray,
-    D: np.ndarray,
+    S: list[int],
+    D: list[int],
     rng: np.random.Generator,
     max_num_tokens: int,
     short_seq_prob: float,
     rows: list[tuple[int, int, int, int, int]],
 ) -> None:
-    first, end = int(D[d]), int(D[d + 1])  # sentence range of the document
+    first, end = D[d], D[d + 1]  # sentence range of the document
     num_docs = len(D) - 1
     target = max_num_tokens
     if rng.random() < short_seq_prob:
         target = int(rng.integers(2, max_num_tokens + 1))
     chunk_start, length, i = first, 0, first
     while i < end:
-        length += int(S[i + 1] - S[i])
+        length += S[i + 1] - S[i]
         if i == end - 1 or length >= target:
             n = i + 1 - chunk_start  # sentences in the chunk
             a_end = chunk_start + (int(rng.integers(1, n)) if n >= 2 else 1)  # sentence index
-            a = [int(S[chunk_start]), int(S[a_end])]
+            a = [S[chunk_start], S[a_end]]
             random_next = (n == 1 and S[a_end] - S[chunk_start] < 2) or rng.random() < 0.5
             if not random_next and n == 1:
                 # one sentence: IsNext from a split inside it (Google would force NotNext)
                 cut = int(rng.integers(a[0] + 1, a[1]))
                 a, b = [a[0], cut], [cut, a[1]]
             elif not random_next:
-                b = [int(S[a_end]), int(S[i + 1])]
+                b = [S[a_end], S[i + 1]]
             else:
                 target_b = target - (a[1] - a[0])
                 r = d
@@ -87,11 +89,11 @@ def _plan_document(
                     r = int(rng.integers(0, num_docs))
                     if r != d:
                         break
-                r_first, r_end = int(D[r]), int(D[r + 1])
+                r_first, r_end = D[r], D[r + 1]
                 j = int(rng.integers(r_first, r_end))
-                b = [int(S[j]), int(S[j])]
+                b = [S[j], S[j]]
                 while j < r_end:
-                    b[1] = int(S[j + 1])
+                    b[1] = S[j + 1]
                     if b[1] - b[0] >= target_b:
                         break
                     j += 1
@@ -107,12 +109,32 @@ def _truncate_pair(
     a: list[int], b: list[int], max_num_tokens: int, rng: np.random.Generator
 ) -> None:
     """Google's truncate_seq_pair on spans: trim the longer side, front or back at random."""
-    while (a[1] - a[0]) + (b[1] - b[0]) > max_num_tokens:
-        side = a if a[1] - a[0] > b[1] - b[0] else b
-        if rng.random() < 0.5:
-            side[0] += 1
-        else:
-            side[1] -= 1
+    excess = (a[1] - a[0]) + (b[1] - b[0]) - max_num_tokens
+    if excess <= 0:
+        return
+    # One draw per trimmed token, as Google's loop; drawing them together consumes the
+    # generator exactly as `excess` single draws would, so the instances are the same.
+    u = rng.random(excess)
+    if excess <= 48:
+        for x in u.tolist():
+            side = a if a[1] - a[0] > b[1] - b[0] else b
+            if x < 0.5:
+                side[0] += 1
+            else:
+                side[1] -= 1
+        return
+    # Long overflows in closed form: the longer side is trimmed until both are equal, then the
+    # loop alternates b, a, b, ... (a tie trims b); each trim is at the front when u < 0.5.
+    d = (a[1] - a[0]) - (b[1] - b[0])
+    k = min(abs(d), excess)
+    on_a = np.empty(excess, dtype=bool)
+    on_a[:k] = d > 0
+    on_a[k:] = np.arange(excess - k) % 2 == 1
+    front = u < 0.5
+    a_trims, a_front = int(on_a.sum()), int((front & on_a).sum())
+    b_trims, b_front = excess - a_trims, int((front & ~on_a).sum())
+    a[0], a[1] = a[0] + a_front, a[1] - (a_trims - a_front)
+    b[0], b[1] = b[0] + b_front, b[1] - (b_trims - b_front)
 
 
 @dataclass(frozen=True)
