@@ -47,7 +47,7 @@ def test_key_table_covers_every_parameter_and_round_trips() -> None:
     assert len(names) == len(set(names))  # one HF name per tensor
     assert "bert.encoder.layer.1.attention.self.value.weight" in names
     assert "cls.predictions.bias" in names and "cls.seq_relationship.weight" in names
-    assert len(KEY_TABLE) == 15
+    assert len(KEY_TABLE) == 17  # 15 for the encoder and pre-training heads, 2 task heads
     hf = hf_state_dict(model)
     q = hf["bert.encoder.layer.0.attention.self.query.weight"]
     assert torch.equal(q, model.bert.layers[0].attn["qkv"].weight[:128])

@@ -16,7 +16,13 @@ from .errors import (
     InputError,
     VocabError,
 )
-from .heads import BertForPreTraining
+from .heads import (
+    BertForMultipleChoice,
+    BertForPreTraining,
+    BertForQuestionAnswering,
+    BertForSequenceClassification,
+    BertForTokenClassification,
+)
 from .model import BertModel, BertOutput
 from .tokenizer import BatchEncoding, Encoding, Tokenizer, train_vocab
 
@@ -25,7 +31,11 @@ __version__ = "0.1.0"
 __all__ = [
     "BatchEncoding",
     "BertConfig",
+    "BertForMultipleChoice",
     "BertForPreTraining",
+    "BertForQuestionAnswering",
+    "BertForSequenceClassification",
+    "BertForTokenClassification",
     "BertModel",
     "BertOutput",
     "BertforgeError",

@@ -18,7 +18,7 @@ import json
 import os
 import re
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -62,6 +62,9 @@ KEY_TABLE: list[tuple[str, tuple[str, ...]]] = [
     (r"mlm\.norm\.(\w+)", ("cls.predictions.transform.LayerNorm.{0}",)),
     (r"mlm\.bias", ("cls.predictions.bias",)),
     (r"nsp\.(\w+)", ("cls.seq_relationship.{0}",)),
+    # fine-tuning heads (same names as HF's)
+    (r"classifier\.(\w+)", ("classifier.{0}",)),
+    (r"qa_outputs\.(\w+)", ("qa_outputs.{0}",)),
 ]
 _COMPILED = [(re.compile(pattern + "$"), names) for pattern, names in KEY_TABLE]
 
@@ -175,6 +178,9 @@ def _find(name: str, tensors: dict[str, Any]) -> str | None:
 
 M = TypeVar("M", bound=nn.Module)
 
+# from_pretrained keyword arguments that change the config rather than go to the model class.
+_CONFIG_KEYS = ({f.name for f in fields(BertConfig)} - {"extras"}) | {"num_labels"}
+
 
 def check_vocab_file(vocab_file: Path, config: BertConfig, config_file: str) -> None:
     """A vocab.txt with more tokens than the embedding matrix has rows cannot work."""
@@ -221,7 +227,7 @@ def load_state(model: nn.Module, tensors: dict[str, torch.Tensor], origin: dict[
             if tuple(t.shape) != tuple(want):
                 raise CheckpointError(
                     f"{origin[f]}: tensor {f!r} has shape {tuple(t.shape)} but the config needs "
-                    f"{tuple(want)}: config.json and the weights do not match"
+                    f"{tuple(want)}: " + _mismatch_hint(ours, tuple(t.shape), model)
                 )
             if not t.is_floating_point():
                 raise CheckpointError(
@@ -239,9 +245,10 @@ def load_state(model: nn.Module, tensors: dict[str, torch.Tensor], origin: dict[
             f"{', '.join(repr(n) for n in body_missing[:5])}: is this a BERT checkpoint?"
         )
     if missing:
+        fresh = [n for ours in dict(missing) for n in hf_names(ours)]
         warnings.warn(
-            "not in the checkpoint, freshly initialised: "
-            + ", ".join(sorted({_group(hf) for _, hf in missing})),
+            f"{len(fresh)} tensors not in the checkpoint, freshly initialised (train before "
+            f"use): {', '.join(fresh)}",
             CheckpointWarning,
             stacklevel=3,
         )
@@ -267,9 +274,16 @@ def _is_known_head(name: str) -> bool:
     return name.startswith(("cls.", "classifier.", "qa_outputs.", "bert.pooler.", "pooler."))
 
 
-def _group(hf_name: str) -> str:
-    """'cls.predictions.transform.dense.weight' -> 'cls.predictions.transform.dense'."""
-    return hf_name.rsplit(".", 1)[0]
+def _mismatch_hint(ours: str, found: tuple[int, ...], model: nn.Module) -> str:
+    """Why a tensor's shape differs: a classifier sized by num_labels, or the encoder's config."""
+    asked = getattr(model, "num_labels", None)
+    if ours.startswith("classifier.") and asked is not None:
+        return (
+            f"the checkpoint's classifier has {found[0]} labels but the model was built with "
+            f"num_labels={asked}; pass num_labels={found[0]}, or leave num_labels and id2label "
+            "out to use the checkpoint's own labels"
+        )
+    return "config.json and the weights do not match"
 
 
 def _check_tied_decoder(
@@ -295,9 +309,16 @@ def load_pretrained(
     path: str | os.PathLike[str],
     *,
     config: BertConfig | None = None,
-    **model_kwargs: Any,
+    **kwargs: Any,
 ) -> M:
-    """`cls(config)` with the weights of an HF-layout checkpoint directory (or hub name)."""
+    """`cls(config)` with the weights of an HF-layout checkpoint directory (or hub name).
+
+    Keyword arguments named like a BertConfig field, or `num_labels`, change the config before
+    the model is built (as HF's from_pretrained): `num_labels=3` or `id2label={0: ..}` on an
+    encoder-only checkpoint gives a fresh head of that size; on a checkpoint with a head of
+    another size it is an error naming the tensor. Other keyword arguments go to `cls`.
+    """
+    overrides = {k: kwargs.pop(k) for k in list(kwargs) if k in _CONFIG_KEYS}
     directory = resolve(path)
     if not directory.is_dir():
         raise CheckpointError(
@@ -306,6 +327,8 @@ def load_pretrained(
         )
     if config is None:
         config = BertConfig.from_pretrained(directory)
+    if overrides:
+        config = config.replace(**overrides)
     config_file = next(
         (
             str(directory / n)
@@ -317,7 +340,7 @@ def load_pretrained(
     if (directory / "vocab.txt").is_file():
         check_vocab_file(directory / "vocab.txt", config, config_file)
     tensors, origin = read_tensors(directory)
-    model = cls(config, **model_kwargs)  # type: ignore[call-arg]
+    model = cls(config, **kwargs)  # type: ignore[call-arg]
     load_state(model, tensors, origin)
     return model.eval()
 

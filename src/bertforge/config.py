@@ -50,6 +50,18 @@ GOOGLE_KEYS = (
 # Keys HF writes that carry no information for us; dropped on read so they are not echoed back.
 _HF_NOISE = {"model_type", "architectures", "transformers_version", "torch_dtype", "dtype"}
 
+# HF's `problem_type` values: which loss a sequence-classification head trains with.
+PROBLEM_TYPES = ("regression", "single_label_classification", "multi_label_classification")
+# HF's number of labels when a config names none (a binary classifier, LABEL_0 / LABEL_1).
+DEFAULT_NUM_LABELS = 2
+# Fields that are optional (None = absent from config.json) and validated on their own.
+_OPTIONAL = ("id2label", "label2id", "problem_type", "classifier_dropout")
+
+
+def default_labels(num_labels: int) -> dict[int, str]:
+    """HF's label names for a head of `num_labels` outputs: {0: 'LABEL_0', ...}."""
+    return {i: f"LABEL_{i}" for i in range(num_labels)}
+
 
 @dataclass
 class BertConfig:
@@ -69,9 +81,16 @@ class BertConfig:
     layer_norm_eps: float = 1e-12
     pad_token_id: int = 0
     position_embedding_type: str = "absolute"
-    # Task heads (fine-tuning): label names as HF stores them; None for encoders without a head.
+    # Task heads (fine-tuning). Label names as HF stores them: None when the file names none,
+    # which HF reads as two labels (see `num_labels`). `label2id` is derived from `id2label`
+    # when absent, and must invert it when given.
     id2label: dict[int, str] | None = None
     label2id: dict[str, int] | None = None
+    # Loss of a sequence-classification head (one of PROBLEM_TYPES); None = chosen from the
+    # labels as HF does: regression for num_labels == 1, else by the labels' dtype.
+    problem_type: str | None = None
+    # Dropout before the classification heads; None = hidden_dropout_prob (as HF).
+    classifier_dropout: float | None = None
     # Keys of the source file we do not interpret; written back unchanged.
     extras: dict[str, Any] = field(default_factory=dict, repr=False)
 
@@ -83,7 +102,7 @@ class BertConfig:
 
     def _coerce_and_validate(self) -> None:
         for f in dataclasses.fields(self):
-            if f.name in ("id2label", "label2id", "extras"):
+            if f.name in _OPTIONAL or f.name == "extras":
                 continue
             value = getattr(self, f.name)
             if f.type == "int":
@@ -141,28 +160,69 @@ class BertConfig:
         self._validate_labels()
 
     def _validate_labels(self) -> None:
-        if self.id2label is None and self.label2id is None:
-            return
+        if self.classifier_dropout is not None:
+            p = self.classifier_dropout
+            if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p < 1.0:
+                raise ConfigError(f"classifier_dropout={p!r}: must be None or a number in [0, 1)")
+            self.classifier_dropout = float(p)
+        if self.problem_type is not None and self.problem_type not in PROBLEM_TYPES:
+            raise ConfigError(
+                f"problem_type={self.problem_type!r}: must be None or one of "
+                f"{', '.join(PROBLEM_TYPES)}"
+            )
+        if self.id2label is not None or self.label2id is not None:
+            self._validate_label_maps()
+        if self.problem_type == "single_label_classification" and self.num_labels == 1:
+            raise ConfigError(
+                "problem_type='single_label_classification' needs num_labels >= 2, but "
+                "id2label names 1 label: use num_labels=2 for a binary classifier, or "
+                "problem_type='regression' for one output"
+            )
+
+    def _validate_label_maps(self) -> None:
         if self.id2label is None:
             assert self.label2id is not None
-            self.id2label = {i: name for name, i in self.label2id.items()}
+            if not isinstance(self.label2id, dict):
+                raise ConfigError(f"label2id={self.label2id!r}: must be a mapping name -> id")
+            try:
+                self.id2label = {int(i): str(name) for name, i in self.label2id.items()}
+            except (TypeError, ValueError) as e:
+                raise ConfigError(
+                    f"label2id={self.label2id!r}: ids must be integers ({e})"
+                ) from None
+            if len(self.id2label) != len(self.label2id):
+                raise ConfigError(f"label2id={self.label2id!r}: two labels share one id")
+        if not isinstance(self.id2label, dict):
+            raise ConfigError(f"id2label={self.id2label!r}: must be a mapping id -> name")
         try:
-            self.id2label = {int(k): str(v) for k, v in self.id2label.items()}
+            # JSON object keys are strings: HF writes {"0": "negative", ...}
+            id2label = {int(k): str(v) for k, v in self.id2label.items()}
         except (TypeError, ValueError) as e:
             raise ConfigError(f"id2label={self.id2label!r}: keys must be integers ({e})") from None
-        if sorted(self.id2label) != list(range(len(self.id2label))):
-            raise ConfigError(
-                f"id2label={self.id2label!r}: keys must be 0..{len(self.id2label) - 1}"
-            )
-        expected = {name: i for i, name in self.id2label.items()}
-        if len(expected) != len(self.id2label):
-            raise ConfigError(f"id2label={self.id2label!r}: label names must be unique")
-        if self.label2id is not None and {str(k): int(v) for k, v in self.label2id.items()} != (
-            expected
-        ):
-            raise ConfigError(
-                f"label2id={self.label2id!r} does not invert id2label={self.id2label!r}"
-            )
+        if len(id2label) != len(self.id2label):
+            raise ConfigError(f"id2label={self.id2label!r}: two keys name the same id")
+        self.id2label = id2label
+        if not id2label:
+            raise ConfigError("id2label={}: must name at least one label")
+        if sorted(id2label) != list(range(len(id2label))):
+            raise ConfigError(f"id2label={id2label!r}: keys must be 0..{len(id2label) - 1}")
+        expected = {name: i for i, name in id2label.items()}
+        if len(expected) != len(id2label):
+            raise ConfigError(f"id2label={id2label!r}: label names must be unique")
+        if self.label2id is not None:
+            if not isinstance(self.label2id, dict):
+                raise ConfigError(f"label2id={self.label2id!r}: must be a mapping name -> id")
+            try:
+                given = {str(k): int(v) for k, v in self.label2id.items()}
+            except (TypeError, ValueError) as e:
+                raise ConfigError(
+                    f"label2id={self.label2id!r}: ids must be integers ({e})"
+                ) from None
+            if given != expected:
+                raise ConfigError(
+                    f"label2id={self.label2id!r} does not invert id2label={id2label!r}: "
+                    "they must name the same labels with the same ids"
+                )
         self.label2id = expected
 
     # ----------------------------------------------------------------------------------------
@@ -174,10 +234,26 @@ class BertConfig:
 
     @property
     def num_labels(self) -> int:
-        return len(self.id2label) if self.id2label else 0
+        """Outputs of a task head: len(id2label), or HF's default of 2 when no labels are named."""
+        return len(self.id2label) if self.id2label is not None else DEFAULT_NUM_LABELS
+
+    @property
+    def labels(self) -> dict[int, str]:
+        """id2label, or HF's LABEL_i names when the config names none."""
+        return dict(self.id2label) if self.id2label is not None else default_labels(self.num_labels)
 
     def replace(self, **changes: Any) -> BertConfig:
-        """A copy with some fields changed (validated again)."""
+        """A copy with some fields changed (validated again).
+
+        Accepts `num_labels` as HF's config does: a count different from the current one (or any
+        count when no labels are named) gives the labels LABEL_0..LABEL_{n-1}; with id2label or
+        label2id it must agree with them. Changing one of id2label / label2id re-derives the other.
+        """
+        changes = _resolve_num_labels(self, changes)
+        if "id2label" in changes and "label2id" not in changes:
+            changes["label2id"] = None
+        elif "label2id" in changes and "id2label" not in changes:
+            changes["id2label"] = None
         return dataclasses.replace(self, **changes)
 
     # ----------------------------------------------------------------------------------------
@@ -205,7 +281,12 @@ class BertConfig:
             raise ConfigError(f"{source}: expected a JSON object, got {type(d).__name__}")
         known = {f.name for f in dataclasses.fields(cls)} - {"extras"}
         values = {k: v for k, v in d.items() if k in known}
-        extras = {k: v for k, v in d.items() if k not in known and k not in _HF_NOISE}
+        # Older files (and hand-written ones) may carry num_labels instead of label names.
+        extras = {
+            k: v
+            for k, v in d.items()
+            if k not in known and k not in _HF_NOISE and k != "num_labels"
+        }
         model_type = d.get("model_type", "bert")
         if model_type not in ("bert",):
             # Accept anything BERT-shaped but say so: a RoBERTa config would load wrong weights.
@@ -213,6 +294,8 @@ class BertConfig:
                 f"{source}: model_type={model_type!r}: only 'bert' checkpoints are supported"
             )
         try:
+            if "num_labels" in d:
+                values = _resolve_num_labels(None, {**values, "num_labels": d["num_labels"]})
             return cls(**values, extras=extras)
         except ConfigError as e:
             raise ConfigError(f"{source}: {e}") from None
@@ -258,8 +341,8 @@ class BertConfig:
             if f.name == "extras":
                 continue
             value = getattr(self, f.name)
-            if f.name in ("id2label", "label2id") and value is None:
-                continue
+            if f.name in _OPTIONAL and value is None:
+                continue  # as HF: absent means "not set"
             if f.name == "id2label":
                 value = {str(k): v for k, v in value.items()}  # JSON keys are strings
             d[f.name] = value
@@ -272,3 +355,31 @@ class BertConfig:
         d = self.to_dict(google=google)
         d.update(extra)
         write_json(path, d)
+
+
+def _resolve_num_labels(config: BertConfig | None, changes: dict[str, Any]) -> dict[str, Any]:
+    """Turn a `num_labels` entry of `changes` into id2label/label2id, as HF's config does.
+
+    `config` is the config being changed (None when building from a file).
+    """
+    if "num_labels" not in changes:
+        return changes
+    changes = dict(changes)
+    n = changes.pop("num_labels")
+    if n is None:
+        return changes
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ConfigError(f"num_labels={n!r}: must be an integer >= 1")
+    given = changes.get("id2label") or changes.get("label2id")
+    if given is not None:
+        if len(given) != n:
+            field_name = "id2label" if changes.get("id2label") is not None else "label2id"
+            raise ConfigError(
+                f"num_labels={n} does not match {field_name}, which names {len(given)} labels"
+            )
+        return changes
+    if config is not None and config.id2label is not None and config.num_labels == n:
+        return changes  # same count: keep the names
+    changes["id2label"] = default_labels(n)
+    changes["label2id"] = None
+    return changes

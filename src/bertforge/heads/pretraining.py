@@ -1,6 +1,6 @@
-"""Heads on top of the encoder, and their losses as plain functions.
+"""Pre-training heads (masked LM + next sentence prediction) and their losses.
 
-Pre-training (Devlin et al. 2018, section 3.1):
+Devlin et al. 2018, section 3.1:
     masked LM:  logits = LayerNorm(GELU(W h)) @ E^T + b     E = word embeddings (tied)
     next sentence prediction: logits = W' pooler_output     (IsNext = 0, NotNext = 1)
 
@@ -18,9 +18,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .checkpoint import Pretrained
-from .config import BertConfig
-from .model import BertModel, BertOutput, activation, init_bert_weights
+from ..checkpoint import Pretrained
+from ..config import BertConfig
+from ..model import BertModel, BertOutput, activation, init_bert_weights
 
 IGNORE_INDEX = -100  # label value for positions without a target
 
