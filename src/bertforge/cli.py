@@ -2,6 +2,8 @@
 
     bertforge info PATH                      what a checkpoint holds
     bertforge vocab train FILES... --size N --out DIR [--cased]
+    bertforge prepare / pretrain / plot      pre-training (see README)
+    bertforge finetune / evaluate            sentence(-pair) classification and regression
     bertforge demo                           the foundation, end to end, on the stdlib's text
 
 Errors a user can cause print one line (`bertforge: error: ...`) and exit with status 2.
@@ -119,6 +121,34 @@ def cmd_pretrain(args: argparse.Namespace) -> None:
     cfg = PretrainConfig(**{k: v for k, v in vars(args).items() if k in fields})
     if run(cfg).get("interrupted"):
         raise SystemExit(130)  # stopped by a signal, checkpoint saved: not finished
+
+
+def cmd_finetune(args: argparse.Namespace) -> None:
+    from .train.finetune import FinetuneConfig, run
+
+    fields = set(FinetuneConfig.__dataclass_fields__)
+    cfg = FinetuneConfig(**{k: v for k, v in vars(args).items() if k in fields})
+    if run(cfg).get("interrupted"):
+        raise SystemExit(130)
+
+
+def cmd_evaluate(args: argparse.Namespace) -> None:
+    from .train.finetune import evaluate_model
+
+    table = {
+        k: getattr(args, k)
+        for k in (
+            "text_column", "text_pair_column", "label_column", "regression", "no_header", "delimiter"
+        )
+    }
+    metrics = evaluate_model(
+        args.model, args.task, args.data, max_seq_length=args.max_seq_length, **table
+    )
+    if args.json:
+        print(json.dumps(metrics))
+    else:
+        for k, v in metrics.items():
+            print(f"{k:>10}  {v:.4f}")
 
 
 def cmd_plot(args: argparse.Namespace) -> None:
@@ -250,6 +280,40 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", dest="progress", action="store_false")
     p.set_defaults(func=cmd_pretrain)
 
+    tasks = ("sst2", "mrpc", "stsb", "cola", "rte", "qnli", "wnli", "mnli", "qqp", "csv")
+    p = sub.add_parser(
+        "finetune", help="fine-tune on sentence or sentence-pair classification / regression"
+    )
+    p.add_argument("--model", required=True, help="pre-trained checkpoint directory")
+    p.add_argument("--task", required=True, choices=tasks, help="a GLUE task, or csv (yours)")
+    p.add_argument("--train", required=True, help="training file (GLUE TSV, or CSV/TSV/JSONL)")
+    p.add_argument("--dev", help="dev file: evaluated every epoch; the best model is kept")
+    p.add_argument("--out", required=True, help="output directory (the fine-tuned model)")
+    p.add_argument("--epochs", type=float, default=3.0)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--lr", type=float, default=3e-5)
+    p.add_argument("--warmup-ratio", type=float, default=0.1)
+    p.add_argument("--weight-decay", type=float, default=0.01)
+    p.add_argument("--max-seq-length", type=int, default=128)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--precision", choices=("auto", "fp32", "bf16", "fp16"), default="auto")
+    _table_arguments(p)
+    p.add_argument(
+        "--labels", help="--task csv: comma-separated label set (default: the train file's)"
+    )
+    p.add_argument("--device", help="cpu, cuda, cuda:1 (default: a GPU if there is one)")
+    p.add_argument("--no-progress", dest="progress", action="store_false")
+    p.set_defaults(func=cmd_finetune)
+
+    p = sub.add_parser("evaluate", help="metrics of a fine-tuned model on a labelled task file")
+    p.add_argument("--model", required=True, help="fine-tuned model directory")
+    p.add_argument("--task", required=True, choices=tasks)
+    p.add_argument("--data", required=True, help="labelled file (e.g. GLUE dev.tsv)")
+    p.add_argument("--max-seq-length", type=int, default=128)
+    _table_arguments(p)
+    p.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
+    p.set_defaults(func=cmd_evaluate)
+
     p = sub.add_parser("plot", help="training curves of a run as a PNG")
     p.add_argument("run", help="run directory (with metrics.jsonl)")
     p.add_argument("--out", help="PNG file (default RUN/curves.png)")
@@ -262,6 +326,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_demo)
     return parser
+
+
+def _table_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("--task csv: a table of your own")
+    g.add_argument("--text-column", default="text", help="header name, or index with --no-header")
+    g.add_argument("--text-pair-column", help="second text of sentence-pair tasks")
+    g.add_argument("--label-column", default="label")
+    g.add_argument("--regression", action="store_true", help="float labels (one output)")
+    g.add_argument("--no-header", action="store_true", help="columns are 0-based indices")
+    g.add_argument("--delimiter", help="default: tab for .tsv/.txt, comma for .csv")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

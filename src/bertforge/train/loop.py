@@ -135,9 +135,12 @@ def train(
     *,
     save_extra: Callable[[Path], None] | None = None,
     describe: str = "train",
+    on_eval: Callable[[int, dict[str, float]], None] | None = None,
 ) -> dict[str, Any]:
     """Train `model` on `task` for cfg.steps optimizer steps, resuming from RUN's last
-    checkpoint if there is one. Returns {"step", "interrupted", "eval": last evaluation}."""
+    checkpoint if there is one. Returns {"step", "interrupted", "eval": last evaluation}.
+    on_eval(step, metrics) runs on every process after each evaluation (e.g. to keep the best
+    model)."""
     device = d.device
     model.to(device)
     precision = resolve_precision(cfg.precision, device)
@@ -246,6 +249,8 @@ def train(
                     last_eval = task.evaluate(model)
                 model.train()
                 log.log(step, **{f"eval_{k}": v for k, v in last_eval.items()})
+                if on_eval is not None:
+                    on_eval(step, last_eval)
                 if d.is_main and cfg.progress:
                     bar.write(
                         f"step {step:,}: " + ", ".join(f"{k} {v:.4g}" for k, v in last_eval.items())

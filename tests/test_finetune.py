@@ -1,0 +1,216 @@
+"""`bertforge finetune` / `evaluate` for sentence(-pair) classification and regression."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from bertforge import BertConfig, BertForPreTraining, BertForSequenceClassification, Tokenizer
+from bertforge.errors import DataError
+from bertforge.train.finetune import (
+    FinetuneConfig,
+    epoch_batches,
+    evaluate_model,
+    featurize,
+    run,
+    task_spec,
+)
+from tests.conftest import TINY
+
+GOOD = ["good", "great", "fine", "lovely", "superb", "nice"]
+BAD = ["bad", "awful", "poor", "dull", "terrible", "nasty"]
+FILLER = [
+    "the",
+    "film",
+    "was",
+    "a",
+    "story",
+    "of",
+    "people",
+    "and",
+    "places",
+    "with",
+    "music",
+    "in",
+    "it",
+]
+
+
+def keyword_table(path: Path, n: int, seed: int, header: str = "sentence\tlabel") -> Path:
+    """A sentence task that a pre-trained encoder learns at once: the label is the word's tone."""
+    rng = np.random.default_rng(seed)
+    rows = [header]
+    for _ in range(n):
+        label = int(rng.integers(0, 2))
+        words = list(rng.choice(FILLER, int(rng.integers(3, 12))))
+        words.insert(int(rng.integers(0, len(words) + 1)), str(rng.choice(GOOD if label else BAD)))
+        rows.append(f"{' '.join(words)}\t{label}")
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory, minilm_dir: Path) -> Path:
+    """A random tiny BERT with the MiniLM vocabulary, saved with its MLM/NSP heads."""
+    out = tmp_path_factory.mktemp("tiny")
+    tok = Tokenizer.from_pretrained(minilm_dir)
+    torch.manual_seed(0)
+    BertForPreTraining(BertConfig(**{**TINY, "vocab_size": tok.vocab_size})).save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+def test_pretrained_encoder_learns_a_sentence_task_and_evaluate_agrees(
+    tmp_path: Path, minilm_dir: Path
+) -> None:
+    train = keyword_table(tmp_path / "train.tsv", 256, seed=0)
+    dev = keyword_table(tmp_path / "dev.tsv", 128, seed=1)
+    out = tmp_path / "run"
+    cfg = FinetuneConfig(
+        model=str(minilm_dir),
+        task="sst2",
+        train=str(train),
+        dev=str(dev),
+        out=str(out),
+        epochs=2,
+        batch_size=16,
+        lr=1e-4,
+        progress=False,
+    )
+    best = run(cfg)
+    assert best["accuracy"] >= 0.95
+    saved = json.loads((out / "eval_results.json").read_text())
+    assert saved["accuracy"] == best["accuracy"] and saved["task"] == "sst2"
+    # the kept model is the best one: evaluating it again gives its numbers
+    again = evaluate_model(str(out), "sst2", str(dev))
+    assert again["accuracy"] == pytest.approx(best["accuracy"], abs=1e-9)
+    model = BertForSequenceClassification.from_pretrained(out)
+    assert model.config.id2label == {0: "0", 1: "1"}
+    # metrics.jsonl has an evaluation per epoch
+    records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "eval_accuracy" in r] == [16, 32]
+    # a finished run says so
+    assert run(cfg) == {k: v for k, v in best.items()}
+
+
+def test_finetuned_model_loads_in_transformers_with_the_same_logits(
+    tmp_path: Path, tiny_model: Path
+) -> None:
+    transformers = pytest.importorskip("transformers")
+    train = tmp_path / "train.tsv"
+    train.write_text(
+        "sentence1\tsentence2\tlabel\n"
+        + "".join(f"a man {i} walks\tsomeone is walking {i}\tentailment\n" for i in range(20))
+        + "".join(f"a cat {i} sleeps\tthe dog barks {i}\tnot_entailment\n" for i in range(20))
+    )
+    out = tmp_path / "rte"
+    run(
+        FinetuneConfig(
+            model=str(tiny_model),
+            task="rte",
+            train=str(train),
+            out=str(out),
+            epochs=1,
+            batch_size=8,
+            progress=False,
+        )
+    )
+    ours = BertForSequenceClassification.from_pretrained(out).eval()
+    theirs = transformers.BertForSequenceClassification.from_pretrained(out).eval()
+    assert theirs.config.id2label == {0: "entailment", 1: "not_entailment"}
+    tok = Tokenizer.from_pretrained(out)
+    batch = tok(["a man walks", "a cat sleeps here"], ["someone walks", "the dog"])
+    with torch.no_grad():
+        a = ours(**batch).logits
+        b = theirs(**batch).logits
+    assert torch.allclose(a, b, atol=1e-5)
+
+
+def test_regression_and_a_table_of_your_own(tmp_path: Path, tiny_model: Path) -> None:
+    rows = ["id,first,second,score"]
+    rows += [f"{i},one thing {i},another thing,{(i % 5) * 1.25}" for i in range(30)]
+    table = tmp_path / "scores.csv"
+    table.write_text("\n".join(rows) + "\n")
+    out = tmp_path / "reg"
+    cfg = FinetuneConfig(
+        model=str(tiny_model), task="csv", train=str(table), dev=str(table), out=str(out),
+        text_column="first", text_pair_column="second", label_column="score",
+        regression=True, epochs=1, batch_size=8, progress=False,
+    )  # fmt: skip
+    best = run(cfg)
+    assert set(best) >= {"pearson", "spearman", "loss", "step", "epoch"}
+    model = BertForSequenceClassification.from_pretrained(out)
+    assert model.config.num_labels == 1 and model.config.problem_type == "regression"
+
+
+def test_labels_not_in_the_label_set_name_file_line_and_field(
+    tmp_path: Path, tiny_model: Path
+) -> None:
+    train = keyword_table(tmp_path / "train.tsv", 10, seed=0, header="text\tlabel")
+    dev = tmp_path / "dev.tsv"
+    dev.write_text("text\tlabel\na fine film\t1\na bad one\tmaybe\n")
+    cfg = FinetuneConfig(
+        model=str(tiny_model), task="csv", train=str(train), dev=str(dev), out=str(tmp_path / "o"),
+        progress=False,
+    )  # fmt: skip
+    with pytest.raises(DataError, match=rf"{dev}: line 3: .*label.*'maybe'"):
+        run(cfg)
+    assert not (tmp_path / "o" / "model.safetensors").exists()
+
+
+def test_cli_finetune_and_evaluate(tmp_path: Path, tiny_model: Path) -> None:
+    train = keyword_table(tmp_path / "train.tsv", 24, seed=0)
+    out = tmp_path / "cli"
+    base = [sys.executable, "-m", "bertforge"]
+    done = subprocess.run(
+        [*base, "finetune", "--model", str(tiny_model), "--task", "sst2", "--train", str(train),
+         "--dev", str(train), "--out", str(out), "--epochs", "1", "--batch-size", "8",
+         "--no-progress"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "best dev accuracy" in done.stdout
+    ev = subprocess.run(
+        [*base, "evaluate", "--model", str(out), "--task", "sst2", "--data", str(train), "--json"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert ev.returncode == 0, ev.stderr[-2000:]
+    metrics = json.loads(ev.stdout)
+    saved = json.loads((out / "eval_results.json").read_text())
+    assert metrics["accuracy"] == pytest.approx(saved["accuracy"], abs=1e-9)
+    bad = subprocess.run(
+        [*base, "evaluate", "--model", str(out), "--task", "sst2", "--data", str(tmp_path / "no")],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert bad.returncode == 2 and str(tmp_path / "no") in bad.stderr
+
+
+def test_epoch_batches_cover_every_example_once_grouped_by_length() -> None:
+    lengths = np.random.default_rng(0).integers(5, 120, 1000)
+    batches = epoch_batches(lengths, 32, seed=3, epoch=1)
+    rows = np.concatenate(batches)
+    assert sorted(rows.tolist()) == list(range(1000))
+    assert all(len(b) <= 32 for b in batches)
+    # grouped: a batch's lengths spread much less than random batches' would
+    spread = np.mean([np.ptp(lengths[b]) for b in batches if len(b) == 32])
+    assert spread < 20
+    assert [b.tolist() for b in epoch_batches(lengths, 32, 3, 1)] == [b.tolist() for b in batches]
+    assert [b.tolist() for b in epoch_batches(lengths, 32, 3, 2)] != [b.tolist() for b in batches]
+
+
+def test_pairs_are_truncated_longest_first(minilm_dir: Path) -> None:
+    tok = Tokenizer.from_pretrained(minilm_dir)
+    from bertforge.data.tasks import Example
+
+    long = " ".join(["word"] * 100)
+    ex = [Example("short text", long, "entailment", "g", "f:2")]
+    f = featurize(ex, tok, task_spec(FinetuneConfig("m", "rte", "t", "o")), 32)
+    assert len(f.input_ids[0]) == 32
+    types = f.token_type_ids[0]
+    assert (types == 0).sum() == 4  # [CLS] short text [SEP] kept whole
