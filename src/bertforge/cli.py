@@ -138,7 +138,12 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     table = {
         k: getattr(args, k)
         for k in (
-            "text_column", "text_pair_column", "label_column", "regression", "no_header", "delimiter"
+            "text_column",
+            "text_pair_column",
+            "label_column",
+            "regression",
+            "no_header",
+            "delimiter",
         )
     }
     metrics = evaluate_model(
@@ -335,7 +340,9 @@ def _table_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--label-column", default="label")
     g.add_argument("--regression", action="store_true", help="float labels (one output)")
     g.add_argument("--no-header", action="store_true", help="columns are 0-based indices")
-    g.add_argument("--delimiter", help="default: tab for .tsv/.txt, comma for .csv")
+    g.add_argument(
+        "--delimiter", help="default: tab (write tab or \\t) unless the file ends in .csv"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -108,7 +108,7 @@ def read_task_file(cfg: FinetuneConfig, path: str, spec: TaskSpec | None) -> lis
         column(cfg.text_column),
         column(cfg.label_column),
         column(cfg.text_pair_column) if cfg.text_pair_column else None,
-        delimiter=cfg.delimiter,
+        delimiter={"\\t": "\t", "tab": "\t"}.get(cfg.delimiter or "", cfg.delimiter),
         header=not cfg.no_header,
         labels=spec.labels if spec is not None else None,
         regression=cfg.regression,

@@ -19,15 +19,8 @@ PANELS = [
         ],
     ),
     ("held-out MLM perplexity", [("eval_perplexity", "perplexity")]),
-    (
-        "accuracy",
-        [
-            ("mlm_acc", "train MLM"),
-            ("eval_mlm_acc", "held-out MLM"),
-            ("nsp_acc", "train NSP"),
-            ("eval_nsp_acc", "held-out NSP"),
-        ],
-    ),
+    ("MLM accuracy", [("mlm_acc", "train"), ("eval_mlm_acc", "held-out")]),
+    ("NSP accuracy", [("nsp_acc", "train"), ("eval_nsp_acc", "held-out")]),
     ("learning rate", [("lr", "lr")]),
     ("throughput", [("tokens_per_s", "tokens/s")]),
     ("gradient norm", [("grad_norm", "before clipping")]),
