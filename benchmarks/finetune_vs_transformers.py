@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bertforge.data.tasks import glue_task, read_glue
 from bertforge.evaluate import compute_metrics
 from bertforge.tokenizer import Tokenizer
-from bertforge.train.finetune import Features, FinetuneConfig, featurize, run
+from bertforge.train.finetune import Features, FinetuneConfig, collate, featurize, run
 from bertforge.train.loop import autocast, resolve_precision
 from common import machine, table, write_results
 
@@ -98,18 +98,13 @@ def reference_run(
 
 
 def _pad(f: Features, rows: np.ndarray) -> dict[str, torch.Tensor]:
-    T = max(len(f.input_ids[i]) for i in rows)
-    ids = np.zeros((len(rows), T), np.int64)
-    types = np.zeros_like(ids)
-    mask = np.zeros_like(ids)
-    for j, i in enumerate(rows):
-        n = len(f.input_ids[i])
-        ids[j, :n], types[j, :n], mask[j, :n] = f.input_ids[i], f.token_type_ids[i], 1
+    """The same padded batch as ours ([PAD] is id 0 in MiniLM), as transformers' arguments."""
+    b = collate(f, rows, pad_id=0)
     return {
-        "input_ids": torch.from_numpy(ids),
-        "token_type_ids": torch.from_numpy(types),
-        "attention_mask": torch.from_numpy(mask),
-        "labels": torch.from_numpy(f.labels[rows]),
+        "input_ids": b.input_ids,
+        "token_type_ids": b.token_type_ids,
+        "attention_mask": b.attention_mask,
+        "labels": b.labels,
     }
 
 

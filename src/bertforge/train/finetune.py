@@ -102,7 +102,10 @@ def task_spec(cfg: FinetuneConfig, train_examples: list[Example] | None = None) 
 def read_task_file(cfg: FinetuneConfig, path: str, spec: TaskSpec | None) -> list[Example]:
     if cfg.task != "csv":
         return read_glue(cfg.task, path, labelled=True)
-    column: Any = lambda c: int(c) if cfg.no_header else c  # noqa: E731
+
+    def column(name: str) -> str | int:
+        return int(name) if cfg.no_header else name
+
     return read_examples(
         path,
         column(cfg.text_column),
@@ -251,10 +254,8 @@ class ClassificationTask:
         while True:
             batches = epoch_batches(self.lengths, self.cfg.batch_size, self.cfg.seed, epoch)
             for i in range(b, len(batches)):
-                nxt = {"epoch": epoch + 1, "batch": 0} if i + 1 == len(batches) else {
-                    "epoch": epoch,
-                    "batch": i + 1,
-                }  # fmt: skip
+                last = i + 1 == len(batches)
+                nxt = {"epoch": epoch + 1, "batch": 0} if last else {"epoch": epoch, "batch": i + 1}
                 rows = batches[i][r::w]
                 if len(rows) == 0:  # a last batch smaller than the number of processes
                     continue
