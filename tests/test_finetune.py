@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from bertforge import BertConfig, BertForPreTraining, BertForSequenceClassification, Tokenizer
+from bertforge import BertForSequenceClassification, Tokenizer
+from bertforge.data.tasks import glue_task
 from bertforge.errors import DataError
 from bertforge.train.finetune import (
     FinetuneConfig,
@@ -19,9 +20,7 @@ from bertforge.train.finetune import (
     evaluate_model,
     featurize,
     run,
-    task_spec,
 )
-from tests.conftest import TINY
 
 GOOD = ["good", "great", "fine", "lovely", "superb", "nice"]
 BAD = ["bad", "awful", "poor", "dull", "terrible", "nasty"]
@@ -53,17 +52,6 @@ def keyword_table(path: Path, n: int, seed: int, header: str = "sentence\tlabel"
         rows.append(f"{' '.join(words)}\t{label}")
     path.write_text("\n".join(rows) + "\n")
     return path
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory, minilm_dir: Path) -> Path:
-    """A random tiny BERT with the MiniLM vocabulary, saved with its MLM/NSP heads."""
-    out = tmp_path_factory.mktemp("tiny")
-    tok = Tokenizer.from_pretrained(minilm_dir)
-    torch.manual_seed(0)
-    BertForPreTraining(BertConfig(**{**TINY, "vocab_size": tok.vocab_size})).save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
 
 
 def test_pretrained_encoder_learns_a_sentence_task_and_evaluate_agrees(
@@ -210,7 +198,7 @@ def test_pairs_are_truncated_longest_first(minilm_dir: Path) -> None:
 
     long = " ".join(["word"] * 100)
     ex = [Example("short text", long, "entailment", "g", "f:2")]
-    f = featurize(ex, tok, task_spec(FinetuneConfig("m", "rte", "t", "o")), 32)
+    f = featurize(ex, tok, glue_task("rte"), 32)
     assert len(f.input_ids[0]) == 32
     types = f.token_type_ids[0]
     assert (types == 0).sum() == 4  # [CLS] short text [SEP] kept whole

@@ -3,7 +3,7 @@
     bertforge info PATH                      what a checkpoint holds
     bertforge vocab train FILES... --size N --out DIR [--cased]
     bertforge prepare / pretrain / plot      pre-training (see README)
-    bertforge finetune / evaluate            sentence(-pair) classification and regression
+    bertforge finetune / evaluate / predict  GLUE, csv, CoNLL NER, SQuAD v1.1/v2.0, SWAG
     bertforge demo                           the foundation, end to end, on the stdlib's text
 
 Errors a user can cause print one line (`bertforge: error: ...`) and exit with status 2.
@@ -17,9 +17,11 @@ import sys
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from . import __version__
 from .data.corpus import expand_inputs
+from .data.tasks import TASK_NAMES as TASKS
 from .errors import BertforgeError, DataError
 
 # ------------------------------------------------------------------------------------------------
@@ -132,28 +134,36 @@ def cmd_finetune(args: argparse.Namespace) -> None:
         raise SystemExit(130)
 
 
+def _task_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings of evaluate / predict that shape the features (columns, lengths, SQuAD)."""
+    from .train.finetune import FinetuneConfig
+
+    skip = {"model", "task", "train", "out", "dev", "dev_split"}
+    return {
+        k: v
+        for k, v in vars(args).items()
+        if k in FinetuneConfig.__dataclass_fields__ and k not in skip
+    }
+
+
 def cmd_evaluate(args: argparse.Namespace) -> None:
     from .train.finetune import evaluate_model
 
-    table = {
-        k: getattr(args, k)
-        for k in (
-            "text_column",
-            "text_pair_column",
-            "label_column",
-            "regression",
-            "no_header",
-            "delimiter",
-        )
-    }
-    metrics = evaluate_model(
-        args.model, args.task, args.data, max_seq_length=args.max_seq_length, **table
-    )
+    out = args.out if args.out is not None else args.model
+    metrics = evaluate_model(args.model, args.task, args.data, out=out, **_task_options(args))
     if args.json:
         print(json.dumps(metrics))
     else:
         for k, v in metrics.items():
-            print(f"{k:>10}  {v:.4f}")
+            print(f"{k:>20}  {v:.4f}")
+        print(f"predictions in {out}")
+
+
+def cmd_predict(args: argparse.Namespace) -> None:
+    from .train.finetune import predict
+
+    for path in predict(args.model, args.task, args.data, args.out, **_task_options(args)):
+        print(f"wrote {path}")
 
 
 def cmd_plot(args: argparse.Namespace) -> None:
@@ -285,39 +295,50 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", dest="progress", action="store_false")
     p.set_defaults(func=cmd_pretrain)
 
-    tasks = ("sst2", "mrpc", "stsb", "cola", "rte", "qnli", "wnli", "mnli", "qqp", "csv")
     p = sub.add_parser(
-        "finetune", help="fine-tune on sentence or sentence-pair classification / regression"
+        "finetune",
+        help="fine-tune: GLUE, tables of your own, CoNLL NER, SQuAD v1.1/v2.0, SWAG",
     )
     p.add_argument("--model", required=True, help="pre-trained checkpoint directory")
-    p.add_argument("--task", required=True, choices=tasks, help="a GLUE task, or csv (yours)")
-    p.add_argument("--train", required=True, help="training file (GLUE TSV, or CSV/TSV/JSONL)")
-    p.add_argument("--dev", help="dev file: evaluated every epoch; the best model is kept")
+    p.add_argument("--task", required=True, choices=TASKS, help="a task, or csv (yours)")
+    p.add_argument("--train", required=True, help="training file (in the task's own format)")
+    dev = p.add_mutually_exclusive_group()
+    dev.add_argument("--dev", help="dev file: evaluated every epoch; the best model is kept")
+    dev.add_argument(
+        "--dev-split",
+        type=float,
+        default=0.0,
+        help="hold out this fraction of the train file as the dev set (a fixed split, seed 0)",
+    )
     p.add_argument("--out", required=True, help="output directory (the fine-tuned model)")
     p.add_argument("--epochs", type=float, default=3.0)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--lr", type=float, default=3e-5)
     p.add_argument("--warmup-ratio", type=float, default=0.1)
     p.add_argument("--weight-decay", type=float, default=0.01)
-    p.add_argument("--max-seq-length", type=int, default=128)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--precision", choices=("auto", "fp32", "bf16", "fp16"), default="auto")
-    _table_arguments(p)
-    p.add_argument(
-        "--labels", help="--task csv: comma-separated label set (default: the train file's)"
-    )
+    _feature_arguments(p)
     p.add_argument("--device", help="cpu, cuda, cuda:1 (default: a GPU if there is one)")
     p.add_argument("--no-progress", dest="progress", action="store_false")
     p.set_defaults(func=cmd_finetune)
 
     p = sub.add_parser("evaluate", help="metrics of a fine-tuned model on a labelled task file")
     p.add_argument("--model", required=True, help="fine-tuned model directory")
-    p.add_argument("--task", required=True, choices=tasks)
+    p.add_argument("--task", required=True, choices=TASKS)
     p.add_argument("--data", required=True, help="labelled file (e.g. GLUE dev.tsv)")
-    p.add_argument("--max-seq-length", type=int, default=128)
-    _table_arguments(p)
+    p.add_argument("--out", help="where the predictions go (default: the model directory)")
+    _feature_arguments(p)
     p.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
     p.set_defaults(func=cmd_evaluate)
+
+    p = sub.add_parser("predict", help="a fine-tuned model's predictions for new inputs")
+    p.add_argument("--model", required=True, help="fine-tuned model directory")
+    p.add_argument("--task", required=True, choices=TASKS)
+    p.add_argument("--data", required=True, help="inputs in the task's format (labels unused)")
+    p.add_argument("--out", required=True, help="directory for the predictions file(s)")
+    _feature_arguments(p)
+    p.set_defaults(func=cmd_predict)
 
     p = sub.add_parser("plot", help="training curves of a run as a PNG")
     p.add_argument("run", help="run directory (with metrics.jsonl)")
@@ -333,7 +354,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _table_arguments(p: argparse.ArgumentParser) -> None:
+def _feature_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--max-seq-length", type=int, default=None, help="pieces per row (384 SQuAD, else 128)"
+    )
     g = p.add_argument_group("--task csv: a table of your own")
     g.add_argument("--text-column", default="text", help="header name, or index with --no-header")
     g.add_argument("--text-pair-column", help="second text of sentence-pair tasks")
@@ -342,6 +366,22 @@ def _table_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-header", action="store_true", help="columns are 0-based indices")
     g.add_argument(
         "--delimiter", help="default: tab (write tab or \\t) unless the file ends in .csv"
+    )
+    g.add_argument(
+        "--labels", help="comma-separated label (csv) or tag (conll2003) set (default: train's)"
+    )
+    g = p.add_argument_group("--task conll2003")
+    g.add_argument("--tag-column", type=int, default=-1, help="tag column (default -1: the last)")
+    g = p.add_argument_group("--task squad / squad2")
+    g.add_argument("--doc-stride", type=int, default=128, help="pieces between window starts")
+    g.add_argument("--max-query-length", type=int, default=64)
+    g.add_argument("--max-answer-length", type=int, default=30)
+    g.add_argument("--n-best-size", type=int, default=20)
+    g.add_argument(
+        "--null-score-diff-threshold",
+        type=float,
+        default=0.0,
+        help="squad2: answer '' when null score - best span score exceeds this",
     )
 
 

@@ -21,8 +21,13 @@ from .squad import SquadExample, gold_answers, read_squad
 from .swag import ChoiceExample, read_swag
 from .table import Example, label_set, read_examples, split_train_test
 
+# Every task `bertforge finetune --task` knows: the GLUE tasks, csv (a table of your own),
+# CoNLL NER, SQuAD v1.1 and v2.0, SWAG.
+TASK_NAMES = (*GLUE_TASKS, "csv", "conll2003", "squad", "squad2", "swag")
+
 __all__ = [
     "GLUE_TASKS",
+    "TASK_NAMES",
     "ChoiceExample",
     "Example",
     "SquadExample",

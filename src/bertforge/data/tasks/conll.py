@@ -41,8 +41,12 @@ def read_conll(
     tag_column: int = -1,
     n_columns: int | None = None,
     labels: Sequence[str] | None = None,
+    labelled: bool = True,
 ) -> list[TaggedSentence]:
     """Sentences of a CoNLL column file, in order.
+
+    labelled=False reads only the tokens (column 0; a file of one token per line is fine) and
+    leaves every sentence's tags empty: the input of `bertforge predict`.
 
     tag_column is an index into each line's columns (negative counts from the end); the
     token is column 0. n_columns None takes the count from the first token line. labels,
@@ -73,6 +77,11 @@ def read_conll(
             continue
         if fields[0] == DOCSTART:
             flush()
+            continue
+        if not labelled:
+            if not tokens:
+                start = lineno
+            tokens.append(fields[0])
             continue
         if expected is None:
             expected, first_line = len(fields), lineno

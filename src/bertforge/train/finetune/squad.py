@@ -1,0 +1,305 @@
+"""Span question answering (SQuAD v1.1 and v2.0), as google-research/bert's run_squad.py.
+
+Features. The question is cut to max_query_length pieces; the context, tokenized once with
+character offsets, is cut into windows of at most max_seq_length - len(question) - 3 pieces
+(for [CLS], [SEP], [SEP]) that start doc_stride pieces apart, so an answer near a window's
+edge also appears well inside another. Each window is one row:
+[CLS] question [SEP] context piece ... [SEP], segment 0 then 1. A piece seen by several
+windows belongs, for answering, to the one where it has the most context on both sides
+(min(left, right) + 0.01 * window length, `_check_is_max_context`).
+
+Training labels: the answer's first and last piece inside the window, or [CLS] (0, 0) when
+the window does not hold the whole answer or the question has none (v2.0).
+
+Answers. For every question, the n_best_size best start and end pieces of each window give
+candidate spans: both in the context, start a max-context piece, start <= end, at most
+max_answer_length pieces; the score is start + end logit. The text is the context's own
+characters from the first piece's start offset to the last piece's end offset (so casing,
+accents and spacing are the original's). v2.0: the null score is the smallest [CLS] start +
+end over the windows; a question is answered "" when null - best span > the threshold
+(null_score_diff_threshold), and null_odds.json records that difference for
+evaluate-v2.0.py's best-threshold search.
+
+Written: predictions.json (qid -> text), nbest_predictions.json (qid -> candidates with
+text, probability, logits), and for v2.0 null_odds.json (qid -> null - best span).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ...config import BertConfig
+from ...data.tasks import SquadExample, gold_answers, read_squad
+from ...errors import ConfigError
+from ...evaluate import squad_scores, squad_v2_scores
+from ...fileio import write_json
+from ...heads import BertForQuestionAnswering
+from ...tokenizer import Tokenizer
+from .. import distributed
+from .common import Batch, Features, FinetuneTask
+
+
+@dataclass
+class Window:
+    """Where one row came from: its question, and how its context pieces map back."""
+
+    example: int  # index of the question in the examples
+    context_start: int  # row position of the window's first context piece
+    offsets: np.ndarray  # (n, 2) character span in the context of each context piece
+    max_context: np.ndarray  # (n,) bool: this window is the piece's best
+
+
+def windows_of(n: int, max_tokens: int, doc_stride: int) -> list[tuple[int, int]]:
+    """(start, length) of each window over n context pieces."""
+    spans, start = [], 0
+    while True:
+        length = min(n - start, max_tokens)
+        spans.append((start, length))
+        if start + length >= n:
+            return spans
+        start += min(length, doc_stride)
+
+
+def max_context_flags(spans: list[tuple[int, int]], n: int) -> list[np.ndarray]:
+    """For each window, which of its pieces have their most context in it (first best wins)."""
+    scores = np.full((len(spans), n), -np.inf)
+    for k, (start, length) in enumerate(spans):
+        p = np.arange(start, start + length)
+        scores[k, p] = np.minimum(p - start, start + length - 1 - p) + 0.01 * length
+    best = scores.argmax(0) if n else np.zeros(0, np.int64)
+    return [best[start : start + length] == k for k, (start, length) in enumerate(spans)]
+
+
+def featurize(
+    examples: Sequence[SquadExample],
+    tok: Tokenizer,
+    *,
+    max_seq_length: int = 384,
+    doc_stride: int = 128,
+    max_query_length: int = 64,
+    training: bool = False,
+) -> Features:
+    """Windows of every question as rows; labels (rows, 2): the answer's start and end row
+    positions in training ((0, 0): not in this window, or no answer), zeros otherwise."""
+    questions = tok.encode_batch(
+        [e.question for e in examples],
+        add_special_tokens=False,
+        max_length=max_query_length,
+    )
+    contexts: dict[str, Any] = {}
+    unique = list(dict.fromkeys(e.context for e in examples))
+    for text, enc in zip(
+        unique, tok.encode_batch(unique, add_special_tokens=False, truncation=False)
+    ):
+        contexts[text] = (np.asarray(enc.ids, np.int64), np.asarray(enc.offsets, np.int64))
+    cls_id, sep_id = tok.convert_tokens_to_ids(["[CLS]", "[SEP]"])
+    ids, types, labels, meta = [], [], [], []
+    for i, (e, q) in enumerate(zip(examples, questions)):
+        ctx_ids, ctx_offsets = contexts[e.context]
+        max_tokens = max_seq_length - len(q.ids) - 3  # account for [CLS], [SEP], [SEP]
+        if max_tokens < 1:
+            raise ConfigError(
+                f"max_seq_length={max_seq_length} leaves no room for the context after a "
+                f"{len(q.ids)}-piece question; raise it or lower max_query_length"
+            )
+        span = None
+        if training and not e.is_impossible and e.answers:
+            text, start_char = e.answers[0]
+            end_char = start_char + len(text)
+            inside = np.nonzero((ctx_offsets[:, 1] > start_char) & (ctx_offsets[:, 0] < end_char))[
+                0
+            ]
+            if len(inside):
+                span = (int(inside[0]), int(inside[-1]))
+        spans = windows_of(len(ctx_ids), max_tokens, doc_stride)
+        for (start, length), flags in zip(spans, max_context_flags(spans, len(ctx_ids))):
+            head = [cls_id, *q.ids, sep_id]
+            row = np.concatenate([head, ctx_ids[start : start + length], [sep_id]])
+            ids.append(row.astype(np.int64))
+            types.append(np.r_[np.zeros(len(head), np.int64), np.ones(length + 1, np.int64)])
+            first = len(head)
+            label = (0, 0)
+            if span is not None and start <= span[0] and span[1] < start + length:
+                label = (first + span[0] - start, first + span[1] - start)
+            labels.append(label)
+            meta.append(Window(i, first, ctx_offsets[start : start + length], flags))
+    return Features(ids, types, np.asarray(labels, np.int64).reshape(-1, 2), meta=meta)
+
+
+@dataclass
+class Answers:
+    """Per question id: the answer text, the n-best candidates, and (v2.0) null - best span."""
+
+    predictions: dict[str, str]
+    nbest: dict[str, list[dict[str, Any]]]
+    null_odds: dict[str, float]
+
+
+def postprocess(
+    examples: Sequence[SquadExample],
+    features: Features,
+    start_logits: Sequence[np.ndarray],
+    end_logits: Sequence[np.ndarray],
+    *,
+    version_2: bool,
+    n_best_size: int = 20,
+    max_answer_length: int = 30,
+    null_score_diff_threshold: float = 0.0,
+) -> Answers:
+    """Answer texts from the windows' logits (see the module docstring)."""
+    by_example: dict[int, list[int]] = {}
+    for r, w in enumerate(features.meta):
+        by_example.setdefault(w.example, []).append(r)
+    out = Answers({}, {}, {})
+    for i, e in enumerate(examples):
+        null_score = math.inf
+        candidates: list[tuple[float, float, float, int, int]] = []  # score, s, e, char span
+        for r in by_example.get(i, []):
+            w: Window = features.meta[r]
+            s, en = start_logits[r], end_logits[r]
+            null_score = min(null_score, float(s[0] + en[0]))
+            n = len(w.offsets)
+            lo, hi = w.context_start, w.context_start + n  # context rows [lo, hi)
+            top_s = np.argsort(-s[lo:hi], kind="stable")[:n_best_size]
+            top_e = np.argsort(-en[lo:hi], kind="stable")[:n_best_size]
+            for a in top_s:
+                if not w.max_context[a]:
+                    continue
+                for b in top_e:
+                    if b < a or b - a + 1 > max_answer_length:
+                        continue
+                    sa, eb = float(s[lo + a]), float(en[lo + b])
+                    candidates.append((sa + eb, sa, eb, int(w.offsets[a, 0]), int(w.offsets[b, 1])))
+        candidates.sort(key=lambda c: -c[0])
+        best: list[dict[str, Any]] = []
+        seen: set[str] = set()
+        for score, sa, eb, c0, c1 in candidates:
+            text = e.context[c0:c1]
+            if text in seen:
+                continue
+            seen.add(text)
+            best.append({"text": text, "score": score, "start_logit": sa, "end_logit": eb,
+                         "start": c0})  # fmt: skip
+            if len(best) == n_best_size:
+                break
+        if version_2 and math.isfinite(null_score):
+            best.append({"text": "", "score": null_score, "start_logit": math.nan,
+                         "end_logit": math.nan, "start": -1})  # fmt: skip
+            best.sort(key=lambda c: -c["score"])
+        if not best:
+            best = [{"text": "", "score": 0.0, "start_logit": 0.0, "end_logit": 0.0, "start": -1}]
+        scores = np.array([c["score"] for c in best])
+        probs = np.exp(scores - scores.max())
+        probs /= probs.sum()
+        for c, p in zip(best, probs):
+            c["probability"] = float(p)
+        spans = [c for c in best if c["text"]]
+        top = spans[0] if spans else None
+        if version_2:
+            diff = null_score - top["score"] if top is not None else math.inf
+            out.null_odds[e.qid] = float(diff) if math.isfinite(diff) else 1e9
+            out.predictions[e.qid] = (
+                top["text"] if top is not None and diff <= null_score_diff_threshold else ""
+            )
+        else:
+            out.predictions[e.qid] = top["text"] if top is not None else ""
+        out.nbest[e.qid] = best
+    return out
+
+
+class SquadTask(FinetuneTask):
+    """Span QA: windows, the span loss, answers, SQuAD's metrics and files."""
+
+    head = BertForQuestionAnswering
+    metric = "f1"
+
+    def __init__(self, cfg: Any, d: distributed.Dist, tok: Tokenizer) -> None:
+        super().__init__(cfg, d, tok.pad_id)
+        self.tok = tok
+        self.version_2 = cfg.task == "squad2"
+
+    def read(self, path: str, labelled: bool = True) -> list[SquadExample]:
+        # Training: a bad answer offset is an error (strict); evaluation files are only scored
+        # against their answer texts, so offsets there need not be checked.
+        return read_squad(path, strict=labelled)
+
+    def set_labels(self, train: Any = None, config: BertConfig | None = None) -> None:
+        return None
+
+    def featurize(self, examples: Sequence[SquadExample], training: bool = False) -> Features:
+        cfg = self.cfg
+        return featurize(
+            examples,
+            self.tok,
+            max_seq_length=cfg.max_seq_length,
+            doc_stride=cfg.doc_stride,
+            max_query_length=cfg.max_query_length,
+            training=training,
+        )
+
+    def head_kwargs(self) -> dict[str, Any]:
+        return {}
+
+    def loss_sum(self, model: nn.Module, micro: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        out = model(micro.input_ids, micro.token_type_ids, micro.attention_mask)
+        s, e = micro.labels[:, 0], micro.labels[:, 1]
+        loss = (
+            F.cross_entropy(out.start_logits.float(), s, reduction="sum")
+            + F.cross_entropy(out.end_logits.float(), e, reduction="sum")
+        ) / 2
+        right = (out.start_logits.argmax(-1) == s) & (out.end_logits.argmax(-1) == e)
+        return loss, right.sum()
+
+    def predict_examples(
+        self, model: nn.Module, examples: Sequence[SquadExample], features: Features
+    ) -> Answers:
+        both = self.infer(model, features, lambda out: out.logits, per_token=True)  # (T, 2) each
+        cfg = self.cfg
+        return postprocess(
+            examples,
+            features,
+            [x[:, 0] for x in both],
+            [x[:, 1] for x in both],
+            version_2=self.version_2,
+            n_best_size=cfg.n_best_size,
+            max_answer_length=cfg.max_answer_length,
+            null_score_diff_threshold=cfg.null_score_diff_threshold,
+        )
+
+    def evaluate_examples(
+        self, model: nn.Module, examples: Sequence[SquadExample], features: Features
+    ) -> tuple[dict[str, float], Answers]:
+        answers = self.predict_examples(model, examples, features)
+        gold = gold_answers(examples)
+        if not self.version_2:
+            scores = squad_scores(gold, answers.predictions)
+            return {"f1": scores["f1"], "exact_match": scores["exact_match"]}, answers
+        # The predictions as written (their threshold applied), and the best threshold's.
+        scores = squad_v2_scores(gold, answers.predictions, answers.null_odds, math.inf)
+        scores.pop("total", None)
+        return {k: v for k, v in scores.items() if not k.endswith("_total")}, answers
+
+    def write_predictions(
+        self, out: Path, examples: Sequence[SquadExample], preds: Any
+    ) -> list[Path]:
+        assert isinstance(preds, Answers)
+        paths = [out / "predictions.json", out / "nbest_predictions.json"]
+        write_json(paths[0], preds.predictions)
+        nbest = {
+            q: [{k: c[k] for k in ("text", "probability", "start_logit", "end_logit")} for c in v]
+            for q, v in preds.nbest.items()
+        }
+        write_json(paths[1], nbest)
+        if self.version_2:
+            paths.append(out / "null_odds.json")
+            write_json(paths[-1], preds.null_odds)
+        return paths
