@@ -105,7 +105,7 @@ def test_task_specs() -> None:
     assert GLUE_TASKS["stsb"].num_labels == 1 and GLUE_TASKS["mnli"].num_labels == 3
     assert GLUE_TASKS["cola"].metrics == ("mcc",)
     assert GLUE_TASKS["mrpc"].metrics == ("f1", "accuracy") == GLUE_TASKS["qqp"].metrics
-    assert GLUE_TASKS["stsb"].metrics == ("pearson", "spearman")
+    assert GLUE_TASKS["stsb"].metrics == ("spearman", "pearson")
     assert not GLUE_TASKS["sst2"].is_pair and GLUE_TASKS["qnli"].is_pair
     assert len(GLUE_TASKS) == 9
     with pytest.raises(InputError, match="unknown; one of cola, sst2"):

@@ -4,6 +4,8 @@
     bertforge vocab train FILES... --size N --out DIR [--cased]
     bertforge prepare / pretrain / plot      pre-training (see README)
     bertforge finetune / evaluate / predict  GLUE, csv, CoNLL NER, SQuAD v1.1/v2.0, SWAG
+    bertforge fill-mask / classify / ner / qa / embed / nsp / features MODEL [FILE]
+                                             inference pipelines, JSONL out
     bertforge demo                           the foundation, end to end, on the stdlib's text
 
 Errors a user can cause print one line (`bertforge: error: ...`) and exit with status 2.
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import warnings
 from collections.abc import Sequence
@@ -164,6 +167,127 @@ def cmd_predict(args: argparse.Namespace) -> None:
 
     for path in predict(args.model, args.task, args.data, args.out, **_task_options(args)):
         print(f"wrote {path}")
+
+
+def _read_inputs(path: str, fields: int, names: tuple[str, ...]) -> list[tuple[str, ...]]:
+    """Inputs of a pipeline command: JSONL objects with `names` (file ends in .jsonl), or
+    lines of text (fields > 1: tab-separated); "-" reads stdin. Blank lines are skipped."""
+    if path == "-":
+        lines = list(enumerate(sys.stdin.read().splitlines(), 1))
+        where = "<stdin>"
+    else:
+        from .data.corpus import read_lines
+
+        lines = list(read_lines(Path(path)))
+        where = path
+    rows: list[tuple[str, ...]] = []
+    for lineno, line in lines:
+        if not line.strip():
+            continue
+        if where.endswith(".jsonl"):
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{where}: line {lineno}: invalid JSON: {e.msg}") from None
+            missing = [n for n in names[:fields] if not isinstance(obj.get(n), str)]
+            if missing:
+                raise DataError(
+                    f'{where}: line {lineno}: field "{missing[0]}": missing or not text'
+                )
+            rows.append(tuple(obj[n] for n in names[:fields]))
+            continue
+        parts = line.split("\t") if fields > 1 else [line]
+        if len(parts) != fields:
+            raise DataError(
+                f"{where}: line {lineno}: {len(parts)} tab-separated fields, expected "
+                f"{fields} ({', '.join(names[:fields])})"
+            )
+        rows.append(tuple(parts))
+    return rows
+
+
+def _write_jsonl(out: str | None, items: Sequence[Any]) -> None:
+    text = "".join(json.dumps(x, ensure_ascii=False) + "\n" for x in items)
+    if out is None:
+        sys.stdout.write(text)
+    else:
+        from .fileio import write_text
+
+        write_text(out, text)
+        print(f"wrote {len(items):,} lines to {out}", file=sys.stderr)
+
+
+def cmd_pipeline(args: argparse.Namespace) -> None:
+    import numpy as np
+
+    from .pipelines import Pipeline
+
+    pipe = Pipeline(args.model, device=args.device, precision=args.precision,
+                    batch_size=args.batch_size, max_length=args.max_length)  # fmt: skip
+    kind = args.pipeline
+    if kind in ("classify", "nsp", "qa"):
+        names = ("question", "context") if kind == "qa" else ("text", "text_pair")
+        fields = 2 if kind != "classify" or args.pairs else 1
+        rows = _read_inputs(args.input, fields, names)
+    else:
+        rows = _read_inputs(args.input, 1, ("text",))
+    first = [r[0] for r in rows]
+    second = [r[1] for r in rows] if rows and len(rows[0]) > 1 else None
+    if kind == "fill-mask":
+        items: list[Any] = [
+            {"text": t, "masks": m} for t, m in zip(first, pipe.fill_mask(first, args.top_k))
+        ]
+    elif kind == "classify":
+        items = pipe.classify(first, second)
+    elif kind == "ner":
+        items = [{"text": t, "entities": e} for t, e in zip(first, pipe.ner(first))]
+    elif kind == "qa":
+        items = pipe.qa(first, second or [])
+    elif kind == "nsp":
+        items = [{"is_next": p} for p in pipe.nsp(first, second or [])]
+    elif kind == "embed":
+        vectors = pipe.embed(first, pooling=args.pooling, normalize=args.normalize)
+        if args.out and args.out.endswith(".npy"):
+            from .fileio import atomic_path
+
+            with atomic_path(args.out) as tmp, open(tmp, "wb") as f:
+                np.save(f, vectors)
+            print(f"wrote {vectors.shape} to {args.out}", file=sys.stderr)
+            return
+        items = [{"embedding": v.tolist()} for v in vectors]
+    else:  # features
+        layers = [int(x) for x in args.layers.split(",")]
+        results = pipe.features(first, layers=layers, combine=args.combine)
+        if args.out and args.out.endswith((".npy", ".npz")):
+            _write_arrays(args.out, results)
+            return
+        # Google's extract_features.py JSONL: every token with the values of every layer
+        items = [{"linex_index": i, "features": [
+            {"token": tok, "layers": [{"index": k, "values": [round(float(x), 6) for x in r["layers"][k][j]]}
+                                      for k in layers]}
+            for j, tok in enumerate(r["tokens"])]} for i, r in enumerate(results)]  # fmt: skip
+    _write_jsonl(args.out, items)
+
+
+def _write_arrays(out: str, results: list[dict[str, Any]]) -> None:
+    """.npz: values_<i> and tokens_<i> per text; .npy: one zero-padded (N, T, D) array."""
+    import numpy as np
+
+    from .fileio import atomic_path
+
+    with atomic_path(out) as tmp, open(tmp, "wb") as f:
+        if out.endswith(".npz"):
+            arrays = {f"values_{i}": r["values"] for i, r in enumerate(results)}
+            arrays.update({f"tokens_{i}": np.array(r["tokens"]) for i, r in enumerate(results)})
+            np.savez(f, **arrays)
+        else:
+            T = max((len(r["values"]) for r in results), default=0)
+            D = results[0]["values"].shape[-1] if results else 0
+            padded = np.zeros((len(results), T, D), np.float32)
+            for i, r in enumerate(results):
+                padded[i, : len(r["values"])] = r["values"]
+            np.save(f, padded)
+    print(f"wrote features of {len(results):,} texts to {out}", file=sys.stderr)
 
 
 def cmd_plot(args: argparse.Namespace) -> None:
@@ -340,6 +464,36 @@ def build_parser() -> argparse.ArgumentParser:
     _feature_arguments(p)
     p.set_defaults(func=cmd_predict)
 
+    helps = {
+        "fill-mask": "top-k tokens for each [MASK] (a model with its MLM head)",
+        "classify": "labels and probabilities (a fine-tuned classifier); --pairs: TEXT<TAB>PAIR",
+        "ner": "entity spans with character offsets (a fine-tuned token classifier)",
+        "qa": "answers: lines QUESTION<TAB>CONTEXT or JSONL {question, context}",
+        "embed": "sentence embeddings (cls / mean / max pooling); --out x.npy for an array",
+        "nsp": "P(IsNext) of lines TEXT<TAB>NEXT (a model with its NSP head)",
+        "features": "hidden states of --layers (JSONL like Google's extract_features, or .npy/.npz)",
+    }
+    for name, text in helps.items():
+        p = sub.add_parser(name, help=text)
+        p.add_argument("model", help="model directory")
+        p.add_argument("input", nargs="?", default="-", help="text file, .jsonl, or - (stdin)")
+        p.add_argument("--out", help="output file (default: JSONL on stdout)")
+        p.add_argument("--batch-size", type=int, default=32)
+        p.add_argument("--max-length", type=int, help="pieces per input (default: the model's)")
+        p.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto")
+        p.add_argument("--device", help="cpu, cuda (default: a GPU if there is one)")
+        if name == "fill-mask":
+            p.add_argument("--top-k", type=int, default=5)
+        if name == "classify":
+            p.add_argument("--pairs", action="store_true", help="lines are TEXT<TAB>PAIR")
+        if name == "embed":
+            p.add_argument("--pooling", choices=("cls", "mean", "max"), default="mean")
+            p.add_argument("--normalize", action="store_true", help="unit length")
+        if name == "features":
+            p.add_argument("--layers", default="-1", help="e.g. -1,-2,-3,-4 (0: embeddings)")
+            p.add_argument("--combine", choices=("concat", "sum", "mean"), default="concat")
+        p.set_defaults(func=cmd_pipeline, pipeline=name)
+
     p = sub.add_parser("plot", help="training curves of a run as a PNG")
     p.add_argument("run", help="run directory (with metrics.jsonl)")
     p.add_argument("--out", help="PNG file (default RUN/curves.png)")
@@ -385,9 +539,28 @@ def _feature_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _join_layer_lists(argv: list[str]) -> list[str]:
+    """`--layers -1,-2` as `--layers=-1,-2`: argparse reads "-1,-2" as an option (only a
+    plain "-1" looks like a negative number to it)."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        if (
+            argv[i] == "--layers"
+            and i + 1 < len(argv)
+            and re.fullmatch(r"-?\d+(,-?\d+)*", argv[i + 1])
+        ):
+            out.append(f"--layers={argv[i + 1]}")
+            i += 2
+        else:
+            out.append(argv[i])
+            i += 1
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(_join_layer_lists(list(sys.argv[1:] if argv is None else argv)))
     if not getattr(args, "func", None):
         parser.print_help()
         return 0

@@ -85,7 +85,7 @@ GLUE_TASKS: dict[str, TaskSpec] = {
     ),
     "sst2": TaskSpec("sst2", "sentence", None, "label", _BINARY, ("accuracy",)),
     "mrpc": TaskSpec("mrpc", "#1 String", "#2 String", "Quality", _BINARY, ("f1", "accuracy"), "1"),
-    "stsb": TaskSpec("stsb", "sentence1", "sentence2", "score", None, ("pearson", "spearman")),
+    "stsb": TaskSpec("stsb", "sentence1", "sentence2", "score", None, ("spearman", "pearson")),
     "qqp": TaskSpec(
         "qqp", "question1", "question2", "is_duplicate", _BINARY, ("f1", "accuracy"), "1", "id"
     ),

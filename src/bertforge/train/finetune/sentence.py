@@ -92,7 +92,7 @@ class SentenceTask(FinetuneTask):
             cfg.text_pair_column,
             cfg.label_column,
             None if cfg.regression else tuple(labels or ()),
-            ("pearson", "spearman") if cfg.regression else ("accuracy",),
+            ("spearman", "pearson") if cfg.regression else ("accuracy",),
             id_column=None,
         )
 

@@ -1,0 +1,213 @@
+"""Inference pipelines against references: sentence-transformers for embeddings, transformers
+for hidden states, masked-LM, NSP, classification and token logits; CLI in and out."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from bertforge import BertConfig, Tokenizer
+from bertforge.cli import main
+from bertforge.errors import ConfigError, InputError
+from bertforge.heads import BertForSequenceClassification, BertForTokenClassification
+from bertforge.pipelines import Pipeline, _merge_entities
+from tests.conftest import TINY
+
+SENTENCES = [
+    "A man is playing a guitar.",
+    "The quick brown fox jumps over the lazy dog near the riverbank at dawn.",
+    "Résumé of naïve café owners",
+    "Hi",
+    "Transformers process sequences in parallel, attending to every position at once; "
+    "recurrent networks, by contrast, step through them one token at a time.",
+    "北京是中国的首都",
+] * 3
+
+
+def test_embed_matches_sentence_transformers(minilm_dir: Path) -> None:
+    st = pytest.importorskip("sentence_transformers")
+    ref = st.SentenceTransformer(str(minilm_dir), device="cpu").encode(
+        SENTENCES, batch_size=4, convert_to_numpy=True
+    )
+    ours = Pipeline(minilm_dir, precision="fp32", batch_size=4).embed(
+        SENTENCES, pooling="mean", normalize=True
+    )
+    assert ours.shape == ref.shape
+    assert np.abs(ours - ref).max() < 1e-4
+
+
+def test_poolings_and_features_match_transformers(minilm_dir: Path) -> None:
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.BertModel.from_pretrained(minilm_dir).eval()
+    tok = Tokenizer.from_pretrained(minilm_dir)
+    pipe = Pipeline(minilm_dir, precision="fp32", batch_size=3)
+    with torch.no_grad():
+        out = hf(**tok(SENTENCES[:6]), output_hidden_states=True)
+    mask = tok(SENTENCES[:6])["attention_mask"].unsqueeze(-1).float()
+    h = out.last_hidden_state
+    cls = pipe.embed(SENTENCES[:6], pooling="cls")
+    mx = pipe.embed(SENTENCES[:6], pooling="max")
+    assert np.abs(cls - h[:, 0].numpy()).max() < 1e-4
+    assert np.abs(mx - h.masked_fill(mask == 0, -1e9).amax(1).numpy()).max() < 1e-4
+    feats = pipe.features(SENTENCES[:6], layers=(-1, -2, 0), combine="concat")
+    for i, f in enumerate(feats):
+        n = int(mask[i].sum())
+        assert f["tokens"] == tok.encode(SENTENCES[i]).tokens
+        assert f["values"].shape == (n, 3 * 384)
+        for k in (-1, -2, 0):
+            assert np.abs(f["layers"][k] - out.hidden_states[k][i, :n].numpy()).max() < 1e-4
+    summed = pipe.features(SENTENCES[:2], layers=(-1, -2), combine="sum")
+    want = feats[0]["layers"][-1] + feats[0]["layers"][-2]
+    assert np.abs(summed[0]["values"] - want).max() < 1e-4
+    with pytest.raises(ConfigError, match="layer 9"):
+        pipe.features(["x"], layers=(9,))
+    with pytest.raises(ConfigError, match="pooling"):
+        pipe.embed(["x"], pooling="median")
+
+
+def test_fill_mask_and_nsp_match_transformers(tiny_model: Path) -> None:
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.BertForPreTraining.from_pretrained(tiny_model).eval()
+    tok = Tokenizer.from_pretrained(tiny_model)
+    pipe = Pipeline(tiny_model, precision="fp32")
+    texts = ["the cat sat on the [MASK].", "[MASK] is the capital of [MASK] and a city."]
+    got = pipe.fill_mask(texts, top_k=3)
+    with torch.no_grad():
+        out = hf(**tok(texts))
+    for i in range(len(texts)):
+        ids = tok(texts)["input_ids"][i]
+        positions = (ids == tok.convert_tokens_to_ids(["[MASK]"])[0]).nonzero().flatten()
+        assert len(got[i]) == len(positions)
+        for m, pos in zip(got[i], positions):
+            p, k = out.prediction_logits[i, pos].softmax(-1).topk(3)
+            assert [x["id"] for x in m] == k.tolist()
+            assert np.allclose([x["score"] for x in m], p.numpy(), atol=1e-5)
+    with pytest.raises(InputError, match="no \\[MASK\\]"):
+        pipe.fill_mask(["nothing to fill"])
+    probs = pipe.nsp(["the cat sat.", "it rained"], ["it purred.", "stocks fell sharply today"])
+    with torch.no_grad():
+        ref = hf(**tok(["the cat sat.", "it rained"], ["it purred.", "stocks fell sharply today"]))
+    assert np.allclose(probs, ref.seq_relationship_logits.softmax(-1)[:, 0].numpy(), atol=1e-5)
+
+
+def test_task_pipelines_refuse_a_checkpoint_without_the_head(minilm_dir: Path) -> None:
+    pipe = Pipeline(minilm_dir)
+    with pytest.raises(ConfigError, match="no trained masked-LM head"):
+        pipe.fill_mask(["a [MASK]"])
+    with pytest.raises(ConfigError, match="no trained classifier"):
+        pipe.classify(["a"])
+    with pytest.raises(ConfigError, match="no trained question-answering head"):
+        pipe.qa(["q"], ["c"])
+
+
+@pytest.fixture(scope="module")
+def heads_dir(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> dict[str, Path]:
+    """Tiny classification / tagging / QA checkpoints (random heads, saved by us)."""
+    from bertforge.heads import BertForQuestionAnswering
+
+    tok = Tokenizer.from_pretrained(tiny_model)
+    out = {}
+    config = BertConfig(**{**TINY, "vocab_size": tok.vocab_size})
+    for name, cls, kwargs in (
+        ("cls", BertForSequenceClassification, {"id2label": {0: "neg", 1: "pos"}}),
+        ("ner", BertForTokenClassification, {"id2label": dict(enumerate(["O", "B-PER", "I-PER", "B-LOC"]))}),
+        ("qa", BertForQuestionAnswering, {}),
+    ):  # fmt: skip
+        torch.manual_seed(1)
+        d = tmp_path_factory.mktemp(name)
+        cls(config.replace(**kwargs)).save_pretrained(d)
+        tok.save_pretrained(d)
+        out[name] = d
+    return out
+
+
+def test_classify_and_ner_match_transformers(heads_dir: dict[str, Path]) -> None:
+    transformers = pytest.importorskip("transformers")
+    tok = Tokenizer.from_pretrained(heads_dir["cls"])
+    texts = ["a fine film", "Alice Smithson visited Paris in June with Bob."]
+    got = Pipeline(heads_dir["cls"], precision="fp32").classify(texts)
+    hf = transformers.BertForSequenceClassification.from_pretrained(heads_dir["cls"]).eval()
+    with torch.no_grad():
+        ref = hf(**tok(texts)).logits.softmax(-1).numpy()
+    for g, r in zip(got, ref):
+        assert g["label"] == ["neg", "pos"][int(r.argmax())]
+        assert np.allclose([g["scores"]["neg"], g["scores"]["pos"]], r, atol=1e-5)
+    ents = Pipeline(heads_dir["ner"], precision="fp32").ner(texts)
+    hf = transformers.BertForTokenClassification.from_pretrained(heads_dir["ner"]).eval()
+    names = ["O", "B-PER", "I-PER", "B-LOC"]
+    for text, got_entities in zip(texts, ents):
+        enc = tok.encode(text)
+        with torch.no_grad():
+            tags = hf(**tok([text])).logits[0].argmax(-1).tolist()
+        words, seen = [], set()
+        for j, w in enumerate(enc.word_ids):
+            if w is not None and w not in seen:
+                seen.add(w)
+                words.append((names[tags[j]], 1.0, enc.offsets[j][0], enc.offsets[j][1]))
+        expected = _merge_entities(text, words)
+        assert [(e["entity"], e["start"]) for e in got_entities] == [
+            (e["entity"], e["start"]) for e in expected
+        ]
+        for e in got_entities:
+            assert text[e["start"] : e["end"]] == e["text"] and e["text"].strip() == e["text"]
+
+
+def test_entity_merging() -> None:
+    text = "Alice Smithson went to New York"
+    words = [("B-PER", 0.9, 0, 5), ("I-PER", 0.7, 6, 14), ("O", 1.0, 15, 19), ("O", 1.0, 20, 22),
+             ("I-LOC", 0.8, 23, 26), ("I-LOC", 0.6, 27, 31)]  # fmt: skip
+    got = _merge_entities(text, words)
+    assert [(e["entity"], e["text"]) for e in got] == [
+        ("PER", "Alice Smithson"),
+        ("LOC", "New York"),
+    ]
+    assert got[0]["score"] == pytest.approx(0.8)
+    # a B- right after an entity of the same type starts a new one
+    got = _merge_entities("A B", [("B-PER", 1.0, 0, 1), ("B-PER", 1.0, 2, 3)])
+    assert [e["text"] for e in got] == ["A", "B"]
+
+
+def test_qa_spans_and_long_contexts(heads_dir: dict[str, Path]) -> None:
+    pipe = Pipeline(heads_dir["qa"], precision="fp32")
+    long = " ".join(f"sentence {i} says the value is {i * 7}." for i in range(120))
+    contexts = ["The cat sat on the red mat.", long]
+    assert len(Tokenizer.from_pretrained(heads_dir["qa"]).encode(long, truncation=False)) > 384
+    got = pipe.qa(["Where did the cat sit?", "What is the value?"], contexts)
+    for g, c in zip(got, contexts):
+        assert g["answer"] and c[g["start"] : g["end"]] == g["answer"]
+        assert 0.0 < g["score"] <= 1.0
+    with pytest.raises(InputError, match="2 questions but 1 contexts"):
+        pipe.qa(["a", "b"], ["c"])
+
+
+def test_cli_pipelines(tmp_path: Path, minilm_dir: Path, tiny_model: Path,
+                       capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    texts = tmp_path / "texts.txt"
+    texts.write_text("a man plays guitar\n\nthe fox jumps\n")
+    assert main(["embed", str(minilm_dir), str(texts), "--out", str(tmp_path / "e.npy"),
+                 "--normalize"]) == 0  # fmt: skip
+    e = np.load(tmp_path / "e.npy")
+    assert e.shape == (2, 384) and np.allclose(np.linalg.norm(e, axis=1), 1, atol=1e-5)
+    assert main(["features", str(minilm_dir), str(texts), "--layers", "-1,-2",
+                 "--out", str(tmp_path / "f.jsonl")]) == 0  # fmt: skip
+    first = json.loads((tmp_path / "f.jsonl").read_text().splitlines()[0])
+    assert first["linex_index"] == 0 and first["features"][0]["token"] == "[CLS]"
+    assert [x["index"] for x in first["features"][0]["layers"]] == [-1, -2]
+    assert main(["features", str(minilm_dir), str(texts), "--out", str(tmp_path / "f.npz")]) == 0
+    z = np.load(tmp_path / "f.npz")
+    assert z["values_1"].shape == (len(z["tokens_1"]), 384)
+    capsys.readouterr()
+    masks = tmp_path / "m.txt"
+    masks.write_text("the [MASK] sat\n")
+    assert main(["fill-mask", str(tiny_model), str(masks), "--top-k", "2"]) == 0
+    line = json.loads(capsys.readouterr().out)
+    assert line["text"] == "the [MASK] sat" and len(line["masks"][0]) == 2
+    bad = tmp_path / "bad.txt"
+    bad.write_text("only one field\n")
+    assert main(["nsp", str(tiny_model), str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert f"{bad}: line 1: 1 tab-separated fields, expected 2" in err
