@@ -211,3 +211,12 @@ def test_cli_pipelines(tmp_path: Path, minilm_dir: Path, tiny_model: Path,
     assert main(["nsp", str(tiny_model), str(bad)]) == 2
     err = capsys.readouterr().err
     assert f"{bad}: line 1: 1 tab-separated fields, expected 2" in err
+
+
+def test_int8_embeddings_stay_close_to_fp32(minilm_dir: Path) -> None:
+    fp32 = Pipeline(minilm_dir, precision="fp32").embed(SENTENCES[:6], normalize=True)
+    int8 = Pipeline(minilm_dir, quantize="int8").embed(SENTENCES[:6], normalize=True)
+    cos = (fp32 * int8).sum(-1)
+    assert cos.min() > 0.95 and not np.allclose(fp32, int8, atol=1e-4)  # quantised, and close
+    with pytest.raises(ConfigError, match="quantize"):
+        Pipeline(minilm_dir, quantize="int4")

@@ -6,7 +6,7 @@
     bertforge finetune / evaluate / predict  GLUE, csv, CoNLL NER, SQuAD v1.1/v2.0, SWAG
     bertforge fill-mask / classify / ner / qa / embed / nsp / features MODEL [FILE]
                                              inference pipelines, JSONL out
-    bertforge demo                           the foundation, end to end, on the stdlib's text
+    bertforge demo                           the whole life cycle in minutes, on the stdlib's text
 
 Errors a user can cause print one line (`bertforge: error: ...`) and exit with status 2.
 """
@@ -299,7 +299,7 @@ def cmd_plot(args: argparse.Namespace) -> None:
 def cmd_demo(args: argparse.Namespace) -> None:
     from .demo import run_demo
 
-    run_demo(Path(args.out), seed=args.seed)
+    run_demo(Path(args.out), seed=args.seed, steps=args.steps, progress=args.progress)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -499,11 +499,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="PNG file (default RUN/curves.png)")
     p.set_defaults(func=cmd_plot)
 
-    p = sub.add_parser("demo", help="the foundation end to end on the Python stdlib's docstrings")
+    p = sub.add_parser(
+        "demo", help="the BERT life cycle in minutes on the stdlib's docstrings (start here)"
+    )
     p.add_argument(
         "--out", default="bertforge-demo", help="output directory (default bertforge-demo)"
     )
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--steps", type=int, default=600, help="pre-training steps (default 600)")
+    p.add_argument("--no-progress", dest="progress", action="store_false")
     p.set_defaults(func=cmd_demo)
     return parser
 

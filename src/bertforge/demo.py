@@ -1,91 +1,174 @@
-"""`bertforge demo`: what exists, end to end, on text every Python install has.
+"""`bertforge demo`: the whole BERT life cycle in a few minutes, on text every Python has.
 
-Steps: gather the stdlib's docstrings -> train a WordPiece vocabulary -> tokenize with offsets
--> build a mini BERT with MLM + NSP heads -> run it on a batch -> save in the HF layout ->
-reload and check the outputs are identical -> show what the checkpoint holds.
-The same functions as the real commands (`bertforge vocab train`, `bertforge info`).
+    1. corpus       the standard library's docstrings (no download)
+    2. vocabulary   a WordPiece vocabulary trained on it          (= bertforge vocab train)
+    3. shards       tokenized pre-training shards + a held-out part (= bertforge prepare)
+    4. pre-train    a mini BERT, masked LM + next sentence           (= bertforge pretrain)
+    5. fill-mask    its guesses before and after pre-training       (= bertforge fill-mask)
+    6. fine-tune    an acceptability task made from held-out text: a real sentence, or the
+                    same words shuffled? (= bertforge finetune --task csv); held-out accuracy
+    7. use it       classify new sentences                          (= bertforge classify)
+
+Every step calls the same functions as the real commands; the outputs stay in --out.
 """
 
 from __future__ import annotations
 
+import random
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from .config import BertConfig
+from .data.corpus import split_sentences
+from .data.shards import prepare
 from .data.stdlib_corpus import stdlib_documents
-from .heads import BertForPreTraining, masked_lm_loss
-from .tokenizer import Tokenizer, train_vocab
+from .heads import BertForPreTraining
+from .pipelines import Pipeline
+from .tokenizer import train_vocab
+
+PROBES = [
+    "return the [MASK] of the list.",
+    "if the file does not exist, an [MASK] is raised.",
+    "this module provides functions for working with [MASK].",
+]
 
 
 def _say(step: str) -> None:
     print(f"\n== {step}", flush=True)
 
 
-def run_demo(out: Path, seed: int = 0, vocab_size: int = 8000) -> dict[str, float]:
-    """Run the demo, writing into `out`; returns a few numbers for tests."""
+def _show_fill_mask(model_dir: Path) -> list[str]:
+    tops = []
+    for text, masks in zip(PROBES, Pipeline(model_dir, precision="fp32").fill_mask(PROBES, 5)):
+        guesses = ", ".join(f"{c['token']} {c['score']:.2f}" for c in masks[0])
+        print(f"  {text:<52} {guesses}")
+        tops.append(masks[0][0]["token"])
+    return tops
+
+
+def acceptability_rows(sentences: list[str], rng: random.Random) -> list[tuple[str, str]]:
+    """Each sentence once: as written ("real") or with its words shuffled ("shuffled")."""
+    rows = []
+    for s in sentences:
+        words = s.split()
+        if rng.random() < 0.5:
+            rows.append((s, "real"))
+            continue
+        shuffled = words[:]
+        while shuffled == words:
+            rng.shuffle(shuffled)
+        rows.append((" ".join(shuffled), "shuffled"))
+    return rows
+
+
+def _write_table(path: Path, rows: list[tuple[str, str]]) -> None:
+    path.write_text(
+        "sentence\tlabel\n" + "".join(f"{t.replace(chr(9), ' ')}\t{y}\n" for t, y in rows),
+        encoding="utf-8",
+    )
+
+
+def run_demo(
+    out: Path, seed: int = 0, steps: int = 600, vocab_size: int = 8000, progress: bool = True
+) -> dict[str, Any]:
+    """Run the demo into `out`; returns its numbers (for tests)."""
+    from .train.finetune import FinetuneConfig
+    from .train.finetune import run as finetune
+    from .train.pretrain import PretrainConfig
+    from .train.pretrain import run as pretrain
+
     t0 = time.time()
-    torch.manual_seed(seed)
+    rng = random.Random(seed)
     out.mkdir(parents=True, exist_ok=True)
 
     _say("1. corpus: docstrings of the Python standard library (no download)")
     docs = list(stdlib_documents())
+    random.Random(seed).shuffle(docs)
+    n_task = max(1, len(docs) // 10)  # a tenth of the documents: held out for the task's dev set
+    task_docs, corpus_docs = docs[:n_task], docs[n_task:]
     corpus = out / "stdlib_docstrings.txt"
     # Google's pre-training format: one paragraph per line, a blank line between documents.
-    corpus.write_text("\n\n".join("\n".join(d) for d in docs) + "\n", encoding="utf-8")
-    n_chars = corpus.stat().st_size
-    print(f"{len(docs):,} documents, {n_chars / 1e6:.1f} MB -> {corpus}")
+    corpus.write_text("\n\n".join("\n".join(d) for d in corpus_docs) + "\n", encoding="utf-8")
+    print(f"{len(corpus_docs):,} documents, {corpus.stat().st_size / 1e6:.1f} MB -> {corpus}")
 
-    _say(f"2. vocabulary: WordPiece, {vocab_size:,} tokens, uncased")
-    tok = train_vocab([corpus], vocab_size, show_progress=True)
-    print(f"{tok.vocab_size:,} tokens; first learned pieces: {tok.tokens[5:15]}")
-
-    _say("3. tokenize a sentence pair")
-    a, b = "The tokenizer splits unaffable words into pieces.", "Offsets point back into the text."
-    enc = tok.encode(a, b)
-    for token, (s, e), seg in list(zip(enc.tokens, enc.offsets, enc.token_type_ids))[:14]:
-        source = (a if seg == 0 else b)[s:e] if e > s else ""
-        print(f"  {token:<14} segment {seg}  chars {s:>2}-{e:<2} {source!r}")
-    print(f"  decode: {tok.decode(enc.ids)!r}")
-
-    _say("4. a mini BERT (4 layers, hidden 256, 4 heads) with masked-LM and next-sentence heads")
-    config = BertConfig.from_size("mini", vocab_size=tok.vocab_size)
-    model = BertForPreTraining(config).eval()
-    print(f"{model.num_parameters():,} parameters")
-    texts = [p for d in docs[:8] for p in d][:8]
-    batch = tok(texts, max_length=64)
-    with torch.no_grad():
-        result = model(**batch)
-    labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
-    loss = masked_lm_loss(result.mlm_logits, labels).item()
+    _say(f"2. vocabulary: WordPiece, {vocab_size:,} tokens, uncased  (bertforge vocab train)")
+    tok = train_vocab([corpus], vocab_size, show_progress=progress)
+    vocab_dir = out / "vocab"
+    tok.save_pretrained(vocab_dir)
     print(
-        f"batch {tuple(batch['input_ids'].shape)} -> MLM logits {tuple(result.mlm_logits.shape)}, "
-        f"NSP logits {tuple(result.nsp_logits.shape)}"
-    )
-    print(
-        f"untrained MLM loss {loss:.2f} (chance: ln V = {torch.log(torch.tensor(float(tok.vocab_size))):.2f})"
+        f"{tok.vocab_size:,} tokens -> {vocab_dir}; e.g. {tok.tokenize('unaffable subprocesses')}"
     )
 
-    _say("5. save in the Hugging Face layout, reload, compare")
-    model_dir = out / "model"
-    model.save_pretrained(model_dir)
-    tok.save_pretrained(model_dir)
-    again = BertForPreTraining.from_pretrained(model_dir)
-    tok2 = Tokenizer.from_pretrained(model_dir)
-    with torch.no_grad():
-        result2 = again(**tok2(texts, max_length=64))
-    diff = (result.mlm_logits - result2.mlm_logits).abs().max().item()
-    print(f"{sorted(p.name for p in model_dir.iterdir())}; max |logit difference| = {diff:.1e}")
+    _say("3. pre-training shards  (bertforge prepare)")
+    meta = prepare([corpus], tok, out / "shards", heldout=0.02, seed=seed, progress=progress)
+    print(f"{meta['counts']['train']['tokens']:,} training tokens -> {out / 'shards'}")
 
-    _say("6. what the checkpoint holds (bertforge info)")
-    from .cli import main as cli_main
+    _say("4. before pre-training: a randomly initialised mini BERT guesses  (bertforge fill-mask)")
+    torch.manual_seed(seed)
+    untrained = out / "untrained"
+    BertForPreTraining(BertConfig.from_size("mini", vocab_size=tok.vocab_size)).save_pretrained(
+        untrained
+    )
+    tok.save_pretrained(untrained)
+    before = _show_fill_mask(untrained)
 
-    cli_main(["info", str(model_dir)])
+    _say(f"5. pre-train: mini BERT (4 layers, hidden 256), {steps} steps  (bertforge pretrain)")
+    run_dir = out / "pretrained"
+    summary = pretrain(
+        PretrainConfig(
+            data=str(out / "shards"), out=str(run_dir), model_size="mini", steps=steps,
+            batch_size=32, max_seq_length=64, lr=5e-4, warmup_ratio=0.05, seed=seed,
+            eval_every=max(1, steps // 2), eval_batches=10, save_every=steps, keep_checkpoints=1,
+            progress=progress,
+        )
+    )  # fmt: skip
+    print("after pre-training it guesses:")
+    after = _show_fill_mask(run_dir)
+
+    _say("6. fine-tune: real sentence or shuffled words?  (bertforge finetune --task csv)")
+
+    def sentences_of(documents: list[list[str]], limit: int) -> list[str]:
+        found = [s for d in documents for p in d for s in split_sentences(p)
+                 if 6 <= len(s.split()) <= 30 and len(set(s.split())) > 2]  # fmt: skip
+        rng.shuffle(found)
+        return found[:limit]
+
+    # Held-out sentences come from documents pre-training never saw.
+    train_sentences = sentences_of(corpus_docs, 4000)
+    dev_sentences = sentences_of(task_docs, 1000)
+    data = out / "acceptability"
+    data.mkdir(exist_ok=True)
+    _write_table(data / "train.tsv", acceptability_rows(train_sentences, rng))
+    _write_table(data / "dev.tsv", acceptability_rows(dev_sentences, rng))
+    n_dev = len(dev_sentences)
+    sentences = train_sentences + dev_sentences
+    print(f"{len(sentences) - n_dev:,} training and {n_dev:,} held-out sentences -> {data}")
+    classifier = out / "classifier"
+    best = finetune(
+        FinetuneConfig(
+            model=str(run_dir), task="csv", train=str(data / "train.tsv"),
+            dev=str(data / "dev.tsv"), out=str(classifier), text_column="sentence",
+            label_column="label", epochs=3, lr=2e-4, batch_size=32, seed=seed, max_seq_length=64,
+            progress=progress,
+        )
+    )  # fmt: skip
+    print(f"held-out accuracy {best['accuracy']:.1%} (chance 50%)")
+
+    _say("7. use it  (bertforge classify)")
+    tries = ["the file is opened in binary mode.", "mode binary opened the in is file."]
+    for text, r in zip(tries, Pipeline(classifier).classify(tries)):
+        print(f"  {text:<40} -> {r['label']} ({r['score']:.2f})")
 
     elapsed = time.time() - t0
-    print(f"\ndone in {elapsed:.0f} s. Next steps with your own data:")
-    print("  bertforge vocab train YOUR_TEXT_FILES --size 30522 --out my-vocab")
-    print(f"  bertforge info {model_dir}")
-    print("  python -c \"from bertforge import BertModel; BertModel.from_pretrained('DIR')\"")
-    return {"mlm_loss": loss, "reload_diff": diff, "seconds": elapsed}
+    print(f"\ndone in {elapsed:.0f} s; everything is in {out}. Go further with real data:")
+    print("  bertforge prepare wiki/*.txt --tokenizer DIR --out shards && "
+          "bertforge pretrain --data shards --out run --model-size base")  # fmt: skip
+    print("  bertforge finetune --model DIR --task mrpc --train MRPC/train.tsv "
+          "--dev MRPC/dev.tsv --out mrpc-model")  # fmt: skip
+    print(f"  bertforge classify {classifier} my_sentences.txt")
+    print(f"  bertforge embed MODEL texts.txt --out embeddings.npy;  bertforge info {classifier}")
+    return {"before": before, "after": after, "accuracy": best["accuracy"],
+            "pretrain": summary, "seconds": elapsed}  # fmt: skip

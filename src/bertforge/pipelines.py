@@ -58,6 +58,23 @@ def inference_precision(precision: str, device: torch.device) -> str:
     return "bf16" if cpu_has_amx() else "fp32"
 
 
+def quantize_int8(model: nn.Module) -> nn.Module:
+    """Dynamic int8 quantisation: per-channel int8 weights for every Linear layer except each
+    FFN's down-projection, which stays fp32: its inputs (GELU outputs) have the outliers that
+    per-batch activation scales handle worst. On all-MiniLM-L6-v2 (64 STS-B sentences) the
+    embeddings' cosine to fp32 is 0.989 mean / 0.984 min this way, against 0.954 / 0.931 for
+    the default per-tensor quantisation of every layer."""
+    qconfig = torch.ao.quantization.per_channel_dynamic_qconfig
+    spec = {
+        name: qconfig
+        for name, m in model.named_modules()
+        if isinstance(m, nn.Linear) and not name.endswith("ffn.down")
+    }
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch's deprecation notice for qint8 tensors
+        return torch.ao.quantization.quantize_dynamic(model, spec, dtype=torch.qint8)
+
+
 def _softmax(x: np.ndarray) -> np.ndarray:
     e = np.exp(x - x.max(-1, keepdims=True))
     return e / e.sum(-1, keepdims=True)
@@ -74,7 +91,11 @@ class Pipeline:
         precision: str = "auto",
         batch_size: int = 32,
         max_length: int | None = None,
+        quantize: str | None = None,
     ) -> None:
+        """quantize "int8": dynamic int8 quantisation of the Linear layers (CPU only; weights
+        int8, activations quantised per batch): faster on CPUs without bf16 units, at a small
+        cost in accuracy (benchmarks/inference_throughput.py measures both)."""
         self.path = Path(model)
         self.tok = Tokenizer.from_pretrained(self.path)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -83,6 +104,13 @@ class Pipeline:
             raise ConfigError(f"batch_size={batch_size}: must be positive")
         self.batch_size = batch_size
         self.max_length = max_length
+        if quantize not in (None, "int8"):
+            raise ConfigError(f"quantize={quantize!r}: must be None or int8")
+        if quantize and self.device.type != "cpu":
+            raise ConfigError("quantize=int8 is for the CPU (dynamic quantisation)")
+        if quantize and self.precision != "fp32":
+            self.precision = "fp32"  # int8 kernels take fp32 activations
+        self.quantize = quantize
         self._models: dict[type, nn.Module] = {}
 
     # -- loading and batching ----------------------------------------------------------------
@@ -105,7 +133,10 @@ class Pipeline:
             for w in caught:
                 if w not in fresh:
                     warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-            self._models[cls] = m.to(self.device).eval()
+            m = m.to(self.device).eval()
+            if self.quantize == "int8":
+                m = quantize_int8(m)
+            self._models[cls] = m
         return self._models[cls]
 
     def _autocast(self) -> Any:
