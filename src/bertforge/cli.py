@@ -6,6 +6,7 @@
     bertforge finetune / evaluate / predict  GLUE, csv, CoNLL NER, SQuAD v1.1/v2.0, SWAG
     bertforge fill-mask / classify / ner / qa / embed / nsp / features MODEL [FILE]
                                              inference pipelines, JSONL out
+    bertforge serve MODEL                    HTTP server (FastAPI): embed, classify, ner, qa, fill-mask
     bertforge demo                           the whole life cycle in minutes, on the stdlib's text
 
 Errors a user can cause print one line (`bertforge: error: ...`) and exit with status 2.
@@ -290,6 +291,15 @@ def _write_arrays(out: str, results: list[dict[str, Any]]) -> None:
     print(f"wrote features of {len(results):,} texts to {out}", file=sys.stderr)
 
 
+def cmd_serve(args: argparse.Namespace) -> None:
+    from .serve import serve
+
+    print(f"serving {args.model} on http://{args.host}:{args.port} (docs at /docs)", flush=True)
+    serve(args.model, host=args.host, port=args.port, precision=args.precision,
+          device=args.device, max_texts=args.max_texts, max_chars=args.max_chars,
+          max_batch=args.max_batch, max_wait_ms=args.max_wait_ms, max_queue=args.max_queue)  # fmt: skip
+
+
 def cmd_plot(args: argparse.Namespace) -> None:
     from .train.plot import plot_run
 
@@ -493,6 +503,19 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--layers", default="-1", help="e.g. -1,-2,-3,-4 (0: embeddings)")
             p.add_argument("--combine", choices=("concat", "sum", "mean"), default="concat")
         p.set_defaults(func=cmd_pipeline, pipeline=name)
+
+    p = sub.add_parser("serve", help="HTTP server: /embed, /classify, /fill-mask, /ner, /qa")
+    p.add_argument("model", help="model directory")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto")
+    p.add_argument("--device", help="cpu, cuda (default: a GPU if there is one)")
+    p.add_argument("--max-texts", type=int, default=64, help="texts per request (else 413)")
+    p.add_argument("--max-chars", type=int, default=10_000, help="characters per text (else 413)")
+    p.add_argument("--max-batch", type=int, default=64, help="texts per model call")
+    p.add_argument("--max-wait-ms", type=float, default=5.0, help="batching wait")
+    p.add_argument("--max-queue", type=int, default=1024, help="waiting requests (else 503)")
+    p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("plot", help="training curves of a run as a PNG")
     p.add_argument("run", help="run directory (with metrics.jsonl)")

@@ -1,0 +1,280 @@
+"""`bertforge serve MODEL`: the pipelines over HTTP (FastAPI + uvicorn).
+
+    POST /embed      {"texts": [...], "pooling": "mean", "normalize": false} -> {"embeddings": [[...]]}
+    POST /classify   {"texts": [...], "pairs": [...]?}      -> {"results": [{label, score, scores}]}
+    POST /fill-mask  {"texts": [...], "top_k": 5}           -> {"results": [[[{token, score}]]]}
+    POST /ner        {"texts": [...]}                       -> {"results": [[{entity, text, start, end, score}]]}
+    POST /qa         {"questions": [...], "contexts": [...]} -> {"results": [{answer, score, start, end}]}
+    GET  /health, GET /metadata, GET /docs (OpenAPI)
+
+/embed always exists; the others where the checkpoint has the head (its config.json
+"architectures"). Concurrent requests are micro-batched: each endpoint has a bounded queue
+and one worker that takes up to max_batch texts, waiting at most max_wait_ms for more, runs them
+as one length-sorted batch in a thread, and answers each request with its own rows. Limits:
+texts per request and characters per text answer 413, a full queue 503, a body that is not
+JSON 400, a body of the wrong shape 422; every error is JSON {"error": "..."}. The model is
+fixed at start-up: nothing in a request names a file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from .pipelines import Pipeline
+
+HEADS = {
+    "classify": "BertForSequenceClassification",
+    "ner": "BertForTokenClassification",
+    "qa": "BertForQuestionAnswering",
+    "fill-mask": "BertForPreTraining",
+}
+
+
+@dataclass
+class Limits:
+    max_texts: int = 64  # per request
+    max_chars: int = 10_000  # per text
+    max_batch: int = 64  # texts per model call
+    max_wait_ms: float = 5.0  # how long a batch waits for more requests
+    max_queue: int = 1024  # requests waiting per endpoint
+
+
+class Texts(BaseModel):
+    texts: list[str]
+
+
+class EmbedRequest(Texts):
+    pooling: str = Field("mean", pattern="^(cls|mean|max)$")
+    normalize: bool = False
+
+
+class ClassifyRequest(Texts):
+    pairs: list[str] | None = None
+
+
+class FillMaskRequest(Texts):
+    top_k: int = Field(5, ge=1, le=100)
+
+
+class QARequest(BaseModel):
+    questions: list[str]
+    contexts: list[str]
+
+
+class HTTPError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+class Batcher:
+    """One endpoint's queue and worker: requests (items, options) in, rows out."""
+
+    def __init__(
+        self, run: Callable[[list[Any], dict[str, Any]], list[Any]], limits: Limits
+    ) -> None:
+        self.run, self.limits = run, limits
+        self.queue: asyncio.Queue[tuple[list[Any], dict[str, Any], asyncio.Future]] = asyncio.Queue(
+            limits.max_queue
+        )
+        self.lock = asyncio.Lock()  # one model call at a time (torch uses every core already)
+        self.task: asyncio.Task | None = None
+
+    async def submit(self, items: list[Any], options: dict[str, Any]) -> list[Any]:
+        if self.task is None:
+            self.task = asyncio.create_task(self._work())
+        future: asyncio.Future = asyncio.get_running_loop().create_future()
+        try:
+            self.queue.put_nowait((items, options, future))
+        except asyncio.QueueFull:
+            raise HTTPError(503, "server busy: the request queue is full; retry later") from None
+        return await future
+
+    async def _work(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            pending = [await self.queue.get()]
+            size = len(pending[0][0])
+            deadline = loop.time() + self.limits.max_wait_ms / 1000
+            while size < self.limits.max_batch:
+                timeout = deadline - loop.time()
+                if timeout <= 0:
+                    break
+                try:
+                    nxt = await asyncio.wait_for(self.queue.get(), timeout)
+                except asyncio.TimeoutError:
+                    break
+                pending.append(nxt)
+                size += len(nxt[0])
+            # requests with the same options run as one batch
+            groups: dict[str, list[tuple[list[Any], dict[str, Any], asyncio.Future]]] = {}
+            for p in pending:
+                groups.setdefault(json.dumps(p[1], sort_keys=True), []).append(p)
+            for group in groups.values():
+                items = [x for p in group for x in p[0]]
+                try:
+                    rows = await loop.run_in_executor(None, self.run, items, group[0][1])
+                except Exception as e:  # answer every waiting request, keep serving
+                    for _, _, f in group:
+                        if not f.done():
+                            f.set_exception(e)
+                    continue
+                i = 0
+                for its, _, f in group:
+                    if not f.done():
+                        f.set_result(rows[i : i + len(its)])
+                    i += len(its)
+
+
+def available(model: str | Path) -> list[str]:
+    """The endpoints this checkpoint supports (embed always; the rest by its architecture)."""
+    try:
+        config = json.loads((Path(model) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        config = {}
+    arch = set(config.get("architectures") or [])
+    names = ["embed"] + [e for e, a in HEADS.items() if a in arch]
+    if "BertForMaskedLM" in arch:
+        names.append("fill-mask")
+    return names
+
+
+def create_app(model: str | Path, limits: Limits | None = None, **pipeline_options: Any) -> Any:
+    """The FastAPI application serving `model`."""
+    from fastapi import FastAPI, Request
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse
+
+    limits = limits or Limits()
+    pipe = Pipeline(model, batch_size=limits.max_batch, **pipeline_options)
+    endpoints = available(model)
+    app = FastAPI(title="bertforge", description=f"BERT pipelines for {model}")
+
+    @app.exception_handler(HTTPError)
+    async def _http_error(request: Request, e: HTTPError) -> JSONResponse:
+        return JSONResponse({"error": e.message}, status_code=e.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, e: RequestValidationError) -> JSONResponse:
+        errors = e.errors()
+        if any(err.get("type") == "json_invalid" for err in errors):
+            return JSONResponse({"error": "the body is not valid JSON"}, status_code=400)
+        first = errors[0] if errors else {}
+        where = ".".join(str(x) for x in first.get("loc", ()) if x != "body")
+        return JSONResponse(
+            {"error": f"{where or 'body'}: {first.get('msg', 'invalid request')}"},
+            status_code=422,
+        )
+
+    @app.exception_handler(Exception)
+    async def _internal(request: Request, e: Exception) -> JSONResponse:
+        from .errors import BertforgeError
+
+        if isinstance(e, BertforgeError):
+            return JSONResponse({"error": str(e)}, status_code=422)
+        return JSONResponse({"error": f"internal error: {type(e).__name__}"}, status_code=500)
+
+    def check(texts: list[str], what: str = "texts") -> None:
+        if not texts:
+            raise HTTPError(422, f"{what}: empty list")
+        if len(texts) > limits.max_texts:
+            raise HTTPError(413, f"{what}: {len(texts)} items, more than the limit of "
+                                 f"{limits.max_texts} per request")  # fmt: skip
+        for i, t in enumerate(texts):
+            if len(t) > limits.max_chars:
+                raise HTTPError(413, f"{what}[{i}]: {len(t):,} characters, more than the limit "
+                                     f"of {limits.max_chars:,}")  # fmt: skip
+
+    batchers: dict[str, Batcher] = {}
+
+    def batcher(name: str, run: Callable[[list[Any], dict[str, Any]], list[Any]]) -> Batcher:
+        if name not in batchers:
+            batchers[name] = Batcher(run, limits)
+        return batchers[name]
+
+    def need(name: str) -> None:
+        if name not in endpoints:
+            raise HTTPError(404, f"{name}: this model has no {HEADS[name]} head")
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok"}
+
+    @app.get("/metadata")
+    async def metadata() -> dict[str, Any]:
+        m = pipe.model(_encoder_class())
+        return {"model": str(model), "endpoints": endpoints, "config": m.config.to_dict(),
+                "precision": pipe.precision, "device": str(pipe.device),
+                "limits": limits.__dict__}  # fmt: skip
+
+    @app.post("/embed")
+    async def embed(req: EmbedRequest) -> dict[str, Any]:
+        check(req.texts)
+        b = batcher("embed", lambda items, o: list(pipe.embed(items, **o)))
+        rows = await b.submit(req.texts, {"pooling": req.pooling, "normalize": req.normalize})
+        return {"embeddings": [r.tolist() for r in rows]}
+
+    @app.post("/classify")
+    async def classify(req: ClassifyRequest) -> dict[str, Any]:
+        need("classify")
+        check(req.texts)
+        if req.pairs is not None:
+            check(req.pairs, "pairs")
+            if len(req.pairs) != len(req.texts):
+                raise HTTPError(422, f"{len(req.texts)} texts but {len(req.pairs)} pairs")
+        items = list(zip(req.texts, req.pairs or [None] * len(req.texts)))
+
+        def run(its: list[Any], o: dict[str, Any]) -> list[Any]:
+            pairs = [p for _, p in its]
+            return pipe.classify([t for t, _ in its], None if pairs[0] is None else pairs)
+
+        b = batcher("classify-pairs" if req.pairs else "classify", run)
+        return {"results": await b.submit(items, {})}
+
+    @app.post("/fill-mask")
+    async def fill_mask(req: FillMaskRequest) -> dict[str, Any]:
+        need("fill-mask")
+        check(req.texts)
+        b = batcher("fill-mask", lambda items, o: pipe.fill_mask(items, **o))
+        return {"results": await b.submit(req.texts, {"top_k": req.top_k})}
+
+    @app.post("/ner")
+    async def ner(req: Texts) -> dict[str, Any]:
+        need("ner")
+        check(req.texts)
+        b = batcher("ner", lambda items, o: pipe.ner(items))
+        return {"results": await b.submit(req.texts, {})}
+
+    @app.post("/qa")
+    async def qa(req: QARequest) -> dict[str, Any]:
+        need("qa")
+        check(req.questions, "questions")
+        check(req.contexts, "contexts")
+        if len(req.questions) != len(req.contexts):
+            raise HTTPError(422, f"{len(req.questions)} questions but {len(req.contexts)} contexts")
+        b = batcher("qa", lambda items, o: pipe.qa([q for q, _ in items], [c for _, c in items]))
+        return {"results": await b.submit(list(zip(req.questions, req.contexts)), {})}
+
+    return app
+
+
+def _encoder_class() -> type:
+    from .model import BertModel
+
+    return BertModel
+
+
+def serve(model: str, host: str = "127.0.0.1", port: int = 8000, **options: Any) -> None:
+    import uvicorn
+
+    limit_keys = set(Limits.__dataclass_fields__)
+    limits = Limits(**{k: v for k, v in options.items() if k in limit_keys})
+    rest = {k: v for k, v in options.items() if k not in limit_keys}
+    uvicorn.run(create_app(model, limits, **rest), host=host, port=port, log_level="warning")
