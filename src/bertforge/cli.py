@@ -300,6 +300,15 @@ def cmd_serve(args: argparse.Namespace) -> None:
           max_batch=args.max_batch, max_wait_ms=args.max_wait_ms, max_queue=args.max_queue)  # fmt: skip
 
 
+def cmd_export(args: argparse.Namespace) -> None:
+    from .export import export_onnx
+
+    result = export_onnx(args.model, args.onnx, atol=args.atol)
+    diffs = ", ".join(f"{k} {v:.1e}" for k, v in result["max_abs_diff"].items())
+    print(f"wrote {args.onnx} ({result['architecture']}: {', '.join(result['outputs'])}); "
+          f"onnxruntime vs PyTorch max |difference|: {diffs}")  # fmt: skip
+
+
 def cmd_plot(args: argparse.Namespace) -> None:
     from .train.plot import plot_run
 
@@ -516,6 +525,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-wait-ms", type=float, default=5.0, help="batching wait")
     p.add_argument("--max-queue", type=int, default=1024, help="waiting requests (else 503)")
     p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("export", help="the model as ONNX, checked against PyTorch")
+    p.add_argument("model", help="model directory")
+    p.add_argument("--onnx", required=True, help="output .onnx file")
+    p.add_argument("--atol", type=float, default=1e-4, help="allowed max |difference|")
+    p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("plot", help="training curves of a run as a PNG")
     p.add_argument("run", help="run directory (with metrics.jsonl)")

@@ -208,12 +208,14 @@ class BertModel(Pretrained, nn.Module):
         output_attentions: bool = False,
     ) -> BertOutput:
         """input_ids, token_type_ids, attention_mask: (B, T); attention_mask 1 = real token."""
-        if not torch.compiler.is_compiling():
+        # Traced or compiled (ONNX export, torch.compile): no data-dependent branches.
+        tracing = torch.compiler.is_compiling() or torch.jit.is_tracing()
+        if not tracing:
             self.check_inputs(input_ids, token_type_ids)
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
         mask = None
-        if attention_mask is not None and not bool(attention_mask.all()):
+        if attention_mask is not None and (tracing or not bool(attention_mask.all())):
             mask = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T): keys to attend to
         x = self.embeddings(input_ids, token_type_ids, position_ids)
         hidden = [x] if output_hidden_states else None

@@ -1,0 +1,91 @@
+"""`bertforge export MODEL --onnx FILE`: the model as an ONNX graph, checked with onnxruntime.
+
+The graph takes input_ids, token_type_ids, attention_mask (int64, batch x sequence, both axes
+dynamic) and returns what the checkpoint's architecture returns: logits for sequence or token
+classification, start_logits and end_logits for QA, last_hidden_state and pooler_output for an
+encoder (or a pre-training checkpoint). After export, onnxruntime runs a batch of a different
+size and length than the one traced, and the largest difference to PyTorch must be within
+`atol` (1e-4), else the file is not kept. Needs the `onnx` extra (onnx, onnxscript,
+onnxruntime).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from .errors import ConfigError
+from .fileio import atomic_path
+from .heads import (
+    BertForQuestionAnswering,
+    BertForSequenceClassification,
+    BertForTokenClassification,
+)
+from .model import BertModel
+from .tokenizer import Tokenizer
+
+INPUTS = ["input_ids", "token_type_ids", "attention_mask"]
+ARCHITECTURES: dict[str, tuple[type, list[str]]] = {
+    "BertForSequenceClassification": (BertForSequenceClassification, ["logits"]),
+    "BertForTokenClassification": (BertForTokenClassification, ["logits"]),
+    "BertForQuestionAnswering": (BertForQuestionAnswering, ["start_logits", "end_logits"]),
+}
+ENCODER = (BertModel, ["last_hidden_state", "pooler_output"])
+
+
+class _Graph(nn.Module):
+    """The model with positional inputs and a tuple of tensors out (what export traces)."""
+
+    def __init__(self, model: nn.Module, outputs: list[str]) -> None:
+        super().__init__()
+        self.model, self.outputs = model, outputs
+
+    def forward(self, input_ids: Any, token_type_ids: Any, attention_mask: Any) -> tuple:
+        out = self.model(input_ids, token_type_ids, attention_mask)
+        return tuple(getattr(out, name) for name in self.outputs)
+
+
+def export_onnx(model_dir: str | os.PathLike[str], out: str | os.PathLike[str],
+                atol: float = 1e-4) -> dict[str, Any]:  # fmt: skip
+    """Export and check; returns {"outputs": [...], "max_abs_diff": {...}}."""
+    try:
+        import onnxruntime
+    except ImportError:
+        raise ConfigError("ONNX export needs: pip install onnx onnxscript onnxruntime") from None
+    model_dir = Path(model_dir)
+    config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    arch = next((a for a in config.get("architectures") or [] if a in ARCHITECTURES), None)
+    cls, outputs = ARCHITECTURES[arch] if arch else ENCODER
+    model = cls.from_pretrained(model_dir).eval()
+    if cls is BertModel and model.pooler is None:
+        outputs = ["last_hidden_state"]
+    tok = Tokenizer.from_pretrained(model_dir)
+    graph = _Graph(model, outputs).eval()
+    traced = tok(["a short example", "a second, longer example sentence for tracing"])
+    batch, seq = torch.export.Dim("batch"), torch.export.Dim("sequence", max=model.config.max_position_embeddings)  # fmt: skip
+    out = Path(out)
+    with atomic_path(out) as tmp, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            graph, tuple(traced[k] for k in INPUTS), str(tmp), input_names=INPUTS,
+            output_names=outputs, dynamic_shapes=tuple({0: batch, 1: seq} for _ in INPUTS),
+            dynamo=True, verbose=False, external_data=False,  # one self-contained file
+        )  # fmt: skip
+        session = onnxruntime.InferenceSession(str(tmp), providers=["CPUExecutionProvider"])
+        check = tok(["x", "a different batch: three inputs, and one much longer than the others "
+                     "so that the sequence axis changes too", "third"])  # fmt: skip
+        got = session.run(outputs, {k: check[k].numpy() for k in INPUTS})
+        with torch.no_grad():
+            want = graph(*(check[k] for k in INPUTS))
+        diffs = {n: float(np.abs(g - w.numpy()).max()) for n, g, w in zip(outputs, got, want)}
+        worst = max(diffs.values())
+        if not worst <= atol:
+            raise ConfigError(f"{out}: onnxruntime differs from PyTorch by {worst:.2e} (> {atol})")
+    return {"architecture": arch or "BertModel", "outputs": outputs, "max_abs_diff": diffs}
