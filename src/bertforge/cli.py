@@ -309,6 +309,13 @@ def cmd_export(args: argparse.Namespace) -> None:
           f"onnxruntime vs PyTorch max |difference|: {diffs}")  # fmt: skip
 
 
+def cmd_attention(args: argparse.Namespace) -> None:
+    from .attention import render
+
+    path = render(args.model, args.text, args.out, pair=args.pair, layer=args.layer, head=args.head)
+    print(f"wrote {path}")
+
+
 def cmd_plot(args: argparse.Namespace) -> None:
     from .train.plot import plot_run
 
@@ -531,6 +538,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--onnx", required=True, help="output .onnx file")
     p.add_argument("--atol", type=float, default=1e-4, help="allowed max |difference|")
     p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("attention", help="attention views: an HTML head view or a PNG heatmap")
+    p.add_argument("model", help="model directory")
+    p.add_argument("text", help="the text to look at")
+    p.add_argument("--pair", help="a second text (sentence pair)")
+    p.add_argument("--layer", type=int, default=-1, help="layer (default -1: the last)")
+    p.add_argument("--head", type=int, help="head (default: the mean of all heads)")
+    p.add_argument("--out", required=True, help="view.html or view.png")
+    p.set_defaults(func=cmd_attention)
 
     p = sub.add_parser("plot", help="training curves of a run as a PNG")
     p.add_argument("run", help="run directory (with metrics.jsonl)")

@@ -1,0 +1,160 @@
+"""`bertforge attention MODEL "text"`: look inside the attention heads.
+
+    --out view.html   a self-contained head view (no network): the tokens on both sides, a line
+                      from each token to every token it attends to, as thick and dark as the
+                      attention weight; selectors for layer and head (or all heads, averaged);
+                      hover a token to see only its lines
+    --out view.png    a heatmap of one layer's head (or the heads' mean): rows attend to columns
+
+The probabilities are the model's own (output_attentions=True: softmax(QK^T / sqrt(d)) over
+the real tokens), for one text or a text pair.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .errors import ConfigError
+from .fileio import write_text
+from .model import BertModel
+from .tokenizer import Tokenizer
+
+
+def attention_maps(
+    model_dir: str | os.PathLike[str], text: str, pair: str | None = None
+) -> tuple[list[str], np.ndarray]:
+    """(tokens, probabilities (layers, heads, T, T)) of one input."""
+    tok = Tokenizer.from_pretrained(model_dir)
+    model = BertModel.from_pretrained(model_dir).eval()
+    batch = tok([text], None if pair is None else [pair])
+    with torch.no_grad():
+        out = model(**batch, output_attentions=True)
+    probs = torch.stack([a[0] for a in out.attentions]).float().numpy()  # (L, nh, T, T)
+    return tok.encode(text, pair).tokens, probs
+
+
+def _select(probs: np.ndarray, layer: int, head: int | None) -> np.ndarray:
+    L, H = probs.shape[:2]
+    if not -L <= layer < L:
+        raise ConfigError(f"layer {layer}: this model has layers 0..{L - 1} (or -{L}..-1)")
+    if head is not None and not 0 <= head < H:
+        raise ConfigError(f"head {head}: this model has heads 0..{H - 1}")
+    return probs[layer].mean(0) if head is None else probs[layer, head]
+
+
+def write_png(
+    path: Path, tokens: list[str], probs: np.ndarray, layer: int, head: int | None
+) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from .fileio import atomic_path
+
+    m = _select(probs, layer, head)
+    n = len(tokens)
+    fig, ax = plt.subplots(figsize=(max(4, 0.35 * n + 2), max(4, 0.35 * n + 1.5)))
+    im = ax.imshow(m, cmap="Blues", vmin=0, vmax=max(float(m.max()), 1e-6))
+    ax.set_xticks(range(n), tokens, rotation=90, fontsize=8)
+    ax.set_yticks(range(n), tokens, fontsize=8)
+    ax.set_xlabel("attended to")
+    ax.set_ylabel("attending token")
+    ax.set_title(
+        f"layer {layer % probs.shape[0]}, " + ("mean of heads" if head is None else f"head {head}")
+    )
+    fig.colorbar(im, ax=ax, fraction=0.046)
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=120)
+    plt.close(fig)
+
+
+PAGE = """<!DOCTYPE html>
+<html><head><meta charset="utf-8"><title>attention: __TITLE__</title>
+<style>
+body { font-family: sans-serif; margin: 16px; }
+#controls { margin-bottom: 8px; }
+text { font-size: 13px; cursor: default; }
+text.dim { fill: #bbb; }
+</style></head>
+<body>
+<div id="controls">layer <select id="layer"></select> head <select id="head"></select>
+<span id="hint">(hover a token)</span></div>
+<svg id="view"></svg>
+<script>
+const DATA = __DATA__;
+const tokens = DATA.tokens, att = DATA.attention;  // att[layer][head][from][to]
+const L = att.length, H = att[0].length, n = tokens.length, rowH = 20, width = 420;
+const layerSel = document.getElementById("layer"), headSel = document.getElementById("head");
+for (let l = 0; l < L; l++) layerSel.add(new Option(String(l), String(l)));
+headSel.add(new Option("all (mean)", "all"));
+for (let h = 0; h < H; h++) headSel.add(new Option(String(h), String(h)));
+layerSel.value = String(DATA.layer); headSel.value = DATA.head === null ? "all" : String(DATA.head);
+const svg = document.getElementById("view");
+svg.setAttribute("width", width); svg.setAttribute("height", n * rowH + 20);
+const NS = "http://www.w3.org/2000/svg";
+function matrix() {
+  const l = +layerSel.value, hs = headSel.value === "all" ? [...Array(H).keys()] : [+headSel.value];
+  const m = [];
+  for (let i = 0; i < n; i++) { m.push(new Array(n).fill(0));
+    for (const h of hs) for (let j = 0; j < n; j++) m[i][j] += att[l][h][i][j] / hs.length; }
+  return m;
+}
+function draw(focus) {
+  while (svg.firstChild) svg.removeChild(svg.firstChild);
+  const m = matrix();
+  for (let i = 0; i < n; i++) for (let j = 0; j < n; j++) {
+    if (focus !== null && focus !== i) continue;
+    const w = m[i][j]; if (w < 0.01) continue;
+    const line = document.createElementNS(NS, "line");
+    line.setAttribute("x1", 130); line.setAttribute("y1", 14 + i * rowH);
+    line.setAttribute("x2", width - 130); line.setAttribute("y2", 14 + j * rowH);
+    line.setAttribute("stroke", "rgb(31,119,180)"); line.setAttribute("stroke-opacity", w);
+    line.setAttribute("stroke-width", 1 + 3 * w); svg.appendChild(line);
+  }
+  for (const [side, x, anchor] of [["left", 125, "end"], ["right", width - 125, "start"]])
+    tokens.forEach((t, i) => {
+      const el = document.createElementNS(NS, "text");
+      el.setAttribute("x", x); el.setAttribute("y", 18 + i * rowH);
+      el.setAttribute("text-anchor", anchor); el.textContent = t;
+      if (focus !== null && focus !== i && side === "left") el.setAttribute("class", "dim");
+      if (side === "left") { el.addEventListener("mouseenter", () => draw(i));
+                             el.addEventListener("mouseleave", () => draw(null)); }
+      svg.appendChild(el);
+    });
+}
+layerSel.onchange = headSel.onchange = () => draw(null);
+draw(null);
+</script></body></html>
+"""
+
+
+def write_html(path: Path, tokens: list[str], probs: np.ndarray, layer: int, head: int | None,
+               title: str) -> None:  # fmt: skip
+    _select(probs, layer, head)  # validates layer and head
+    data = {"tokens": tokens, "attention": np.round(probs, 4).tolist(),
+            "layer": layer % probs.shape[0], "head": head}  # fmt: skip
+    payload = json.dumps(data).replace("</", "<\\/")  # nothing in the data can close the script
+    page = PAGE.replace("__TITLE__", html.escape(title[:80])).replace("__DATA__", payload)
+    write_text(path, page)
+
+
+def render(model_dir: str, text: str, out: str, *, pair: str | None = None, layer: int = -1,
+           head: int | None = None) -> Path:  # fmt: skip
+    """Write the view (.html or .png by the suffix of `out`)."""
+    path = Path(out)
+    if path.suffix.lower() not in (".html", ".png"):
+        raise ConfigError(f"{out}: the output must end in .html or .png")
+    tokens, probs = attention_maps(model_dir, text, pair)
+    if path.suffix.lower() == ".png":
+        write_png(path, tokens, probs, layer, head)
+    else:
+        write_html(path, tokens, probs, layer, head, text)
+    return path
