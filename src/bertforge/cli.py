@@ -316,6 +316,49 @@ def cmd_attention(args: argparse.Namespace) -> None:
     print(f"wrote {path}")
 
 
+def cmd_probe(args: argparse.Namespace) -> None:
+    from .probe import DEFAULT_CHOICES, probe
+    from .tokenizer import Tokenizer
+    from .train.distributed import Dist
+    from .train.finetune import FinetuneConfig, make_task
+
+    options = {k: v for k, v in _task_options(args).items() if k != "max_seq_length"}
+    cfg = FinetuneConfig(model=args.model, task=args.task, train=args.train, out="", **options)
+    if cfg.task not in (
+        "csv",
+        "sst2",
+        "cola",
+        "mrpc",
+        "stsb",
+        "rte",
+        "qnli",
+        "wnli",
+        "mnli",
+        "qqp",
+    ):
+        raise DataError(f"--task {cfg.task}: probe takes sentence tasks (GLUE or csv)")
+    task = make_task(cfg, Dist(), Tokenizer.from_pretrained(args.model))
+    if task.spec.is_pair:
+        raise DataError(f"--task {cfg.task}: probe takes single-sentence tasks")
+    train = task.read(args.train)[: args.max_train] if args.max_train else task.read(args.train)
+    dev = task.read(args.dev)
+    choices = args.layers.split(";") if args.layers else DEFAULT_CHOICES
+    rows = probe(args.model, ([e.text for e in train], [e.label for e in train]),
+                 ([e.text for e in dev], [e.label for e in dev]), choices,
+                 pooling=args.pooling, precision=args.precision)  # fmt: skip
+    print(f"{len(train):,} training and {len(dev):,} dev sentences; frozen features "
+          f"({args.pooling} pooling) in {rows[0]['feature_seconds']:.0f} s")  # fmt: skip
+    print(f"{'layers':<22} {'dim':>6}  dev accuracy")
+    for r in rows:
+        print(f"{r['layers']:<22} {r['dim']:>6}  {r['dev_accuracy']:.4f}")
+    best = max(rows, key=lambda r: r["dev_accuracy"])
+    print(f"best: {best['layers']} ({best['dev_accuracy']:.4f})")
+    if args.json:
+        from .fileio import write_json
+
+        write_json(args.json, rows)
+
+
 def cmd_plot(args: argparse.Namespace) -> None:
     from .train.plot import plot_run
 
@@ -548,6 +591,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="view.html or view.png")
     p.set_defaults(func=cmd_attention)
 
+    p = sub.add_parser("probe", help="logistic regression on frozen features, per layer choice")
+    p.add_argument("--model", required=True)
+    p.add_argument("--task", default="sst2", help="a single-sentence GLUE task, or csv")
+    p.add_argument("--train", required=True)
+    p.add_argument("--dev", required=True)
+    p.add_argument("--layers", help='choices separated by ";" e.g. "-1;-2;concat:-1,-2,-3,-4"')
+    p.add_argument("--pooling", choices=("mean", "cls"), default="mean")
+    p.add_argument("--max-train", type=int, help="use the first N training sentences")
+    p.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto")
+    p.add_argument("--json", help="also write the table as JSON here")
+    _feature_arguments(p)
+    p.set_defaults(func=cmd_probe)
+
     p = sub.add_parser("plot", help="training curves of a run as a PNG")
     p.add_argument("run", help="run directory (with metrics.jsonl)")
     p.add_argument("--out", help="PNG file (default RUN/curves.png)")
@@ -598,16 +654,12 @@ def _feature_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _join_layer_lists(argv: list[str]) -> list[str]:
-    """`--layers -1,-2` as `--layers=-1,-2`: argparse reads "-1,-2" as an option (only a
-    plain "-1" looks like a negative number to it)."""
+    """`--layers -1,-2` (or `-1;-2`) as `--layers=-1,-2`: argparse reads "-1,-2" as an option
+    (only a plain "-1" looks like a negative number to it)."""
     out: list[str] = []
     i = 0
     while i < len(argv):
-        if (
-            argv[i] == "--layers"
-            and i + 1 < len(argv)
-            and re.fullmatch(r"-?\d+(,-?\d+)*", argv[i + 1])
-        ):
+        if argv[i] == "--layers" and i + 1 < len(argv) and re.match(r"-\d", argv[i + 1]):
             out.append(f"--layers={argv[i + 1]}")
             i += 2
         else:

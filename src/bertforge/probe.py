@@ -1,0 +1,99 @@
+"""`bertforge probe`: the paper's feature-based approach (section 5.3, Table 7) on a sentence task.
+
+The encoder stays frozen: every layer's hidden states are pooled per sentence (mean over real
+tokens, or [CLS]) once, and a scikit-learn logistic regression is fitted on the training
+features of each layer choice and scored on the dev set. Layer choices (the paper's):
+
+    0                   the embeddings
+    -1, -2, ...         one layer (-1: the last)
+    sum:-1,-2,-3,-4     the sum of several layers (pooled vectors summed)
+    concat:-1,-2,-3,-4  their concatenation
+    sum:all             every layer's sum
+
+Which layer is best says how far up the network a task's information lives.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from .errors import ConfigError
+from .model import BertModel
+from .pipelines import Pipeline
+
+DEFAULT_CHOICES = ("0", "-1", "-2", "-3", "-4", "sum:-1,-2,-3,-4", "concat:-1,-2,-3,-4", "sum:all")
+
+
+def pooled_layers(pipe: Pipeline, texts: Sequence[str], pooling: str = "mean") -> np.ndarray:
+    """(N, L + 1, H): every layer's hidden states (0 = embeddings) pooled per text."""
+    if pooling not in ("mean", "cls"):
+        raise ConfigError(f"pooling={pooling!r}: must be mean or cls")
+    model = pipe.model(BertModel)
+
+    def fn(b: dict[str, torch.Tensor]) -> np.ndarray:
+        out = model(b["input_ids"], b["token_type_ids"], b["attention_mask"],
+                    output_hidden_states=True)  # fmt: skip
+        h = torch.stack(out.hidden_states, 1).float()  # (B, L+1, T, H)
+        if pooling == "cls":
+            return h[:, :, 0].cpu().numpy()
+        m = b["attention_mask"][:, None, :, None].to(h.dtype)  # (B, 1, T, 1)
+        return ((h * m).sum(2) / m.sum(2)).cpu().numpy()
+
+    return np.stack(pipe.run(pipe.encode(list(texts)), fn))
+
+
+def combine(features: np.ndarray, choice: str) -> np.ndarray:
+    """(N, L + 1, H) -> (N, D) for one layer choice (see the module docstring)."""
+    n_layers = features.shape[1]
+    how, _, spec = choice.partition(":") if ":" in choice else ("one", "", choice)
+    if how not in ("one", "sum", "concat"):
+        raise ConfigError(f"layer choice {choice!r}: use N, sum:N,M,... or concat:N,M,...")
+    try:
+        layers = list(range(n_layers)) if spec == "all" else [int(x) for x in spec.split(",")]
+    except ValueError:
+        raise ConfigError(f"layer choice {choice!r}: layers are integers") from None
+    for k in layers:
+        if not -n_layers <= k < n_layers:
+            raise ConfigError(
+                f"layer choice {choice!r}: layer {k} is not in -{n_layers}..{n_layers - 1}"
+            )
+    picked = features[:, layers]  # (N, k, H)
+    if how == "concat":
+        return picked.reshape(len(features), -1)
+    return picked.sum(1) if how == "sum" or len(layers) > 1 else picked[:, 0]
+
+
+def probe(
+    model: str,
+    train: tuple[list[str], list[Any]],
+    dev: tuple[list[str], list[Any]],
+    choices: Sequence[str] = DEFAULT_CHOICES,
+    pooling: str = "mean",
+    c: float = 1.0,
+    **pipeline_options: Any,
+) -> list[dict[str, Any]]:
+    """Dev accuracy of a logistic regression on each layer choice of frozen features."""
+    try:
+        from sklearn.linear_model import LogisticRegression
+        from sklearn.preprocessing import StandardScaler
+    except ImportError:
+        raise ConfigError("bertforge probe needs scikit-learn: pip install scikit-learn") from None
+    pipe = Pipeline(model, **pipeline_options)
+    start = time.perf_counter()
+    x_train = pooled_layers(pipe, train[0], pooling)
+    x_dev = pooled_layers(pipe, dev[0], pooling)
+    seconds = time.perf_counter() - start
+    rows = []
+    for choice in choices:
+        a, b = combine(x_train, choice), combine(x_dev, choice)
+        scaler = StandardScaler().fit(a)
+        clf = LogisticRegression(C=c, max_iter=2000).fit(scaler.transform(a), train[1])
+        acc = float((clf.predict(scaler.transform(b)) == np.asarray(dev[1])).mean())
+        rows.append({"layers": choice, "dim": a.shape[1], "dev_accuracy": acc})
+    rows[0]["feature_seconds"] = seconds
+    return rows
