@@ -72,9 +72,15 @@ def _write_table(path: Path, rows: list[tuple[str, str]]) -> None:
 
 
 def run_demo(
-    out: Path, seed: int = 0, steps: int = 600, vocab_size: int = 8000, progress: bool = True
+    out: Path,
+    seed: int = 0,
+    steps: int = 600,
+    vocab_size: int = 8000,
+    progress: bool = True,
+    sentences: int = 4000,
+    epochs: float = 3.0,
 ) -> dict[str, Any]:
-    """Run the demo into `out`; returns its numbers (for tests)."""
+    """Run the demo into `out`; returns its numbers (for tests, which make it small)."""
     from .train.finetune import FinetuneConfig
     from .train.finetune import run as finetune
     from .train.pretrain import PretrainConfig
@@ -137,21 +143,20 @@ def run_demo(
         return found[:limit]
 
     # Held-out sentences come from documents pre-training never saw.
-    train_sentences = sentences_of(corpus_docs, 4000)
-    dev_sentences = sentences_of(task_docs, 1000)
+    train_sentences = sentences_of(corpus_docs, sentences)
+    dev_sentences = sentences_of(task_docs, max(50, sentences // 4))
     data = out / "acceptability"
     data.mkdir(exist_ok=True)
     _write_table(data / "train.tsv", acceptability_rows(train_sentences, rng))
     _write_table(data / "dev.tsv", acceptability_rows(dev_sentences, rng))
     n_dev = len(dev_sentences)
-    sentences = train_sentences + dev_sentences
-    print(f"{len(sentences) - n_dev:,} training and {n_dev:,} held-out sentences -> {data}")
+    print(f"{len(train_sentences):,} training and {n_dev:,} held-out sentences -> {data}")
     classifier = out / "classifier"
     best = finetune(
         FinetuneConfig(
             model=str(run_dir), task="csv", train=str(data / "train.tsv"),
             dev=str(data / "dev.tsv"), out=str(classifier), text_column="sentence",
-            label_column="label", epochs=3, lr=2e-4, batch_size=32, seed=seed, max_seq_length=64,
+            label_column="label", epochs=epochs, lr=2e-4, batch_size=32, seed=seed, max_seq_length=64,
             progress=progress,
         )
     )  # fmt: skip
