@@ -293,7 +293,9 @@ def test_minilm_learns_ner_and_writes_conll_columns(tmp_path: Path, minilm_dir: 
     assert set(model.config.label2id) == {"O", "B-PER", "I-PER", "B-LOC"}
     rows = [x.split() for x in (out / "predictions_conll.txt").read_text().splitlines()]
     words = [r for r in rows if r]
-    assert len(words) == sum(len(s) for s in read_conll(dev)) and all(len(r) == 3 for r in words)
+    assert len(words) == sum(len(s.tokens) for s in read_conll(dev)) and all(
+        len(r) == 3 for r in words
+    )
     # predict on tokens alone (one per line): the same tags as the evaluation's
     tokens_only = tmp_path / "tokens.txt"
     tokens_only.write_text("\n".join(r[0] if r else "" for r in rows) + "\n")
