@@ -38,10 +38,10 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bertforge.data.tasks import split_train_test
 from bertforge.tokenizer import Tokenizer
 from bertforge.train import distributed
 from bertforge.train.finetune import FinetuneConfig, collate, evaluate_model, make_task, run
+from bertforge.train.finetune.run import load_data
 from bertforge.train.loop import autocast
 from common import RESULTS, machine, table, write_results
 
@@ -103,15 +103,8 @@ def reference_run(
 
     tok = Tokenizer.from_pretrained(model_dir)
     task = make_task(cfg, distributed.Dist(), tok)
-    train_examples = task.read(cfg.train)
-    dev_examples = None
-    if cfg.dev_split:
-        train_examples, dev_examples = split_train_test(train_examples, cfg.dev_split)
-    task.set_labels(train_examples)
-    if cfg.dev:
-        dev_examples = task.read(cfg.dev)
-    train = task.featurize(train_examples, training=True)
-    dev = task.featurize(dev_examples)
+    _, dev_examples = load_data(task, cfg)  # the very features our run trains on
+    train, (_, dev) = task.train, task.dev
     test_examples = task.read(test) if test else None
     test_features = task.featurize(test_examples) if test_examples else None
 

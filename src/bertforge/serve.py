@@ -27,6 +27,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from .model import BertModel
 from .pipelines import Pipeline
 
 HEADS = {
@@ -209,7 +210,7 @@ def create_app(model: str | Path, limits: Limits | None = None, **pipeline_optio
 
     @app.get("/metadata")
     async def metadata() -> dict[str, Any]:
-        m = pipe.model(_encoder_class())
+        m = pipe.model(BertModel)
         return {"model": str(model), "endpoints": endpoints, "config": m.config.to_dict(),
                 "precision": pipe.precision, "device": str(pipe.device),
                 "limits": limits.__dict__}  # fmt: skip
@@ -263,12 +264,6 @@ def create_app(model: str | Path, limits: Limits | None = None, **pipeline_optio
         return {"results": await b.submit(list(zip(req.questions, req.contexts)), {})}
 
     return app
-
-
-def _encoder_class() -> type:
-    from .model import BertModel
-
-    return BertModel
 
 
 def serve(model: str, host: str = "127.0.0.1", port: int = 8000, **options: Any) -> None:

@@ -129,6 +129,7 @@ class FinetuneTask:
         self.precision = resolve_precision(cfg.precision, d.device)
         self.train: Features | None = None
         self.dev: tuple[Any, Features] | None = None  # (examples, features)
+        self.dev_predictions: Any = None  # of the last `evaluate`, for the predictions file
 
     # -- the loop's Task protocol --------------------------------------------------------------
 
@@ -174,7 +175,8 @@ class FinetuneTask:
     def evaluate(self, model: nn.Module) -> dict[str, float]:
         if self.dev is None:
             return {}
-        return self.evaluate_examples(model, *self.dev)[0]
+        metrics, self.dev_predictions = self.evaluate_examples(model, *self.dev)
+        return metrics
 
     # -- for the subclasses ------------------------------------------------------------------
 

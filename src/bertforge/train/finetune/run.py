@@ -110,6 +110,24 @@ def make_task(cfg: FinetuneConfig, d: distributed.Dist, tok: Tokenizer) -> Any:
     return FAMILIES[cfg.task](cfg, d, tok)  # type: ignore[call-arg]
 
 
+def load_data(task: Any, cfg: FinetuneConfig) -> tuple[list[Any], list[Any] | None]:
+    """Read the train file (and the dev file, or the --dev-split part of train), settle the
+    label set, and set task.train / task.dev features; returns (train, dev) examples."""
+    train_examples = task.read(cfg.train)
+    if len(train_examples) == 0:
+        raise DataError(f"{cfg.train}: no examples")
+    dev_examples = None
+    if cfg.dev_split:
+        train_examples, dev_examples = split_train_test(train_examples, cfg.dev_split)
+    task.set_labels(train_examples)
+    if cfg.dev:
+        dev_examples = task.read(cfg.dev)
+    task.train = task.featurize(train_examples, training=True)
+    if dev_examples:
+        task.dev = (dev_examples, task.featurize(dev_examples))
+    return train_examples, dev_examples
+
+
 def run(cfg: FinetuneConfig) -> dict[str, Any]:
     """Fine-tune cfg.model on cfg.task into cfg.out; returns the best dev metrics."""
     d = distributed.init(cfg.device)
@@ -142,18 +160,7 @@ def _run(cfg: FinetuneConfig, d: distributed.Dist) -> dict[str, Any]:
             return saved.get("best", {})
     tok = Tokenizer.from_pretrained(cfg.model)
     task = make_task(cfg, d, tok)
-    train_examples = task.read(cfg.train)
-    if len(train_examples) == 0:
-        raise DataError(f"{cfg.train}: no examples")
-    dev_examples = None
-    if cfg.dev_split:
-        train_examples, dev_examples = split_train_test(train_examples, cfg.dev_split)
-    task.set_labels(train_examples)
-    if cfg.dev:
-        dev_examples = task.read(cfg.dev)
-    task.train = task.featurize(train_examples, training=True)
-    if dev_examples:
-        task.dev = (dev_examples, task.featurize(dev_examples))
+    train_examples, dev_examples = load_data(task, cfg)
 
     torch.manual_seed(cfg.seed)
     model = task.head.from_pretrained(cfg.model, **task.head_kwargs())
@@ -175,12 +182,7 @@ def _run(cfg: FinetuneConfig, d: distributed.Dist) -> dict[str, Any]:
         best.update(metrics, step=step, epoch=round(step / task.steps_per_epoch, 2))
         model.save_pretrained(out)
         tok.save_pretrained(out)
-        with torch.no_grad(), autocast(task.precision, d.device):
-            was_training = model.training
-            model.eval()
-            _, preds = task.evaluate_examples(model, *task.dev)
-            model.train(was_training)
-        task.write_predictions(out, task.dev[0], preds)
+        task.write_predictions(out, task.dev[0], task.dev_predictions)  # of this evaluation
         write_json(out / "eval_results.json", {"task": cfg.task, **best})
 
     if d.is_main:
