@@ -227,9 +227,14 @@ def _old(row: dict[str, Any], key: str) -> Any:
 
 def _save(out: Path, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     summary = []
-    for name in dict.fromkeys(r.get("name", r.get("task")) for r in rows):
-        mine = [r for r in rows if r.get("name", r.get("task")) == name]
-        entry = {"task": name, "seeds": len(mine), "metric": mine[0]["metric"],
+    # One line per task and setting: runs at another lr / batch size / epochs are not averaged
+    # with the task's default runs.
+    settings = ("name", "epochs", "lr", "batch_size")
+    for setting in dict.fromkeys(tuple(r.get(k, _old(r, k)) for k in settings) for r in rows):
+        name, epochs, lr, batch_size = setting
+        mine = [r for r in rows if tuple(r.get(k, _old(r, k)) for k in settings) == setting]
+        entry = {"task": name, "epochs": epochs, "lr": lr, "batch_size": batch_size,
+                 "seeds": len(mine), "metric": mine[0]["metric"],
                  "ours_mean": statistics.mean(r["ours"] for r in mine)}  # fmt: skip
         if all("transformers" in r for r in mine):
             entry["transformers_mean"] = statistics.mean(r["transformers"] for r in mine)
@@ -238,12 +243,14 @@ def _save(out: Path, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         summary.append(entry)
     write_results("finetune_vs_transformers", {"machine": machine(), "runs": rows,
                   "summary": summary}, str(out))  # fmt: skip
-    lines = ["| task | metric | seeds | ours | transformers | ours - transformers | floor | "
-             "time per epoch, ours / transformers |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = ["| task | epochs | lr | batch | metric | seeds | ours | transformers | "
+             "ours - transformers | floor | time per epoch, ours / transformers |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for e in summary:
         ref = e.get("transformers_mean")
         lines.append(
-            f"| {e['task']} | {e['metric']} | {e['seeds']} | {100 * e['ours_mean']:.1f} | "
+            f"| {e['task']} | {e['epochs']:g} | {e['lr']:g} | {e['batch_size']} | "
+            f"{e['metric']} | {e['seeds']} | {100 * e['ours_mean']:.1f} | "
             + (
                 f"{100 * ref:.1f} | {100 * e['difference']:+.1f} | "
                 if ref is not None
@@ -252,6 +259,13 @@ def _save(out: Path, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             + f"{FLOORS.get(e['task'], '-')} | "
             + (f"{e['time_ratio']:.2f} |" if "time_ratio" in e else "- |")
         )
+    lines += ["", "all-MiniLM-L6-v2 with a fresh head; this machine: " + str(machine().get("cpu"))
+              + f", torch {torch.__version__}; bf16 autocast for both where the CPU supports it. "
+              "Ours: `bertforge.train.finetune.run`; transformers: `BertFor...` + AdamW on the "
+              "same features, same seeds. Each figure is the mean over the seeds of the best "
+              "dev epoch's metric (CoNLL: the test entity F1 of the best-dev model; SQuAD: dev "
+              "F1, the other SQuAD metrics are in the .json); time: wall-clock seconds per "
+              "epoch with the dev evaluation, mean of the per-seed ratios."]  # fmt: skip
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     return summary
 

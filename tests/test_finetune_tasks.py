@@ -15,6 +15,7 @@ from bertforge import Tokenizer
 from bertforge.cli import main
 from bertforge.data.tasks import SquadExample, TaggedSentence, read_conll
 from bertforge.heads import BertForQuestionAnswering, BertForTokenClassification
+from bertforge.pipelines import Pipeline
 from bertforge.train.finetune import Features, FinetuneConfig, evaluate_model, predict, run
 from bertforge.train.finetune.squad import (
     Window,
@@ -302,6 +303,12 @@ def test_minilm_learns_ner_and_writes_conll_columns(tmp_path: Path, minilm_dir: 
     (path,) = predict(str(out), "conll2003", str(tokens_only), str(tmp_path / "pred"))
     predicted = [x.split() for x in path.read_text().splitlines() if x.strip()]
     assert [p[1] for p in predicted] == [r[2] for r in words]
+    # the ner pipeline on raw text: entities merged over pieces, with character offsets
+    text = "Farouk Smithson went to Tbilisi on Monday"
+    (entities,) = Pipeline(out, precision="fp32").ner([text])
+    assert [(e["entity"], e["text"]) for e in entities] == [("PER", "Farouk Smithson"),
+                                                          ("LOC", "Tbilisi")]  # fmt: skip
+    assert all(text[e["start"] : e["end"]] == e["text"] for e in entities)
 
 
 SWAG_HEADER = (

@@ -220,3 +220,74 @@ def test_int8_embeddings_stay_close_to_fp32(minilm_dir: Path) -> None:
     assert cos.min() > 0.95 and not np.allclose(fp32, int8, atol=1e-4)  # quantised, and close
     with pytest.raises(ConfigError, match="quantize"):
         Pipeline(minilm_dir, quantize="int4")
+
+
+# ------------------------------------------------------------------------------------------------
+# The task pipelines on models fine-tuned by bertforge (MiniLM, small synthetic tasks it learns)
+
+PEOPLE = ["Alice", "Bob", "Carol", "Dmitri", "Esther", "Farouk", "Gwendolyn", "Hiroshi"]
+PLACES = ["Paris", "Lagos", "Osaka", "Lima", "Quebec", "Tbilisi", "Adelaide", "Bergen"]
+JOBS = ["baker", "pilot", "nurse", "lawyer", "farmer", "painter", "teacher", "chemist"]
+
+
+def test_qa_pipeline_on_a_model_fine_tuned_by_bertforge(tmp_path: Path, minilm_dir: Path) -> None:
+    from bertforge.train.finetune import FinetuneConfig, run
+
+    rng = np.random.default_rng(0)
+    paragraphs = []
+    for i in range(120):
+        who, where, job = (str(rng.choice(x)) for x in (PEOPLE, PLACES, JOBS))
+        context = f"{who} lives in {where} and works as a {job}."
+        question, answer = (
+            (f"Where does {who} live?", where) if i % 2 else (f"What does {who} work as?", job)
+        )
+        paragraphs.append({"context": context, "qas": [{"id": str(i), "question": question,
+                           "answers": [{"text": answer, "answer_start": context.index(answer)}]}]})  # fmt: skip
+    data = tmp_path / "train.json"
+    data.write_text(
+        json.dumps({"version": "1.1", "data": [{"title": "t", "paragraphs": paragraphs}]})
+    )
+    out = tmp_path / "qa"
+    best = run(FinetuneConfig(model=str(minilm_dir), task="squad", train=str(data), dev=str(data),
+                              out=str(out), epochs=5, batch_size=16, lr=2e-4, max_seq_length=64,
+                              progress=False))  # fmt: skip
+    assert best["exact_match"] >= 90
+    # new people, places and jobs in new sentences; the answer's characters in the context
+    contexts = ["Ingrid lives in Nairobi and works as a dentist.",
+                "Last spring Ingrid moved; she lives in Nairobi and works as a dentist."]  # fmt: skip
+    got = Pipeline(out, precision="fp32").qa(
+        ["Where does Ingrid live?", "What does Ingrid work as?"], contexts
+    )
+    assert [g["answer"] for g in got] == ["Nairobi", "dentist"]
+    for g, c in zip(got, contexts):
+        assert c[g["start"] : g["end"]] == g["answer"] and 0.5 < g["score"] <= 1.0
+
+
+def test_classify_pipeline_on_a_model_fine_tuned_by_bertforge(
+    tmp_path: Path, minilm_dir: Path
+) -> None:
+    from bertforge.train.finetune import FinetuneConfig, run
+
+    rng = np.random.default_rng(0)
+    good = ["loved", "enjoyed", "adored", "admired"]
+    bad = ["hated", "loathed", "detested", "despised"]
+    rows = ["text\tlabel"]
+    for i in range(160):
+        label = "pos" if i % 2 else "neg"
+        verb = str(rng.choice(good if label == "pos" else bad))
+        rows.append(
+            f"{rng.choice(PEOPLE)} {verb} the {rng.choice(JOBS)} from {rng.choice(PLACES)}.\t{label}"
+        )
+    table = tmp_path / "train.tsv"
+    table.write_text("\n".join(rows) + "\n")
+    out = tmp_path / "cls"
+    best = run(FinetuneConfig(model=str(minilm_dir), task="csv", train=str(table), dev=str(table),
+                              out=str(out), epochs=3, batch_size=16, lr=2e-4, max_seq_length=32,
+                              progress=False))  # fmt: skip
+    assert best["accuracy"] >= 0.95
+    got = Pipeline(out, precision="fp32").classify(
+        ["Ingrid adored the dentist from Nairobi.", "Ingrid despised the dentist from Nairobi."]
+    )
+    assert [g["label"] for g in got] == ["pos", "neg"]
+    for g in got:
+        assert set(g["scores"]) == {"neg", "pos"} and g["score"] == max(g["scores"].values()) > 0.5

@@ -601,7 +601,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-train", type=int, help="use the first N training sentences")
     p.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto")
     p.add_argument("--json", help="also write the table as JSON here")
-    _feature_arguments(p)
+    _feature_arguments(p, sentences_only=True)
     p.set_defaults(func=cmd_probe)
 
     p = sub.add_parser("plot", help="training curves of a run as a PNG")
@@ -622,7 +622,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _feature_arguments(p: argparse.ArgumentParser) -> None:
+def _feature_arguments(p: argparse.ArgumentParser, sentences_only: bool = False) -> None:
+    """Column and length settings of the task readers (probe: sentence tasks only)."""
     p.add_argument(
         "--max-seq-length", type=int, default=None, help="pieces per row (384 SQuAD, else 128)"
     )
@@ -638,6 +639,8 @@ def _feature_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--labels", help="comma-separated label (csv) or tag (conll2003) set (default: train's)"
     )
+    if sentences_only:
+        return
     g = p.add_argument_group("--task conll2003")
     g.add_argument("--tag-column", type=int, default=-1, help="tag column (default -1: the last)")
     g = p.add_argument_group("--task squad / squad2")

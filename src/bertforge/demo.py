@@ -148,7 +148,8 @@ def run_demo(
     data = out / "acceptability"
     data.mkdir(exist_ok=True)
     _write_table(data / "train.tsv", acceptability_rows(train_sentences, rng))
-    _write_table(data / "dev.tsv", acceptability_rows(dev_sentences, rng))
+    dev_rows = acceptability_rows(dev_sentences, rng)
+    _write_table(data / "dev.tsv", dev_rows)
     n_dev = len(dev_sentences)
     print(f"{len(train_sentences):,} training and {n_dev:,} held-out sentences -> {data}")
     classifier = out / "classifier"
@@ -162,10 +163,17 @@ def run_demo(
     )  # fmt: skip
     print(f"held-out accuracy {best['accuracy']:.1%} (chance 50%)")
 
-    _say("7. use it  (bertforge classify)")
-    tries = ["the file is opened in binary mode.", "mode binary opened the in is file."]
-    for text, r in zip(tries, Pipeline(classifier).classify(tries)):
-        print(f"  {text:<40} -> {r['label']} ({r['score']:.2f})")
+    _say("7. use it on held-out sentences  (bertforge classify)")
+    # The first two real and two shuffled rows of the held-out set, right or wrong.
+    shown = [r for r in dev_rows if r[1] == "real"][:2] + [
+        r for r in dev_rows if r[1] == "shuffled"
+    ][:2]
+    texts = [t if len(t) <= 60 else t[:57] + "..." for t, _ in shown]
+    for text, (_, gold), r in zip(
+        texts, shown, Pipeline(classifier).classify([t for t, _ in shown])
+    ):
+        mark = "right" if r["label"] == gold else "wrong"
+        print(f"  {text:<60} -> {r['label']:<8} ({r['score']:.2f}; {mark}, it is {gold})")
 
     elapsed = time.time() - t0
     print(f"\ndone in {elapsed:.0f} s; everything is in {out}. Go further with real data:")

@@ -1,18 +1,61 @@
-"""Atomic file writes: write to a temporary file beside the target, then rename over it.
+"""Files in and out: checked UTF-8 line reading, and atomic writes.
 
-A crash (or Ctrl-C) mid-write leaves the previous file intact and never a half-written one,
+Reading: the text readers of corpora, task tables and CoNLL files go through
+`text_lines`, so a file that is not UTF-8 or not text fails the same way everywhere, naming
+the file, line and byte. Writing: write to a temporary file beside the target, then rename over
+it; a crash (or Ctrl-C) mid-write leaves the previous file intact and never a half-written one,
 because `os.replace` within one directory is atomic on POSIX and Windows.
 """
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import json
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+from .errors import DataError
+
+
+def text_lines(
+    path: str | os.PathLike[str],
+    encoding_errors: str = "strict",
+    on_bytes: Callable[[int], object] | None = None,
+    hint: str = "",
+) -> Iterator[tuple[int, str]]:
+    """(1-based line number, line with its ending) of a UTF-8 file; a leading BOM is dropped.
+
+    Lines are split on "\\n" only: a stray "\\r", "\\x0b" or U+2028 inside a text stays in
+    the text (str.splitlines would split there). A byte that is not UTF-8 is an error naming
+    file, line and byte (`hint` is added to it), unless encoding_errors="replace" or "ignore";
+    a NUL byte is an error (a binary file). on_bytes(n) gets the size of each line read.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: file not found")
+    with open(path, "rb") as f:
+        if b"\x00" in f.read(8192):
+            raise DataError(f"{path}: looks like a binary file (NUL bytes), expected UTF-8 text")
+        f.seek(0)
+        for lineno, raw in enumerate(f, start=1):
+            if on_bytes is not None:
+                on_bytes(len(raw))
+            if lineno == 1 and raw.startswith(codecs.BOM_UTF8):
+                raw = raw[len(codecs.BOM_UTF8) :]
+            try:
+                line = raw.decode("utf-8", errors=encoding_errors)
+            except UnicodeDecodeError as e:
+                raise DataError(
+                    f"{path}: line {lineno}: byte {e.start} ({raw[e.start : e.start + 1]!r}) is "
+                    f"not UTF-8; convert the file to UTF-8{hint}"
+                ) from None
+            if "\x00" in line:
+                raise DataError(f"{path}: line {lineno}: NUL byte (a binary file?), expected text")
+            yield lineno, line
 
 
 @contextlib.contextmanager

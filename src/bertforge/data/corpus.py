@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import DataError
+from ..fileio import text_lines
 
 FORMATS = ("auto", "lines", "paragraphs", "wiki", "jsonl")
 _TERMINAL = re.compile(r"[.!?:;\"'”’)\]]\s*$")
@@ -61,31 +62,15 @@ def expand_inputs(items: Sequence[str | os.PathLike[str]]) -> list[Path]:
 def read_lines(
     path: Path, encoding_errors: str = "strict", on_bytes: Callable[[int], object] | None = None
 ) -> Iterator[tuple[int, str]]:
-    """(line number, text without the line ending) of a UTF-8 file.
+    """(line number, text without the line ending) of a UTF-8 file (fileio.text_lines).
 
     A byte that is not UTF-8 is an error naming file, line and byte, unless
     encoding_errors="replace" (U+FFFD, which the tokenizer drops) or "ignore".
     on_bytes(n) is called with the size of each line read (for progress bars).
     """
-    if not path.is_file():
-        raise DataError(f"{path}: file not found")
-    with open(path, "rb") as f:
-        head = f.read(8192)
-        if b"\x00" in head:
-            raise DataError(f"{path}: looks like a binary file (NUL bytes), expected UTF-8 text")
-        f.seek(0)
-        for lineno, raw in enumerate(f, start=1):
-            if on_bytes is not None:
-                on_bytes(len(raw))
-            try:
-                line = raw.decode("utf-8", errors=encoding_errors)
-            except UnicodeDecodeError as e:
-                raise DataError(
-                    f"{path}: line {lineno}: byte {e.start} ({raw[e.start : e.start + 1]!r}) is "
-                    "not UTF-8; convert the file to UTF-8, or pass encoding_errors='replace' "
-                    "(CLI: --encoding-errors replace)"
-                ) from None
-            yield lineno, line.rstrip("\r\n")
+    hint = ", or pass encoding_errors='replace' (CLI: --encoding-errors replace)"
+    for lineno, line in text_lines(path, encoding_errors, on_bytes, hint):
+        yield lineno, line.rstrip("\r\n")
 
 
 def split_sentences(paragraph: str, language: str = "en") -> list[str]:

@@ -17,7 +17,6 @@ not UTF-8 is an error naming file, line and byte.
 
 from __future__ import annotations
 
-import codecs
 import csv
 import itertools
 import json
@@ -31,6 +30,7 @@ from typing import TypeVar
 import numpy as np
 
 from ...errors import DataError, InputError
+from ...fileio import text_lines
 
 Column = str | int  # a header name, or a 0-based field index
 T = TypeVar("T")
@@ -56,28 +56,8 @@ class Example:
 
 
 def iter_lines(path: str | os.PathLike[str]) -> Iterator[tuple[int, str]]:
-    """(1-based line number, line with its ending) of a UTF-8 file; a leading BOM is dropped.
-
-    Lines are split on "\\n" only: a stray "\\r", "\\x0b" or U+2028 inside a text stays in
-    the text instead of starting a new row (str.splitlines would split there).
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(f"{path}: file not found")
-    with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, start=1):
-            if lineno == 1 and raw.startswith(codecs.BOM_UTF8):
-                raw = raw[len(codecs.BOM_UTF8) :]
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise DataError(
-                    f"{path}: line {lineno}: byte {e.start} ({raw[e.start : e.start + 1]!r}) is "
-                    "not UTF-8; convert the file to UTF-8"
-                ) from None
-            if "\x00" in line:
-                raise DataError(f"{path}: line {lineno}: NUL byte (a binary file?), expected text")
-            yield lineno, line
+    """(1-based line number, line with its ending) of a UTF-8 table (fileio.text_lines)."""
+    return text_lines(path)
 
 
 def iter_rows(
