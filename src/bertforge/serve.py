@@ -151,12 +151,7 @@ def create_app(model: str | Path, limits: Limits | None = None, **pipeline_optio
     """The FastAPI application serving `model`."""
     from fastapi import FastAPI, Request
     from fastapi.exceptions import RequestValidationError
-    from fastapi.responses import JSONResponse, Response
-
-    def answer(body: dict[str, Any]) -> Response:
-        # Serialised here, once: FastAPI's own path walks every float through jsonable_encoder,
-        # which costs more than the model call for a batch of embeddings.
-        return Response(json.dumps(body, separators=(",", ":")), media_type="application/json")
+    from fastapi.responses import JSONResponse
 
     limits = limits or Limits()
     pipe = Pipeline(model, batch_size=limits.max_batch, **pipeline_options)
@@ -221,14 +216,14 @@ def create_app(model: str | Path, limits: Limits | None = None, **pipeline_optio
                 "limits": limits.__dict__}  # fmt: skip
 
     @app.post("/embed")
-    async def embed(req: EmbedRequest) -> Response:
+    async def embed(req: EmbedRequest) -> dict[str, Any]:
         check(req.texts)
         b = batcher("embed", lambda items, o: list(pipe.embed(items, **o)))
         rows = await b.submit(req.texts, {"pooling": req.pooling, "normalize": req.normalize})
-        return answer({"embeddings": [r.tolist() for r in rows]})
+        return {"embeddings": [r.tolist() for r in rows]}
 
     @app.post("/classify")
-    async def classify(req: ClassifyRequest) -> Response:
+    async def classify(req: ClassifyRequest) -> dict[str, Any]:
         need("classify")
         check(req.texts)
         if req.pairs is not None:
@@ -242,31 +237,31 @@ def create_app(model: str | Path, limits: Limits | None = None, **pipeline_optio
             return pipe.classify([t for t, _ in its], None if pairs[0] is None else pairs)
 
         b = batcher("classify-pairs" if req.pairs else "classify", run)
-        return answer({"results": await b.submit(items, {})})
+        return {"results": await b.submit(items, {})}
 
     @app.post("/fill-mask")
-    async def fill_mask(req: FillMaskRequest) -> Response:
+    async def fill_mask(req: FillMaskRequest) -> dict[str, Any]:
         need("fill-mask")
         check(req.texts)
         b = batcher("fill-mask", lambda items, o: pipe.fill_mask(items, **o))
-        return answer({"results": await b.submit(req.texts, {"top_k": req.top_k})})
+        return {"results": await b.submit(req.texts, {"top_k": req.top_k})}
 
     @app.post("/ner")
-    async def ner(req: Texts) -> Response:
+    async def ner(req: Texts) -> dict[str, Any]:
         need("ner")
         check(req.texts)
         b = batcher("ner", lambda items, o: pipe.ner(items))
-        return answer({"results": await b.submit(req.texts, {})})
+        return {"results": await b.submit(req.texts, {})}
 
     @app.post("/qa")
-    async def qa(req: QARequest) -> Response:
+    async def qa(req: QARequest) -> dict[str, Any]:
         need("qa")
         check(req.questions, "questions")
         check(req.contexts, "contexts")
         if len(req.questions) != len(req.contexts):
             raise HTTPError(422, f"{len(req.questions)} questions but {len(req.contexts)} contexts")
         b = batcher("qa", lambda items, o: pipe.qa([q for q, _ in items], [c for _, c in items]))
-        return answer({"results": await b.submit(list(zip(req.questions, req.contexts)), {})})
+        return {"results": await b.submit(list(zip(req.questions, req.contexts)), {})}
 
     return app
 
