@@ -14,8 +14,9 @@ Ours is `bertforge.train.finetune.run` (length-grouped batches and everything el
 Per task and seed: the dev metric of each (best epoch; CoNLL: the test F1 of the model with
 the best dev F1) and wall-clock seconds per epoch (training + the per-epoch dev evaluation,
 not the CoNLL test evaluation), and the ratio ours / transformers. Each seed runs ours, then
-the reference, in one process; results are saved after every run, and --append keeps the runs
-already in the file.
+the reference, in one process; results are saved after every run (ours before the reference
+starts), and --append keeps the runs already in the file and finishes a row whose reference
+was interrupted.
 
     python benchmarks/finetune_vs_transformers.py --tasks mrpc,stsb,cola,rte --seeds 0,1,2
     python benchmarks/finetune_vs_transformers.py --tasks sst2,spam,conll2003 --seeds 0 --append
@@ -127,11 +128,15 @@ def reference_run(
     g = torch.Generator().manual_seed(cfg.seed)
     best: dict[str, float] = {}
     untimed = 0.0
+    step = 0
     start = time.perf_counter()
     for _ in range(math.ceil(cfg.epochs)):
         model.train()
         order = torch.randperm(len(train), generator=g).numpy()
         for i in range(0, len(order), cfg.batch_size):
+            if step == total:  # a fractional last epoch
+                break
+            step += 1
             batch = collate(train, order[i : i + cfg.batch_size], tok.pad_id)
             with autocast(task.precision, cpu):
                 loss = model(**hf_inputs(task, batch)).loss
@@ -192,29 +197,45 @@ def main() -> None:
             if done and (args.skip_reference or "transformers" in done[0]):
                 print(f"{name} seed {seed}: already in {out}, kept")
                 continue
-            rows = [r for r in rows if r not in done]
-            with tempfile.TemporaryDirectory() as tmp:
-                cfg = FinetuneConfig(model=str(model_dir), out=tmp, epochs=epochs, lr=args.lr,
-                                     batch_size=args.batch_size, seed=seed, progress=False,
-                                     **setup)  # fmt: skip
-                start = time.perf_counter()
-                best = run(cfg)
-                ours_s = (time.perf_counter() - start) / epochs
-                task = make_task(cfg, distributed.Dist(), Tokenizer.from_pretrained(tmp))
-                metric = task.metric
-                ours = best[metric]
-                if test:
-                    ours = evaluate_model(tmp, cfg.task, test)[metric]
-            row = {**key, "metric": ("test_" if test else "") + metric, "ours": ours,
-                   "ours_s_per_epoch": ours_s, "ours_dev": best}  # fmt: skip
+            settings = dict(
+                model=str(model_dir),
+                epochs=epochs,
+                lr=args.lr,
+                batch_size=args.batch_size,
+                seed=seed,
+                progress=False,
+                **setup,
+            )
+            if done:  # ours is in the file (the reference was interrupted): the reference only
+                row = done[0]
+                print(f"{name} seed {seed}: ours already in {out}, running transformers")
+            else:
+                with tempfile.TemporaryDirectory() as tmp:
+                    cfg = FinetuneConfig(out=tmp, **settings)
+                    start = time.perf_counter()
+                    best = run(cfg)
+                    ours_s = (time.perf_counter() - start) / epochs
+                    task = make_task(cfg, distributed.Dist(), Tokenizer.from_pretrained(tmp))
+                    metric = task.metric
+                    ours = best[metric]
+                    if test:
+                        ours = evaluate_model(tmp, cfg.task, test)[metric]
+                row = {**key, "metric": ("test_" if test else "") + metric, "ours": ours,
+                       "ours_s_per_epoch": ours_s, "ours_dev": best}  # fmt: skip
+                rows.append(row)
+                _save(out, rows)  # ours is kept even if the reference is interrupted
             if not args.skip_reference:
-                ref, ref_s = reference_run(model_dir, cfg, test)
-                row.update(transformers=ref[row["metric"]], hf_s_per_epoch=ref_s,
-                           time_ratio=ours_s / ref_s, transformers_dev=ref)  # fmt: skip
-            rows.append(row)
+                with tempfile.TemporaryDirectory() as tmp:
+                    ref, ref_s = reference_run(model_dir, FinetuneConfig(out=tmp, **settings), test)
+                row.update(
+                    transformers=ref[row["metric"]],
+                    hf_s_per_epoch=ref_s,
+                    time_ratio=row["ours_s_per_epoch"] / ref_s,
+                    transformers_dev=ref,
+                )
+                _save(out, rows)
             shown = {k: v for k, v in row.items() if not k.endswith("_dev")}
             print(table([shown], list(shown)))
-            _save(out, rows)  # after every run: an interrupted benchmark keeps its work
     summary = _save(out, rows)
     print(table(summary, list(summary[0])))
     print(f"wrote {out}")
