@@ -268,12 +268,13 @@ def _save(out: Path, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
              "ours - transformers | floor | time per epoch, ours / transformers |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for e in summary:
+        pct = 1 if e["task"].startswith("squad") else 100  # SQuAD's metrics are percentages already
         ref = e.get("transformers_mean")
         lines.append(
             f"| {e['task']} | {e['epochs']:g} | {e['lr']:g} | {e['batch_size']} | "
-            f"{e['metric']} | {e['seeds']} | {100 * e['ours_mean']:.1f} | "
+            f"{e['metric']} | {e['seeds']} | {pct * e['ours_mean']:.1f} | "
             + (
-                f"{100 * ref:.1f} | {100 * e['difference']:+.1f} | "
+                f"{pct * ref:.1f} | {pct * e['difference']:+.1f} | "
                 if ref is not None
                 else "- | - | "
             )

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from bertforge import BertConfig, Tokenizer
+from bertforge import BertConfig, BertForPreTraining, Tokenizer
 from bertforge.cli import main
 from bertforge.errors import ConfigError, InputError
 from bertforge.heads import BertForSequenceClassification, BertForTokenClassification
@@ -92,6 +92,57 @@ def test_fill_mask_and_nsp_match_transformers(tiny_model: Path) -> None:
     with torch.no_grad():
         ref = hf(**tok(["the cat sat.", "it rained"], ["it purred.", "stocks fell sharply today"]))
     assert np.allclose(probs, ref.seq_relationship_logits.softmax(-1)[:, 0].numpy(), atol=1e-5)
+
+
+NUMBERS = ["one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven",
+           "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen",
+           "nineteen", "twenty"]  # fmt: skip
+
+
+def test_fill_mask_on_a_model_pre_trained_by_bertforge(tmp_path: Path) -> None:
+    """vocab train + prepare + pretrain (the real path, a tiny BERT) on counting text; the
+    fill-mask pipeline then fills in the missing number of sequences it never saw whole."""
+    from bertforge.data.shards import prepare
+    from bertforge.tokenizer import train_vocab
+    from bertforge.train.pretrain import PretrainConfig
+    from bertforge.train.pretrain import run as pretrain
+
+    rng = np.random.default_rng(0)
+
+    def sentence() -> str:
+        start = int(rng.integers(0, 12))
+        return " ".join(NUMBERS[start : start + int(rng.integers(5, 9))]) + "."
+
+    corpus = tmp_path / "counting.txt"  # Google's format: a blank line between documents
+    corpus.write_text("\n\n".join("\n".join(sentence() for _ in range(4)) for _ in range(400)))
+    tok = train_vocab([corpus], 100, show_progress=False)
+    prepare([corpus], tok, tmp_path / "shards", heldout=0.05, progress=False)
+    out = tmp_path / "run"
+    summary = pretrain(
+        PretrainConfig(
+            data=str(tmp_path / "shards"), out=str(out), model_size="tiny", steps=400,
+            batch_size=16, max_seq_length=32, lr=2e-3, warmup_ratio=0.05, precision="fp32",
+            eval_every=400, eval_batches=4, save_every=400, keep_checkpoints=1, progress=False,
+        )
+    )  # fmt: skip
+    assert summary["eval"]["mlm_acc"] > 0.5  # held-out documents
+    probes = {
+        "two three [MASK] five six.": "four",
+        "nine ten eleven [MASK] thirteen.": "twelve",
+        "fourteen fifteen [MASK] seventeen.": "sixteen",
+        "[MASK] seven eight nine.": "six",
+    }
+    got = Pipeline(out, precision="fp32").fill_mask(list(probes), top_k=1)
+    assert [g[0][0]["token"] for g in got] == list(probes.values())
+    # the same model before pre-training does not count: the answers above were learned
+    untrained = tmp_path / "untrained"
+    torch.manual_seed(0)
+    BertForPreTraining(BertConfig.from_size("tiny", vocab_size=tok.vocab_size)).save_pretrained(
+        untrained
+    )
+    tok.save_pretrained(untrained)
+    guessed = Pipeline(untrained, precision="fp32").fill_mask(list(probes), top_k=1)
+    assert [g[0][0]["token"] for g in guessed] != list(probes.values())
 
 
 def test_task_pipelines_refuse_a_checkpoint_without_the_head(minilm_dir: Path) -> None:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...errors import DataError, InputError
-from .table import iter_lines
+from ...fileio import text_lines
 
 DOCSTART = "-DOCSTART-"
 
@@ -70,7 +70,7 @@ def read_conll(
             sentences.append(TaggedSentence(tokens, tags, f"{path}:{start}"))
         tokens, tags = [], []
 
-    for lineno, line in iter_lines(path):
+    for lineno, line in text_lines(path):
         fields = line.split()
         if not fields:
             flush()

@@ -55,11 +55,6 @@ class Example:
 # --------------------------------------------------------------------------- lines and rows
 
 
-def iter_lines(path: str | os.PathLike[str]) -> Iterator[tuple[int, str]]:
-    """(1-based line number, line with its ending) of a UTF-8 table (fileio.text_lines)."""
-    return text_lines(path)
-
-
 def iter_rows(
     path: str | os.PathLike[str], delimiter: str = "\t", quoting: bool = False
 ) -> Iterator[tuple[int, list[str]]]:
@@ -71,12 +66,12 @@ def iter_rows(
     if len(delimiter) != 1:
         raise InputError(f"delimiter {delimiter!r}: must be a single character")
     if not quoting:
-        for lineno, line in iter_lines(path):
+        for lineno, line in text_lines(path):
             line = line.rstrip("\r\n")
             if line.strip():
                 yield lineno, line.split(delimiter)
         return
-    reader = csv.reader((line for _, line in iter_lines(path)), delimiter=delimiter, strict=True)
+    reader = csv.reader((line for _, line in text_lines(path)), delimiter=delimiter, strict=True)
     consumed = 0
     while True:
         start = consumed + 1
@@ -298,7 +293,7 @@ def _read_jsonl(
         if c is not None and not isinstance(c, str):
             raise InputError(f"{role}: {c!r}: JSONL columns are key names (strings)")
     out: list[Example] = []
-    for lineno, line in iter_lines(path):
+    for lineno, line in text_lines(path):
         if not line.strip():
             continue
         where = f"{path}: line {lineno}"
