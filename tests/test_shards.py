@@ -149,6 +149,23 @@ def test_prepare_again_and_with_other_settings(
         prepare(files, tok, tmp_path / "out", heldout=0.5, progress=False)
 
 
+def test_prepare_says_how_it_reads_each_file_and_warns_when_nothing_is_held_out(
+    tmp_path: Path, tok: Tokenizer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # one sentence per line without full stops: detected as hard-wrapped prose, one document
+    bare = tmp_path / "bare.txt"
+    bare.write_text("\n\n".join("\n".join(["the cat sat on the mat"] * 3) for _ in range(30)))
+    with pytest.warns(UserWarning, match="no document held out"):
+        meta = prepare([bare], tok, tmp_path / "a", heldout=0.1, progress=True)
+    assert f"reading {bare} as 'paragraphs'" in capsys.readouterr().out
+    assert meta["counts"]["train"]["documents"] == 1
+    # --format lines: a blank line ends a document, and a tenth of them can be held out
+    meta = prepare([bare], tok, tmp_path / "b", fmt="lines", heldout=0.1, progress=True)
+    assert "reading" not in capsys.readouterr().out
+    assert meta["counts"]["train"]["documents"] + meta["counts"]["heldout"]["documents"] == 30
+    assert meta["counts"]["heldout"]["documents"] > 0
+
+
 def test_shards_refuse_a_different_tokenizer(tmp_path: Path, tok: Tokenizer) -> None:
     files = write_corpus(tmp_path / "corpus", docs=12)
     prepare(files, tok, tmp_path / "out", progress=False)

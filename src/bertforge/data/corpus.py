@@ -29,6 +29,13 @@ from ..errors import DataError
 from ..fileio import text_lines
 
 FORMATS = ("auto", "lines", "paragraphs", "wiki", "jsonl")
+FORMAT_HELP = {
+    "lines": "one sentence or paragraph per line, a blank line between documents",
+    "paragraphs": "hard-wrapped prose, the whole file one document; --format lines if each "
+    "line is a sentence",
+    "wiki": "WikiExtractor <doc> blocks, one document each",
+    "jsonl": 'one document per line, its "text" field',
+}
 _TERMINAL = re.compile(r"[.!?:;\"'”’)\]]\s*$")
 
 

@@ -22,6 +22,7 @@ import itertools
 import json
 import os
 import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +33,7 @@ import numpy as np
 from ..errors import DataError
 from ..fileio import atomic_path, write_json
 from ..tokenizer import Tokenizer
-from .corpus import Document, expand_inputs, read_corpus
+from .corpus import FORMAT_HELP, Document, detect_format, expand_inputs, read_corpus
 
 FORMAT_VERSION = 1
 SPLITS = ("train", "heldout")
@@ -150,6 +151,8 @@ def prepare(
                     )
                 return saved
             state = saved["state"]
+    if progress and fmt == "auto":
+        _say_formats(files)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer.save_pretrained(out)
     dtype = np.dtype(np.uint16 if tokenizer.vocab_size <= 1 << 16 else np.uint32)
@@ -232,6 +235,14 @@ def prepare(
     }
     write_json(meta_file, meta)
     progress_file.unlink(missing_ok=True)
+    if heldout > 0 and counts["heldout"]["documents"] == 0:
+        warnings.warn(
+            f"no document held out (heldout={heldout} of {counts['train']['documents']:,} "
+            "documents): pre-training will have no held-out evaluation. Held-out text is chosen "
+            "by document; a file read as 'paragraphs' is one document (--format lines reads a "
+            "blank line as the end of a document)",
+            stacklevel=2,
+        )
     if progress:
         c = counts["train"]
         print(
@@ -240,6 +251,17 @@ def prepare(
             f"held out {counts['heldout']['documents']:,} documents ({counts['heldout']['tokens']:,} tokens)"
         )
     return meta
+
+
+def _say_formats(files: list[Path]) -> None:
+    """How each file will be read, so a surprise (one-sentence lines without full stops read
+    as hard-wrapped 'paragraphs', i.e. one document per file) is visible before the work."""
+    by_format: dict[str, list[Path]] = {}
+    for f in files:
+        by_format.setdefault(detect_format(f), []).append(f)
+    for name, group in by_format.items():
+        more = f" and {len(group) - 1:,} more" if len(group) > 1 else ""
+        print(f"reading {group[0]}{more} as {name!r} ({FORMAT_HELP[name]})")
 
 
 def _progress_bar(total: int, enabled: bool, skipping: int) -> Any:
