@@ -207,6 +207,22 @@ def test_classify_and_ner_match_transformers(heads_dir: dict[str, Path]) -> None
             assert text[e["start"] : e["end"]] == e["text"] and e["text"].strip() == e["text"]
 
 
+def test_batches_are_length_sorted_capped_and_cut_before_mostly_padding(minilm_dir: Path) -> None:
+    pipe = Pipeline(minilm_dir, batch_size=8, precision="fp32")
+    lengths = [30] * 11 + [300] + [12, 5]
+    batches = [list(map(int, b)) for b in pipe.batches(lengths)]
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+    assert all(len(b) <= 8 for b in batches)
+    assert batches[-1] == [11]  # the long text alone: the short ones are not padded to 300
+    flat = [lengths[i] for b in batches for i in b]
+    assert flat == sorted(lengths)
+    # embeddings do not depend on which texts share a batch
+    texts = ["a short one.", "another short sentence here.", " ".join(["long"] * 200)]
+    together = pipe.embed(texts)
+    alone = np.stack([pipe.embed([t])[0] for t in texts])
+    assert np.abs(together - alone).max() < 1e-4
+
+
 def test_entity_merging() -> None:
     text = "Alice Smithson went to New York"
     words = [("B-PER", 0.9, 0, 5), ("I-PER", 0.7, 6, 14), ("O", 1.0, 15, 19), ("O", 1.0, 20, 22),

@@ -17,7 +17,7 @@ with random weights.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -144,6 +144,22 @@ class Pipeline:
             return torch.autocast(self.device.type, enabled=False)
         return torch.autocast(self.device.type, dtype=torch.bfloat16)
 
+    def batches(self, lengths: Sequence[int]) -> Iterator[np.ndarray]:
+        """Row indices in length order, cut into batches of at most batch_size rows, and cut
+        earlier where the next row would make the batch more than half padding (a few long
+        texts among many short ones: a server's micro-batch, a document with a long table
+        row), so short texts do not pay for the long ones' length."""
+        order = np.argsort(np.asarray(lengths), kind="stable")
+        start, tokens = 0, 0
+        for k, r in enumerate(order):
+            n, length = k - start, int(lengths[r])
+            if n and (n == self.batch_size or (n + 1) * length > 2 * (tokens + length)):
+                yield order[start:k]
+                start, tokens = k, 0
+            tokens += length
+        if start < len(order):
+            yield order[start:]
+
     def run(
         self,
         encodings: Sequence[Any],
@@ -151,12 +167,10 @@ class Pipeline:
     ) -> list[Any]:
         """fn(batch) for length-sorted batches of encodings; fn returns one item per row (its
         batch index order); the items come back in the encodings' order."""
-        order = np.argsort([len(e.ids) for e in encodings], kind="stable")
         out: list[Any] = [None] * len(encodings)
         pad = self.tok.pad_id
         with torch.inference_mode(), self._autocast():
-            for i in range(0, len(order), self.batch_size):
-                rows = order[i : i + self.batch_size]
+            for rows in self.batches([len(e.ids) for e in encodings]):
                 T = max(len(encodings[r].ids) for r in rows)
                 ids = torch.full((len(rows), T), pad, dtype=torch.long)
                 types = torch.zeros((len(rows), T), dtype=torch.long)
@@ -353,12 +367,10 @@ class Pipeline:
                     for i, (q, c) in enumerate(zip(questions, contexts))]  # fmt: skip
         f: Features = featurize(examples, self.tok, max_seq_length=max_seq_length,
                                 doc_stride=doc_stride)  # fmt: skip
-        order = np.argsort(f.lengths, kind="stable")
         starts: list[Any] = [None] * len(f)
         ends: list[Any] = [None] * len(f)
         with torch.inference_mode(), self._autocast():
-            for i in range(0, len(order), self.batch_size):
-                rows = order[i : i + self.batch_size]
+            for rows in self.batches(f.lengths):
                 b = collate(f, rows, self.tok.pad_id).to(self.device)
                 out = model(b.input_ids, b.token_type_ids, b.attention_mask)
                 s, e = out.start_logits.float().cpu().numpy(), out.end_logits.float().cpu().numpy()
