@@ -8,7 +8,13 @@ from pathlib import Path
 import pytest
 
 from bertforge import DataError
-from bertforge.data.corpus import detect_format, expand_inputs, read_documents, split_sentences
+from bertforge.data.corpus import (
+    detect_format,
+    expand_inputs,
+    read_corpus,
+    read_documents,
+    split_sentences,
+)
 
 
 def test_sentence_splitting_keeps_abbreviations() -> None:
@@ -68,6 +74,18 @@ def test_hard_wrapped_paragraphs_are_joined(tmp_path: Path) -> None:
         "It is a truth universally acknowledged, that a single man in possession of a good "
         "fortune, must be in want of a wife."
     )
+
+
+def test_read_corpus_takes_one_format_per_file(tmp_path: Path) -> None:
+    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
+    a.write_text("One line. Two.\n\nNext doc.\n")
+    b.write_text('<doc id="1" url="u" title="T">\nT\n\nWiki text.\n</doc>\n')
+    docs = list(read_corpus([a, b], ["lines", "wiki"]))
+    assert [d.sentences for d in docs] == [["One line.", "Two."], ["Next doc."], ["Wiki text."]]
+    # b read as 'lines' keeps the markup as text: the per-file format is what is used
+    assert "<doc" in " ".join(s for d in read_corpus([a, b], "lines") for s in d.sentences)
+    with pytest.raises(ValueError, match="1 formats for 2 files"):
+        list(read_corpus([a, b], ["lines"]))
 
 
 def test_jsonl(tmp_path: Path) -> None:

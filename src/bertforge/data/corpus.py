@@ -128,12 +128,18 @@ def read_documents(
 
 def read_corpus(
     files: Iterable[Path],
-    fmt: str = "auto",
+    fmt: str | Sequence[str] = "auto",
     encoding_errors: str = "strict",
     on_bytes: Callable[[int], object] | None = None,
 ) -> Iterator[Document]:
-    for path in files:
-        yield from read_documents(path, fmt, encoding_errors, on_bytes)
+    """Documents of every file, in order; fmt is one format for all files or one per file
+    (e.g. from detect_format, so a caller that already detected them does not read heads twice)."""
+    files = list(files)
+    formats = [fmt] * len(files) if isinstance(fmt, str) else list(fmt)
+    if len(formats) != len(files):
+        raise ValueError(f"{len(formats)} formats for {len(files)} files")
+    for path, file_fmt in zip(files, formats):
+        yield from read_documents(path, file_fmt, encoding_errors, on_bytes)
 
 
 def _lines(source: str, lines: Iterator[tuple[int, str]]) -> Iterator[Document]:

@@ -151,8 +151,11 @@ def prepare(
                     )
                 return saved
             state = saved["state"]
-    if progress and fmt == "auto":
-        _say_formats(files)
+    formats: str | list[str] = fmt
+    if fmt == "auto":
+        formats = [detect_format(f) for f in files]
+        if progress:
+            _say_formats(files, formats)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer.save_pretrained(out)
     dtype = np.dtype(np.uint16 if tokenizer.vocab_size <= 1 << 16 else np.uint32)
@@ -198,7 +201,7 @@ def prepare(
         pending, pending_sentences = [], 0
 
     try:
-        for ordinal, doc in enumerate(read_corpus(files, fmt, encoding_errors, bar.update)):
+        for ordinal, doc in enumerate(read_corpus(files, formats, encoding_errors, bar.update)):
             if ordinal < state["documents_done"]:
                 continue  # in a shard written by an earlier, interrupted run
             pending.append((ordinal, doc))
@@ -253,12 +256,12 @@ def prepare(
     return meta
 
 
-def _say_formats(files: list[Path]) -> None:
+def _say_formats(files: list[Path], formats: list[str]) -> None:
     """How each file will be read, so a surprise (one-sentence lines without full stops read
     as hard-wrapped 'paragraphs', i.e. one document per file) is visible before the work."""
     by_format: dict[str, list[Path]] = {}
-    for f in files:
-        by_format.setdefault(detect_format(f), []).append(f)
+    for f, name in zip(files, formats):
+        by_format.setdefault(name, []).append(f)
     for name, group in by_format.items():
         more = f" and {len(group) - 1:,} more" if len(group) > 1 else ""
         print(f"reading {group[0]}{more} as {name!r} ({FORMAT_HELP[name]})")
