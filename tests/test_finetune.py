@@ -13,7 +13,7 @@ import torch
 
 from bertforge import BertForSequenceClassification, Tokenizer
 from bertforge.data.tasks import glue_task
-from bertforge.errors import DataError
+from bertforge.errors import DataError, FreshWeightsWarning
 from bertforge.train.finetune import (
     FinetuneConfig,
     epoch_batches,
@@ -55,7 +55,10 @@ def keyword_table(path: Path, n: int, seed: int, header: str = "sentence\tlabel"
 
 
 def test_pretrained_encoder_learns_a_sentence_task_and_evaluate_agrees(
-    tmp_path: Path, minilm_dir: Path
+    tmp_path: Path,
+    minilm_dir: Path,
+    capsys: pytest.CaptureFixture[str],
+    recwarn: pytest.WarningsRecorder,
 ) -> None:
     train = keyword_table(tmp_path / "train.tsv", 256, seed=0)
     dev = keyword_table(tmp_path / "dev.tsv", 128, seed=1)
@@ -73,6 +76,13 @@ def test_pretrained_encoder_learns_a_sentence_task_and_evaluate_agrees(
     )
     best = run(cfg)
     assert best["accuracy"] >= 0.95
+    # the new classifier is expected when fine-tuning: said once, not warned about
+    said = capsys.readouterr().out
+    assert (
+        "new task head, initialised here and trained now: classifier.weight, classifier.bias"
+        in said
+    )
+    assert not [w for w in recwarn if issubclass(w.category, FreshWeightsWarning)]
     saved = json.loads((out / "eval_results.json").read_text())
     assert saved["accuracy"] == best["accuracy"] and saved["task"] == "sst2"
     # the kept model is the best one: evaluating it again gives its numbers

@@ -13,6 +13,7 @@ from .errors import (
     CheckpointWarning,
     ConfigError,
     DataError,
+    FreshWeightsWarning,
     InputError,
     VocabError,
 )
@@ -44,6 +45,7 @@ __all__ = [
     "ConfigError",
     "DataError",
     "Encoding",
+    "FreshWeightsWarning",
     "InputError",
     "Tokenizer",
     "VocabError",

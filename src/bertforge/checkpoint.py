@@ -28,7 +28,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from .config import BertConfig
-from .errors import CheckpointError, CheckpointWarning, VocabError
+from .errors import CheckpointError, CheckpointWarning, FreshWeightsWarning, VocabError
 from .fileio import atomic_path
 from .hub import resolve
 
@@ -247,9 +247,11 @@ def load_state(model: nn.Module, tensors: dict[str, torch.Tensor], origin: dict[
     if missing:
         fresh = [n for ours in dict(missing) for n in hf_names(ours)]
         warnings.warn(
-            f"{len(fresh)} tensors not in the checkpoint, freshly initialised (train before "
-            f"use): {', '.join(fresh)}",
-            CheckpointWarning,
+            FreshWeightsWarning(
+                f"{len(fresh)} tensors not in the checkpoint, freshly initialised (train "
+                f"before use): {', '.join(fresh)}",
+                fresh,
+            ),
             stacklevel=3,
         )
     _check_tied_decoder(tensors, loaded, model)

@@ -7,6 +7,8 @@ exits with status 2 instead of showing a stack trace. Messages name the file, li
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 
 class BertforgeError(Exception):
     """Base class for errors caused by user input (files, arguments, checkpoints)."""
@@ -34,3 +36,11 @@ class DataError(BertforgeError):
 
 class CheckpointWarning(UserWarning):
     """Something in a checkpoint was ignored or freshly initialised."""
+
+
+class FreshWeightsWarning(CheckpointWarning):
+    """Tensors the model has but the checkpoint lacks (a new task head): `names` lists them."""
+
+    def __init__(self, message: str, names: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.names = list(names)

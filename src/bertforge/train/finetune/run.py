@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,7 @@ from typing import Any
 import torch
 
 from ...data.tasks import GLUE_TASKS, TASK_NAMES, split_train_test
-from ...errors import ConfigError, DataError
+from ...errors import ConfigError, DataError, FreshWeightsWarning
 from ...fileio import write_json
 from ...tokenizer import Tokenizer
 from .. import distributed
@@ -163,7 +164,7 @@ def _run(cfg: FinetuneConfig, d: distributed.Dist) -> dict[str, Any]:
     train_examples, dev_examples = load_data(task, cfg)
 
     torch.manual_seed(cfg.seed)
-    model = task.head.from_pretrained(cfg.model, **task.head_kwargs())
+    model, fresh = _load_with_new_head(task, cfg.model)
     model.train()
     steps = max(1, math.ceil(cfg.epochs * task.steps_per_epoch))
     main_metric = task.metric
@@ -194,6 +195,8 @@ def _run(cfg: FinetuneConfig, d: distributed.Dist) -> dict[str, Any]:
             f"{rows}, {len(dev_examples) if dev_examples else 0:,} dev; {steps:,} steps "
             f"({cfg.epochs:g} epochs of {task.steps_per_epoch:,}), batch {cfg.batch_size}"
         )
+        if fresh:
+            print(f"new task head, initialised here and trained now: {', '.join(fresh)}")
     loop = LoopConfig(
         steps=steps,
         lr=cfg.lr,
@@ -274,3 +277,19 @@ def predict(model_dir: str, task: str, data: str, out: str, **options: Any) -> l
     with torch.no_grad(), autocast(t.precision, t.d.device):
         preds = t.predict_examples(model, examples, features)
     return t.write_predictions(Path(out), examples, preds)
+
+
+def _load_with_new_head(task: FinetuneTask, model_dir: str) -> tuple[Any, list[str]]:
+    """The task's model from `model_dir`, and the names of the tensors the checkpoint lacked.
+    A missing task head is what fine-tuning expects, so it is reported as information in the
+    run's first lines rather than as a "train before use" warning; any other warning passes."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = task.head.from_pretrained(model_dir, **task.head_kwargs())
+    fresh: list[str] = []
+    for w in caught:
+        if isinstance(w.message, FreshWeightsWarning):
+            fresh.extend(w.message.names)
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
+    return model, fresh
