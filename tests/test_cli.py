@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -27,6 +28,31 @@ def test_help_and_version() -> None:
         assert command in out.stdout
     assert run("--version").stdout.startswith("bertforge ")
     assert run().returncode == 0  # no command: help, not a crash
+
+
+def test_every_option_help_says_its_default() -> None:
+    from bertforge.cli import build_parser
+
+    def parsers(p: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+        found = [p]
+        for a in p._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                for child in set(a.choices.values()):
+                    found += parsers(child)
+        return found
+
+    checked = 0
+    for p in parsers(build_parser()):
+        for a in p._actions:
+            valued = a.option_strings and not isinstance(
+                a, (argparse._StoreTrueAction, argparse._StoreFalseAction, argparse._HelpAction)
+            )
+            if valued and a.default is not None and a.default is not argparse.SUPPRESS:
+                assert "default" in (a.help or ""), (p.prog, a.option_strings)
+                checked += 1
+    assert checked > 50
+    shown = run("finetune", "--help").stdout
+    assert "(default: 3e-5)" in shown and "default: 0" in " ".join(shown.split())
 
 
 def test_console_script_is_installed() -> None:

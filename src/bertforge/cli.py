@@ -501,19 +501,49 @@ def build_parser() -> argparse.ArgumentParser:
         "--dev-split",
         type=float,
         default=0.0,
-        help="hold out this fraction of the train file as the dev set (a fixed split, seed 0)",
+        help=(
+            "hold out this fraction of the train file as the dev set (a fixed split, seed 0; "
+            "default 0: none)"
+        ),
     )
     p.add_argument("--out", required=True, help="output directory (the fine-tuned model)")
-    p.add_argument("--epochs", type=float, default=3.0)
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--lr", type=float, default=3e-5)
-    p.add_argument("--warmup-ratio", type=float, default=0.1)
-    p.add_argument("--weight-decay", type=float, default=0.01)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--precision", choices=("auto", "fp32", "bf16", "fp16"), default="auto")
+    p.add_argument(
+        "--epochs",
+        type=float,
+        default=3.0,
+        help="passes over train, may be fractional (default: 3)",
+    )
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=32,
+        help="examples per step, all processes together (default: 32)",
+    )
+    p.add_argument(
+        "--lr",
+        type=float,
+        default=3e-5,
+        help="peak AdamW learning rate; the paper tries 5e-5, 3e-5, 2e-5 (default: 3e-5)",
+    )
+    p.add_argument(
+        "--warmup-ratio",
+        type=float,
+        default=0.1,
+        help="fraction of the steps spent warming up, then linear decay (default: 0.1)",
+    )
+    p.add_argument("--weight-decay", type=float, default=0.01, help="AdamW (default: 0.01)")
+    p.add_argument(
+        "--seed", type=int, default=0, help="head initialisation, order, dropout (default: 0)"
+    )
+    p.add_argument(
+        "--precision",
+        choices=("auto", "fp32", "bf16", "fp16"),
+        default="auto",
+        help="auto: bf16 autocast where supported (fp16 on older GPUs), else fp32 (default: auto)",
+    )
     _feature_arguments(p)
     p.add_argument("--device", help="cpu, cuda, cuda:1 (default: a GPU if there is one)")
-    p.add_argument("--no-progress", dest="progress", action="store_false")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
     p.set_defaults(func=cmd_finetune)
 
     p = sub.add_parser("evaluate", help="metrics of a fine-tuned model on a labelled task file")
@@ -619,7 +649,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=600, help="pre-training steps (default 600)")
     p.add_argument("--no-progress", dest="progress", action="store_false")
     p.set_defaults(func=cmd_demo)
+    _show_defaults(parser)
     return parser
+
+
+def _show_defaults(parser: argparse.ArgumentParser) -> None:
+    """Every option's --help says its default, unless its help text already does."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in set(action.choices.values()):
+                _show_defaults(child)
+            continue
+        if (
+            not action.option_strings
+            or any(action.default is v for v in (None, False, argparse.SUPPRESS))
+            or isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction))
+            or "default" in (action.help or "")
+        ):
+            continue
+        action.help = (
+            f"{action.help} (default: %(default)s)" if action.help else "default: %(default)s"
+        )
 
 
 def _feature_arguments(p: argparse.ArgumentParser, sentences_only: bool = False) -> None:
