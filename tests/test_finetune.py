@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from bertforge import BertForSequenceClassification, Tokenizer
+from bertforge import BertConfig, BertForPreTraining, BertForSequenceClassification, Tokenizer
 from bertforge.data.tasks import glue_task
 from bertforge.errors import DataError, FreshWeightsWarning
 from bertforge.train.finetune import (
@@ -21,6 +21,7 @@ from bertforge.train.finetune import (
     featurize,
     run,
 )
+from tests.conftest import TINY
 
 GOOD = ["good", "great", "fine", "lovely", "superb", "nice"]
 BAD = ["bad", "awful", "poor", "dull", "terrible", "nasty"]
@@ -187,6 +188,55 @@ def test_cli_finetune_and_evaluate(tmp_path: Path, tiny_model: Path) -> None:
         capture_output=True, text=True,
     )  # fmt: skip
     assert bad.returncode == 2 and str(tmp_path / "no") in bad.stderr
+
+
+def test_two_processes_follow_one_process(tmp_path: Path, minilm_dir: Path) -> None:
+    """`torchrun --nproc_per_node 2 bertforge finetune` (gloo, CPU) with the same global batch
+    takes the same steps as one process: the same losses and, within float noise, the same
+    model. Dropout is off: its masks are drawn per process and could not match."""
+    tok = Tokenizer.from_pretrained(minilm_dir)
+    torch.manual_seed(0)
+    config = BertConfig(
+        **{**TINY, "vocab_size": tok.vocab_size},
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+    base = tmp_path / "base"
+    BertForPreTraining(config).save_pretrained(base)
+    tok.save_pretrained(base)
+    train = keyword_table(tmp_path / "train.tsv", 64, seed=0)
+    dev = keyword_table(tmp_path / "dev.tsv", 32, seed=1)
+
+    def finetune(out: Path, *launcher: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", *launcher, "bertforge", "finetune", "--model", str(base),
+             "--task", "sst2", "--train", str(train), "--dev", str(dev), "--out", str(out),
+             "--epochs", "2", "--batch-size", "8", "--precision", "fp32", "--no-progress"],
+            capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+
+    one = finetune(tmp_path / "one")
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = finetune(
+        tmp_path / "two", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m"
+    )
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert "over 2 processes" in two.stdout and two.stdout.count("fine-tuning ") == 1
+
+    def curve(out: Path) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
+        rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+        return (
+            [(r["step"], r["loss"]) for r in rows if "loss" in r],
+            [(r["step"], r["eval_accuracy"]) for r in rows if "eval_accuracy" in r],
+        )
+
+    (loss1, eval1), (loss2, eval2) = curve(tmp_path / "one"), curve(tmp_path / "two")
+    assert [s for s, _ in loss1] == [s for s, _ in loss2] and loss1
+    assert max(abs(a - b) for (_, a), (_, b) in zip(loss1, loss2)) < 1e-5, (loss1, loss2)
+    assert eval1 == eval2 and [s for s, _ in eval1] == [8, 16]
+    a = BertForSequenceClassification.from_pretrained(tmp_path / "one").state_dict()
+    b = BertForSequenceClassification.from_pretrained(tmp_path / "two").state_dict()
+    assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-4
 
 
 def test_epoch_batches_cover_every_example_once_grouped_by_length() -> None:

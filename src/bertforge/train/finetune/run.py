@@ -194,6 +194,7 @@ def _run(cfg: FinetuneConfig, d: distributed.Dist) -> dict[str, Any]:
             f"fine-tuning {cfg.model} on {cfg.task}: {len(train_examples):,} training examples"
             f"{rows}, {len(dev_examples) if dev_examples else 0:,} dev; {steps:,} steps "
             f"({cfg.epochs:g} epochs of {task.steps_per_epoch:,}), batch {cfg.batch_size}"
+            + (f" over {d.world_size} processes" if d.world_size > 1 else "")
         )
         if fresh:
             print(f"new task head, initialised here and trained now: {', '.join(fresh)}")
