@@ -387,6 +387,24 @@ class Pretrained:
         return sum(p.numel() for p in self.parameters())  # type: ignore[attr-defined]
 
 
+def load_with_fresh(
+    cls: type, path: str | os.PathLike[str], **kwargs: Any
+) -> tuple[Any, list[str]]:
+    """`cls.from_pretrained(path)` and the names of the tensors the checkpoint lacked (a task
+    head, a pooler), for callers that expect them and say so their own way (fine-tuning, the
+    pipelines); every other checkpoint warning is passed on."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = cls.from_pretrained(path, **kwargs)  # type: ignore[attr-defined]
+    fresh: list[str] = []
+    for w in caught:
+        if isinstance(w.message, FreshWeightsWarning):
+            fresh.extend(w.message.names)
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
+    return model, fresh
+
+
 # ------------------------------------------------------------------------------------------------
 # Inspecting without loading
 
@@ -456,5 +474,6 @@ __all__ = [
     "inspect",
     "load_pretrained",
     "load_state",
+    "load_with_fresh",
     "save_pretrained",
 ]

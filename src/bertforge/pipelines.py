@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .checkpoint import CheckpointWarning
+from .checkpoint import load_with_fresh
 from .errors import ConfigError, InputError
 from .heads import (
     BertForPreTraining,
@@ -118,21 +118,13 @@ class Pipeline:
     def model(self, cls: type, needs_head: str | None = None) -> Any:
         """The checkpoint as `cls` (cached); needs_head names the trained head it must have."""
         if cls not in self._models:
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always", CheckpointWarning)
-                m = cls.from_pretrained(self.path)
-            fresh = [w for w in caught if "freshly initialised" in str(w.message)]
-            if needs_head and fresh and cls is not BertModel:
-                head_missing = [w for w in fresh if "pooler" not in str(w.message)]
-                if head_missing:
-                    raise ConfigError(
-                        f"{self.path}: has no trained {needs_head} "
-                        f"({str(head_missing[0].message).split(': ', 1)[-1]}); fine-tune it "
-                        "first, or use a checkpoint that has one"
-                    )
-            for w in caught:
-                if w not in fresh:
-                    warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+            m, fresh = load_with_fresh(cls, self.path)
+            head_missing = [n for n in fresh if "pooler" not in n]
+            if needs_head and head_missing and cls is not BertModel:
+                raise ConfigError(
+                    f"{self.path}: has no trained {needs_head} ({', '.join(head_missing)}); "
+                    "fine-tune it first, or use a checkpoint that has one"
+                )
             m = m.to(self.device).eval()
             if self.quantize == "int8":
                 m = quantize_int8(m)

@@ -26,15 +26,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from ...checkpoint import load_with_fresh
 from ...data.tasks import GLUE_TASKS, TASK_NAMES, split_train_test
-from ...errors import ConfigError, DataError, FreshWeightsWarning
+from ...errors import ConfigError, DataError
 from ...fileio import write_json
 from ...tokenizer import Tokenizer
 from .. import distributed
@@ -164,7 +164,8 @@ def _run(cfg: FinetuneConfig, d: distributed.Dist) -> dict[str, Any]:
     train_examples, dev_examples = load_data(task, cfg)
 
     torch.manual_seed(cfg.seed)
-    model, fresh = _load_with_new_head(task, cfg.model)
+    # a missing task head is what fine-tuning expects: said in the first lines, not warned about
+    model, fresh = load_with_fresh(task.head, cfg.model, **task.head_kwargs())
     model.train()
     steps = max(1, math.ceil(cfg.epochs * task.steps_per_epoch))
     main_metric = task.metric
@@ -278,19 +279,3 @@ def predict(model_dir: str, task: str, data: str, out: str, **options: Any) -> l
     with torch.no_grad(), autocast(t.precision, t.d.device):
         preds = t.predict_examples(model, examples, features)
     return t.write_predictions(Path(out), examples, preds)
-
-
-def _load_with_new_head(task: FinetuneTask, model_dir: str) -> tuple[Any, list[str]]:
-    """The task's model from `model_dir`, and the names of the tensors the checkpoint lacked.
-    A missing task head is what fine-tuning expects, so it is reported as information in the
-    run's first lines rather than as a "train before use" warning; any other warning passes."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        model = task.head.from_pretrained(model_dir, **task.head_kwargs())
-    fresh: list[str] = []
-    for w in caught:
-        if isinstance(w.message, FreshWeightsWarning):
-            fresh.extend(w.message.names)
-        else:
-            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
-    return model, fresh
