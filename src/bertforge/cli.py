@@ -511,13 +511,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--epochs",
         type=float,
         default=3.0,
-        help="passes over train, may be fractional (default: 3)",
+        help="passes over train, may be fractional",
     )
     p.add_argument(
         "--batch-size",
         type=int,
         default=32,
-        help="examples per step, all processes together (default: 32)",
+        help="examples per step, all processes together",
     )
     p.add_argument(
         "--lr",
@@ -529,17 +529,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--warmup-ratio",
         type=float,
         default=0.1,
-        help="fraction of the steps spent warming up, then linear decay (default: 0.1)",
+        help="fraction of the steps spent warming up, then linear decay",
     )
-    p.add_argument("--weight-decay", type=float, default=0.01, help="AdamW (default: 0.01)")
-    p.add_argument(
-        "--seed", type=int, default=0, help="head initialisation, order, dropout (default: 0)"
-    )
+    p.add_argument("--weight-decay", type=float, default=0.01, help="AdamW")
+    p.add_argument("--seed", type=int, default=0, help="head initialisation, order, dropout")
     p.add_argument(
         "--precision",
         choices=("auto", "fp32", "bf16", "fp16"),
         default="auto",
-        help="auto: bf16 autocast where supported (fp16 on older GPUs), else fp32 (default: auto)",
+        help="auto: bf16 autocast where supported (fp16 on older GPUs), else fp32",
     )
     _feature_arguments(p)
     p.add_argument("--device", help="cpu, cuda, cuda:1 (default: a GPU if there is one)")
