@@ -456,6 +456,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--short-seq-prob", type=float, default=0.1)
     p.add_argument("--whole-word-mask", action="store_true")
     p.add_argument(
+        "--no-nsp",
+        dest="nsp",
+        action="store_false",
+        help="masked LM only, on rows of contiguous text packed across sentences and documents",
+    )
+    p.add_argument(
+        "--dropout",
+        type=float,
+        help="the model's dropout while pre-training (default: its config's)",
+    )
+    p.add_argument(
         "--dupe-factor",
         type=int,
         help="static masking with this many fixed copies (default: dynamic)",

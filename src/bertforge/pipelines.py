@@ -28,6 +28,7 @@ from torch import nn
 from .checkpoint import load_with_fresh
 from .errors import ConfigError, InputError
 from .heads import (
+    BertForMaskedLM,
     BertForPreTraining,
     BertForQuestionAnswering,
     BertForSequenceClassification,
@@ -252,7 +253,7 @@ class Pipeline:
 
     def fill_mask(self, texts: Sequence[str], top_k: int = 5) -> list[list[list[dict[str, Any]]]]:
         """Per text, per [MASK] in it: the top_k tokens with their probabilities."""
-        model = self.model(BertForPreTraining, needs_head="masked-LM head (cls.predictions)")
+        model = self.model(BertForMaskedLM, needs_head="masked-LM head (cls.predictions)")
         mask_id = self.tok.convert_tokens_to_ids(["[MASK]"])[0]
         encodings = self.encode(texts)
         for i, e in enumerate(encodings):

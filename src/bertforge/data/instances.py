@@ -16,6 +16,11 @@ One deliberate difference: Google forces NotNext whenever a chunk holds a single
 which skews the labels towards NotNext on short documents; here such a chunk is split inside
 the sentence so that IsNext stays possible and the labels stay 50/50.
 
+Packed rows (`plan_packed`), for masked-LM-only pre-training (RoBERTa's FULL-SENTENCES): the
+shard's documents read as one stream with [SEP] between documents, cut into consecutive rows of
+max_seq_length - 2 tokens (for [CLS] ... [SEP]) from a random offset, so that row boundaries move
+from one epoch to the next; no padding inside a row, sentences and documents cut anywhere.
+
 Masks (`mask_tokens`): 15% of the tokens (at least 1, at most max_predictions_per_seq), never
 [CLS]/[SEP]/[PAD]; of those 80% become [MASK], 10% a random token, 10% stay; optionally whole
 words (all of a word's pieces together).
@@ -51,6 +56,29 @@ def plan_shard(
     for d in rng.permutation(num_docs).tolist():
         _plan_document(d, S, D, rng, max_num_tokens, short_seq_prob, rows)
     plans = np.array(rows, dtype=np.int64).reshape(-1, 5)
+    return plans[rng.permutation(len(plans))]
+
+
+def packed_stream(
+    tokens: np.ndarray, sentences: np.ndarray, documents: np.ndarray, sep_id: int
+) -> np.ndarray:
+    """A shard's tokens as one stream with [SEP] between consecutive documents (int64)."""
+    starts = sentences[documents[1:-1]]  # token offsets of the 2nd, 3rd, ... documents
+    return np.insert(np.asarray(tokens, np.int64), starts, sep_id)
+
+
+def plan_packed(
+    stream_length: int, rng: np.random.Generator, max_seq_length: int = 128
+) -> np.ndarray:
+    """Rows of a packed stream, shuffled: (N, 5) int64 rows (start, end, end, end, 0), the same
+    layout as `plan_shard`'s with an empty B segment and IsNext, so the batch code is shared."""
+    chunk = max_seq_length - 2  # account for [CLS] and [SEP]
+    if chunk < 1:
+        raise ValueError(f"max_seq_length={max_seq_length}: must be at least 3")
+    offset = int(rng.integers(0, chunk)) if stream_length > chunk else 0
+    cuts = np.unique(np.concatenate(([0, stream_length], np.arange(offset, stream_length, chunk))))
+    starts, ends = cuts[:-1], cuts[1:]
+    plans = np.stack([starts, ends, ends, ends, np.zeros_like(ends)], axis=1).astype(np.int64)
     return plans[rng.permutation(len(plans))]
 
 

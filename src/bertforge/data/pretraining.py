@@ -1,6 +1,8 @@
 """The pre-training batch stream: shards -> instances -> masked, padded batches.
 
-One global, deterministic stream of instances per epoch: shards in a seeded order, each
+Instances are next-sentence pairs (Google's), or with `packed=True` rows of contiguous text
+(masked LM only; see instances.plan_packed). One global, deterministic stream of instances per
+epoch: shards in a seeded order, each
 shard's instances planned and shuffled with a generator seeded by (seed, version, shard).
 `version` is the epoch (dynamic masking: fresh pairs and masks every epoch), or the epoch
 modulo `dupe_factor` (static masking, as Google's pipeline with dupe_factor copies).
@@ -22,7 +24,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from .instances import IGNORE_INDEX, MaskingSpec, mask_tokens, plan_shard
+from .instances import (
+    IGNORE_INDEX,
+    MaskingSpec,
+    mask_tokens,
+    packed_stream,
+    plan_packed,
+    plan_shard,
+)
 from .shards import Shard, ShardSet
 
 
@@ -90,6 +99,7 @@ class PretrainingStream:
         seed: int = 0,
         dupe_factor: int | None = None,
         group_batches: int = 32,
+        packed: bool = False,
     ) -> None:
         self.shards = shards
         self.names = shards.names(split)
@@ -102,7 +112,9 @@ class PretrainingStream:
         self.seed = seed
         self.dupe_factor = dupe_factor
         self.group_batches = group_batches
+        self.packed = packed
         self._shard_cache: dict[str, Shard] = {}
+        self._packed_cache: dict[str, np.ndarray] = {}
 
     # -- the instance stream ---------------------------------------------------------------------
 
@@ -117,13 +129,32 @@ class PretrainingStream:
             shard = self._shard_cache[name] = self.shards.load(name)
         return shard
 
+    def _tokens(self, name: str) -> np.ndarray:
+        """What instance spans index: the shard's tokens, or its packed stream."""
+        if not self.packed:
+            return self._shard(name).tokens
+        stream = self._packed_cache.get(name)
+        if stream is None:
+            if len(self._packed_cache) > 4:
+                self._packed_cache.pop(next(iter(self._packed_cache)))
+            shard = self._shard(name)
+            stream = packed_stream(shard.tokens, shard.sentences, shard.documents, self.sep_id)
+            self._packed_cache[name] = stream
+        return stream
+
     def epoch_instances(self, epoch: int) -> Iterator[tuple[int, np.ndarray]]:
         """(shard number, planned instances) for each shard, in the epoch's order."""
         version = self.version(epoch)
         order = np.random.default_rng([self.seed, version, 0]).permutation(len(self.names))
         for k in order:
-            shard = self._shard(self.names[k])
             rng = np.random.default_rng([self.seed, version, 1, int(k)])
+            if self.packed:
+                yield (
+                    int(k),
+                    plan_packed(len(self._tokens(self.names[k])), rng, self.max_seq_length),
+                )
+                continue
+            shard = self._shard(self.names[k])
             yield (
                 int(k),
                 plan_shard(
@@ -187,12 +218,16 @@ class PretrainingStream:
     def _collate(self, rows: list[tuple[int, int, int, np.ndarray]]) -> Batch:
         sequences, types, positions, labels, nsp = [], [], [], [], []
         for epoch, _, k, p in rows:
-            tokens = self._shard(self.names[k]).tokens
+            tokens = self._tokens(self.names[k])
             a, b = (
                 np.asarray(tokens[p[0] : p[1]], np.int64),
                 np.asarray(tokens[p[2] : p[3]], np.int64),
             )
-            ids = np.concatenate(([self.cls_id], a, [self.sep_id], b, [self.sep_id]))
+            ids = np.concatenate(
+                ([self.cls_id], a, [self.sep_id], b, [self.sep_id])
+                if len(b)
+                else ([self.cls_id], a, [self.sep_id])
+            )
             # The mask depends on the instance alone, not on batching or the number of ranks.
             rng = np.random.default_rng(
                 [self.seed, self.version(epoch), 3, k, int(p[0]), int(p[2])]
@@ -200,7 +235,9 @@ class PretrainingStream:
             masked, pos, lab = mask_tokens(ids, self.spec, rng)
             sequences.append(masked)
             types.append(
-                np.concatenate((np.zeros(len(a) + 2, np.int64), np.ones(len(b) + 1, np.int64)))
+                np.concatenate(
+                    (np.zeros(len(a) + 2, np.int64), np.ones(len(b) + (len(b) > 0), np.int64))
+                )
             )
             positions.append(pos)
             labels.append(lab)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from .pretraining import (
     IGNORE_INDEX,
+    BertForMaskedLM,
     BertForPreTraining,
     MaskedLMHead,
     PreTrainingOutput,
@@ -38,6 +39,7 @@ from .tasks import (
 
 __all__ = [
     "IGNORE_INDEX",
+    "BertForMaskedLM",
     "BertForMultipleChoice",
     "BertForPreTraining",
     "BertForQuestionAnswering",

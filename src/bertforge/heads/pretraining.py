@@ -43,11 +43,22 @@ class MaskedLMHead(nn.Module):
 
 @dataclass
 class PreTrainingOutput:
-    """mlm_logits: (B, T, V), or (B, P, V) for mlm_positions (B, P). nsp_logits: (B, 2)."""
+    """mlm_logits: (B, T, V), or (B, P, V) for mlm_positions (B, P). nsp_logits: (B, 2), None
+    for a masked-LM-only model."""
 
     mlm_logits: torch.Tensor
-    nsp_logits: torch.Tensor
+    nsp_logits: torch.Tensor | None
     encoder: BertOutput
+
+
+def _masked_lm_logits(
+    mlm: MaskedLMHead, bert: BertModel, h: torch.Tensor, mlm_positions: torch.Tensor | None
+) -> torch.Tensor:
+    """Vocabulary logits of h (B, T, H) at mlm_positions (B, P), or at every position."""
+    if mlm_positions is not None:
+        index = mlm_positions.unsqueeze(-1).expand(-1, -1, h.shape[-1])  # (B, P, H)
+        h = h.gather(1, index)  # (B, P, H)
+    return mlm(h, bert.embeddings.word.weight)
 
 
 class BertForPreTraining(Pretrained, nn.Module):
@@ -76,14 +87,41 @@ class BertForPreTraining(Pretrained, nn.Module):
         """mlm_positions (B, P): indices into T whose tokens to predict (Google's
         masked_lm_positions); without it every position is scored."""
         out = self.bert(input_ids, token_type_ids, attention_mask, **encoder_kwargs)
-        h = out.last_hidden_state  # (B, T, H)
-        if mlm_positions is not None:
-            index = mlm_positions.unsqueeze(-1).expand(-1, -1, h.shape[-1])  # (B, P, H)
-            h = h.gather(1, index)  # (B, P, H)
         assert out.pooler_output is not None
         return PreTrainingOutput(
-            mlm_logits=self.mlm(h, self.bert.embeddings.word.weight),
+            mlm_logits=_masked_lm_logits(self.mlm, self.bert, out.last_hidden_state, mlm_positions),
             nsp_logits=self.nsp(out.pooler_output),
+            encoder=out,
+        )
+
+
+class BertForMaskedLM(Pretrained, nn.Module):
+    """BERT with the masked-LM head only, no pooler (HF `BertForMaskedLM` layout): what
+    masked-LM-only pre-training (`pretrain --no-nsp`) trains and writes."""
+
+    hf_architecture = "BertForMaskedLM"
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.bert = BertModel(config, add_pooling_layer=False)
+        self.mlm = MaskedLMHead(config)
+        self.mlm.apply(lambda mod: init_bert_weights(mod, config.initializer_range))
+        nn.init.zeros_(self.mlm.bias)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        mlm_positions: torch.Tensor | None = None,
+        **encoder_kwargs: Any,
+    ) -> PreTrainingOutput:
+        """As BertForPreTraining.forward, with nsp_logits None."""
+        out = self.bert(input_ids, token_type_ids, attention_mask, **encoder_kwargs)
+        return PreTrainingOutput(
+            mlm_logits=_masked_lm_logits(self.mlm, self.bert, out.last_hidden_state, mlm_positions),
+            nsp_logits=None,
             encoder=out,
         )
 
@@ -157,6 +195,7 @@ def pretraining_loss(
     out: PreTrainingOutput, mlm_labels: torch.Tensor, nsp_labels: torch.Tensor
 ) -> torch.Tensor:
     """The paper's objective: masked-LM loss + next-sentence loss."""
+    assert out.nsp_logits is not None
     return masked_lm_loss(out.mlm_logits, mlm_labels) + next_sentence_loss(
         out.nsp_logits, nsp_labels
     )

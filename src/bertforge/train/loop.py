@@ -152,11 +152,12 @@ def train(
     optimizer = build_optimizer(model, cfg.optimizer, cfg.lr, cfg.weight_decay, eps=cfg.adam_eps)
     scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None
 
-    step, position = 0, None
+    step, position, train_seconds = 0, None, 0.0
     saved = checkpoints.checkpoint_dirs(run_dir)
     if saved:
         info = checkpoints.load(saved[-1], model, optimizer, scaler)
         step, position = info["step"], info["position"]
+        train_seconds = float(info.get("train_seconds", 0.0))
         if d.is_main:
             print(f"resuming from {saved[-1]} (step {step:,} of {cfg.steps:,})", flush=True)
     if d.enabled:
@@ -174,7 +175,7 @@ def train(
                 model,
                 optimizer,
                 scaler,
-                {"position": position, "precision": precision},
+                {"position": position, "precision": precision, "train_seconds": train_seconds},
                 keep=cfg.keep_checkpoints,
                 extra_files=save_extra,
             )
@@ -192,6 +193,14 @@ def train(
     stats_sum: torch.Tensor | None = None
     window_tokens, window_start = 0, time.perf_counter()
     model.train()
+
+    def trained_for() -> float:
+        """Seconds of training so far (not evaluating or saving), device work included."""
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return train_seconds + time.perf_counter() - segment_start
+
+    segment_start = time.perf_counter()
     with _StopFlag() as stop:
         while step < cfg.steps:
             micro_batches, next_position = next(data)
@@ -232,6 +241,7 @@ def train(
                     grad_norm=float(grad_norm),
                     tokens=tokens,  # non-padding tokens trained on since the last record
                     tokens_per_s=tokens / max(elapsed, 1e-9),
+                    train_seconds=round(trained_for(), 3),  # training alone, over resumes
                 )
                 log.log(step, **numbers)
                 bar.set_postfix(
@@ -243,12 +253,23 @@ def train(
                 stats_sum, window_tokens, window_start = None, 0, time.perf_counter()
             bar.update(1)
 
-            if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps):
+            evaluating = cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps)
+            stopping = _agree(stop.requested, d)
+            saving = (
+                (cfg.save_every and step % cfg.save_every == 0) or stopping or step == cfg.steps
+            )
+            if evaluating or saving:
+                train_seconds = trained_for()
+            if evaluating:
                 model.eval()
                 with torch.no_grad(), autocast(precision, device):
                     last_eval = task.evaluate(model)
                 model.train()
-                log.log(step, **{f"eval_{k}": v for k, v in last_eval.items()})
+                log.log(
+                    step,
+                    train_seconds=round(train_seconds, 3),
+                    **{f"eval_{k}": v for k, v in last_eval.items()},
+                )
                 if on_eval is not None:
                     on_eval(step, last_eval)
                 if d.is_main and cfg.progress:
@@ -256,9 +277,10 @@ def train(
                         f"step {step:,}: " + ", ".join(f"{k} {v:.4g}" for k, v in last_eval.items())
                     )
 
-            stopping = _agree(stop.requested, d)
-            if (cfg.save_every and step % cfg.save_every == 0) or stopping or step == cfg.steps:
+            if saving:
                 save_checkpoint()
+            if evaluating or saving:
+                segment_start = time.perf_counter()
             if stopping:
                 break
     bar.close()

@@ -1,11 +1,18 @@
-"""`bertforge pretrain`: masked LM + next sentence prediction on prepared shards.
+"""`bertforge pretrain`: masked LM + next sentence prediction on prepared shards, or with
+`nsp=False` (`--no-nsp`) masked LM alone on packed rows of contiguous text (RoBERTa, cramming).
 
 RUN/ (the --out directory)
     run.json                the settings; re-running the same command resumes the run
     checkpoints/step-N/     every --save-every steps and on SIGINT/SIGTERM (last K kept)
     metrics.jsonl           training and held-out numbers; tensorboard/ mirrors them
     config.json, model.safetensors, vocab.txt, tokenizer_config.json
-                            the final model (HF layout, with MLM and NSP heads)
+                            the final model (HF layout: BertForPreTraining, or
+                            BertForMaskedLM for --no-nsp)
+
+Held-out evaluation scores the masked LM the same way for every recipe, so that runs compare:
+packed held-out rows of max_seq_length tokens with fixed 15% masks (whatever the run's masking
+rate and format); NSP runs add their NSP accuracy on fixed held-out pairs. `train_seconds` in
+metrics.jsonl counts training time alone (no evaluation, no checkpoint writing), over resumes.
 
 The loss of a step is the mean over the whole global batch (masked tokens for the MLM loss,
 sequences for NSP) whatever the number of processes or micro-batches, so a run on N processes
@@ -32,7 +39,8 @@ from ..data.pretraining import Batch, Position, PretrainingStream
 from ..data.shards import ShardSet
 from ..errors import BertforgeError, ConfigError
 from ..fileio import write_json
-from ..heads import BertForPreTraining, cross_entropy_sum
+from ..heads import BertForMaskedLM, BertForPreTraining, cross_entropy_sum
+from ..hub import resolve
 from ..tokenizer import Tokenizer
 from . import distributed
 from .loop import LoopConfig, train
@@ -47,6 +55,9 @@ _RESUMABLE = {
     "progress",
     "device",
 }
+
+
+EVAL_BATCH = 32  # held-out rows per evaluation batch, whatever the training batch size
 
 
 @dataclass
@@ -64,6 +75,8 @@ class PretrainConfig:
     masked_lm_prob: float = 0.15
     short_seq_prob: float = 0.1
     whole_word_mask: bool = False
+    nsp: bool = True  # False: masked LM only, on packed rows (no NSP head in the result)
+    dropout: float | None = None  # the model's dropout while pre-training (None: the config's)
     dupe_factor: int | None = None  # None: dynamic masking; k: k fixed maskings, cycled
     lr: float = 1e-4
     warmup_ratio: float = 0.01
@@ -74,7 +87,7 @@ class PretrainConfig:
     seed: int = 0
     log_every: int = 10
     eval_every: int = 500
-    eval_batches: int = 20
+    eval_batches: int = 20  # held-out batches of EVAL_BATCH rows per evaluation
     save_every: int = 1000
     keep_checkpoints: int = 3
     device: str | None = None
@@ -85,11 +98,11 @@ class PretrainingTask:
     """Loss, batches and evaluation of BERT pre-training (see train/loop.py's Task)."""
 
     # statistics summed for logging: MLM loss sum, masked count, MLM correct, NSP loss sum,
-    # sequences, NSP correct
+    # sequences, NSP correct (the NSP entries stay 0 without NSP)
     def __init__(
         self,
         stream: PretrainingStream,
-        heldout: PretrainingStream | None,
+        heldout: dict[str, PretrainingStream],
         cfg: PretrainConfig,
         d: distributed.Dist,
     ) -> None:
@@ -121,9 +134,14 @@ class PretrainingTask:
         logits = out.mlm_logits
         labels = micro.mlm_labels
         mlm_sum = cross_entropy_sum(logits, labels)
-        nsp_sum = F.cross_entropy(out.nsp_logits.float(), micro.nsp_labels, reduction="sum")
         # Means over the global batch; x world size because DDP averages gradients over ranks.
-        loss = (mlm_sum / totals[0] + nsp_sum / totals[1]) * self.d.world_size
+        loss = mlm_sum / totals[0]
+        zero = torch.zeros((), device=logits.device)
+        nsp_sum, nsp_correct = zero, zero
+        if out.nsp_logits is not None:
+            nsp_sum = F.cross_entropy(out.nsp_logits.float(), micro.nsp_labels, reduction="sum")
+            loss = loss + nsp_sum / totals[1]
+            nsp_correct = (out.nsp_logits.argmax(-1) == micro.nsp_labels).sum().float()
         with torch.no_grad():
             valid = labels != IGNORE_INDEX
             stats = torch.stack(
@@ -133,13 +151,16 @@ class PretrainingTask:
                     ((logits.argmax(-1) == labels) & valid).sum().float(),
                     nsp_sum.detach(),
                     torch.tensor(float(len(micro.nsp_labels)), device=logits.device),
-                    (out.nsp_logits.argmax(-1) == micro.nsp_labels).sum().float(),
+                    nsp_correct,
                 ]
             )
-        return loss, stats
+        return loss * self.d.world_size, stats
 
     def summarize(self, s: torch.Tensor) -> dict[str, float]:
-        mlm_loss, nsp_loss = float(s[0] / s[1]), float(s[3] / s[4])
+        mlm_loss = float(s[0] / s[1])
+        if not self.cfg.nsp:
+            return {"loss": mlm_loss, "mlm_loss": mlm_loss, "mlm_acc": float(s[2] / s[1])}
+        nsp_loss = float(s[3] / s[4])
         return {
             "loss": mlm_loss + nsp_loss,
             "mlm_loss": mlm_loss,
@@ -148,28 +169,36 @@ class PretrainingTask:
             "nsp_acc": float(s[5] / s[4]),
         }
 
-    def evaluate(self, model: nn.Module) -> dict[str, float]:
-        """Held-out MLM loss, accuracy and perplexity, NSP accuracy (fixed batches and masks)."""
-        if self.heldout is None:
-            return {}
-        total: torch.Tensor | None = None
-        batches = self.heldout.batches(self.cfg.batch_size, None, self.d.rank, self.d.world_size)
+    def _heldout_stats(self, model: nn.Module, stream: PretrainingStream) -> torch.Tensor:
+        total = torch.zeros(6, device=self.d.device)
+        # the same rows whatever the training batch size: batches of EVAL_BATCH (or nearly)
+        size = max(EVAL_BATCH // self.d.world_size, 1) * self.d.world_size
+        batches = stream.batches(size, None, self.d.rank, self.d.world_size)
         for _ in range(self.cfg.eval_batches):
             batch, _ = next(batches)
             for micro in _split(batch, self.micro):
-                micro = micro.to(self.d.device)
-                ones = torch.ones(2, device=self.d.device)
-                _, stats = self.loss(model, micro, ones)
-                total = stats if total is None else total + stats
-        assert total is not None
-        s = distributed.all_reduce_sum(total.float(), self.d)
-        out = self.summarize(s)
-        return {
-            "mlm_loss": out["mlm_loss"],
-            "mlm_acc": out["mlm_acc"],
-            "perplexity": math.exp(min(out["mlm_loss"], 50.0)),
-            "nsp_acc": out["nsp_acc"],
-        }
+                _, stats = self.loss(
+                    model, micro.to(self.d.device), torch.ones(2, device=self.d.device)
+                )
+                total += stats.float()
+        return distributed.all_reduce_sum(total, self.d)
+
+    def evaluate(self, model: nn.Module) -> dict[str, float]:
+        """Held-out masked-LM loss, accuracy and perplexity on packed rows with fixed 15% masks
+        (comparable across recipes), and NSP accuracy on fixed held-out pairs for NSP runs."""
+        out: dict[str, float] = {}
+        if "mlm" in self.heldout:
+            s = self._heldout_stats(model, self.heldout["mlm"])
+            mlm_loss = float(s[0] / s[1])
+            out.update(
+                mlm_loss=mlm_loss,
+                mlm_acc=float(s[2] / s[1]),
+                perplexity=math.exp(min(mlm_loss, 50.0)),
+            )
+        if "nsp" in self.heldout:
+            s = self._heldout_stats(model, self.heldout["nsp"])
+            out["nsp_acc"] = float(s[5] / s[4])
+        return out
 
 
 def _split(batch: Batch, size: int) -> list[Batch]:
@@ -214,12 +243,15 @@ def _check_run_dir(run_dir: Path, cfg: PretrainConfig) -> dict[str, Any] | None:
     return saved
 
 
-def build_model(cfg: PretrainConfig, tok: Tokenizer) -> BertForPreTraining:
+def build_model(cfg: PretrainConfig, tok: Tokenizer) -> BertForPreTraining | BertForMaskedLM:
+    """The model to pre-train: from --init, a config.json or a named size; BertForMaskedLM
+    without NSP. --dropout replaces the config's dropout (the saved config keeps its own)."""
+    cls = BertForPreTraining if cfg.nsp else BertForMaskedLM
     if cfg.init:
-        model = BertForPreTraining.from_pretrained(cfg.init)
-        if model.config.vocab_size < tok.vocab_size:
+        config = BertConfig.from_pretrained(resolve(cfg.init))
+        if config.vocab_size < tok.vocab_size:
             raise ConfigError(
-                f"{cfg.init}: vocab_size={model.config.vocab_size} is smaller than the data's vocabulary ({tok.vocab_size})"
+                f"{cfg.init}: vocab_size={config.vocab_size} is smaller than the data's vocabulary ({tok.vocab_size})"
             )
     else:
         overrides = {"vocab_size": tok.vocab_size, "pad_token_id": tok.pad_id}
@@ -227,12 +259,18 @@ def build_model(cfg: PretrainConfig, tok: Tokenizer) -> BertForPreTraining:
             config = BertConfig.from_json_file(cfg.config).replace(**overrides)
         else:
             config = BertConfig.from_size(cfg.model_size, **overrides)
-        model = BertForPreTraining(config)
-    if cfg.max_seq_length > model.config.max_position_embeddings:
+    if cfg.max_seq_length > config.max_position_embeddings:
         raise ConfigError(
             f"max_seq_length={cfg.max_seq_length} is more than the model's "
-            f"max_position_embeddings={model.config.max_position_embeddings}"
+            f"max_position_embeddings={config.max_position_embeddings}"
         )
+    train_config = config
+    if cfg.dropout is not None:
+        train_config = config.replace(
+            hidden_dropout_prob=cfg.dropout, attention_probs_dropout_prob=cfg.dropout
+        )
+    model = cls.from_pretrained(cfg.init, config=train_config) if cfg.init else cls(train_config)
+    model.config = config  # what is saved: the architecture's own dropout, for fine-tuning
     return model.train()
 
 
@@ -271,31 +309,29 @@ def _run(cfg: PretrainConfig, d: distributed.Dist) -> dict[str, Any]:
         max_predictions_per_seq=max_predictions,
         whole_word=cfg.whole_word_mask,
     )
-    common = {"max_seq_length": cfg.max_seq_length, "short_seq_prob": cfg.short_seq_prob}
+    common = {
+        "max_seq_length": cfg.max_seq_length,
+        "short_seq_prob": cfg.short_seq_prob,
+        "cls_id": tok.cls_id,
+        "sep_id": tok.sep_id,
+        "pad_id": tok.pad_id,
+    }
     stream = PretrainingStream(
-        shards,
-        spec,
-        tok.cls_id,
-        tok.sep_id,
-        tok.pad_id,
-        seed=cfg.seed,
-        dupe_factor=cfg.dupe_factor,
-        **common,
+        shards, spec, seed=cfg.seed, dupe_factor=cfg.dupe_factor, packed=not cfg.nsp, **common
     )
-    heldout = None
+    heldout: dict[str, PretrainingStream] = {}
     if shards.names("heldout") and cfg.eval_every:
-        # fixed pairs and masks (one version), so evaluations are comparable across steps
-        heldout = PretrainingStream(
-            shards,
+        # fixed rows and masks (one version), so that evaluations compare across steps and runs
+        eval_spec = dataclasses.replace(
             spec,
-            tok.cls_id,
-            tok.sep_id,
-            tok.pad_id,
-            split="heldout",
-            seed=cfg.seed + 1,
-            dupe_factor=1,
-            **common,
+            masked_lm_prob=0.15,
+            max_predictions_per_seq=max(1, round(cfg.max_seq_length * 0.15)),
+            whole_word=False,
         )
+        fixed = {"split": "heldout", "seed": cfg.seed + 1, "dupe_factor": 1}
+        heldout["mlm"] = PretrainingStream(shards, eval_spec, packed=True, **fixed, **common)
+        if cfg.nsp:
+            heldout["nsp"] = PretrainingStream(shards, spec, **fixed, **common)
     task = PretrainingTask(stream, heldout, cfg, d)
     if d.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -316,7 +352,7 @@ def _run(cfg: PretrainConfig, d: distributed.Dist) -> dict[str, Any]:
         clip_norm=cfg.clip_norm,
         precision=cfg.precision,
         log_every=cfg.log_every,
-        eval_every=cfg.eval_every if heldout is not None else 0,
+        eval_every=cfg.eval_every if heldout else 0,
         save_every=cfg.save_every,
         keep_checkpoints=cfg.keep_checkpoints,
         progress=cfg.progress,
