@@ -39,11 +39,12 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bertforge.runner import autocast
+from bertforge.tasks import family
+from bertforge.tasks.base import collate
 from bertforge.tokenizer import Tokenizer
 from bertforge.train import distributed
-from bertforge.train.finetune import FinetuneConfig, collate, evaluate_model, make_task, run
-from bertforge.train.finetune.run import load_data
-from bertforge.train.loop import autocast
+from bertforge.train.finetune import FinetuneConfig, FinetuneTask, evaluate_model, load_data, run
 from common import RESULTS, machine, table, write_results
 
 # Where each task's files are under ../shared/data, its settings, and its epochs.
@@ -86,10 +87,10 @@ class Adapter(nn.Module):
         return out
 
 
-def hf_inputs(task: Any, batch: Any) -> dict[str, torch.Tensor]:
+def hf_inputs(cfg: Any, batch: Any) -> dict[str, torch.Tensor]:
     inputs = {"input_ids": batch.input_ids, "token_type_ids": batch.token_type_ids,
               "attention_mask": batch.attention_mask}  # fmt: skip
-    if task.cfg.task.startswith("squad"):
+    if cfg.task.startswith("squad"):
         inputs.update(start_positions=batch.labels[:, 0], end_positions=batch.labels[:, 1])
     else:
         inputs["labels"] = batch.labels
@@ -103,15 +104,16 @@ def reference_run(
     import transformers
 
     tok = Tokenizer.from_pretrained(model_dir)
-    task = make_task(cfg, distributed.Dist(), tok)
+    task = FinetuneTask(family(cfg, tok), cfg, distributed.Dist())
+    fam, runner = task.family, task.runner
     _, dev_examples = load_data(task, cfg)  # the very features our run trains on
     train, (_, dev) = task.train, task.dev
-    test_examples = task.read(test) if test else None
-    test_features = task.featurize(test_examples) if test_examples else None
+    test_examples = fam.read(test) if test else None
+    test_features = fam.featurize(test_examples) if test_examples else None
 
     torch.manual_seed(cfg.seed)
-    head = getattr(transformers, task.head.__name__)
-    model = head.from_pretrained(model_dir, **task.head_kwargs())
+    head = getattr(transformers, fam.head.__name__)
+    model = head.from_pretrained(model_dir, **fam.head_kwargs())
     decay = [
         p for n, p in model.named_parameters() if not n.endswith("bias") and "LayerNorm" not in n
     ]
@@ -138,21 +140,21 @@ def reference_run(
                 break
             step += 1
             batch = collate(train, order[i : i + cfg.batch_size], tok.pad_id)
-            with autocast(task.precision, cpu):
-                loss = model(**hf_inputs(task, batch)).loss
+            with autocast(runner.precision, cpu):
+                loss = model(**hf_inputs(cfg, batch)).loss
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             sched.step()
             opt.zero_grad(set_to_none=True)
         model.eval()
-        with torch.no_grad(), autocast(task.precision, cpu):
-            metrics, _ = task.evaluate_examples(Adapter(model), dev_examples, dev)
-            if not best or metrics[task.metric] > best[task.metric]:
+        with torch.no_grad():
+            metrics, _ = fam.evaluate(runner, Adapter(model), dev_examples, dev)
+            if not best or metrics[fam.metric] > best[fam.metric]:
                 best = dict(metrics)
                 if test_features is not None:
                     t0 = time.perf_counter()
-                    scores, _ = task.evaluate_examples(Adapter(model), test_examples, test_features)
+                    scores, _ = fam.evaluate(runner, Adapter(model), test_examples, test_features)
                     best.update({f"test_{k}": v for k, v in scores.items()})
                     untimed += time.perf_counter() - t0
     return best, (time.perf_counter() - start - untimed) / cfg.epochs
@@ -215,8 +217,7 @@ def main() -> None:
                     start = time.perf_counter()
                     best = run(cfg)
                     ours_s = (time.perf_counter() - start) / epochs
-                    task = make_task(cfg, distributed.Dist(), Tokenizer.from_pretrained(tmp))
-                    metric = task.metric
+                    metric = family(cfg, Tokenizer.from_pretrained(tmp)).metric
                     ours = best[metric]
                     if test:
                         ours = evaluate_model(tmp, cfg.task, test)[metric]

@@ -28,7 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bertforge import BertConfig, BertForPreTraining
-from bertforge.heads import masked_lm_loss, next_sentence_loss
+from bertforge.tasks.pretraining import masked_lm_loss, next_sentence_loss
 from bertforge.train.optim import build_optimizer
 from common import machine, matmul_gflops, table, timed, write_results
 

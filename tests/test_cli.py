@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from bertforge import BertForPreTraining, Tokenizer
 
@@ -52,7 +55,7 @@ def test_every_option_help_says_its_default() -> None:
                 checked += 1
     assert checked > 50
     shown = run("finetune", "--help").stdout
-    assert "(default: 3e-5)" in shown and "default: 0" in " ".join(shown.split())
+    assert "(default: 3e-05)" in shown and "default: 0" in " ".join(shown.split())
 
 
 def test_console_script_is_installed() -> None:
@@ -115,3 +118,169 @@ def test_demo_runs_end_to_end(tmp_path: Path) -> None:
     assert set(classifier.config.label2id) == {"real", "shuffled"}
     rows = (out / "acceptability" / "train.tsv").read_text().splitlines()
     assert rows[0] == "sentence\tlabel" and len(rows) == 201
+
+
+# ------------------------------------------------------------------------------------------------
+# Every error a user can cause: one line, status 2, nothing written
+
+
+# Bad command lines and what their one line of error must say. {pre} and {fine} stand for a
+# valid pretrain / finetune command line, {S} shards, {M} a tiny model without task heads,
+# {T} a training table, {O} an output that must not appear, {P} a text file, {X} MiniLM.
+BAD_LINES = """
+{pre} --precision fp16                         | fp16 (with loss scaling) is for CUDA GPUs
+{pre} --batch-size 0                           | batch_size=0 (--batch-size): must be >= 1
+{pre} --lr -1                                  | lr=-1.0 (--lr): must be > 0
+{pre} --masked-lm-prob 1.5                     | masked_lm_prob=1.5 (--masked-lm-prob): must be > 0 and < 1
+{pre} --warmup-ratio 2                         | warmup_ratio=2.0 (--warmup-ratio): must be >= 0 and <= 1
+{pre} --max-seq-length 100000                  | max_position_embeddings=512
+{pre} --micro-batch-size 7                     | split evenly
+{pre} --model-size huge                        | invalid choice: 'huge'
+{pre} --steps ten                              | invalid int value: 'ten'
+{pre} --dropout 1                              | dropout=1.0 (--dropout): must be >= 0 and < 1
+{pre} --config {tmp}/config.json --init {M}    | not both
+{pre} --device tpu                             | device='tpu'
+pretrain --data {tmp}/nowhere --out {O}        | nowhere
+{fine} --precision fp16                        | fp16 (with loss scaling) is for CUDA GPUs
+{fine} --max-seq-length 100000                 | max_seq_length=100000 (--max-seq-length): the model has
+{fine} --epochs 0                              | epochs=0.0 (--epochs): must be > 0
+{fine} --dev-split 1.5                         | dev_split=1.5
+{fine} --warmup-ratio -0.1                     | warmup_ratio=-0.1
+finetune --model {M} --task nope --train {T} --out {O}          | invalid choice: 'nope'
+finetune --model {tmp}/nomodel --task sst2 --train {T} --out {O} | nomodel
+finetune --model {M} --task sst2 --train {tmp}/gone.tsv --out {O} | gone.tsv
+finetune --task sst2 --train {T} --out {O}     | the following arguments are required: --model
+evaluate --model {M} --task sst2 --data {T}    | no trained BertForSequenceClassification head
+predict --model {M} --task sst2 --data {T}     | required: --out
+embed {X} {P} --pooling foo                    | invalid choice: 'foo'
+embed {X} {P} --batch-size 0                   | batch_size=0
+embed {X} {P} --precision fp16                 | fp16
+features {X} {P} --layers 99                   | layer 99
+fill-mask {M} {P}                              | no [MASK] token
+classify {X} {P}                               | no trained classifier
+qa {M} {tmp}/qa.txt                            | tab-separated fields
+serve {X} --max-batch 0                        | max_batch=0 (--max-batch): must be >= 1
+prepare {tmp}/corpus.txt --tokenizer {M} --out {O} --heldout 1.5 | heldout=1.5
+prepare {tmp}/corpus.txt --tokenizer {M} --out {O} --format nope | invalid choice: 'nope'
+vocab train {tmp}/corpus.txt --size 3 --out {O}                  | vocab_size=3
+export {X} --onnx {O}/m.onnx --atol -1         | atol=-1.0
+attention {X} hello --out {O}/v.txt            | .html or .png
+probe --model {X} --task mrpc --train {T} --dev {T} | single-sentence
+info {tmp}/missing                             | no such file or directory
+plot {tmp}/norun                               | nothing to plot
+"""
+
+
+@pytest.fixture(scope="module")
+def bad_lines(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path, minilm_dir: Path) -> list:
+    from bertforge.data.shards import prepare
+    from tests.test_finetune import keyword_table
+
+    tmp = tmp_path_factory.mktemp("bad")
+    docs = (f"Line one of {d}.\nLine two of {d}.\nAnd a third." for d in range(30))
+    (tmp / "corpus.txt").write_text("\n\n".join(docs) + "\n")
+    prepare([tmp / "corpus.txt"], Tokenizer.from_pretrained(tiny_model), tmp / "shards", fmt="lines",
+            progress=False)  # fmt: skip
+    keyword_table(tmp / "train.tsv", 20, seed=0)
+    (tmp / "plain.txt").write_text("no mask in this line\n")
+    (tmp / "qa.txt").write_text("a question without its context\n")
+    config = {
+        "hidden_size": 64,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "intermediate_size": 64,
+    }
+    (tmp / "config.json").write_text(json.dumps(config))
+    names = {"S": tmp / "shards", "M": tiny_model, "T": tmp / "train.tsv", "O": tmp / "out",
+             "P": tmp / "plain.txt", "X": minilm_dir, "tmp": tmp}  # fmt: skip
+    names["pre"] = "pretrain --data {S} --out {O}".format(**names)
+    names["fine"] = "finetune --model {M} --task sst2 --train {T} --out {O}".format(**names)
+    lines = []
+    for row in BAD_LINES.strip().splitlines():
+        args, expected = row.rsplit("|", 1)
+        lines.append((shlex.split(args.format(**names)), expected.strip(), tmp / "out"))
+    return lines
+
+
+def test_bad_command_lines_end_in_one_line_and_status_2(
+    bad_lines: list, capsys: pytest.CaptureFixture
+) -> None:
+    from bertforge.cli import main
+
+    assert len(bad_lines) >= 25
+    verbs = set()
+    for argv, expected, out in bad_lines:
+        try:
+            code = main(argv)
+        except SystemExit as e:  # argparse's usage errors
+            code = e.code
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2, (argv, err)
+        assert len(err) == 1 and err[0].startswith("bertforge: error: "), (argv, err)
+        assert expected in err[0], (argv, err[0])
+        assert not out.exists(), (argv, "wrote something")
+        verbs.add(argv[0])
+    assert len(verbs) >= 14
+
+
+def test_cli_defaults_are_the_configs_defaults() -> None:
+    import inspect
+
+    from bertforge.cli import build_parser
+    from bertforge.config import SIZES
+    from bertforge.data.corpus import FORMATS
+    from bertforge.data.shards import prepare
+    from bertforge.data.tasks import TASK_NAMES
+    from bertforge.demo import run_demo
+    from bertforge.export import export_onnx
+    from bertforge.pipelines import Pipeline
+    from bertforge.runner import PRECISIONS
+    from bertforge.serve import Limits, serve
+    from bertforge.tasks import TaskOptions
+    from bertforge.tokenizer import train_vocab
+    from bertforge.train.finetune import FinetuneConfig, evaluate_model, predict
+    from bertforge.train.pretrain import PretrainConfig
+
+    pipelines = [Pipeline, Pipeline.embed, Pipeline.fill_mask, Pipeline.features]
+    targets = {
+        "pretrain": [PretrainConfig], "finetune": [FinetuneConfig], "evaluate": [TaskOptions, evaluate_model],
+        "predict": [TaskOptions, predict], "prepare": [prepare], "train": [train_vocab],
+        "serve": [Limits, serve, Pipeline], "export": [export_onnx], "demo": [run_demo], "probe": [TaskOptions],
+        **{v: pipelines for v in ("embed", "features", "fill-mask", "classify", "ner", "qa", "nsp")},
+    }  # fmt: skip
+
+    def defaults(target: object) -> dict[str, object]:
+        return {n: p.default for n, p in inspect.signature(target).parameters.items()
+                if p.default is not inspect.Parameter.empty}  # fmt: skip
+
+    def parsers(p: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+        found = {}
+        for a in p._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                for name, child in a.choices.items():
+                    found[name] = child
+                    found.update(parsers(child))
+        return found
+
+    checked = 0
+    for verb, p in parsers(build_parser()).items():
+        known: dict[str, object] = {}
+        for target in targets.get(verb, []):
+            known.update(defaults(target))
+        for a in p._actions:
+            if a.dest in known and a.option_strings:
+                assert a.default == known[a.dest], (verb, a.dest, a.default, known[a.dest])
+                checked += 1
+            if a.dest == "precision":
+                assert tuple(a.choices) == PRECISIONS, verb
+    assert checked > 100
+    options = {a.dest: a for a in parsers(build_parser())["pretrain"]._actions}
+    assert tuple(options["model_size"].choices) == tuple(SIZES)
+    assert (
+        tuple(parsers(build_parser())["finetune"]._option_string_actions["--task"].choices)
+        == TASK_NAMES
+    )
+    assert (
+        tuple(parsers(build_parser())["prepare"]._option_string_actions["--format"].choices)
+        == FORMATS
+    )

@@ -14,13 +14,8 @@ import torch
 from bertforge import BertConfig, BertForPreTraining, BertForSequenceClassification, Tokenizer
 from bertforge.data.tasks import glue_task
 from bertforge.errors import DataError, FreshWeightsWarning
-from bertforge.train.finetune import (
-    FinetuneConfig,
-    epoch_batches,
-    evaluate_model,
-    featurize,
-    run,
-)
+from bertforge.tasks.sentence import featurize
+from bertforge.train.finetune import FinetuneConfig, epoch_batches, evaluate_model, run
 from tests.conftest import TINY
 
 GOOD = ["good", "great", "fine", "lovely", "superb", "nice"]

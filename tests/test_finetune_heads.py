@@ -23,17 +23,13 @@ from bertforge import (
     ConfigError,
     InputError,
 )
-from bertforge.heads import (
-    IGNORE_INDEX,
-    classification_loss,
-    classifier_dropout,
-    multi_label_loss,
-    multiple_choice_loss,
-    regression_loss,
-    sequence_classification_loss,
-    span_loss,
-    token_classification_loss,
-)
+from bertforge.data.instances import IGNORE_INDEX
+from bertforge.heads import classifier_dropout
+from bertforge.tasks.base import classification_loss
+from bertforge.tasks.choice import multiple_choice_loss
+from bertforge.tasks.sentence import multi_label_loss, regression_loss, sequence_classification_loss
+from bertforge.tasks.squad import span_loss
+from bertforge.tasks.tagging import token_classification_loss
 from tests.conftest import ODD
 
 transformers = pytest.importorskip("transformers")

@@ -16,18 +16,12 @@ from bertforge.cli import main
 from bertforge.data.tasks import SquadExample, TaggedSentence, read_conll
 from bertforge.heads import BertForQuestionAnswering, BertForTokenClassification
 from bertforge.pipelines import Pipeline
-from bertforge.train.finetune import Features, FinetuneConfig, evaluate_model, predict, run
-from bertforge.train.finetune.squad import (
-    Window,
-    max_context_flags,
-    postprocess,
-    windows_of,
-)
-from bertforge.train.finetune.squad import (
-    featurize as squad_featurize,
-)
-from bertforge.train.finetune.tagging import featurize as tag_featurize
-from bertforge.train.finetune.tagging import tag_set
+from bertforge.tasks.base import Features
+from bertforge.tasks.squad import Window, max_context_flags, postprocess, windows_of
+from bertforge.tasks.squad import featurize as squad_featurize
+from bertforge.tasks.tagging import featurize as tag_featurize
+from bertforge.tasks.tagging import tag_set
+from bertforge.train.finetune import FinetuneConfig, evaluate_model, predict, run
 
 # ------------------------------------------------------------------------------------------------
 # SQuAD features

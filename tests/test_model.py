@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from bertforge import BertConfig, BertForPreTraining, BertModel, InputError, Tokenizer
-from bertforge.heads import IGNORE_INDEX, pretraining_loss
+from bertforge.data.instances import IGNORE_INDEX
+from bertforge.tasks.pretraining import masked_lm_loss, next_sentence_loss
 from tests.hard_cases import HARD_CASES
 
 
@@ -164,7 +165,9 @@ def test_training_step_gradients_reach_every_parameter(small_config: BertConfig)
     x = _inputs(small_config.vocab_size)
     labels = x["input_ids"].masked_fill(torch.rand(x["input_ids"].shape) > 0.3, IGNORE_INDEX)
     out = model(**x)
-    loss = pretraining_loss(out, labels, torch.tensor([0, 1, 0]))
+    loss = masked_lm_loss(out.mlm_logits, labels) + next_sentence_loss(
+        out.nsp_logits, torch.tensor([0, 1, 0])
+    )
     loss.backward()
     assert torch.isfinite(loss)
     without_grad = [
@@ -199,7 +202,10 @@ def test_bf16_autocast_runs_and_stays_close() -> None:
     assert (cos > 0.99).all(), cos
     model.train()
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        loss = pretraining_loss(model(**x), x["input_ids"], torch.tensor([0, 1, 1]))
+        out = model(**x)
+        loss = masked_lm_loss(out.mlm_logits, x["input_ids"]) + next_sentence_loss(
+            out.nsp_logits, torch.tensor([0, 1, 1])
+        )
     loss.backward()
     assert torch.isfinite(loss) and model.bert.embeddings.word.weight.grad is not None
 

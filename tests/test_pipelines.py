@@ -12,9 +12,12 @@ import torch
 
 from bertforge import BertConfig, BertForPreTraining, Tokenizer
 from bertforge.cli import main
-from bertforge.errors import ConfigError, InputError
+from bertforge.errors import CheckpointError, ConfigError, InputError
+from bertforge.evaluate import entity_scores, entity_spans
 from bertforge.heads import BertForSequenceClassification, BertForTokenClassification
-from bertforge.pipelines import Pipeline, _merge_entities
+from bertforge.pipelines import Pipeline
+from bertforge.runner import length_batches
+from bertforge.tasks.tagging import entities
 from tests.conftest import TINY
 
 SENTENCES = [
@@ -147,11 +150,11 @@ def test_fill_mask_on_a_model_pre_trained_by_bertforge(tmp_path: Path) -> None:
 
 def test_task_pipelines_refuse_a_checkpoint_without_the_head(minilm_dir: Path) -> None:
     pipe = Pipeline(minilm_dir)
-    with pytest.raises(ConfigError, match="no trained masked-LM head"):
+    with pytest.raises(CheckpointError, match="no trained masked-LM head"):
         pipe.fill_mask(["a [MASK]"])
-    with pytest.raises(ConfigError, match="no trained classifier"):
+    with pytest.raises(CheckpointError, match="no trained classifier"):
         pipe.classify(["a"])
-    with pytest.raises(ConfigError, match="no trained question-answering head"):
+    with pytest.raises(CheckpointError, match="no trained question-answering head"):
         pipe.qa(["q"], ["c"])
 
 
@@ -194,15 +197,14 @@ def test_classify_and_ner_match_transformers(heads_dir: dict[str, Path]) -> None
         enc = tok.encode(text)
         with torch.no_grad():
             tags = hf(**tok([text])).logits[0].argmax(-1).tolist()
-        words, seen = [], set()
+        word_tags, starts, seen = [], [], set()
         for j, w in enumerate(enc.word_ids):
             if w is not None and w not in seen:
                 seen.add(w)
-                words.append((names[tags[j]], 1.0, enc.offsets[j][0], enc.offsets[j][1]))
-        expected = _merge_entities(text, words)
-        assert [(e["entity"], e["start"]) for e in got_entities] == [
-            (e["entity"], e["start"]) for e in expected
-        ]
+                word_tags.append(names[tags[j]])
+                starts.append(enc.offsets[j][0])
+        expected = [(kind, starts[a]) for kind, a, _ in entity_spans(word_tags)]
+        assert [(e["entity"], e["start"]) for e in got_entities] == expected
         for e in got_entities:
             assert text[e["start"] : e["end"]] == e["text"] and e["text"].strip() == e["text"]
 
@@ -210,7 +212,7 @@ def test_classify_and_ner_match_transformers(heads_dir: dict[str, Path]) -> None
 def test_batches_are_length_sorted_capped_and_cut_before_mostly_padding(minilm_dir: Path) -> None:
     pipe = Pipeline(minilm_dir, batch_size=8, precision="fp32")
     lengths = [30] * 11 + [300] + [12, 5]
-    batches = [list(map(int, b)) for b in pipe.batches(lengths)]
+    batches = [list(map(int, b)) for b in length_batches(lengths, 8)]
     assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
     assert all(len(b) <= 8 for b in batches)
     assert batches[-1] == [11]  # the long text alone: the short ones are not padded to 300
@@ -223,19 +225,39 @@ def test_batches_are_length_sorted_capped_and_cut_before_mostly_padding(minilm_d
     assert np.abs(together - alone).max() < 1e-4
 
 
-def test_entity_merging() -> None:
-    text = "Alice Smithson went to New York"
-    words = [("B-PER", 0.9, 0, 5), ("I-PER", 0.7, 6, 14), ("O", 1.0, 15, 19), ("O", 1.0, 20, 22),
-             ("I-LOC", 0.8, 23, 26), ("I-LOC", 0.6, 27, 31)]  # fmt: skip
-    got = _merge_entities(text, words)
+# (tags of the words "w0 w1 ...", the entities as (type, first word, last word + 1))
+NER_TABLE = [
+    (["B-PER", "I-PER", "O", "B-LOC"], [("PER", 0, 2), ("LOC", 3, 4)]),  # IOB2
+    (["I-PER", "I-PER", "O", "I-LOC", "I-LOC"], [("PER", 0, 2), ("LOC", 3, 5)]),  # IOB1
+    (["I-PER", "B-PER", "O"], [("PER", 0, 1), ("PER", 1, 2)]),  # IOB1: B- splits one type
+    (
+        ["B-PER", "E-PER", "S-LOC", "B-ORG", "I-ORG", "E-ORG"],
+        [("PER", 0, 2), ("LOC", 2, 3), ("ORG", 3, 6)],
+    ),  # IOBES
+    (["B-PER", "E-PER"], [("PER", 0, 2)]),  # B-X E-X: one entity (the pipeline once said two)
+    (["O", "I-MISC", "O"], [("MISC", 1, 2)]),  # a stray I- starts an entity
+    (["B-PER", "I-LOC"], [("PER", 0, 1), ("LOC", 1, 2)]),  # a type change ends one
+    (["B-PER", "B-PER", "I-PER"], [("PER", 0, 1), ("PER", 1, 3)]),  # adjacent, one type
+    (["S-PER", "S-PER"], [("PER", 0, 1), ("PER", 1, 2)]),
+    (["E-PER", "I-PER"], [("PER", 0, 1), ("PER", 1, 2)]),  # after E- a new chunk
+]
+
+
+@pytest.mark.parametrize(("tags", "spans"), NER_TABLE)
+def test_ner_pipeline_and_entity_metric_decode_tags_alike(tags: list[str], spans: list) -> None:
+    text = " ".join(f"w{i}" for i in range(len(tags)))
+    words = [(text.index(f"w{i}"), text.index(f"w{i}") + len(f"w{i}")) for i in range(len(tags))]
+    got = entities(text, tags, [0.5] * len(tags), words)  # what Pipeline.ner returns
     assert [(e["entity"], e["text"]) for e in got] == [
-        ("PER", "Alice Smithson"),
-        ("LOC", "New York"),
+        (kind, " ".join(f"w{i}" for i in range(a, b))) for kind, a, b in spans
     ]
-    assert got[0]["score"] == pytest.approx(0.8)
-    # a B- right after an entity of the same type starts a new one
-    got = _merge_entities("A B", [("B-PER", 1.0, 0, 1), ("B-PER", 1.0, 2, 3)])
-    assert [e["text"] for e in got] == ["A", "B"]
+    # the metric counts the same entities: as predictions against IOB2 tags of the expected
+    # spans, every one is found and nothing else
+    gold = ["O"] * len(tags)
+    for kind, a, b in spans:
+        gold[a:b] = [f"B-{kind}"] + [f"I-{kind}"] * (b - a - 1)
+    scores = entity_scores([gold], [tags])
+    assert (scores["n_gold"], scores["n_pred"], scores["f1"]) == (len(spans), len(spans), 1.0)
 
 
 def test_qa_spans_and_long_contexts(heads_dir: dict[str, Path]) -> None:

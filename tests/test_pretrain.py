@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -85,17 +86,15 @@ def finished_run(data: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[
     return out, args
 
 
-def test_sigkill_and_resume_ends_with_identical_parameters(
-    data: Path, finished_run, tmp_path: Path
-) -> None:
-    reference, args = finished_run
-    out = tmp_path / "B"
+def kill_and_resume(data: Path, reference: Path, out: Path, args: list[str], at_step: int) -> None:
+    """Run into `out`, SIGKILL it once checkpoint `at_step` exists, run the same command again:
+    the parameters and the logged losses equal those of the uninterrupted `reference`."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(
         pretrain_cmd(data, out, *args), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env
     )
     deadline = time.time() + 300
-    while not (out / "checkpoints" / "step-00000016").exists():
+    while not (out / "checkpoints" / f"step-{at_step:08d}").exists():
         assert proc.poll() is None, proc.stderr.read().decode()[-2000:] if proc.stderr else ""
         assert time.time() < deadline
         time.sleep(0.02)
@@ -108,6 +107,13 @@ def test_sigkill_and_resume_ends_with_identical_parameters(
     assert a.keys() == b.keys()
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert losses(reference) == losses(out)  # the same curve, resumed steps logged once
+
+
+def test_sigkill_and_resume_ends_with_identical_parameters(
+    data: Path, finished_run, tmp_path: Path
+) -> None:
+    reference, args = finished_run
+    kill_and_resume(data, reference, tmp_path / "B", args, at_step=16)
 
 
 def test_two_processes_follow_one_process(data: Path, nodrop: Path, tmp_path: Path) -> None:
@@ -282,3 +288,149 @@ def test_param_groups_schedule_and_lamb() -> None:
         loss.backward()
         opt.step()
     assert loss.item() < 0.5 * first
+
+
+# ------------------------------------------------------------------------------------------------
+# Masked LM alone (--no-nsp), --dropout, and the loss against transformers step by step
+
+
+def test_packed_rows_cross_sentences_and_documents(data: Path) -> None:
+    from bertforge.data.instances import MaskingSpec
+    from bertforge.data.pretraining import PretrainingStream
+    from bertforge.data.shards import ShardSet
+
+    shards = ShardSet(data)
+    tok = shards.tokenizer()
+    spec = MaskingSpec.from_tokens(tok.tokens, tok.mask_id, frozenset({tok.cls_id, tok.sep_id, tok.pad_id}),
+                                   masked_lm_prob=1e-9, max_predictions_per_seq=1)  # fmt: skip
+    stream = PretrainingStream(
+        shards, spec, tok.cls_id, tok.sep_id, tok.pad_id, max_seq_length=64, packed=True
+    )
+    rows = [r for _, plans in stream.epoch_instances(0) for r in plans]
+    full = sum(r[1] - r[0] == 62 for r in rows)
+    assert full >= len(rows) - 2 * len(
+        shards.names("train")
+    )  # at most the ends of a shard are short
+    # every shard's tokens once per epoch, with a [SEP] at each document boundary
+    for name in shards.names("train"):
+        shard = shards.load(name)
+        packed = stream._tokens(name)
+        n_docs = len(shard.documents) - 1
+        assert len(packed) == len(shard.tokens) + n_docs - 1
+        # document d starts at token t_d; the d-1 [SEP]s before it shift it to t_d + d - 1
+        seps = shard.sentences[shard.documents[1:-1]] + np.arange(n_docs - 1)
+        assert (packed[seps] == tok.sep_id).all() and (packed == tok.sep_id).sum() >= n_docs - 1
+    batch, _ = next(stream.batches(16))
+    masks = batch.attention_mask.bool()
+    assert masks.all(1).float().mean() > 0.8  # rows are full: no padding inside them
+    ids = batch.input_ids[masks.all(1)]
+    assert (ids[:, 0] == tok.cls_id).all() and (ids[:, -1] == tok.sep_id).all()
+    assert (batch.token_type_ids == 0).all()
+    assert (ids[:, 1:-1] == tok.sep_id).sum() > 0  # some row crosses a document boundary
+    # a new epoch cuts elsewhere
+    again = [r for _, plans in stream.epoch_instances(1) for r in plans]
+    assert sorted(map(tuple, again)) != sorted(map(tuple, rows))
+
+
+def test_no_nsp_run_writes_a_masked_lm_that_transformers_loads(data: Path, tmp_path: Path) -> None:
+    import transformers
+
+    from bertforge.heads import BertForMaskedLM
+
+    out = tmp_path / "mlm"
+    result = run(pretrain_cmd(data, out, "--no-nsp", "--dropout", "0", "--steps", "12",
+                              "--eval-every", "6", "--eval-batches", "2"))  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["BertForMaskedLM"]
+    assert (
+        config["hidden_dropout_prob"] == 0.1
+    )  # --dropout is for pre-training; the model keeps its own
+    names = set(load_file(out / "model.safetensors"))
+    assert not any("seq_relationship" in n or "pooler" in n for n in names)
+    rows = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
+    assert all("nsp_loss" not in r and "eval_nsp_acc" not in r for r in rows)
+    assert [r["step"] for r in rows if "eval_mlm_loss" in r] == [6, 12]
+    assert all(r["train_seconds"] > 0 for r in rows)
+    ours = BertForMaskedLM.from_pretrained(out)
+    theirs = transformers.BertForMaskedLM.from_pretrained(str(out)).eval()
+    batch = Tokenizer.from_pretrained(out)(["the quick brown [MASK] jumps over the dog"])
+    with torch.no_grad():
+        assert (ours(**batch).mlm_logits - theirs(**batch).logits).abs().max() < 1e-4
+
+
+def test_dropout_option_reaches_the_model(data: Path) -> None:
+    from bertforge.train.pretrain import PretrainConfig, build_model
+
+    tok = Tokenizer.from_pretrained(data)
+    for p in (0.0, 0.3):
+        model = build_model(
+            PretrainConfig(data=str(data), out="-", model_size="tiny", dropout=p), tok
+        )
+        layer = model.bert.layers[0]
+        assert (layer.p, layer.attn_dropout) == (p, p) and model.config.hidden_dropout_prob == 0.1
+    model = build_model(PretrainConfig(data=str(data), out="-", model_size="tiny"), tok)
+    assert model.bert.layers[0].p == 0.1
+
+
+def test_no_nsp_with_dropout_killed_and_resumed_is_bit_identical(
+    data: Path, tmp_path: Path
+) -> None:
+    args = ["--no-nsp", "--dropout", "0.2", "--steps", "16", "--save-every", "4", "--eval-every", "8",
+            "--eval-batches", "1"]  # fmt: skip
+    reference = run(pretrain_cmd(data, tmp_path / "A", *args))
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    kill_and_resume(data, tmp_path / "A", tmp_path / "B", args, at_step=8)
+
+
+def test_losses_equal_transformers_step_for_step(data: Path, nodrop: Path) -> None:
+    """Our pre-training (the code that trains: PretrainingTask.loss on bertforge's own
+    batches, AdamW with BERT's parameter groups) against transformers' BertForPreTraining on
+    the same weights and batches, 8 optimizer steps, fp32, no dropout."""
+    import transformers
+
+    from bertforge.data.shards import ShardSet
+    from bertforge.train.distributed import Dist
+    from bertforge.train.optim import build_optimizer
+    from bertforge.train.pretrain import PretrainConfig, PretrainingTask, build_model
+
+    cfg = PretrainConfig(
+        data=str(data), out="-", config=str(nodrop), batch_size=8, max_seq_length=64, lr=1e-3
+    )
+    shards = ShardSet(data)
+    tok = shards.tokenizer()
+    torch.manual_seed(0)
+    ours = build_model(cfg, tok)
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        ours.save_pretrained(d)
+        theirs = transformers.BertForPreTraining.from_pretrained(d)
+    theirs.train()
+    from bertforge.data.instances import MaskingSpec
+    from bertforge.data.pretraining import PretrainingStream
+
+    spec = MaskingSpec.from_tokens(tok.tokens, tok.mask_id, frozenset({tok.cls_id, tok.sep_id, tok.pad_id}),
+                                   max_predictions_per_seq=10)  # fmt: skip
+    stream = PretrainingStream(shards, spec, tok.cls_id, tok.sep_id, tok.pad_id, max_seq_length=64)
+    task = PretrainingTask(stream, {}, cfg, Dist())
+    opt_a = build_optimizer(ours, "adamw", 1e-3, 0.01)
+    opt_b = build_optimizer(theirs, "adamw", 1e-3, 0.01)
+    diffs = []
+    for (micro, _), _ in zip(task.batches(None), range(8)):
+        (batch,) = micro
+        loss_a, _ = task.loss(ours, batch, task.normalizers([batch]))
+        labels = torch.full_like(batch.input_ids, -100)
+        rows = torch.arange(len(labels))[:, None].expand_as(batch.mlm_positions)
+        real = batch.mlm_labels != -100
+        labels[rows[real], batch.mlm_positions[real]] = batch.mlm_labels[real]
+        loss_b = theirs(input_ids=batch.input_ids, token_type_ids=batch.token_type_ids,
+                        attention_mask=batch.attention_mask, labels=labels,
+                        next_sentence_label=batch.nsp_labels).loss  # fmt: skip
+        diffs.append(abs(loss_a.item() - loss_b.item()))
+        for model, loss, opt in ((ours, loss_a, opt_a), (theirs, loss_b, opt_b)):
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad()
+    assert max(diffs) < 1e-5, diffs

@@ -405,6 +405,30 @@ def load_with_fresh(
     return model, fresh
 
 
+def architectures(path: str | os.PathLike[str]) -> list[str]:
+    """The `architectures` a checkpoint's config.json names (HF's BertFor... class names)."""
+    config_file = resolve(path) / "config.json"
+    try:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{config_file}: cannot read the checkpoint's config ({e})") from None
+    names = config.get("architectures") if isinstance(config, dict) else None
+    return [str(a) for a in names] if isinstance(names, list) else []
+
+
+def load_trained(cls: type, path: str | os.PathLike[str], head: str) -> Any:
+    """`cls.from_pretrained(path)` for inference: an error naming `head` (and the tensors) when
+    the checkpoint lacks the trained head that `cls` adds (a fresh pooler is fine)."""
+    model, fresh = load_with_fresh(cls, path)
+    missing = [n for n in fresh if "pooler" not in n]
+    if missing:
+        raise CheckpointError(
+            f"{path}: has no trained {head} ({', '.join(missing)}); "
+            "fine-tune it first, or use a checkpoint that has one"
+        )
+    return model
+
+
 # ------------------------------------------------------------------------------------------------
 # Inspecting without loading
 

@@ -15,17 +15,19 @@ Errors a user can cause print one line (`bertforge: error: ...`) and exit with s
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import inspect
 import json
 import re
 import sys
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from . import __version__
+from .config import annotation_kind
 from .data.corpus import expand_inputs
-from .data.tasks import TASK_NAMES as TASKS
 from .errors import BertforgeError, DataError
 
 # ------------------------------------------------------------------------------------------------
@@ -87,17 +89,9 @@ def cmd_vocab_train(args: argparse.Namespace) -> None:
         raise DataError("no input files found")
     print(
         f"training a {'cased' if args.cased else 'uncased'} WordPiece vocabulary of "
-        f"{args.size:,} tokens on {len(files)} file(s)",
-        file=sys.stderr,
+        f"{args.vocab_size:,} tokens on {len(files)} file(s)",
     )
-    tok = train_vocab(
-        files,
-        args.size,
-        lowercase=not args.cased,
-        min_frequency=args.min_frequency,
-        limit_alphabet=args.limit_alphabet,
-        encoding_errors=args.encoding_errors,
-    )
+    tok = train_vocab(files, lowercase=not args.cased, **options_of(args, train_vocab))
     tok.save_pretrained(args.out)
     print(
         f"wrote {Path(args.out) / 'vocab.txt'} ({tok.vocab_size:,} tokens) and tokenizer_config.json"
@@ -112,49 +106,37 @@ def cmd_prepare(args: argparse.Namespace) -> None:
         args.inputs,
         Tokenizer.from_pretrained(args.tokenizer),
         args.out,
-        fmt=args.format,
-        heldout=args.heldout,
-        shard_tokens=args.shard_tokens,
-        seed=args.seed,
-        encoding_errors=args.encoding_errors,
+        **options_of(args, prepare),
     )
+
+
+def options_of(args: argparse.Namespace, target: Any) -> dict[str, Any]:
+    """The values of the options add_options made for `target`, read from args by name (a
+    renamed parameter renames its option; nothing is filtered away silently)."""
+    return {name: getattr(args, name) for name in getattr(args, _key(target))}
 
 
 def cmd_pretrain(args: argparse.Namespace) -> None:
     from .train.pretrain import PretrainConfig, run
 
-    fields = {f for f in PretrainConfig.__dataclass_fields__}
-    cfg = PretrainConfig(**{k: v for k, v in vars(args).items() if k in fields})
-    if run(cfg).get("interrupted"):
+    if run(PretrainConfig(**options_of(args, PretrainConfig))).get("interrupted"):
         raise SystemExit(130)  # stopped by a signal, checkpoint saved: not finished
 
 
 def cmd_finetune(args: argparse.Namespace) -> None:
     from .train.finetune import FinetuneConfig, run
 
-    fields = set(FinetuneConfig.__dataclass_fields__)
-    cfg = FinetuneConfig(**{k: v for k, v in vars(args).items() if k in fields})
-    if run(cfg).get("interrupted"):
+    if run(FinetuneConfig(**options_of(args, FinetuneConfig))).get("interrupted"):
         raise SystemExit(130)
 
 
-def _task_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The settings of evaluate / predict that shape the features (columns, lengths, SQuAD)."""
-    from .train.finetune import FinetuneConfig
-
-    skip = {"model", "task", "train", "out", "dev", "dev_split"}
-    return {
-        k: v
-        for k, v in vars(args).items()
-        if k in FinetuneConfig.__dataclass_fields__ and k not in skip
-    }
-
-
 def cmd_evaluate(args: argparse.Namespace) -> None:
+    from .tasks import TaskOptions
     from .train.finetune import evaluate_model
 
     out = args.out if args.out is not None else args.model
-    metrics = evaluate_model(args.model, args.task, args.data, out=out, **_task_options(args))
+    metrics = evaluate_model(args.model, TaskOptions(**options_of(args, TaskOptions)), args.data,
+                             out=out, device=args.device, precision=args.precision)  # fmt: skip
     if args.json:
         print(json.dumps(metrics))
     else:
@@ -164,9 +146,12 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
 
 
 def cmd_predict(args: argparse.Namespace) -> None:
+    from .tasks import TaskOptions
     from .train.finetune import predict
 
-    for path in predict(args.model, args.task, args.data, args.out, **_task_options(args)):
+    options = TaskOptions(**options_of(args, TaskOptions))
+    for path in predict(args.model, options, args.data, args.out, device=args.device,
+                        precision=args.precision):  # fmt: skip
         print(f"wrote {path}")
 
 
@@ -177,7 +162,7 @@ def _read_inputs(path: str, fields: int, names: tuple[str, ...]) -> list[tuple[s
         lines = list(enumerate(sys.stdin.read().splitlines(), 1))
         where = "<stdin>"
     else:
-        from .data.corpus import read_lines
+        from .fileio import read_lines
 
         lines = list(read_lines(Path(path)))
         where = path
@@ -223,8 +208,7 @@ def cmd_pipeline(args: argparse.Namespace) -> None:
 
     from .pipelines import Pipeline
 
-    pipe = Pipeline(args.model, device=args.device, precision=args.precision,
-                    batch_size=args.batch_size, max_length=args.max_length)  # fmt: skip
+    pipe = Pipeline(args.model, **options_of(args, Pipeline))
     kind = args.pipeline
     if kind in ("classify", "nsp", "qa"):
         names = ("question", "context") if kind == "qa" else ("text", "text_pair")
@@ -257,7 +241,7 @@ def cmd_pipeline(args: argparse.Namespace) -> None:
             return
         items = [{"embedding": v.tolist()} for v in vectors]
     else:  # features
-        layers = [int(x) for x in args.layers.split(",")]
+        layers = list(args.layers)
         results = pipe.features(first, layers=layers, combine=args.combine)
         if args.out and args.out.endswith((".npy", ".npz")):
             _write_arrays(args.out, results)
@@ -292,18 +276,17 @@ def _write_arrays(out: str, results: list[dict[str, Any]]) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
-    from .serve import serve
+    from .serve import Limits, serve
 
     print(f"serving {args.model} on http://{args.host}:{args.port} (docs at /docs)", flush=True)
-    serve(args.model, host=args.host, port=args.port, precision=args.precision,
-          device=args.device, max_texts=args.max_texts, max_chars=args.max_chars,
-          max_batch=args.max_batch, max_wait_ms=args.max_wait_ms, max_queue=args.max_queue)  # fmt: skip
+    serve(args.model, host=args.host, port=args.port, limits=Limits(**options_of(args, Limits)),
+          precision=args.precision, device=args.device)  # fmt: skip
 
 
 def cmd_export(args: argparse.Namespace) -> None:
     from .export import export_onnx
 
-    result = export_onnx(args.model, args.onnx, atol=args.atol)
+    result = export_onnx(args.model, args.onnx, **options_of(args, export_onnx))
     diffs = ", ".join(f"{k} {v:.1e}" for k, v in result["max_abs_diff"].items())
     print(f"wrote {args.onnx} ({result['architecture']}: {', '.join(result['outputs'])}); "
           f"onnxruntime vs PyTorch max |difference|: {diffs}")  # fmt: skip
@@ -312,36 +295,22 @@ def cmd_export(args: argparse.Namespace) -> None:
 def cmd_attention(args: argparse.Namespace) -> None:
     from .attention import render
 
-    path = render(args.model, args.text, args.out, pair=args.pair, layer=args.layer, head=args.head)
+    path = render(args.model, args.text, args.out, **options_of(args, render))
     print(f"wrote {path}")
 
 
 def cmd_probe(args: argparse.Namespace) -> None:
     from .probe import DEFAULT_CHOICES, probe
+    from .tasks import TaskOptions, family
+    from .tasks.sentence import SentenceTask
     from .tokenizer import Tokenizer
-    from .train.distributed import Dist
-    from .train.finetune import FinetuneConfig, make_task
 
-    options = {k: v for k, v in _task_options(args).items() if k != "max_seq_length"}
-    cfg = FinetuneConfig(model=args.model, task=args.task, train=args.train, out="", **options)
-    if cfg.task not in (
-        "csv",
-        "sst2",
-        "cola",
-        "mrpc",
-        "stsb",
-        "rte",
-        "qnli",
-        "wnli",
-        "mnli",
-        "qqp",
-    ):
-        raise DataError(f"--task {cfg.task}: probe takes sentence tasks (GLUE or csv)")
-    task = make_task(cfg, Dist(), Tokenizer.from_pretrained(args.model))
-    if task.spec.is_pair:
-        raise DataError(f"--task {cfg.task}: probe takes single-sentence tasks")
-    train = task.read(args.train)[: args.max_train] if args.max_train else task.read(args.train)
-    dev = task.read(args.dev)
+    options = TaskOptions(task=args.task, **options_of(args, TaskOptions))
+    fam = family(options, Tokenizer.from_pretrained(args.model))
+    if not isinstance(fam, SentenceTask) or fam.spec.is_pair:
+        raise DataError(f"--task {args.task}: probe takes single-sentence tasks (GLUE or csv)")
+    train = fam.read(args.train)[: args.max_train] if args.max_train else fam.read(args.train)
+    dev = fam.read(args.dev)
     choices = args.layers.split(";") if args.layers else DEFAULT_CHOICES
     rows = probe(args.model, ([e.text for e in train], [e.label for e in train]),
                  ([e.text for e in dev], [e.label for e in dev]), choices,
@@ -368,20 +337,109 @@ def cmd_plot(args: argparse.Namespace) -> None:
 def cmd_demo(args: argparse.Namespace) -> None:
     from .demo import run_demo
 
-    run_demo(Path(args.out), seed=args.seed, steps=args.steps, progress=args.progress)
+    run_demo(Path(args.out), **options_of(args, run_demo))
 
 
 # ------------------------------------------------------------------------------------------------
 # parser
 
 
+def _parameters(target: Any) -> list[tuple[str, Any, Any, dict[str, Any]]]:
+    """(name, default or inspect.Parameter.empty, annotation, field metadata) of each parameter
+    of a config dataclass (its fields that are options) or a function (those with a default)."""
+    meta = (
+        {f.name: dict(f.metadata) for f in dataclasses.fields(target)}
+        if dataclasses.is_dataclass(target)
+        else {}
+    )
+    out = []
+    for name, param in inspect.signature(target).parameters.items():
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD) or name == "self":
+            continue
+        m = meta.get(name, {})
+        if (meta and not m.get("cli", False)) or (not meta and param.default is param.empty):
+            continue
+        out.append((name, param.default, param.annotation, m))
+    return out
+
+
+def add_options(
+    p: argparse._ActionsContainer,
+    target: Any,
+    *,
+    skip: Sequence[str] = (),
+    flags: dict[str, str] | None = None,
+    help: dict[str, str] | None = None,
+    choices: dict[str, Sequence[Any]] | None = None,
+) -> None:
+    """Options for the parameters of `target`, a config dataclass (its fields: default, type,
+    help and choices from config.option) or a function (keyword parameters: default and type
+    from its signature; help, and choices from their source lists, given here). The names go
+    to args._options_<target>, which options_of reads back."""
+    names = []
+    for name, default, annotation, m in _parameters(target):
+        if name in skip:
+            continue
+        kind, _ = annotation_kind(annotation)
+        required = default is inspect.Parameter.empty
+        flag = m.get("flag") or (flags or {}).get(name) or "--" + name.replace("_", "-")
+        text = m.get("help") or (help or {}).get(name)
+        if kind is bool:
+            action = "store_false" if default else "store_true"
+            p.add_argument(flag, dest=name, action=action, default=default, help=text)
+        elif "Sequence[int]" in str(annotation):  # "-1,-2,-3" -> (-1, -2, -3)
+            p.add_argument(flag, dest=name, type=_int_list, default=default, help=text)
+        else:
+            allowed = m.get("choices") or (choices or {}).get(name)
+            p.add_argument(flag, dest=name, type=kind, default=None if required else default,
+                           required=required, choices=allowed, help=text)  # fmt: skip
+        names.append(name)
+    p.set_defaults(**{_key(target): [*getattr(p, "_defaults", {}).get(_key(target), []), *names]})
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.replace(";", ",").split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected integers separated by commas"
+        ) from None
+
+
+def _key(target: Any) -> str:
+    return "_options_" + target.__qualname__.replace(".", "_")
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors in one line on stderr, exit status 2 (as every error a user can cause)."""
+
+    def error(self, message: str) -> NoReturn:
+        where = self.prog.removeprefix("bertforge ")
+        self.exit(2, f"bertforge: error: {where}: {message} (see --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    from .config import SIZES
+    from .data.corpus import FORMATS
+    from .data.shards import prepare
+    from .data.tasks import TASK_NAMES
+    from .fileio import ENCODING_ERRORS
+    from .pipelines import COMBINES, POOLINGS, Pipeline
+    from .runner import PRECISIONS
+    from .serve import Limits
+    from .tasks import TaskOptions
+    from .tokenizer import train_vocab
+    from .train.finetune import FinetuneConfig
+    from .train.pretrain import PretrainConfig
+
+    parser = _Parser(
         prog="bertforge",
         description="BERT (Devlin et al., 2018): tokenize, pre-train, fine-tune, extract features, serve.",
     )
     parser.add_argument("--version", action="version", version=f"bertforge {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    inference = {"device": "cpu, cuda, cuda:1 (default: a GPU if there is one)",
+                 "precision": "auto: bf16 where the device has bf16 arithmetic, else fp32"}  # fmt: skip
 
     p = sub.add_parser("info", help="show what a checkpoint directory holds")
     p.add_argument("path", help="checkpoint directory (config.json, model.safetensors, vocab.txt)")
@@ -392,185 +450,57 @@ def build_parser() -> argparse.ArgumentParser:
     vsub = p.add_subparsers(dest="vocab_command", metavar="ACTION", required=True)
     t = vsub.add_parser("train", help="train a WordPiece vocabulary from text files")
     t.add_argument("files", nargs="+", help="text files, directories or glob patterns (UTF-8)")
-    t.add_argument("--size", type=int, default=30522, help="vocabulary size (default 30522)")
     t.add_argument("--out", required=True, help="output directory for vocab.txt")
     t.add_argument("--cased", action="store_true", help="keep case and accents (default: uncased)")
-    t.add_argument(
-        "--min-frequency", type=int, default=2, help="minimum pair frequency (default 2)"
-    )
-    t.add_argument(
-        "--limit-alphabet", type=int, default=1000, help="maximum initial characters (default 1000)"
-    )
-    t.add_argument(
-        "--encoding-errors",
-        choices=("strict", "replace", "ignore"),
-        default="strict",
-        help="what to do with bytes that are not UTF-8 (default: stop with an error)",
-    )
+    add_options(t, train_vocab, skip=("lowercase", "show_progress"), flags={"vocab_size": "--size"},
+                choices={"encoding_errors": ENCODING_ERRORS},
+                help={"vocab_size": "vocabulary size", "min_frequency": "minimum pair frequency",
+                      "limit_alphabet": "maximum initial characters",
+                      "encoding_errors": "bytes that are not UTF-8: stop (strict), replace or ignore"})  # fmt: skip
     t.set_defaults(func=cmd_vocab_train)
 
     p = sub.add_parser("prepare", help="tokenize a corpus into shards for pre-training")
     p.add_argument("inputs", nargs="+", help="text files, directories or glob patterns")
     p.add_argument("--tokenizer", required=True, help="model directory or vocab.txt")
     p.add_argument("--out", required=True, help="output directory for the shards")
-    p.add_argument(
-        "--format",
-        choices=("auto", "lines", "paragraphs", "wiki", "jsonl"),
-        default="auto",
-        help="input format (default: detected per file; see bertforge.data.corpus)",
-    )
-    p.add_argument(
-        "--heldout",
-        type=float,
-        default=0.01,
-        help="share of documents held out for evaluation (default 0.01)",
-    )
-    p.add_argument(
-        "--shard-tokens", type=int, default=1 << 22, help="tokens per shard (default 4M)"
-    )
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--encoding-errors", choices=("strict", "replace", "ignore"), default="strict")
+    add_options(p, prepare, skip=("batch_sentences",), flags={"fmt": "--format", "progress": "--no-progress"},
+                choices={"fmt": FORMATS, "encoding_errors": ENCODING_ERRORS},
+                help={"fmt": "input format (auto: detected per file; see bertforge.data.corpus)",
+                      "heldout": "share of documents held out for evaluation",
+                      "shard_tokens": "tokens per shard", "seed": "held-out choice",
+                      "encoding_errors": "bytes that are not UTF-8: stop (strict), replace or ignore",
+                      "progress": "no progress bar"})  # fmt: skip
     p.set_defaults(func=cmd_prepare)
 
-    p = sub.add_parser("pretrain", help="pre-train with masked LM + next sentence prediction")
-    p.add_argument("--data", required=True, help="directory made by `bertforge prepare`")
-    p.add_argument("--out", required=True, help="run directory (re-running the command resumes it)")
-    size = p.add_mutually_exclusive_group()
-    size.add_argument(
-        "--model-size", default="mini", choices=("tiny", "mini", "small", "medium", "base", "large")
+    p = sub.add_parser(
+        "pretrain", help="pre-train: masked LM + next sentence prediction, or masked LM alone"
     )
-    size.add_argument("--config", help="config.json of the model to train from scratch")
-    size.add_argument("--init", help="start from this checkpoint (phase 2, domain adaptation)")
-    p.add_argument("--steps", type=int, default=10_000, help="optimizer steps (default 10000)")
-    p.add_argument(
-        "--batch-size", type=int, default=32, help="sequences per step, all processes together"
-    )
-    p.add_argument(
-        "--micro-batch-size",
-        type=int,
-        help="sequences per forward pass and process (gradient accumulation)",
-    )
-    p.add_argument("--max-seq-length", type=int, default=128)
-    p.add_argument("--max-predictions-per-seq", type=int, help="default: 15%% of max-seq-length")
-    p.add_argument("--masked-lm-prob", type=float, default=0.15)
-    p.add_argument("--short-seq-prob", type=float, default=0.1)
-    p.add_argument("--whole-word-mask", action="store_true")
-    p.add_argument(
-        "--no-nsp",
-        dest="nsp",
-        action="store_false",
-        help="masked LM only, on rows of contiguous text packed across sentences and documents",
-    )
-    p.add_argument(
-        "--dropout",
-        type=float,
-        help="the model's dropout while pre-training (default: its config's)",
-    )
-    p.add_argument(
-        "--dupe-factor",
-        type=int,
-        help="static masking with this many fixed copies (default: dynamic)",
-    )
-    p.add_argument("--lr", type=float, default=1e-4)
-    p.add_argument(
-        "--warmup-ratio",
-        type=float,
-        default=0.01,
-        help="share of steps of linear warmup (default 0.01)",
-    )
-    p.add_argument("--weight-decay", type=float, default=0.01)
-    p.add_argument("--optimizer", choices=("adamw", "lamb"), default="adamw")
-    p.add_argument("--clip-norm", type=float, default=1.0)
-    p.add_argument(
-        "--precision",
-        choices=("auto", "fp32", "bf16", "fp16"),
-        default="auto",
-        help="auto: bf16 where the CPU/GPU supports it, fp16 + loss scaling on older GPUs",
-    )
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--log-every", type=int, default=10)
-    p.add_argument(
-        "--eval-every", type=int, default=500, help="held-out evaluation every N steps (0: never)"
-    )
-    p.add_argument("--eval-batches", type=int, default=20)
-    p.add_argument("--save-every", type=int, default=1000)
-    p.add_argument("--keep-checkpoints", type=int, default=3)
-    p.add_argument("--device", help="cpu, cuda, cuda:1 (default: a GPU if there is one)")
-    p.add_argument("--no-progress", dest="progress", action="store_false")
+    add_options(p, PretrainConfig)
     p.set_defaults(func=cmd_pretrain)
 
     p = sub.add_parser(
-        "finetune",
-        help="fine-tune: GLUE, tables of your own, CoNLL NER, SQuAD v1.1/v2.0, SWAG",
+        "finetune", help="fine-tune: GLUE, tables of your own, CoNLL NER, SQuAD v1.1/v2.0, SWAG"
     )
-    p.add_argument("--model", required=True, help="pre-trained checkpoint directory")
-    p.add_argument("--task", required=True, choices=TASKS, help="a task, or csv (yours)")
-    p.add_argument("--train", required=True, help="training file (in the task's own format)")
-    dev = p.add_mutually_exclusive_group()
-    dev.add_argument("--dev", help="dev file: evaluated every epoch; the best model is kept")
-    dev.add_argument(
-        "--dev-split",
-        type=float,
-        default=0.0,
-        help=(
-            "hold out this fraction of the train file as the dev set (a fixed split, seed 0; "
-            "default 0: none)"
-        ),
-    )
-    p.add_argument("--out", required=True, help="output directory (the fine-tuned model)")
-    p.add_argument(
-        "--epochs",
-        type=float,
-        default=3.0,
-        help="passes over train, may be fractional",
-    )
-    p.add_argument(
-        "--batch-size",
-        type=int,
-        default=32,
-        help="examples per step, all processes together",
-    )
-    p.add_argument(
-        "--lr",
-        type=float,
-        default=3e-5,
-        help="peak AdamW learning rate; the paper tries 5e-5, 3e-5, 2e-5 (default: 3e-5)",
-    )
-    p.add_argument(
-        "--warmup-ratio",
-        type=float,
-        default=0.1,
-        help="fraction of the steps spent warming up, then linear decay",
-    )
-    p.add_argument("--weight-decay", type=float, default=0.01, help="AdamW")
-    p.add_argument("--seed", type=int, default=0, help="head initialisation, order, dropout")
-    p.add_argument(
-        "--precision",
-        choices=("auto", "fp32", "bf16", "fp16"),
-        default="auto",
-        help="auto: bf16 autocast where supported (fp16 on older GPUs), else fp32",
-    )
-    _feature_arguments(p)
-    p.add_argument("--device", help="cpu, cuda, cuda:1 (default: a GPU if there is one)")
-    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
+    add_options(p, FinetuneConfig)
     p.set_defaults(func=cmd_finetune)
 
-    p = sub.add_parser("evaluate", help="metrics of a fine-tuned model on a labelled task file")
-    p.add_argument("--model", required=True, help="fine-tuned model directory")
-    p.add_argument("--task", required=True, choices=TASKS)
-    p.add_argument("--data", required=True, help="labelled file (e.g. GLUE dev.tsv)")
-    p.add_argument("--out", help="where the predictions go (default: the model directory)")
-    _feature_arguments(p)
-    p.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
-    p.set_defaults(func=cmd_evaluate)
-
-    p = sub.add_parser("predict", help="a fine-tuned model's predictions for new inputs")
-    p.add_argument("--model", required=True, help="fine-tuned model directory")
-    p.add_argument("--task", required=True, choices=TASKS)
-    p.add_argument("--data", required=True, help="inputs in the task's format (labels unused)")
-    p.add_argument("--out", required=True, help="directory for the predictions file(s)")
-    _feature_arguments(p)
-    p.set_defaults(func=cmd_predict)
+    for name, text in (("evaluate", "metrics of a fine-tuned model on a labelled task file"),
+                       ("predict", "a fine-tuned model's predictions for new inputs")):  # fmt: skip
+        p = sub.add_parser(name, help=text)
+        p.add_argument("--model", required=True, help="fine-tuned model directory")
+        p.add_argument("--data", required=True, help="a file in the task's format")
+        p.add_argument("--out", required=name == "predict",
+                       help="directory for the predictions (evaluate: default the model directory)")  # fmt: skip
+        p.add_argument("--device", help=inference["device"])
+        p.add_argument(
+            "--precision", choices=PRECISIONS, default="auto", help=inference["precision"]
+        )
+        add_options(p, TaskOptions)
+        if name == "evaluate":
+            p.add_argument(
+                "--json", action="store_true", help="print the metrics as one JSON object"
+            )
+        p.set_defaults(func=cmd_evaluate if name == "evaluate" else cmd_predict)
 
     helps = {
         "fill-mask": "top-k tokens for each [MASK] (a model with its MLM head)",
@@ -586,61 +516,64 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("model", help="model directory")
         p.add_argument("input", nargs="?", default="-", help="text file, .jsonl, or - (stdin)")
         p.add_argument("--out", help="output file (default: JSONL on stdout)")
-        p.add_argument("--batch-size", type=int, default=32)
-        p.add_argument("--max-length", type=int, help="pieces per input (default: the model's)")
-        p.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto")
-        p.add_argument("--device", help="cpu, cuda (default: a GPU if there is one)")
+        add_options(p, Pipeline, choices={"precision": PRECISIONS, "quantize": ("int8",)},
+                    help={**inference, "batch_size": "texts per batch",
+                          "max_length": "pieces per input (default: the model's)",
+                          "quantize": "int8: dynamic int8 quantisation (CPU)"})  # fmt: skip
         if name == "fill-mask":
-            p.add_argument("--top-k", type=int, default=5)
+            add_options(p, Pipeline.fill_mask, help={"top_k": "tokens per [MASK]"})
         if name == "classify":
             p.add_argument("--pairs", action="store_true", help="lines are TEXT<TAB>PAIR")
         if name == "embed":
-            p.add_argument("--pooling", choices=("cls", "mean", "max"), default="mean")
-            p.add_argument("--normalize", action="store_true", help="unit length")
+            add_options(
+                p, Pipeline.embed, choices={"pooling": POOLINGS}, help={"normalize": "unit length"}
+            )
         if name == "features":
-            p.add_argument("--layers", default="-1", help="e.g. -1,-2,-3,-4 (0: embeddings)")
-            p.add_argument("--combine", choices=("concat", "sum", "mean"), default="concat")
+            add_options(p, Pipeline.features, choices={"combine": COMBINES},
+                        help={"layers": "e.g. -1,-2,-3,-4 (0: embeddings)", "combine": "how layers combine"})  # fmt: skip
         p.set_defaults(func=cmd_pipeline, pipeline=name)
 
     p = sub.add_parser("serve", help="HTTP server: /embed, /classify, /fill-mask, /ner, /qa")
     p.add_argument("model", help="model directory")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto")
-    p.add_argument("--device", help="cpu, cuda (default: a GPU if there is one)")
-    p.add_argument("--max-texts", type=int, default=64, help="texts per request (else 413)")
-    p.add_argument("--max-chars", type=int, default=10_000, help="characters per text (else 413)")
-    p.add_argument("--max-batch", type=int, default=64, help="texts per model call")
-    p.add_argument("--max-wait-ms", type=float, default=5.0, help="batching wait")
-    p.add_argument("--max-queue", type=int, default=1024, help="waiting requests (else 503)")
+    p.add_argument("--precision", choices=PRECISIONS, default="auto", help=inference["precision"])
+    p.add_argument("--device", help=inference["device"])
+    add_options(p, Limits)
     p.set_defaults(func=cmd_serve)
+
+    from .attention import render
+    from .demo import run_demo
+    from .export import export_onnx
 
     p = sub.add_parser("export", help="the model as ONNX, checked against PyTorch")
     p.add_argument("model", help="model directory")
     p.add_argument("--onnx", required=True, help="output .onnx file")
-    p.add_argument("--atol", type=float, default=1e-4, help="allowed max |difference|")
+    add_options(p, export_onnx, help={"atol": "allowed max |difference|"})
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("attention", help="attention views: an HTML head view or a PNG heatmap")
     p.add_argument("model", help="model directory")
     p.add_argument("text", help="the text to look at")
-    p.add_argument("--pair", help="a second text (sentence pair)")
-    p.add_argument("--layer", type=int, default=-1, help="layer (default -1: the last)")
-    p.add_argument("--head", type=int, help="head (default: the mean of all heads)")
     p.add_argument("--out", required=True, help="view.html or view.png")
+    add_options(p, render, help={"pair": "a second text (sentence pair)", "layer": "layer (-1: the last)",
+                                 "head": "head (default: the mean of all heads)"})  # fmt: skip
     p.set_defaults(func=cmd_attention)
 
     p = sub.add_parser("probe", help="logistic regression on frozen features, per layer choice")
     p.add_argument("--model", required=True)
-    p.add_argument("--task", default="sst2", help="a single-sentence GLUE task, or csv")
     p.add_argument("--train", required=True)
     p.add_argument("--dev", required=True)
     p.add_argument("--layers", help='choices separated by ";" e.g. "-1;-2;concat:-1,-2,-3,-4"')
     p.add_argument("--pooling", choices=("mean", "cls"), default="mean")
     p.add_argument("--max-train", type=int, help="use the first N training sentences")
-    p.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto")
+    p.add_argument("--precision", choices=PRECISIONS, default="auto", help=inference["precision"])
     p.add_argument("--json", help="also write the table as JSON here")
-    _feature_arguments(p, sentences_only=True)
+    p.add_argument(
+        "--task", default="sst2", choices=TASK_NAMES, help="a single-sentence GLUE task, or csv"
+    )
+    add_options(p, TaskOptions, skip=("task", "tag_column", "doc_stride", "max_query_length",
+                                      "max_answer_length", "n_best_size", "null_score_diff_threshold"))  # fmt: skip
     p.set_defaults(func=cmd_probe)
 
     p = sub.add_parser("plot", help="training curves of a run as a PNG")
@@ -651,14 +584,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "demo", help="the BERT life cycle in minutes on the stdlib's docstrings (start here)"
     )
-    p.add_argument(
-        "--out", default="bertforge-demo", help="output directory (default bertforge-demo)"
-    )
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--steps", type=int, default=600, help="pre-training steps (default 600)")
-    p.add_argument("--no-progress", dest="progress", action="store_false")
+    p.add_argument("--out", default="bertforge-demo", help="output directory")
+    add_options(p, run_demo, skip=("vocab_size", "sentences", "epochs"), flags={"progress": "--no-progress"},
+                help={"steps": "pre-training steps", "seed": "everything random"})  # fmt: skip
     p.set_defaults(func=cmd_demo)
     _show_defaults(parser)
+    _ = SIZES  # the sizes' choices come with PretrainConfig.model_size
     return parser
 
 
@@ -679,40 +610,6 @@ def _show_defaults(parser: argparse.ArgumentParser) -> None:
         action.help = (
             f"{action.help} (default: %(default)s)" if action.help else "default: %(default)s"
         )
-
-
-def _feature_arguments(p: argparse.ArgumentParser, sentences_only: bool = False) -> None:
-    """Column and length settings of the task readers (probe: sentence tasks only)."""
-    p.add_argument(
-        "--max-seq-length", type=int, default=None, help="pieces per row (384 SQuAD, else 128)"
-    )
-    g = p.add_argument_group("--task csv: a table of your own")
-    g.add_argument("--text-column", default="text", help="header name, or index with --no-header")
-    g.add_argument("--text-pair-column", help="second text of sentence-pair tasks")
-    g.add_argument("--label-column", default="label")
-    g.add_argument("--regression", action="store_true", help="float labels (one output)")
-    g.add_argument("--no-header", action="store_true", help="columns are 0-based indices")
-    g.add_argument(
-        "--delimiter", help="default: tab (write tab or \\t) unless the file ends in .csv"
-    )
-    g.add_argument(
-        "--labels", help="comma-separated label (csv) or tag (conll2003) set (default: train's)"
-    )
-    if sentences_only:
-        return
-    g = p.add_argument_group("--task conll2003")
-    g.add_argument("--tag-column", type=int, default=-1, help="tag column (default -1: the last)")
-    g = p.add_argument_group("--task squad / squad2")
-    g.add_argument("--doc-stride", type=int, default=128, help="pieces between window starts")
-    g.add_argument("--max-query-length", type=int, default=64)
-    g.add_argument("--max-answer-length", type=int, default=30)
-    g.add_argument("--n-best-size", type=int, default=20)
-    g.add_argument(
-        "--null-score-diff-threshold",
-        type=float,
-        default=0.0,
-        help="squad2: answer '' when null score - best span score exceeds this",
-    )
 
 
 def _join_layer_lists(argv: list[str]) -> list[str]:

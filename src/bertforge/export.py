@@ -11,7 +11,6 @@ onnxruntime).
 
 from __future__ import annotations
 
-import json
 import os
 import warnings
 from pathlib import Path
@@ -21,6 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from .checkpoint import architectures
 from .errors import ConfigError
 from .fileio import atomic_path
 from .heads import (
@@ -59,9 +59,10 @@ def export_onnx(model_dir: str | os.PathLike[str], out: str | os.PathLike[str],
         import onnxruntime
     except ImportError:
         raise ConfigError("ONNX export needs: pip install onnx onnxscript onnxruntime") from None
+    if not atol > 0:
+        raise ConfigError(f"atol={atol} (--atol): must be > 0")
     model_dir = Path(model_dir)
-    config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
-    arch = next((a for a in config.get("architectures") or [] if a in ARCHITECTURES), None)
+    arch = next((a for a in architectures(model_dir) if a in ARCHITECTURES), None)
     cls, outputs = ARCHITECTURES[arch] if arch else ENCODER
     model = cls.from_pretrained(model_dir).eval()
     if cls is BertModel and model.pooler is None:

@@ -18,7 +18,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from .errors import DataError
+from .errors import ConfigError, DataError
+
+ENCODING_ERRORS = ("strict", "replace", "ignore")  # what to do with bytes that are not UTF-8
 
 
 def text_lines(
@@ -35,6 +37,10 @@ def text_lines(
     a NUL byte is an error (a binary file). on_bytes(n) gets the size of each line read.
     """
     path = Path(path)
+    if encoding_errors not in ENCODING_ERRORS:
+        raise ConfigError(
+            f"encoding_errors={encoding_errors!r}: must be one of {', '.join(ENCODING_ERRORS)}"
+        )
     if not path.is_file():
         raise DataError(f"{path}: file not found")
     with open(path, "rb") as f:
@@ -86,3 +92,17 @@ def write_text(path: str | os.PathLike[str], text: str) -> None:
 def write_json(path: str | os.PathLike[str], obj: Any) -> None:
     """Write JSON (indented, sorted as given, UTF-8, trailing newline) atomically."""
     write_text(path, json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
+
+
+def read_lines(
+    path: Path, encoding_errors: str = "strict", on_bytes: Callable[[int], object] | None = None
+) -> Iterator[tuple[int, str]]:
+    """(line number, text without the line ending) of a UTF-8 file (fileio.text_lines).
+
+    A byte that is not UTF-8 is an error naming file, line and byte, unless
+    encoding_errors="replace" (U+FFFD, which the tokenizer drops) or "ignore".
+    on_bytes(n) is called with the size of each line read (for progress bars).
+    """
+    hint = ", or pass encoding_errors='replace' (CLI: --encoding-errors replace)"
+    for lineno, line in text_lines(path, encoding_errors, on_bytes, hint):
+        yield lineno, line.rstrip("\r\n")

@@ -7,17 +7,18 @@
     pipe.qa(["Where?"], ["Alice lives in Paris."]); pipe.nsp(["A."], ["B."])
     pipe.features(["text"], layers=(-1, -2, -3, -4), combine="concat")
 
-Fast by construction: inputs are sorted by length into batches (little padding) and results
-come back in the input order; bf16 autocast where it pays (a GPU, or a CPU with AMX) unless
-precision says otherwise; no gradients. A pipeline that needs a trained head (fill-mask: the
-MLM head; nsp; classify; ner; qa) refuses a checkpoint without one instead of answering
-with random weights.
+Every pipeline runs through the one inference runner (runner.py: length-sorted batches,
+results in the input order, precision "auto" = bf16 wherever the device has bf16 arithmetic)
+and decodes with its task's own decoder (bertforge.tasks: the classifier's labels, NER's
+entity decoder, SQuAD's windows and n-best), the same code `evaluate` uses. A pipeline that
+needs a trained head (fill-mask: the MLM head; nsp; classify; ner; qa) refuses a checkpoint
+without one instead of answering with random weights.
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from .checkpoint import load_with_fresh
+from .checkpoint import load_trained, load_with_fresh
+from .data.tasks import SquadExample
 from .errors import ConfigError, InputError
 from .heads import (
     BertForMaskedLM,
@@ -35,28 +37,13 @@ from .heads import (
     BertForTokenClassification,
 )
 from .model import BertModel
+from .runner import Runner
+from .tasks import TaskOptions, family, sentence, tagging
+from .tasks.base import Features, collate, infer
 from .tokenizer import Tokenizer
 
 POOLINGS = ("cls", "mean", "max")
 COMBINES = ("concat", "sum", "mean")
-
-
-def cpu_has_amx() -> bool:
-    try:
-        return "amx_bf16" in Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-
-
-def inference_precision(precision: str, device: torch.device) -> str:
-    """auto: bf16 on a GPU that has it or a CPU with AMX, else fp32."""
-    if precision not in ("auto", "fp32", "bf16"):
-        raise ConfigError(f"precision={precision!r}: must be auto, fp32 or bf16")
-    if precision != "auto":
-        return precision
-    if device.type == "cuda":
-        return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
-    return "bf16" if cpu_has_amx() else "fp32"
 
 
 def quantize_int8(model: nn.Module) -> nn.Module:
@@ -74,11 +61,6 @@ def quantize_int8(model: nn.Module) -> nn.Module:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch's deprecation notice for qint8 tensors
         return torch.ao.quantization.quantize_dynamic(model, spec, dtype=torch.qint8)
-
-
-def _softmax(x: np.ndarray) -> np.ndarray:
-    e = np.exp(x - x.max(-1, keepdims=True))
-    return e / e.sum(-1, keepdims=True)
 
 
 class Pipeline:
@@ -99,18 +81,15 @@ class Pipeline:
         cost in accuracy (benchmarks/inference_throughput.py measures both)."""
         self.path = Path(model)
         self.tok = Tokenizer.from_pretrained(self.path)
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        self.precision = inference_precision(precision, self.device)
-        if batch_size < 1:
-            raise ConfigError(f"batch_size={batch_size}: must be positive")
-        self.batch_size = batch_size
+        self.runner = Runner.create(device, precision, batch_size)
+        self.device = self.runner.device
         self.max_length = max_length
         if quantize not in (None, "int8"):
             raise ConfigError(f"quantize={quantize!r}: must be None or int8")
         if quantize and self.device.type != "cpu":
             raise ConfigError("quantize=int8 is for the CPU (dynamic quantisation)")
-        if quantize and self.precision != "fp32":
-            self.precision = "fp32"  # int8 kernels take fp32 activations
+        if quantize:
+            self.runner.precision = "fp32"  # int8 kernels take fp32 activations
         self.quantize = quantize
         self._models: dict[type, nn.Module] = {}
 
@@ -119,65 +98,34 @@ class Pipeline:
     def model(self, cls: type, needs_head: str | None = None) -> Any:
         """The checkpoint as `cls` (cached); needs_head names the trained head it must have."""
         if cls not in self._models:
-            m, fresh = load_with_fresh(cls, self.path)
-            head_missing = [n for n in fresh if "pooler" not in n]
-            if needs_head and head_missing and cls is not BertModel:
-                raise ConfigError(
-                    f"{self.path}: has no trained {needs_head} ({', '.join(head_missing)}); "
-                    "fine-tune it first, or use a checkpoint that has one"
-                )
+            m = (
+                load_trained(cls, self.path, needs_head)
+                if needs_head
+                else load_with_fresh(cls, self.path)[0]
+            )
             m = m.to(self.device).eval()
             if self.quantize == "int8":
                 m = quantize_int8(m)
             self._models[cls] = m
         return self._models[cls]
 
-    def _autocast(self) -> Any:
-        if self.precision == "fp32":
-            return torch.autocast(self.device.type, enabled=False)
-        return torch.autocast(self.device.type, dtype=torch.bfloat16)
-
-    def batches(self, lengths: Sequence[int]) -> Iterator[np.ndarray]:
-        """Row indices in length order, cut into batches of at most batch_size rows, and cut
-        earlier where the next row would make the batch more than half padding (a few long
-        texts among many short ones: a server's micro-batch, a document with a long table
-        row), so short texts do not pay for the long ones' length."""
-        order = np.argsort(np.asarray(lengths), kind="stable")
-        start, tokens = 0, 0
-        for k, r in enumerate(order):
-            n, length = k - start, int(lengths[r])
-            if n and (n == self.batch_size or (n + 1) * length > 2 * (tokens + length)):
-                yield order[start:k]
-                start, tokens = k, 0
-            tokens += length
-        if start < len(order):
-            yield order[start:]
+    @property
+    def precision(self) -> str:
+        return self.runner.precision
 
     def run(
-        self,
-        encodings: Sequence[Any],
-        fn: Callable[[dict[str, torch.Tensor]], Any],
+        self, encodings: Sequence[Any], fn: Callable[[dict[str, torch.Tensor]], Any]
     ) -> list[Any]:
-        """fn(batch) for length-sorted batches of encodings; fn returns one item per row (its
-        batch index order); the items come back in the encodings' order."""
-        out: list[Any] = [None] * len(encodings)
-        pad = self.tok.pad_id
-        with torch.inference_mode(), self._autocast():
-            for rows in self.batches([len(e.ids) for e in encodings]):
-                T = max(len(encodings[r].ids) for r in rows)
-                ids = torch.full((len(rows), T), pad, dtype=torch.long)
-                types = torch.zeros((len(rows), T), dtype=torch.long)
-                mask = torch.zeros((len(rows), T), dtype=torch.long)
-                for j, r in enumerate(rows):
-                    n = len(encodings[r].ids)
-                    ids[j, :n] = torch.tensor(encodings[r].ids)
-                    types[j, :n] = torch.tensor(encodings[r].token_type_ids)
-                    mask[j, :n] = 1
-                batch = {"input_ids": ids.to(self.device), "token_type_ids": types.to(self.device),
-                         "attention_mask": mask.to(self.device)}  # fmt: skip
-                for r, item in zip(rows, fn(batch)):
-                    out[r] = item
-        return out
+        """fn(batch) for the runner's batches of encodings; fn returns one item per row (its
+        batch's order); the items come back in the encodings' order."""
+        features = Features.from_encodings(encodings)
+
+        def make(rows: np.ndarray) -> dict[str, torch.Tensor]:
+            b = collate(features, rows, self.tok.pad_id).to(self.device)
+            return {"input_ids": b.input_ids, "token_type_ids": b.token_type_ids,
+                    "attention_mask": b.attention_mask}  # fmt: skip
+
+        return self.runner(features.lengths, make, fn)
 
     def encode(self, texts: Sequence[str], pairs: Sequence[str] | None = None) -> list[Any]:
         if isinstance(texts, str):
@@ -293,48 +241,37 @@ class Pipeline:
         self, texts: Sequence[str], pairs: Sequence[str] | None = None
     ) -> list[dict[str, Any]]:
         """Per text (or pair): the label, its probability and every label's (or the score, for
-        a regression model)."""
+        a regression model): tasks.sentence.decode, as `evaluate` decodes."""
         model = self.model(BertForSequenceClassification, needs_head="classifier")
-        names = model.config.labels
-
-        def fn(b: dict[str, torch.Tensor]) -> list[dict[str, Any]]:
-            logits = model(b["input_ids"], b["token_type_ids"], b["attention_mask"]).logits
-            logits = logits.float().cpu().numpy()
-            if model.config.num_labels == 1:
-                return [{"score": float(x[0])} for x in logits]
-            probs = _softmax(logits)
-            return [{"label": names[int(p.argmax())], "score": float(p.max()),
-                     "scores": {names[k]: float(v) for k, v in enumerate(p)}} for p in probs]  # fmt: skip
-
-        return self.run(self.encode(texts, pairs), fn)
+        names = None if model.config.num_labels == 1 else model.config.labels
+        features = Features.from_encodings(self.encode(texts, pairs))
+        logits = infer(self.runner, model, features, self.tok.pad_id)
+        return sentence.decode(np.stack(logits), names) if logits else []
 
     def ner(self, texts: Sequence[str]) -> list[list[dict[str, Any]]]:
-        """Per text: entities {entity, text, start, end, score}, words tagged by their first
-        piece, B-/I- words merged into spans (character offsets into the text)."""
+        """Per text: entities {entity, text, start, end, score}: each word tagged by its first
+        piece and the tags decoded into spans by the metric's own decoder (tasks.tagging),
+        character offsets into the text."""
         model = self.model(BertForTokenClassification, needs_head="token classifier")
         names = model.config.labels
         encodings = self.encode(texts)
-
-        def fn(b: dict[str, torch.Tensor]) -> list[np.ndarray]:
-            logits = model(b["input_ids"], b["token_type_ids"], b["attention_mask"]).logits
-            return list(_softmax(logits.float().cpu().numpy()))
-
+        features = Features.from_encodings(encodings)
+        rows = infer(
+            self.runner, model, features, self.tok.pad_id, lambda out: out.logits, per_token=True
+        )
         results = []
-        for text, enc, probs in zip(texts, encodings, self.run(encodings, fn)):
-            words: list[tuple[str, float, int, int]] = []  # tag, score, start, end
-            previous = None
-            for j, w in enumerate(enc.word_ids):
-                if w is None:
-                    continue
-                start, end = enc.offsets[j]
-                if w != previous:
-                    k = int(probs[j].argmax())
-                    words.append((names[k], float(probs[j, k]), start, end))
-                else:  # a later piece of the same word: extend its span
-                    tag, score, s0, _ = words[-1]
-                    words[-1] = (tag, score, s0, end)
-                previous = w
-            results.append(_merge_entities(text, words))
+        for text, enc, logits in zip(texts, encodings, rows):
+            n = 1 + max((w for w in enc.word_ids if w is not None), default=-1)
+            first = tagging.first_pieces(enc.word_ids, n)
+            spans = [[0, 0] for _ in range(n)]
+            for j, w in enumerate(enc.word_ids):  # a word spans its first to its last piece
+                if w is not None:
+                    spans[w] = [
+                        enc.offsets[j][0] if j == first[w] else spans[w][0],
+                        enc.offsets[j][1],
+                    ]
+            tags, scores = tagging.word_tags(logits, first, [names[i] for i in range(len(names))])
+            results.append(tagging.entities(text, tags, scores, spans))
         return results
 
     def qa(
@@ -348,29 +285,16 @@ class Pipeline:
         allow_no_answer: bool = False,
     ) -> list[dict[str, Any]]:
         """Per question: the answer text, its probability among the n-best, its character span
-        in the context (long contexts go through overlapping windows, as in training)."""
-        from .data.tasks import SquadExample
-        from .train.finetune.common import Features, collate
-        from .train.finetune.squad import featurize, postprocess
-
+        in the context: SQuAD's family (windows, max-context, n-best), as `evaluate` answers."""
         if len(questions) != len(contexts):
             raise InputError(f"{len(questions)} questions but {len(contexts)} contexts")
         model = self.model(BertForQuestionAnswering, needs_head="question-answering head")
+        options = TaskOptions(task="squad2" if allow_no_answer else "squad", max_seq_length=max_seq_length,
+                              doc_stride=doc_stride, max_answer_length=max_answer_length)  # fmt: skip
+        fam = family(options, self.tok)
         examples = [SquadExample(str(i), q, c, [], False, "")
                     for i, (q, c) in enumerate(zip(questions, contexts))]  # fmt: skip
-        f: Features = featurize(examples, self.tok, max_seq_length=max_seq_length,
-                                doc_stride=doc_stride)  # fmt: skip
-        starts: list[Any] = [None] * len(f)
-        ends: list[Any] = [None] * len(f)
-        with torch.inference_mode(), self._autocast():
-            for rows in self.batches(f.lengths):
-                b = collate(f, rows, self.tok.pad_id).to(self.device)
-                out = model(b.input_ids, b.token_type_ids, b.attention_mask)
-                s, e = out.start_logits.float().cpu().numpy(), out.end_logits.float().cpu().numpy()
-                for j, r in enumerate(rows):
-                    starts[r], ends[r] = s[j, : f.lengths[r]], e[j, : f.lengths[r]]
-        answers = postprocess(examples, f, starts, ends, version_2=allow_no_answer,
-                              max_answer_length=max_answer_length)  # fmt: skip
+        answers = fam.predict(self.runner, model, examples, fam.featurize(examples))
         results = []
         for ex in examples:
             best = next((c for c in answers.nbest[ex.qid] if c["text"] == answers.predictions[ex.qid]),
@@ -379,32 +303,3 @@ class Pipeline:
             results.append({"answer": answers.predictions[ex.qid], "score": best["probability"],
                             "start": start, "end": start + len(best["text"]) if start >= 0 else -1})  # fmt: skip
         return results
-
-
-def _merge_entities(text: str, words: list[tuple[str, float, int, int]]) -> list[dict[str, Any]]:
-    """Words' IOB tags -> entity spans (an I- after O or another type starts an entity)."""
-    out: list[dict[str, Any]] = []
-    current: dict[str, Any] | None = None
-    scores: list[float] = []
-
-    def close() -> None:
-        nonlocal current
-        if current is not None:
-            current["score"] = float(np.mean(scores))
-            current["text"] = text[current["start"] : current["end"]]
-            out.append(current)
-        current = None
-
-    for tag, score, start, end in words:
-        prefix, _, kind = tag.partition("-")
-        if tag == "O" or not kind:
-            close()
-            continue
-        if prefix == "I" and current is not None and current["entity"] == kind:
-            current["end"] = end
-            scores.append(score)
-            continue
-        close()
-        current, scores = {"entity": kind, "start": start, "end": end}, [score]
-    close()
-    return out

@@ -26,8 +26,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field
+try:  # the serve extra; without it the module still imports (the CLI reads Limits' options)
+    from pydantic import BaseModel, Field
+except ImportError:  # create_app says what to install
+    BaseModel, Field = object, lambda *a, **k: None  # type: ignore[assignment,misc]
 
+from .checkpoint import architectures
+from .config import check_options, option
+from .errors import ConfigError
 from .model import BertModel
 from .pipelines import Pipeline
 
@@ -41,11 +47,18 @@ HEADS = {
 
 @dataclass
 class Limits:
-    max_texts: int = 64  # per request
-    max_chars: int = 10_000  # per text
-    max_batch: int = 64  # texts per model call
-    max_wait_ms: float = 5.0  # how long a batch waits for more requests
-    max_queue: int = 1024  # requests waiting per endpoint
+    """What one request and one model call may hold, and how requests wait."""
+
+    # fmt: off
+    max_texts: int = option(64, "texts per request (else 413)", min=1)
+    max_chars: int = option(10_000, "characters per text (else 413)", min=1)
+    max_batch: int = option(64, "texts per model call", min=1)
+    max_wait_ms: float = option(5.0, "how long a batch waits for more requests", min=0)
+    max_queue: int = option(1024, "requests waiting per endpoint (else 503)", min=1)
+    # fmt: on
+
+    def __post_init__(self) -> None:
+        check_options(self)
 
 
 class Texts(BaseModel):
@@ -137,11 +150,7 @@ class Batcher:
 
 def available(model: str | Path) -> list[str]:
     """The endpoints this checkpoint supports (embed always; the rest by its architecture)."""
-    try:
-        config = json.loads((Path(model) / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        config = {}
-    arch = set(config.get("architectures") or [])
+    arch = set(architectures(model))
     names = ["embed"] + [e for e, a in HEADS.items() if a in arch]
     if "BertForMaskedLM" in arch:
         names.append("fill-mask")
@@ -150,9 +159,14 @@ def available(model: str | Path) -> list[str]:
 
 def create_app(model: str | Path, limits: Limits | None = None, **pipeline_options: Any) -> Any:
     """The FastAPI application serving `model`."""
-    from fastapi import FastAPI, Request
-    from fastapi.exceptions import RequestValidationError
-    from fastapi.responses import JSONResponse
+    try:
+        from fastapi import FastAPI, Request
+        from fastapi.exceptions import RequestValidationError
+        from fastapi.responses import JSONResponse
+    except ImportError:
+        raise ConfigError(
+            "bertforge serve needs the serve extra: pip install 'bertforge[serve]'"
+        ) from None
 
     limits = limits or Limits()
     pipe = Pipeline(model, batch_size=limits.max_batch, **pipeline_options)
@@ -267,10 +281,20 @@ def create_app(model: str | Path, limits: Limits | None = None, **pipeline_optio
     return app
 
 
-def serve(model: str, host: str = "127.0.0.1", port: int = 8000, **options: Any) -> None:
-    import uvicorn
-
-    limit_keys = set(Limits.__dataclass_fields__)
-    limits = Limits(**{k: v for k, v in options.items() if k in limit_keys})
-    rest = {k: v for k, v in options.items() if k not in limit_keys}
-    uvicorn.run(create_app(model, limits, **rest), host=host, port=port, log_level="warning")
+def serve(
+    model: str,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    limits: Limits | None = None,
+    **pipeline_options: Any,
+) -> None:
+    """Run the server (uvicorn) until stopped."""
+    try:
+        import uvicorn
+    except ImportError:
+        raise ConfigError(
+            "bertforge serve needs the serve extra: pip install 'bertforge[serve]'"
+        ) from None
+    uvicorn.run(
+        create_app(model, limits, **pipeline_options), host=host, port=port, log_level="warning"
+    )

@@ -28,9 +28,8 @@ from tokenizers import AddedToken, normalizers, pre_tokenizers, processors, trai
 from tokenizers import Tokenizer as Engine
 from tokenizers.models import WordPiece
 
-from .data.corpus import read_lines
 from .errors import InputError, VocabError
-from .fileio import write_json, write_text
+from .fileio import read_lines, write_json, write_text
 from .hub import resolve
 from .textnorm import EngineFix
 

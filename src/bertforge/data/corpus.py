@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import DataError
-from ..fileio import text_lines
+from ..fileio import read_lines
 
 FORMATS = ("auto", "lines", "paragraphs", "wiki", "jsonl")
 FORMAT_HELP = {
@@ -64,20 +64,6 @@ def expand_inputs(items: Sequence[str | os.PathLike[str]]) -> list[Path]:
                 raise DataError(f"{item}: no such file, directory or matching files")
             out.extend(files)
     return out
-
-
-def read_lines(
-    path: Path, encoding_errors: str = "strict", on_bytes: Callable[[int], object] | None = None
-) -> Iterator[tuple[int, str]]:
-    """(line number, text without the line ending) of a UTF-8 file (fileio.text_lines).
-
-    A byte that is not UTF-8 is an error naming file, line and byte, unless
-    encoding_errors="replace" (U+FFFD, which the tokenizer drops) or "ignore".
-    on_bytes(n) is called with the size of each line read (for progress bars).
-    """
-    hint = ", or pass encoding_errors='replace' (CLI: --encoding-errors replace)"
-    for lineno, line in text_lines(path, encoding_errors, on_bytes, hint):
-        yield lineno, line.rstrip("\r\n")
 
 
 def split_sentences(paragraph: str, language: str = "en") -> list[str]:

@@ -1,66 +1,35 @@
-"""Heads on top of the encoder, and their losses as plain functions.
+"""Heads on top of the encoder, in HF's class, parameter and tensor names (losses live with
+their tasks, in bertforge.tasks).
 
-pretraining  masked LM + next sentence prediction (BertForPreTraining), their losses
+pretraining  masked LM + next sentence prediction (BertForPreTraining), masked LM alone
+             (BertForMaskedLM)
 tasks        fine-tuning: sequence classification / regression, token classification,
-             span question answering, multiple choice, their losses
+             span question answering, multiple choice
 """
 
 from __future__ import annotations
 
-from .pretraining import (
-    IGNORE_INDEX,
-    BertForMaskedLM,
-    BertForPreTraining,
-    MaskedLMHead,
-    PreTrainingOutput,
-    cross_entropy_sum,
-    masked_lm_loss,
-    next_sentence_loss,
-    pretraining_loss,
-)
+from .pretraining import BertForMaskedLM, BertForPreTraining, MaskedLMHead, PreTrainingOutput
 from .tasks import (
     BertForMultipleChoice,
     BertForQuestionAnswering,
     BertForSequenceClassification,
     BertForTokenClassification,
-    MultipleChoiceOutput,
+    ClassifierOutput,
     QuestionAnsweringOutput,
-    SequenceClassifierOutput,
-    TokenClassifierOutput,
-    classification_loss,
     classifier_dropout,
-    multi_label_loss,
-    multiple_choice_loss,
-    regression_loss,
-    sequence_classification_loss,
-    span_loss,
-    token_classification_loss,
 )
 
 __all__ = [
-    "IGNORE_INDEX",
     "BertForMaskedLM",
     "BertForMultipleChoice",
     "BertForPreTraining",
     "BertForQuestionAnswering",
     "BertForSequenceClassification",
     "BertForTokenClassification",
+    "ClassifierOutput",
     "MaskedLMHead",
-    "MultipleChoiceOutput",
     "PreTrainingOutput",
     "QuestionAnsweringOutput",
-    "SequenceClassifierOutput",
-    "TokenClassifierOutput",
-    "classification_loss",
     "classifier_dropout",
-    "cross_entropy_sum",
-    "masked_lm_loss",
-    "multi_label_loss",
-    "multiple_choice_loss",
-    "next_sentence_loss",
-    "pretraining_loss",
-    "regression_loss",
-    "sequence_classification_loss",
-    "span_loss",
-    "token_classification_loss",
 ]

@@ -22,8 +22,6 @@ from ..checkpoint import Pretrained
 from ..config import BertConfig
 from ..model import BertModel, BertOutput, activation, init_bert_weights
 
-IGNORE_INDEX = -100  # label value for positions without a target
-
 
 class MaskedLMHead(nn.Module):
     """Transform (dense + activation + LayerNorm), then the tied decoder with its own bias."""
@@ -124,78 +122,3 @@ class BertForMaskedLM(Pretrained, nn.Module):
             nsp_logits=None,
             encoder=out,
         )
-
-
-# ------------------------------------------------------------------------------------------------
-# Losses
-
-
-class _CrossEntropySum(torch.autograd.Function):
-    """Sum of cross-entropies over rows whose label is not IGNORE_INDEX, a few rows at a time.
-
-    F.cross_entropy on (N, V) logits makes several full-size fp32 copies (upcast, log-softmax,
-    its gradient); for MLM logits that is hundreds of MB per step. Here each block of rows is
-    upcast while it is in cache, and the gradient softmax - onehot is written once, in the
-    logits' dtype. Same numbers as F.cross_entropy (fp32 accumulation).
-    """
-
-    ROWS = 32
-
-    @staticmethod
-    def forward(ctx: Any, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        valid = labels != IGNORE_INDEX
-        safe = labels.masked_fill(~valid, 0)
-        lse = torch.empty(len(logits), dtype=torch.float32, device=logits.device)
-        total = torch.zeros((), dtype=torch.float32, device=logits.device)
-        for i in range(0, len(logits), _CrossEntropySum.ROWS):
-            block = logits[i : i + _CrossEntropySum.ROWS].float()
-            lse[i : i + len(block)] = torch.logsumexp(block, dim=-1)
-            picked = block.gather(1, safe[i : i + len(block), None]).squeeze(1)
-            total += ((lse[i : i + len(block)] - picked) * valid[i : i + len(block)]).sum()
-        ctx.save_for_backward(logits, safe, valid, lse)
-        return total
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        logits, safe, valid, lse = ctx.saved_tensors
-        out = torch.empty_like(logits)
-        rows = torch.arange(_CrossEntropySum.ROWS, device=logits.device)
-        for i in range(0, len(logits), _CrossEntropySum.ROWS):
-            block = logits[i : i + _CrossEntropySum.ROWS].float()
-            n = len(block)
-            p = (block - lse[i : i + n, None]).exp_()  # softmax (a new block: logits stay intact)
-            p[rows[:n], safe[i : i + n]] -= 1.0
-            p.mul_((grad * valid[i : i + n]).unsqueeze(1))
-            out[i : i + n] = p
-        return out, None
-
-
-def cross_entropy_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Sum over positions whose label is not IGNORE_INDEX of -log softmax(logits)[label].
-
-    logits (..., V), labels (...).
-    """
-    return _CrossEntropySum.apply(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
-
-
-def masked_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy over positions whose label is not IGNORE_INDEX.
-
-    logits (..., V), labels (...) of original token ids. Accumulated in fp32.
-    """
-    return cross_entropy_sum(logits, labels) / (labels != IGNORE_INDEX).sum().clamp(min=1)
-
-
-def next_sentence_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """logits (B, 2), labels (B,) with 0 = IsNext, 1 = NotNext."""
-    return F.cross_entropy(logits.float(), labels)
-
-
-def pretraining_loss(
-    out: PreTrainingOutput, mlm_labels: torch.Tensor, nsp_labels: torch.Tensor
-) -> torch.Tensor:
-    """The paper's objective: masked-LM loss + next-sentence loss."""
-    assert out.nsp_logits is not None
-    return masked_lm_loss(out.mlm_logits, mlm_labels) + next_sentence_loss(
-        out.nsp_logits, nsp_labels
-    )

@@ -6,11 +6,13 @@ RUN/checkpoints/step-00001000/
                                                       (read back with weights_only=True)
     trainer_state.json                                step, data position, anything else
 A checkpoint is written into a temporary directory and renamed into place, so a crash never
-leaves a half-written one; the last `keep` are kept.
+leaves a half-written one; the last `keep` are kept. RUN/run.json holds the run's settings:
+re-running with the same ones resumes it (`run_settings`, `check_run`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -21,11 +23,33 @@ import torch
 from torch import nn
 
 from ..checkpoint import load_state, read_tensors
-from ..errors import CheckpointError
+from ..errors import CheckpointError, ConfigError
 from ..fileio import write_json
 
 STATE = "trainer_state.pt"
 INFO = "trainer_state.json"
+
+
+def run_settings(cfg: Any, volatile: set[str]) -> dict[str, Any]:
+    """What defines a run: its config but the settings that may change when it resumes."""
+    return {k: v for k, v in dataclasses.asdict(cfg).items() if k not in volatile}
+
+
+def check_run(run_dir: Path, cfg: Any, volatile: set[str]) -> dict[str, Any] | None:
+    """run.json of an existing run (None: a new run): the same settings resume it; others are
+    an error naming them (a setting added since the run started reads as its default)."""
+    path = run_dir / "run.json"
+    if not path.is_file():
+        return None
+    saved = json.loads(path.read_text(encoding="utf-8"))
+    mine = run_settings(cfg, volatile)
+    defaults = {f.name: f.default for f in dataclasses.fields(cfg)}
+    theirs = {k: saved.get("settings", {}).get(k, defaults[k]) for k in mine}
+    diff = sorted(k for k in mine if theirs[k] != mine[k])
+    if diff:
+        shown = ", ".join(f"{k}: {theirs[k]!r} -> {mine[k]!r}" for k in diff)
+        raise ConfigError(f"{run_dir} holds a run with other settings ({shown}); use another --out")
+    return saved
 
 
 def checkpoint_dirs(run_dir: Path) -> list[Path]:

@@ -7,10 +7,14 @@ without them everything runs in one process and these helpers are no-ops.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from ..runner import device_of
 
 
 @dataclass
@@ -29,19 +33,12 @@ class Dist:
         return self.world_size > 1
 
 
-def pick_device(requested: str | None = None) -> torch.device:
-    """`requested` ("cpu", "cuda", "cuda:1"), else a GPU when there is one, else the CPU."""
-    if requested:
-        return torch.device(requested)
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
 def init(requested_device: str | None = None) -> Dist:
     """Join the process group if launched by torchrun; choose this process's device."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    device = pick_device(requested_device)
+    device = device_of(requested_device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", local_rank)
     if device.type == "cuda":
@@ -51,20 +48,20 @@ def init(requested_device: str | None = None) -> Dist:
     return Dist(rank, world_size, local_rank, device)
 
 
+def launched(fn: Callable[[Any, Dist], Any], cfg: Any) -> Any:
+    """fn(cfg, dist) inside the process group of a torchrun launch (or alone), left cleanly."""
+    d = init(cfg.device)
+    try:
+        return fn(cfg, d)
+    finally:
+        shutdown(d)
+
+
 def all_reduce_sum(t: torch.Tensor, d: Dist) -> torch.Tensor:
     """Sum over processes (in place; returned for convenience)."""
     if d.enabled:
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return t
-
-
-def broadcast_object(obj: object, d: Dist) -> object:
-    """Rank 0's value of `obj` on every rank."""
-    if not d.enabled:
-        return obj
-    box = [obj]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
 
 
 def barrier(d: Dist) -> None:

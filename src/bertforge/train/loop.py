@@ -12,6 +12,7 @@ the loss of a micro-batch, and the evaluation.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -22,30 +23,39 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from ..runner import autocast, resolve_precision
 from . import checkpoints
 from .distributed import Dist, all_reduce_sum
 from .logs import MetricsLog
 from .optim import build_optimizer, lr_factor, set_lr
 
-PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 
-
-@dataclass
+@dataclass(kw_only=True)
 class LoopConfig:
+    """What the loop needs, with no defaults of its own: the commands' configs hold them
+    (PretrainConfig, FinetuneConfig), and `of` reads the fields of the same names."""
+
     steps: int
-    lr: float = 1e-4
-    warmup_steps: int = 0
-    weight_decay: float = 0.01
-    optimizer: str = "adamw"
-    adam_eps: float = 1e-6
-    clip_norm: float = 1.0
-    precision: str = "auto"
-    log_every: int = 10
-    eval_every: int = 0
-    save_every: int = 0
-    keep_checkpoints: int = 3
-    progress: bool = True
-    seed: int = 0
+    lr: float
+    warmup_steps: int
+    weight_decay: float
+    optimizer: str
+    clip_norm: float
+    precision: str
+    log_every: int
+    eval_every: int
+    save_every: int
+    keep_checkpoints: int
+    progress: bool
+    seed: int
+    adam_eps: float = 1e-6  # BERT's
+
+    @classmethod
+    def of(cls, cfg: Any, **values: Any) -> LoopConfig:
+        """The fields of `cfg` with these names, and `values` for the others; a field found in
+        neither is an error (TypeError), never a default."""
+        names = [f.name for f in dataclasses.fields(cls)]
+        return cls(**{**{n: getattr(cfg, n) for n in names if hasattr(cfg, n)}, **values})
 
 
 class Task(Protocol):
@@ -73,34 +83,6 @@ class Task(Protocol):
         ...
 
     def evaluate(self, model: nn.Module) -> dict[str, float]: ...
-
-
-def cpu_supports_bf16() -> bool:
-    """AVX-512 BF16 or AMX: where bf16 matmuls are fast on the CPU (Linux flags)."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return " avx512_bf16" in flags or " amx_bf16" in flags
-
-
-def resolve_precision(precision: str, device: torch.device) -> str:
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision {precision!r}: must be one of {', '.join(PRECISIONS)}")
-    if precision != "auto":
-        if precision == "fp16" and device.type != "cuda":
-            raise ValueError("fp16 (with loss scaling) is for CUDA; use bf16 or fp32 on the CPU")
-        return precision
-    if device.type == "cuda":
-        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-    return "bf16" if cpu_supports_bf16() else "fp32"
-
-
-def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
-    if precision == "fp32":
-        return contextlib.nullcontext()
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
-    return torch.autocast(device.type, dtype=dtype)
 
 
 class _StopFlag:

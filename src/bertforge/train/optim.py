@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+OPTIMIZERS = ("adamw", "lamb")
+
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     """Two groups: decayed (weight matrices, embeddings) and not (LayerNorm, biases)."""
@@ -94,7 +96,7 @@ def build_optimizer(
         return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, fused=fused)
     if name == "lamb":
         return Lamb(groups, lr=lr, betas=betas, eps=eps)
-    raise ValueError(f"optimizer {name!r}: must be adamw or lamb")
+    raise ValueError(f"optimizer {name!r}: must be one of {', '.join(OPTIMIZERS)}")
 
 
 def lr_factor(step: int, warmup_steps: int, total_steps: int) -> float:

@@ -22,7 +22,6 @@ follows the same curve as one process with the same global batch.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -30,20 +29,22 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from ..config import BertConfig
+from ..config import SIZES, BertConfig, check_options, option
 from ..data.instances import IGNORE_INDEX, MaskingSpec
 from ..data.pretraining import Batch, Position, PretrainingStream
 from ..data.shards import ShardSet
-from ..errors import BertforgeError, ConfigError
+from ..errors import ConfigError
 from ..fileio import write_json
-from ..heads import BertForMaskedLM, BertForPreTraining, cross_entropy_sum
+from ..heads import BertForMaskedLM, BertForPreTraining
 from ..hub import resolve
+from ..runner import PRECISIONS, resolve_precision
+from ..tasks.pretraining import batch_statistics
 from ..tokenizer import Tokenizer
-from . import distributed
+from . import checkpoints, distributed
 from .loop import LoopConfig, train
+from .optim import OPTIMIZERS
 
 # Settings that may change when a run is resumed (the rest must match run.json).
 _RESUMABLE = {
@@ -60,38 +61,47 @@ _RESUMABLE = {
 EVAL_BATCH = 32  # held-out rows per evaluation batch, whatever the training batch size
 
 
-@dataclass
+@dataclass(kw_only=True)
 class PretrainConfig:
-    data: str
-    out: str
-    model_size: str = "mini"
-    config: str | None = None  # a config.json instead of a named size
-    init: str | None = None  # start from this checkpoint's weights (phase 2, domain adaptation)
-    steps: int = 10_000
-    batch_size: int = 32  # sequences per optimizer step, over all processes
-    micro_batch_size: int | None = None  # per process and forward pass (default: no accumulation)
-    max_seq_length: int = 128
-    max_predictions_per_seq: int | None = None  # default: round(0.15 * max_seq_length)
-    masked_lm_prob: float = 0.15
-    short_seq_prob: float = 0.1
-    whole_word_mask: bool = False
-    nsp: bool = True  # False: masked LM only, on packed rows (no NSP head in the result)
-    dropout: float | None = None  # the model's dropout while pre-training (None: the config's)
-    dupe_factor: int | None = None  # None: dynamic masking; k: k fixed maskings, cycled
-    lr: float = 1e-4
-    warmup_ratio: float = 0.01
-    weight_decay: float = 0.01
-    optimizer: str = "adamw"
-    clip_norm: float = 1.0
-    precision: str = "auto"
-    seed: int = 0
-    log_every: int = 10
-    eval_every: int = 500
-    eval_batches: int = 20  # held-out batches of EVAL_BATCH rows per evaluation
-    save_every: int = 1000
-    keep_checkpoints: int = 3
-    device: str | None = None
-    progress: bool = True
+    """`bertforge pretrain`: data, model, masking, optimisation, bookkeeping."""
+
+    # fmt: off
+    data: str = option(help="directory made by `bertforge prepare`")
+    out: str = option(help="run directory (re-running the command resumes it)")
+    model_size: str = option("mini", "a named size (the paper's Table 6 and Google's small BERTs)", choices=tuple(SIZES))
+    config: str | None = option(None, "config.json of the model to train from scratch")
+    init: str | None = option(None, "start from this checkpoint (phase 2, domain adaptation)")
+    steps: int = option(10_000, "optimizer steps", min=1)
+    batch_size: int = option(32, "sequences per optimizer step, all processes together", min=1)
+    micro_batch_size: int | None = option(None, "sequences per forward pass and process (gradient accumulation)", min=1)
+    max_seq_length: int = option(128, "pieces per row", min=5)
+    max_predictions_per_seq: int | None = option(None, "default: 15%% of max-seq-length", min=1)
+    masked_lm_prob: float = option(0.15, "share of pieces masked", above=0, below=1)
+    short_seq_prob: float = option(0.1, "NSP: share of shorter target lengths", min=0, max=1)
+    whole_word_mask: bool = option(False, "mask all pieces of a word together")
+    nsp: bool = option(True, "masked LM only, on rows of contiguous text packed across sentences and documents", flag="--no-nsp")
+    dropout: float | None = option(None, "the model's dropout while pre-training (default: its config's)", min=0, below=1)
+    dupe_factor: int | None = option(None, "static masking with this many fixed copies (default: dynamic)", min=1)
+    lr: float = option(1e-4, "peak learning rate", above=0)
+    warmup_ratio: float = option(0.01, "share of steps of linear warmup", min=0, max=1)
+    weight_decay: float = option(0.01, "AdamW / LAMB weight decay (not on LayerNorm and biases)", min=0)
+    optimizer: str = option("adamw", "optimizer", choices=OPTIMIZERS)
+    clip_norm: float = option(1.0, "gradient clipping norm", above=0)
+    precision: str = option("auto", "auto: bf16 where the device has it, fp16 + loss scaling on older GPUs", choices=PRECISIONS)
+    seed: int = option(0, "data order, masks, initialisation")
+    log_every: int = option(10, "log every N steps", min=1)
+    eval_every: int = option(500, "held-out evaluation every N steps (0: never)", min=0)
+    eval_batches: int = option(20, "held-out batches of 32 rows per evaluation", min=1)
+    save_every: int = option(1000, "checkpoint every N steps (0: only at the end and on signals)", min=0)
+    keep_checkpoints: int = option(3, "checkpoints kept", min=1)
+    device: str | None = option(None, "cpu, cuda, cuda:1 (default: a GPU if there is one)")
+    progress: bool = option(True, "progress bars", flag="--no-progress")
+    # fmt: on
+
+    def __post_init__(self) -> None:
+        check_options(self)
+        if sum(x is not None for x in (self.config, self.init)) > 1:
+            raise ConfigError("give --config or --init, not both")
 
 
 class PretrainingTask:
@@ -130,31 +140,10 @@ class PretrainingTask:
     def loss(
         self, model: nn.Module, micro: Batch, totals: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        out = model(**micro.model_inputs())
-        logits = out.mlm_logits
-        labels = micro.mlm_labels
-        mlm_sum = cross_entropy_sum(logits, labels)
+        mlm_sum, nsp_sum, stats = batch_statistics(model, micro)
         # Means over the global batch; x world size because DDP averages gradients over ranks.
-        loss = mlm_sum / totals[0]
-        zero = torch.zeros((), device=logits.device)
-        nsp_sum, nsp_correct = zero, zero
-        if out.nsp_logits is not None:
-            nsp_sum = F.cross_entropy(out.nsp_logits.float(), micro.nsp_labels, reduction="sum")
-            loss = loss + nsp_sum / totals[1]
-            nsp_correct = (out.nsp_logits.argmax(-1) == micro.nsp_labels).sum().float()
-        with torch.no_grad():
-            valid = labels != IGNORE_INDEX
-            stats = torch.stack(
-                [
-                    mlm_sum.detach(),
-                    valid.sum().float(),
-                    ((logits.argmax(-1) == labels) & valid).sum().float(),
-                    nsp_sum.detach(),
-                    torch.tensor(float(len(micro.nsp_labels)), device=logits.device),
-                    nsp_correct,
-                ]
-            )
-        return loss * self.d.world_size, stats
+        loss = (mlm_sum / totals[0] + nsp_sum / totals[1]) * self.d.world_size
+        return loss, stats
 
     def summarize(self, s: torch.Tensor) -> dict[str, float]:
         mlm_loss = float(s[0] / s[1])
@@ -223,26 +212,6 @@ def _split(batch: Batch, size: int) -> list[Batch]:
     return parts
 
 
-def _settings(cfg: PretrainConfig) -> dict[str, Any]:
-    return {k: v for k, v in dataclasses.asdict(cfg).items() if k not in _RESUMABLE}
-
-
-def _check_run_dir(run_dir: Path, cfg: PretrainConfig) -> dict[str, Any] | None:
-    """run.json of an existing run: the same settings resume it, others are an error."""
-    path = run_dir / "run.json"
-    if not path.is_file():
-        return None
-    saved = json.loads(path.read_text(encoding="utf-8"))
-    mine = _settings(cfg)
-    diff = sorted(k for k in mine if saved["settings"].get(k) != mine[k])
-    if diff:
-        shown = ", ".join(f"{k}: {saved['settings'].get(k)!r} -> {mine[k]!r}" for k in diff)
-        raise BertforgeError(
-            f"{run_dir} holds a run with other settings ({shown}); use another --out to start a new run"
-        )
-    return saved
-
-
 def build_model(cfg: PretrainConfig, tok: Tokenizer) -> BertForPreTraining | BertForMaskedLM:
     """The model to pre-train: from --init, a config.json or a named size; BertForMaskedLM
     without NSP. --dropout replaces the config's dropout (the saved config keeps its own)."""
@@ -276,16 +245,13 @@ def build_model(cfg: PretrainConfig, tok: Tokenizer) -> BertForPreTraining | Ber
 
 def run(cfg: PretrainConfig) -> dict[str, Any]:
     """Pre-train (or resume) into cfg.out; returns a summary."""
-    d = distributed.init(cfg.device)
-    try:
-        return _run(cfg, d)
-    finally:
-        distributed.shutdown(d)
+    return distributed.launched(_run, cfg)
 
 
 def _run(cfg: PretrainConfig, d: distributed.Dist) -> dict[str, Any]:
+    resolve_precision(cfg.precision, d.device)  # fp16 on a CPU: an error before anything is written
     run_dir = Path(cfg.out)
-    saved = _check_run_dir(run_dir, cfg)
+    saved = checkpoints.check_run(run_dir, cfg, _RESUMABLE)
     if saved and saved.get("finished") and saved.get("steps") == cfg.steps:
         if d.is_main:
             print(
@@ -337,26 +303,20 @@ def _run(cfg: PretrainConfig, d: distributed.Dist) -> dict[str, Any]:
         run_dir.mkdir(parents=True, exist_ok=True)
         write_json(
             run_dir / "run.json",
-            {"settings": _settings(cfg), "steps": cfg.steps, "finished": False},
+            {
+                "settings": checkpoints.run_settings(cfg, _RESUMABLE),
+                "steps": cfg.steps,
+                "finished": False,
+            },
         )
         print(
             f"pre-training {model.num_parameters():,} parameters on {shards.count('train'):,} tokens "
             f"({cfg.data}); {d.world_size} process(es) on {d.device}; batch {cfg.batch_size} x {cfg.max_seq_length}"
         )
-    loop = LoopConfig(
-        steps=cfg.steps,
-        lr=cfg.lr,
+    loop = LoopConfig.of(
+        cfg,
         warmup_steps=round(cfg.warmup_ratio * cfg.steps),
-        weight_decay=cfg.weight_decay,
-        optimizer=cfg.optimizer,
-        clip_norm=cfg.clip_norm,
-        precision=cfg.precision,
-        log_every=cfg.log_every,
         eval_every=cfg.eval_every if heldout else 0,
-        save_every=cfg.save_every,
-        keep_checkpoints=cfg.keep_checkpoints,
-        progress=cfg.progress,
-        seed=cfg.seed,
     )
     result = train(
         model, task, loop, run_dir, d, save_extra=tok.save_pretrained, describe="pretrain"
@@ -366,7 +326,12 @@ def _run(cfg: PretrainConfig, d: distributed.Dist) -> dict[str, Any]:
         tok.save_pretrained(run_dir)
         write_json(
             run_dir / "run.json",
-            {"settings": _settings(cfg), "steps": cfg.steps, "finished": True, "final": result},
+            {
+                "settings": checkpoints.run_settings(cfg, _RESUMABLE),
+                "steps": cfg.steps,
+                "finished": True,
+                "final": result,
+            },
         )
         print(f"done: {run_dir} holds the model (config.json, model.safetensors, vocab.txt)")
     distributed.barrier(d)

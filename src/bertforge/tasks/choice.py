@@ -16,19 +16,23 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from ...config import BertConfig
-from ...data.tasks import ChoiceExample, read_swag
-from ...fileio import write_text
-from ...heads import BertForMultipleChoice
-from ...tokenizer import Tokenizer
-from .. import distributed
-from .common import Batch, Features, FinetuneTask, log_softmax
+from ..data.tasks import ChoiceExample, read_swag
+from ..fileio import write_text
+from ..heads import BertForMultipleChoice
+from .base import Batch, Features, TaskFamily, classification_loss, log_softmax
 
 
-def featurize(examples: Sequence[ChoiceExample], tok: Tokenizer, max_seq_length: int) -> Features:
+def multiple_choice_loss(
+    logits: torch.Tensor, labels: torch.Tensor, reduction: str = "mean"
+) -> torch.Tensor:
+    """Multiple choice (SWAG): logits (B, C), labels (B,) the index of the right choice;
+    cross-entropy over the choices (mean, HF's loss, or sum)."""
+    return classification_loss(logits, labels, reduction)
+
+
+def featurize(examples: Sequence[ChoiceExample], tok: Any, max_seq_length: int) -> Features:
     firsts = [e.context for e in examples for _ in e.endings]
     seconds = [f"{e.start} {ending}".strip() for e in examples for ending in e.endings]
     encodings = iter(tok.encode_batch(firsts, seconds, max_length=max_seq_length))
@@ -46,44 +50,30 @@ def featurize(examples: Sequence[ChoiceExample], tok: Tokenizer, max_seq_length:
     return Features(ids, types, labels)
 
 
-class ChoiceTask(FinetuneTask):
+class ChoiceTask(TaskFamily):
     head = BertForMultipleChoice
-    metric = "accuracy"
-
-    def __init__(self, cfg: Any, d: distributed.Dist, tok: Tokenizer) -> None:
-        super().__init__(cfg, d, tok.pad_id)
-        self.tok = tok
 
     def read(self, path: str, labelled: bool = True) -> list[ChoiceExample]:
         return read_swag(path, labelled=labelled)
 
-    def set_labels(self, train: Any = None, config: BertConfig | None = None) -> None:
-        return None
-
     def featurize(self, examples: Sequence[ChoiceExample], training: bool = False) -> Features:
-        return featurize(examples, self.tok, self.cfg.max_seq_length)
+        return featurize(examples, self.tok, self.options.max_seq_length)
 
-    def head_kwargs(self) -> dict[str, Any]:
-        return {}
+    def loss_sum(self, model: nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = model(*batch.inputs()).logits
+        loss = multiple_choice_loss(logits, batch.labels, reduction="sum")
+        return loss, (logits.argmax(-1) == batch.labels).sum()
 
-    def loss_sum(self, model: nn.Module, micro: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = model(micro.input_ids, micro.token_type_ids, micro.attention_mask).logits
-        loss = F.cross_entropy(logits.float(), micro.labels, reduction="sum")
-        return loss, (logits.argmax(-1) == micro.labels).sum()
-
-    def predict_examples(
-        self, model: nn.Module, examples: Sequence[ChoiceExample], features: Features
+    def decode(
+        self, examples: Sequence[Any], features: Features, rows: list[np.ndarray]
     ) -> np.ndarray:
-        return np.stack(self.infer(model, features, lambda out: out.logits)).argmax(-1)
+        return np.stack(rows).argmax(-1)
 
-    def evaluate_examples(
-        self, model: nn.Module, examples: Sequence[ChoiceExample], features: Features
-    ) -> tuple[dict[str, float], np.ndarray]:
-        logits = np.stack(self.infer(model, features, lambda out: out.logits))
-        refs = np.asarray(features.labels)
+    def score(self, examples: Sequence[Any], features: Features, rows: list[np.ndarray],
+              preds: Any) -> dict[str, float]:  # fmt: skip
+        logits, refs = np.stack(rows), np.asarray(features.labels)
         loss = float(-log_softmax(logits)[np.arange(len(refs)), refs].mean())
-        preds = logits.argmax(-1)
-        return {"accuracy": float((preds == refs).mean()), "loss": loss}, preds
+        return {"accuracy": float((preds == refs).mean()), "loss": loss}
 
     def write_predictions(
         self, out: Path, examples: Sequence[ChoiceExample], preds: Any

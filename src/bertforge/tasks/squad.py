@@ -20,6 +20,8 @@ end over the windows; a question is answered "" when null - best span > the thre
 (null_score_diff_threshold), and null_odds.json records that difference for
 evaluate-v2.0.py's best-threshold search.
 
+Loss: (start cross-entropy + end cross-entropy) / 2 (HF's BertForQuestionAnswering).
+
 Written: predictions.json (qid -> text), nbest_predictions.json (qid -> candidates with
 text, probability, logits), and for v2.0 null_odds.json (qid -> null - best span).
 """
@@ -37,15 +39,47 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...config import BertConfig
-from ...data.tasks import SquadExample, gold_answers, read_squad
-from ...errors import ConfigError
-from ...evaluate import squad_scores, squad_v2_scores
-from ...fileio import write_json
-from ...heads import BertForQuestionAnswering
-from ...tokenizer import Tokenizer
-from .. import distributed
-from .common import Batch, Features, FinetuneTask
+from ..data.tasks import SquadExample, gold_answers, read_squad
+from ..errors import ConfigError, InputError
+from ..evaluate import squad_scores, squad_v2_scores
+from ..fileio import write_json
+from ..heads import BertForQuestionAnswering
+from .base import Batch, Features, TaskFamily, reduce
+
+
+def span_loss(
+    start_logits: torch.Tensor,
+    end_logits: torch.Tensor,
+    start_positions: torch.Tensor,
+    end_positions: torch.Tensor,
+    reduction: str = "mean",
+) -> torch.Tensor:
+    """Span QA: (start CE + end CE) / 2, as HF's BertForQuestionAnswering.
+
+    start_logits, end_logits (B, T); start_positions, end_positions (B,) or (B, 1) token
+    indices. As HF: positions are clamped to [0, T], and position T (any index past the
+    window: the answer is not in this window of a long document) is ignored. Negative positions
+    become 0, the [CLS] "no answer" of SQuAD 2.0. Each of the two terms is a mean over the
+    examples it does not ignore (HF's loss), or with reduction "sum" a sum.
+    """
+    T = start_logits.shape[-1]
+    total = start_logits.new_zeros((), dtype=torch.float32)
+    for logits, positions, name in (
+        (start_logits, start_positions, "start_positions"),
+        (end_logits, end_positions, "end_positions"),
+    ):
+        if positions.dim() > 1:
+            positions = positions.squeeze(-1)  # (B, 1) -> (B,)
+        if positions.is_floating_point() or positions.shape != logits.shape[:-1]:
+            raise InputError(
+                f"{name} must be integer token indices of shape {tuple(logits.shape[:-1])}, "
+                f"got {tuple(positions.shape)} {positions.dtype}"
+            )
+        positions = positions.clamp(0, T)  # T: outside the window, ignored
+        valid = positions != T
+        per_example = F.cross_entropy(logits.float(), positions.clamp(max=T - 1), reduction="none")
+        total = total + reduce((per_example * valid).sum(), valid.sum(), reduction)
+    return total / 2
 
 
 @dataclass
@@ -81,7 +115,7 @@ def max_context_flags(spans: list[tuple[int, int]], n: int) -> list[np.ndarray]:
 
 def featurize(
     examples: Sequence[SquadExample],
-    tok: Tokenizer,
+    tok: Any,
     *,
     max_seq_length: int = 384,
     doc_stride: int = 128,
@@ -216,77 +250,53 @@ def postprocess(
     return out
 
 
-class SquadTask(FinetuneTask):
+class SquadTask(TaskFamily):
     """Span QA: windows, the span loss, answers, SQuAD's metrics and files."""
 
     head = BertForQuestionAnswering
     metric = "f1"
+    per_token = True
 
-    def __init__(self, cfg: Any, d: distributed.Dist, tok: Tokenizer) -> None:
-        super().__init__(cfg, d, tok.pad_id)
-        self.tok = tok
-        self.version_2 = cfg.task == "squad2"
+    @property
+    def version_2(self) -> bool:
+        return self.options.task == "squad2"
 
     def read(self, path: str, labelled: bool = True) -> list[SquadExample]:
         # Training: a bad answer offset is an error (strict); evaluation files are only scored
         # against their answer texts, so offsets there need not be checked.
         return read_squad(path, strict=labelled)
 
-    def set_labels(self, train: Any = None, config: BertConfig | None = None) -> None:
-        return None
-
     def featurize(self, examples: Sequence[SquadExample], training: bool = False) -> Features:
-        cfg = self.cfg
-        return featurize(
-            examples,
-            self.tok,
-            max_seq_length=cfg.max_seq_length,
-            doc_stride=cfg.doc_stride,
-            max_query_length=cfg.max_query_length,
-            training=training,
-        )
+        o = self.options
+        return featurize(examples, self.tok, max_seq_length=o.max_seq_length, doc_stride=o.doc_stride,
+                         max_query_length=o.max_query_length, training=training)  # fmt: skip
 
-    def head_kwargs(self) -> dict[str, Any]:
-        return {}
-
-    def loss_sum(self, model: nn.Module, micro: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        out = model(micro.input_ids, micro.token_type_ids, micro.attention_mask)
-        s, e = micro.labels[:, 0], micro.labels[:, 1]
-        loss = (
-            F.cross_entropy(out.start_logits.float(), s, reduction="sum")
-            + F.cross_entropy(out.end_logits.float(), e, reduction="sum")
-        ) / 2
+    def loss_sum(self, model: nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        out = model(*batch.inputs())
+        s, e = batch.labels[:, 0], batch.labels[:, 1]
+        loss = span_loss(out.start_logits, out.end_logits, s, e, reduction="sum")
         right = (out.start_logits.argmax(-1) == s) & (out.end_logits.argmax(-1) == e)
         return loss, right.sum()
 
-    def predict_examples(
-        self, model: nn.Module, examples: Sequence[SquadExample], features: Features
+    def decode(
+        self, examples: Sequence[Any], features: Features, rows: list[np.ndarray]
     ) -> Answers:
-        both = self.infer(model, features, lambda out: out.logits, per_token=True)  # (T, 2) each
-        cfg = self.cfg
-        return postprocess(
-            examples,
-            features,
-            [x[:, 0] for x in both],
-            [x[:, 1] for x in both],
-            version_2=self.version_2,
-            n_best_size=cfg.n_best_size,
-            max_answer_length=cfg.max_answer_length,
-            null_score_diff_threshold=cfg.null_score_diff_threshold,
-        )
+        o = self.options
+        return postprocess(examples, features, [x[:, 0] for x in rows], [x[:, 1] for x in rows],
+                           version_2=self.version_2, n_best_size=o.n_best_size,
+                           max_answer_length=o.max_answer_length,
+                           null_score_diff_threshold=o.null_score_diff_threshold)  # fmt: skip
 
-    def evaluate_examples(
-        self, model: nn.Module, examples: Sequence[SquadExample], features: Features
-    ) -> tuple[dict[str, float], Answers]:
-        answers = self.predict_examples(model, examples, features)
+    def score(self, examples: Sequence[SquadExample], features: Features, rows: list[np.ndarray],
+              preds: Any) -> dict[str, float]:  # fmt: skip
         gold = gold_answers(examples)
         if not self.version_2:
-            scores = squad_scores(gold, answers.predictions)
-            return {"f1": scores["f1"], "exact_match": scores["exact_match"]}, answers
+            scores = squad_scores(gold, preds.predictions)
+            return {"f1": scores["f1"], "exact_match": scores["exact_match"]}
         # The predictions as written (their threshold applied), and the best threshold's.
-        scores = squad_v2_scores(gold, answers.predictions, answers.null_odds, math.inf)
+        scores = squad_v2_scores(gold, preds.predictions, preds.null_odds, math.inf)
         scores.pop("total", None)
-        return {k: v for k, v in scores.items() if not k.endswith("_total")}, answers
+        return {k: v for k, v in scores.items() if not k.endswith("_total")}
 
     def write_predictions(
         self, out: Path, examples: Sequence[SquadExample], preds: Any

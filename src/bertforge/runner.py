@@ -1,0 +1,118 @@
+"""The precision rule and the inference runner: one of each, below training, evaluation, the
+pipelines and the server.
+
+Precision. "auto" is bf16 wherever the device has bf16 arithmetic (a CUDA GPU that has it, a
+CPU with AVX-512 BF16 or AMX), for training and inference alike; on a CUDA GPU without bf16 it
+is fp16 (with loss scaling when training); fp32 elsewhere. fp16 is for CUDA only. bf16 and fp16
+run as autocast: weights stay fp32, matmuls run in the low precision.
+
+Runner. Rows of any lengths are run in batches of similar length: sorted by length, cut at
+`batch_size` rows, and cut earlier where the next row would make the batch more than half
+padding (a few long texts among many short ones: a server's micro-batch, a long table row),
+so short rows do not pay for the long ones' length. No gradients; results come back in the
+rows' own order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .errors import ConfigError
+
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+
+
+def cpu_supports_bf16() -> bool:
+    """AVX-512 BF16 or AMX: where bf16 matmuls are fast on the CPU (Linux flags)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return " avx512_bf16" in flags or " amx_bf16" in flags
+
+
+def resolve_precision(precision: str, device: torch.device) -> str:
+    """fp32, bf16 or fp16 for `precision` (one of PRECISIONS) on `device` (see above)."""
+    if precision not in PRECISIONS:
+        raise ConfigError(f"precision={precision!r}: must be one of {', '.join(PRECISIONS)}")
+    if precision == "fp16" and device.type != "cuda":
+        raise ConfigError(
+            "precision=fp16 (with loss scaling) is for CUDA GPUs; use bf16 or fp32 on the CPU"
+        )
+    if precision != "auto":
+        return precision
+    if device.type == "cuda":
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+    return "bf16" if cpu_supports_bf16() else "fp32"
+
+
+def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
+    if precision == "fp32":
+        return torch.autocast(device.type, enabled=False)
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    return torch.autocast(device.type, dtype=dtype)
+
+
+def device_of(name: str | None) -> torch.device:
+    """The device named (cpu, cuda, cuda:1), else a GPU if there is one."""
+    try:
+        device = torch.device(name or ("cuda" if torch.cuda.is_available() else "cpu"))
+    except RuntimeError as e:
+        raise ConfigError(f"device={name!r}: {e}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device={name!r}: no CUDA GPU here (torch {torch.__version__}); use cpu")
+    if device.type not in ("cpu", "cuda"):
+        raise ConfigError(f"device={name!r}: bertforge runs on cpu or cuda")
+    return device
+
+
+def length_batches(lengths: Sequence[int] | np.ndarray, batch_size: int) -> Iterator[np.ndarray]:
+    """Row indices in length order, cut into batches (see the module docstring)."""
+    order = np.argsort(np.asarray(lengths), kind="stable")
+    start, tokens = 0, 0
+    for k, r in enumerate(order):
+        n, length = k - start, int(lengths[r])
+        if n and (n == batch_size or (n + 1) * length > 2 * (tokens + length)):
+            yield order[start:k]
+            start, tokens = k, 0
+        tokens += length
+    if start < len(order):
+        yield order[start:]
+
+
+@dataclass
+class Runner:
+    """Where and how inference runs: device, resolved precision, rows per batch."""
+
+    device: torch.device
+    precision: str  # fp32, bf16 or fp16 (resolved)
+    batch_size: int = 64
+
+    @classmethod
+    def create(cls, device: str | None, precision: str, batch_size: int = 64) -> Runner:
+        if batch_size < 1:
+            raise ConfigError(f"batch_size={batch_size}: must be at least 1")
+        d = device_of(device)
+        return cls(d, resolve_precision(precision, d), batch_size)
+
+    def __call__(
+        self,
+        lengths: Sequence[int] | np.ndarray,
+        make_batch: Callable[[np.ndarray], Any],
+        fn: Callable[[Any], Sequence[Any]],
+    ) -> list[Any]:
+        """fn(make_batch(rows)) for each batch of rows; fn returns one item per row of its
+        batch, in the batch's order; the items come back in the rows' order."""
+        out: list[Any] = [None] * len(lengths)
+        with torch.inference_mode(), autocast(self.precision, self.device):
+            for rows in length_batches(lengths, self.batch_size):
+                for r, item in zip(rows, fn(make_batch(rows))):
+                    out[r] = item
+        return out

@@ -1,0 +1,85 @@
+"""The task layer: each task family defined once, for training, evaluation, the pipelines and
+the server alike (features, the head, the loss, decoding into answers, the metric).
+
+    base        Features, padded batches, inference over features, the TaskFamily contract
+    sentence    GLUE and tables of your own: classification, regression
+    tagging     CoNLL NER: first-piece labels, the entity decoder, CoNLL column predictions
+    squad       SQuAD v1.1/v2.0: windows, max-context, n-best, null threshold
+    choice      SWAG: multiple choice
+    pretraining masked LM and next sentence prediction: losses and batch statistics
+
+`TaskOptions` are the settings that shape a task's features; `family(options, tok)` gives the
+family object for a task name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..config import check_options, option
+from ..data.tasks import GLUE_TASKS, TASK_NAMES
+from ..errors import ConfigError
+from .base import Features, TaskFamily
+from .choice import ChoiceTask
+from .sentence import SentenceTask
+from .squad import SquadTask
+from .tagging import TaggingTask
+
+FAMILIES: dict[str, type[TaskFamily]] = {
+    **{name: SentenceTask for name in (*GLUE_TASKS, "csv")},
+    "conll2003": TaggingTask,
+    "squad": SquadTask,
+    "squad2": SquadTask,
+    "swag": ChoiceTask,
+}
+assert set(FAMILIES) == set(TASK_NAMES), "a task without a family, or a family without a name"
+
+
+@dataclass(kw_only=True)
+class TaskOptions:
+    """What shapes a task's features: the task, lengths, the columns of a table of your own,
+    CoNLL's tag column, SQuAD's windows and answers."""
+
+    # fmt: off
+    task: str = option(help="a task, or csv (a table of your own)", choices=TASK_NAMES)
+    max_seq_length: int | None = option(None, "pieces per row (default: 384 for SQuAD, else 128)", min=3)
+    # --task csv
+    text_column: str = option("text", "csv: header name, or index with --no-header")
+    text_pair_column: str | None = option(None, "csv: second text of sentence-pair tasks")
+    label_column: str = option("label", "csv: the label column")
+    labels: str | None = option(None, "comma-separated label (csv) or tag (conll2003) set (default: train's)")
+    regression: bool = option(False, "csv: float labels (one output)")
+    no_header: bool = option(False, "csv: columns are 0-based indices")
+    delimiter: str | None = option(None, "csv: default tab (write tab or \\t) unless the file ends in .csv")
+    # conll2003
+    tag_column: int = option(-1, "conll2003: the tag column (-1: the last; the token is column 0)")
+    # squad, squad2
+    doc_stride: int = option(128, "squad: pieces between window starts", min=1)
+    max_query_length: int = option(64, "squad: question pieces kept", min=1)
+    max_answer_length: int = option(30, "squad: longest answer in pieces", min=1)
+    n_best_size: int = option(20, "squad: candidate starts and ends per window", min=1)
+    null_score_diff_threshold: float = option(0.0, "squad2: answer '' when null - best span score exceeds this")
+    # fmt: on
+
+    def __post_init__(self) -> None:
+        check_options(self)
+        if self.max_seq_length is None:
+            self.max_seq_length = 384 if self.task.startswith("squad") else 128
+
+    def check_model(self, config: Any) -> None:
+        """Settings that must fit the model: rows no longer than its position table."""
+        assert self.max_seq_length is not None
+        if self.max_seq_length > config.max_position_embeddings:
+            raise ConfigError(
+                f"max_seq_length={self.max_seq_length} (--max-seq-length): the model has "
+                f"max_position_embeddings={config.max_position_embeddings}; use at most that"
+            )
+
+
+def family(options: TaskOptions, tok: Any) -> TaskFamily:
+    """The family object of options.task, with its settings and tokenizer."""
+    return FAMILIES[options.task](options, tok)
+
+
+__all__ = ["FAMILIES", "Features", "TaskFamily", "TaskOptions", "family"]

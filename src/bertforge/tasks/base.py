@@ -1,0 +1,252 @@
+"""What every task family shares: features, padded batches, inference over features, and the
+family's contract (`TaskFamily`).
+
+A family (sentence.py, tagging.py, squad.py, choice.py) reads its files into examples, turns
+them into `Features`, names its head, computes the loss of a batch with the loss function
+defined beside it, and decodes the model's outputs into predictions and metrics. Training
+(train/finetune.py), `evaluate` / `predict` and the pipelines all go through these methods.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..data.instances import IGNORE_INDEX
+from ..errors import ConfigError, InputError
+from ..runner import Runner
+from ..tokenizer import Tokenizer
+
+
+@dataclass
+class Features:
+    """Tokenized rows: ids and segment ids per row, and labels.
+
+    input_ids, token_type_ids: one array per row, (T,), or (C, T) for multiple choice (every
+    choice padded to the row's longest). labels: (N,) class indices or float scores, (N, 2)
+    answer start/end token indices, or one (T,) array per row of token labels. meta: what a
+    task family needs to map rows back to its examples (words' first pieces, SQuAD windows).
+    """
+
+    input_ids: list[np.ndarray]
+    token_type_ids: list[np.ndarray]
+    labels: np.ndarray | list[np.ndarray]
+    meta: Any = None
+
+    @classmethod
+    def from_encodings(cls, encodings: Sequence[Any], meta: Any = None) -> Features:
+        """Rows of tokenizer encodings, unlabelled."""
+        return cls(
+            [np.asarray(e.ids, np.int64) for e in encodings],
+            [np.asarray(e.token_type_ids, np.int64) for e in encodings],
+            np.zeros(len(encodings), np.int64),
+            meta,
+        )
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.fromiter((x.shape[-1] for x in self.input_ids), np.int64, len(self.input_ids))
+
+
+@dataclass
+class Batch:
+    input_ids: torch.Tensor  # (b, T) or (b, C, T)
+    token_type_ids: torch.Tensor  # like input_ids
+    attention_mask: torch.Tensor  # like input_ids
+    labels: torch.Tensor  # (b,), (b, 2) or (b, T)
+    num_tokens: int = 0
+
+    def to(self, device: torch.device | str) -> Batch:
+        return Batch(
+            *(t.to(device, non_blocking=True) for t in dataclasses.astuple(self)[:4]),
+            num_tokens=self.num_tokens,
+        )
+
+    def inputs(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.input_ids, self.token_type_ids, self.attention_mask
+
+
+def collate(features: Features, rows: Sequence[int] | np.ndarray, pad_id: int) -> Batch:
+    """The rows padded on the right to their longest ([PAD] ids, mask 0, token labels ignored)."""
+    T = max(features.input_ids[i].shape[-1] for i in rows)
+    lead = features.input_ids[rows[0]].shape[:-1]  # () or (C,)
+    B = len(rows)
+    ids = np.full((B, *lead, T), pad_id, np.int64)
+    types = np.zeros((B, *lead, T), np.int64)
+    mask = np.zeros((B, *lead, T), np.int64)
+    for j, i in enumerate(rows):
+        n = features.input_ids[i].shape[-1]
+        ids[j, ..., :n], types[j, ..., :n] = features.input_ids[i], features.token_type_ids[i]
+        mask[j, ..., :n] = features.input_ids[i] != pad_id if lead else 1
+    if isinstance(features.labels, list):  # token labels
+        labels = np.full((B, T), IGNORE_INDEX, np.int64)
+        for j, i in enumerate(rows):
+            labels[j, : len(features.labels[i])] = features.labels[i]
+    else:
+        labels = features.labels[np.asarray(rows)]
+    return Batch(
+        torch.from_numpy(ids),
+        torch.from_numpy(types),
+        torch.from_numpy(mask),
+        torch.from_numpy(labels),
+        num_tokens=int(mask.sum()),
+    )
+
+
+def infer(
+    runner: Runner,
+    model: nn.Module,
+    features: Features,
+    pad_id: int,
+    outputs: Callable[[Any], torch.Tensor] = lambda out: out.logits,
+    per_token: bool = False,
+) -> list[np.ndarray]:
+    """outputs(model(batch)) (the logits) for every row, in the features' order, through the
+    runner; per_token: each row's result cut to its own length."""
+    lengths = features.lengths
+
+    def fn(rows_and_batch: tuple[np.ndarray, Batch]) -> list[np.ndarray]:
+        rows, batch = rows_and_batch
+        values = outputs(model(*batch.inputs())).float().cpu().numpy()
+        return [values[j, : lengths[r]] if per_token else values[j] for j, r in enumerate(rows)]
+
+    def make(rows: np.ndarray) -> tuple[np.ndarray, Batch]:
+        return rows, collate(features, rows, pad_id).to(runner.device)
+
+    return runner(lengths, make, fn)
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    shifted = logits - logits.max(-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    return np.exp(log_softmax(logits))
+
+
+# ------------------------------------------------------------------------------------------------
+# Cross-entropy with clear errors (the losses of the classification families)
+
+
+def check_class_labels(labels: torch.Tensor, num_classes: int, what: str) -> None:
+    """Labels in [0, num_classes) or IGNORE_INDEX; otherwise one clear message, not a torch
+    IndexError (or a CUDA device assert)."""
+    if labels.is_floating_point():
+        raise InputError(f"{what} must be integer class ids, got dtype {labels.dtype}")
+    bad = (labels != IGNORE_INDEX) & ((labels < 0) | (labels >= num_classes))
+    if bool(bad.any()):
+        value = int(labels[bad][0])
+        raise InputError(
+            f"{what} contains {value}: must be in [0, {num_classes}) or {IGNORE_INDEX} (ignored)"
+        )
+
+
+def reduce(total: torch.Tensor, count: torch.Tensor | int, reduction: str) -> torch.Tensor:
+    """A summed loss as the mean over `count` (at least 1) or as the sum."""
+    if reduction == "sum":
+        return total
+    if reduction != "mean":
+        raise ConfigError(f"reduction={reduction!r}: must be mean or sum")
+    if isinstance(count, int):
+        return total / max(count, 1)
+    return total / count.clamp(min=1)
+
+
+def classification_loss(
+    logits: torch.Tensor, labels: torch.Tensor, reduction: str = "mean"
+) -> torch.Tensor:
+    """Single-label classification: logits (..., K), labels (...) in [0, K) or IGNORE_INDEX
+    (skipped). Cross-entropy in fp32: the mean over the labelled rows (HF's loss), or the sum."""
+    if labels.shape != logits.shape[:-1]:
+        raise InputError(
+            f"labels have shape {tuple(labels.shape)}, expected {tuple(logits.shape[:-1])} "
+            f"for logits {tuple(logits.shape)}"
+        )
+    check_class_labels(labels, logits.shape[-1], "labels")
+    flat = labels.reshape(-1)
+    total = F.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]).float(),
+        flat,
+        ignore_index=IGNORE_INDEX,
+        reduction="sum",
+    )
+    return reduce(total, (flat != IGNORE_INDEX).sum(), reduction)
+
+
+class TaskFamily:
+    """A task family's contract; subclasses fill in the data, loss and decoding methods.
+
+    `options` carries the task's settings (train/finetune.py's TaskOptions: task name, lengths,
+    columns, SQuAD windows); `head` is the BertFor... class, `metric` the first metric (it
+    picks the best epoch).
+    """
+
+    head: ClassVar[type[nn.Module]]
+    metric: str = "accuracy"
+    reports_accuracy = True  # the training log shows accuracy
+    per_token = False  # inference keeps a value per token (cut to each row's length)
+
+    def __init__(self, options: Any, tok: Tokenizer) -> None:
+        self.options, self.tok = options, tok
+
+    # -- data ----------------------------------------------------------------------------------
+
+    def read(self, path: str, labelled: bool = True) -> list[Any]:
+        raise NotImplementedError
+
+    def set_labels(self, train: Sequence[Any] | None = None, config: Any = None) -> None:
+        """Settle the label set: from the options, the training examples or a model's config."""
+
+    def featurize(self, examples: Sequence[Any], training: bool = False) -> Features:
+        raise NotImplementedError
+
+    def head_kwargs(self) -> dict[str, Any]:
+        return {}
+
+    # -- training ------------------------------------------------------------------------------
+
+    def count(self, batch: Batch) -> int:
+        """What the loss is averaged over in this batch (examples, or labelled tokens)."""
+        return len(batch.labels)
+
+    def loss_sum(self, model: nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """(summed loss, number of correct predictions) of a batch."""
+        raise NotImplementedError
+
+    # -- inference -----------------------------------------------------------------------------
+
+    def decode(self, examples: Sequence[Any], features: Features, rows: list[np.ndarray]) -> Any:
+        """Predictions from every row's outputs."""
+        raise NotImplementedError
+
+    def score(
+        self, examples: Sequence[Any], features: Features, rows: list[np.ndarray], preds: Any
+    ) -> dict[str, float]:
+        """Metrics of the predictions against the examples' labels."""
+        raise NotImplementedError
+
+    def predict(self, runner: Runner, model: nn.Module, examples: Sequence[Any],
+                features: Features, score: bool = False) -> Any:  # fmt: skip
+        """Predictions for the examples (their features run through `runner`); with score,
+        (metrics, predictions)."""
+        rows = infer(runner, model, features, self.tok.pad_id, per_token=self.per_token)
+        preds = self.decode(examples, features, rows)
+        return (self.score(examples, features, rows, preds), preds) if score else preds
+
+    def evaluate(self, runner: Runner, model: nn.Module, examples: Sequence[Any],
+                 features: Features) -> tuple[dict[str, float], Any]:  # fmt: skip
+        return self.predict(runner, model, examples, features, score=True)
+
+    def write_predictions(self, out: Any, examples: Sequence[Any], preds: Any) -> list[Any]:
+        raise NotImplementedError

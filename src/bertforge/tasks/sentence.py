@@ -1,0 +1,254 @@
+"""Sentence and sentence-pair tasks: classification and regression (GLUE, tables of your own).
+
+The paper's recipe (section 4.1): one linear layer on the pooled [CLS] vector
+(heads.BertForSequenceClassification). Each example is tokenized once ([CLS] text [SEP]
+(pair [SEP]), pairs truncated longest-first as Google's `_truncate_seq_pair`); labels are class
+indices or float scores. Loss: cross-entropy, or mean squared error for regression (the losses
+HF's BertForSequenceClassification computes, by problem_type). Decoding: the argmax label with
+the softmax probabilities, or the score. Predictions are written as GLUE's submission TSV:
+`index<TAB>prediction` (the label name, or the score).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..config import BertConfig
+from ..data.tasks import Example, TaskSpec, glue_task, label_set, read_examples, read_glue
+from ..errors import ConfigError, DataError, InputError
+from ..evaluate import compute_metrics
+from ..fileio import write_text
+from ..heads import BertForSequenceClassification
+from .base import Batch, Features, TaskFamily, classification_loss, log_softmax, reduce, softmax
+
+# ------------------------------------------------------------------------------------------------
+# Losses (checked against transformers' BertForSequenceClassification)
+
+
+def regression_loss(
+    logits: torch.Tensor, labels: torch.Tensor, reduction: str = "mean"
+) -> torch.Tensor:
+    """Regression (STS-B): logits (B, 1) with labels (B,), or logits (B, K) with labels (B, K).
+
+    Squared error in fp32 (mean, HF's loss, or sum); integer labels are taken as numbers.
+    """
+    if logits.shape[-1] == 1 and labels.dim() == logits.dim() - 1:
+        logits = logits.squeeze(-1)  # (B, 1) -> (B,)
+    if labels.shape != logits.shape:
+        raise InputError(
+            f"labels have shape {tuple(labels.shape)}, which does not fit regression logits "
+            f"{tuple(logits.shape)}"
+        )
+    total = F.mse_loss(logits.float(), labels.float(), reduction="sum")
+    return reduce(total, labels.numel(), reduction)
+
+
+def multi_label_loss(
+    logits: torch.Tensor, labels: torch.Tensor, reduction: str = "mean"
+) -> torch.Tensor:
+    """Multi-label classification: logits (B, K), labels (B, K) of 0/1 (or soft targets).
+
+    Binary cross-entropy with logits in fp32: the mean over every (row, label), or the sum.
+    """
+    if labels.shape != logits.shape:
+        raise InputError(
+            f"labels have shape {tuple(labels.shape)}, expected {tuple(logits.shape)} "
+            "(one 0/1 target per label)"
+        )
+    total = F.binary_cross_entropy_with_logits(logits.float(), labels.float(), reduction="sum")
+    return reduce(total, labels.numel(), reduction)
+
+
+def sequence_classification_loss(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    problem_type: str | None = None,
+    reduction: str = "mean",
+) -> torch.Tensor:
+    """The loss HF's BertForSequenceClassification picks: by config.problem_type, or when that
+    is None, regression for K == 1, single-label for integer labels, multi-label otherwise."""
+    if problem_type is None:
+        if logits.shape[-1] == 1:
+            problem_type = "regression"
+        elif not labels.is_floating_point():
+            problem_type = "single_label_classification"
+        else:
+            problem_type = "multi_label_classification"
+    losses = {
+        "regression": regression_loss,
+        "single_label_classification": classification_loss,
+        "multi_label_classification": multi_label_loss,
+    }
+    if problem_type not in losses:
+        raise ConfigError(
+            f"problem_type={problem_type!r}: must be None, regression, "
+            "single_label_classification or multi_label_classification"
+        )
+    return losses[problem_type](logits, labels, reduction=reduction)
+
+
+# ------------------------------------------------------------------------------------------------
+# Features and decoding
+
+
+def featurize(
+    examples: Sequence[Example], tok: Any, spec: TaskSpec, max_seq_length: int
+) -> Features:
+    """[CLS] text [SEP] (pair [SEP]), truncated longest-first; labels as indices or floats
+    (zeros for unlabelled examples)."""
+    pairs = [e.text_pair for e in examples] if spec.is_pair else None
+    if pairs is not None:
+        for e in examples:
+            if e.text_pair is None:
+                raise DataError(f"{e.source}: field {spec.text_pair_column!r}: missing text pair")
+    encodings = tok.encode_batch([e.text for e in examples], pairs, max_length=max_seq_length)
+    features = Features.from_encodings(encodings)
+    labelled = all(e.label is not None for e in examples)
+    if spec.is_regression:
+        features.labels = np.array([float(e.label or 0.0) for e in examples], np.float32)  # type: ignore[arg-type]
+        return features
+    index = {name: i for i, name in enumerate(spec.labels or ())}
+    for i, e in enumerate(examples):
+        if not labelled:
+            break
+        if e.label not in index:
+            raise DataError(
+                f"{e.source}: field {spec.label_column!r}: label {e.label!r} is not one of "
+                f"{', '.join(map(repr, index))}"
+            )
+        features.labels[i] = index[e.label]  # type: ignore[index]
+    return features
+
+
+def decode(logits: np.ndarray, names: Sequence[str] | None) -> list[dict[str, Any]]:
+    """Per row: {"score"} for a regression head (names None), else the label, its probability
+    and every label's probability."""
+    if names is None:
+        return [{"score": float(x[0])} for x in logits]
+    probs = softmax(logits)
+    return [{"label": names[int(p.argmax())], "score": float(p.max()),
+             "scores": {names[k]: float(v) for k, v in enumerate(p)}} for p in probs]  # fmt: skip
+
+
+class SentenceTask(TaskFamily):
+    """Sentence(-pair) classification or regression."""
+
+    head = BertForSequenceClassification
+
+    def __init__(self, options: Any, tok: Any) -> None:
+        super().__init__(options, tok)
+        self.spec = self._spec(None)
+        self.metric = self.spec.metrics[0]
+        self.reports_accuracy = not self.spec.is_regression
+
+    def _spec(self, labels: Sequence[str] | None) -> TaskSpec:
+        """The GLUE spec, or one made for a table of your own from the options and labels."""
+        o = self.options
+        if o.task != "csv":
+            return glue_task(o.task)
+        if not o.regression and labels is None and o.labels:
+            labels = [x.strip() for x in o.labels.split(",") if x.strip()]
+        return TaskSpec(
+            "csv",
+            o.text_column,
+            o.text_pair_column,
+            o.label_column,
+            None if o.regression else tuple(labels or ()),
+            ("spearman", "pearson") if o.regression else ("accuracy",),
+            id_column=None,
+        )
+
+    # -- data ----------------------------------------------------------------------------------
+
+    def read(self, path: str, labelled: bool = True) -> list[Example]:
+        o = self.options
+        if o.task != "csv":
+            return read_glue(o.task, path, labelled=labelled)
+
+        def column(name: str | None) -> str | int | None:
+            return None if name is None else int(name) if o.no_header else name
+
+        return read_examples(
+            path,
+            column(o.text_column),  # type: ignore[arg-type]
+            column(o.label_column) if labelled else None,
+            column(o.text_pair_column),
+            delimiter={"\\t": "\t", "tab": "\t"}.get(o.delimiter or "", o.delimiter),
+            header=not o.no_header,
+            labels=self.spec.labels or None,
+            regression=o.regression,
+        )
+
+    def set_labels(
+        self, train: Sequence[Example] | None = None, config: BertConfig | None = None
+    ) -> None:
+        """For --task csv: the label set from --labels, else the train file, else the model."""
+        if self.options.task != "csv" or self.options.regression:
+            return
+        if config is not None:
+            names = config.labels
+            self.spec = self._spec([names[i] for i in range(len(names))])
+        elif not self.spec.labels:
+            self.spec = self._spec(label_set(train or []))
+
+    def featurize(self, examples: Sequence[Example], training: bool = False) -> Features:
+        return featurize(examples, self.tok, self.spec, self.options.max_seq_length)
+
+    def head_kwargs(self) -> dict[str, Any]:
+        if self.spec.is_regression:
+            return {"num_labels": 1, "problem_type": "regression"}
+        return {"id2label": dict(enumerate(self.spec.labels or ()))}
+
+    # -- training ------------------------------------------------------------------------------
+
+    def loss_sum(self, model: nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = model(*batch.inputs()).logits
+        problem = "regression" if self.spec.is_regression else "single_label_classification"
+        loss = sequence_classification_loss(logits, batch.labels, problem, reduction="sum")
+        if self.spec.is_regression:
+            return loss, torch.zeros((), device=logits.device)
+        return loss, (logits.argmax(-1) == batch.labels).sum()
+
+    # -- evaluation and predictions ------------------------------------------------------------
+
+    def decode(
+        self, examples: Sequence[Any], features: Features, rows: list[np.ndarray]
+    ) -> np.ndarray:
+        logits = np.stack(rows)
+        return logits[:, 0] if self.spec.is_regression else logits.argmax(-1)
+
+    def score(self, examples: Sequence[Any], features: Features, rows: list[np.ndarray],
+              preds: Any) -> dict[str, float]:  # fmt: skip
+        logits, refs = np.stack(rows), features.labels
+        assert isinstance(refs, np.ndarray)
+        if self.spec.is_regression:
+            loss = float(np.mean((preds - refs) ** 2))
+        else:
+            loss = float(-log_softmax(logits)[np.arange(len(refs)), refs].mean())
+        spec = self.spec
+        positive = (
+            spec.labels.index(spec.positive_label) if spec.positive_label and spec.labels else 1
+        )
+        return {**compute_metrics(spec.metrics, refs, preds, positive_label=positive), "loss": loss}
+
+    def write_predictions(self, out: Path, examples: Sequence[Example], preds: Any) -> list[Path]:
+        """GLUE's submission format: `index<TAB>prediction`, one row per example in order."""
+        path = out / f"predictions_{self.spec.name}.tsv"
+        buf = io.StringIO()
+        w = csv.writer(buf, delimiter="\t", lineterminator="\n")
+        w.writerow(["index", "prediction"])
+        for i, (e, p) in enumerate(zip(examples, preds)):
+            index = e.guid.rsplit("-", 1)[-1] if "-" in e.guid else str(i)
+            labels = self.spec.labels or ()
+            w.writerow([index, f"{float(p):.6g}" if self.spec.is_regression else labels[int(p)]])
+        write_text(path, buf.getvalue())
+        return [path]

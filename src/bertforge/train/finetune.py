@@ -1,0 +1,313 @@
+"""`bertforge finetune`, `evaluate` and `predict`: one command for every task family of
+bertforge.tasks (GLUE and csv tables, CoNLL NER, SQuAD v1.1/v2.0, SWAG).
+
+The paper's recipe (section 4): every parameter trains, AdamW with 10% warmup then linear
+decay, a few epochs at a small learning rate, on the same loop as pre-training
+(train/loop.py). Training batches are length-grouped (epoch_batches); the dev set is
+evaluated at the end of every epoch with the task's metrics, and the best model by the first
+metric (MCC for CoLA, F1 for MRPC, entity F1 for CoNLL, F1 for SQuAD) is kept.
+
+OUT/
+    config.json, model.safetensors, vocab.txt, tokenizer_config.json   the best model
+    eval_results.json      its dev metrics, step and epoch; every evaluation is in metrics.jsonl
+    predictions_*          its dev predictions in the task's own format (GLUE TSV, CoNLL
+                           columns, SQuAD predictions.json / null_odds.json, SWAG CSV)
+    run.json               the settings; re-running a finished run says so
+    checkpoints/step-N/    for resuming an interrupted run (the last one kept)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..checkpoint import load_trained, load_with_fresh
+from ..config import option
+from ..data.tasks import split_train_test
+from ..errors import ConfigError, DataError
+from ..fileio import write_json
+from ..runner import PRECISIONS, Runner
+from ..tasks import TaskFamily, TaskOptions, family
+from ..tasks.base import Batch, collate
+from ..tokenizer import Tokenizer
+from . import checkpoints, distributed
+from .loop import LoopConfig, train
+
+GROUP_BATCHES = 64  # batches per length-sorted window
+
+
+@dataclass(kw_only=True)
+class FinetuneConfig(TaskOptions):
+    """`bertforge finetune`: the model, the files, the hyper-parameters (and TaskOptions)."""
+
+    # fmt: off
+    model: str = option(help="pre-trained checkpoint directory")
+    train: str = option(help="training file (in the task's own format)")
+    out: str = option(help="output directory (the fine-tuned model)")
+    dev: str | None = option(None, "dev file: evaluated every epoch; the best model is kept")
+    dev_split: float = option(0.0, "hold out this fraction of the train file as dev (fixed, seed 0)", min=0, below=1)
+    epochs: float = option(3.0, "passes over train, may be fractional", above=0)
+    batch_size: int = option(32, "examples per step, all processes together", min=1)
+    lr: float = option(3e-5, "peak AdamW learning rate; the paper tries 5e-5, 3e-5, 2e-5", above=0)
+    warmup_ratio: float = option(0.1, "fraction of the steps spent warming up, then linear decay", min=0, max=1)
+    weight_decay: float = option(0.01, "AdamW weight decay", min=0)
+    seed: int = option(0, "head initialisation, order, dropout")
+    precision: str = option("auto", "auto: bf16 where the device has it (fp16 on older GPUs), else fp32", choices=PRECISIONS)
+    log_every: int = option(10, "log every N steps", min=1)
+    progress: bool = option(True, "progress bars", flag="--no-progress")
+    device: str | None = option(None, "cpu, cuda, cuda:1 (default: a GPU if there is one)")
+    # fmt: on
+
+    def __post_init__(self) -> None:
+        super().__post_init__()  # checks every option's type and range, these too
+        if self.dev_split and self.dev:
+            raise ConfigError("give --dev or --dev-split, not both")
+
+
+def epoch_batches(lengths: np.ndarray, batch_size: int, seed: int, epoch: int) -> list[np.ndarray]:
+    """The epoch's batches (row indices): shuffled, length-grouped in windows, shuffled again."""
+    rng = np.random.default_rng([seed, epoch])
+    order = rng.permutation(len(lengths))
+    batches: list[np.ndarray] = []
+    window = batch_size * GROUP_BATCHES
+    for w in range(0, len(order), window):
+        rows = order[w : w + window]
+        rows = rows[np.argsort(lengths[rows], kind="stable")]
+        batches += [rows[i : i + batch_size] for i in range(0, len(rows), batch_size)]
+    return [batches[i] for i in rng.permutation(len(batches))]
+
+
+class FinetuneTask:
+    """A task family as the training loop sees it (train/loop.py's Task): length-grouped
+    batches, the family's summed loss over the global batch, dev evaluation."""
+
+    def __init__(self, fam: TaskFamily, cfg: FinetuneConfig, d: distributed.Dist) -> None:
+        if cfg.batch_size % d.world_size:
+            raise ConfigError(
+                f"batch_size={cfg.batch_size} must split evenly into {d.world_size} processes"
+            )
+        self.family, self.cfg, self.d = fam, cfg, d
+        self.runner = Runner.create(str(d.device), cfg.precision, 2 * cfg.batch_size)
+        self.train: Any = None  # Features
+        self.dev: tuple[Any, Any] | None = None  # (examples, features)
+        self.dev_predictions: Any = None  # of the last `evaluate`, for the predictions file
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return math.ceil(len(self.train) / self.cfg.batch_size)
+
+    def batches(self, position: Any) -> Iterator[tuple[list[Batch], Any]]:
+        lengths = self.train.lengths
+        epoch, b = (position["epoch"], position["batch"]) if position else (0, 0)
+        r, w = self.d.rank, self.d.world_size
+        while True:
+            batches = epoch_batches(lengths, self.cfg.batch_size, self.cfg.seed, epoch)
+            for i in range(b, len(batches)):
+                last = i + 1 == len(batches)
+                nxt = {"epoch": epoch + 1, "batch": 0} if last else {"epoch": epoch, "batch": i + 1}
+                rows = batches[i][r::w]
+                if len(rows) == 0:  # a last batch smaller than the number of processes
+                    continue
+                yield [collate(self.train, rows, self.family.tok.pad_id)], nxt
+            epoch, b = epoch + 1, 0
+
+    def normalizers(self, micro_batches: list[Batch]) -> torch.Tensor:
+        return torch.tensor([float(sum(self.family.count(m) for m in micro_batches))])
+
+    def loss(
+        self, model: nn.Module, micro: Batch, totals: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        loss_sum, correct = self.family.loss_sum(model, micro)
+        # The mean over the global batch; x world size because DDP averages over ranks.
+        loss = loss_sum / totals[0] * self.d.world_size
+        n = torch.tensor(float(self.family.count(micro)), device=loss_sum.device)
+        return loss, torch.stack([loss_sum.detach(), n, correct.float()])
+
+    def summarize(self, s: torch.Tensor) -> dict[str, float]:
+        out = {"loss": float(s[0] / s[1].clamp(min=1))}
+        if self.family.reports_accuracy:
+            out["acc"] = float(s[2] / s[1].clamp(min=1))
+        return out
+
+    def evaluate(self, model: nn.Module) -> dict[str, float]:
+        if self.dev is None:
+            return {}
+        metrics, self.dev_predictions = self.family.evaluate(self.runner, model, *self.dev)
+        return metrics
+
+
+def load_data(task: FinetuneTask, cfg: FinetuneConfig) -> tuple[list[Any], list[Any] | None]:
+    """Read the train file (and the dev file, or the --dev-split part of train), settle the
+    label set, and set task.train / task.dev features; returns (train, dev) examples."""
+    fam = task.family
+    train_examples = fam.read(cfg.train)
+    if len(train_examples) == 0:
+        raise DataError(f"{cfg.train}: no examples")
+    dev_examples = None
+    if cfg.dev_split:
+        train_examples, dev_examples = split_train_test(train_examples, cfg.dev_split)
+    fam.set_labels(train_examples)
+    if cfg.dev:
+        dev_examples = fam.read(cfg.dev)
+    task.train = fam.featurize(train_examples, training=True)
+    if dev_examples:
+        task.dev = (dev_examples, fam.featurize(dev_examples))
+    return train_examples, dev_examples
+
+
+def run(cfg: FinetuneConfig) -> dict[str, Any]:
+    """Fine-tune cfg.model on cfg.task into cfg.out; returns the best dev metrics."""
+    return distributed.launched(_run, cfg)
+
+
+_RESUMABLE = {"progress", "device", "log_every"}
+
+
+def _run(cfg: FinetuneConfig, d: distributed.Dist) -> dict[str, Any]:
+    out = Path(cfg.out)
+    run_file = out / "run.json"
+    saved = checkpoints.check_run(out, cfg, _RESUMABLE)
+    if saved and saved.get("finished"):
+        if d.is_main:
+            print(f"{out}: this run already finished; the model is in {out}")
+        return saved.get("best", {})
+    tok = Tokenizer.from_pretrained(cfg.model)
+    task = FinetuneTask(family(cfg, tok), cfg, d)
+    train_examples, dev_examples = load_data(task, cfg)
+
+    torch.manual_seed(cfg.seed)
+    # a missing task head is what fine-tuning expects: said in the first lines, not warned about
+    model, fresh = load_with_fresh(task.family.head, cfg.model, **task.family.head_kwargs())
+    cfg.check_model(model.config)
+    model.train()
+    steps = max(1, math.ceil(cfg.epochs * task.steps_per_epoch))
+    main_metric = task.family.metric
+    best: dict[str, Any] = {}
+    if (out / "checkpoints").is_dir() and (out / "eval_results.json").is_file():
+        # resuming: the best so far stays unless beaten
+        best.update(json.loads((out / "eval_results.json").read_text(encoding="utf-8")))
+        best.pop("task", None)
+
+    def on_eval(step: int, metrics: dict[str, float]) -> None:
+        if not d.is_main or not metrics:
+            return
+        if best and metrics[main_metric] <= best[main_metric]:
+            return
+        best.clear()
+        best.update(metrics, step=step, epoch=round(step / task.steps_per_epoch, 2))
+        model.save_pretrained(out)
+        tok.save_pretrained(out)
+        task.family.write_predictions(out, task.dev[0], task.dev_predictions)  # of this evaluation
+        write_json(out / "eval_results.json", {"task": cfg.task, **best})
+
+    if d.is_main:
+        out.mkdir(parents=True, exist_ok=True)
+        write_json(
+            run_file, {"settings": checkpoints.run_settings(cfg, _RESUMABLE), "finished": False}
+        )
+        rows = f" ({len(task.train):,} windows)" if len(task.train) != len(train_examples) else ""
+        print(
+            f"fine-tuning {cfg.model} on {cfg.task}: {len(train_examples):,} training examples"
+            f"{rows}, {len(dev_examples) if dev_examples else 0:,} dev; {steps:,} steps "
+            f"({cfg.epochs:g} epochs of {task.steps_per_epoch:,}), batch {cfg.batch_size}"
+            + (f" over {d.world_size} processes" if d.world_size > 1 else "")
+        )
+        if fresh:
+            print(f"new task head, initialised here and trained now: {', '.join(fresh)}")
+    epoch = task.steps_per_epoch  # evaluated and saved after every epoch; the paper's AdamW
+    loop = LoopConfig.of(cfg, steps=steps, warmup_steps=round(cfg.warmup_ratio * steps),
+                         eval_every=epoch if task.dev is not None else 0, save_every=epoch,
+                         keep_checkpoints=1, optimizer="adamw", clip_norm=1.0)  # fmt: skip
+    result = train(
+        model,
+        task,
+        loop,
+        out,
+        d,
+        save_extra=tok.save_pretrained,
+        describe=f"finetune {cfg.task}",
+        on_eval=on_eval,
+    )
+    if result["interrupted"]:
+        return {"interrupted": True, "step": result["step"]}
+    if d.is_main:
+        if task.dev is None:  # nothing to choose by: the last model
+            model.save_pretrained(out)
+            tok.save_pretrained(out)
+        write_json(
+            run_file,
+            {"settings": checkpoints.run_settings(cfg, _RESUMABLE), "finished": True, "best": best},
+        )
+        if best:
+            shown = ", ".join(
+                f"{k} {v:.4f}" for k, v in best.items() if k not in {"step", "epoch", "loss"}
+            )
+            print(f"best dev {shown} (epoch {best['epoch']:g}); the model is in {out}")
+        else:
+            print(f"done: the model is in {out}")
+    distributed.barrier(d)
+    return dict(best)
+
+
+def _load(
+    model_dir: str,
+    task: str | TaskOptions,
+    options: dict[str, Any],
+    device: str | None,
+    precision: str,
+) -> tuple[TaskFamily, Any, Runner]:
+    """(task family with the model's labels, the model in eval mode, the runner)."""
+    opts = task if isinstance(task, TaskOptions) else TaskOptions(task=task, **options)
+    fam = family(opts, Tokenizer.from_pretrained(model_dir))
+    runner = Runner.create(device, precision)
+    model = load_trained(fam.head, model_dir, f"{fam.head.hf_architecture} head")
+    opts.check_model(model.config)
+    fam.set_labels(config=model.config)
+    return fam, model.to(runner.device).eval(), runner
+
+
+def evaluate_model(
+    model_dir: str,
+    task: str | TaskOptions,
+    data: str,
+    *,
+    out: str | None = None,
+    device: str | None = None,
+    precision: str = "auto",
+    **options: Any,
+) -> dict[str, float]:
+    """Metrics of a fine-tuned model directory on a labelled task file (e.g. GLUE dev); with
+    `out`, its predictions are written there in the task's format. `task`: a name (with
+    TaskOptions fields as keyword arguments) or TaskOptions."""
+    fam, model, runner = _load(model_dir, task, options, device, precision)
+    examples = fam.read(data)
+    metrics, preds = fam.evaluate(runner, model, examples, fam.featurize(examples))
+    if out is not None:
+        fam.write_predictions(Path(out), examples, preds)
+    return metrics
+
+
+def predict(
+    model_dir: str,
+    task: str | TaskOptions,
+    data: str,
+    out: str,
+    *,
+    device: str | None = None,
+    precision: str = "auto",
+    **options: Any,
+) -> list[Path]:
+    """Predictions of a fine-tuned model for the inputs of `data` (labels, if any, unused),
+    written to the directory `out` in the task's format; returns the files written."""
+    fam, model, runner = _load(model_dir, task, options, device, precision)
+    examples = fam.read(data, labelled=False)
+    preds = fam.predict(runner, model, examples, fam.featurize(examples))
+    return fam.write_predictions(Path(out), examples, preds)

@@ -1,0 +1,305 @@
+"""The task layer (bertforge.tasks): the loss each family trains with equals transformers'
+loss on the same batch; `evaluate` and the matching pipeline give the same predictions; the
+package's import directions."""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from bertforge import BertConfig, Tokenizer
+from bertforge.data.instances import IGNORE_INDEX
+from bertforge.evaluate import entity_spans
+from bertforge.pipelines import Pipeline
+from bertforge.tasks import TaskOptions, family
+from bertforge.tasks.base import collate
+from bertforge.train.distributed import Dist
+from bertforge.train.finetune import FinetuneConfig, FinetuneTask, evaluate_model
+from tests.conftest import TINY
+from tests.test_finetune import keyword_table
+from tests.test_finetune_tasks import SWAG_HEADER, conll_text, ner_sentences, squad_file
+
+transformers = pytest.importorskip("transformers")
+
+HF_CLASSES = {
+    "sst2": "BertForSequenceClassification",
+    "csv": "BertForSequenceClassification",
+    "conll2003": "BertForTokenClassification",
+    "squad": "BertForQuestionAnswering",
+    "swag": "BertForMultipleChoice",
+}
+
+
+def task_file(task: str, tmp: Path) -> tuple[Path, dict]:
+    """A small file of the task's own format, and the TaskOptions it needs."""
+    if task == "sst2":
+        return keyword_table(tmp / "sst2.tsv", 12, seed=1), {}
+    if task == "csv":
+        rows = ["text\tlabel"] + [f"sentence number {i} here\t{i * 0.37:.2f}" for i in range(12)]
+        (tmp / "reg.tsv").write_text("\n".join(rows) + "\n")
+        return tmp / "reg.tsv", {"regression": True}
+    if task == "conll2003":
+        (tmp / "ner.txt").write_text(conll_text(ner_sentences(8, seed=2)))
+        return tmp / "ner.txt", {}
+    if task == "squad":
+        return squad_file(tmp / "squad.json", version_2=False), {
+            "max_seq_length": 24,
+            "doc_stride": 8,
+        }
+    rows = [SWAG_HEADER] + [f'v{i},{i},x,"The man picks up a cup {i}.",He,gold,"drinks.","sings '
+                            f'loudly.","flies away.","melts.",{i % 4}' for i in range(6)]  # fmt: skip
+    (tmp / "swag.csv").write_text("\n".join(rows) + "\n")
+    return tmp / "swag.csv", {}
+
+
+@pytest.mark.parametrize("task", list(HF_CLASSES))
+@torch.no_grad()
+def test_the_training_loss_of_every_family_equals_transformers(
+    task: str, tmp_path: Path, minilm_dir: Path
+) -> None:
+    path, options = task_file(task, tmp_path)
+    tok = Tokenizer.from_pretrained(minilm_dir)
+    cfg = FinetuneConfig(
+        model="-", task=task, train=str(path), out="-", batch_size=64, precision="fp32", **options
+    )
+    fine = FinetuneTask(family(cfg, tok), cfg, Dist())
+    fam = fine.family
+    examples = fam.read(str(path))
+    fam.set_labels(examples)
+    features = fam.featurize(examples, training=True)
+    model = fam.head(
+        BertConfig(**{**TINY, "vocab_size": tok.vocab_size}).replace(**fam.head_kwargs())
+    ).eval()
+    model.save_pretrained(tmp_path / "m")
+    hf = getattr(transformers, HF_CLASSES[task]).from_pretrained(tmp_path / "m").eval()
+
+    batch = collate(features, np.arange(len(features)), tok.pad_id)
+    totals = fine.normalizers([batch])  # the loop's normaliser: the whole global batch
+    ours, _ = fine.loss(model, batch, totals)  # the training code path
+    inputs = {"input_ids": batch.input_ids, "token_type_ids": batch.token_type_ids,
+              "attention_mask": batch.attention_mask}  # fmt: skip
+    if task == "squad":
+        ref = hf(
+            **inputs, start_positions=batch.labels[:, 0], end_positions=batch.labels[:, 1]
+        ).loss
+    else:
+        ref = hf(**inputs, labels=batch.labels).loss
+    if task == "conll2003":
+        assert (batch.labels != IGNORE_INDEX).sum() < batch.attention_mask.sum()  # pieces ignored
+    assert abs(float(ours) - float(ref)) <= 1e-5, (task, float(ours), float(ref))
+
+
+@pytest.mark.parametrize("nsp", [True, False])
+@torch.no_grad()
+def test_the_pretraining_loss_equals_transformers(
+    nsp: bool, tmp_path: Path, minilm_dir: Path
+) -> None:
+    from bertforge.data.instances import MaskingSpec
+    from bertforge.data.pretraining import PretrainingStream
+    from bertforge.data.shards import ShardSet, prepare
+    from bertforge.heads import BertForMaskedLM, BertForPreTraining
+    from bertforge.train.pretrain import PretrainConfig, PretrainingTask
+
+    tok = Tokenizer.from_pretrained(minilm_dir)
+    corpus = tmp_path / "corpus.txt"
+    docs = [
+        " ".join(f"Sentence {d} {i} talks about the number {i * d}." for i in range(12))
+        for d in range(6)
+    ]
+    corpus.write_text("\n\n".join(d.replace(". ", ".\n") for d in docs) + "\n")
+    prepare([corpus], tok, tmp_path / "shards", fmt="lines", progress=False, heldout=0.0)
+    shards = ShardSet(tmp_path / "shards")
+    spec = MaskingSpec.from_tokens(tok.tokens, tok.mask_id, frozenset({tok.cls_id, tok.sep_id, tok.pad_id}),
+                                   max_predictions_per_seq=10)  # fmt: skip
+    stream = PretrainingStream(
+        shards, spec, tok.cls_id, tok.sep_id, tok.pad_id, max_seq_length=48, packed=not nsp
+    )
+    batch, _ = next(stream.batches(8))
+    cls = BertForPreTraining if nsp else BertForMaskedLM
+    model = cls(BertConfig(**{**TINY, "vocab_size": tok.vocab_size})).eval()
+    model.save_pretrained(tmp_path / "m")
+    hf = getattr(transformers, cls.hf_architecture).from_pretrained(tmp_path / "m").eval()
+
+    cfg = PretrainConfig(data="-", out="-", batch_size=8, nsp=nsp)
+    task = PretrainingTask(stream, {}, cfg, Dist())
+    ours, _ = task.loss(model, batch, task.normalizers([batch]))
+    labels = torch.full_like(batch.input_ids, IGNORE_INDEX)
+    rows = torch.arange(len(labels))[:, None].expand_as(batch.mlm_positions)
+    real = batch.mlm_labels != IGNORE_INDEX
+    labels[rows[real], batch.mlm_positions[real]] = batch.mlm_labels[real]
+    extra = {"next_sentence_label": batch.nsp_labels} if nsp else {}
+    ref = hf(input_ids=batch.input_ids, token_type_ids=batch.token_type_ids,
+             attention_mask=batch.attention_mask, labels=labels, **extra).loss  # fmt: skip
+    assert abs(float(ours) - float(ref)) <= 1e-5
+
+
+# ------------------------------------------------------------------------------------------------
+# evaluate and the pipelines: one decoder each
+
+
+@pytest.fixture(scope="module")
+def heads(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> dict[str, Path]:
+    """Random tiny classification / tagging / QA checkpoints."""
+    from bertforge.heads import (
+        BertForQuestionAnswering,
+        BertForSequenceClassification,
+        BertForTokenClassification,
+    )
+
+    tok = Tokenizer.from_pretrained(tiny_model)
+    config = BertConfig(**{**TINY, "vocab_size": tok.vocab_size})
+    tags = ["O", "B-LOC", "B-PER", "I-PER"]
+    out = {}
+    for name, cls, kwargs in (("sst2", BertForSequenceClassification, {"id2label": {0: "0", 1: "1"}}),
+                              ("conll2003", BertForTokenClassification, {"id2label": dict(enumerate(tags))}),
+                              ("squad", BertForQuestionAnswering, {})):  # fmt: skip
+        torch.manual_seed(3)
+        d = tmp_path_factory.mktemp(name)
+        model = cls(config.replace(**kwargs))
+        head = model.qa_outputs if name == "squad" else model.classifier
+        head.weight.data *= 50  # a random head that does not say one thing for every input
+        model.save_pretrained(d)
+        tok.save_pretrained(d)
+        out[name] = d
+    return out
+
+
+def test_evaluate_and_classify_predict_alike(heads: dict[str, Path], tmp_path: Path) -> None:
+    from bertforge.heads import BertForSequenceClassification
+
+    data = keyword_table(tmp_path / "dev.tsv", 40, seed=5)
+    texts = [ln.split("\t")[0] for ln in data.read_text().splitlines()[1:]]
+    # a random head centred on these texts, so that both labels occur and the comparison bites
+    model = BertForSequenceClassification.from_pretrained(heads["sst2"])
+    with torch.no_grad():
+        logits = model(**Tokenizer.from_pretrained(heads["sst2"])(texts)).logits
+        model.classifier.bias[1] -= float((logits[:, 1] - logits[:, 0]).median())
+    model.save_pretrained(tmp_path / "m")
+    Tokenizer.from_pretrained(heads["sst2"]).save_pretrained(tmp_path / "m")
+    evaluate_model(str(tmp_path / "m"), "sst2", str(data), out=str(tmp_path), precision="fp32")
+    written = [
+        ln.split("\t")[1] for ln in (tmp_path / "predictions_sst2.tsv").read_text().splitlines()[1:]
+    ]
+    got = Pipeline(tmp_path / "m", precision="fp32").classify(texts)
+    assert [g["label"] for g in got] == written
+    assert 10 < written.count("1") < 30
+
+
+def test_evaluate_and_ner_find_the_same_entities(heads: dict[str, Path], tmp_path: Path) -> None:
+    sentences = ner_sentences(30, seed=4)
+    (tmp_path / "dev.txt").write_text(conll_text(sentences))
+    evaluate_model(str(heads["conll2003"]), "conll2003", str(tmp_path / "dev.txt"), out=str(tmp_path),
+                   precision="fp32")  # fmt: skip
+    blocks = (tmp_path / "predictions_conll.txt").read_text().strip().split("\n\n")
+    predicted = [[ln.split()[2] for ln in b.splitlines()] for b in blocks]
+    texts = [" ".join(w for w, _ in s) for s in sentences]
+    found = Pipeline(heads["conll2003"], precision="fp32").ner(texts)
+    n = 0
+    for text, s, tags, ents in zip(texts, sentences, predicted, found):
+        starts = [text.index(w, sum(len(x) + 1 for x, _ in s[:i])) for i, (w, _) in enumerate(s)]
+        assert [(e["entity"], e["start"]) for e in ents] == [
+            (k, starts[a]) for k, a, _ in entity_spans(tags)
+        ]
+        n += len(ents)
+    assert n > 0
+
+
+def test_evaluate_and_qa_answer_alike(heads: dict[str, Path], tmp_path: Path) -> None:
+    data = squad_file(tmp_path / "dev.json", version_2=False)
+    evaluate_model(str(heads["squad"]), "squad", str(data), out=str(tmp_path), precision="fp32",
+                   max_seq_length=32, doc_stride=8)  # fmt: skip
+    answers = json.loads((tmp_path / "predictions.json").read_text())
+    qas = [(q["id"], q["question"], p["context"]) for p in json.loads(data.read_text())["data"][0]["paragraphs"]
+           for q in p["qas"]]  # fmt: skip
+    got = Pipeline(heads["squad"], precision="fp32").qa([q for _, q, _ in qas], [c for _, _, c in qas],
+                                                          max_seq_length=32, doc_stride=8)  # fmt: skip
+    assert [g["answer"] for g in got] == [answers[i] for i, _, _ in qas]
+
+
+def test_task_options_are_validated_where_they_live() -> None:
+    from bertforge.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"task='nope' \(--task\): must be one of"):
+        TaskOptions(task="nope")
+    with pytest.raises(ConfigError, match=r"doc_stride=0 \(--doc-stride\): must be >= 1"):
+        TaskOptions(task="squad", doc_stride=0)
+    assert (
+        TaskOptions(task="squad").max_seq_length == 384
+        and TaskOptions(task="rte").max_seq_length == 128
+    )
+    with pytest.raises(ConfigError, match="max_position_embeddings=512"):
+        TaskOptions(task="rte", max_seq_length=100_000).check_model(BertConfig())
+
+
+# ------------------------------------------------------------------------------------------------
+# Imports run one way
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "bertforge"
+# package (or module) -> what it must not import
+FORBIDDEN = {
+    "train": ("bertforge.pipelines", "bertforge.serve", "bertforge.cli"),
+    "pipelines": ("bertforge.train",),
+    "serve": ("bertforge.train",),
+    "tokenizer": ("bertforge.data",),
+    "data": ("bertforge.model", "bertforge.heads", "bertforge.train", "bertforge.tasks"),
+    "model": ("bertforge.data", "bertforge.train"),
+    "heads": ("bertforge.data", "bertforge.train", "bertforge.tasks"),
+    "tasks": ("bertforge.train", "bertforge.pipelines", "bertforge.serve", "bertforge.cli"),
+    "runner": ("bertforge.train", "bertforge.tasks", "bertforge.data"),
+}
+
+
+def _imports(path: Path) -> set[str]:
+    module = "bertforge." + ".".join(path.relative_to(SRC).with_suffix("").parts)
+    package = (
+        module.rsplit(".", 1)[0] if path.name != "__init__.py" else module.removesuffix(".__init__")
+    )
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package.split(".")
+            if node.level:
+                base = base[: len(base) - node.level + 1]
+                name = ".".join(base + ([node.module] if node.module else []))
+            else:
+                name = node.module or ""
+            found.update([name] + [f"{name}.{a.name}" for a in node.names])
+    return found
+
+
+def test_imports_run_one_way() -> None:
+    broken = []
+    for part, banned in FORBIDDEN.items():
+        files = list((SRC / part).rglob("*.py")) if (SRC / part).is_dir() else [SRC / f"{part}.py"]
+        assert files and all(f.exists() for f in files), part
+        for f in files:
+            for name in _imports(f):
+                if name.startswith(banned):
+                    broken.append(f"{f.relative_to(SRC)} imports {name}")
+    assert not broken, broken
+    assert not any(
+        "transformers" in name.split(".")[0] for f in SRC.rglob("*.py") for name in _imports(f)
+    )
+
+
+def test_one_precision_rule_for_training_and_inference(
+    monkeypatch: pytest.MonkeyPatch, tiny_model: Path
+) -> None:
+    from bertforge import runner
+    from bertforge.errors import ConfigError
+
+    cpu = torch.device("cpu")
+    for has_bf16, expected in ((True, "bf16"), (False, "fp32")):
+        monkeypatch.setattr(runner, "cpu_supports_bf16", lambda has=has_bf16: has)
+        assert runner.resolve_precision("auto", cpu) == expected
+        assert Pipeline(tiny_model).precision == expected  # inference: the same rule as training
+    with pytest.raises(ConfigError, match="fp16 .* is for CUDA"):
+        Pipeline(tiny_model, precision="fp16")
+    assert Pipeline(tiny_model, precision="fp32").precision == "fp32"
