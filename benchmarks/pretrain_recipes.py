@@ -55,6 +55,14 @@ RECIPES: dict[str, dict[str, Any]] = {
         "lr": 1e-3,
         "warmup_ratio": 0.05,
     },
+    "mlm-b64-wsd": {
+        "nsp": False,
+        "dropout": 0.0,
+        "batch_size": 64,
+        "lr": 1e-3,
+        "warmup_ratio": 0.05,
+        "decay_ratio": 0.2,
+    },
     "mlm-b64-mask25": {
         "nsp": False,
         "dropout": 0.0,

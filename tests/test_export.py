@@ -15,6 +15,7 @@ ort = pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
 
 
+@pytest.mark.slow
 def test_export_a_classifier_and_run_it(tmp_path: Path, tiny_model: Path) -> None:
     from bertforge import BertConfig
     from bertforge.heads import BertForSequenceClassification

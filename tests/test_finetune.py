@@ -50,6 +50,7 @@ def keyword_table(path: Path, n: int, seed: int, header: str = "sentence\tlabel"
     return path
 
 
+@pytest.mark.slow
 def test_pretrained_encoder_learns_a_sentence_task_and_evaluate_agrees(
     tmp_path: Path,
     minilm_dir: Path,
@@ -158,6 +159,7 @@ def test_labels_not_in_the_label_set_name_file_line_and_field(
     assert not (tmp_path / "o" / "model.safetensors").exists()
 
 
+@pytest.mark.slow
 def test_cli_finetune_and_evaluate(tmp_path: Path, tiny_model: Path) -> None:
     train = keyword_table(tmp_path / "train.tsv", 24, seed=0)
     out = tmp_path / "cli"
@@ -185,6 +187,7 @@ def test_cli_finetune_and_evaluate(tmp_path: Path, tiny_model: Path) -> None:
     assert bad.returncode == 2 and str(tmp_path / "no") in bad.stderr
 
 
+@pytest.mark.slow
 def test_two_processes_follow_one_process(tmp_path: Path, minilm_dir: Path) -> None:
     """`torchrun --nproc_per_node 2 bertforge finetune` (gloo, CPU) with the same global batch
     takes the same steps as one process: the same losses and, within float noise, the same

@@ -275,6 +275,7 @@ def test_ner_labels_sit_on_first_pieces(minilm_dir: Path) -> None:
     assert (cut.meta[0] < 0).sum() == 2
 
 
+@pytest.mark.slow
 def test_minilm_learns_ner_and_writes_conll_columns(tmp_path: Path, minilm_dir: Path) -> None:
     train, dev = tmp_path / "train.txt", tmp_path / "dev.txt"
     train.write_text(conll_text(ner_sentences(96, 0)))

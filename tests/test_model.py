@@ -31,6 +31,7 @@ def _read_tsv(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
 
 
+@pytest.mark.slow
 @torch.no_grad()
 def test_minilm_matches_transformers_on_real_sentences(data_dir: Path, minilm_dir: Path) -> None:
     """872 SST-2 dev sentences and 256 MRPC dev pairs, padded in batches of 32, fp32."""

@@ -102,6 +102,7 @@ NUMBERS = ["one", "two", "three", "four", "five", "six", "seven", "eight", "nine
            "nineteen", "twenty"]  # fmt: skip
 
 
+@pytest.mark.slow
 def test_fill_mask_on_a_model_pre_trained_by_bertforge(tmp_path: Path) -> None:
     """vocab train + prepare + pretrain (the real path, a tiny BERT) on counting text; the
     fill-mask pipeline then fills in the missing number of sequences it never saw whole."""
@@ -319,6 +320,7 @@ PLACES = ["Paris", "Lagos", "Osaka", "Lima", "Quebec", "Tbilisi", "Adelaide", "B
 JOBS = ["baker", "pilot", "nurse", "lawyer", "farmer", "painter", "teacher", "chemist"]
 
 
+@pytest.mark.slow
 def test_qa_pipeline_on_a_model_fine_tuned_by_bertforge(tmp_path: Path, minilm_dir: Path) -> None:
     from bertforge.train.finetune import FinetuneConfig, run
 
@@ -352,6 +354,7 @@ def test_qa_pipeline_on_a_model_fine_tuned_by_bertforge(tmp_path: Path, minilm_d
         assert c[g["start"] : g["end"]] == g["answer"] and 0.5 < g["score"] <= 1.0
 
 
+@pytest.mark.slow
 def test_classify_pipeline_on_a_model_fine_tuned_by_bertforge(
     tmp_path: Path, minilm_dir: Path
 ) -> None:

@@ -109,6 +109,7 @@ def kill_and_resume(data: Path, reference: Path, out: Path, args: list[str], at_
     assert losses(reference) == losses(out)  # the same curve, resumed steps logged once
 
 
+@pytest.mark.slow
 def test_sigkill_and_resume_ends_with_identical_parameters(
     data: Path, finished_run, tmp_path: Path
 ) -> None:
@@ -116,6 +117,7 @@ def test_sigkill_and_resume_ends_with_identical_parameters(
     kill_and_resume(data, reference, tmp_path / "B", args, at_step=16)
 
 
+@pytest.mark.slow
 def test_two_processes_follow_one_process(data: Path, nodrop: Path, tmp_path: Path) -> None:
     """torchrun with 2 CPU processes (gloo) and the same global batch: the same losses.
     Dropout is off: its masks are drawn per process and could not match one process's."""
@@ -141,6 +143,7 @@ def test_two_processes_follow_one_process(data: Path, nodrop: Path, tmp_path: Pa
     assert max(abs(x - y) for (_, x), (_, y) in zip(one, two)) < 1e-5, (one, two)
 
 
+@pytest.mark.slow
 def test_outputs_of_a_finished_run(finished_run, tmp_path: Path) -> None:
     out, _ = finished_run
     names = {p.name for p in out.iterdir()}
@@ -200,6 +203,7 @@ def test_outputs_of_a_finished_run(finished_run, tmp_path: Path) -> None:
     assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 def test_rerun_of_a_finished_run_and_changed_settings(data: Path, finished_run) -> None:
     out, args = finished_run
     again = run(pretrain_cmd(data, out, *args))
@@ -209,6 +213,7 @@ def test_rerun_of_a_finished_run_and_changed_settings(data: Path, finished_run) 
     assert "holds a run with other settings (micro_batch_size: 4 -> 2)" in changed.stderr
 
 
+@pytest.mark.slow
 def test_sigint_saves_a_checkpoint_and_the_same_command_resumes(data: Path, tmp_path: Path) -> None:
     out = tmp_path / "C"
     common = ["--save-every", "0", "--eval-every", "0"]
@@ -236,6 +241,7 @@ def test_sigint_saves_a_checkpoint_and_the_same_command_resumes(data: Path, tmp_
     assert [s for s, _ in losses(out)] == list(range(1, step + 4))
 
 
+@pytest.mark.slow
 def test_phase_two_continues_at_a_longer_sequence_length(
     data: Path, finished_run, tmp_path: Path
 ) -> None:
@@ -250,6 +256,7 @@ def test_phase_two_continues_at_a_longer_sequence_length(
     assert BertConfig.from_pretrained(out) == BertConfig.from_pretrained(first)
 
 
+@pytest.mark.slow
 def test_bad_arguments_give_one_line_errors(data: Path, tmp_path: Path) -> None:
     missing = run(pretrain_cmd(tmp_path / "nothing", tmp_path / "x", "--steps", "1"))
     assert (
@@ -332,6 +339,7 @@ def test_packed_rows_cross_sentences_and_documents(data: Path) -> None:
     assert sorted(map(tuple, again)) != sorted(map(tuple, rows))
 
 
+@pytest.mark.slow
 def test_no_nsp_run_writes_a_masked_lm_that_transformers_loads(data: Path, tmp_path: Path) -> None:
     import transformers
 
@@ -373,6 +381,7 @@ def test_dropout_option_reaches_the_model(data: Path) -> None:
     assert model.bert.layers[0].p == 0.1
 
 
+@pytest.mark.slow
 def test_no_nsp_with_dropout_killed_and_resumed_is_bit_identical(
     data: Path, tmp_path: Path
 ) -> None:
@@ -434,3 +443,13 @@ def test_losses_equal_transformers_step_for_step(data: Path, nodrop: Path) -> No
             opt.step()
             opt.zero_grad()
     assert max(diffs) < 1e-5, diffs
+
+
+def test_warmup_stable_decay_schedule() -> None:
+    wsd = [lr_factor(s, 10, 100, decay_steps=20) for s in range(100)]
+    assert wsd[:10] == [(s + 1) / 10 for s in range(10)]
+    assert all(f == 1.0 for f in wsd[10:80])  # the peak holds
+    assert wsd[80] == 1.0 and wsd[90] == pytest.approx(0.5) and wsd[99] == pytest.approx(0.05)
+    assert [lr_factor(s, 10, 100, decay_steps=90) for s in range(100)] == [
+        lr_factor(s, 10, 100) for s in range(100)
+    ]

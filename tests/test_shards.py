@@ -192,6 +192,7 @@ def test_damaged_shard_is_reported(tmp_path: Path, tok: Tokenizer) -> None:
         s.load(name)
 
 
+@pytest.mark.slow
 def test_prepare_cli_errors_keep_earlier_work(tmp_path: Path, minilm_dir: Path) -> None:
     files = write_corpus(tmp_path / "corpus", docs=12)
     bad = tmp_path / "corpus" / "zz_bad.jsonl"

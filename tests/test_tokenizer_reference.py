@@ -27,6 +27,7 @@ def _mismatches(ours: Tokenizer, ref, texts: list[str]) -> list[tuple[str, list[
     return bad
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("casing", ["uncased", "cased"])
 def test_every_code_point_matches_reference(minilm_vocab: Path, casing: str) -> None:
     """Each character inside a word and alone: 'ab{c}cd {c}', 32 such probes per text."""
@@ -41,6 +42,7 @@ def test_every_code_point_matches_reference(minilm_vocab: Path, casing: str) -> 
     assert not bad, f"{len(bad)} of {len(texts)} texts differ, e.g. {bad[:3]}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("casing", ["uncased", "cased"])
 def test_every_wikipedia_line_matches_reference(
     data_dir: Path, minilm_vocab: Path, casing: str
@@ -75,6 +77,7 @@ def _books_as_utf8(data_dir: Path, out: Path) -> list[Path]:
     return books
 
 
+@pytest.mark.slow
 def test_gutenberg_vocabulary_round_trips_text(data_dir: Path, tmp_path: Path) -> None:
     books = _books_as_utf8(data_dir, tmp_path / "books")
     tok = train_vocab(books, 8000, lowercase=False, show_progress=False)

@@ -3,8 +3,10 @@
     1. corpus       the standard library's docstrings (no download)
     2. vocabulary   a WordPiece vocabulary trained on it          (= bertforge vocab train)
     3. shards       tokenized pre-training shards + a held-out part (= bertforge prepare)
-    4. pre-train    a mini BERT, masked LM + next sentence           (= bertforge pretrain)
-    5. fill-mask    its guesses before and after pre-training       (= bertforge fill-mask)
+    4. before       a random tiny BERT: its guesses and held-out masked-LM accuracy
+    5. pre-train    masked LM on packed text, the small-budget recipe (= bertforge pretrain
+                    --no-nsp --dropout 0); its guesses after, and on held-out sentences with a
+                    word masked: is the word among its top 5?      (= bertforge fill-mask)
     6. fine-tune    an acceptability task made from held-out text: a real sentence, or the
                     same words shuffled? (= bertforge finetune --task csv); held-out accuracy
     7. use it       classify new sentences                          (= bertforge classify)
@@ -25,7 +27,7 @@ from .config import BertConfig
 from .data.corpus import split_sentences
 from .data.shards import prepare
 from .data.stdlib_corpus import stdlib_documents
-from .heads import BertForPreTraining
+from .heads import BertForMaskedLM
 from .pipelines import Pipeline
 from .tokenizer import train_vocab
 
@@ -47,6 +49,30 @@ def _show_fill_mask(model_dir: Path) -> list[str]:
         print(f"  {text:<52} {guesses}")
         tops.append(masks[0][0]["token"])
     return tops
+
+
+def masked_sentences(sentences: list[str], tok: Any, rng: random.Random) -> list[tuple[str, str]]:
+    """Each sentence with one word masked: a random word that is one piece of the vocabulary."""
+    out = []
+    for s in sentences:
+        words = s.split()
+        whole = [i for i, w in enumerate(words) if w.isalpha() and len(tok.tokenize(w)) == 1]
+        if whole:
+            i = rng.choice(whole)
+            out.append((" ".join([*words[:i], "[MASK]", *words[i + 1 :]]), words[i].lower()))
+    return out
+
+
+def top5_hits(model_dir: Path, masked: list[tuple[str, str]], show: int = 4) -> float:
+    """Share of masked held-out sentences whose word is among the model's top 5."""
+    guesses = Pipeline(model_dir, precision="fp32").fill_mask([t for t, _ in masked], 5)
+    hits = [word in [c["token"] for c in g[0]] for (_, word), g in zip(masked, guesses)]
+    for (text, word), g, hit in list(zip(masked, guesses, hits))[:show]:
+        short = text if len(text) <= 64 else text[:61] + "..."
+        print(
+            f"  {short:<64} {word!r}: {', '.join(c['token'] for c in g[0])}{'  <- top 5' if hit else ''}"
+        )
+    return sum(hits) / max(len(hits), 1)
 
 
 def acceptability_rows(sentences: list[str], rng: random.Random) -> list[tuple[str, str]]:
@@ -74,7 +100,7 @@ def _write_table(path: Path, rows: list[tuple[str, str]]) -> None:
 def run_demo(
     out: Path,
     seed: int = 0,
-    steps: int = 600,
+    steps: int = 8000,
     vocab_size: int = 8000,
     progress: bool = True,
     sentences: int = 4000,
@@ -83,7 +109,7 @@ def run_demo(
     """Run the demo into `out`; returns its numbers (for tests, which make it small)."""
     from .train.finetune import FinetuneConfig
     from .train.finetune import run as finetune
-    from .train.pretrain import PretrainConfig
+    from .train.pretrain import PretrainConfig, heldout_scores
     from .train.pretrain import run as pretrain
 
     t0 = time.time()
@@ -112,30 +138,6 @@ def run_demo(
     meta = prepare([corpus], tok, out / "shards", heldout=0.02, seed=seed, progress=progress)
     print(f"{meta['counts']['train']['tokens']:,} training tokens -> {out / 'shards'}")
 
-    _say("4. before pre-training: a randomly initialised mini BERT guesses  (bertforge fill-mask)")
-    torch.manual_seed(seed)
-    untrained = out / "untrained"
-    BertForPreTraining(BertConfig.from_size("mini", vocab_size=tok.vocab_size)).save_pretrained(
-        untrained
-    )
-    tok.save_pretrained(untrained)
-    before = _show_fill_mask(untrained)
-
-    _say(f"5. pre-train: mini BERT (4 layers, hidden 256), {steps} steps  (bertforge pretrain)")
-    run_dir = out / "pretrained"
-    summary = pretrain(
-        PretrainConfig(
-            data=str(out / "shards"), out=str(run_dir), model_size="mini", steps=steps,
-            batch_size=32, max_seq_length=64, lr=5e-4, warmup_ratio=0.05, seed=seed,
-            eval_every=max(1, steps // 2), eval_batches=10, save_every=steps, keep_checkpoints=1,
-            progress=progress,
-        )
-    )  # fmt: skip
-    print("after pre-training it guesses:")
-    after = _show_fill_mask(run_dir)
-
-    _say("6. fine-tune: real sentence or shuffled words?  (bertforge finetune --task csv)")
-
     def sentences_of(documents: list[list[str]], limit: int) -> list[str]:
         found = [s for d in documents for p in d for s in split_sentences(p)
                  if 6 <= len(s.split()) <= 30 and len(set(s.split())) > 2]  # fmt: skip
@@ -143,6 +145,38 @@ def run_demo(
         return found[:limit]
 
     # Held-out sentences come from documents pre-training never saw.
+    masked = masked_sentences(sentences_of(task_docs, 200), tok, rng)
+    recipe = PretrainConfig(data=str(out / "shards"), out=str(out / "pretrained"), model_size="tiny",
+                            steps=steps, batch_size=32, max_seq_length=64, nsp=False, dropout=0.0,
+                            lr=1e-3, warmup_ratio=0.05, seed=seed, eval_every=max(1, steps // 4),
+                            eval_batches=10, save_every=steps, keep_checkpoints=1, progress=progress)  # fmt: skip
+
+    _say("4. before pre-training: a randomly initialised tiny BERT  (bertforge fill-mask)")
+    torch.manual_seed(seed)
+    untrained = out / "untrained"
+    model = BertForMaskedLM(BertConfig.from_size("tiny", vocab_size=tok.vocab_size))
+    model.save_pretrained(untrained)
+    tok.save_pretrained(untrained)
+    acc_before = heldout_scores(recipe, model)["mlm_acc"]
+    print(f"held-out masked-LM accuracy {acc_before:.1%}; it guesses:")
+    before = _show_fill_mask(untrained)
+    top5_before = top5_hits(untrained, masked, show=0)
+
+    _say(
+        f"5. pre-train: tiny BERT (2 layers, hidden 128), masked LM, {steps} steps  (bertforge pretrain)"
+    )
+    run_dir = out / "pretrained"
+    summary = pretrain(recipe)
+    acc_after = summary["eval"].get("mlm_acc", float("nan"))
+    print(f"held-out masked-LM accuracy {acc_before:.1%} -> {acc_after:.1%}; now it guesses:")
+    after = _show_fill_mask(run_dir)
+    print("held-out sentences with a word masked (the word, the top 5 guesses):")
+    top5 = top5_hits(run_dir, masked)
+    print(f"the masked word is among the top 5 in {top5:.0%} of {len(masked)} held-out sentences "
+          f"(before pre-training: {top5_before:.0%})")  # fmt: skip
+
+    _say("6. fine-tune: real sentence or shuffled words?  (bertforge finetune --task csv)")
+
     train_sentences = sentences_of(corpus_docs, sentences)
     dev_sentences = sentences_of(task_docs, max(50, sentences // 4))
     data = out / "acceptability"
@@ -183,5 +217,5 @@ def run_demo(
           "--dev MRPC/dev.tsv --out mrpc-model")  # fmt: skip
     print(f"  bertforge classify {classifier} my_sentences.txt")
     print(f"  bertforge embed MODEL texts.txt --out embeddings.npy;  bertforge info {classifier}")
-    return {"before": before, "after": after, "accuracy": best["accuracy"],
-            "pretrain": summary, "seconds": elapsed}  # fmt: skip
+    return {"before": before, "after": after, "accuracy": best["accuracy"], "pretrain": summary,
+            "mlm_acc": (acc_before, acc_after), "top5": (top5_before, top5), "seconds": elapsed}  # fmt: skip

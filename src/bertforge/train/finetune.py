@@ -224,8 +224,8 @@ def _run(cfg: FinetuneConfig, d: distributed.Dist) -> dict[str, Any]:
             print(f"new task head, initialised here and trained now: {', '.join(fresh)}")
     epoch = task.steps_per_epoch  # evaluated and saved after every epoch; the paper's AdamW
     loop = LoopConfig.of(cfg, steps=steps, warmup_steps=round(cfg.warmup_ratio * steps),
-                         eval_every=epoch if task.dev is not None else 0, save_every=epoch,
-                         keep_checkpoints=1, optimizer="adamw", clip_norm=1.0)  # fmt: skip
+                         decay_steps=None, eval_every=epoch if task.dev is not None else 0,
+                         save_every=epoch, keep_checkpoints=1, optimizer="adamw", clip_norm=1.0)  # fmt: skip
     result = train(
         model,
         task,

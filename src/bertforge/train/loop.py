@@ -38,6 +38,7 @@ class LoopConfig:
     steps: int
     lr: float
     warmup_steps: int
+    decay_steps: int | None  # None: linear decay over every step after warmup
     weight_decay: float
     optimizer: str
     clip_norm: float
@@ -186,7 +187,7 @@ def train(
     with _StopFlag() as stop:
         while step < cfg.steps:
             micro_batches, next_position = next(data)
-            lr = cfg.lr * lr_factor(step, cfg.warmup_steps, cfg.steps)
+            lr = cfg.lr * lr_factor(step, cfg.warmup_steps, cfg.steps, cfg.decay_steps)
             set_lr(optimizer, lr)
             totals = all_reduce_sum(task.normalizers(micro_batches).to(device), d)
             for i, micro in enumerate(micro_batches):

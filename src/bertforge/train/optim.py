@@ -2,7 +2,8 @@
 
 AdamW (decoupled weight decay) as in the paper's recipe, or LAMB (You et al. 2019) for large
 batches. Weight decay skips LayerNorm parameters and biases, as Google's optimizer does.
-Schedule: linear warmup to the peak, then linear decay to zero at the last step.
+Schedule: linear warmup to the peak, then linear decay to zero at the last step (over all the
+steps after warmup, or over the last ones only: warmup-stable-decay).
 """
 
 from __future__ import annotations
@@ -99,13 +100,16 @@ def build_optimizer(
     raise ValueError(f"optimizer {name!r}: must be one of {', '.join(OPTIMIZERS)}")
 
 
-def lr_factor(step: int, warmup_steps: int, total_steps: int) -> float:
-    """Multiplier of the peak learning rate for optimizer step `step` (0-based)."""
+def lr_factor(
+    step: int, warmup_steps: int, total_steps: int, decay_steps: int | None = None
+) -> float:
+    """Multiplier of the peak learning rate for optimizer step `step` (0-based): linear warmup,
+    the peak, then linear decay to zero over the last `decay_steps` (default: every step after
+    warmup, the paper's schedule; fewer: warmup-stable-decay)."""
     if warmup_steps > 0 and step < warmup_steps:
         return (step + 1) / warmup_steps
-    remaining = total_steps - step
-    span = max(1, total_steps - warmup_steps)
-    return max(0.0, remaining / span)
+    span = max(1, total_steps - warmup_steps if decay_steps is None else decay_steps)
+    return max(0.0, min(1.0, (total_steps - step) / span))
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:

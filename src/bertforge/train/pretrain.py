@@ -39,7 +39,7 @@ from ..errors import ConfigError
 from ..fileio import write_json
 from ..heads import BertForMaskedLM, BertForPreTraining
 from ..hub import resolve
-from ..runner import PRECISIONS, resolve_precision
+from ..runner import PRECISIONS, autocast, resolve_precision
 from ..tasks.pretraining import batch_statistics
 from ..tokenizer import Tokenizer
 from . import checkpoints, distributed
@@ -84,6 +84,7 @@ class PretrainConfig:
     dupe_factor: int | None = option(None, "static masking with this many fixed copies (default: dynamic)", min=1)
     lr: float = option(1e-4, "peak learning rate", above=0)
     warmup_ratio: float = option(0.01, "share of steps of linear warmup", min=0, max=1)
+    decay_ratio: float = option(1.0, "share of steps of linear decay at the end (1: all after warmup, the paper's; less: the peak holds until then)", above=0, max=1)
     weight_decay: float = option(0.01, "AdamW / LAMB weight decay (not on LayerNorm and biases)", min=0)
     optimizer: str = option("adamw", "optimizer", choices=OPTIMIZERS)
     clip_norm: float = option(1.0, "gradient clipping norm", above=0)
@@ -248,6 +249,41 @@ def run(cfg: PretrainConfig) -> dict[str, Any]:
     return distributed.launched(_run, cfg)
 
 
+def make_task(cfg: PretrainConfig, shards: ShardSet, d: distributed.Dist) -> PretrainingTask:
+    """The training stream (NSP pairs, or packed rows with --no-nsp) and the held-out streams:
+    fixed rows and masks (one version), so that evaluations compare across steps and runs."""
+    tok = shards.tokenizer()
+    max_predictions = cfg.max_predictions_per_seq or max(
+        1, round(cfg.max_seq_length * cfg.masked_lm_prob)
+    )
+    specials = frozenset({tok.cls_id, tok.sep_id, tok.pad_id})
+    spec = MaskingSpec.from_tokens(tok.tokens, tok.mask_id, specials, masked_lm_prob=cfg.masked_lm_prob,
+                                   max_predictions_per_seq=max_predictions, whole_word=cfg.whole_word_mask)  # fmt: skip
+    common = {"max_seq_length": cfg.max_seq_length, "short_seq_prob": cfg.short_seq_prob,
+              "cls_id": tok.cls_id, "sep_id": tok.sep_id, "pad_id": tok.pad_id}  # fmt: skip
+    stream = PretrainingStream(
+        shards, spec, seed=cfg.seed, dupe_factor=cfg.dupe_factor, packed=not cfg.nsp, **common
+    )
+    heldout: dict[str, PretrainingStream] = {}
+    if shards.names("heldout") and cfg.eval_every:
+        eval_spec = dataclasses.replace(spec, masked_lm_prob=0.15, whole_word=False,
+                                        max_predictions_per_seq=max(1, round(cfg.max_seq_length * 0.15)))  # fmt: skip
+        fixed = {"split": "heldout", "seed": cfg.seed + 1, "dupe_factor": 1}
+        heldout["mlm"] = PretrainingStream(shards, eval_spec, packed=True, **fixed, **common)
+        if cfg.nsp:
+            heldout["nsp"] = PretrainingStream(shards, spec, **fixed, **common)
+    return PretrainingTask(stream, heldout, cfg, d)
+
+
+def heldout_scores(cfg: PretrainConfig, model: nn.Module) -> dict[str, float]:
+    """The held-out evaluation of a run's settings (the rows and masks its metrics.jsonl uses)
+    for any model: e.g. the untrained one, to compare with."""
+    d = distributed.Dist()
+    model.eval()
+    with torch.no_grad(), autocast(resolve_precision(cfg.precision, d.device), d.device):
+        return make_task(cfg, ShardSet(cfg.data), d).evaluate(model)
+
+
 def _run(cfg: PretrainConfig, d: distributed.Dist) -> dict[str, Any]:
     resolve_precision(cfg.precision, d.device)  # fp16 on a CPU: an error before anything is written
     run_dir = Path(cfg.out)
@@ -264,41 +300,7 @@ def _run(cfg: PretrainConfig, d: distributed.Dist) -> dict[str, Any]:
         shards.check_tokenizer(Tokenizer.from_pretrained(cfg.init), f"the tokenizer of {cfg.init}")
     torch.manual_seed(cfg.seed)
     model = build_model(cfg, tok)
-    max_predictions = cfg.max_predictions_per_seq or max(
-        1, round(cfg.max_seq_length * cfg.masked_lm_prob)
-    )
-    spec = MaskingSpec.from_tokens(
-        tok.tokens,
-        tok.mask_id,
-        frozenset({tok.cls_id, tok.sep_id, tok.pad_id}),
-        masked_lm_prob=cfg.masked_lm_prob,
-        max_predictions_per_seq=max_predictions,
-        whole_word=cfg.whole_word_mask,
-    )
-    common = {
-        "max_seq_length": cfg.max_seq_length,
-        "short_seq_prob": cfg.short_seq_prob,
-        "cls_id": tok.cls_id,
-        "sep_id": tok.sep_id,
-        "pad_id": tok.pad_id,
-    }
-    stream = PretrainingStream(
-        shards, spec, seed=cfg.seed, dupe_factor=cfg.dupe_factor, packed=not cfg.nsp, **common
-    )
-    heldout: dict[str, PretrainingStream] = {}
-    if shards.names("heldout") and cfg.eval_every:
-        # fixed rows and masks (one version), so that evaluations compare across steps and runs
-        eval_spec = dataclasses.replace(
-            spec,
-            masked_lm_prob=0.15,
-            max_predictions_per_seq=max(1, round(cfg.max_seq_length * 0.15)),
-            whole_word=False,
-        )
-        fixed = {"split": "heldout", "seed": cfg.seed + 1, "dupe_factor": 1}
-        heldout["mlm"] = PretrainingStream(shards, eval_spec, packed=True, **fixed, **common)
-        if cfg.nsp:
-            heldout["nsp"] = PretrainingStream(shards, spec, **fixed, **common)
-    task = PretrainingTask(stream, heldout, cfg, d)
+    task = make_task(cfg, shards, d)
     if d.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
         write_json(
@@ -316,7 +318,8 @@ def _run(cfg: PretrainConfig, d: distributed.Dist) -> dict[str, Any]:
     loop = LoopConfig.of(
         cfg,
         warmup_steps=round(cfg.warmup_ratio * cfg.steps),
-        eval_every=cfg.eval_every if heldout else 0,
+        decay_steps=None if cfg.decay_ratio == 1 else max(1, round(cfg.decay_ratio * cfg.steps)),
+        eval_every=cfg.eval_every if task.heldout else 0,
     )
     result = train(
         model, task, loop, run_dir, d, save_extra=tok.save_pretrained, describe="pretrain"
