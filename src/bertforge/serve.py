@@ -10,7 +10,7 @@
 /embed always exists; the others where the checkpoint has the head (its config.json
 "architectures"). Concurrent requests are micro-batched: each endpoint has a bounded queue
 and one worker that takes up to max_batch texts, waiting at most max_wait_ms for more, runs them
-length-sorted in a thread (Pipeline.batches: a long text does not pad the short ones), and
+length-sorted in a thread (the inference runner: a long text does not pad the short ones), and
 answers each request with its own rows. Limits:
 texts per request and characters per text answer 413, a full queue 503, a body that is not
 JSON 400, a body of the wrong shape 422; every error is JSON {"error": "..."}. The model is

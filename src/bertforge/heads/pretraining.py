@@ -49,28 +49,22 @@ class PreTrainingOutput:
     encoder: BertOutput
 
 
-def _masked_lm_logits(
-    mlm: MaskedLMHead, bert: BertModel, h: torch.Tensor, mlm_positions: torch.Tensor | None
-) -> torch.Tensor:
-    """Vocabulary logits of h (B, T, H) at mlm_positions (B, P), or at every position."""
-    if mlm_positions is not None:
-        index = mlm_positions.unsqueeze(-1).expand(-1, -1, h.shape[-1])  # (B, P, H)
-        h = h.gather(1, index)  # (B, P, H)
-    return mlm(h, bert.embeddings.word.weight)
-
-
 class BertForPreTraining(Pretrained, nn.Module):
     """BERT with the masked-LM and next-sentence heads (HF `BertForPreTraining` layout)."""
 
     hf_architecture = "BertForPreTraining"
+    next_sentence = True  # the NSP head on the pooler (BertForMaskedLM: neither)
 
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
         self.config = config
-        self.bert = BertModel(config, add_pooling_layer=True)
+        self.bert = BertModel(config, add_pooling_layer=self.next_sentence)
         self.mlm = MaskedLMHead(config)
-        self.nsp = nn.Linear(config.hidden_size, 2)
-        for m in (self.mlm, self.nsp):
+        heads = [self.mlm]
+        if self.next_sentence:
+            self.nsp = nn.Linear(config.hidden_size, 2)
+            heads.append(self.nsp)
+        for m in heads:
             m.apply(lambda mod: init_bert_weights(mod, config.initializer_range))
         nn.init.zeros_(self.mlm.bias)
 
@@ -85,40 +79,17 @@ class BertForPreTraining(Pretrained, nn.Module):
         """mlm_positions (B, P): indices into T whose tokens to predict (Google's
         masked_lm_positions); without it every position is scored."""
         out = self.bert(input_ids, token_type_ids, attention_mask, **encoder_kwargs)
-        assert out.pooler_output is not None
-        return PreTrainingOutput(
-            mlm_logits=_masked_lm_logits(self.mlm, self.bert, out.last_hidden_state, mlm_positions),
-            nsp_logits=self.nsp(out.pooler_output),
-            encoder=out,
-        )
+        h = out.last_hidden_state  # (B, T, H)
+        if mlm_positions is not None:
+            index = mlm_positions.unsqueeze(-1).expand(-1, -1, h.shape[-1])  # (B, P, H)
+            h = h.gather(1, index)  # (B, P, H)
+        nsp = self.nsp(out.pooler_output) if self.next_sentence else None
+        return PreTrainingOutput(self.mlm(h, self.bert.embeddings.word.weight), nsp, out)
 
 
-class BertForMaskedLM(Pretrained, nn.Module):
+class BertForMaskedLM(BertForPreTraining):
     """BERT with the masked-LM head only, no pooler (HF `BertForMaskedLM` layout): what
-    masked-LM-only pre-training (`pretrain --no-nsp`) trains and writes."""
+    masked-LM-only pre-training (`pretrain --no-nsp`) trains and writes; nsp_logits is None."""
 
     hf_architecture = "BertForMaskedLM"
-
-    def __init__(self, config: BertConfig) -> None:
-        super().__init__()
-        self.config = config
-        self.bert = BertModel(config, add_pooling_layer=False)
-        self.mlm = MaskedLMHead(config)
-        self.mlm.apply(lambda mod: init_bert_weights(mod, config.initializer_range))
-        nn.init.zeros_(self.mlm.bias)
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        token_type_ids: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        mlm_positions: torch.Tensor | None = None,
-        **encoder_kwargs: Any,
-    ) -> PreTrainingOutput:
-        """As BertForPreTraining.forward, with nsp_logits None."""
-        out = self.bert(input_ids, token_type_ids, attention_mask, **encoder_kwargs)
-        return PreTrainingOutput(
-            mlm_logits=_masked_lm_logits(self.mlm, self.bert, out.last_hidden_state, mlm_positions),
-            nsp_logits=None,
-            encoder=out,
-        )
+    next_sentence = False

@@ -70,12 +70,15 @@ class BertForSequenceClassification(Pretrained, nn.Module):
     """
 
     hf_architecture = "BertForSequenceClassification"
+    per_token = (
+        False  # the classifier reads the pooled [CLS] (BertForTokenClassification: each token)
+    )
 
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
         self.config = config
         self.num_labels = config.num_labels
-        self.bert = BertModel(config, add_pooling_layer=True)
+        self.bert = BertModel(config, add_pooling_layer=not self.per_token)
         self.p = classifier_dropout(config)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         _init_head(self.classifier, config)
@@ -87,41 +90,22 @@ class BertForSequenceClassification(Pretrained, nn.Module):
         attention_mask: torch.Tensor | None = None,
         **encoder_kwargs: Any,
     ) -> ClassifierOutput:
-        """input_ids, token_type_ids, attention_mask (B, T) -> logits (B, K)."""
+        """input_ids, token_type_ids, attention_mask (B, T) -> logits (B, K), or (B, T, K)."""
         out = self.bert(input_ids, token_type_ids, attention_mask, **encoder_kwargs)
-        assert out.pooler_output is not None
-        pooled = dropout(out.pooler_output, self.p, self.training)  # (B, H)
-        return ClassifierOutput(logits=self.classifier(pooled), encoder=out)
+        h = out.last_hidden_state if self.per_token else out.pooler_output  # (B, T, H) or (B, H)
+        return ClassifierOutput(
+            logits=self.classifier(dropout(h, self.p, self.training)), encoder=out
+        )
 
 
-class BertForTokenClassification(Pretrained, nn.Module):
+class BertForTokenClassification(BertForSequenceClassification):
     """A label for every token (NER: train and score the first piece of each word).
 
     HF `BertForTokenClassification` layout: `bert.*` (no pooler), `classifier.*`.
     """
 
     hf_architecture = "BertForTokenClassification"
-
-    def __init__(self, config: BertConfig) -> None:
-        super().__init__()
-        self.config = config
-        self.num_labels = config.num_labels
-        self.bert = BertModel(config, add_pooling_layer=False)
-        self.p = classifier_dropout(config)
-        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
-        _init_head(self.classifier, config)
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        token_type_ids: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        **encoder_kwargs: Any,
-    ) -> ClassifierOutput:
-        """input_ids, token_type_ids, attention_mask (B, T) -> logits (B, T, K)."""
-        out = self.bert(input_ids, token_type_ids, attention_mask, **encoder_kwargs)
-        h = dropout(out.last_hidden_state, self.p, self.training)  # (B, T, H)
-        return ClassifierOutput(logits=self.classifier(h), encoder=out)
+    per_token = True
 
 
 class BertForQuestionAnswering(Pretrained, nn.Module):

@@ -187,9 +187,9 @@ def classification_loss(
 class TaskFamily:
     """A task family's contract; subclasses fill in the data, loss and decoding methods.
 
-    `options` carries the task's settings (train/finetune.py's TaskOptions: task name, lengths,
-    columns, SQuAD windows); `head` is the BertFor... class, `metric` the first metric (it
-    picks the best epoch).
+    `options` carries the task's settings (tasks.TaskOptions, or FinetuneConfig, which extends
+    it: task name, lengths, columns, SQuAD windows); `head` is the BertFor... class, `metric`
+    the first metric (it picks the best epoch).
     """
 
     head: ClassVar[type[nn.Module]]
