@@ -264,3 +264,32 @@ def test_inspect_reads_headers_only(tiny_dir: Path, minilm_dir: Path) -> None:
         mini.heads == ["pooler"]
         and mini.num_parameters == BertModel.from_pretrained(minilm_dir).num_parameters()
     )
+
+
+@pytest.mark.parametrize("text", ['{"hidden_size": 3', "[1, 2]", "\ufffe\xff"])
+def test_corrupt_json_files_are_one_error_naming_the_file(
+    tiny_dir: Path, tmp_path: Path, text: str
+) -> None:
+    """Every JSON file bertforge reads (fileio.read_json): truncated, not an object, not UTF-8."""
+    from bertforge.data.shards import ShardSet
+    from bertforge.errors import BertforgeError
+    from bertforge.train.checkpoints import check_run
+
+    (tiny_dir / "model.safetensors").rename(tmp_path / "moved.safetensors")
+    cases = [  # in this order: the index is read after a valid config.json
+        (
+            tiny_dir / "model.safetensors.index.json",
+            lambda: BertForPreTraining.from_pretrained(tiny_dir),
+        ),
+        (tiny_dir / "config.json", lambda: BertForPreTraining.from_pretrained(tiny_dir)),
+        (tmp_path / "run" / "run.json", lambda: check_run(tmp_path / "run", None, set())),
+        (tmp_path / "shards" / "meta.json", lambda: ShardSet(tmp_path / "shards")),
+    ]
+    for path, load in cases:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(text.encode("latin-1", errors="replace"))
+        with pytest.raises(BertforgeError) as e:
+            load()
+        message = str(e.value)
+        assert message.startswith(str(path)), message
+        assert any(w in message for w in ("invalid JSON", "expected a JSON object", "not UTF-8"))

@@ -105,7 +105,7 @@ def test_labels_round_trip(tmp_path: Path) -> None:
 def test_bad_files_name_the_file(tmp_path: Path) -> None:
     bad = tmp_path / "config.json"
     bad.write_text('{"hidden_size": 128,\n "num_attention_heads": }')
-    with pytest.raises(ConfigError, match=r"config.json: line 2 column 25: invalid JSON"):
+    with pytest.raises(ConfigError, match=r"config.json: line 2, column 25: invalid JSON"):
         BertConfig.from_pretrained(tmp_path)
     bad.write_text('{"hidden_size": 100, "num_attention_heads": 3}')
     with pytest.raises(ConfigError, match=r"config.json: hidden_size=100 is not divisible"):

@@ -14,7 +14,6 @@ corrupt files, a vocab.txt larger than the config's vocab_size.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import warnings
@@ -29,7 +28,7 @@ from torch import nn
 
 from .config import BertConfig
 from .errors import CheckpointError, CheckpointWarning, FreshWeightsWarning, VocabError
-from .fileio import atomic_path
+from .fileio import atomic_path, read_json
 from .hub import resolve
 
 SAFETENSORS = "model.safetensors"
@@ -99,7 +98,7 @@ def _weights_files(directory: Path) -> list[Path]:
     index = directory / SAFETENSORS_INDEX
     if index.is_file():
         try:
-            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+            weight_map = read_json(index, CheckpointError)["weight_map"]
             shards = sorted(set(weight_map.values()))
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise CheckpointError(f"{index}: not a valid safetensors index ({e})") from None
@@ -408,11 +407,7 @@ def load_with_fresh(
 def architectures(path: str | os.PathLike[str]) -> list[str]:
     """The `architectures` a checkpoint's config.json names (HF's BertFor... class names)."""
     config_file = resolve(path) / "config.json"
-    try:
-        config = json.loads(config_file.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise CheckpointError(f"{config_file}: cannot read the checkpoint's config ({e})") from None
-    names = config.get("architectures") if isinstance(config, dict) else None
+    names = read_json(config_file, CheckpointError).get("architectures")
     return [str(a) for a in names] if isinstance(names, list) else []
 
 

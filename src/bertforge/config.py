@@ -9,7 +9,6 @@ so that loading and saving a checkpoint does not silently drop them.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import operator
 import os
@@ -18,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
-from .fileio import write_json
+from .fileio import read_json, write_json
 
 # The paper's and Google's released sizes: name -> (layers L, hidden H, heads A).
 # Feed-forward width is always 4H.
@@ -230,10 +229,6 @@ class BertConfig:
     # derived values
 
     @property
-    def head_size(self) -> int:
-        return self.hidden_size // self.num_attention_heads
-
-    @property
     def num_labels(self) -> int:
         """Outputs of a task head: len(id2label), or HF's default of 2 when no labels are named."""
         return len(self.id2label) if self.id2label is not None else DEFAULT_NUM_LABELS
@@ -304,20 +299,7 @@ class BertConfig:
     @classmethod
     def from_json_file(cls, path: str | os.PathLike[str]) -> BertConfig:
         """Read HF `config.json` or Google's `bert_config.json`."""
-        path = Path(path)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise ConfigError(f"{path}: file not found") from None
-        except UnicodeDecodeError as e:
-            raise ConfigError(f"{path}: not UTF-8 text ({e})") from None
-        try:
-            d = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ConfigError(
-                f"{path}: line {e.lineno} column {e.colno}: invalid JSON: {e.msg}"
-            ) from None
-        return cls.from_dict(d, source=str(path))
+        return cls.from_dict(read_json(path, ConfigError), source=str(path))
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike[str]) -> BertConfig:

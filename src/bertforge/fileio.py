@@ -94,6 +94,27 @@ def write_json(path: str | os.PathLike[str], obj: Any) -> None:
     write_text(path, json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
 
 
+def read_json(
+    path: str | os.PathLike[str], error: type[Exception] = DataError, obj: bool = True
+) -> Any:
+    """A UTF-8 (BOM tolerated) JSON file, a JSON object unless obj=False; a missing file, bad
+    bytes or bad syntax raise `error` naming the file and the spot."""
+    path = Path(path)
+    if not path.is_file():
+        raise error(f"{path}: file not found")
+    raw = path.read_bytes()
+    try:
+        value = json.loads(raw.decode("utf-8-sig"))
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise error(f"{path}: line {line}: byte offset {e.start} is not UTF-8") from None
+    except json.JSONDecodeError as e:
+        raise error(f"{path}: line {e.lineno}, column {e.colno}: invalid JSON: {e.msg}") from None
+    if obj and not isinstance(value, dict):
+        raise error(f"{path}: expected a JSON object, got {type(value).__name__}")
+    return value
+
+
 def read_lines(
     path: Path, encoding_errors: str = "strict", on_bytes: Callable[[int], object] | None = None
 ) -> Iterator[tuple[int, str]]:

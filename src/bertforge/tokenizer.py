@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import json
 import os
 import warnings
 from collections.abc import Iterable, Sequence
@@ -29,7 +28,7 @@ from tokenizers import Tokenizer as Engine
 from tokenizers.models import WordPiece
 
 from .errors import InputError, VocabError
-from .fileio import read_lines, write_json, write_text
+from .fileio import read_json, read_lines, write_json, write_text
 from .hub import resolve
 from .textnorm import EngineFix
 
@@ -574,12 +573,7 @@ def _read_tokenizer_config(path: Path) -> dict[str, Any]:
     """Our settings from an HF tokenizer_config.json (absent file: no settings)."""
     if not path.is_file():
         return {}
-    try:
-        d = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise VocabError(f"{path}: not a valid JSON file ({e})") from None
-    if not isinstance(d, dict):
-        raise VocabError(f"{path}: expected a JSON object")
+    d = read_json(path, VocabError)
     settings: dict[str, Any] = {}
     for ours, theirs in (
         ("lowercase", "do_lower_case"),

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import json
 import os
 import time
 import warnings
@@ -31,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import DataError
-from ..fileio import atomic_path, write_json
+from ..fileio import atomic_path, read_json, write_json
 from ..tokenizer import Tokenizer
 from .corpus import FORMAT_HELP, Document, detect_format, expand_inputs, read_corpus
 
@@ -138,7 +137,7 @@ def prepare(
     state = {"documents_done": 0, "shards": [], "next_index": {s: 0 for s in SPLITS}}
     for existing in (meta_file, progress_file):
         if existing.is_file():
-            saved = json.loads(existing.read_text(encoding="utf-8"))
+            saved = read_json(existing)
             if saved.get("settings") != settings:
                 raise DataError(
                     f"{out} already holds shards prepared with other settings or inputs "
@@ -308,7 +307,7 @@ class ShardSet:
             )
             raise DataError(f"{self.directory}: no meta.json, not a prepared data directory{hint}")
         try:
-            self.meta = json.loads(meta_file.read_text(encoding="utf-8"))
+            self.meta = read_json(meta_file)
             self.identity = self.meta["settings"]["tokenizer"]
         except (ValueError, KeyError) as e:
             raise DataError(f"{meta_file}: not a valid meta.json ({e})") from None

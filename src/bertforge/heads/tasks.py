@@ -70,9 +70,7 @@ class BertForSequenceClassification(Pretrained, nn.Module):
     """
 
     hf_architecture = "BertForSequenceClassification"
-    per_token = (
-        False  # the classifier reads the pooled [CLS] (BertForTokenClassification: each token)
-    )
+    per_token = False  # the classifier reads the pooled [CLS] (token classification: each token)
 
     def __init__(self, config: BertConfig) -> None:
         super().__init__()

@@ -13,7 +13,6 @@ re-running with the same ones resumes it (`run_settings`, `check_run`).
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import shutil
 from pathlib import Path
@@ -24,7 +23,7 @@ from torch import nn
 
 from ..checkpoint import load_state, read_tensors
 from ..errors import CheckpointError, ConfigError
-from ..fileio import write_json
+from ..fileio import read_json, write_json
 
 STATE = "trainer_state.pt"
 INFO = "trainer_state.json"
@@ -41,7 +40,7 @@ def check_run(run_dir: Path, cfg: Any, volatile: set[str]) -> dict[str, Any] | N
     path = run_dir / "run.json"
     if not path.is_file():
         return None
-    saved = json.loads(path.read_text(encoding="utf-8"))
+    saved = read_json(path, CheckpointError)
     mine = run_settings(cfg, volatile)
     defaults = {f.name: f.default for f in dataclasses.fields(cfg)}
     theirs = {k: saved.get("settings", {}).get(k, defaults[k]) for k in mine}
@@ -107,7 +106,7 @@ def load(
 ) -> dict[str, Any]:
     """Restore model, optimizer, scaler and RNG states from a checkpoint; returns its info."""
     try:
-        info = json.loads((path / INFO).read_text(encoding="utf-8"))
+        info = read_json(path / INFO, CheckpointError)
         state = torch.load(path / STATE, map_location="cpu", weights_only=True)
     except Exception as e:  # truncated or foreign files
         raise CheckpointError(f"{path}: unreadable training checkpoint ({e})") from None

@@ -20,7 +20,6 @@ SQuAD file is often a single line.
 
 from __future__ import annotations
 
-import json
 import os
 import warnings
 from collections.abc import Iterable
@@ -28,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...errors import DataError, InputError
+from ...fileio import read_json
 
 
 @dataclass(frozen=True)
@@ -40,25 +40,6 @@ class SquadExample:
     answers: list[tuple[str, int]]
     is_impossible: bool
     title: str
-
-
-def load_json(path: str | os.PathLike[str]) -> object:
-    """A UTF-8 (BOM tolerated) JSON file; bad bytes or syntax are errors naming the spot."""
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(f"{path}: file not found")
-    raw = path.read_bytes()
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        line = raw[: e.start].count(b"\n") + 1
-        raise DataError(f"{path}: line {line}: byte offset {e.start} is not UTF-8") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        raise DataError(
-            f"{path}: line {e.lineno}, column {e.colno}: invalid JSON: {e.msg}"
-        ) from None
 
 
 def _get(obj: object, key: str, kind: type | tuple[type, ...], where: str) -> object:
@@ -101,7 +82,7 @@ def read_squad(
     if version not in (None, "1.1", "2.0"):
         raise InputError(f"version {version!r}: must be '1.1', '2.0' or None (detect)")
     path = Path(path)
-    root = load_json(path)
+    root = read_json(path, obj=False)
     articles = _get(root, "data", list, f"{path}: top level")
     assert isinstance(articles, list)
     v2 = version == "2.0" or (
