@@ -17,7 +17,8 @@ from bertforge.data.tasks import SquadExample, TaggedSentence, read_conll
 from bertforge.heads import BertForQuestionAnswering, BertForTokenClassification
 from bertforge.pipelines import Pipeline
 from bertforge.tasks.base import Features
-from bertforge.tasks.squad import Window, max_context_flags, postprocess, windows_of
+from bertforge.tasks.squad import Window, postprocess
+from bertforge.tasks.windows import max_context_flags, windows_of
 from bertforge.tasks.squad import featurize as squad_featurize
 from bertforge.tasks.tagging import featurize as tag_featurize
 from bertforge.tasks.tagging import tag_set

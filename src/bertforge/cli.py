@@ -384,8 +384,14 @@ def add_options(
         required = default is inspect.Parameter.empty
         flag = m.get("flag") or (flags or {}).get(name) or "--" + name.replace("_", "-")
         text = m.get("help") or (help or {}).get(name)
-        if kind is bool:
-            action = "store_false" if default else "store_true"
+        if kind is bool:  # a flag; with default None (the model's own): --x / --no-x
+            action = (
+                argparse.BooleanOptionalAction
+                if default is None
+                else "store_false"
+                if default
+                else "store_true"
+            )
             p.add_argument(flag, dest=name, action=action, default=default, help=text)
         elif "Sequence[int]" in str(annotation):  # "-1,-2,-3" -> (-1, -2, -3)
             p.add_argument(flag, dest=name, type=_int_list, default=default, help=text)
@@ -507,7 +513,7 @@ def build_parser() -> argparse.ArgumentParser:
         "classify": "labels and probabilities (a fine-tuned classifier); --pairs: TEXT<TAB>PAIR",
         "ner": "entity spans with character offsets (a fine-tuned token classifier)",
         "qa": "answers: lines QUESTION<TAB>CONTEXT or JSONL {question, context}",
-        "embed": "sentence embeddings (cls / mean / max pooling); --out x.npy for an array",
+        "embed": "sentence embeddings, pooled as the model says (sentence-transformers modules); --out x.npy",
         "nsp": "P(IsNext) of lines TEXT<TAB>NEXT (a model with its NSP head)",
         "features": "hidden states of --layers (JSONL like Google's extract_features, or .npy/.npz)",
     }
@@ -518,7 +524,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--out", help="output file (default: JSONL on stdout)")
         add_options(p, Pipeline, choices={"precision": PRECISIONS, "quantize": ("int8",)},
                     help={**inference, "batch_size": "texts per batch",
-                          "max_length": "pieces per input (default: the model's)",
+                          "max_length": "pieces per window (default: the model's)",
+                          "stride": "pieces between windows of a longer text (default: half a window)",
+                          "truncate": "read only the first window of a longer text",
                           "quantize": "int8: dynamic int8 quantisation (CPU)"})  # fmt: skip
         if name == "fill-mask":
             add_options(p, Pipeline.fill_mask, help={"top_k": "tokens per [MASK]"})
@@ -526,7 +534,13 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--pairs", action="store_true", help="lines are TEXT<TAB>PAIR")
         if name == "embed":
             add_options(
-                p, Pipeline.embed, choices={"pooling": POOLINGS}, help={"normalize": "unit length"}
+                p,
+                Pipeline.embed,
+                choices={"pooling": POOLINGS},
+                help={
+                    "pooling": "default: the model's",
+                    "normalize": "unit length (default: the model's)",
+                },
             )
         if name == "features":
             add_options(p, Pipeline.features, choices={"combine": COMBINES},

@@ -38,11 +38,12 @@ from .heads import (
 )
 from .model import BertModel
 from .runner import Runner
-from .tasks import TaskOptions, family, sentence, tagging
-from .tasks.base import Features, collate, infer
+from .tasks import TaskOptions, embedding, family, sentence, tagging
+from .tasks.base import Features, collate, infer, softmax
+from .tasks.embedding import POOLINGS
+from .tasks.windows import TextWindow, contributions, split, stitch
 from .tokenizer import Tokenizer
 
-POOLINGS = ("cls", "mean", "max")
 COMBINES = ("concat", "sum", "mean")
 
 
@@ -63,6 +64,19 @@ def quantize_int8(model: nn.Module) -> nn.Module:
         return torch.ao.quantization.quantize_dynamic(model, spec, dtype=torch.qint8)
 
 
+class _Cut:
+    """An encoding's first n results' tokens: [CLS], n - 2 pieces, and its [SEP] (truncate)."""
+
+    def __init__(self, enc: Any, n: int) -> None:
+        keep = [*range(n - 1), len(enc.ids) - 1]
+        for name in ("ids", "tokens", "offsets", "word_ids"):
+            setattr(self, name, [getattr(enc, name)[k] for k in keep])
+
+
+def _first(enc: Any, n: int) -> Any:
+    return enc if n == len(enc.ids) else _Cut(enc, n)
+
+
 class Pipeline:
     """One model directory; each task loads the head it needs once and keeps it."""
 
@@ -74,16 +88,25 @@ class Pipeline:
         precision: str = "auto",
         batch_size: int = 32,
         max_length: int | None = None,
+        stride: int | None = None,
+        truncate: bool = False,
         quantize: str | None = None,
     ) -> None:
-        """quantize "int8": dynamic int8 quantisation of the Linear layers (CPU only; weights
+        """max_length: pieces per row (default: the model's; embed: its sentence-transformers
+        max_seq_length). A longer text is read in windows `stride` pieces apart (default: half
+        a window), each piece from the window where it has the most context (tasks.windows);
+        truncate: the first window only. Sentence pairs are truncated, longer one first.
+        quantize "int8": dynamic int8 quantisation of the Linear layers (CPU only; weights
         int8, activations quantised per batch): faster on CPUs without bf16 units, at a small
         cost in accuracy (benchmarks/inference_throughput.py measures both)."""
         self.path = Path(model)
         self.tok = Tokenizer.from_pretrained(self.path)
         self.runner = Runner.create(device, precision, batch_size)
         self.device = self.runner.device
-        self.max_length = max_length
+        self.max_length, self.stride, self.truncate = max_length, stride, truncate
+        for name, value in (("max_length", max_length), ("stride", stride)):
+            if value is not None and value < (3 if name == "max_length" else 1):
+                raise ConfigError(f"{name}={value}: must be >= {3 if name == 'max_length' else 1}")
         if quantize not in (None, "int8"):
             raise ConfigError(f"quantize={quantize!r}: must be None or int8")
         if quantize and self.device.type != "cpu":
@@ -114,18 +137,54 @@ class Pipeline:
         return self.runner.precision
 
     def run(
-        self, encodings: Sequence[Any], fn: Callable[[dict[str, torch.Tensor]], Any]
+        self, rows: Sequence[Any] | Features, fn: Callable[[dict[str, torch.Tensor]], Any]
     ) -> list[Any]:
-        """fn(batch) for the runner's batches of encodings; fn returns one item per row (its
-        batch's order); the items come back in the encodings' order."""
-        features = Features.from_encodings(encodings)
+        """fn(batch) for the runner's batches of rows (encodings or Features); fn returns one
+        item per row (its batch's order; batch["rows"]: their indices); the items come back in
+        the rows' order."""
+        features = rows if isinstance(rows, Features) else Features.from_encodings(rows)
 
         def make(rows: np.ndarray) -> dict[str, torch.Tensor]:
             b = collate(features, rows, self.tok.pad_id).to(self.device)
             return {"input_ids": b.input_ids, "token_type_ids": b.token_type_ids,
-                    "attention_mask": b.attention_mask}  # fmt: skip
+                    "attention_mask": b.attention_mask, "rows": torch.from_numpy(rows)}  # fmt: skip
 
         return self.runner(features.lengths, make, fn)
+
+    def windows(
+        self, texts: Sequence[str], max_length: int | None = None
+    ) -> tuple[list[Any], Features, list[TextWindow]]:
+        """Whole texts' encodings and their rows: one per text, or windows (tasks.windows)."""
+        if isinstance(texts, str):
+            raise InputError("pass a list of texts (a single string is not a list)")
+        encodings = self.tok.encode_batch(list(texts), truncation=False)
+        limit = (
+            self.max_length or max_length or self.model(BertModel).config.max_position_embeddings
+        )
+        limit = min(limit, self.model(BertModel).config.max_position_embeddings)
+        features, windows = split(encodings, limit, self.stride, self.truncate)
+        cut = sum(len(e.ids) > limit for e in encodings)
+        if self.truncate and cut:
+            warnings.warn(f"{cut} of {len(encodings)} texts are longer than {limit} pieces: "
+                          "truncate keeps their first window only", stacklevel=3)  # fmt: skip
+        return encodings, features, windows
+
+    def per_token(
+        self, texts: Sequence[str], fn: Callable[[dict[str, torch.Tensor]], list[np.ndarray]],
+        max_length: int | None = None,
+    ) -> tuple[list[Any], list[Any]]:  # fmt: skip
+        """Whole texts' encodings (cut to what was read, with truncate) and fn's per-token
+        results of each text (n + 2 rows, or a dict of such), stitched from its windows."""
+        encodings, features, windows = self.windows(texts, max_length)
+        rows = self.run(features, fn)
+        if rows and isinstance(rows[0], dict):
+            parts = {k: stitch(windows, [r[k] for r in rows], len(texts)) for k in rows[0]}
+            results: list[Any] = [{k: v[i] for k, v in parts.items()} for i in range(len(texts))]
+            sizes = [len(next(iter(r.values()))) for r in results]
+        else:
+            results = stitch(windows, rows, len(texts))
+            sizes = [len(r) for r in results]
+        return [_first(e, n) for e, n in zip(encodings, sizes)], results
 
     def encode(self, texts: Sequence[str], pairs: Sequence[str] | None = None) -> list[Any]:
         if isinstance(texts, str):
@@ -136,29 +195,43 @@ class Pipeline:
     # -- the pipelines -------------------------------------------------------------------------
 
     def embed(
-        self, texts: Sequence[str], pooling: str = "mean", normalize: bool = False
+        self, texts: Sequence[str], pooling: str | None = None, normalize: bool | None = None
     ) -> np.ndarray:
-        """(N, H) sentence embeddings: [CLS], or the mean / max over real tokens."""
-        if pooling not in POOLINGS:
+        """(N, H) sentence embeddings, pooled as the model directory says (tasks.embedding:
+        its sentence-transformers modules; else mean, not normalised) unless pooling (one of
+        POOLINGS) or normalize say otherwise. A text longer than the window is pooled over all
+        its pieces, each from its max-context window (cls: the first window's [CLS])."""
+        if pooling is not None and pooling not in POOLINGS:
             raise ConfigError(f"pooling={pooling!r}: must be one of {', '.join(POOLINGS)}")
+        own = embedding.settings(self.path)
+        modes = (pooling,) if pooling else own.pooling
         model = self.model(BertModel)
+        encodings, features, windows = self.windows(texts, own.max_length)
+        whole = [len(w.best) == len(encodings[w.text].ids) - 2 for w in windows]
 
-        def fn(b: dict[str, torch.Tensor]) -> np.ndarray:
+        def fn(b: dict[str, torch.Tensor]) -> list[np.ndarray]:
             h = model(b["input_ids"], b["token_type_ids"], b["attention_mask"]).last_hidden_state
-            h = h.float()
-            m = b["attention_mask"].unsqueeze(-1).to(h.dtype)  # (B, T, 1)
-            if pooling == "cls":
-                v = h[:, 0]
-            elif pooling == "mean":
-                v = (h * m).sum(1) / m.sum(1).clamp(min=1)
-            else:
-                v = h.masked_fill(m == 0, -torch.inf).amax(1)
-            if normalize:
-                v = torch.nn.functional.normalize(v, dim=-1)
-            return v.cpu().numpy()
+            vectors, rows = embedding.pool(h, b["attention_mask"], modes).cpu().numpy(), b["rows"]
+            if all(whole[i] for i in rows.tolist()):
+                return list(vectors)
+            states, lengths = h.float().cpu().numpy(), b["attention_mask"].sum(1).tolist()
+            return [vectors[j] if whole[i] else states[j, : lengths[j]]
+                    for j, i in enumerate(rows.tolist())]  # fmt: skip
 
-        rows = self.run(self.encode(texts), fn)
-        return np.stack(rows) if rows else np.zeros((0, model.config.hidden_size), np.float32)
+        rows = self.run(features, fn)
+        out = np.zeros((len(texts), model.config.hidden_size * len(modes)), np.float32)
+        for w, row, ok in zip(windows, rows, whole):
+            if ok:
+                out[w.text] = row
+        long = [k for k, ok in enumerate(whole) if not ok]
+        if long:  # pooled over their pieces, stitched from the windows
+            states = stitch([windows[k] for k in long], [rows[k] for k in long], len(texts))
+            for i in {windows[k].text for k in long}:
+                h = torch.from_numpy(states[i])[None]
+                out[i] = embedding.pool(h, torch.ones(h.shape[:2], dtype=torch.long), modes)[0]
+        if own.normalize if normalize is None else normalize:
+            out /= np.maximum(np.linalg.norm(out, axis=-1, keepdims=True), 1e-12)
+        return out
 
     def features(
         self,
@@ -166,8 +239,9 @@ class Pipeline:
         layers: Sequence[int] = (-1,),
         combine: str | None = "concat",
     ) -> list[dict[str, Any]]:
-        """Per text: tokens, and the hidden states of `layers` (0 = embeddings, -1 = last):
-        "layers" {index: (T, H)}, and with combine "values" (T, H * k) or (T, H)."""
+        """Per text: tokens, their character offsets, and the hidden states of `layers`
+        (0 = embeddings, -1 = last): "layers" {index: (T, H)}, and with combine "values"
+        (T, H * k) or (T, H). Every piece of a long text, each from its max-context window."""
         if combine is not None and combine not in COMBINES:
             raise ConfigError(f"combine={combine!r}: must be one of {', '.join(COMBINES)}")
         model = self.model(BertModel)
@@ -175,7 +249,6 @@ class Pipeline:
         for layer in layers:
             if not -n <= layer < n:
                 raise ConfigError(f"layer {layer}: this model has layers -{n}..{n - 1}")
-        encodings = self.encode(texts)
 
         def fn(b: dict[str, torch.Tensor]) -> list[dict[int, np.ndarray]]:
             out = model(b["input_ids"], b["token_type_ids"], b["attention_mask"],
@@ -185,8 +258,12 @@ class Pipeline:
             return [{k: v[j, : lengths[j]] for k, v in states.items()} for j in range(len(lengths))]
 
         results = []
-        for enc, per_layer in zip(encodings, self.run(encodings, fn)):
-            item: dict[str, Any] = {"tokens": enc.tokens, "layers": per_layer}
+        for enc, per_layer in zip(*self.per_token(texts, fn)):
+            item: dict[str, Any] = {
+                "tokens": enc.tokens,
+                "offsets": enc.offsets,
+                "layers": per_layer,
+            }
             if combine is not None:
                 stack = [per_layer[k] for k in layers]
                 item["values"] = (
@@ -244,8 +321,25 @@ class Pipeline:
         a regression model): tasks.sentence.decode, as `evaluate` decodes."""
         model = self.model(BertForSequenceClassification, needs_head="classifier")
         names = None if model.config.num_labels == 1 else model.config.labels
-        features = Features.from_encodings(self.encode(texts, pairs))
-        logits = infer(self.runner, model, features, self.tok.pad_id)
+        if pairs is not None:
+            features = Features.from_encodings(self.encode(texts, pairs))
+            logits = infer(self.runner, model, features, self.tok.pad_id)
+            return sentence.decode(np.stack(logits), names) if logits else []
+        _, features, windows = self.windows(texts)
+        rows = infer(self.runner, model, features, self.tok.pad_id)
+        # a long text: its windows' probabilities (scores) averaged, weighted by the pieces
+        # each window answers for; decoded as logits (log p: softmax gives p back)
+        weights, found = contributions(windows), [[] for _ in texts]
+        for w, row, weight in zip(windows, rows, weights):
+            found[w.text].append((row, weight))
+        logits = []
+        for parts in found:
+            if len(parts) == 1:
+                logits.append(parts[0][0])
+                continue
+            values = np.stack([r if names is None else softmax(r) for r, _ in parts])
+            mean = np.average(values, axis=0, weights=[wt for _, wt in parts])
+            logits.append(mean if names is None else np.log(mean))
         return sentence.decode(np.stack(logits), names) if logits else []
 
     def ner(self, texts: Sequence[str]) -> list[list[dict[str, Any]]]:
@@ -254,11 +348,13 @@ class Pipeline:
         character offsets into the text."""
         model = self.model(BertForTokenClassification, needs_head="token classifier")
         names = model.config.labels
-        encodings = self.encode(texts)
-        features = Features.from_encodings(encodings)
-        rows = infer(
-            self.runner, model, features, self.tok.pad_id, lambda out: out.logits, per_token=True
-        )
+
+        def fn(b: dict[str, torch.Tensor]) -> list[np.ndarray]:
+            logits = model(b["input_ids"], b["token_type_ids"], b["attention_mask"]).logits
+            values, lengths = logits.float().cpu().numpy(), b["attention_mask"].sum(1).tolist()
+            return [values[j, :n] for j, n in enumerate(lengths)]
+
+        encodings, rows = self.per_token(texts, fn)
         results = []
         for text, enc, logits in zip(texts, encodings, rows):
             n = 1 + max((w for w in enc.word_ids if w is not None), default=-1)

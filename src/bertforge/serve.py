@@ -1,6 +1,6 @@
 """`bertforge serve MODEL`: the pipelines over HTTP (FastAPI + uvicorn).
 
-    POST /embed      {"texts": [...], "pooling": "mean", "normalize": false} -> {"embeddings": [[...]]}
+    POST /embed      {"texts": [...], "pooling"?, "normalize"?}  -> {"embeddings": [[...]]}
     POST /classify   {"texts": [...], "pairs": [...]?}      -> {"results": [{label, score, scores}]}
     POST /fill-mask  {"texts": [...], "top_k": 5}           -> {"results": [[[{token, score}]]]}
     POST /ner        {"texts": [...]}                       -> {"results": [[{entity, text, start, end, score}]]}
@@ -35,7 +35,7 @@ from .checkpoint import architectures
 from .config import check_options, option
 from .errors import ConfigError
 from .model import BertModel
-from .pipelines import Pipeline
+from .pipelines import POOLINGS, Pipeline
 
 HEADS = {
     "classify": "BertForSequenceClassification",
@@ -65,9 +65,9 @@ class Texts(BaseModel):
     texts: list[str]
 
 
-class EmbedRequest(Texts):
-    pooling: str = Field("mean", pattern="^(cls|mean|max)$")
-    normalize: bool = False
+class EmbedRequest(Texts):  # pooling, normalize: the model's own unless given
+    pooling: str | None = Field(None, pattern=f"^({'|'.join(POOLINGS)})$")
+    normalize: bool | None = None
 
 
 class ClassifyRequest(Texts):

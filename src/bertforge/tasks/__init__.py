@@ -7,6 +7,8 @@ the server alike (features, the head, the loss, decoding into answers, the metri
     squad       SQuAD v1.1/v2.0: windows, max-context, n-best, null threshold
     choice      SWAG: multiple choice
     pretraining masked LM and next sentence prediction: losses and batch statistics
+    windows     texts longer than the model: windows, max-context, stitching per piece
+    embedding   sentence embeddings: pooling, a sentence-transformers directory's settings
 
 `TaskOptions` are the settings that shape a task's features; `family(options, tok)` gives the
 family object for a task name.

@@ -45,6 +45,7 @@ from ..evaluate import squad_scores, squad_v2_scores
 from ..fileio import write_json
 from ..heads import BertForQuestionAnswering
 from .base import Batch, Features, TaskFamily, reduce
+from .windows import max_context_flags, windows_of
 
 
 def span_loss(
@@ -90,27 +91,6 @@ class Window:
     context_start: int  # row position of the window's first context piece
     offsets: np.ndarray  # (n, 2) character span in the context of each context piece
     max_context: np.ndarray  # (n,) bool: this window is the piece's best
-
-
-def windows_of(n: int, max_tokens: int, doc_stride: int) -> list[tuple[int, int]]:
-    """(start, length) of each window over n context pieces."""
-    spans, start = [], 0
-    while True:
-        length = min(n - start, max_tokens)
-        spans.append((start, length))
-        if start + length >= n:
-            return spans
-        start += min(length, doc_stride)
-
-
-def max_context_flags(spans: list[tuple[int, int]], n: int) -> list[np.ndarray]:
-    """For each window, which of its pieces have their most context in it (first best wins)."""
-    scores = np.full((len(spans), n), -np.inf)
-    for k, (start, length) in enumerate(spans):
-        p = np.arange(start, start + length)
-        scores[k, p] = np.minimum(p - start, start + length - 1 - p) + 0.01 * length
-    best = scores.argmax(0) if n else np.zeros(0, np.int64)
-    return [best[start : start + length] == k for k, (start, length) in enumerate(spans)]
 
 
 def featurize(

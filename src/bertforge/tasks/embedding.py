@@ -1,0 +1,113 @@
+"""Sentence embeddings: token states pooled into one vector, the way the model directory says.
+
+A sentence-transformers model directory says how its vectors are made: modules.json lists the
+modules (Transformer, Pooling, Normalize), 1_Pooling/config.json the pooling, and
+sentence_bert_config.json the max_seq_length. `settings` reads them, so `bertforge embed MODEL`
+gives the vectors `SentenceTransformer(MODEL).encode` gives; a plain BERT directory gets mean
+pooling, not normalised, the model's own length. `pool` is sentence-transformers' Pooling for
+right-padded rows: several modes are concatenated in sentence-transformers' order.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..errors import CheckpointError
+from ..fileio import read_json
+
+POOLINGS = ("cls", "mean", "max", "mean_sqrt_len", "weightedmean", "lasttoken")
+# sentence-transformers' names: 1_Pooling/config.json's pooling_mode (v5+) and its older flags
+_ST_MODES = {"cls": "cls", "max": "max", "mean": "mean", "mean_sqrt_len_tokens": "mean_sqrt_len",
+             "weightedmean": "weightedmean", "lasttoken": "lasttoken"}  # fmt: skip
+_ST_FLAGS = {"pooling_mode_cls_token": "cls", "pooling_mode_max_tokens": "max",
+             "pooling_mode_mean_tokens": "mean", "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len",
+             "pooling_mode_weightedmean_tokens": "weightedmean", "pooling_mode_lasttoken": "lasttoken"}  # fmt: skip
+_ORDER = ("cls", "max", "mean", "mean_sqrt_len", "weightedmean", "lasttoken")  # concatenation
+
+
+@dataclass(frozen=True)
+class Embedding:
+    """How a model's sentence vectors are made."""
+
+    pooling: tuple[str, ...] = ("mean",)
+    normalize: bool = False
+    max_length: int | None = None  # pieces per window (None: the model's)
+    source: str = "no sentence-transformers modules.json: mean pooling, not normalised"
+
+
+def settings(path: str | os.PathLike[str]) -> Embedding:
+    """The embedding settings of a model directory (see the module docstring)."""
+    path = Path(path)
+    modules_file = path / "modules.json"
+    if not modules_file.is_file():
+        return Embedding()
+    modules = read_json(modules_file, CheckpointError, obj=False)
+    if not isinstance(modules, list) or not all(isinstance(m, dict) for m in modules):
+        raise CheckpointError(f"{modules_file}: expected a list of modules")
+    pooling, normalize = ("mean",), False
+    for m in modules:
+        kind = str(m.get("type", "")).rsplit(".", 1)[-1]
+        if kind == "Transformer" and m.get("path", "") not in ("", "."):
+            raise CheckpointError(
+                f"{modules_file}: the Transformer module lives in {m['path']!r}; "
+                f"pass {path / str(m['path'])} as the model"
+            )
+        if kind == "Pooling":
+            pooling = _pooling(path / str(m.get("path", "")) / "config.json")
+        elif kind == "Normalize":
+            normalize = True
+        elif kind != "Transformer":
+            raise CheckpointError(
+                f"{modules_file}: module {m.get('type')!r} is not supported (bertforge embeds with "
+                "Transformer, Pooling and Normalize modules only)"
+            )
+    max_length = None
+    if (path / "sentence_bert_config.json").is_file():
+        value = read_json(path / "sentence_bert_config.json", CheckpointError).get("max_seq_length")
+        max_length = int(value) if isinstance(value, int) and value > 2 else None
+    return Embedding(pooling, normalize, max_length, f"{modules_file}")
+
+
+def _pooling(config_file: Path) -> tuple[str, ...]:
+    config = read_json(config_file, CheckpointError)
+    mode = config.get("pooling_mode")
+    if mode is not None:
+        modes = [mode] if isinstance(mode, str) else list(mode)
+        unknown = [m for m in modes if m not in _ST_MODES]
+        if unknown or not modes:
+            raise CheckpointError(
+                f"{config_file}: pooling_mode {mode!r} is not one of {', '.join(_ST_MODES)}"
+            )
+        found = {_ST_MODES[m] for m in modes}
+    else:
+        found = {ours for key, ours in _ST_FLAGS.items() if config.get(key)}
+    return tuple(m for m in _ORDER if m in found) or ("mean",)
+
+
+def pool(h: torch.Tensor, mask: torch.Tensor, modes: tuple[str, ...]) -> torch.Tensor:
+    """h (B, T, H) token states of right-padded rows, mask (B, T) 1 = real token ->
+    (B, H * len(modes)) in fp32: each mode's vector, concatenated in the given order."""
+    h = h.float()
+    m = mask.unsqueeze(-1).to(h.dtype)  # (B, T, 1)
+    count = m.sum(1).clamp(min=1e-9)  # (B, 1)
+    out = []
+    for mode in modes:
+        if mode == "cls":
+            out.append(h[:, 0])
+        elif mode == "max":
+            out.append(h.masked_fill(m == 0, -torch.inf).amax(1))
+        elif mode in ("mean", "mean_sqrt_len"):
+            out.append((h * m).sum(1) / (count if mode == "mean" else count.sqrt()))
+        elif mode == "weightedmean":
+            w = m * torch.arange(1, h.shape[1] + 1, dtype=h.dtype, device=h.device).view(1, -1, 1)
+            out.append((h * w).sum(1) / w.sum(1).clamp(min=1e-9))
+        elif mode == "lasttoken":
+            last = (mask.sum(1) - 1).clamp(min=0)  # right padding: the last real token
+            out.append(h[torch.arange(h.shape[0], device=h.device), last])
+        else:
+            raise ValueError(f"unknown pooling {mode!r}")  # callers check against POOLINGS
+    return torch.cat(out, -1)
