@@ -118,3 +118,69 @@ def test_concurrent_requests_are_batched_and_answered_each_with_its_own(
     got = np.array(asyncio.run(go()))
     want = Pipeline(classifier, precision="fp32").embed(texts)
     assert np.abs(got - want).max() < 1e-4
+
+
+def test_openai_embeddings_api(server: str, classifier: Path) -> None:
+    """POST /v1/embeddings in the shapes the OpenAI client sends; vectors equal /embed's."""
+    texts = ["a fine film", "a dull, long and tiresome one"]
+    want = np.array(httpx.post(f"{server}/embed", json={"texts": texts}).json()["embeddings"])
+    r = httpx.post(f"{server}/v1/embeddings", json={"input": texts, "model": "mine"}).json()
+    assert r["object"] == "list" and r["model"] == "mine"
+    assert [d["index"] for d in r["data"]] == [0, 1] and r["data"][0]["object"] == "embedding"
+    assert np.abs(np.array([d["embedding"] for d in r["data"]]) - want).max() < 1e-6
+    tok = Tokenizer.from_pretrained(classifier)
+    pieces = [len(e.ids) for e in tok.encode_batch(texts)]
+    assert r["usage"] == {"prompt_tokens": sum(pieces), "total_tokens": sum(pieces)}
+    one = httpx.post(f"{server}/v1/embeddings", json={"input": texts[0]}).json()
+    assert np.abs(np.array(one["data"][0]["embedding"]) - want[0]).max() < 1e-6
+    ids = tok.encode_batch(texts, add_special_tokens=False)
+    for body in ({"input": ids[0].ids}, {"input": [e.ids for e in ids]}):
+        got = httpx.post(f"{server}/v1/embeddings", json=body).json()["data"]
+        assert np.abs(np.array([d["embedding"] for d in got]) - want[: len(got)]).max() < 1e-6
+    r = httpx.post(f"{server}/v1/embeddings", json={"input": texts, "encoding_format": "base64"})
+    decoded = np.frombuffer(__import__("base64").b64decode(r.json()["data"][1]["embedding"]), "<f4")
+    assert np.abs(decoded - want[1]).max() < 1e-6
+    r = httpx.post(f"{server}/v1/embeddings", json={"input": texts, "dimensions": 64})
+    assert r.status_code == 400 and "dimensions=64" in r.json()["error"]
+    assert (
+        httpx.post(f"{server}/v1/embeddings", json={"input": texts, "dimensions": 128}).status_code
+        == 200
+    )
+    r = httpx.post(f"{server}/v1/embeddings", json={"input": [[1, 10**9]]})
+    assert r.status_code == 422 and "piece ids" in r.json()["error"]
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=f"{server}/v1", api_key="unused")
+    got = client.embeddings.create(input=texts, model="mine")  # the client asks for base64
+    assert np.abs(np.array([d.embedding for d in got.data]) - want).max() < 1e-6
+    assert got.usage.prompt_tokens == sum(pieces)
+
+
+def test_metrics_in_prometheus_text(server: str) -> None:
+    httpx.post(f"{server}/embed", json={"texts": ["x"]})
+    httpx.post(f"{server}/embed", json={"texts": []})
+    text = httpx.get(f"{server}/metrics").text
+    assert 'bertforge_requests_total{endpoint="/embed",status="200"}' in text
+    assert 'bertforge_requests_total{endpoint="/embed",status="422"}' in text
+    assert 'bertforge_request_seconds_bucket{endpoint="/embed",le="+Inf"}' in text
+    assert "bertforge_batch_texts_count" in text and "bertforge_queue_depth" in text
+    for line in text.splitlines():  # every sample line: name{labels} value
+        assert line.startswith("#") or float(line.rsplit(" ", 1)[1]) >= 0
+
+
+def test_a_long_text_does_not_share_a_batch_beyond_the_token_cap() -> None:
+    from bertforge.serve import Batcher, Limits, Metrics
+
+    calls: list[list[str]] = []
+
+    def run(items: list[str], options: dict) -> list[int]:
+        calls.append(items)
+        return [len(x) for x in items]
+
+    limits = Limits(max_batch=64, max_batch_tokens=100, max_wait_ms=200)
+    b = Batcher(run, limits, pieces=len, metrics=Metrics())
+
+    async def go() -> list[list[int]]:
+        return await asyncio.gather(*(b.submit([t], {}) for t in ["ab", "cd", "x" * 90, "ef"]))
+
+    assert asyncio.run(go()) == [[2], [2], [90], [2]]
+    assert ["x" * 90] in calls and all(len(c) * max(map(len, c)) <= 100 for c in calls)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -64,17 +65,13 @@ def quantize_int8(model: nn.Module) -> nn.Module:
         return torch.ao.quantization.quantize_dynamic(model, spec, dtype=torch.qint8)
 
 
-class _Cut:
-    """An encoding's first n results' tokens: [CLS], n - 2 pieces, and its [SEP] (truncate)."""
-
-    def __init__(self, enc: Any, n: int) -> None:
-        keep = [*range(n - 1), len(enc.ids) - 1]
-        for name in ("ids", "tokens", "offsets", "word_ids"):
-            setattr(self, name, [getattr(enc, name)[k] for k in keep])
-
-
 def _first(enc: Any, n: int) -> Any:
-    return enc if n == len(enc.ids) else _Cut(enc, n)
+    """An encoding cut to its first n results: [CLS], n - 2 pieces, its [SEP] (truncate)."""
+    if n == len(enc.ids):
+        return enc
+    keep = [*range(n - 1), len(enc.ids) - 1]
+    return SimpleNamespace(**{k: [getattr(enc, k)[j] for j in keep]
+                              for k in ("ids", "tokens", "offsets", "word_ids")})  # fmt: skip
 
 
 class Pipeline:
@@ -157,7 +154,10 @@ class Pipeline:
         """Whole texts' encodings and their rows: one per text, or windows (tasks.windows)."""
         if isinstance(texts, str):
             raise InputError("pass a list of texts (a single string is not a list)")
-        encodings = self.tok.encode_batch(list(texts), truncation=False)
+        strings = [t for t in texts if isinstance(t, str)]
+        encoded = iter(self.tok.encode_batch(strings, truncation=False) if strings else [])
+        encodings = [next(encoded) if isinstance(t, str) else self._pieces(t, i)
+                     for i, t in enumerate(texts)]  # fmt: skip
         limit = (
             self.max_length or max_length or self.model(BertModel).config.max_position_embeddings
         )
@@ -168,6 +168,14 @@ class Pipeline:
             warnings.warn(f"{cut} of {len(encodings)} texts are longer than {limit} pieces: "
                           "truncate keeps their first window only", stacklevel=3)  # fmt: skip
         return encodings, features, windows
+
+    def _pieces(self, ids: Sequence[int], i: int) -> Any:
+        """An input given as piece ids (no [CLS]/[SEP]) as an encoding of its own."""
+        vocab = self.tok.vocab_size
+        if not all(isinstance(k, int) and 0 <= k < vocab for k in ids):
+            raise InputError(f"input {i}: piece ids must be integers in [0, {vocab})")
+        cls_id, sep_id = self.tok.convert_tokens_to_ids(["[CLS]", "[SEP]"])
+        return SimpleNamespace(ids=[cls_id, *ids, sep_id])
 
     def per_token(
         self, texts: Sequence[str], fn: Callable[[dict[str, torch.Tensor]], list[np.ndarray]],
@@ -195,12 +203,16 @@ class Pipeline:
     # -- the pipelines -------------------------------------------------------------------------
 
     def embed(
-        self, texts: Sequence[str], pooling: str | None = None, normalize: bool | None = None
+        self,
+        texts: Sequence[str] | Sequence[Sequence[int]],
+        pooling: str | None = None,
+        normalize: bool | None = None,
     ) -> np.ndarray:
         """(N, H) sentence embeddings, pooled as the model directory says (tasks.embedding:
         its sentence-transformers modules; else mean, not normalised) unless pooling (one of
         POOLINGS) or normalize say otherwise. A text longer than the window is pooled over all
-        its pieces, each from its max-context window (cls: the first window's [CLS])."""
+        its pieces, each from its max-context window (cls: the first window's [CLS]). An input
+        may be given as its piece ids instead (without [CLS] and [SEP])."""
         if pooling is not None and pooling not in POOLINGS:
             raise ConfigError(f"pooling={pooling!r}: must be one of {', '.join(POOLINGS)}")
         own = embedding.settings(self.path)

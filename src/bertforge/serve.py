@@ -5,11 +5,14 @@
     POST /fill-mask  {"texts": [...], "top_k": 5}           -> {"results": [[[{token, score}]]]}
     POST /ner        {"texts": [...]}                       -> {"results": [[{entity, text, start, end, score}]]}
     POST /qa         {"questions": [...], "contexts": [...]} -> {"results": [{answer, score, start, end}]}
-    GET  /health, GET /metadata, GET /docs (OpenAPI)
+    POST /v1/embeddings  OpenAI's embeddings API: {"input": str | [str] | [int] | [[int]], "model"?,
+                     "encoding_format"?: float | base64, "dimensions"?} -> {"data": [...], "usage": ...}
+    GET  /health, GET /metadata, GET /metrics (Prometheus text), GET /docs (OpenAPI)
 
 /embed always exists; the others where the checkpoint has the head (its config.json
 "architectures"). Concurrent requests are micro-batched: each endpoint has a bounded queue
-and one worker that takes up to max_batch texts, waiting at most max_wait_ms for more, runs them
+and one worker that takes up to max_batch texts and max_batch_tokens padded pieces (so one long
+text does not hold back a batch of short ones), waiting at most max_wait_ms for more, runs them
 length-sorted in a thread (the inference runner: a long text does not pad the short ones), and
 answers each request with its own rows. Limits:
 texts per request and characters per text answer 413, a full queue 503, a body that is not
@@ -20,7 +23,9 @@ fixed at start-up: nothing in a request names a file.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +41,7 @@ from .config import check_options, option
 from .errors import ConfigError
 from .model import BertModel
 from .pipelines import POOLINGS, Pipeline
+from .tasks import embedding
 
 HEADS = {
     "classify": "BertForSequenceClassification",
@@ -53,6 +59,7 @@ class Limits:
     max_texts: int = option(64, "texts per request (else 413)", min=1)
     max_chars: int = option(10_000, "characters per text (else 413)", min=1)
     max_batch: int = option(64, "texts per model call", min=1)
+    max_batch_tokens: int = option(16_384, "padded pieces per model call (a longer text runs alone)", min=1)
     max_wait_ms: float = option(5.0, "how long a batch waits for more requests", min=0)
     max_queue: int = option(1024, "requests waiting per endpoint (else 503)", min=1)
     # fmt: on
@@ -68,6 +75,14 @@ class Texts(BaseModel):
 class EmbedRequest(Texts):  # pooling, normalize: the model's own unless given
     pooling: str | None = Field(None, pattern=f"^({'|'.join(POOLINGS)})$")
     normalize: bool | None = None
+
+
+class OpenAIEmbeddingRequest(BaseModel):
+    input: str | list[str] | list[int] | list[list[int]]
+    model: str | None = None
+    encoding_format: str = Field("float", pattern="^(float|base64)$")
+    dimensions: int | None = None
+    user: str | None = None
 
 
 class ClassifyRequest(Texts):
@@ -93,9 +108,13 @@ class Batcher:
     """One endpoint's queue and worker: requests (items, options) in, rows out."""
 
     def __init__(
-        self, run: Callable[[list[Any], dict[str, Any]], list[Any]], limits: Limits
+        self,
+        run: Callable[[list[Any], dict[str, Any]], list[Any]],
+        limits: Limits,
+        pieces: Callable[[Any], int],
+        metrics: Metrics,
     ) -> None:
-        self.run, self.limits = run, limits
+        self.run, self.limits, self.pieces, self.metrics = run, limits, pieces, metrics
         self.queue: asyncio.Queue[tuple[list[Any], dict[str, Any], asyncio.Future]] = asyncio.Queue(
             limits.max_queue
         )
@@ -112,13 +131,18 @@ class Batcher:
             raise HTTPError(503, "server busy: the request queue is full; retry later") from None
         return await future
 
+    def _longest(self, items: list[Any]) -> int:
+        return max((self.pieces(x) for x in items), default=0)
+
     async def _work(self) -> None:
         loop = asyncio.get_running_loop()
+        limits, held = self.limits, None
         while True:
-            pending = [await self.queue.get()]
-            size = len(pending[0][0])
-            deadline = loop.time() + self.limits.max_wait_ms / 1000
-            while size < self.limits.max_batch:
+            pending = [held or await self.queue.get()]
+            held = None
+            size, longest = len(pending[0][0]), self._longest(pending[0][0])
+            deadline = loop.time() + limits.max_wait_ms / 1000
+            while size < limits.max_batch:
                 timeout = deadline - loop.time()
                 if timeout <= 0:
                     break
@@ -126,8 +150,13 @@ class Batcher:
                     nxt = await asyncio.wait_for(self.queue.get(), timeout)
                 except asyncio.TimeoutError:
                     break
+                n, m = size + len(nxt[0]), max(longest, self._longest(nxt[0]))
+                if n * m > limits.max_batch_tokens:  # padded pieces: it waits for the next batch
+                    held = nxt
+                    break
                 pending.append(nxt)
-                size += len(nxt[0])
+                size, longest = n, m
+            self.metrics.batch(size, self.queue.qsize() + (held is not None))
             # requests with the same options run as one batch
             groups: dict[str, list[tuple[list[Any], dict[str, Any], asyncio.Future]]] = {}
             for p in pending:
@@ -148,6 +177,62 @@ class Batcher:
                     i += len(its)
 
 
+class Metrics:
+    """Counters and histograms for GET /metrics (Prometheus text format, version 0.0.4)."""
+
+    LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+    BATCH = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+    def __init__(self) -> None:
+        self.requests: dict[tuple[str, int], int] = {}
+        self.latency: dict[str, list[float]] = {}  # per endpoint: bucket counts, then sum
+        self.batches: list[float] = [0.0] * (len(self.BATCH) + 2)
+        self.queue_depth = 0
+
+    @staticmethod
+    def _observe(counts: list[float], buckets: tuple[float, ...], value: float) -> None:
+        for k, edge in enumerate(buckets):
+            counts[k] += value <= edge
+        counts[-2] += 1  # +Inf (= count)
+        counts[-1] += value  # sum
+
+    def request(self, endpoint: str, status: int, seconds: float) -> None:
+        self.requests[endpoint, status] = self.requests.get((endpoint, status), 0) + 1
+        counts = self.latency.setdefault(endpoint, [0.0] * (len(self.LATENCY) + 2))
+        self._observe(counts, self.LATENCY, seconds)
+
+    def batch(self, texts: int, waiting: int) -> None:
+        self._observe(self.batches, self.BATCH, texts)
+        self.queue_depth = waiting
+
+    def text(self) -> str:
+        out = ["# HELP bertforge_requests_total HTTP requests by endpoint and status.",
+               "# TYPE bertforge_requests_total counter"]  # fmt: skip
+        out += [f'bertforge_requests_total{{endpoint="{e}",status="{s}"}} {n}'
+                for (e, s), n in sorted(self.requests.items())]  # fmt: skip
+        out += ["# HELP bertforge_request_seconds Request latency.",
+                "# TYPE bertforge_request_seconds histogram"]  # fmt: skip
+        for e, counts in sorted(self.latency.items()):
+            out += _histogram("bertforge_request_seconds", f'endpoint="{e}",', self.LATENCY, counts)
+        out += ["# HELP bertforge_batch_texts Texts per model call.",
+                "# TYPE bertforge_batch_texts histogram"]  # fmt: skip
+        out += _histogram("bertforge_batch_texts", "", self.BATCH, self.batches)
+        out += ["# HELP bertforge_queue_depth Requests waiting after the last batch was formed.",
+                "# TYPE bertforge_queue_depth gauge", f"bertforge_queue_depth {self.queue_depth}"]  # fmt: skip
+        return "\n".join(out) + "\n"
+
+
+def _histogram(
+    name: str, labels: str, buckets: tuple[float, ...], counts: list[float]
+) -> list[str]:
+    lines = [
+        f'{name}_bucket{{{labels}le="{edge:g}"}} {counts[k]:g}' for k, edge in enumerate(buckets)
+    ]
+    lines.append(f'{name}_bucket{{{labels}le="+Inf"}} {counts[-2]:g}')
+    braces = f"{{{labels.rstrip(',')}}}" if labels else ""
+    return [*lines, f"{name}_sum{braces} {counts[-1]:g}", f"{name}_count{braces} {counts[-2]:g}"]
+
+
 def available(model: str | Path) -> list[str]:
     """The endpoints this checkpoint supports (embed always; the rest by its architecture)."""
     arch = set(architectures(model))
@@ -162,7 +247,7 @@ def create_app(model: str | Path, limits: Limits | None = None, **pipeline_optio
     try:
         from fastapi import FastAPI, Request
         from fastapi.exceptions import RequestValidationError
-        from fastapi.responses import JSONResponse
+        from fastapi.responses import JSONResponse, PlainTextResponse
     except ImportError:
         raise ConfigError(
             "bertforge serve needs the serve extra: pip install 'bertforge[serve]'"
@@ -172,6 +257,19 @@ def create_app(model: str | Path, limits: Limits | None = None, **pipeline_optio
     pipe = Pipeline(model, batch_size=limits.max_batch, **pipeline_options)
     endpoints = available(model)
     app = FastAPI(title="bertforge", description=f"BERT pipelines for {model}")
+    metrics = Metrics()
+
+    @app.middleware("http")
+    async def _measure(request: Request, call_next: Callable[[Request], Any]) -> Any:
+        start, path = time.perf_counter(), request.url.path
+        path = path if any(getattr(r, "path", None) == path for r in app.routes) else "other"
+        try:
+            response = await call_next(request)
+        except Exception:
+            metrics.request(path, 500, time.perf_counter() - start)
+            raise
+        metrics.request(path, response.status_code, time.perf_counter() - start)
+        return response
 
     @app.exception_handler(HTTPError)
     async def _http_error(request: Request, e: HTTPError) -> JSONResponse:
@@ -210,9 +308,21 @@ def create_app(model: str | Path, limits: Limits | None = None, **pipeline_optio
 
     batchers: dict[str, Batcher] = {}
 
+    def pieces(item: Any) -> int:
+        """Pieces of one input with [CLS] and [SEP]: a text, piece ids, or a (text, pair)."""
+        n = 2
+        for part in item if isinstance(item, tuple) else (item,):
+            if isinstance(part, str):
+                n += len(
+                    pipe.tok.encode_batch([part], add_special_tokens=False, truncation=False)[0]
+                )
+            elif part is not None:
+                n += len(part)
+        return n
+
     def batcher(name: str, run: Callable[[list[Any], dict[str, Any]], list[Any]]) -> Batcher:
         if name not in batchers:
-            batchers[name] = Batcher(run, limits)
+            batchers[name] = Batcher(run, limits, pieces, metrics)
         return batchers[name]
 
     def need(name: str) -> None:
@@ -230,12 +340,36 @@ def create_app(model: str | Path, limits: Limits | None = None, **pipeline_optio
                 "precision": pipe.precision, "device": str(pipe.device),
                 "limits": limits.__dict__}  # fmt: skip
 
+    @app.get("/metrics")
+    async def prometheus() -> Any:
+        return PlainTextResponse(metrics.text(), media_type="text/plain; version=0.0.4")
+
+    async def vectors(inputs: list[Any], pooling: str | None, normalize: bool | None) -> list[Any]:
+        check(inputs, "input" if inputs and not isinstance(inputs[0], str) else "texts")
+        b = batcher("embed", lambda items, o: list(pipe.embed(items, **o)))
+        return await b.submit(inputs, {"pooling": pooling, "normalize": normalize})
+
     @app.post("/embed")
     async def embed(req: EmbedRequest) -> dict[str, Any]:
-        check(req.texts)
-        b = batcher("embed", lambda items, o: list(pipe.embed(items, **o)))
-        rows = await b.submit(req.texts, {"pooling": req.pooling, "normalize": req.normalize})
+        rows = await vectors(req.texts, req.pooling, req.normalize)
         return {"embeddings": [r.tolist() for r in rows]}
+
+    @app.post("/v1/embeddings")
+    async def openai_embeddings(req: OpenAIEmbeddingRequest) -> dict[str, Any]:
+        inputs: list[Any] = req.input if isinstance(req.input, list) else [req.input]
+        if inputs and isinstance(inputs[0], int):  # one input given as piece ids
+            inputs = [inputs]
+        width = pipe.model(BertModel).config.hidden_size * len(embedding.settings(model).pooling)
+        if req.dimensions is not None and req.dimensions != width:
+            raise HTTPError(400, f"dimensions={req.dimensions}: this model's embeddings have "
+                                 f"{width} dimensions (it cannot shorten them)")  # fmt: skip
+        rows = await vectors(inputs, None, None)
+        used = sum(pieces(x) for x in inputs)
+        encode = (lambda v: base64.b64encode(v.astype("<f4").tobytes()).decode()) if (
+            req.encoding_format == "base64") else (lambda v: v.tolist())  # fmt: skip
+        return {"object": "list", "model": req.model or Path(model).name,
+                "data": [{"object": "embedding", "index": i, "embedding": encode(r)} for i, r in enumerate(rows)],
+                "usage": {"prompt_tokens": used, "total_tokens": used}}  # fmt: skip
 
     @app.post("/classify")
     async def classify(req: ClassifyRequest) -> dict[str, Any]:
