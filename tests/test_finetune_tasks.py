@@ -18,10 +18,10 @@ from bertforge.heads import BertForQuestionAnswering, BertForTokenClassification
 from bertforge.pipelines import Pipeline
 from bertforge.tasks.base import Features
 from bertforge.tasks.squad import Window, postprocess
-from bertforge.tasks.windows import max_context_flags, windows_of
 from bertforge.tasks.squad import featurize as squad_featurize
 from bertforge.tasks.tagging import featurize as tag_featurize
 from bertforge.tasks.tagging import tag_set
+from bertforge.tasks.windows import max_context_flags, windows_of
 from bertforge.train.finetune import FinetuneConfig, evaluate_model, predict, run
 
 # ------------------------------------------------------------------------------------------------

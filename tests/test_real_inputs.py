@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from bertforge import BertModel, Tokenizer
+from bertforge import BertConfig, BertModel, Tokenizer
 from bertforge.cli import main
-from bertforge.errors import CheckpointError
-from bertforge.heads import BertForTokenClassification
+from bertforge.errors import CheckpointError, DataError
+from bertforge.heads import BertForSequenceClassification, BertForTokenClassification
 from bertforge.pipelines import Pipeline
 from tests.test_pipelines import SENTENCES
 
@@ -186,7 +186,6 @@ def test_ner_finds_an_entity_deep_in_a_long_text(minilm_dir: Path, tmp_path: Pat
 def test_classify_a_long_text_averages_its_windows(tiny_model: Path, tmp_path: Path) -> None:
     """Each window's probabilities, weighted by the pieces it answers for (transformers)."""
     transformers = pytest.importorskip("transformers")
-    from bertforge import BertConfig
     from bertforge.heads import BertForSequenceClassification
 
     config = BertConfig.from_pretrained(tiny_model)
@@ -217,3 +216,98 @@ def test_classify_a_long_text_averages_its_windows(tiny_model: Path, tmp_path: P
         np.abs(np.array([got[0]["scores"][k] for k in ("no", "yes", "maybe")]) - want).max() < 1e-5
     )
     assert got[0]["label"] == ("no", "yes", "maybe")[int(want.argmax())]
+
+
+def _multi_label_table(path: Path, n: int, seed: int, flags: bool = False) -> Path:
+    """Texts whose labels are the kinds of keyword they hold: good, bad, music (0 to 3)."""
+    from tests.test_finetune import BAD, FILLER, GOOD
+
+    rng = np.random.default_rng(seed)
+    rows = ["text,good,bad,music" if flags else "text\tlabels"]
+    for _ in range(n):
+        words = [str(w) for w in rng.choice([w for w in FILLER if w != "music"], 5)]
+        have = [k for k in ("good", "bad", "music") if rng.random() < 0.4]
+        for k in have:
+            pool = {"good": GOOD, "bad": BAD, "music": ["music", "song", "piano"]}[k]
+            words.insert(int(rng.integers(0, len(words) + 1)), str(rng.choice(pool)))
+        text = " ".join(words)
+        rows.append(f"{text},{','.join(str(int(k in have)) for k in ('good', 'bad', 'music'))}"
+                    if flags else f"{text}\t{'|'.join(have)}")  # fmt: skip
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+def test_multi_label_scores_match_scikit_learn() -> None:
+    sklearn = pytest.importorskip("sklearn.metrics")
+    from bertforge.evaluate import multi_label_scores
+
+    rng = np.random.default_rng(0)
+    ref, pred = rng.random((50, 4)) < 0.4, rng.random((50, 4)) < 0.4
+    got = multi_label_scores(ref, pred)
+    assert got["micro_f1"] == pytest.approx(sklearn.f1_score(ref, pred, average="micro"))
+    assert got["macro_f1"] == pytest.approx(
+        sklearn.f1_score(ref, pred, average="macro", zero_division=0)
+    )
+    assert got["exact_match"] == pytest.approx(sklearn.accuracy_score(ref, pred))
+
+
+def test_multi_label_end_to_end(tmp_path: Path, minilm_dir: Path) -> None:
+    transformers = pytest.importorskip("transformers")
+    from bertforge.tasks import TaskOptions, family
+    from bertforge.tasks.sentence import multi_label_loss
+    from bertforge.train.finetune import FinetuneConfig, evaluate_model, run
+
+    train = _multi_label_table(tmp_path / "train.tsv", 160, seed=0)
+    dev = _multi_label_table(tmp_path / "dev.tsv", 60, seed=1)
+    out = tmp_path / "ml"
+    best = run(FinetuneConfig(
+        model=str(minilm_dir), task="csv", train=str(train), dev=str(dev), out=str(out),
+        text_column="text", label_column="labels", multi_label=True, tune_threshold=True,
+        epochs=3, batch_size=16, lr=2e-4, progress=False,
+    ))  # fmt: skip
+    assert best["micro_f1"] > 0.9 and best["macro_f1"] > 0.85 and best["exact_match"] > 0.7
+    config = json.loads((out / "config.json").read_text())
+    assert config["problem_type"] == "multi_label_classification"
+    assert set(config["multi_label_thresholds"]) == {"bad", "good", "music"}
+    # transformers loads it as a multi-label model: same logits, same loss as ours
+    hf = transformers.BertForSequenceClassification.from_pretrained(out).eval()
+    assert hf.config.problem_type == "multi_label_classification"
+    fam = family(TaskOptions(task="csv", text_column="text", label_column="labels",
+                             multi_label=True), Tokenizer.from_pretrained(out))  # fmt: skip
+    fam.set_labels(config=BertConfig.from_pretrained(out))
+    examples = fam.read(str(dev))[:8]
+    feats = fam.featurize(examples)
+    tok = Tokenizer.from_pretrained(out)
+    batch = tok([e.text for e in examples])
+    labels = torch.from_numpy(np.asarray(feats.labels))
+    with torch.no_grad():
+        ref = hf(**batch, labels=labels)
+        ours = BertForSequenceClassification.from_pretrained(out).eval()
+        logits = ours(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"]).logits
+    assert torch.allclose(logits, ref.logits, atol=1e-5)
+    assert float(multi_label_loss(logits, labels)) == pytest.approx(float(ref.loss), abs=1e-5)
+    # the pipeline returns every label over its threshold; evaluate scores as training did
+    got = Pipeline(out, precision="fp32").classify([e.text for e in examples])
+    names = ("bad", "good", "music")
+    thresholds = np.array([config["multi_label_thresholds"][k] for k in names])
+    probs = 1 / (1 + np.exp(-ref.logits.numpy()))
+    assert [g["labels"] for g in got] == [
+        [names[k] for k in np.flatnonzero(p >= thresholds)] for p in probs
+    ]
+    again = evaluate_model(str(out), "csv", str(dev), precision="fp32", text_column="text",
+                           label_column="labels", multi_label=True)  # fmt: skip
+    assert again["micro_f1"] == pytest.approx(best["micro_f1"], abs=0.02)
+    # one 0/1 column per label reads as the same labels
+    flags = _multi_label_table(tmp_path / "flags.csv", 20, seed=3, flags=True)
+    same = _multi_label_table(tmp_path / "same.tsv", 20, seed=3)
+    a = family(TaskOptions(task="csv", label_column="good,bad,music", multi_label=True), tok)
+    b = family(TaskOptions(task="csv", label_column="labels", multi_label=True), tok)
+    b.set_labels(config=BertConfig.from_pretrained(out))
+    ra, rb = a.read(str(flags)), b.read(str(same))
+    assert [sorted(e.label) for e in ra] == [sorted(e.label) for e in rb]
+    (tmp_path / "bad.csv").write_text("text,good,bad,music\nfine,1,2,0\n")
+    with pytest.raises(
+        DataError,
+        match=r'bad.csv: line 2: field "bad": .2. is not 0 or 1',
+    ):
+        a.read(str(tmp_path / "bad.csv"))

@@ -143,13 +143,36 @@ def spearman(references: ArrayLike, predictions: ArrayLike) -> float:
     return _pearson(average_ranks(x), average_ranks(y))
 
 
+MULTI_LABEL_METRICS = ("micro_f1", "macro_f1", "exact_match")
+
+
+def multi_label_scores(references: ArrayLike, predictions: ArrayLike) -> dict[str, float]:
+    """Multi-label metrics of (N, K) 0/1 arrays: micro F1 (over every (row, label) decision),
+    macro F1 (the mean of the K labels' F1; a label neither true nor predicted anywhere counts
+    0, as scikit-learn's zero_division=0) and exact_match (rows whose whole label set is right)."""
+    ref, pred = np.asarray(references, bool), np.asarray(predictions, bool)
+    if ref.shape != pred.shape or ref.ndim != 2:
+        raise InputError(
+            f"multi-label scores need two (N, K) arrays, got {ref.shape} and {pred.shape}"
+        )
+    tp, fp, fn = (ref & pred).sum(0), (~ref & pred).sum(0), (ref & ~pred).sum(0)
+    per_label = np.where(2 * tp + fp + fn > 0, 2 * tp / np.maximum(2 * tp + fp + fn, 1), 0.0)
+    denominator = 2 * tp.sum() + fp.sum() + fn.sum()
+    return {
+        "micro_f1": float(2 * tp.sum() / denominator) if denominator else 0.0,
+        "macro_f1": float(per_label.mean()) if per_label.size else 0.0,
+        "exact_match": float(np.mean((ref == pred).all(1))) if len(ref) else 0.0,
+    }
+
+
 def compute_metrics(
     names: Sequence[str],
     references: ArrayLike,
     predictions: ArrayLike,
     positive_label: Any = 1,
 ) -> dict[str, float]:
-    """{name: value} for metric names of a TaskSpec (accuracy, f1, mcc, pearson, spearman)."""
+    """{name: value} for metric names of a TaskSpec (accuracy, f1, mcc, pearson, spearman;
+    micro_f1, macro_f1, exact_match of multi-label (N, K) 0/1 arrays)."""
     functions = {
         "accuracy": accuracy,
         "mcc": matthews_corrcoef,
@@ -158,7 +181,9 @@ def compute_metrics(
     }
     out: dict[str, float] = {}
     for name in names:
-        if name == "f1":
+        if name in MULTI_LABEL_METRICS:
+            out[name] = multi_label_scores(references, predictions)[name]
+        elif name == "f1":
             out[name] = f1(references, predictions, positive_label)
         elif name in functions:
             out[name] = functions[name](references, predictions)

@@ -329,18 +329,22 @@ class Pipeline:
     def classify(
         self, texts: Sequence[str], pairs: Sequence[str] | None = None
     ) -> list[dict[str, Any]]:
-        """Per text (or pair): the label, its probability and every label's (or the score, for
-        a regression model): tasks.sentence.decode, as `evaluate` decodes."""
+        """Per text (or pair): the label, its probability and every label's; a multi-label
+        model: the labels over their thresholds and every label's probability; a regression
+        model: the score. tasks.sentence.decode, as `evaluate` decodes."""
         model = self.model(BertForSequenceClassification, needs_head="classifier")
         names = None if model.config.num_labels == 1 else model.config.labels
+        thresholds = sentence.thresholds_of(model.config)
         if pairs is not None:
             features = Features.from_encodings(self.encode(texts, pairs))
             logits = infer(self.runner, model, features, self.tok.pad_id)
-            return sentence.decode(np.stack(logits), names) if logits else []
+            return sentence.decode(np.stack(logits), names, thresholds) if logits else []
         _, features, windows = self.windows(texts)
         rows = infer(self.runner, model, features, self.tok.pad_id)
         # a long text: its windows' probabilities (scores) averaged, weighted by the pieces
-        # each window answers for; decoded as logits (log p: softmax gives p back)
+        # each window answers for, then decoded as logits that give those probabilities back
+        probs, back = ((sentence.sigmoid, lambda p: np.log(p / (1 - p))) if thresholds is not None
+                       else (softmax, np.log) if names is not None else (None, None))  # fmt: skip
         weights, found = contributions(windows), [[] for _ in texts]
         for w, row, weight in zip(windows, rows, weights):
             found[w.text].append((row, weight))
@@ -349,10 +353,10 @@ class Pipeline:
             if len(parts) == 1:
                 logits.append(parts[0][0])
                 continue
-            values = np.stack([r if names is None else softmax(r) for r, _ in parts])
+            values = np.stack([r if probs is None else probs(r) for r, _ in parts])
             mean = np.average(values, axis=0, weights=[wt for _, wt in parts])
-            logits.append(mean if names is None else np.log(mean))
-        return sentence.decode(np.stack(logits), names) if logits else []
+            logits.append(mean if back is None else back(mean))
+        return sentence.decode(np.stack(logits), names, thresholds) if logits else []
 
     def ner(self, texts: Sequence[str]) -> list[list[dict[str, Any]]]:
         """Per text: entities {entity, text, start, end, score}: each word tagged by its first

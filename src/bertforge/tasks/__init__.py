@@ -52,6 +52,8 @@ class TaskOptions:
     label_column: str = option("label", "csv: the label column")
     labels: str | None = option(None, "comma-separated label (csv) or tag (conll2003) set (default: train's)")
     regression: bool = option(False, "csv: float labels (one output)")
+    multi_label: bool = option(False, "csv: several labels per text: names separated by | in the label column, or --label-column a,b,c of 0/1 columns")
+    tune_threshold: bool = option(False, "multi-label: each label's threshold tuned on dev for F1 (default 0.5)")
     no_header: bool = option(False, "csv: columns are 0-based indices")
     delimiter: str | None = option(None, "csv: default tab (write tab or \\t) unless the file ends in .csv")
     # conll2003
@@ -66,6 +68,8 @@ class TaskOptions:
 
     def __post_init__(self) -> None:
         check_options(self)
+        if self.multi_label and (self.task != "csv" or self.regression):
+            raise ConfigError("multi_label (--multi-label) is for --task csv classification")
         if self.max_seq_length is None:
             self.max_seq_length = 384 if self.task.startswith("squad") else 128
 

@@ -7,6 +7,12 @@ indices or float scores. Loss: cross-entropy, or mean squared error for regressi
 HF's BertForSequenceClassification computes, by problem_type). Decoding: the argmax label with
 the softmax probabilities, or the score. Predictions are written as GLUE's submission TSV:
 `index<TAB>prediction` (the label name, or the score).
+
+Multi-label tables (--multi-label): labels are multi-hot rows, the loss binary cross-entropy
+on each label's logit (HF's problem_type "multi_label_classification"); a label is predicted
+when its sigmoid reaches its threshold: 0.5, or tuned on dev for that label's F1
+(--tune-threshold; kept in config.json as `multi_label_thresholds`). Metrics: micro and macro
+F1 and exact match; predictions are the label names joined by |.
 """
 
 from __future__ import annotations
@@ -28,7 +34,16 @@ from ..errors import ConfigError, DataError, InputError
 from ..evaluate import compute_metrics
 from ..fileio import write_text
 from ..heads import BertForSequenceClassification
-from .base import Batch, Features, TaskFamily, classification_loss, log_softmax, reduce, softmax
+from .base import (
+    Batch,
+    Features,
+    TaskFamily,
+    classification_loss,
+    infer,
+    log_softmax,
+    reduce,
+    softmax,
+)
 
 # ------------------------------------------------------------------------------------------------
 # Losses (checked against transformers' BertForSequenceClassification)
@@ -106,6 +121,17 @@ def featurize(
     """[CLS] text [SEP] (pair [SEP]), truncated longest-first; labels as indices or floats
     (zeros for unlabelled examples)."""
     pairs = [e.text_pair for e in examples] if spec.is_pair else None
+    if spec.multi_label:  # multi-hot rows
+        features = Features.from_encodings(tok.encode_batch([e.text for e in examples], pairs,
+                                                            max_length=max_seq_length))  # fmt: skip
+        index = {name: k for k, name in enumerate(spec.labels or ())}
+        features.labels = np.zeros((len(examples), len(index)), np.float32)  # type: ignore[assignment]
+        for i, e in enumerate(examples):
+            for name in e.label or ():
+                if name not in index:
+                    raise DataError(f"{e.source}: label {name!r} is not one of {', '.join(index)}")
+                features.labels[i, index[name]] = 1  # type: ignore[call-overload]
+        return features
     if pairs is not None:
         for e in examples:
             if e.text_pair is None:
@@ -129,14 +155,48 @@ def featurize(
     return features
 
 
-def decode(logits: np.ndarray, names: Sequence[str] | None) -> list[dict[str, Any]]:
-    """Per row: {"score"} for a regression head (names None), else the label, its probability
-    and every label's probability."""
+THRESHOLDS = "multi_label_thresholds"  # config.json: {label: threshold} of a multi-label model
+
+
+def thresholds_of(config: BertConfig) -> np.ndarray | None:
+    """Each label's threshold of a multi-label model (0.5 unless tuned), else None."""
+    if config.problem_type != "multi_label_classification":
+        return None
+    saved = config.extras.get(THRESHOLDS) or {}
+    return np.array([float(saved.get(config.labels[i], 0.5)) for i in range(config.num_labels)])
+
+
+def sigmoid(logits: np.ndarray) -> np.ndarray:
+    return 1 / (1 + np.exp(-np.clip(logits, -60, 60)))
+
+
+def decode(
+    logits: np.ndarray, names: Sequence[str] | None, thresholds: np.ndarray | None = None
+) -> list[dict[str, Any]]:
+    """Per row: {"score"} for a regression head (names None); a multi-label head (thresholds
+    given): the labels over their thresholds and every label's probability; else the label,
+    its probability and every label's probability."""
     if names is None:
         return [{"score": float(x[0])} for x in logits]
+    if thresholds is not None:
+        return [{"labels": [names[k] for k in np.flatnonzero(p >= thresholds)],
+                 "scores": {names[k]: float(v) for k, v in enumerate(p)}} for p in sigmoid(logits)]  # fmt: skip
     probs = softmax(logits)
     return [{"label": names[int(p.argmax())], "score": float(p.max()),
              "scores": {names[k]: float(v) for k, v in enumerate(p)}} for p in probs]  # fmt: skip
+
+
+def tune_thresholds(probs: np.ndarray, refs: np.ndarray) -> np.ndarray:
+    """(K,) thresholds: per label, the grid value with the best F1 (nearest 0.5 on a tie)."""
+    grid = np.round(np.arange(0.05, 0.951, 0.05), 2)
+    order = np.argsort(np.abs(grid - 0.5), kind="stable")  # 0.5 first, then outwards
+    best = []
+    for k in range(probs.shape[1]):
+        pred = probs[:, k][:, None] >= grid[order][None]  # (N, G)
+        tp = (pred & refs[:, k][:, None]).sum(0)
+        f1 = 2 * tp / np.maximum(pred.sum(0) + refs[:, k].sum(), 1)
+        best.append(grid[order][int(np.argmax(f1))])
+    return np.array(best)
 
 
 class SentenceTask(TaskFamily):
@@ -149,22 +209,34 @@ class SentenceTask(TaskFamily):
         self.spec = self._spec(None)
         self.metric = self.spec.metrics[0]
         self.reports_accuracy = not self.spec.is_regression
+        self.thresholds: np.ndarray | None = None  # multi-label: from the model, or tuned
 
     def _spec(self, labels: Sequence[str] | None) -> TaskSpec:
         """The GLUE spec, or one made for a table of your own from the options and labels."""
         o = self.options
         if o.task != "csv":
             return glue_task(o.task)
-        if not o.regression and labels is None and o.labels:
-            labels = [x.strip() for x in o.labels.split(",") if x.strip()]
+        if not o.regression and labels is None and (o.labels or self._flag_columns()):
+            labels = self._flag_columns() or [x.strip() for x in o.labels.split(",") if x.strip()]
+        metrics = ("micro_f1", "macro_f1", "exact_match") if o.multi_label else ("accuracy",)
         return TaskSpec(
             "csv",
             o.text_column,
             o.text_pair_column,
             o.label_column,
             None if o.regression else tuple(labels or ()),
-            ("spearman", "pearson") if o.regression else ("accuracy",),
+            ("spearman", "pearson") if o.regression else metrics,
             id_column=None,
+            multi_label=o.multi_label,
+        )
+
+    def _flag_columns(self) -> list[str]:
+        """Multi-label, one 0/1 column per label: --label-column a,b,c."""
+        o = self.options
+        return (
+            [c.strip() for c in o.label_column.split(",")]
+            if o.multi_label and "," in o.label_column
+            else []
         )
 
     # -- data ----------------------------------------------------------------------------------
@@ -177,15 +249,21 @@ class SentenceTask(TaskFamily):
         def column(name: str | None) -> str | int | None:
             return None if name is None else int(name) if o.no_header else name
 
+        flags = self._flag_columns()
         return read_examples(
             path,
             column(o.text_column),  # type: ignore[arg-type]
-            column(o.label_column) if labelled else None,
+            (
+                ([column(c) for c in flags] if flags else column(o.label_column))
+                if labelled
+                else None
+            ),  # type: ignore[arg-type]
             column(o.text_pair_column),
             delimiter={"\\t": "\t", "tab": "\t"}.get(o.delimiter or "", o.delimiter),
             header=not o.no_header,
             labels=self.spec.labels or None,
             regression=o.regression,
+            multi_label=o.multi_label,
         )
 
     def set_labels(
@@ -197,6 +275,7 @@ class SentenceTask(TaskFamily):
         if config is not None:
             names = config.labels
             self.spec = self._spec([names[i] for i in range(len(names))])
+            self.thresholds = thresholds_of(config)
         elif not self.spec.labels:
             self.spec = self._spec(label_set(train or []))
 
@@ -206,16 +285,23 @@ class SentenceTask(TaskFamily):
     def head_kwargs(self) -> dict[str, Any]:
         if self.spec.is_regression:
             return {"num_labels": 1, "problem_type": "regression"}
-        return {"id2label": dict(enumerate(self.spec.labels or ()))}
+        multi = {"problem_type": "multi_label_classification"} if self.spec.multi_label else {}
+        return {"id2label": dict(enumerate(self.spec.labels or ())), **multi}
+
+    def count(self, batch: Batch) -> int:
+        return batch.labels.numel()  # rows, or (rows x labels) for multi-label: HF's mean
 
     # -- training ------------------------------------------------------------------------------
 
     def loss_sum(self, model: nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         logits = model(*batch.inputs()).logits
-        problem = "regression" if self.spec.is_regression else "single_label_classification"
+        problem = ("regression" if self.spec.is_regression else "multi_label_classification"
+                   if self.spec.multi_label else "single_label_classification")  # fmt: skip
         loss = sequence_classification_loss(logits, batch.labels, problem, reduction="sum")
         if self.spec.is_regression:
             return loss, torch.zeros((), device=logits.device)
+        if self.spec.multi_label:  # right decisions, of rows x labels
+            return loss, ((logits > 0) == (batch.labels > 0.5)).sum()
         return loss, (logits.argmax(-1) == batch.labels).sum()
 
     # -- evaluation and predictions ------------------------------------------------------------
@@ -224,7 +310,22 @@ class SentenceTask(TaskFamily):
         self, examples: Sequence[Any], features: Features, rows: list[np.ndarray]
     ) -> np.ndarray:
         logits = np.stack(rows)
+        if self.spec.multi_label:
+            thresholds = 0.5 if self.thresholds is None else self.thresholds
+            return sigmoid(logits) >= thresholds
         return logits[:, 0] if self.spec.is_regression else logits.argmax(-1)
+
+    def evaluate(self, runner: Any, model: nn.Module, examples: Sequence[Any],
+                 features: Features) -> tuple[dict[str, float], Any]:  # fmt: skip
+        """Metrics and predictions; with --tune-threshold (multi-label), each label's threshold
+        first set to the one of 0.05, 0.10, ..., 0.95 that gives it the best F1 on these
+        examples (the nearest to 0.5 on a tie), and kept in the model's config."""
+        if self.spec.multi_label and self.options.tune_threshold:
+            probs = sigmoid(np.stack(infer(runner, model, features, self.tok.pad_id)))
+            self.thresholds = tune_thresholds(probs, np.asarray(features.labels) > 0.5)
+            names = self.spec.labels or ()
+            model.config.extras[THRESHOLDS] = {n: float(t) for n, t in zip(names, self.thresholds)}
+        return super().evaluate(runner, model, examples, features)
 
     def score(self, examples: Sequence[Any], features: Features, rows: list[np.ndarray],
               preds: Any) -> dict[str, float]:  # fmt: skip
@@ -232,6 +333,9 @@ class SentenceTask(TaskFamily):
         assert isinstance(refs, np.ndarray)
         if self.spec.is_regression:
             loss = float(np.mean((preds - refs) ** 2))
+        elif self.spec.multi_label:
+            p = np.clip(sigmoid(logits), 1e-7, 1 - 1e-7)
+            loss = float(-np.mean(refs * np.log(p) + (1 - refs) * np.log(1 - p)))
         else:
             loss = float(-log_softmax(logits)[np.arange(len(refs)), refs].mean())
         spec = self.spec
@@ -249,6 +353,9 @@ class SentenceTask(TaskFamily):
         for i, (e, p) in enumerate(zip(examples, preds)):
             index = e.guid.rsplit("-", 1)[-1] if "-" in e.guid else str(i)
             labels = self.spec.labels or ()
+            if self.spec.multi_label:
+                w.writerow([index, "|".join(labels[k] for k in np.flatnonzero(p))])
+                continue
             w.writerow([index, f"{float(p):.6g}" if self.spec.is_regression else labels[int(p)]])
         write_text(path, buf.getvalue())
         return [path]

@@ -22,9 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...errors import DataError, InputError
+from ...evaluate import MULTI_LABEL_METRICS
 from .table import Example, check_field_count, column_index, iter_rows, label_field, text_field
 
-METRIC_NAMES = ("accuracy", "f1", "mcc", "pearson", "spearman")
+METRIC_NAMES = ("accuracy", "f1", "mcc", "pearson", "spearman", *MULTI_LABEL_METRICS)
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,7 @@ class TaskSpec:
     positive_label: str | None = None
     id_column: str | None = "index"
     headerless_columns: tuple[str, ...] | None = None
+    multi_label: bool = False  # several labels per example (label: a tuple of names)
 
     def __post_init__(self) -> None:
         for m in self.metrics:

@@ -41,13 +41,13 @@ class Example:
     """One sentence (text_pair None) or sentence-pair example.
 
     label is a class name (always a string, e.g. "1" or "entailment"), a float for regression,
-    or None for unlabelled (test) files. source is "file:line" for error messages and
+    a tuple of class names for multi-label tasks, or None for unlabelled (test) files. source is "file:line" for error messages and
     debugging.
     """
 
     text: str
     text_pair: str | None
-    label: str | float | None
+    label: str | float | tuple[str, ...] | None
     guid: str
     source: str
 
@@ -179,6 +179,44 @@ def label_field(
     return label
 
 
+def multi_label_field(
+    where: str, field: str, value: object, labels: Sequence[str] | None = None
+) -> tuple[str, ...]:
+    """The labels of one multi-label row: "a|b" (a JSON list of strings too); "" for none."""
+    if isinstance(value, str):
+        items: list[object] = value.split("|")
+    elif isinstance(value, list):
+        items = value
+    else:
+        raise DataError(f'{where}: field "{field}": expected labels separated by |, got '
+                        f"{type(value).__name__}")  # fmt: skip
+    out: list[str] = []
+    for item in items:
+        if not isinstance(item, str):
+            raise DataError(f'{where}: field "{field}": label {item!r} is not a string')
+        name = item.strip()
+        if name and labels is not None and name not in labels:
+            raise DataError(f'{where}: field "{field}": label {name!r} is not one of the allowed '
+                            f"labels: {', '.join(labels)}")  # fmt: skip
+        if name and name not in out:
+            out.append(name)
+    return tuple(out)
+
+
+def flag_fields(where: str, names: Sequence[str], values: Sequence[object]) -> tuple[str, ...]:
+    """The labels of one row given as one 0/1 column per label: the names whose value is 1."""
+    out = []
+    for name, value in zip(names, values):
+        flag = value.strip() if isinstance(value, str) else json.dumps(value)
+        if flag not in ("0", "1", "false", "true"):
+            raise DataError(
+                f'{where}: field "{name}": {value!r} is not 0 or 1 (one column per label)'
+            )
+        if flag in ("1", "true"):
+            out.append(name)
+    return tuple(out)
+
+
 # --------------------------------------------------------------------------- generic reader
 
 FORMATS = ("auto", "tsv", "csv", "jsonl")
@@ -195,7 +233,7 @@ def detect_table_format(path: str | os.PathLike[str]) -> str:
 def read_examples(
     path: str | os.PathLike[str],
     text_column: Column,
-    label_column: Column | None = None,
+    label_column: Column | Sequence[Column] | None = None,
     text_pair_column: Column | None = None,
     *,
     fmt: str = "auto",
@@ -205,6 +243,7 @@ def read_examples(
     labels: Sequence[str] | None = None,
     regression: bool = False,
     id_column: Column | None = None,
+    multi_label: bool = False,
 ) -> list[Example]:
     """Examples from a TSV, CSV or JSONL file of your own.
 
@@ -214,7 +253,9 @@ def read_examples(
     the format's ("\\t" for tsv, "," for csv); quoting defaults to on for csv, off for tsv.
     labels, when given, is the allowed label set; regression=True reads float labels.
     label_column None gives unlabelled examples (label None). guid is the id_column's value
-    when given, else "<file stem>-<row number from 0>".
+    when given, else "<file stem>-<row number from 0>". multi_label: each label a tuple of
+    names, from one column of names separated by | or, when label_column is a list of
+    columns, one 0/1 column per label (named by the column).
 
     Example, the SMS spam collection (no header, `label<TAB>text`):
         read_examples(path, text_column=1, label_column=0, header=False, labels=["ham", "spam"])
@@ -224,10 +265,10 @@ def read_examples(
         raise InputError(f"fmt {fmt!r}: must be one of {', '.join(FORMATS)}")
     if fmt == "auto":
         fmt = detect_table_format(path)
+    flags = list(label_column) if isinstance(label_column, (list, tuple)) else None
     if fmt == "jsonl":
-        return _read_jsonl(
-            path, text_column, label_column, text_pair_column, labels, regression, id_column
-        )
+        return _read_jsonl(path, text_column, label_column, text_pair_column, labels, regression,
+                           id_column, multi_label)  # fmt: skip
     delim = delimiter if delimiter is not None else ("," if fmt == "csv" else "\t")
     quote = quoting if quoting is not None else fmt == "csv"
     rows = iter_rows(path, delim, quote)
@@ -247,11 +288,21 @@ def read_examples(
 
     text_i = column_index(path, names, text_column, "text_column", n_fields)
     pair_i = col(text_pair_column, "text_pair_column")
-    label_i = col(label_column, "label_column")
+    label_i = None if flags else col(label_column, "label_column")  # type: ignore[arg-type]
+    flag_i = [column_index(path, names, c, "label_column", n_fields) for c in flags or ()]
     id_i = col(id_column, "id_column")
 
     def field_name(i: int) -> str:
         return names[i] if names is not None else f"column {i}"
+
+    def label(where: str, fields: list[str]) -> str | float | tuple[str, ...] | None:
+        if flags:
+            return flag_fields(where, [field_name(i) for i in flag_i], [fields[i] for i in flag_i])
+        if label_i is None:
+            return None
+        if multi_label:
+            return multi_label_field(where, field_name(label_i), fields[label_i], labels)
+        return label_field(where, field_name(label_i), fields[label_i], labels, regression)
 
     out: list[Example] = []
     for lineno, fields in rows:
@@ -263,9 +314,7 @@ def read_examples(
                 text_pair=None
                 if pair_i is None
                 else text_field(where, field_name(pair_i), fields[pair_i]),
-                label=None
-                if label_i is None
-                else label_field(where, field_name(label_i), fields[label_i], labels, regression),
+                label=label(where, fields),
                 guid=fields[id_i].strip() if id_i is not None else f"{path.stem}-{len(out)}",
                 source=f"{path}:{lineno}",
             )
@@ -283,10 +332,12 @@ def _read_jsonl(
     labels: Sequence[str] | None,
     regression: bool,
     id_column: Column | None,
+    multi_label: bool,
 ) -> list[Example]:
+    flags = list(label_column) if isinstance(label_column, (list, tuple)) else None
     for role, c in (
         ("text_column", text_column),
-        ("label_column", label_column),
+        *(("label_column", f) for f in flags or [label_column]),
         ("text_pair_column", text_pair_column),
         ("id_column", id_column),
     ):
@@ -323,6 +374,12 @@ def _read_jsonl(
                 ),
                 label=None
                 if label_column is None
+                else flag_fields(where, flags, [get(str(f), "label_column") for f in flags])
+                if flags
+                else multi_label_field(
+                    where, str(label_column), get(str(label_column), "label_column"), labels
+                )
+                if multi_label
                 else label_field(
                     where,
                     str(label_column),
@@ -366,5 +423,11 @@ def split_train_test(
 
 
 def label_set(examples: Iterable[Example]) -> list[str]:
-    """The sorted distinct class labels of examples (for a file with no declared label set)."""
-    return sorted({e.label for e in examples if isinstance(e.label, str)})
+    """The sorted distinct class labels of examples (for a file with no declared label set);
+    multi-label examples: every label any example has."""
+    found: set[str] = set()
+    for e in examples:
+        found.update(
+            [e.label] if isinstance(e.label, str) else e.label if isinstance(e.label, tuple) else ()
+        )
+    return sorted(found)
