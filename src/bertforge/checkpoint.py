@@ -65,26 +65,56 @@ KEY_TABLE: list[tuple[str, tuple[str, ...]]] = [
     (r"classifier\.(\w+)", ("classifier.{0}",)),
     (r"qa_outputs\.(\w+)", ("qa_outputs.{0}",)),
 ]
-_COMPILED = [(re.compile(pattern + "$"), names) for pattern, names in KEY_TABLE]
+# DistilBERT's names (config.model_type "distilbert"), body under `distilbert.`; a name that
+# starts with "/" sits at the top level even for our `bert.` parameters (the pre_classifier).
+DISTILBERT_TABLE: list[tuple[str, tuple[str, ...]]] = [
+    (r"embeddings\.word\.(\w+)", ("embeddings.word_embeddings.{0}",)),
+    (r"embeddings\.position\.(\w+)", ("embeddings.position_embeddings.{0}",)),
+    (r"embeddings\.norm\.(\w+)", ("embeddings.LayerNorm.{0}",)),
+    (
+        r"layers\.(\d+)\.attn\.qkv\.(\w+)",
+        tuple(f"transformer.layer.{{0}}.attention.{x}_lin.{{1}}" for x in "qkv"),
+    ),
+    (r"layers\.(\d+)\.attn\.out\.(\w+)", ("transformer.layer.{0}.attention.out_lin.{1}",)),
+    (r"layers\.(\d+)\.attn_norm\.(\w+)", ("transformer.layer.{0}.sa_layer_norm.{1}",)),
+    (r"layers\.(\d+)\.ffn\.up\.(\w+)", ("transformer.layer.{0}.ffn.lin1.{1}",)),
+    (r"layers\.(\d+)\.ffn\.down\.(\w+)", ("transformer.layer.{0}.ffn.lin2.{1}",)),
+    (r"layers\.(\d+)\.ffn_norm\.(\w+)", ("transformer.layer.{0}.output_layer_norm.{1}",)),
+    (r"pooler\.dense\.(\w+)", ("/pre_classifier.{0}",)),
+    (r"mlm\.transform\.(\w+)", ("vocab_transform.{0}",)),
+    (r"mlm\.norm\.(\w+)", ("vocab_layer_norm.{0}",)),
+    (r"mlm\.bias", ("vocab_projector.bias",)),
+    (r"classifier\.(\w+)", ("classifier.{0}",)),
+    (r"qa_outputs\.(\w+)", ("qa_outputs.{0}",)),
+]
+_COMPILED = {
+    kind: [(re.compile(pattern + "$"), names) for pattern, names in table]
+    for kind, table in (("bert", KEY_TABLE), ("distilbert", DISTILBERT_TABLE))
+}
+_HEADS = ("cls.", "classifier.", "qa_outputs.", "pre_classifier.", "vocab_")
 
 # Alternative spellings found in files, tried when the canonical HF name is absent.
 _ALIASES = {"cls.predictions.bias": "cls.predictions.decoder.bias"}
 # Tensors in files that are not parameters (buffers) or that we tie instead of loading.
 _IGNORED = re.compile(
     r"(^|\.)(position_ids|token_type_ids)$|^(bert\.)?cls\.predictions\.decoder\.weight$"
+    r"|^vocab_projector\.weight$"
 )
 _BODY_PREFIX = "bert."
+_PREFIXES = {"bert": "bert.", "distilbert": "distilbert."}  # the encoder's name in task models
 
 
-def hf_names(ours: str) -> tuple[str, ...]:
-    """HF tensor names for one of our parameter names (in file order for fused tensors)."""
+def hf_names(ours: str, model_type: str = "bert") -> tuple[str, ...]:
+    """HF tensor names for one of our parameter names (in file order for fused tensors), in
+    the layout of `model_type` (bert, or distilbert: DISTILBERT_TABLE)."""
     prefix = ""
     if ours.startswith(_BODY_PREFIX):
-        prefix, ours = _BODY_PREFIX, ours[len(_BODY_PREFIX) :]
-    for pattern, names in _COMPILED:
+        prefix, ours = _PREFIXES[model_type], ours[len(_BODY_PREFIX) :]
+    for pattern, names in _COMPILED[model_type]:
         m = pattern.match(ours)
         if m:
-            return tuple(prefix + n.format(*m.groups()) for n in names)
+            return tuple(n[1:].format(*m.groups()) if n.startswith("/") else
+                         prefix + n.format(*m.groups()) for n in names)  # fmt: skip
     raise KeyError(f"no HF name for parameter {ours!r}: add it to checkpoint.KEY_TABLE")
 
 
@@ -160,13 +190,14 @@ def _canonical(name: str) -> str:
     return name
 
 
-def _find(name: str, tensors: dict[str, Any]) -> str | None:
-    """The file's spelling of HF `name`: as is, with or without `bert.`, or an alias."""
+def _find(name: str, tensors: dict[str, Any], prefix: str = _BODY_PREFIX) -> str | None:
+    """The file's spelling of HF `name`: as is, with or without the encoder's prefix (`bert.`
+    or `distilbert.`), or an alias."""
     candidates = [name]
-    if name.startswith(_BODY_PREFIX):
-        candidates.append(name[len(_BODY_PREFIX) :])
-    elif not name.startswith(("cls.", "classifier.", "qa_outputs.")):
-        candidates.append(_BODY_PREFIX + name)
+    if name.startswith(prefix):
+        candidates.append(name[len(prefix) :])
+    elif not name.startswith(_HEADS):
+        candidates.append(prefix + name)
     if name in _ALIASES:
         candidates.append(_ALIASES[name])
     return next((c for c in candidates if c in tensors), None)
@@ -208,12 +239,13 @@ def load_state(model: nn.Module, tensors: dict[str, torch.Tensor], origin: dict[
     """
     expected = model.state_dict()
     dtype = next(model.parameters()).dtype
+    kind = getattr(getattr(model, "config", None), "model_type", "bert")
     loaded: dict[str, torch.Tensor] = {}
     used: set[str] = set()
     missing: list[tuple[str, str]] = []
     for ours, target in expected.items():
-        names = hf_names(ours)
-        found = [_find(n, tensors) for n in names]
+        names = hf_names(ours, kind)
+        found = [_find(n, tensors, _PREFIXES[kind]) for n in names]
         if any(f is None for f in found):
             missing.append((ours, names[found.index(None)]))
             continue
@@ -244,7 +276,7 @@ def load_state(model: nn.Module, tensors: dict[str, torch.Tensor], origin: dict[
             f"{', '.join(repr(n) for n in body_missing[:5])}: is this a BERT checkpoint?"
         )
     if missing:
-        fresh = [n for ours in dict(missing) for n in hf_names(ours)]
+        fresh = [n for ours in dict(missing) for n in hf_names(ours, kind)]
         warnings.warn(
             FreshWeightsWarning(
                 f"{len(fresh)} tensors not in the checkpoint, freshly initialised (train "
@@ -272,7 +304,7 @@ def _is_fresh_ok(ours: str) -> bool:
 
 
 def _is_known_head(name: str) -> bool:
-    return name.startswith(("cls.", "classifier.", "qa_outputs.", "bert.pooler.", "pooler."))
+    return name.startswith((*_HEADS, "bert.pooler.", "pooler."))
 
 
 def _mismatch_hint(ours: str, found: tuple[int, ...], model: nn.Module) -> str:
@@ -290,7 +322,8 @@ def _mismatch_hint(ours: str, found: tuple[int, ...], model: nn.Module) -> str:
 def _check_tied_decoder(
     tensors: dict[str, torch.Tensor], loaded: dict[str, Any], model: nn.Module
 ) -> None:
-    decoder = next((tensors[n] for n in ("cls.predictions.decoder.weight",) if n in tensors), None)
+    names = ("cls.predictions.decoder.weight", "vocab_projector.weight")
+    decoder = next((tensors[n] for n in names if n in tensors), None)
     embeddings = loaded.get("bert.embeddings.word.weight")
     if decoder is None or embeddings is None or not hasattr(model, "mlm"):
         return
@@ -353,21 +386,28 @@ def load_pretrained(
 def hf_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """`model`'s parameters under HF names (fused tensors split), as contiguous CPU copies."""
     out: dict[str, torch.Tensor] = {}
+    kind = model.config.model_type  # type: ignore[union-attr]
     for ours, t in model.state_dict().items():
-        names = hf_names(ours)
+        names = hf_names(ours, kind)
         for name, part in zip(names, t.detach().chunk(len(names), dim=0)):
             out[name] = part.to("cpu").contiguous().clone()
     return out
 
 
 def save_pretrained(model: nn.Module, directory: str | os.PathLike[str]) -> None:
-    """Write config.json and model.safetensors (HF names) atomically into `directory`."""
+    """Write config.json and model.safetensors (HF names; DistilBERT's for a DistilBERT)
+    atomically into `directory`."""
+    config: BertConfig = model.config  # type: ignore[assignment]
+    name = type(model).hf_architecture  # type: ignore[attr-defined]
+    if config.model_type == "distilbert":
+        if hasattr(model, "nsp"):
+            raise CheckpointError("DistilBERT has no next-sentence head: save a BertForMaskedLM")
+        name = name.replace("Bert", "DistilBert")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     with atomic_path(directory / SAFETENSORS) as tmp:
         save_file(hf_state_dict(model), str(tmp), metadata={"format": "pt"})
-    config: BertConfig = model.config  # type: ignore[assignment]
-    config.save(directory / "config.json", architectures=[type(model).hf_architecture])
+    config.save(directory / "config.json", architectures=[name])
 
 
 class Pretrained:
@@ -405,17 +445,18 @@ def load_with_fresh(
 
 
 def architectures(path: str | os.PathLike[str]) -> list[str]:
-    """The `architectures` a checkpoint's config.json names (HF's BertFor... class names)."""
+    """The `architectures` a checkpoint's config.json names, as HF's BertFor... class names
+    (a DistilBertFor... is read as the BertFor... that bertforge loads it into)."""
     config_file = resolve(path) / "config.json"
     names = read_json(config_file, CheckpointError).get("architectures")
-    return [str(a) for a in names] if isinstance(names, list) else []
+    return [str(a).replace("DistilBert", "Bert") for a in names] if isinstance(names, list) else []
 
 
 def load_trained(cls: type, path: str | os.PathLike[str], head: str) -> Any:
     """`cls.from_pretrained(path)` for inference: an error naming `head` (and the tensors) when
     the checkpoint lacks the trained head that `cls` adds (a fresh pooler is fine)."""
     model, fresh = load_with_fresh(cls, path)
-    missing = [n for n in fresh if "pooler" not in n]
+    missing = [n for n in fresh if "pooler" not in n and "pre_classifier" not in n]
     if missing:
         raise CheckpointError(
             f"{path}: has no trained {head} ({', '.join(missing)}); "
@@ -464,9 +505,9 @@ def inspect(path: str | os.PathLike[str]) -> CheckpointInfo:
             size *= d
         count += size
     heads = []
-    if any(n.endswith("pooler.dense.weight") for n in params):
+    if any(n.endswith(("pooler.dense.weight", "pre_classifier.weight")) for n in params):
         heads.append("pooler")
-    if any(n.startswith("cls.predictions.") for n in params):
+    if any(n.startswith(("cls.predictions.", "vocab_transform.")) for n in params):
         heads.append("masked LM (mlm)")
     if any(n.startswith("cls.seq_relationship.") for n in params):
         heads.append("next sentence (nsp)")

@@ -46,6 +46,7 @@ def cmd_info(args: argparse.Namespace) -> None:
         vocab = {"size": tok.vocab_size, "cased": not tok.lowercase}
     report = {
         "directory": str(info.directory),
+        "model_type": c.model_type,
         "layers": c.num_hidden_layers,
         "hidden_size": c.hidden_size,
         "heads": c.num_attention_heads,
@@ -64,7 +65,8 @@ def cmd_info(args: argparse.Namespace) -> None:
         return
     print(f"checkpoint   {info.directory}")
     print(
-        f"encoder      L={c.num_hidden_layers} H={c.hidden_size} A={c.num_attention_heads} "
+        f"encoder      {'DistilBERT' if c.model_type == 'distilbert' else 'BERT'} "
+        f"L={c.num_hidden_layers} H={c.hidden_size} A={c.num_attention_heads} "
         f"I={c.intermediate_size} max_len={c.max_position_embeddings} act={c.hidden_act}"
     )
     print(f"parameters   {info.num_parameters:,} ({', '.join(info.dtypes)})")
@@ -579,7 +581,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--train", required=True)
     p.add_argument("--dev", required=True)
     p.add_argument("--layers", help='choices separated by ";" e.g. "-1;-2;concat:-1,-2,-3,-4"')
-    p.add_argument("--pooling", choices=("mean", "cls"), default="mean")
+    p.add_argument(
+        "--pooling",
+        choices=POOLINGS,
+        default="mean",
+        help="cls: seed 004's recipe ([CLS] + logistic regression)",
+    )
     p.add_argument("--max-train", type=int, help="use the first N training sentences")
     p.add_argument("--precision", choices=PRECISIONS, default="auto", help=inference["precision"])
     p.add_argument("--json", help="also write the table as JSON here")

@@ -50,6 +50,16 @@ GOOGLE_KEYS = (
 # Keys HF writes that carry no information for us; dropped on read so they are not echoed back.
 _HF_NOISE = {"model_type", "architectures", "transformers_version", "torch_dtype", "dtype"}
 
+# DistilBERT's config.json keys (model_type "distilbert") -> ours. A DistilBERT is a BERT
+# encoder without segment embeddings or pooler (type_vocab_size 0), LayerNorm eps 1e-12, and
+# position embeddings that may be fixed sinusoids; checkpoint.py maps its tensor names.
+DISTILBERT_KEYS = {"dim": "hidden_size", "n_layers": "num_hidden_layers",
+                   "n_heads": "num_attention_heads", "hidden_dim": "intermediate_size",
+                   "activation": "hidden_act", "dropout": "hidden_dropout_prob",
+                   "attention_dropout": "attention_probs_dropout_prob",
+                   "seq_classif_dropout": "classifier_dropout"}  # fmt: skip
+MODEL_TYPES = ("bert", "distilbert")
+
 # HF's `problem_type` values: which loss a sequence-classification head trains with.
 PROBLEM_TYPES = ("regression", "single_label_classification", "multi_label_classification")
 # HF's number of labels when a config names none (a binary classifier, LABEL_0 / LABEL_1).
@@ -81,6 +91,9 @@ class BertConfig:
     layer_norm_eps: float = 1e-12
     pad_token_id: int = 0
     position_embedding_type: str = "absolute"
+    # "distilbert": read from and written to DistilBERT's layout (see DISTILBERT_KEYS)
+    model_type: str = "bert"
+    sinusoidal_pos_embds: bool = False  # fixed sin/cos positions (DistilBERT's option)
     # Task heads (fine-tuning). Label names as HF stores them: None when the file names none,
     # which HF reads as two labels (see `num_labels`). `label2id` is derived from `id2label`
     # when absent, and must invert it when given.
@@ -126,10 +139,15 @@ class BertConfig:
             "num_attention_heads",
             "intermediate_size",
             "max_position_embeddings",
-            "type_vocab_size",
         ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}={getattr(self, name)}: must be >= 1")
+        if self.model_type not in MODEL_TYPES:
+            raise ConfigError(
+                f"model_type={self.model_type!r}: only {' and '.join(MODEL_TYPES)} checkpoints are supported"
+            )
+        if self.type_vocab_size < (0 if self.model_type == "distilbert" else 1):
+            raise ConfigError(f"type_vocab_size={self.type_vocab_size}: must be >= 1")
         if self.hidden_size % self.num_attention_heads:
             raise ConfigError(
                 f"hidden_size={self.hidden_size} is not divisible by "
@@ -275,6 +293,10 @@ class BertConfig:
         """Build from a dict with HF / Google key names; unknown keys are kept in `extras`."""
         if not isinstance(d, dict):
             raise ConfigError(f"{source}: expected a JSON object, got {type(d).__name__}")
+        model_type = d.get("model_type", "bert")
+        if model_type == "distilbert":  # its keys as ours; no segments, no pooler
+            d = {DISTILBERT_KEYS.get(k, k): v for k, v in d.items()}
+            d.update(type_vocab_size=0, layer_norm_eps=1e-12)
         known = {f.name for f in dataclasses.fields(cls)} - {"extras"}
         values = {k: v for k, v in d.items() if k in known}
         # Older files (and hand-written ones) may carry num_labels instead of label names.
@@ -283,11 +305,11 @@ class BertConfig:
             for k, v in d.items()
             if k not in known and k not in _HF_NOISE and k != "num_labels"
         }
-        model_type = d.get("model_type", "bert")
-        if model_type not in ("bert",):
+        if model_type not in MODEL_TYPES:
             # Accept anything BERT-shaped but say so: a RoBERTa config would load wrong weights.
             raise ConfigError(
-                f"{source}: model_type={model_type!r}: only 'bert' checkpoints are supported"
+                f"{source}: model_type={model_type!r}: only 'bert' and 'distilbert' checkpoints "
+                "are supported"
             )
         try:
             if "num_labels" in d:
@@ -319,9 +341,11 @@ class BertConfig:
         """HF `config.json` content, or Google's `bert_config.json` keys with google=True."""
         if google:
             return {k: getattr(self, k) for k in GOOGLE_KEYS}
-        d: dict[str, Any] = {"model_type": "bert"}
+        d: dict[str, Any] = {}
         for f in dataclasses.fields(self):
-            if f.name == "extras":
+            if f.name == "extras" or (
+                f.name == "sinusoidal_pos_embds" and self.model_type == "bert"
+            ):
                 continue
             value = getattr(self, f.name)
             if f.name in _OPTIONAL and value is None:
@@ -329,6 +353,10 @@ class BertConfig:
             if f.name == "id2label":
                 value = {str(k): v for k, v in value.items()}  # JSON keys are strings
             d[f.name] = value
+        if self.model_type == "distilbert":
+            ours = {v: k for k, v in DISTILBERT_KEYS.items()}
+            drop = ("type_vocab_size", "layer_norm_eps", "position_embedding_type")
+            d = {ours.get(k, k): v for k, v in d.items() if k not in drop}
         for k, v in self.extras.items():
             d.setdefault(k, v)
         return d

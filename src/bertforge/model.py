@@ -11,6 +11,9 @@ Architecture (Devlin et al. 2018; Vaswani et al. 2017), exactly as Google's and 
     per layer:  x = LayerNorm(x + dropout(Attn(x)))        attention over all positions
                 x = LayerNorm(x + dropout(W2 GELU(W1 x)))   feed-forward of width I
     pooler:     tanh(W x[:, 0])                            the [CLS] vector
+DistilBERT (config.model_type "distilbert") is the same encoder without segment embeddings
+(type_vocab_size 0: token_type_ids are ignored), optionally with fixed sinusoidal positions,
+and its classifiers' pre_classifier is the pooler with ReLU instead of tanh.
 Query, key and value are one fused (3H, H) projection here; checkpoint.py splits and joins it
 for HF's separate query/key/value tensors.
 """
@@ -95,9 +98,23 @@ class Embeddings(nn.Module):
         H = config.hidden_size
         self.word = nn.Embedding(config.vocab_size, H)
         self.position = nn.Embedding(config.max_position_embeddings, H)
-        self.token_type = nn.Embedding(config.type_vocab_size, H)
+        self.token_type = (
+            nn.Embedding(config.type_vocab_size, H) if config.type_vocab_size else None
+        )
         self.norm = nn.LayerNorm(H, eps=config.layer_norm_eps)
         self.p = config.hidden_dropout_prob
+        self.sinusoidal = config.sinusoidal_pos_embds
+
+    def fix_positions(self) -> None:
+        """DistilBERT's sinusoidal positions: fixed, not trained (HF's create_sinusoidal_embeddings)."""
+        n, H = self.position.weight.shape
+        angle = torch.arange(n, dtype=torch.float64)[:, None] / torch.pow(
+            10000.0, 2 * (torch.arange(H) // 2) / H
+        )
+        with torch.no_grad():
+            self.position.weight[:, 0::2] = torch.sin(angle[:, 0::2]).float()
+            self.position.weight[:, 1::2] = torch.cos(angle[:, 1::2]).float()
+        self.position.weight.requires_grad_(False)
 
     def forward(
         self,
@@ -109,7 +126,10 @@ class Embeddings(nn.Module):
         T = input_ids.shape[1]
         # (T, H) broadcast over the batch, unless positions are given per example
         position = self.position.weight[:T] if position_ids is None else self.position(position_ids)
-        x = self.word(input_ids) + self.token_type(token_type_ids) + position
+        x = self.word(input_ids)
+        if self.token_type is not None:  # HF's order of the sums (rounding): word + type + position
+            x = x + self.token_type(token_type_ids)
+        x = x + position
         return dropout(self.norm(x), self.p, self.training)
 
 
@@ -163,9 +183,12 @@ class BertModel(Pretrained, nn.Module):
 
     hf_architecture = "BertModel"
 
-    def __init__(self, config: BertConfig, add_pooling_layer: bool = True) -> None:
+    def __init__(self, config: BertConfig, add_pooling_layer: bool | None = None) -> None:
+        """add_pooling_layer None: BERT's pooler, none for a DistilBERT (it has no pooler)."""
         super().__init__()
         self.config = config
+        if add_pooling_layer is None:
+            add_pooling_layer = config.model_type != "distilbert"
         self.embeddings = Embeddings(config)
         self.layers = nn.ModuleList(Layer(config) for _ in range(config.num_hidden_layers))
         self.pooler = (
@@ -174,6 +197,8 @@ class BertModel(Pretrained, nn.Module):
             else None
         )
         self.apply(lambda m: init_bert_weights(m, config.initializer_range))
+        if config.sinusoidal_pos_embds:
+            self.embeddings.fix_positions()
 
     def check_inputs(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None) -> None:
         """Clear errors for inputs that would otherwise fail deep inside torch."""
@@ -194,6 +219,7 @@ class BertModel(Pretrained, nn.Module):
             )
         if (
             token_type_ids is not None
+            and self.config.type_vocab_size
             and token_type_ids.numel()
             and (token_type_ids.max() >= self.config.type_vocab_size or token_type_ids.min() < 0)
         ):
@@ -229,7 +255,10 @@ class BertModel(Pretrained, nn.Module):
                 hidden.append(x)
             if probs is not None:
                 probs.append(p)
-        pooled = torch.tanh(self.pooler["dense"](x[:, 0])) if self.pooler is not None else None
+        pooled = None
+        if self.pooler is not None:  # DistilBERT's pre_classifier: ReLU
+            act = torch.relu if self.config.model_type == "distilbert" else torch.tanh
+            pooled = act(self.pooler["dense"](x[:, 0]))
         return BertOutput(
             last_hidden_state=x,
             pooler_output=pooled,

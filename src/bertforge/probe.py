@@ -25,24 +25,26 @@ import torch
 from .errors import ConfigError
 from .model import BertModel
 from .pipelines import Pipeline
+from .tasks import embedding
+from .tasks.embedding import POOLINGS
 
 DEFAULT_CHOICES = ("0", "-1", "-2", "-3", "-4", "sum:-1,-2,-3,-4", "concat:-1,-2,-3,-4", "sum:all")
 
 
 def pooled_layers(pipe: Pipeline, texts: Sequence[str], pooling: str = "mean") -> np.ndarray:
-    """(N, L + 1, H): every layer's hidden states (0 = embeddings) pooled per text."""
-    if pooling not in ("mean", "cls"):
-        raise ConfigError(f"pooling={pooling!r}: must be mean or cls")
+    """(N, L + 1, H): every layer's hidden states (0 = embeddings) pooled per text (one of
+    tasks.embedding's poolings)."""
+    if pooling not in POOLINGS:
+        raise ConfigError(f"pooling={pooling!r}: must be one of {', '.join(POOLINGS)}")
     model = pipe.model(BertModel)
 
     def fn(b: dict[str, torch.Tensor]) -> np.ndarray:
         out = model(b["input_ids"], b["token_type_ids"], b["attention_mask"],
                     output_hidden_states=True)  # fmt: skip
-        h = torch.stack(out.hidden_states, 1).float()  # (B, L+1, T, H)
-        if pooling == "cls":
-            return h[:, :, 0].cpu().numpy()
-        m = b["attention_mask"][:, None, :, None].to(h.dtype)  # (B, 1, T, 1)
-        return ((h * m).sum(2) / m.sum(2)).cpu().numpy()
+        h = torch.stack(out.hidden_states, 1)  # (B, L+1, T, H)
+        B, n, T, H = h.shape
+        mask = b["attention_mask"].repeat_interleave(n, 0)  # (B * (L+1), T)
+        return embedding.pool(h.reshape(B * n, T, H), mask, (pooling,)).view(B, n, H).cpu().numpy()
 
     return np.stack(pipe.run(pipe.encode(list(texts)), fn))
 
