@@ -162,6 +162,9 @@ predict --model {M} --task sst2 --data {T}     | required: --out
 embed {X} {P} --pooling foo                    | invalid choice: 'foo'
 embed {X} {P} --batch-size 0                   | batch_size=0
 embed {X} {P} --precision fp16                 | fp16
+distill --teacher {X} --out {O} --data {P} --student-layers 0,9 | student layers [0, 9]
+distill --teacher {X} --out {O} --data {P} --student-layers 0 --steps 0 | steps=0
+distill --teacher {X} --out {O} --data {P} --student-layers x | --student-layers
 features {X} {P} --layers 99                   | layer 99
 fill-mask {M} {P}                              | no [MASK] token
 classify {X} {P}                               | no trained classifier
@@ -245,12 +248,13 @@ def test_cli_defaults_are_the_configs_defaults() -> None:
     from bertforge.serve import Limits, serve
     from bertforge.tasks import TaskOptions
     from bertforge.tokenizer import train_vocab
+    from bertforge.train.distill import DistillConfig
     from bertforge.train.finetune import FinetuneConfig, evaluate_model, predict
     from bertforge.train.pretrain import PretrainConfig
 
     pipelines = [Pipeline, Pipeline.embed, Pipeline.fill_mask, Pipeline.features]
     targets = {
-        "pretrain": [PretrainConfig], "finetune": [FinetuneConfig], "evaluate": [TaskOptions, evaluate_model],
+        "pretrain": [PretrainConfig], "finetune": [FinetuneConfig], "distill": [DistillConfig], "evaluate": [TaskOptions, evaluate_model],
         "predict": [TaskOptions, predict], "prepare": [prepare], "train": [train_vocab],
         "serve": [Limits, serve, Pipeline], "export": [export_onnx], "demo": [run_demo], "probe": [TaskOptions],
         **{v: pipelines for v in ("embed", "features", "fill-mask", "classify", "ner", "qa", "nsp")},

@@ -3,6 +3,7 @@
     bertforge info PATH                      what a checkpoint holds
     bertforge vocab train FILES... --size N --out DIR [--cased]
     bertforge prepare / pretrain / plot      pre-training (see README)
+    bertforge distill                        a smaller student taught by a teacher
     bertforge finetune / evaluate / predict  GLUE, csv, CoNLL NER, SQuAD v1.1/v2.0, SWAG
     bertforge fill-mask / classify / ner / qa / embed / nsp / features MODEL [FILE]
                                              inference pipelines, JSONL out
@@ -129,6 +130,15 @@ def cmd_finetune(args: argparse.Namespace) -> None:
     from .train.finetune import FinetuneConfig, run
 
     if run(FinetuneConfig(**options_of(args, FinetuneConfig))).get("interrupted"):
+        raise SystemExit(130)
+
+
+def cmd_distill(args: argparse.Namespace) -> None:
+    from .train.distill import DistillConfig, run
+
+    if run(DistillConfig(**options_of(args, DistillConfig), data=list(args.files))).get(
+        "interrupted"
+    ):
         raise SystemExit(130)
 
 
@@ -437,6 +447,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .serve import Limits
     from .tasks import TaskOptions
     from .tokenizer import train_vocab
+    from .train.distill import DistillConfig
     from .train.finetune import FinetuneConfig
     from .train.pretrain import PretrainConfig
 
@@ -491,6 +502,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_options(p, FinetuneConfig)
     p.set_defaults(func=cmd_finetune)
+
+    p = sub.add_parser("distill", help="a smaller student taught by a teacher on unlabelled text")
+    p.add_argument(
+        "--data",
+        dest="files",
+        nargs="+",
+        required=True,
+        help="text files, directories or globs (as prepare reads)",
+    )
+    add_options(p, DistillConfig)
+    p.set_defaults(func=cmd_distill)
 
     for name, text in (("evaluate", "metrics of a fine-tuned model on a labelled task file"),
                        ("predict", "a fine-tuned model's predictions for new inputs")):  # fmt: skip

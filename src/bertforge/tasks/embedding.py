@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from ..errors import CheckpointError
-from ..fileio import read_json
+from ..fileio import read_json, write_json
 
 POOLINGS = ("cls", "mean", "max", "mean_sqrt_len", "weightedmean", "lasttoken")
 # sentence-transformers' names: 1_Pooling/config.json's pooling_mode (v5+) and its older flags
@@ -70,6 +70,29 @@ def settings(path: str | os.PathLike[str]) -> Embedding:
         value = read_json(path / "sentence_bert_config.json", CheckpointError).get("max_seq_length")
         max_length = int(value) if isinstance(value, int) and value > 2 else None
     return Embedding(pooling, normalize, max_length, f"{modules_file}")
+
+
+def write_layout(source: str | os.PathLike[str], out: str | os.PathLike[str], width: int) -> None:
+    """Give the model in `out` the sentence-transformers modules of `source` (modules.json,
+    each module's config, sentence_bert_config.json), so it embeds as `source` does; nothing
+    when `source` has none. `width`: the model's hidden size (the Pooling config names it)."""
+    source, out = Path(source), Path(out)
+    if not (source / "modules.json").is_file():
+        return
+    settings(source)  # the source's modules are ones bertforge reads
+    write_json(out / "modules.json", read_json(source / "modules.json", CheckpointError, obj=False))
+    for m in read_json(source / "modules.json", CheckpointError, obj=False):
+        path = str(m.get("path", ""))
+        if path and (source / path / "config.json").is_file():
+            config = read_json(source / path / "config.json", CheckpointError)
+            for key in ("word_embedding_dimension", "embedding_dimension"):
+                if key in config:
+                    config[key] = width
+            (out / path).mkdir(parents=True, exist_ok=True)
+            write_json(out / path / "config.json", config)
+    for name in ("sentence_bert_config.json", "config_sentence_transformers.json"):
+        if (source / name).is_file():
+            write_json(out / name, read_json(source / name, CheckpointError))
 
 
 def _pooling(config_file: Path) -> tuple[str, ...]:

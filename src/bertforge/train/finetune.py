@@ -94,7 +94,7 @@ class FinetuneTask:
             raise ConfigError(
                 f"batch_size={cfg.batch_size} must split evenly into {d.world_size} processes"
             )
-        self.family, self.cfg, self.d = fam, cfg, d
+        self.family, self.cfg, self.d, self.pad_id = fam, cfg, d, fam.tok.pad_id
         self.runner = Runner.create(str(d.device), cfg.precision, 2 * cfg.batch_size)
         self.train: Any = None  # Features
         self.dev: tuple[Any, Any] | None = None  # (examples, features)
@@ -116,7 +116,7 @@ class FinetuneTask:
                 rows = batches[i][r::w]
                 if len(rows) == 0:  # a last batch smaller than the number of processes
                     continue
-                yield [collate(self.train, rows, self.family.tok.pad_id)], nxt
+                yield [collate(self.train, rows, self.pad_id)], nxt
             epoch, b = epoch + 1, 0
 
     def normalizers(self, micro_batches: list[Batch]) -> torch.Tensor:
