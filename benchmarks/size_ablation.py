@@ -42,15 +42,9 @@ from bertforge.train.logs import read_metrics
 from bertforge.train.pretrain import PretrainConfig
 from bertforge.train.pretrain import run as pretrain
 from common import RESULTS, machine, table
+from pretrain_recipes import RECIPES
 
-RECIPE = {
-    "nsp": False,
-    "dropout": 0.0,
-    "batch_size": 64,
-    "lr": 1e-3,
-    "warmup_ratio": 0.05,
-    "decay_ratio": 0.2,
-}
+RECIPE = RECIPES["mlm-b64-wsd"]  # the recommended recipe
 TASKS = {"sst2": {"epochs": 2, "seeds": (0,)}, "mrpc": {"epochs": 3, "seeds": (0, 1, 2)}}
 
 

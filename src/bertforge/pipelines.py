@@ -17,6 +17,7 @@ without one instead of answering with random weights.
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -28,6 +29,7 @@ import torch
 from torch import nn
 
 from .checkpoint import load_trained, load_with_fresh
+from .config import BertConfig
 from .data.tasks import SquadExample
 from .errors import ConfigError, InputError
 from .heads import (
@@ -37,6 +39,7 @@ from .heads import (
     BertForSequenceClassification,
     BertForTokenClassification,
 )
+from .hub import resolve
 from .model import BertModel
 from .runner import Runner
 from .tasks import TaskOptions, embedding, family, sentence, tagging
@@ -96,7 +99,7 @@ class Pipeline:
         quantize "int8": dynamic int8 quantisation of the Linear layers (CPU only; weights
         int8, activations quantised per batch): faster on CPUs without bf16 units, at a small
         cost in accuracy (benchmarks/inference_throughput.py measures both)."""
-        self.path = Path(model)
+        self.path = resolve(model)  # a hub name: its local snapshot
         self.tok = Tokenizer.from_pretrained(self.path)
         self.runner = Runner.create(device, precision, batch_size)
         self.device = self.runner.device
@@ -129,6 +132,16 @@ class Pipeline:
             self._models[cls] = m
         return self._models[cls]
 
+    @functools.cached_property
+    def config(self) -> BertConfig:
+        """The checkpoint's config (read once; no weights loaded)."""
+        return BertConfig.from_pretrained(self.path)
+
+    @functools.cached_property
+    def embedding_settings(self) -> embedding.Embedding:
+        """How the model directory pools its sentence vectors (read once; tasks.embedding)."""
+        return embedding.settings(self.path)
+
     @property
     def precision(self) -> str:
         return self.runner.precision
@@ -158,10 +171,8 @@ class Pipeline:
         encoded = iter(self.tok.encode_batch(strings, truncation=False) if strings else [])
         encodings = [next(encoded) if isinstance(t, str) else self._pieces(t, i)
                      for i, t in enumerate(texts)]  # fmt: skip
-        limit = (
-            self.max_length or max_length or self.model(BertModel).config.max_position_embeddings
-        )
-        limit = min(limit, self.model(BertModel).config.max_position_embeddings)
+        positions = self.config.max_position_embeddings
+        limit = min(self.max_length or max_length or positions, positions)
         features, windows = split(encodings, limit, self.stride, self.truncate)
         cut = sum(len(e.ids) > limit for e in encodings)
         if self.truncate and cut:
@@ -215,7 +226,7 @@ class Pipeline:
         may be given as its piece ids instead (without [CLS] and [SEP])."""
         if pooling is not None and pooling not in POOLINGS:
             raise ConfigError(f"pooling={pooling!r}: must be one of {', '.join(POOLINGS)}")
-        own = embedding.settings(self.path)
+        own = self.embedding_settings
         modes = (pooling,) if pooling else own.pooling
         model = self.model(BertModel)
         encodings, features, windows = self.windows(texts, own.max_length)

@@ -41,7 +41,6 @@ from .config import check_options, option
 from .errors import ConfigError
 from .model import BertModel
 from .pipelines import POOLINGS, Pipeline
-from .tasks import embedding
 
 HEADS = {
     "classify": "BertForSequenceClassification",
@@ -359,7 +358,7 @@ def create_app(model: str | Path, limits: Limits | None = None, **pipeline_optio
         inputs: list[Any] = req.input if isinstance(req.input, list) else [req.input]
         if inputs and isinstance(inputs[0], int):  # one input given as piece ids
             inputs = [inputs]
-        width = pipe.model(BertModel).config.hidden_size * len(embedding.settings(model).pooling)
+        width = pipe.config.hidden_size * len(pipe.embedding_settings.pooling)
         if req.dimensions is not None and req.dimensions != width:
             raise HTTPError(400, f"dimensions={req.dimensions}: this model's embeddings have "
                                  f"{width} dimensions (it cannot shorten them)")  # fmt: skip

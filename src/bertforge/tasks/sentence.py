@@ -121,17 +121,6 @@ def featurize(
     """[CLS] text [SEP] (pair [SEP]), truncated longest-first; labels as indices or floats
     (zeros for unlabelled examples)."""
     pairs = [e.text_pair for e in examples] if spec.is_pair else None
-    if spec.multi_label:  # multi-hot rows
-        features = Features.from_encodings(tok.encode_batch([e.text for e in examples], pairs,
-                                                            max_length=max_seq_length))  # fmt: skip
-        index = {name: k for k, name in enumerate(spec.labels or ())}
-        features.labels = np.zeros((len(examples), len(index)), np.float32)  # type: ignore[assignment]
-        for i, e in enumerate(examples):
-            for name in e.label or ():
-                if name not in index:
-                    raise DataError(f"{e.source}: label {name!r} is not one of {', '.join(index)}")
-                features.labels[i, index[name]] = 1  # type: ignore[call-overload]
-        return features
     if pairs is not None:
         for e in examples:
             if e.text_pair is None:
@@ -143,6 +132,14 @@ def featurize(
         features.labels = np.array([float(e.label or 0.0) for e in examples], np.float32)  # type: ignore[arg-type]
         return features
     index = {name: i for i, name in enumerate(spec.labels or ())}
+    if spec.multi_label:  # multi-hot rows
+        features.labels = np.zeros((len(examples), len(index)), np.float32)  # type: ignore[assignment]
+        for i, e in enumerate(examples):
+            for name in e.label or ():
+                if name not in index:
+                    raise DataError(f"{e.source}: label {name!r} is not one of {', '.join(index)}")
+                features.labels[i, index[name]] = 1  # type: ignore[call-overload]
+        return features
     for i, e in enumerate(examples):
         if not labelled:
             break

@@ -34,6 +34,7 @@ from ..config import check_options, option
 from ..data.corpus import expand_inputs, read_corpus
 from ..errors import ConfigError, DataError
 from ..fileio import ENCODING_ERRORS, write_json
+from ..hub import resolve
 from ..model import BertModel
 from ..runner import PRECISIONS
 from ..tasks import embedding
@@ -175,7 +176,7 @@ def read_sentences(cfg: DistillConfig) -> list[str]:
 
 
 def run(cfg: DistillConfig) -> dict[str, Any]:
-    """Distil cfg.teacher into a student in cfg.out; returns the last logged numbers."""
+    """Distil cfg.teacher into a student in cfg.out; returns {"step": ...} ({} for a finished run)."""
     return distributed.launched(_run, cfg)
 
 
@@ -187,10 +188,11 @@ def _run(cfg: DistillConfig, d: distributed.Dist) -> dict[str, Any]:
     saved = checkpoints.check_run(out, cfg, _RESUMABLE)
     if saved and saved.get("finished"):
         print(f"{out}: this distillation already finished; the student is in {out}")
-        return saved.get("last", {})
-    tok = Tokenizer.from_pretrained(cfg.teacher)
-    own = embedding.settings(cfg.teacher)
-    teacher = load_with_fresh(BertModel, cfg.teacher)[0].to(d.device).eval()
+        return {}
+    source = resolve(cfg.teacher)  # a hub name: its local snapshot
+    tok = Tokenizer.from_pretrained(source)
+    own = embedding.settings(source)
+    teacher = load_with_fresh(BertModel, source)[0].to(d.device).eval()
     teacher.requires_grad_(False)
     torch.manual_seed(cfg.seed)  # the student's dropout masks
     student = make_student(teacher, cfg.layers).to(d.device).train()
@@ -216,7 +218,7 @@ def _run(cfg: DistillConfig, d: distributed.Dist) -> dict[str, Any]:
     if d.is_main:
         student.save_pretrained(out)
         tok.save_pretrained(out)
-        embedding.write_layout(cfg.teacher, out, student.config.hidden_size)
+        embedding.write_layout(source, out, student.config.hidden_size)
         write_json(
             out / "run.json",
             {"settings": checkpoints.run_settings(cfg, _RESUMABLE), "finished": True},
