@@ -165,6 +165,14 @@ embed {X} {P} --precision fp16                 | fp16
 distill --teacher {X} --out {O} --data {P} --student-layers 0,9 | student layers [0, 9]
 distill --teacher {X} --out {O} --data {P} --student-layers 0 --steps 0 | steps=0
 distill --teacher {X} --out {O} --data {P} --student-layers x | --student-layers
+distill --teacher {X} --out {O} --data {P}   | give the student once
+distill --teacher {X} --out {O} --data {P} --student-layers 0 --student-size mini | got ['--student-layers', '--student-size']
+distill --teacher {X} --out {O} --data {P} --student-size huge | student_size='huge'
+distill --teacher {X} --out {O} --student-layers 0 | data (--data)
+distill --teacher {X} --out {O} --student-layers 0 --task sst2 | --task sst2: give the training file (--train)
+distill --teacher {X} --out {O} --data {P} --student-layers 0 --task sst2 --train {T} | --data is for general distillation
+distill --teacher {X} --out {O} --student-layers 0 --task sst2 --train {T} | no trained BertForSequenceClassification head
+distill --teacher {X} --out {O} --student-layers 0 --task sst2 --train {T} --alpha 2 | alpha=2.0 (--alpha): must be >= 0 and <= 1
 features {X} {P} --layers 99                   | layer 99
 fill-mask {M} {P}                              | no [MASK] token
 classify {X} {P}                               | no trained classifier

@@ -4,6 +4,7 @@ parameters."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -19,6 +20,7 @@ from safetensors.torch import load_file
 
 from bertforge import BertModel, Tokenizer
 from bertforge.cli import main
+from bertforge.config import BertConfig
 from bertforge.errors import ConfigError
 from bertforge.pipelines import Pipeline
 from bertforge.tasks.embedding import Embedding
@@ -153,3 +155,277 @@ def test_a_killed_distillation_resumes_to_identical_parameters(
         load_file(tmp_path / "B" / "model.safetensors"),
     )
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+# ------------------------------------------------------------------------------------------------
+# Task distillation: the soft-target losses by hand, every family end to end, the students of
+# a size or a config.json (projections), bad command lines
+
+
+def _kl(t: np.ndarray, s: np.ndarray, temp: float) -> float:
+    """temp^2 x KL(softmax(t / temp) || softmax(s / temp)) of one position, written out."""
+    p = np.exp(t / temp) / np.exp(t / temp).sum()
+    q = np.exp(s / temp) / np.exp(s / temp).sum()
+    return float((p * np.log(p / q)).sum()) * temp * temp
+
+
+def test_soft_target_losses_against_a_hand_computation(minilm_dir: Path) -> None:
+    from bertforge.tasks import TaskOptions, family
+    from bertforge.tasks.base import Batch, soft_cross_entropy
+
+    tok = Tokenizer.from_pretrained(minilm_dir)
+    g = torch.Generator().manual_seed(0)
+    temp = 2.5
+
+    def batch(labels: torch.Tensor) -> Batch:
+        z = torch.zeros(1, dtype=torch.long)
+        return Batch(z, z, z, labels)
+
+    # one distribution per row: classification, multiple choice
+    s, t = torch.randn(3, 4, generator=g), torch.randn(3, 4, generator=g)
+    want = sum(_kl(t[i].numpy(), s[i].numpy(), temp) for i in range(3))
+    assert float(soft_cross_entropy(s, t, temp)) == pytest.approx(want, rel=1e-5)
+    assert float(soft_cross_entropy(t, t, temp)) == pytest.approx(0.0, abs=1e-5)
+    fam = family(TaskOptions(task="sst2"), tok)
+    got = fam.soft_loss_sum(SimpleNamespace(logits=s), SimpleNamespace(logits=t), batch(torch.zeros(3)), temp)  # fmt: skip
+    assert float(got) == pytest.approx(want, rel=1e-5)
+    # NER: only the labelled positions (each word's first piece)
+    s, t = torch.randn(2, 5, 3, generator=g), torch.randn(2, 5, 3, generator=g)
+    labels = torch.tensor([[-100, 1, 0, -100, -100], [-100, 2, -100, 1, 0]])
+    want = sum(_kl(t[b, j].numpy(), s[b, j].numpy(), temp)
+               for b in range(2) for j in range(5) if labels[b, j] != -100)  # fmt: skip
+    fam = family(TaskOptions(task="conll2003"), tok)
+    fam.labels = ["O", "B-PER", "I-PER"]
+    got = fam.soft_loss_sum(SimpleNamespace(logits=s), SimpleNamespace(logits=t), batch(labels), temp)  # fmt: skip
+    assert float(got) == pytest.approx(want, rel=1e-5)
+    # SQuAD: the start and the end distributions over each window's tokens, averaged
+    ss, se, ts, te = (torch.randn(2, 6, generator=g) for _ in range(4))
+    want = sum(_kl(ts[b].numpy(), ss[b].numpy(), temp) + _kl(te[b].numpy(), se[b].numpy(), temp)
+               for b in range(2)) / 2  # fmt: skip
+    fam = family(TaskOptions(task="squad"), tok)
+    got = fam.soft_loss_sum(SimpleNamespace(start_logits=ss, end_logits=se),
+                            SimpleNamespace(start_logits=ts, end_logits=te), batch(torch.zeros(2, 2)), temp)  # fmt: skip
+    assert float(got) == pytest.approx(want, rel=1e-5)
+    # regression: the squared error to the teacher's score
+    s, t = torch.randn(4, 1, generator=g), torch.randn(4, 1, generator=g)
+    fam = family(TaskOptions(task="stsb"), tok)
+    got = fam.soft_loss_sum(SimpleNamespace(logits=s), SimpleNamespace(logits=t), batch(torch.zeros(4)), temp)  # fmt: skip
+    assert float(got) == pytest.approx(float(((s - t) ** 2).sum()), rel=1e-5)
+    # multi-label: per (row, label) the KL of the teacher's and student's Bernoulli at temp
+    s, t = torch.randn(2, 3, generator=g), torch.randn(2, 3, generator=g)
+    fam = family(TaskOptions(task="csv", multi_label=True, labels="a,b,c"), tok)
+    p, q = torch.sigmoid(t / temp).numpy(), torch.sigmoid(s / temp).numpy()
+    want = float((p * np.log(p / q) + (1 - p) * np.log((1 - p) / (1 - q))).sum()) * temp * temp
+    got = fam.soft_loss_sum(SimpleNamespace(logits=s), SimpleNamespace(logits=t), batch(torch.zeros(2, 3)), temp)  # fmt: skip
+    assert float(got) == pytest.approx(want, rel=1e-4)
+
+
+def test_projected_hidden_and_attention_losses_against_a_hand_computation() -> None:
+    from bertforge.train.distill import Trainee, representation_loss
+
+    torch.manual_seed(0)
+    B, T, Hs, Ht, heads = 2, 4, 3, 5, 2
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])
+    student = SimpleNamespace(config=BertConfig(hidden_size=Hs, num_hidden_layers=2,
+                                                 num_attention_heads=1, intermediate_size=4))  # fmt: skip
+    trainee = Trainee(student, Ht, [1, 3])  # type: ignore[arg-type]
+    assert trainee.projections is not None and len(trainee.projections) == 3
+
+    def attn(n: int) -> tuple[torch.Tensor, ...]:
+        out = []
+        for _ in range(n):
+            scores = torch.randn(B, heads, T, T).masked_fill(mask[:, None, None, :] == 0, -1e9)
+            out.append(scores.softmax(-1))
+        return tuple(out)
+
+    s = SimpleNamespace(
+        hidden_states=tuple(torch.randn(B, T, Hs) for _ in range(3)), attentions=attn(2)
+    )
+    t = SimpleNamespace(
+        hidden_states=tuple(torch.randn(B, T, Ht) for _ in range(5)), attentions=attn(4)
+    )
+    got = representation_loss(s, t, mask, trainee, 0.3, 0.7)
+    with torch.no_grad():
+        for b in range(B):
+            n = int(mask[b].sum())
+            h = 0.0
+            for i, k in [(0, 0), (1, 2), (2, 4)]:
+                proj = trainee.projections[i](s.hidden_states[i][b, :n])
+                h += float(((proj - t.hidden_states[k][b, :n]) ** 2).mean())
+            a = 0.0
+            for i, k in [(0, 1), (1, 3)]:
+                ps, pt = s.attentions[i][b, :, :n, :n], t.attentions[k][b, :, :n, :n]
+                a += float((pt * (pt / ps).log()).sum(-1).mean())
+            assert float(got[b]) == pytest.approx(0.3 * h / 3 + 0.7 * a / 2, rel=1e-4)
+
+
+def _csv(path: Path, n: int = 48) -> Path:
+    rng = np.random.default_rng(1)
+    rows = ["text\tlabel"]
+    for i in range(n):
+        good = i % 2 == 0
+        words = rng.choice(["fine", "great", "lovely"] if good else ["dull", "bad", "grim"], 3)
+        rows.append(f"a {' '.join(words)} film number {i}\t{'pos' if good else 'neg'}")
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+def _family_files(task: str, tmp: Path) -> tuple[Path, dict[str, object]]:
+    from tests.test_finetune_tasks import SWAG_HEADER, conll_text, ner_sentences, squad_file
+
+    if task == "csv":
+        return _csv(tmp / "t.tsv"), {}
+    if task == "csv-regression":
+        path = tmp / "r.tsv"
+        path.write_text(
+            "text\tlabel\n" + "".join(f"score {i} words\t{i / 10}\n" for i in range(24))
+        )
+        return path, {"regression": True}
+    if task == "conll2003":
+        path = tmp / "ner.txt"
+        path.write_text(conll_text(ner_sentences(16, 0)))
+        return path, {}
+    if task == "squad2":
+        return squad_file(tmp / "squad.json", True), {"max_seq_length": 48, "doc_stride": 16}
+    rows = [SWAG_HEADER] + [f'v{i},{i},x,"The man picks up a cup {i}.",He,gold,"drinks.",'
+                            f'"sings.","flies away.","melts.",{i % 4}' for i in range(8)]  # fmt: skip
+    path = tmp / "swag.csv"
+    path.write_text("\n".join(rows) + "\n")
+    return path, {}
+
+
+@pytest.mark.parametrize("task", ["csv", "csv-regression", "conll2003", "squad2", "swag"])
+def test_task_distillation_end_to_end_for_every_family(
+    task: str, tmp_path: Path, tiny_model: Path
+) -> None:
+    """A teacher fine-tuned by bertforge, distilled into its layer 1 (2 -> 1 layers): the
+    student is the teacher's task head on one layer, kept by dev, loads in transformers with
+    the same logits, and `evaluate` on it gives the dev metrics that were kept."""
+    transformers = pytest.importorskip("transformers")
+    from bertforge.train.distill import DistillConfig
+    from bertforge.train.distill import run as distill
+    from bertforge.train.finetune import FinetuneConfig, evaluate_model
+    from bertforge.train.finetune import run as finetune
+
+    data, options = _family_files(task, tmp_path)
+    name = "csv" if task.startswith("csv") else task
+    common = dict(task=name, train=str(data), dev=str(data), batch_size=4, progress=False,
+                  precision="fp32", **options)  # fmt: skip
+    teacher = tmp_path / "teacher"
+    finetune(FinetuneConfig(model=str(tiny_model), out=str(teacher), epochs=1, **common))  # type: ignore[arg-type]
+    out = tmp_path / "student"
+    best = distill(DistillConfig(teacher=str(teacher), out=str(out), student_layers="1", epochs=2,
+                                 hidden_weight=0.1, **common))  # type: ignore[arg-type]  # fmt: skip
+    t_config = json.loads((teacher / "config.json").read_text())
+    s_config = json.loads((out / "config.json").read_text())
+    assert (
+        s_config["num_hidden_layers"] == 1
+        and s_config["architectures"] == t_config["architectures"]
+    )
+    assert s_config.get("id2label") == t_config.get("id2label")
+    metrics = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert any("soft_loss" in m and "hard_loss" in m for m in metrics)
+    kept = json.loads((out / "eval_results.json").read_text())
+    again = evaluate_model(str(out), name, str(data), precision="fp32", **options)
+    assert again[kept_metric(kept)] == pytest.approx(kept[kept_metric(kept)], abs=1e-6)
+    arch = getattr(transformers, t_config["architectures"][0])
+    theirs = arch.from_pretrained(out).eval()
+    from bertforge import heads
+    from bertforge.checkpoint import architectures
+
+    ours = getattr(heads, architectures(out)[0]).from_pretrained(out).eval()
+    enc = Tokenizer.from_pretrained(out)(["a fine film", "the cat sat on the mat"])
+    if task == "swag":
+        enc = {k: v.unsqueeze(0) for k, v in enc.items()}
+    with torch.no_grad():
+        a, b = ours(**enc), theirs(**enc)
+    for field in ("start_logits", "end_logits") if task == "squad2" else ("logits",):
+        assert torch.allclose(getattr(a, field), getattr(b, field), atol=1e-5)
+    assert best
+
+
+def kept_metric(kept: dict[str, object]) -> str:
+    return next(k for k in ("accuracy", "spearman", "f1", "exact") if k in kept)
+
+
+def _narrow_config(tmp: Path, hidden: int, heads: int, layers: int = 2) -> Path:
+    path = tmp / "student_config.json"
+    path.write_text(json.dumps({"num_hidden_layers": layers, "hidden_size": hidden,
+                                "num_attention_heads": heads, "intermediate_size": 2 * hidden}))  # fmt: skip
+    return path
+
+
+def test_a_fresh_narrower_student_with_projections_and_attention_transfer(
+    minilm_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """--student-size config.json: a 2-layer, width-192 student of MiniLM (12 heads, as the
+    teacher: attention transfer), its projections in the checkpoints, not in the student;
+    sentence-transformers loads it with bertforge's vectors (192 dimensions)."""
+    st = pytest.importorskip("sentence_transformers")
+    out = tmp_path / "student"
+    config = _narrow_config(tmp_path, 192, 12)
+    args = ["distill", "--teacher", str(minilm_dir), "--out", str(out), "--data",
+            str(corpus(tmp_path / "text.txt")), "--student-size", str(config), "--steps", "3",
+            "--batch-size", "8", "--hidden-weight", "0.1", "--attention-weight", "0.1",
+            "--no-progress", "--precision", "fp32"]  # fmt: skip
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert "2 layers, width 192" in printed and "teacher layers [3, 6]" in printed
+    (step,) = (out / "checkpoints").iterdir()
+    assert set(load_file(step / "projections.safetensors")) == {
+        f"{i}.{w}" for i in range(3) for w in ("weight", "bias")
+    }
+    assert not (out / "projections.safetensors").exists()
+    assert all("projections" not in k for k in load_file(out / "model.safetensors"))
+    ref = st.SentenceTransformer(str(out), device="cpu").encode(SENTENCES[:4])
+    ours = Pipeline(out, precision="fp32").embed(SENTENCES[:4])
+    assert ours.shape == (4, 192) and np.abs(ours - ref).max() < 1e-4
+    bad = [*args[:4], str(tmp_path / "x"), *args[5:]]
+    bad[bad.index(str(config))] = str(_narrow_config(tmp_path, 192, 6))
+    assert main(bad) == 2 and "attention transfer needs the same number" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_killed_task_distillation_resumes_to_identical_parameters(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    """Task distillation into a fresh, narrower student (projections trained too), killed
+    after its first epoch's checkpoint: the same student and projections as a run left alone."""
+    from bertforge.train.finetune import FinetuneConfig
+    from bertforge.train.finetune import run as finetune
+
+    data = _csv(tmp_path / "t.tsv", 64)
+    teacher = tmp_path / "teacher"
+    finetune(FinetuneConfig(model=str(tiny_model), task="csv", train=str(data), out=str(teacher),
+                            epochs=1, batch_size=8, progress=False))  # fmt: skip
+    config = _narrow_config(tmp_path, 64, 2, layers=1)
+
+    def cmd(out: Path) -> list[str]:
+        return [sys.executable, "-m", "bertforge", "distill", "--teacher", str(teacher), "--task",
+                "csv", "--train", str(data), "--dev", str(data), "--out", str(out),
+                "--student-size", str(config), "--epochs", "3", "--batch-size", "8",
+                "--hidden-weight", "0.5", "--no-progress"]  # fmt: skip
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(cmd(tmp_path / "A"), capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    proc = subprocess.Popen(
+        cmd(tmp_path / "B"), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env
+    )
+    deadline = time.time() + 300
+    while not (tmp_path / "B" / "checkpoints" / "step-00000008").exists():
+        assert proc.poll() is None and time.time() < deadline
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    again = subprocess.run(
+        cmd(tmp_path / "B"), capture_output=True, text=True, env=env, timeout=600
+    )
+    assert again.returncode == 0, again.stderr[-2000:]
+    for name in ("model.safetensors", "checkpoints/step-00000024/projections.safetensors",
+                 "checkpoints/step-00000024/model.safetensors"):  # fmt: skip
+        a, b = load_file(tmp_path / "A" / name), load_file(tmp_path / "B" / name)
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
+    assert json.loads((tmp_path / "A" / "eval_results.json").read_text()) == json.loads(
+        (tmp_path / "B" / "eval_results.json").read_text()
+    )

@@ -503,13 +503,15 @@ def build_parser() -> argparse.ArgumentParser:
     add_options(p, FinetuneConfig)
     p.set_defaults(func=cmd_finetune)
 
-    p = sub.add_parser("distill", help="a smaller student taught by a teacher on unlabelled text")
+    p = sub.add_parser(
+        "distill", help="a smaller student taught by a teacher: on unlabelled text, or on a task"
+    )
     p.add_argument(
         "--data",
         dest="files",
         nargs="+",
-        required=True,
-        help="text files, directories or globs (as prepare reads)",
+        default=[],
+        help="general distillation: text files, directories or globs (as prepare reads)",
     )
     add_options(p, DistillConfig)
     p.set_defaults(func=cmd_distill)

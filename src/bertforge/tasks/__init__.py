@@ -71,7 +71,7 @@ class TaskOptions:
         if self.multi_label and (self.task != "csv" or self.regression):
             raise ConfigError("multi_label (--multi-label) is for --task csv classification")
         if self.max_seq_length is None:
-            self.max_seq_length = 384 if self.task.startswith("squad") else 128
+            self.max_seq_length = 384 if (self.task or "").startswith("squad") else 128
 
     def check_model(self, config: Any) -> None:
         """Settings that must fit the model: rows no longer than its position table."""

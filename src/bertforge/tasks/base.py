@@ -184,6 +184,24 @@ def classification_loss(
     return reduce(total, (flat != IGNORE_INDEX).sum(), reduction)
 
 
+def soft_cross_entropy(
+    student: torch.Tensor,
+    teacher: torch.Tensor,
+    temperature: float,
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Summed temperature^2 x KL(softmax(teacher / t) || softmax(student / t)) over the leading
+    positions (those of `mask`, if given) of logits (..., K): the soft-target loss of
+    distillation; its gradient is that of the cross-entropy with the teacher's soft targets."""
+    t = float(temperature)
+    log_s = F.log_softmax(student.float() / t, dim=-1)
+    log_t = F.log_softmax(teacher.float() / t, dim=-1)
+    per_position = (log_t.exp() * (log_t - log_s)).sum(-1)
+    if mask is not None:
+        per_position = per_position * mask
+    return per_position.sum() * t * t
+
+
 class TaskFamily:
     """A task family's contract; subclasses fill in the data, loss and decoding methods.
 
@@ -222,7 +240,31 @@ class TaskFamily:
 
     def loss_sum(self, model: nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """(summed loss, number of correct predictions) of a batch."""
+        return self.loss_of(model(*batch.inputs()), batch)
+
+    def loss_of(self, out: Any, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """(summed loss, number of correct predictions) of the model's outputs on a batch."""
         raise NotImplementedError
+
+    # -- task distillation (train/distill.py) --------------------------------------------------
+
+    def distributions(
+        self, out: Any, batch: Batch
+    ) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+        """The outputs a student learns from its teacher's: (logits whose last dimension is a
+        distribution, mask of the positions that count or None for all), summed as `count`
+        counts (rows here)."""
+        return [(out.logits, None)]
+
+    def soft_loss_sum(
+        self, student: Any, teacher: Any, batch: Batch, temperature: float
+    ) -> torch.Tensor:
+        """Soft-target loss of a batch, summed as `count` counts: temperature^2 x KL(teacher ||
+        student) of their distributions at that temperature (Hinton et al. 2015), averaged
+        over the family's distributions (SQuAD: start and end)."""
+        pairs = zip(self.distributions(student, batch), self.distributions(teacher, batch))
+        terms = [soft_cross_entropy(s, t, temperature, mask) for (s, mask), (t, _) in pairs]
+        return sum(terms) / len(terms)  # type: ignore[return-value]
 
     # -- inference -----------------------------------------------------------------------------
 

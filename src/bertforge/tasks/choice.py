@@ -16,7 +16,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
 
 from ..data.tasks import ChoiceExample, read_swag
 from ..fileio import write_text
@@ -59,8 +58,8 @@ class ChoiceTask(TaskFamily):
     def featurize(self, examples: Sequence[ChoiceExample], training: bool = False) -> Features:
         return featurize(examples, self.tok, self.options.max_seq_length)
 
-    def loss_sum(self, model: nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = model(*batch.inputs()).logits
+    def loss_of(self, out: Any, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = out.logits
         loss = multiple_choice_loss(logits, batch.labels, reduction="sum")
         return loss, (logits.argmax(-1) == batch.labels).sum()
 

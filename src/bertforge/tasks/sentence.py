@@ -290,8 +290,8 @@ class SentenceTask(TaskFamily):
 
     # -- training ------------------------------------------------------------------------------
 
-    def loss_sum(self, model: nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = model(*batch.inputs()).logits
+    def loss_of(self, out: Any, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = out.logits
         problem = ("regression" if self.spec.is_regression else "multi_label_classification"
                    if self.spec.multi_label else "single_label_classification")  # fmt: skip
         loss = sequence_classification_loss(logits, batch.labels, problem, reduction="sum")
@@ -300,6 +300,23 @@ class SentenceTask(TaskFamily):
         if self.spec.multi_label:  # right decisions, of rows x labels
             return loss, ((logits > 0) == (batch.labels > 0.5)).sum()
         return loss, (logits.argmax(-1) == batch.labels).sum()
+
+    def soft_loss_sum(
+        self, student: Any, teacher: Any, batch: Batch, temperature: float
+    ) -> torch.Tensor:
+        """Regression: the squared error to the teacher's score; multi-label: t^2 x the binary
+        cross-entropy with the teacher's probabilities at temperature t, less its entropy (so 0
+        when equal); single-label: the soft-target KL of every family."""
+        s, t = student.logits.float(), teacher.logits.float()
+        if self.spec.is_regression:
+            return F.mse_loss(s, t, reduction="sum")
+        if self.spec.multi_label:
+            temp = float(temperature)
+            target = torch.sigmoid(t / temp)
+            bce = F.binary_cross_entropy_with_logits(s / temp, target, reduction="sum")
+            entropy = F.binary_cross_entropy_with_logits(t / temp, target, reduction="sum")
+            return (bce - entropy) * temp * temp
+        return super().soft_loss_sum(student, teacher, batch, temperature)
 
     # -- evaluation and predictions ------------------------------------------------------------
 

@@ -37,7 +37,6 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from ..data.tasks import SquadExample, gold_answers, read_squad
 from ..errors import ConfigError, InputError
@@ -251,12 +250,16 @@ class SquadTask(TaskFamily):
         return featurize(examples, self.tok, max_seq_length=o.max_seq_length, doc_stride=o.doc_stride,
                          max_query_length=o.max_query_length, training=training)  # fmt: skip
 
-    def loss_sum(self, model: nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        out = model(*batch.inputs())
+    def loss_of(self, out: Any, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         s, e = batch.labels[:, 0], batch.labels[:, 1]
         loss = span_loss(out.start_logits, out.end_logits, s, e, reduction="sum")
         right = (out.start_logits.argmax(-1) == s) & (out.end_logits.argmax(-1) == e)
         return loss, right.sum()
+
+    def distributions(
+        self, out: Any, batch: Batch
+    ) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+        return [(out.start_logits, None), (out.end_logits, None)]  # over the window's tokens
 
     def decode(
         self, examples: Sequence[Any], features: Features, rows: list[np.ndarray]

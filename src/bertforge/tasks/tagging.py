@@ -19,7 +19,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
 
 from ..config import BertConfig
 from ..data.tasks import TaggedSentence, read_conll
@@ -163,11 +162,16 @@ class TaggingTask(TaskFamily):
     def count(self, batch: Batch) -> int:
         return int((batch.labels != IGNORE_INDEX).sum())
 
-    def loss_sum(self, model: nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = model(*batch.inputs()).logits
+    def loss_of(self, out: Any, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = out.logits
         loss = token_classification_loss(logits, batch.labels, reduction="sum")
         labelled = batch.labels != IGNORE_INDEX
         return loss, ((logits.argmax(-1) == batch.labels) & labelled).sum()
+
+    def distributions(
+        self, out: Any, batch: Batch
+    ) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+        return [(out.logits, batch.labels != IGNORE_INDEX)]  # each word's first piece
 
     def decode(
         self, sentences: Sequence[Any], features: Features, rows: list[np.ndarray]

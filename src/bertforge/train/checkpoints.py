@@ -110,8 +110,11 @@ def load(
         state = torch.load(path / STATE, map_location="cpu", weights_only=True)
     except Exception as e:  # truncated or foreign files
         raise CheckpointError(f"{path}: unreadable training checkpoint ({e})") from None
-    tensors, origin = read_tensors(path)
-    load_state(model, tensors, origin)
+    if hasattr(model, "load_checkpoint"):  # a model with more than one weights file
+        model.load_checkpoint(path)
+    else:
+        tensors, origin = read_tensors(path)
+        load_state(model, tensors, origin)
     if optimizer is not None:
         optimizer.load_state_dict(state["optimizer"])
     if scaler is not None and state.get("scaler") is not None:

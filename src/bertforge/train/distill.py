@@ -1,84 +1,131 @@
-"""`bertforge distill`: a smaller student taught by a teacher on unlabelled text (general,
-embedding distillation: DistilBERT's initialisation, TinyBERT's hidden-state losses).
+"""`bertforge distill`: a smaller student taught by a teacher: general (embedding)
+distillation on unlabelled text, or task distillation from a fine-tuned teacher.
 
-Student. `--student-layers 0,2,5` keeps those layers of the teacher (and its embeddings), at
-the teacher's width, starting from their weights (DistilBERT's initialisation); student layer
-i is taught by teacher layer student_layers[i], the embeddings by the embeddings.
+Student, one of:
+    --student-layers 0,2,5   those layers of the teacher (and its embeddings, pooler and task
+                             head), at its width, from its weights (DistilBERT's initialisation);
+                             student layer i is taught by teacher layer student_layers[i]
+    --student-size mini      a fresh model of a named size, or of the shape a config.json gives
+                             (layers, width, heads, feed-forward, activation; the vocabulary,
+                             positions and labels stay the teacher's), BERT's initialisation
+    --student DIR            a checkpoint to start from (e.g. a general-distilled student:
+                             TinyBERT's two stages)
+The last two map student layer i to teacher layer round((i+1) L_t / L_s) - 1 (TinyBERT's
+uniform mapping). A student narrower than its teacher learns one linear projection per mapped
+layer (embeddings included) for the hidden-state losses (TinyBERT's W_h); the projections are
+in the checkpoints (exact resume) but not in the student.
 
-Loss, per sentence: the mean squared error between the student's and the teacher's sentence
-embeddings, pooled (and normalised) as the teacher's directory says (tasks.embedding), plus
-`hidden_weight` x the mean squared error of the mapped hidden states over the real tokens,
-averaged over the mapped layers. The teacher runs without gradients, each batch once.
+Losses (each checked against a hand computation in tests/test_distill.py):
+    general   per sentence: the MSE of the pooled (and normalised) sentence embeddings, as the
+              teacher's sentence-transformers directory pools them (tasks.embedding)
+    task      (1 - alpha) x the task's own loss on the labels + alpha x the soft-target loss of
+              the task family (TaskFamily.soft_loss_sum: temperature^2 x KL of the teacher's and
+              student's distributions at the temperature; SQuAD's start and end, NER's tokens;
+              squared error to the teacher's score for regression)
+    both      + hidden_weight x the MSE of the mapped hidden states over the real tokens, and
+              + attention_weight x the KL of the mapped layers' attention distributions (MiniLM's
+              self-attention transfer; same number of heads), each averaged over the layers
+The teacher runs without gradients, each batch once.
 
-Data: the text files `prepare` reads (lines, paragraphs, WikiExtractor, JSONL), cut into
-sentences; each sentence is one row of at most max_seq_length pieces. The one training loop
-(train/loop.py): bf16 where the device has it, exact resume after a kill, progress bar,
-metrics.jsonl. The student is written in the teacher's layout: HF files, plus the
-sentence-transformers modules when the teacher has them, so `bertforge embed`, the server and
-sentence-transformers use it as they use the teacher.
+General distillation reads the text files `prepare` reads (lines, paragraphs, WikiExtractor,
+JSONL), cut into sentences, each one row; it runs --steps steps and writes the student in the
+teacher's layout (the sentence-transformers modules too), so `bertforge embed`, the server and
+sentence-transformers use it as they use the teacher. Task distillation reads --train/--dev as
+`finetune` does and is fine-tuning's loop (finetune.fit): --epochs, dev evaluation after each
+epoch, the best student kept, its predictions written. Both: the one training loop
+(train/loop.py; bf16 where the device has it, exact resume after a kill, torchrun, progress bar,
+metrics.jsonl).
 """
 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
 from torch import nn
 
-from ..checkpoint import load_with_fresh
-from ..config import check_options, option
+from ..checkpoint import load_trained, load_with_fresh
+from ..config import SIZES, BertConfig, option
 from ..data.corpus import expand_inputs, read_corpus
-from ..errors import ConfigError, DataError
+from ..data.tasks import TASK_NAMES
+from ..errors import CheckpointError, ConfigError, DataError
 from ..fileio import ENCODING_ERRORS, write_json
 from ..hub import resolve
-from ..model import BertModel
-from ..runner import PRECISIONS
-from ..tasks import embedding
-from ..tasks.base import Batch, Features
+from ..model import BertModel, init_bert_weights
+from ..tasks import embedding, family
+from ..tasks.base import Batch, Features, TaskFamily
 from ..tokenizer import Tokenizer
 from . import checkpoints, distributed
-from .finetune import FinetuneTask
+from .finetune import FinetuneConfig, FinetuneTask, fit, load_data
 from .loop import LoopConfig, train
+
+SHAPE_KEYS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size",
+              "hidden_act")  # fmt: skip
+PROJECTIONS = "projections.safetensors"  # in training checkpoints of a narrower student
 
 
 @dataclass(kw_only=True)
-class DistillConfig:
-    """`bertforge distill`: teacher, student, data and hyper-parameters."""
+class DistillConfig(FinetuneConfig):
+    """`bertforge distill`: teacher, student, data and hyper-parameters (with --task, also
+    fine-tuning's options: the task's files, columns and epochs)."""
 
     # fmt: off
-    teacher: str = option(help="the teacher's model directory (sentence-transformers layouts keep their pooling)")
-    out: str = option(help="output directory: the student, in the teacher's layout")
-    data: list[str] = field(default_factory=list)  # text files, dirs or globs, read as `prepare` reads them
-    student_layers: str = option(help="the teacher's layers the student keeps, e.g. 0,2,5 (0 = the first)")
-    steps: int = option(300, "optimizer steps", min=1)
-    batch_size: int = option(64, "sentences per step, all processes together", min=1)
-    lr: float = option(1e-3, "peak AdamW learning rate (warmup, then linear decay)", above=0)
-    warmup_ratio: float = option(0.1, "fraction of the steps spent warming up", min=0, max=1)
-    weight_decay: float = option(0.01, "AdamW weight decay", min=0)
-    max_seq_length: int = option(128, "pieces per sentence", min=3)
-    hidden_weight: float = option(0.01, "weight of the hidden-state loss (0: the embedding loss alone)", min=0)
-    encoding_errors: str = option("strict", "bytes that are not UTF-8: strict, replace or ignore", choices=ENCODING_ERRORS)
-    precision: str = option("auto", "auto: bf16 where the device has it, else fp32", choices=PRECISIONS)
-    seed: int = option(0, "sentence order")
-    save_every: int = option(100, "checkpoint every N steps", min=1)
-    log_every: int = option(10, "log every N steps", min=1)
-    progress: bool = option(True, "progress bars", flag="--no-progress")
-    device: str | None = option(None, "cpu, cuda, cuda:1 (default: a GPU if there is one)")
+    teacher: str = option(help="the teacher's model directory: a sentence-transformers or BERT model, or with --task one fine-tuned for it")
+    model: str | None = option(None, "the student: a checkpoint to start from", flag="--student")
+    student_layers: str | None = option(None, "the student: these layers of the teacher, e.g. 0,2,5 (0 = the first), from its weights")
+    student_size: str | None = option(None, f"the student: a fresh model of this size ({', '.join(SIZES)}) or of the shape a config.json gives")
+    task: str | None = option(None, "task distillation from a teacher fine-tuned for this task (default: general distillation on --data)", choices=TASK_NAMES)
+    train: str | None = option(None, "--task: the training file (in the task's own format)")
+    data: list[str] = field(default_factory=list)  # general: text files, dirs or globs, read as `prepare` reads them
+    steps: int = option(300, "general: optimizer steps (--task: --epochs)", min=1)
+    batch_size: int | None = option(None, "sentences or examples per step, all processes together (default: 64 general, 32 task)", min=1)
+    lr: float | None = option(None, "peak AdamW learning rate, warmup then linear decay (default: 1e-3 general, 1e-4 task)", above=0)
+    hidden_weight: float | None = option(None, "weight of the hidden-state loss (default: 0.01 general, 0 task)", min=0)
+    attention_weight: float = option(0.0, "weight of the attention-transfer loss (MiniLM); 0: none", min=0)
+    alpha: float = option(0.5, "--task: weight of the teacher's soft targets; 1 - alpha on the labels", min=0, max=1)
+    temperature: float = option(2.0, "--task: softmax temperature of the soft targets", above=0)
+    encoding_errors: str = option("strict", "general: bytes that are not UTF-8: strict, replace or ignore", choices=ENCODING_ERRORS)
+    save_every: int = option(100, "general: checkpoint every N steps (--task: every epoch)", min=1)
     # fmt: on
 
     def __post_init__(self) -> None:
-        check_options(self)
-        if not self.data:
-            raise ConfigError("data (--data): give the text files to distil on")
+        general = self.task is None
+        if self.batch_size is None:
+            self.batch_size = 64 if general else 32
+        if self.lr is None:
+            self.lr = 1e-3 if general else 1e-4
+        if self.hidden_weight is None:
+            self.hidden_weight = 0.01 if general else 0.0
+        super().__post_init__()
+        given = [f for f, v in (("--student-layers", self.student_layers),
+                                ("--student-size", self.student_size), ("--student", self.model)) if v]  # fmt: skip
+        if len(given) != 1:
+            raise ConfigError(
+                "give the student once: --student-layers 0,2,5 (teacher layers), --student-size "
+                f"NAME|config.json (fresh) or --student DIR (a checkpoint); got {given or 'none'}"
+            )
+        if general and self.train:
+            raise ConfigError("--train is for task distillation: give --task too")
+        if general and not self.data:
+            raise ConfigError(
+                "data (--data): give the text files to distil on (or --task and --train for "
+                "task distillation)"
+            )
+        if not general and not self.train:
+            raise ConfigError(f"--task {self.task}: give the training file (--train)")
+        if not general and self.data:
+            raise ConfigError("--data is for general distillation; with --task the data is --train")
 
     @property
     def layers(self) -> list[int]:
         try:
-            return [int(x) for x in self.student_layers.replace(" ", "").split(",") if x]
+            return [int(x) for x in (self.student_layers or "").replace(" ", "").split(",") if x]
         except ValueError:
             raise ConfigError(
                 f"student_layers={self.student_layers!r} (--student-layers): "
@@ -86,55 +133,210 @@ class DistillConfig:
             ) from None
 
 
-def make_student(teacher: BertModel, layers: list[int]) -> BertModel:
-    """The teacher's embeddings and `layers` (its weights, copied) as a smaller BertModel."""
+# ------------------------------------------------------------------------------------------------
+# The student
+
+
+def make_student(teacher: nn.Module, layers: list[int]) -> nn.Module:
+    """The teacher (a BertModel or a BertFor... head) with only `layers`: its embeddings, those
+    layers, pooler and head, weights copied."""
     n = teacher.config.num_hidden_layers
     if not layers or any(not 0 <= k < n for k in layers) or sorted(set(layers)) != layers:
         raise ConfigError(
             f"student layers {layers}: must be distinct increasing indices of the teacher's "
             f"{n} layers (0..{n - 1})"
         )
-    config = teacher.config.replace(num_hidden_layers=len(layers))
-    student = BertModel(config, add_pooling_layer=teacher.pooler is not None)
-    state = {k: v for k, v in teacher.state_dict().items() if not k.startswith("layers.")}
-    for i, k in enumerate(layers):
-        prefix = f"layers.{k}."
-        state.update({f"layers.{i}." + name[len(prefix) :]: v
-                      for name, v in teacher.state_dict().items() if name.startswith(prefix)})  # fmt: skip
+    student = _like(teacher, teacher.config.replace(num_hidden_layers=len(layers)))
+    state = {}
+    for name, v in teacher.state_dict().items():
+        m = re.match(r"(.*?\blayers\.)(\d+)(\..*)", name)
+        if m is None:
+            state[name] = v
+        elif int(m[2]) in layers:
+            state[f"{m[1]}{layers.index(int(m[2]))}{m[3]}"] = v
     student.load_state_dict(state)
     return student
 
 
-def distillation_loss(
-    student: Any, teacher: Any, mask: torch.Tensor, layers: list[int], own: embedding.Embedding,
-    hidden_weight: float,
-) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """(summed loss, summed embedding loss) over the batch's sentences: per sentence, the MSE
-    of the pooled (normalised as the teacher's) embeddings plus hidden_weight x the MSE of the
-    mapped hidden states over real tokens, averaged over the mapped layers (embeddings too)."""
+def fresh_student(teacher: nn.Module, size: str) -> nn.Module:
+    """A fresh model of a named size or of a config.json's shape (SHAPE_KEYS); everything else
+    (vocabulary, positions, segments, labels) as the teacher's config."""
+    if size in SIZES:
+        shape = BertConfig.from_size(size)
+    elif Path(size).exists():
+        shape = BertConfig.from_pretrained(size)
+    else:
+        raise ConfigError(
+            f"student_size={size!r} (--student-size): a size ({', '.join(SIZES)}) or a "
+            "config.json (or a directory holding one)"
+        )
+    config = teacher.config.replace(**{k: getattr(shape, k) for k in SHAPE_KEYS})
+    return _like(teacher, config)
 
-    def sentence(out: Any) -> torch.Tensor:
-        v = embedding.pool(out.last_hidden_state, mask, own.pooling)
-        return F.normalize(v, dim=-1) if own.normalize else v
 
-    per_row = ((sentence(student) - sentence(teacher)) ** 2).mean(-1)  # (B,)
-    emb = per_row.sum()
+def _like(teacher: nn.Module, config: BertConfig) -> nn.Module:
+    if isinstance(teacher, BertModel):
+        return BertModel(config, add_pooling_layer=teacher.pooler is not None)
+    return type(teacher)(config)
+
+
+def layer_map(student_layers: int, teacher_layers: int) -> list[int]:
+    """TinyBERT's uniform mapping: student layer i learns from teacher layer
+    round((i + 1) L_t / L_s) - 1 (the last from the last)."""
+    return [round((i + 1) * teacher_layers / student_layers) - 1 for i in range(student_layers)]
+
+
+class Trainee(nn.Module):
+    """What a distillation trains: the student, and for a student narrower than its teacher
+    one projection per mapped layer onto the teacher's width (TinyBERT's W_h, embeddings
+    first). Training checkpoints hold both; the output directory the student alone."""
+
+    def __init__(self, student: nn.Module, teacher_width: int, layers: list[int]) -> None:
+        super().__init__()
+        self.student, self.layers = student, layers
+        width = student.config.hidden_size
+        self.projections: nn.ModuleList | None = None
+        if width != teacher_width:
+            self.projections = nn.ModuleList(
+                nn.Linear(width, teacher_width) for _ in range(len(layers) + 1)
+            )
+            self.projections.apply(lambda m: init_bert_weights(m, student.config.initializer_range))
+
+    @property
+    def config(self) -> BertConfig:
+        return self.student.config  # type: ignore[return-value]
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.student(*args, **kwargs)
+
+    def project(self, i: int, h: torch.Tensor) -> torch.Tensor:
+        """Hidden state of mapped position i (0: embeddings) on the teacher's width."""
+        return h if self.projections is None else self.projections[i](h)
+
+    def save_pretrained(self, directory: str | Path) -> None:
+        self.student.save_pretrained(directory)  # type: ignore[operator]
+        if self.projections is not None:
+            state = {k: v.contiguous() for k, v in self.projections.state_dict().items()}
+            save_file(state, str(Path(directory) / PROJECTIONS))
+
+    def load_checkpoint(self, directory: Path) -> None:
+        """The student's and the projections' weights from a training checkpoint."""
+        self.student.load_state_dict(type(self.student).from_pretrained(directory).state_dict())  # type: ignore[attr-defined]
+        if self.projections is not None:
+            if not (directory / PROJECTIONS).is_file():
+                raise CheckpointError(
+                    f"{directory}: no {PROJECTIONS} for the student's projections"
+                )
+            self.projections.load_state_dict(load_file(str(directory / PROJECTIONS)))
+
+
+def make_trainee(cfg: DistillConfig, teacher: nn.Module, **head_kwargs: Any) -> Trainee:
+    """The student the options name, as a Trainee of this teacher."""
+    if cfg.student_layers:
+        layers = cfg.layers
+        student = make_student(teacher, layers)
+    else:
+        if cfg.student_size:
+            student = fresh_student(teacher, cfg.student_size)
+        else:
+            student = load_with_fresh(type(teacher), resolve(str(cfg.model)), **head_kwargs)[0]
+            if student.config.vocab_size != teacher.config.vocab_size:
+                raise ConfigError(
+                    f"--student {cfg.model}: vocabulary of {student.config.vocab_size:,} pieces, "
+                    f"the teacher's has {teacher.config.vocab_size:,}: they must share one"
+                )
+        layers = layer_map(student.config.num_hidden_layers, teacher.config.num_hidden_layers)
+    if (
+        cfg.attention_weight
+        and student.config.num_attention_heads != teacher.config.num_attention_heads
+    ):
+        raise ConfigError(
+            f"attention_weight={cfg.attention_weight} (--attention-weight): the student has "
+            f"{student.config.num_attention_heads} attention heads, the teacher "
+            f"{teacher.config.num_attention_heads}; attention transfer needs the same number"
+        )
+    return Trainee(student.train(), teacher.config.hidden_size, layers)
+
+
+# ------------------------------------------------------------------------------------------------
+# Losses
+
+
+def _encoder(out: Any) -> Any:
+    return getattr(out, "encoder", out)  # a head's output holds the encoder's
+
+
+def representation_loss(
+    student: Any, teacher: Any, mask: torch.Tensor, trainee: Trainee | list[int],
+    hidden_weight: float, attention_weight: float = 0.0,
+) -> torch.Tensor:  # fmt: skip
+    """Per row (B,): hidden_weight x the MSE of the mapped hidden states over the real tokens
+    (embeddings and each student layer vs its teacher layer, projected when narrower), plus
+    attention_weight x KL(teacher || student) of the mapped layers' attention distributions,
+    averaged over heads and real query tokens; each averaged over its mapped layers."""
+    layers = trainee.layers if isinstance(trainee, Trainee) else trainee
+    project = trainee.project if isinstance(trainee, Trainee) else (lambda i, h: h)
+    s, t = _encoder(student), _encoder(teacher)
+    m = mask.reshape(-1, mask.shape[-1]).float()  # (B', T): multiple choice runs B x C rows
+    tokens = m.sum(1).clamp(min=1)
+    total = m.new_zeros(m.shape[0])
     if hidden_weight:
         pairs = [(0, 0)] + [(i + 1, k + 1) for i, k in enumerate(layers)]
-        m = mask.unsqueeze(-1).float()
-        tokens = m.sum((1, 2)).clamp(min=1)  # (B,)
         hidden = sum(
-            (((student.hidden_states[s].float() - teacher.hidden_states[t].float()) ** 2) * m)
-            .mean(-1).sum(1) / tokens
-            for s, t in pairs
+            (((project(i, s.hidden_states[i].float()) - t.hidden_states[k].float()) ** 2)
+             .mean(-1) * m).sum(1) / tokens
+            for i, k in pairs
         ) / len(pairs)  # fmt: skip
-        per_row = per_row + hidden_weight * hidden
+        total = total + hidden_weight * hidden
+    if attention_weight:
+        kl = 0.0
+        for i, k in enumerate(layers):
+            ps, pt = s.attentions[i].float(), t.attentions[k].float()  # (B', heads, T, T)
+            per_query = (torch.xlogy(pt, pt) - pt * ps.clamp(min=1e-12).log()).sum(-1)
+            kl = kl + (per_query.mean(1) * m).sum(1) / tokens
+        total = total + attention_weight * kl / len(layers)
+    return total
+
+
+def distillation_loss(
+    student: Any, teacher: Any, mask: torch.Tensor, trainee: Trainee | list[int],
+    own: embedding.Embedding, hidden_weight: float, attention_weight: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """General distillation: (summed loss, summed embedding loss) over the batch's sentences.
+    Per sentence: the MSE of the pooled (normalised as the teacher's) embeddings, the
+    student's projected when narrower, plus representation_loss."""
+
+    def sentence(out: Any, i: int | None) -> torch.Tensor:
+        v = embedding.pool(out.last_hidden_state.float(), mask, own.pooling)
+        if i is not None and isinstance(trainee, Trainee):
+            v = trainee.project(i, v)
+        return F.normalize(v, dim=-1) if own.normalize else v
+
+    layers = trainee.layers if isinstance(trainee, Trainee) else trainee
+    per_row = ((sentence(student, len(layers)) - sentence(teacher, None)) ** 2).mean(-1)  # (B,)
+    emb = per_row.sum()
+    if hidden_weight or attention_weight:
+        per_row = per_row + representation_loss(
+            student, teacher, mask, trainee, hidden_weight, attention_weight
+        )
     return per_row.sum(), emb.detach()
 
 
+def _outputs(cfg: DistillConfig) -> dict[str, bool]:
+    return {
+        "output_hidden_states": bool(cfg.hidden_weight),
+        "output_attentions": bool(cfg.attention_weight),
+    }
+
+
+def _unwrapped(model: nn.Module) -> Trainee:
+    return getattr(model, "module", model)  # type: ignore[return-value]  # DDP's
+
+
 class DistillTask(FinetuneTask):
-    """Sentences as the training loop sees them: FinetuneTask's length-grouped batches, the
-    distillation loss against the teacher (run here without gradients, each batch once)."""
+    """General distillation as the training loop sees it: sentences in FinetuneTask's
+    length-grouped batches, the distillation loss against the teacher (run here without
+    gradients, each batch once)."""
 
     def __init__(self, cfg: DistillConfig, d: distributed.Dist, tok: Tokenizer,
                  teacher: BertModel, own: embedding.Embedding) -> None:  # fmt: skip
@@ -143,18 +345,19 @@ class DistillTask(FinetuneTask):
                 f"batch_size={cfg.batch_size} must split evenly into {d.world_size} processes"
             )
         self.cfg, self.d, self.pad_id = cfg, d, tok.pad_id
-        self.teacher, self.own, self.layers = teacher, own, cfg.layers
+        self.teacher, self.own = teacher, own
         self.train: Features | None = None
 
     def normalizers(self, micro_batches: list[Batch]) -> torch.Tensor:
         return torch.tensor([float(sum(len(m.input_ids) for m in micro_batches))])
 
     def loss(self, model: nn.Module, micro: Batch, totals: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        kw = {**_outputs(self.cfg), "output_hidden_states": True}  # the last one is pooled
         with torch.no_grad():
-            theirs = self.teacher(*micro.inputs(), output_hidden_states=True)
-        ours = model(*micro.inputs(), output_hidden_states=True)
-        total, emb = distillation_loss(ours, theirs, micro.attention_mask, self.layers, self.own,
-                                       self.cfg.hidden_weight)  # fmt: skip
+            theirs = self.teacher(*micro.inputs(), **kw)
+        ours = model(*micro.inputs(), **kw)
+        total, emb = distillation_loss(ours, theirs, micro.attention_mask, _unwrapped(model),
+                                       self.own, self.cfg.hidden_weight, self.cfg.attention_weight)  # fmt: skip
         n = torch.tensor(float(len(micro.input_ids)), device=total.device)
         return total / totals[0] * self.d.world_size, torch.stack([total.detach(), n, emb])
 
@@ -164,6 +367,37 @@ class DistillTask(FinetuneTask):
 
     def evaluate(self, model: nn.Module) -> dict[str, float]:
         return {}
+
+
+class TaskDistillTask(FinetuneTask):
+    """Task distillation as the training loop sees it: fine-tuning's batches and dev
+    evaluation; the loss mixes the labels' and the teacher's soft targets (alpha)."""
+
+    def __init__(self, fam: TaskFamily, cfg: DistillConfig, d: distributed.Dist,
+                 teacher: nn.Module) -> None:  # fmt: skip
+        super().__init__(fam, cfg, d)
+        self.teacher, self.dcfg = teacher, cfg
+
+    def loss(self, model: nn.Module, micro: Batch, totals: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        cfg, fam = self.dcfg, self.family
+        with torch.no_grad():
+            theirs = self.teacher(*micro.inputs(), **_outputs(cfg))
+        ours = model(*micro.inputs(), **_outputs(cfg))
+        hard, correct = fam.loss_of(ours, micro)
+        soft = fam.soft_loss_sum(ours, theirs, micro, cfg.temperature)
+        total = (1 - cfg.alpha) * hard + cfg.alpha * soft
+        if cfg.hidden_weight or cfg.attention_weight:
+            total = total + representation_loss(
+                ours, theirs, micro.attention_mask, _unwrapped(model), cfg.hidden_weight,
+                cfg.attention_weight,
+            ).sum()  # fmt: skip
+        n = torch.tensor(float(fam.count(micro)), device=total.device)
+        stats = torch.stack([total.detach(), n, correct.float(), hard.detach(), soft.detach()])
+        return total / totals[0] * self.d.world_size, stats
+
+    def summarize(self, s: torch.Tensor) -> dict[str, float]:
+        n = float(s[1].clamp(min=1))
+        return {**super().summarize(s), "hard_loss": float(s[3]) / n, "soft_loss": float(s[4]) / n}
 
 
 def read_sentences(cfg: DistillConfig) -> list[str]:
@@ -176,7 +410,8 @@ def read_sentences(cfg: DistillConfig) -> list[str]:
 
 
 def run(cfg: DistillConfig) -> dict[str, Any]:
-    """Distil cfg.teacher into a student in cfg.out; returns {"step": ...} ({} for a finished run)."""
+    """Distil cfg.teacher into a student in cfg.out; returns {"step": ...} (general) or the best
+    dev metrics (task); {} for a finished general run."""
     return distributed.launched(_run, cfg)
 
 
@@ -187,15 +422,50 @@ def _run(cfg: DistillConfig, d: distributed.Dist) -> dict[str, Any]:
     out = Path(cfg.out)
     saved = checkpoints.check_run(out, cfg, _RESUMABLE)
     if saved and saved.get("finished"):
-        print(f"{out}: this distillation already finished; the student is in {out}")
-        return {}
+        if d.is_main:
+            print(f"{out}: this distillation already finished; the student is in {out}")
+        return saved.get("best", {})
     source = resolve(cfg.teacher)  # a hub name: its local snapshot
     tok = Tokenizer.from_pretrained(source)
+    return (_general if cfg.task is None else _task)(cfg, d, source, tok)
+
+
+def _describe(cfg: DistillConfig, trainee: Trainee, teacher: nn.Module) -> str:
+    c = trainee.config
+    what = (f"its layers {cfg.student_layers}" if cfg.student_layers else
+            f"a fresh {cfg.student_size}" if cfg.student_size else str(cfg.model))  # fmt: skip
+    return (f"distilling {cfg.teacher} ({teacher.config.num_hidden_layers} layers, width "
+            f"{teacher.config.hidden_size}) into {what} ({c.num_hidden_layers} layers, width "
+            f"{c.hidden_size}; taught by teacher layers {[k + 1 for k in trainee.layers]} of "
+            f"1..{teacher.config.num_hidden_layers})")  # fmt: skip
+
+
+def _task(cfg: DistillConfig, d: distributed.Dist, source: Path, tok: Tokenizer) -> dict[str, Any]:
+    fam = family(cfg, tok)
+    teacher = load_trained(
+        fam.head, source, f"{fam.head.hf_architecture} head for --task {cfg.task}"
+    )
+    cfg.check_model(teacher.config)
+    fam.set_labels(config=teacher.config)  # the student predicts the teacher's labels
+    teacher = teacher.to(d.device).eval().requires_grad_(False)
+    task = TaskDistillTask(fam, cfg, d, teacher)
+    train_examples, dev_examples = load_data(task, cfg)
+    torch.manual_seed(cfg.seed)
+    trainee = make_trainee(cfg, teacher, **fam.head_kwargs())
+    header = (f"{_describe(cfg, trainee, teacher)} on {cfg.task}: {len(train_examples):,} "
+              f"training examples, {len(dev_examples) if dev_examples else 0:,} dev")  # fmt: skip
+    return fit(cfg, d, task, trainee, tok, header, _RESUMABLE, describe=f"distill {cfg.task}",
+               kept=trainee.student)  # fmt: skip
+
+
+def _general(
+    cfg: DistillConfig, d: distributed.Dist, source: Path, tok: Tokenizer
+) -> dict[str, Any]:
+    out = Path(cfg.out)
     own = embedding.settings(source)
-    teacher = load_with_fresh(BertModel, source)[0].to(d.device).eval()
-    teacher.requires_grad_(False)
-    torch.manual_seed(cfg.seed)  # the student's dropout masks
-    student = make_student(teacher, cfg.layers).to(d.device).train()
+    teacher = load_with_fresh(BertModel, source)[0].to(d.device).eval().requires_grad_(False)
+    torch.manual_seed(cfg.seed)  # the student's initialisation and dropout masks
+    trainee = make_trainee(cfg, teacher).to(d.device)
     sentences = read_sentences(cfg)
     task = DistillTask(cfg, d, tok, teacher, own)
     encodings = tok.encode_batch(sentences, max_length=cfg.max_seq_length)
@@ -206,23 +476,23 @@ def _run(cfg: DistillConfig, d: distributed.Dist) -> dict[str, Any]:
             out / "run.json",
             {"settings": checkpoints.run_settings(cfg, _RESUMABLE), "finished": False},
         )
-        print(f"distilling {cfg.teacher} ({teacher.config.num_hidden_layers} layers) into its layers "
-              f"{cfg.student_layers} on {len(sentences):,} sentences; {cfg.steps:,} steps of "
-              f"{cfg.batch_size} ({math.ceil(cfg.steps / task.steps_per_epoch)} epochs)")  # fmt: skip
+        print(f"{_describe(cfg, trainee, teacher)} on {len(sentences):,} sentences; "
+              f"{cfg.steps:,} steps of {cfg.batch_size} "
+              f"({math.ceil(cfg.steps / task.steps_per_epoch)} epochs)")  # fmt: skip
     loop = LoopConfig.of(cfg, warmup_steps=round(cfg.warmup_ratio * cfg.steps), decay_steps=None,
                          eval_every=0, keep_checkpoints=1, optimizer="adamw", clip_norm=1.0)  # fmt: skip
-    result = train(student, task, loop, out, d, save_extra=tok.save_pretrained,
+    result = train(trainee, task, loop, out, d, save_extra=tok.save_pretrained,
                    describe="distill", on_eval=None)  # fmt: skip
     if result["interrupted"]:
         return {"interrupted": True, "step": result["step"]}
     if d.is_main:
-        student.save_pretrained(out)
+        trainee.student.save_pretrained(out)
         tok.save_pretrained(out)
-        embedding.write_layout(source, out, student.config.hidden_size)
+        embedding.write_layout(source, out, trainee.config.hidden_size)
         write_json(
             out / "run.json",
             {"settings": checkpoints.run_settings(cfg, _RESUMABLE), "finished": True},
         )
-        print(f"done: the student ({len(cfg.layers)} layers) is in {out}")
+        print(f"done: the student ({trainee.config.num_hidden_layers} layers) is in {out}")
     distributed.barrier(d)
     return {"step": result["step"]}

@@ -173,7 +173,6 @@ _RESUMABLE = {"progress", "device", "log_every"}
 
 def _run(cfg: FinetuneConfig, d: distributed.Dist) -> dict[str, Any]:
     out = Path(cfg.out)
-    run_file = out / "run.json"
     saved = checkpoints.check_run(out, cfg, _RESUMABLE)
     if saved and saved.get("finished"):
         if d.is_main:
@@ -187,6 +186,31 @@ def _run(cfg: FinetuneConfig, d: distributed.Dist) -> dict[str, Any]:
     # a missing task head is what fine-tuning expects: said in the first lines, not warned about
     model, fresh = load_with_fresh(task.family.head, cfg.model, **task.family.head_kwargs())
     cfg.check_model(model.config)
+    rows = f" ({len(task.train):,} windows)" if len(task.train) != len(train_examples) else ""
+    header = (f"fine-tuning {cfg.model} on {cfg.task}: {len(train_examples):,} training examples"
+              f"{rows}, {len(dev_examples) if dev_examples else 0:,} dev")  # fmt: skip
+    if fresh:
+        header += f"\nnew task head, initialised here and trained now: {', '.join(fresh)}"
+    return fit(cfg, d, task, model, tok, header, _RESUMABLE, describe=f"finetune {cfg.task}")
+
+
+def fit(
+    cfg: FinetuneConfig,
+    d: distributed.Dist,
+    task: FinetuneTask,
+    model: nn.Module,
+    tok: Tokenizer,
+    header: str,
+    resumable: set[str],
+    describe: str,
+    kept: nn.Module | None = None,
+) -> dict[str, Any]:
+    """Train `model` on `task` for cfg.epochs (the paper's AdamW, warmup then linear decay),
+    evaluate on dev after every epoch and keep the best model (`kept`, when what is saved is
+    a part of what trains) in cfg.out; returns the best dev metrics. Fine-tuning and task
+    distillation share it."""
+    out = Path(cfg.out)
+    kept = model if kept is None else kept
     model.train()
     steps = max(1, math.ceil(cfg.epochs * task.steps_per_epoch))
     main_metric = task.family.metric
@@ -203,25 +227,24 @@ def _run(cfg: FinetuneConfig, d: distributed.Dist) -> dict[str, Any]:
             return
         best.clear()
         best.update(metrics, step=step, epoch=round(step / task.steps_per_epoch, 2))
-        model.save_pretrained(out)
+        kept.save_pretrained(out)  # type: ignore[operator]
         tok.save_pretrained(out)
         task.family.write_predictions(out, task.dev[0], task.dev_predictions)  # of this evaluation
         write_json(out / "eval_results.json", {"task": cfg.task, **best})
 
+    run_file = out / "run.json"
     if d.is_main:
         out.mkdir(parents=True, exist_ok=True)
         write_json(
-            run_file, {"settings": checkpoints.run_settings(cfg, _RESUMABLE), "finished": False}
+            run_file, {"settings": checkpoints.run_settings(cfg, resumable), "finished": False}
         )
-        rows = f" ({len(task.train):,} windows)" if len(task.train) != len(train_examples) else ""
+        first, _, rest = header.partition("\n")
         print(
-            f"fine-tuning {cfg.model} on {cfg.task}: {len(train_examples):,} training examples"
-            f"{rows}, {len(dev_examples) if dev_examples else 0:,} dev; {steps:,} steps "
-            f"({cfg.epochs:g} epochs of {task.steps_per_epoch:,}), batch {cfg.batch_size}"
+            f"{first}; {steps:,} steps ({cfg.epochs:g} epochs of {task.steps_per_epoch:,}), "
+            f"batch {cfg.batch_size}"
             + (f" over {d.world_size} processes" if d.world_size > 1 else "")
+            + (f"\n{rest}" if rest else "")
         )
-        if fresh:
-            print(f"new task head, initialised here and trained now: {', '.join(fresh)}")
     epoch = task.steps_per_epoch  # evaluated and saved after every epoch; the paper's AdamW
     loop = LoopConfig.of(cfg, steps=steps, warmup_steps=round(cfg.warmup_ratio * steps),
                          decay_steps=None, eval_every=epoch if task.dev is not None else 0,
@@ -233,18 +256,18 @@ def _run(cfg: FinetuneConfig, d: distributed.Dist) -> dict[str, Any]:
         out,
         d,
         save_extra=tok.save_pretrained,
-        describe=f"finetune {cfg.task}",
+        describe=describe,
         on_eval=on_eval,
     )
     if result["interrupted"]:
         return {"interrupted": True, "step": result["step"]}
     if d.is_main:
         if task.dev is None:  # nothing to choose by: the last model
-            model.save_pretrained(out)
+            kept.save_pretrained(out)  # type: ignore[operator]
             tok.save_pretrained(out)
         write_json(
             run_file,
-            {"settings": checkpoints.run_settings(cfg, _RESUMABLE), "finished": True, "best": best},
+            {"settings": checkpoints.run_settings(cfg, resumable), "finished": True, "best": best},
         )
         if best:
             shown = ", ".join(
