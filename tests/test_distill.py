@@ -250,7 +250,7 @@ def test_projected_hidden_and_attention_losses_against_a_hand_computation() -> N
             n = int(mask[b].sum())
             h = 0.0
             for i, k in [(0, 0), (1, 2), (2, 4)]:
-                proj = trainee.projections[i](s.hidden_states[i][b, :n])
+                proj = trainee.projections[str(i)](s.hidden_states[i][b, :n])
                 h += float(((proj - t.hidden_states[k][b, :n]) ** 2).mean())
             a = 0.0
             for i, k in [(0, 1), (1, 3)]:
@@ -370,7 +370,7 @@ def test_a_fresh_narrower_student_with_projections_and_attention_transfer(
             "--no-progress", "--precision", "fp32"]  # fmt: skip
     assert main(args) == 0
     printed = capsys.readouterr().out
-    assert "2 layers, width 192" in printed and "teacher layers [3, 6]" in printed
+    assert "2 layers, width 192" in printed and "teacher layers [2, 5]" in printed
     (step,) = (out / "checkpoints").iterdir()
     assert set(load_file(step / "projections.safetensors")) == {
         f"{i}.{w}" for i in range(3) for w in ("weight", "bias")
@@ -429,3 +429,44 @@ def test_a_killed_task_distillation_resumes_to_identical_parameters(
     assert json.loads((tmp_path / "A" / "eval_results.json").read_text()) == json.loads(
         (tmp_path / "B" / "eval_results.json").read_text()
     )
+
+
+@pytest.mark.slow
+def test_two_processes_distil_as_one(tmp_path: Path, minilm_dir: Path) -> None:
+    """torchrun --nproc_per_node 2 (gloo, CPU), a narrower fresh student with projections and
+    the same global batch: the same losses as one process (dropout off: its masks are per
+    process)."""
+    from bertforge import BertForPreTraining
+    from tests.conftest import TINY
+
+    tok = Tokenizer.from_pretrained(minilm_dir)
+    teacher = tmp_path / "teacher"
+    config = BertConfig(**{**TINY, "vocab_size": tok.vocab_size}, hidden_dropout_prob=0.0,
+                        attention_probs_dropout_prob=0.0)  # fmt: skip
+    BertForPreTraining(config).save_pretrained(teacher)
+    tok.save_pretrained(teacher)
+    text = corpus(tmp_path / "text.txt", 64)
+    student = _narrow_config(tmp_path, 64, 2, layers=1)
+
+    def distil(out: Path, *launcher: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", *launcher, "bertforge", "distill", "--teacher", str(teacher),
+             "--out", str(out), "--data", str(text), "--student-size", str(student), "--steps",
+             "6", "--batch-size", "8", "--hidden-weight", "0.5", "--log-every", "1",
+             "--precision", "fp32", "--no-progress"],
+            capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+
+    one = distil(tmp_path / "one")
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = distil(
+        tmp_path / "two", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m"
+    )
+    assert two.returncode == 0, two.stderr[-3000:]
+
+    def losses(out: Path) -> list[float]:
+        rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+        return [r["loss"] for r in rows if "loss" in r]
+
+    a, b = losses(tmp_path / "one"), losses(tmp_path / "two")
+    assert len(a) == 6 and max(abs(x - y) for x, y in zip(a, b)) < 1e-5, (a, b)

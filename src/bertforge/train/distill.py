@@ -191,15 +191,17 @@ class Trainee(nn.Module):
     one projection per mapped layer onto the teacher's width (TinyBERT's W_h, embeddings
     first). Training checkpoints hold both; the output directory the student alone."""
 
-    def __init__(self, student: nn.Module, teacher_width: int, layers: list[int]) -> None:
+    def __init__(self, student: nn.Module, teacher_width: int, layers: list[int],
+                 used: list[int] | None = None) -> None:  # fmt: skip
+        """used: the mapped positions whose projections the losses use (default all); only
+        those are made, so every parameter has a gradient (DDP)."""
         super().__init__()
         self.student, self.layers = student, layers
         width = student.config.hidden_size
-        self.projections: nn.ModuleList | None = None
+        self.projections: nn.ModuleDict | None = None
         if width != teacher_width:
-            self.projections = nn.ModuleList(
-                nn.Linear(width, teacher_width) for _ in range(len(layers) + 1)
-            )
+            used = list(range(len(layers) + 1)) if used is None else used
+            self.projections = nn.ModuleDict({str(i): nn.Linear(width, teacher_width) for i in used})
             self.projections.apply(lambda m: init_bert_weights(m, student.config.initializer_range))
 
     @property
@@ -211,7 +213,7 @@ class Trainee(nn.Module):
 
     def project(self, i: int, h: torch.Tensor) -> torch.Tensor:
         """Hidden state of mapped position i (0: embeddings) on the teacher's width."""
-        return h if self.projections is None else self.projections[i](h)
+        return h if self.projections is None else self.projections[str(i)](h)
 
     def save_pretrained(self, directory: str | Path) -> None:
         self.student.save_pretrained(directory)  # type: ignore[operator]
@@ -255,7 +257,12 @@ def make_trainee(cfg: DistillConfig, teacher: nn.Module, **head_kwargs: Any) -> 
             f"{student.config.num_attention_heads} attention heads, the teacher "
             f"{teacher.config.num_attention_heads}; attention transfer needs the same number"
         )
-    return Trainee(student.train(), teacher.config.hidden_size, layers)
+    general = cfg.task is None
+    if general and getattr(student, "pooler", None) is not None:
+        student.pooler.requires_grad_(False)  # no loss reads it: kept as it is (and DDP-safe)
+    used = (list(range(len(layers) + 1)) if cfg.hidden_weight else
+            [len(layers)] if general else [])  # fmt: skip  # general: the sentence embedding's
+    return Trainee(student.train(), teacher.config.hidden_size, layers, used)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -436,8 +443,8 @@ def _describe(cfg: DistillConfig, trainee: Trainee, teacher: nn.Module) -> str:
             f"a fresh {cfg.student_size}" if cfg.student_size else str(cfg.model))  # fmt: skip
     return (f"distilling {cfg.teacher} ({teacher.config.num_hidden_layers} layers, width "
             f"{teacher.config.hidden_size}) into {what} ({c.num_hidden_layers} layers, width "
-            f"{c.hidden_size}; taught by teacher layers {[k + 1 for k in trainee.layers]} of "
-            f"1..{teacher.config.num_hidden_layers})")  # fmt: skip
+            f"{c.hidden_size}; taught by teacher layers {trainee.layers} of "
+            f"0..{teacher.config.num_hidden_layers - 1})")  # fmt: skip
 
 
 def _task(cfg: DistillConfig, d: distributed.Dist, source: Path, tok: Tokenizer) -> dict[str, Any]:
