@@ -33,7 +33,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch
 
-from bertforge.config import BertConfig
+from bertforge.config import SIZES, BertConfig
 from bertforge.data.shards import ShardSet
 from bertforge.heads import BertForMaskedLM
 from bertforge.train.finetune import FinetuneConfig
@@ -83,6 +83,9 @@ def models(args: argparse.Namespace) -> dict[str, Path]:
     for item in filter(None, (args.extra or "").split(",")):
         name, _, path = item.partition("=")
         found[name] = Path(path)
+        size = name.split("-")[0]  # mini-h100: the twin of mini, from the checkpoint's config
+        if size in SIZES and f"{size} (random init)" not in found:
+            found[f"{size} (random init)"] = random_twin(size, Path(path), runs)
     return found
 
 
