@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -122,6 +123,29 @@ def test_distill_end_to_end_into_a_sentence_transformers_student(
     assert main(bad) == 2 and "student layers [0, 9]" in capsys.readouterr().err
 
 
+def run_whole_and_killed(cmd: Any, tmp_path: Path, checkpoint: str) -> None:
+    """cmd(tmp/A) left alone; cmd(tmp/B) SIGKILLed once `checkpoint` is written (before the
+    student is), then run again to the end."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(cmd(tmp_path / "A"), capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    proc = subprocess.Popen(
+        cmd(tmp_path / "B"), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env
+    )
+    deadline = time.time() + 300
+    while not (tmp_path / "B" / "checkpoints" / checkpoint).exists():
+        assert proc.poll() is None and time.time() < deadline
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    again = subprocess.run(
+        cmd(tmp_path / "B"), capture_output=True, text=True, env=env, timeout=600
+    )
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "resuming from" in again.stdout
+
+
 @pytest.mark.slow
 def test_a_killed_distillation_resumes_to_identical_parameters(
     tiny_model: Path, tmp_path: Path
@@ -133,23 +157,7 @@ def test_a_killed_distillation_resumes_to_identical_parameters(
                 "--out", str(out), "--data", str(text), "--student-layers", "1", "--steps", "12",
                 "--batch-size", "8", "--save-every", "4", "--no-progress"]  # fmt: skip
 
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(cmd(tmp_path / "A"), capture_output=True, text=True, env=env, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
-    proc = subprocess.Popen(
-        cmd(tmp_path / "B"), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env
-    )
-    deadline = time.time() + 300
-    while not (tmp_path / "B" / "checkpoints" / "step-00000004").exists():
-        assert proc.poll() is None and time.time() < deadline
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert not (tmp_path / "B" / "model.safetensors").exists()
-    again = subprocess.run(
-        cmd(tmp_path / "B"), capture_output=True, text=True, env=env, timeout=600
-    )
-    assert again.returncode == 0, again.stderr[-2000:]
+    run_whole_and_killed(cmd, tmp_path, "step-00000004")
     a, b = (
         load_file(tmp_path / "A" / "model.safetensors"),
         load_file(tmp_path / "B" / "model.safetensors"),
@@ -406,22 +414,7 @@ def test_a_killed_task_distillation_resumes_to_identical_parameters(
                 "--student-size", str(config), "--epochs", "3", "--batch-size", "8",
                 "--hidden-weight", "0.5", "--no-progress"]  # fmt: skip
 
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(cmd(tmp_path / "A"), capture_output=True, text=True, env=env, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
-    proc = subprocess.Popen(
-        cmd(tmp_path / "B"), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env
-    )
-    deadline = time.time() + 300
-    while not (tmp_path / "B" / "checkpoints" / "step-00000008").exists():
-        assert proc.poll() is None and time.time() < deadline
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    again = subprocess.run(
-        cmd(tmp_path / "B"), capture_output=True, text=True, env=env, timeout=600
-    )
-    assert again.returncode == 0, again.stderr[-2000:]
+    run_whole_and_killed(cmd, tmp_path, "step-00000008")
     for name in ("model.safetensors", "checkpoints/step-00000024/projections.safetensors",
                  "checkpoints/step-00000024/model.safetensors"):  # fmt: skip
         a, b = load_file(tmp_path / "A" / name), load_file(tmp_path / "B" / name)
