@@ -260,3 +260,39 @@ def test_pairs_are_truncated_longest_first(minilm_dir: Path) -> None:
     assert len(f.input_ids[0]) == 32
     types = f.token_type_ids[0]
     assert (types == 0).sum() == 4  # [CLS] short text [SEP] kept whole
+
+
+def test_micro_batches_accumulate_to_the_same_steps(tmp_path: Path, minilm_dir: Path) -> None:
+    """--micro-batch-size 3 of a batch of 8 (micro-batches of 3, 3, 2): the loss of each step is
+    the mean over the whole batch, so the losses and the model are those of whole batches
+    (dropout off: its masks follow the micro-batches' shapes)."""
+    tok = Tokenizer.from_pretrained(minilm_dir)
+    config = BertConfig(**{**TINY, "vocab_size": tok.vocab_size}, hidden_dropout_prob=0.0,
+                        attention_probs_dropout_prob=0.0)  # fmt: skip
+    base = tmp_path / "base"
+    BertForPreTraining(config).save_pretrained(base)
+    tok.save_pretrained(base)
+    train = keyword_table(tmp_path / "train.tsv", 40, seed=0)
+
+    def losses(out: Path, micro: int | None) -> list[float]:
+        run(FinetuneConfig(model=str(base), task="sst2", train=str(train), out=str(out), epochs=1,
+                           batch_size=8, micro_batch_size=micro, precision="fp32", log_every=1,
+                           progress=False))  # fmt: skip
+        rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+        return [r["loss"] for r in rows if "loss" in r]
+
+    from bertforge.tasks import family
+    from bertforge.train.distributed import Dist
+    from bertforge.train.finetune import FinetuneTask, load_data
+
+    cfg = FinetuneConfig(model=str(base), task="sst2", train=str(train), out=str(tmp_path / "x"),
+                         batch_size=8, micro_batch_size=3)  # fmt: skip
+    task = FinetuneTask(family(cfg, tok), cfg, Dist(0, 1, 0, torch.device("cpu")))
+    load_data(task, cfg)
+    step, _ = next(task.batches(None))
+    assert [len(m.input_ids) for m in step] == [3, 3, 2]
+    whole, micro = losses(tmp_path / "whole", None), losses(tmp_path / "micro", 3)
+    assert len(whole) == 5 and max(abs(a - b) for a, b in zip(whole, micro)) < 1e-5
+    a = BertForSequenceClassification.from_pretrained(tmp_path / "whole").state_dict()
+    b = BertForSequenceClassification.from_pretrained(tmp_path / "micro").state_dict()
+    assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-5

@@ -56,6 +56,7 @@ class FinetuneConfig(TaskOptions):
     dev_split: float = option(0.0, "hold out this fraction of the train file as dev (fixed, seed 0)", min=0, below=1)
     epochs: float = option(3.0, "passes over train, may be fractional", above=0)
     batch_size: int = option(32, "examples per step, all processes together", min=1)
+    micro_batch_size: int | None = option(None, "examples per forward pass and process (gradient accumulation; default: the whole batch)", min=1)
     lr: float = option(3e-5, "peak AdamW learning rate; the paper tries 5e-5, 3e-5, 2e-5", above=0)
     warmup_ratio: float = option(0.1, "fraction of the steps spent warming up, then linear decay", min=0, max=1)
     weight_decay: float = option(0.01, "AdamW weight decay", min=0)
@@ -116,7 +117,14 @@ class FinetuneTask:
                 rows = batches[i][r::w]
                 if len(rows) == 0:  # a last batch smaller than the number of processes
                     continue
-                yield [collate(self.train, rows, self.pad_id)], nxt
+                m = self.cfg.micro_batch_size or len(rows)  # accumulated over micro-batches
+                yield (
+                    [
+                        collate(self.train, rows[j : j + m], self.pad_id)
+                        for j in range(0, len(rows), m)
+                    ],
+                    nxt,
+                )
             epoch, b = epoch + 1, 0
 
     def normalizers(self, micro_batches: list[Batch]) -> torch.Tensor:
