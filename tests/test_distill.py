@@ -463,3 +463,37 @@ def test_two_processes_distil_as_one(tmp_path: Path, minilm_dir: Path) -> None:
 
     a, b = losses(tmp_path / "one"), losses(tmp_path / "two")
     assert len(a) == 6 and max(abs(x - y) for x, y in zip(a, b)) < 1e-5, (a, b)
+
+
+def test_two_stages_a_general_student_then_the_task(
+    tmp_path: Path, tiny_model: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """TinyBERT's two stages: a general student of layer 1 (`--student-layers 1`), then
+    `--student DIR` for task distillation from a fine-tuned teacher: the student starts from
+    that checkpoint (its layer, not the teacher's), taught by teacher layer 1 (the uniform map)."""
+    from bertforge.train.finetune import FinetuneConfig
+    from bertforge.train.finetune import run as finetune
+
+    general = tmp_path / "general"
+    assert main(["distill", "--teacher", str(tiny_model), "--out", str(general), "--data",
+                 str(corpus(tmp_path / "text.txt")), "--student-layers", "1", "--steps", "2",
+                 "--batch-size", "8", "--no-progress"]) == 0  # fmt: skip
+    data = _csv(tmp_path / "t.tsv", 16)
+    teacher = tmp_path / "teacher"
+    finetune(FinetuneConfig(model=str(tiny_model), task="csv", train=str(data), out=str(teacher),
+                            epochs=1, batch_size=8, progress=False))  # fmt: skip
+    capsys.readouterr()
+    out = tmp_path / "task"
+    assert main(["distill", "--teacher", str(teacher), "--task", "csv", "--train", str(data),
+                 "--student", str(general), "--out", str(out), "--epochs", "1",
+                 "--batch-size", "8", "--no-progress", "--precision", "fp32"]) == 0  # fmt: skip
+    printed = capsys.readouterr().out
+    assert f"into {general} (1 layers" in printed and "teacher layers [1] of 0..1" in printed
+    start = BertModel.from_pretrained(general).state_dict()
+    trained = load_file(out / "model.safetensors")
+    assert trained["classifier.weight"].shape[0] == 2  # the teacher's labels
+    assert any(not torch.equal(trained[f"bert.{k}"], v) for k, v in start.items()
+               if f"bert.{k}" in trained)  # fmt: skip
+    bad = ["distill", "--teacher", str(teacher), "--task", "csv", "--train", str(data),
+           "--student", str(tmp_path / "missing"), "--out", str(tmp_path / "y")]  # fmt: skip
+    assert main(bad) == 2 and "missing" in capsys.readouterr().err
