@@ -50,7 +50,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from ..checkpoint import load_trained, load_with_fresh
+from ..checkpoint import load_state, load_trained, load_with_fresh, read_tensors
 from ..config import SIZES, BertConfig, option
 from ..data.corpus import expand_inputs, read_corpus
 from ..data.tasks import TASK_NAMES
@@ -62,7 +62,7 @@ from ..tasks import embedding, family
 from ..tasks.base import Batch, Features, TaskFamily
 from ..tokenizer import Tokenizer
 from . import checkpoints, distributed
-from .finetune import FinetuneConfig, FinetuneTask, fit, load_data
+from .finetune import RESUMABLE, FinetuneConfig, FinetuneTask, fit, load_data
 from .loop import LoopConfig, train
 
 SHAPE_KEYS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size",
@@ -201,7 +201,9 @@ class Trainee(nn.Module):
         self.projections: nn.ModuleDict | None = None
         if width != teacher_width:
             used = list(range(len(layers) + 1)) if used is None else used
-            self.projections = nn.ModuleDict({str(i): nn.Linear(width, teacher_width) for i in used})
+            self.projections = nn.ModuleDict(
+                {str(i): nn.Linear(width, teacher_width) for i in used}
+            )
             self.projections.apply(lambda m: init_bert_weights(m, student.config.initializer_range))
 
     @property
@@ -223,7 +225,7 @@ class Trainee(nn.Module):
 
     def load_checkpoint(self, directory: Path) -> None:
         """The student's and the projections' weights from a training checkpoint."""
-        self.student.load_state_dict(type(self.student).from_pretrained(directory).state_dict())  # type: ignore[attr-defined]
+        load_state(self.student, *read_tensors(directory))
         if self.projections is not None:
             if not (directory / PROJECTIONS).is_file():
                 raise CheckpointError(
@@ -359,7 +361,7 @@ class DistillTask(FinetuneTask):
         return torch.tensor([float(sum(len(m.input_ids) for m in micro_batches))])
 
     def loss(self, model: nn.Module, micro: Batch, totals: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-        kw = {**_outputs(self.cfg), "output_hidden_states": True}  # the last one is pooled
+        kw = _outputs(self.cfg)  # the sentence embedding pools last_hidden_state
         with torch.no_grad():
             theirs = self.teacher(*micro.inputs(), **kw)
         ours = model(*micro.inputs(), **kw)
@@ -422,12 +424,9 @@ def run(cfg: DistillConfig) -> dict[str, Any]:
     return distributed.launched(_run, cfg)
 
 
-_RESUMABLE = {"progress", "device", "log_every"}
-
-
 def _run(cfg: DistillConfig, d: distributed.Dist) -> dict[str, Any]:
     out = Path(cfg.out)
-    saved = checkpoints.check_run(out, cfg, _RESUMABLE)
+    saved = checkpoints.check_run(out, cfg, RESUMABLE)
     if saved and saved.get("finished"):
         if d.is_main:
             print(f"{out}: this distillation already finished; the student is in {out}")
@@ -461,7 +460,7 @@ def _task(cfg: DistillConfig, d: distributed.Dist, source: Path, tok: Tokenizer)
     trainee = make_trainee(cfg, teacher, **fam.head_kwargs())
     header = (f"{_describe(cfg, trainee, teacher)} on {cfg.task}: {len(train_examples):,} "
               f"training examples, {len(dev_examples) if dev_examples else 0:,} dev")  # fmt: skip
-    return fit(cfg, d, task, trainee, tok, header, _RESUMABLE, describe=f"distill {cfg.task}",
+    return fit(cfg, d, task, trainee, tok, header, describe=f"distill {cfg.task}",
                kept=trainee.student)  # fmt: skip
 
 
@@ -481,7 +480,7 @@ def _general(
         out.mkdir(parents=True, exist_ok=True)
         write_json(
             out / "run.json",
-            {"settings": checkpoints.run_settings(cfg, _RESUMABLE), "finished": False},
+            {"settings": checkpoints.run_settings(cfg, RESUMABLE), "finished": False},
         )
         print(f"{_describe(cfg, trainee, teacher)} on {len(sentences):,} sentences; "
               f"{cfg.steps:,} steps of {cfg.batch_size} "
@@ -498,7 +497,7 @@ def _general(
         embedding.write_layout(source, out, trainee.config.hidden_size)
         write_json(
             out / "run.json",
-            {"settings": checkpoints.run_settings(cfg, _RESUMABLE), "finished": True},
+            {"settings": checkpoints.run_settings(cfg, RESUMABLE), "finished": True},
         )
         print(f"done: the student ({trainee.config.num_hidden_layers} layers) is in {out}")
     distributed.barrier(d)

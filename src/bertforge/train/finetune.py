@@ -176,12 +176,12 @@ def run(cfg: FinetuneConfig) -> dict[str, Any]:
     return distributed.launched(_run, cfg)
 
 
-_RESUMABLE = {"progress", "device", "log_every"}
+RESUMABLE = {"progress", "device", "log_every"}  # settings a resumed run may change
 
 
 def _run(cfg: FinetuneConfig, d: distributed.Dist) -> dict[str, Any]:
     out = Path(cfg.out)
-    saved = checkpoints.check_run(out, cfg, _RESUMABLE)
+    saved = checkpoints.check_run(out, cfg, RESUMABLE)
     if saved and saved.get("finished"):
         if d.is_main:
             print(f"{out}: this run already finished; the model is in {out}")
@@ -199,7 +199,7 @@ def _run(cfg: FinetuneConfig, d: distributed.Dist) -> dict[str, Any]:
               f"{rows}, {len(dev_examples) if dev_examples else 0:,} dev")  # fmt: skip
     if fresh:
         header += f"\nnew task head, initialised here and trained now: {', '.join(fresh)}"
-    return fit(cfg, d, task, model, tok, header, _RESUMABLE, describe=f"finetune {cfg.task}")
+    return fit(cfg, d, task, model, tok, header, describe=f"finetune {cfg.task}")
 
 
 def fit(
@@ -209,7 +209,6 @@ def fit(
     model: nn.Module,
     tok: Tokenizer,
     header: str,
-    resumable: set[str],
     describe: str,
     kept: nn.Module | None = None,
 ) -> dict[str, Any]:
@@ -244,7 +243,7 @@ def fit(
     if d.is_main:
         out.mkdir(parents=True, exist_ok=True)
         write_json(
-            run_file, {"settings": checkpoints.run_settings(cfg, resumable), "finished": False}
+            run_file, {"settings": checkpoints.run_settings(cfg, RESUMABLE), "finished": False}
         )
         first, _, rest = header.partition("\n")
         print(
@@ -275,7 +274,7 @@ def fit(
             tok.save_pretrained(out)
         write_json(
             run_file,
-            {"settings": checkpoints.run_settings(cfg, resumable), "finished": True, "best": best},
+            {"settings": checkpoints.run_settings(cfg, RESUMABLE), "finished": True, "best": best},
         )
         if best:
             shown = ", ".join(
