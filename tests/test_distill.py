@@ -73,6 +73,34 @@ def test_the_student_starts_from_the_teachers_layers(minilm_dir: Path) -> None:
             make_student(teacher, bad)
 
 
+def test_dropout_reaches_the_student_and_not_its_config() -> None:
+    """General distillation trains the student without dropout (the teacher's targets have
+    none); with --task the student keeps its own unless --dropout says; the saved config keeps
+    the architecture's rates either way."""
+    from bertforge.heads import BertForSequenceClassification
+    from bertforge.train.distill import DistillConfig, make_trainee
+    from tests.conftest import TINY
+
+    config = BertConfig(**TINY, hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1,
+                        classifier_dropout=0.2, id2label={0: "no", 1: "yes"})  # fmt: skip
+
+    def rates(model: torch.nn.Module) -> set[float]:
+        return {float(getattr(m, n)) for m in model.modules() for n in ("p", "attn_dropout")
+                if hasattr(m, n)}  # fmt: skip
+
+    def trainee(teacher: torch.nn.Module, **options: Any) -> torch.nn.Module:
+        cfg = DistillConfig(teacher="-", out="-", student_layers="0", **options)
+        return make_trainee(cfg, teacher).student
+
+    general = trainee(BertModel(config), data=["-"])
+    assert rates(general) == {0.0} and general.config.hidden_dropout_prob == 0.1
+    assert rates(trainee(BertModel(config), data=["-"], dropout=0.25)) == {0.25}
+    head = BertForSequenceClassification(config)
+    assert rates(trainee(head, task="csv", train="-")) == {0.1, 0.2}  # its own
+    tuned = trainee(head, task="csv", train="-", dropout=0.3)
+    assert rates(tuned) == {0.3} and tuned.config.classifier_dropout == 0.2
+
+
 def test_the_loss_against_a_hand_computation() -> None:
     torch.manual_seed(0)
     B, T, H, layers = 2, 4, 3, [1, 3]

@@ -76,6 +76,16 @@ def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     return F.dropout(x, p, True)
 
 
+def set_dropout(model: nn.Module, p: float) -> None:
+    """Every dropout in `model` (embeddings, attention, layers, a head's classifier) at p while it
+    trains; its config, and so what is saved, keeps the architecture's own. The modules read
+    their rates at run time from `p` (and a layer's `attn_dropout`)."""
+    for module in model.modules():
+        for name in ("p", "attn_dropout"):
+            if isinstance(getattr(module, name, None), (int, float)):
+                setattr(module, name, float(p))
+
+
 @dataclass
 class BertOutput:
     """What BertModel returns.

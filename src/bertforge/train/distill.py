@@ -57,7 +57,7 @@ from ..data.tasks import TASK_NAMES
 from ..errors import CheckpointError, ConfigError, DataError
 from ..fileio import ENCODING_ERRORS, write_json
 from ..hub import resolve
-from ..model import BertModel, init_bert_weights
+from ..model import BertModel, init_bert_weights, set_dropout
 from ..tasks import embedding, family
 from ..tasks.base import Batch, Features, TaskFamily
 from ..tokenizer import Tokenizer
@@ -87,6 +87,7 @@ class DistillConfig(FinetuneConfig):
     batch_size: int | None = option(None, "sentences or examples per step, all processes together (default: 64 general, 32 task)", min=1)
     lr: float | None = option(None, "peak AdamW learning rate, warmup then linear decay (default: 1e-3 general, 1e-4 task)", above=0)
     hidden_weight: float | None = option(None, "weight of the hidden-state loss (default: 0.01 general, 0 task)", min=0)
+    dropout: float | None = option(None, "the student's dropout while it learns (default: 0 general, the teacher's targets have none; the student's own with --task)", min=0, below=1)
     attention_weight: float = option(0.0, "weight of the attention-transfer loss (MiniLM); 0: none", min=0)
     alpha: float = option(0.5, "--task: weight of the teacher's soft targets; 1 - alpha on the labels", min=0, max=1)
     temperature: float = option(2.0, "--task: softmax temperature of the soft targets", above=0)
@@ -102,6 +103,8 @@ class DistillConfig(FinetuneConfig):
             self.lr = 1e-3 if general else 1e-4
         if self.hidden_weight is None:
             self.hidden_weight = 0.01 if general else 0.0
+        if self.dropout is None and general:
+            self.dropout = 0.0
         super().__post_init__()
         given = [f for f, v in (("--student-layers", self.student_layers),
                                 ("--student-size", self.student_size), ("--student", self.model)) if v]  # fmt: skip
@@ -260,6 +263,8 @@ def make_trainee(cfg: DistillConfig, teacher: nn.Module, **head_kwargs: Any) -> 
             f"{teacher.config.num_attention_heads}; attention transfer needs the same number"
         )
     general = cfg.task is None
+    if cfg.dropout is not None:
+        set_dropout(student, cfg.dropout)  # the saved config keeps its own, for fine-tuning
     if general and getattr(student, "pooler", None) is not None:
         student.pooler.requires_grad_(False)  # no loss reads it: kept as it is (and DDP-safe)
     used = (list(range(len(layers) + 1)) if cfg.hidden_weight else

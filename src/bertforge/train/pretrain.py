@@ -39,6 +39,7 @@ from ..errors import ConfigError
 from ..fileio import write_json
 from ..heads import BertForMaskedLM, BertForPreTraining
 from ..hub import resolve
+from ..model import set_dropout
 from ..runner import PRECISIONS, autocast, resolve_precision
 from ..tasks.pretraining import batch_statistics
 from ..tokenizer import Tokenizer
@@ -234,13 +235,9 @@ def build_model(cfg: PretrainConfig, tok: Tokenizer) -> BertForPreTraining | Ber
             f"max_seq_length={cfg.max_seq_length} is more than the model's "
             f"max_position_embeddings={config.max_position_embeddings}"
         )
-    train_config = config
+    model = cls.from_pretrained(cfg.init, config=config) if cfg.init else cls(config)
     if cfg.dropout is not None:
-        train_config = config.replace(
-            hidden_dropout_prob=cfg.dropout, attention_probs_dropout_prob=cfg.dropout
-        )
-    model = cls.from_pretrained(cfg.init, config=train_config) if cfg.init else cls(train_config)
-    model.config = config  # what is saved: the architecture's own dropout, for fine-tuning
+        set_dropout(model, cfg.dropout)  # the saved config keeps its own, for fine-tuning
     return model.train()
 
 
