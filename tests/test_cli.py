@@ -173,6 +173,7 @@ distill --teacher {X} --out {O} --student-layers 0 --task sst2 | --task sst2: gi
 distill --teacher {X} --out {O} --data {P} --student-layers 0 --task sst2 --train {T} | --data is for general distillation
 distill --teacher {X} --out {O} --student-layers 0 --task sst2 --train {T} | no trained BertForSequenceClassification head
 distill --teacher {X} --out {O} --student-layers 0 --task sst2 --train {T} --alpha 2 | alpha=2.0 (--alpha): must be >= 0 and <= 1
+distill --teacher {X} --out {O} --student-layers 0 --task sst2 --train {T} --token-weight 1 | token_weight=1.0 (--token-weight) is for general distillation
 distill --teacher {X} --out {O} --data {P} --student-layers 0 --dropout 1 | dropout=1.0 (--dropout): must be >= 0 and < 1
 features {X} {P} --layers 99                   | layer 99
 fill-mask {M} {P}                              | no [MASK] token

@@ -111,7 +111,8 @@ def test_the_loss_against_a_hand_computation() -> None:
         return SimpleNamespace(hidden_states=hidden, last_hidden_state=hidden[-1])
 
     s, t = outputs(2), outputs(4)
-    total, emb = distillation_loss(s, t, mask, layers, Embedding(("mean",), True), 0.5)
+    total, emb = distillation_loss(s, t, mask, layers, Embedding(("mean",), True), 0.5,
+                                   token_weight=2.0)  # fmt: skip
     want_total = want_emb = 0.0
     for b in range(B):
         n = int(mask[b].sum())
@@ -120,8 +121,9 @@ def test_the_loss_against_a_hand_computation() -> None:
         pairs = [(0, 0), (1, 2), (2, 4)]  # embeddings; student layer i <- teacher layer k
         h = sum(float(((s.hidden_states[i][b, :n] - t.hidden_states[k][b, :n]) ** 2).mean())
                 for i, k in pairs) / len(pairs)  # fmt: skip
+        tokens = float(((s.last_hidden_state[b, :n] - t.last_hidden_state[b, :n]) ** 2).mean())
         want_emb += e
-        want_total += e + 0.5 * h
+        want_total += e + 0.5 * h + 2.0 * tokens
     assert float(emb) == pytest.approx(want_emb, rel=1e-5)
     assert float(total) == pytest.approx(want_total, rel=1e-5)
 

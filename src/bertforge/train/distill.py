@@ -88,6 +88,7 @@ class DistillConfig(FinetuneConfig):
     lr: float | None = option(None, "peak AdamW learning rate, warmup then linear decay (default: 1e-3 general, 1e-4 task)", above=0)
     hidden_weight: float | None = option(None, "weight of the hidden-state loss (default: 0.01 general, 0 task)", min=0)
     dropout: float | None = option(None, "the student's dropout while it learns (default: 0 general, the teacher's targets have none; the student's own with --task)", min=0, below=1)
+    token_weight: float | None = option(None, "general: weight of the MSE of the last layer's token states, the ones the sentence embedding pools (default 1; 0 with --task, which has no such loss)", min=0)
     attention_weight: float = option(0.0, "weight of the attention-transfer loss (MiniLM); 0: none", min=0)
     alpha: float = option(0.5, "--task: weight of the teacher's soft targets; 1 - alpha on the labels", min=0, max=1)
     temperature: float = option(2.0, "--task: softmax temperature of the soft targets", above=0)
@@ -105,6 +106,13 @@ class DistillConfig(FinetuneConfig):
             self.hidden_weight = 0.01 if general else 0.0
         if self.dropout is None and general:
             self.dropout = 0.0
+        if self.token_weight is None:
+            self.token_weight = 1.0 if general else 0.0
+        if not general and self.token_weight:
+            raise ConfigError(
+                f"token_weight={self.token_weight} (--token-weight) is for general distillation; "
+                "with --task, --hidden-weight weighs the hidden states"
+            )
         super().__post_init__()
         given = [f for f, v in (("--student-layers", self.student_layers),
                                 ("--student-size", self.student_size), ("--student", self.model)) if v]  # fmt: skip
@@ -315,20 +323,28 @@ def representation_loss(
 def distillation_loss(
     student: Any, teacher: Any, mask: torch.Tensor, trainee: Trainee | list[int],
     own: embedding.Embedding, hidden_weight: float, attention_weight: float = 0.0,
+    token_weight: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """General distillation: (summed loss, summed embedding loss) over the batch's sentences.
-    Per sentence: the MSE of the pooled (normalised as the teacher's) embeddings, the
-    student's projected when narrower, plus representation_loss."""
+    Per sentence: the MSE of the pooled (normalised as the teacher's) embeddings, plus
+    token_weight x the MSE of the last layer's token states over the real tokens (the ones the
+    embedding pools), the student's projected when narrower, plus representation_loss."""
+    layers = trainee.layers if isinstance(trainee, Trainee) else trainee
+    project = trainee.project if isinstance(trainee, Trainee) else (lambda i, h: h)
+    last = len(layers)  # the student's last layer's position (0: the embeddings)
 
-    def sentence(out: Any, i: int | None) -> torch.Tensor:
+    def sentence(out: Any, projected: bool) -> torch.Tensor:
         v = embedding.pool(out.last_hidden_state.float(), mask, own.pooling)
-        if i is not None and isinstance(trainee, Trainee):
-            v = trainee.project(i, v)
+        v = project(last, v) if projected else v
         return F.normalize(v, dim=-1) if own.normalize else v
 
-    layers = trainee.layers if isinstance(trainee, Trainee) else trainee
-    per_row = ((sentence(student, len(layers)) - sentence(teacher, None)) ** 2).mean(-1)  # (B,)
+    per_row = ((sentence(student, True) - sentence(teacher, False)) ** 2).mean(-1)  # (B,)
     emb = per_row.sum()
+    if token_weight:
+        hs = project(last, student.last_hidden_state.float())
+        m = mask.float()
+        per_token = ((hs - teacher.last_hidden_state.float()) ** 2).mean(-1) * m
+        per_row = per_row + token_weight * per_token.sum(1) / m.sum(1).clamp(min=1)
     if hidden_weight or attention_weight:
         per_row = per_row + representation_loss(
             student, teacher, mask, trainee, hidden_weight, attention_weight
@@ -371,7 +387,8 @@ class DistillTask(FinetuneTask):
             theirs = self.teacher(*micro.inputs(), **kw)
         ours = model(*micro.inputs(), **kw)
         total, emb = distillation_loss(ours, theirs, micro.attention_mask, _unwrapped(model),
-                                       self.own, self.cfg.hidden_weight, self.cfg.attention_weight)  # fmt: skip
+                                       self.own, self.cfg.hidden_weight, self.cfg.attention_weight,
+                                       self.cfg.token_weight)  # fmt: skip
         n = torch.tensor(float(len(micro.input_ids)), device=total.device)
         return total / totals[0] * self.d.world_size, torch.stack([total.detach(), n, emb])
 
