@@ -101,6 +101,24 @@ def test_dropout_reaches_the_student_and_not_its_config() -> None:
     assert rates(tuned) == {0.3} and tuned.config.classifier_dropout == 0.2
 
 
+def test_general_distillation_reads_sentences_of_min_words(tmp_path: Path) -> None:
+    from bertforge.errors import DataError
+    from bertforge.train.distill import DistillConfig, read_sentences
+
+    text = tmp_path / "text.txt"
+    text.write_text("History.\n\nThe river runs past the old mill. It floods.\n|OSTI=\n")
+
+    def read(**options: Any) -> list[str]:
+        return read_sentences(DistillConfig(teacher="-", out="-", student_layers="0",
+                                            data=[str(text)], **options))  # fmt: skip
+
+    assert read() == ["The river runs past the old mill."]
+    assert read(min_words=1) == ["History.", "The river runs past the old mill.", "It floods.",
+                                 "|OSTI="]  # fmt: skip
+    with pytest.raises(DataError, match=r"text.txt: no sentences of 9 words or more.*--min-words"):
+        read(min_words=9)
+
+
 def test_the_loss_against_a_hand_computation() -> None:
     torch.manual_seed(0)
     B, T, H, layers = 2, 4, 3, [1, 3]

@@ -92,6 +92,7 @@ class DistillConfig(FinetuneConfig):
     attention_weight: float = option(0.0, "weight of the attention-transfer loss (MiniLM); 0: none", min=0)
     alpha: float = option(0.5, "--task: weight of the teacher's soft targets; 1 - alpha on the labels", min=0, max=1)
     temperature: float = option(2.0, "--task: softmax temperature of the soft targets", above=0)
+    min_words: int = option(5, "general: skip sentences of fewer words (headings, list items, markup debris)", min=1)
     encoding_errors: str = option("strict", "general: bytes that are not UTF-8: strict, replace or ignore", choices=ENCODING_ERRORS)
     save_every: int = option(100, "general: checkpoint every N steps (--task: every epoch)", min=1)
     # fmt: on
@@ -432,11 +433,15 @@ class TaskDistillTask(FinetuneTask):
 
 
 def read_sentences(cfg: DistillConfig) -> list[str]:
+    """The corpus's sentences of at least cfg.min_words words."""
     files = expand_inputs(list(cfg.data))
     sentences = [s for doc in read_corpus(files, encoding_errors=cfg.encoding_errors)
-                 for s in doc.sentences if s.strip()]  # fmt: skip
+                 for s in doc.sentences if len(s.split()) >= cfg.min_words]  # fmt: skip
     if not sentences:
-        raise DataError(f"{', '.join(map(str, files))}: no sentences to distil on")
+        raise DataError(
+            f"{', '.join(map(str, files))}: no sentences of {cfg.min_words} words or more to "
+            "distil on (--min-words)"
+        )
     return sentences
 
 
