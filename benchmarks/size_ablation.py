@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -99,11 +99,13 @@ def finetune_all(args: argparse.Namespace) -> None:
                 key = f"{name}|{task}|{seed}"
                 if key in results["finetune"]:
                     continue
-                with tempfile.TemporaryDirectory() as tmp:
-                    started = time.perf_counter()
-                    best = finetune(FinetuneConfig(model=str(model), task=task, train=str(files[task] / "train.tsv"),
-                                                   dev=str(files[task] / "dev.tsv"), out=tmp, epochs=setup["epochs"],
-                                                   lr=args.ft_lr, batch_size=32, seed=seed, progress=False))  # fmt: skip
+                # resumable: a killed fine-tuning resumes from its last epoch on the next run
+                out = Path(args.runs) / "finetune" / key.replace("|", "-").replace(" ", "_")
+                started = time.perf_counter()
+                best = finetune(FinetuneConfig(model=str(model), task=task, train=str(files[task] / "train.tsv"),
+                                               dev=str(files[task] / "dev.tsv"), out=str(out), epochs=setup["epochs"],
+                                               lr=args.ft_lr, batch_size=32, seed=seed, progress=False))  # fmt: skip
+                shutil.rmtree(out)
                 results["finetune"][key] = {**best, "seconds": time.perf_counter() - started}
                 print(
                     key,
