@@ -334,17 +334,18 @@ def distillation_loss(
     project = trainee.project if isinstance(trainee, Trainee) else (lambda i, h: h)
     last = len(layers)  # the student's last layer's position (0: the embeddings)
 
-    def sentence(out: Any, projected: bool) -> torch.Tensor:
-        v = embedding.pool(out.last_hidden_state.float(), mask, own.pooling)
+    hs, ht = student.last_hidden_state.float(), teacher.last_hidden_state.float()
+
+    def sentence(h: torch.Tensor, projected: bool) -> torch.Tensor:
+        v = embedding.pool(h, mask, own.pooling)
         v = project(last, v) if projected else v
         return F.normalize(v, dim=-1) if own.normalize else v
 
-    per_row = ((sentence(student, True) - sentence(teacher, False)) ** 2).mean(-1)  # (B,)
+    per_row = ((sentence(hs, True) - sentence(ht, False)) ** 2).mean(-1)  # (B,)
     emb = per_row.sum()
     if token_weight:
-        hs = project(last, student.last_hidden_state.float())
         m = mask.float()
-        per_token = ((hs - teacher.last_hidden_state.float()) ** 2).mean(-1) * m
+        per_token = ((project(last, hs) - ht) ** 2).mean(-1) * m
         per_row = per_row + token_weight * per_token.sum(1) / m.sum(1).clamp(min=1)
     if hidden_weight or attention_weight:
         per_row = per_row + representation_loss(
