@@ -27,6 +27,7 @@ Writes benchmarks/results/size_ablation.{json,md,png}.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import shutil
 import statistics
@@ -159,7 +160,8 @@ def report(args: argparse.Namespace) -> None:
             row["params_M"] = round(
                 BertForMaskedLM(config.replace(vocab_size=vocab)).num_parameters() / 1e6, 1
             )
-        evals = [r for r in read_metrics(model) if "eval_perplexity" in r]
+        metrics = read_metrics(model)
+        evals = [r for r in metrics if "eval_perplexity" in r]
         if evals and "random" not in name:
             row["steps"] = evals[-1]["step"]
             row["train_minutes"] = round(evals[-1].get("train_seconds", 0) / 60, 1)
@@ -172,7 +174,15 @@ def report(args: argparse.Namespace) -> None:
                 row["warmup_steps"] = round(run["settings"]["warmup_ratio"] * run["steps"])
             row["heldout_ppl"] = round(evals[-1]["eval_perplexity"], 1)
             row["heldout_mlm_acc"] = round(100 * evals[-1]["eval_mlm_acc"], 1)
-            curves[name] = [(r["step"], r["eval_perplexity"]) for r in evals]
+            # x in training tokens: the H100 runs' steps are twice the CPU runs' batch
+            logs = [r for r in metrics if "tokens" in r]
+            per_step = statistics.median(
+                b["tokens"] / (b["step"] - a["step"])
+                for a, b in itertools.pairwise(logs)
+                if b["step"] > a["step"]
+            )
+            row["tokens_M"] = round(evals[-1]["step"] * per_step / 1e6, 1)
+            curves[name] = [(r["step"] * per_step / 1e6, r["eval_perplexity"]) for r in evals]
         ft = results["finetune"]
         sst = [ft[k]["accuracy"] for k in ft if k.startswith(f"{name}|sst2|")]
         mrpc = [ft[k] for k in ft if k.startswith(f"{name}|mrpc|")]
@@ -194,7 +204,9 @@ def report(args: argparse.Namespace) -> None:
     columns = list(dict.fromkeys(k for r in rows for k in r))
     md = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     md += ["| " + " | ".join(str(r.get(c, "")) for c in columns) + " |" for r in rows]
-    results.update(rows=rows, curves=curves, recipe=RECIPE, pretrain_steps=args.steps)
+    # the warmup can differ per run (--warmup-ratio): each row gives its own in steps
+    common = {k: v for k, v in RECIPE.items() if k != "warmup_ratio"}
+    results.update(rows=rows, curves=curves, recipe=common, pretrain_steps=args.steps)
     _save(args, results)
     (RESULTS / "size_ablation.md").write_text("\n".join(md) + "\n")
     _plot(curves, RESULTS / "size_ablation.png")
@@ -202,7 +214,7 @@ def report(args: argparse.Namespace) -> None:
     _ = runs
 
 
-def _plot(curves: dict[str, list[tuple[int, float]]], path: Path) -> None:
+def _plot(curves: dict[str, list[tuple[float, float]]], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -212,7 +224,7 @@ def _plot(curves: dict[str, list[tuple[int, float]]], path: Path) -> None:
     for name, points in curves.items():
         ax.plot([p[0] for p in points], [p[1] for p in points], marker=".", label=name)
     ax.set_yscale("log")
-    ax.set_xlabel("step (batch 64 x 128 on this CPU; 128 x 128 for the H100 runs)")
+    ax.set_xlabel("training tokens, millions (CPU runs: 1,300 steps of 64 x 128; H100: 128 x 128)")
     ax.set_ylabel("held-out MLM perplexity")
     ax.set_title("Model size ablation: the recommended recipe, same data, same order")
     ax.grid(alpha=0.3, which="both")
