@@ -147,7 +147,6 @@ def _save(args: argparse.Namespace, results: dict[str, Any]) -> None:
 
 def report(args: argparse.Namespace) -> None:
     results = _load(args)
-    runs = Path(args.runs)
     rows, curves = [], {}
     vocab = ShardSet(args.data).tokenizer().vocab_size
     for name, model in models(args).items():
@@ -174,7 +173,7 @@ def report(args: argparse.Namespace) -> None:
                 row["warmup_steps"] = round(run["settings"]["warmup_ratio"] * run["steps"])
             row["heldout_ppl"] = round(evals[-1]["eval_perplexity"], 1)
             row["heldout_mlm_acc"] = round(100 * evals[-1]["eval_mlm_acc"], 1)
-            # x in training tokens: the H100 runs' steps are twice the CPU runs' batch
+            # x in training tokens: the H100 runs' batch is twice the CPU runs'
             logs = [r for r in metrics if "tokens" in r]
             per_step = statistics.median(
                 b["tokens"] / (b["step"] - a["step"])
@@ -211,7 +210,6 @@ def report(args: argparse.Namespace) -> None:
     (RESULTS / "size_ablation.md").write_text("\n".join(md) + "\n")
     _plot(curves, RESULTS / "size_ablation.png")
     print(table(rows, columns))
-    _ = runs
 
 
 def _plot(curves: dict[str, list[tuple[float, float]]], path: Path) -> None:
