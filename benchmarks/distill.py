@@ -69,8 +69,17 @@ def embed_seconds(
                     if precision == "int8"
                     else ["--precision", precision]
                 )
-                cmd = [sys.executable, "-m", "bertforge", "embed", str(model), str(text),
-                       "--out", f"{tmp}/x.npy", *mode]  # fmt: skip
+                cmd = [
+                    sys.executable,
+                    "-m",
+                    "bertforge",
+                    "embed",
+                    str(model),
+                    str(text),
+                    "--out",
+                    f"{tmp}/x.npy",
+                    *mode,
+                ]
                 start = time.perf_counter()
                 subprocess.run(cmd, check=True, capture_output=True, env=env)
                 times[name].append(time.perf_counter() - start)
@@ -120,17 +129,30 @@ def main() -> None:
         + (f"-att{args.attention_weight:g}" if args.attention_weight else "")
     )
     started = time.perf_counter()
-    run(DistillConfig(teacher=str(teacher), out=str(out), data=[str(data / "wikipedia_en_sample")],
-                      student_layers=args.layers, steps=args.steps, batch_size=args.batch_size,
-                      attention_weight=args.attention_weight, progress=False))  # fmt: skip
+    run(
+        DistillConfig(
+            teacher=str(teacher),
+            out=str(out),
+            data=[str(data / "wikipedia_en_sample")],
+            student_layers=args.layers,
+            steps=args.steps,
+            batch_size=args.batch_size,
+            attention_weight=args.attention_weight,
+            progress=False,
+        )
+    )
     distil_minutes = (time.perf_counter() - started) / 60
     previous = next((r for r in _saved()["rows"] if r["student"] == tag), None)
     if previous and distil_minutes < 0.1:  # already distilled: its time is the first run's
         distil_minutes = previous["distill_minutes_wall"]
-    scores = {name: sts_spearman(m, pairs, gold) for name, m in
-              (("teacher", teacher), ("layer drop", dropped), ("distilled", out))}  # fmt: skip
-    speed = {p: embed_seconds({"teacher": teacher, "student": out}, text, p, args.rounds)
-             for p in args.precisions.split(",")}  # fmt: skip
+    scores = {
+        name: sts_spearman(m, pairs, gold)
+        for name, m in (("teacher", teacher), ("layer drop", dropped), ("distilled", out))
+    }
+    speed = {
+        p: embed_seconds({"teacher": teacher, "student": out}, text, p, args.rounds)
+        for p in args.precisions.split(",")
+    }
     row: dict[str, Any] = {
         "student": tag,
         "teacher_spearman": round(scores["teacher"], 2),
@@ -145,8 +167,10 @@ def main() -> None:
     }
     path = RESULTS / "distill.json"
     saved = _saved()
-    saved["rows"] = sorted([r for r in saved["rows"] if r["student"] != tag] + [row],
-                           key=lambda r: (int(r["student"].split("-")[0]), r["student"]))  # fmt: skip
+    saved["rows"] = sorted(
+        [r for r in saved["rows"] if r["student"] != tag] + [row],
+        key=lambda r: (int(r["student"].split("-")[0]), r["student"]),
+    )
     saved.update(
         machine=machine(),
         matmul_gflops={
@@ -157,12 +181,23 @@ def main() -> None:
     speeds = list(
         dict.fromkeys(k for r in saved["rows"] for k in r if k.startswith("embed_speedup_"))
     )
-    columns = ["student", "teacher_spearman", "layer_drop_spearman", "distilled_spearman", "kept_percent",
-               *speeds, "distill_steps", "batch_size", "distill_minutes_wall"]  # fmt: skip
-    md = (f"# Embedding distillation of all-MiniLM-L6-v2 (STS-B dev Spearman x 100, cosine of "
-          f"normalised embeddings; embed speed: `bertforge embed` on 9,000 sentences as a process, "
-          f"start-up included, teacher time / student time)\n\n{table(saved['rows'], columns)}\n"
-          + "".join(f"\n{note}\n" for note in saved.get("notes", [])))  # fmt: skip
+    columns = [
+        "student",
+        "teacher_spearman",
+        "layer_drop_spearman",
+        "distilled_spearman",
+        "kept_percent",
+        *speeds,
+        "distill_steps",
+        "batch_size",
+        "distill_minutes_wall",
+    ]
+    md = (
+        f"# Embedding distillation of all-MiniLM-L6-v2 (STS-B dev Spearman x 100, cosine of "
+        f"normalised embeddings; embed speed: `bertforge embed` on 9,000 sentences as a process, "
+        f"start-up included, teacher time / student time)\n\n{table(saved['rows'], columns)}\n"
+        + "".join(f"\n{note}\n" for note in saved.get("notes", []))
+    )
     (RESULTS / "distill.md").write_text(md)
     print(md)
 

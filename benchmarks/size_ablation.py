@@ -56,10 +56,19 @@ TASKS = {"sst2": {"epochs": 2, "seeds": (0,)}, "mrpc": {"epochs": 3, "seeds": (0
 
 def pretrain_sizes(args: argparse.Namespace) -> None:
     for size in args.sizes.split(","):
-        cfg = PretrainConfig(data=args.data, out=str(Path(args.runs) / size), model_size=size,
-                             steps=args.steps, max_seq_length=128, eval_every=max(1, args.steps // 10),
-                             eval_batches=args.eval_batches, save_every=max(1, args.steps // 10),
-                             keep_checkpoints=1, progress=False, **recipe(args))  # fmt: skip
+        cfg = PretrainConfig(
+            data=args.data,
+            out=str(Path(args.runs) / size),
+            model_size=size,
+            steps=args.steps,
+            max_seq_length=128,
+            eval_every=max(1, args.steps // 10),
+            eval_batches=args.eval_batches,
+            save_every=max(1, args.steps // 10),
+            keep_checkpoints=1,
+            progress=False,
+            **recipe(args),
+        )
         started = time.perf_counter()
         result = pretrain(cfg)
         print(f"{size}: {result} in {time.perf_counter() - started:.0f} s", flush=True)
@@ -113,9 +122,20 @@ def finetune_all(args: argparse.Namespace) -> None:
                 # resumable: a killed fine-tuning resumes from its last epoch on the next run
                 out = Path(args.runs) / "finetune" / key.replace("|", "-").replace(" ", "_")
                 started = time.perf_counter()
-                best = finetune(FinetuneConfig(model=str(model), task=task, train=str(files[task] / "train.tsv"),
-                                               dev=str(files[task] / "dev.tsv"), out=str(out), epochs=setup["epochs"],
-                                               lr=args.ft_lr, batch_size=32, seed=seed, progress=False))  # fmt: skip
+                best = finetune(
+                    FinetuneConfig(
+                        model=str(model),
+                        task=task,
+                        train=str(files[task] / "train.tsv"),
+                        dev=str(files[task] / "dev.tsv"),
+                        out=str(out),
+                        epochs=setup["epochs"],
+                        lr=args.ft_lr,
+                        batch_size=32,
+                        seed=seed,
+                        progress=False,
+                    )
+                )
                 shutil.rmtree(out)
                 results["finetune"][key] = {**best, "seconds": time.perf_counter() - started}
                 print(

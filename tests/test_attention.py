@@ -34,8 +34,24 @@ def test_attention_matches_transformers(minilm_dir: Path) -> None:
 
 def test_html_and_png_views(tmp_path: Path, minilm_dir: Path) -> None:
     page = tmp_path / "view.html"
-    assert main(["attention", str(minilm_dir), TEXT, "--pair", PAIR, "--out", str(page),
-                 "--layer", "2", "--head", "5"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "attention",
+                str(minilm_dir),
+                TEXT,
+                "--pair",
+                PAIR,
+                "--out",
+                str(page),
+                "--layer",
+                "2",
+                "--head",
+                "5",
+            ]
+        )
+        == 0
+    )
     text = page.read_text()
     assert '"tokens": ["[CLS]", "the", "cat"' in text and '"layer": 2, "head": 5' in text
     # self-contained: no scripts, styles or images fetched from anywhere
@@ -60,10 +76,20 @@ def test_html_view_renders_in_headless_chromium(tmp_path: Path, minilm_dir: Path
     assert main(["attention", str(minilm_dir), TEXT, "--out", str(page), "--layer", "0"]) == 0
     shot = tmp_path / "shot.png"
     subprocess.run(
-        [browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-         f"--screenshot={shot}", "--window-size=600,400", page.as_uri()],
-        check=True, capture_output=True, timeout=120,
-    )  # fmt: skip
+        [
+            browser,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            f"--screenshot={shot}",
+            "--window-size=600,400",
+            page.as_uri(),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     img = matplotlib.image.imread(shot)[..., :3]  # (H, W, 3) floats in [0, 1]
     blue = (img[..., 2] > img[..., 0] + 0.15) & (img[..., 2] > 0.5)  # the attention lines
     dark = img.sum(-1) < 0.6  # the token labels

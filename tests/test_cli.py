@@ -199,8 +199,13 @@ def bad_lines(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path, minilm
     tmp = tmp_path_factory.mktemp("bad")
     docs = (f"Line one of {d}.\nLine two of {d}.\nAnd a third." for d in range(30))
     (tmp / "corpus.txt").write_text("\n\n".join(docs) + "\n")
-    prepare([tmp / "corpus.txt"], Tokenizer.from_pretrained(tiny_model), tmp / "shards", fmt="lines",
-            progress=False)  # fmt: skip
+    prepare(
+        [tmp / "corpus.txt"],
+        Tokenizer.from_pretrained(tiny_model),
+        tmp / "shards",
+        fmt="lines",
+        progress=False,
+    )
     keyword_table(tmp / "train.tsv", 20, seed=0)
     (tmp / "plain.txt").write_text("no mask in this line\n")
     (tmp / "qa.txt").write_text("a question without its context\n")
@@ -211,8 +216,15 @@ def bad_lines(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path, minilm
         "intermediate_size": 64,
     }
     (tmp / "config.json").write_text(json.dumps(config))
-    names = {"S": tmp / "shards", "M": tiny_model, "T": tmp / "train.tsv", "O": tmp / "out",
-             "P": tmp / "plain.txt", "X": minilm_dir, "tmp": tmp}  # fmt: skip
+    names = {
+        "S": tmp / "shards",
+        "M": tiny_model,
+        "T": tmp / "train.tsv",
+        "O": tmp / "out",
+        "P": tmp / "plain.txt",
+        "X": minilm_dir,
+        "tmp": tmp,
+    }
     names["pre"] = "pretrain --data {S} --out {O}".format(**names)
     names["fine"] = "finetune --model {M} --task sst2 --train {T} --out {O}".format(**names)
     lines = []
@@ -264,15 +276,28 @@ def test_cli_defaults_are_the_configs_defaults() -> None:
 
     pipelines = [Pipeline, Pipeline.embed, Pipeline.fill_mask, Pipeline.features]
     targets = {
-        "pretrain": [PretrainConfig], "finetune": [FinetuneConfig], "distill": [DistillConfig], "evaluate": [TaskOptions, evaluate_model],
-        "predict": [TaskOptions, predict], "prepare": [prepare], "train": [train_vocab],
-        "serve": [Limits, serve, Pipeline], "export": [export_onnx], "demo": [run_demo], "probe": [TaskOptions],
-        **{v: pipelines for v in ("embed", "features", "fill-mask", "classify", "ner", "qa", "nsp")},
-    }  # fmt: skip
+        "pretrain": [PretrainConfig],
+        "finetune": [FinetuneConfig],
+        "distill": [DistillConfig],
+        "evaluate": [TaskOptions, evaluate_model],
+        "predict": [TaskOptions, predict],
+        "prepare": [prepare],
+        "train": [train_vocab],
+        "serve": [Limits, serve, Pipeline],
+        "export": [export_onnx],
+        "demo": [run_demo],
+        "probe": [TaskOptions],
+        **{
+            v: pipelines for v in ("embed", "features", "fill-mask", "classify", "ner", "qa", "nsp")
+        },
+    }
 
     def defaults(target: object) -> dict[str, object]:
-        return {n: p.default for n, p in inspect.signature(target).parameters.items()
-                if p.default is not inspect.Parameter.empty}  # fmt: skip
+        return {
+            n: p.default
+            for n, p in inspect.signature(target).parameters.items()
+            if p.default is not inspect.Parameter.empty
+        }
 
     def parsers(p: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
         found = {}

@@ -90,8 +90,9 @@ def distil_dir(tmp_path_factory: pytest.TempPathFactory, minilm_dir: Path) -> Pa
     """A random small DistilBERT with the MiniLM vocabulary (masked-LM head)."""
     out = tmp_path_factory.mktemp("distil")
     torch.manual_seed(0)
-    config = transformers.DistilBertConfig(vocab_size=30522, dim=64, n_layers=2, n_heads=2,
-                                           hidden_dim=128, sinusoidal_pos_embds=True)  # fmt: skip
+    config = transformers.DistilBertConfig(
+        vocab_size=30522, dim=64, n_layers=2, n_heads=2, hidden_dim=128, sinusoidal_pos_embds=True
+    )
     transformers.DistilBertForMaskedLM(config).save_pretrained(out)
     for name in ("vocab.txt", "tokenizer_config.json", "special_tokens_map.json"):
         shutil.copy(minilm_dir / name, out / name)
@@ -123,8 +124,18 @@ def test_pipelines_finetuning_and_probe_on_a_distilbert(
     assert "distilbert" in capsys.readouterr().out.lower()
     # fine-tuning keeps the layout: transformers loads the classifier, same logits
     train = keyword_table(tmp_path / "train.tsv", 48, seed=0)
-    run(FinetuneConfig(model=str(distil_dir), task="sst2", train=str(train), dev=str(train),
-                       out=str(tmp_path / "clf"), epochs=1, batch_size=16, progress=False))  # fmt: skip
+    run(
+        FinetuneConfig(
+            model=str(distil_dir),
+            task="sst2",
+            train=str(train),
+            dev=str(train),
+            out=str(tmp_path / "clf"),
+            epochs=1,
+            batch_size=16,
+            progress=False,
+        )
+    )
     clf = transformers.DistilBertForSequenceClassification.from_pretrained(tmp_path / "clf").eval()
     with torch.no_grad():
         want = clf(**batch).logits.softmax(-1)
@@ -143,6 +154,12 @@ def test_pipelines_finetuning_and_probe_on_a_distilbert(
     # seed 004's recipe: [CLS] of the last layer + logistic regression
     labels = [int(line.rsplit("\t", 1)[1]) for line in train.read_text().splitlines()[1:]]
     sentences = [line.rsplit("\t", 1)[0] for line in train.read_text().splitlines()[1:]]
-    rows = probe(str(distil_dir), (sentences, labels), (sentences, labels), ["-1"], pooling="cls",
-                 precision="fp32")  # fmt: skip
+    rows = probe(
+        str(distil_dir),
+        (sentences, labels),
+        (sentences, labels),
+        ["-1"],
+        pooling="cls",
+        precision="fp32",
+    )
     assert rows[0]["dim"] == 64 and 0.0 <= rows[0]["dev_accuracy"] <= 1.0

@@ -81,12 +81,21 @@ def test_dropout_reaches_the_student_and_not_its_config() -> None:
     from bertforge.train.distill import DistillConfig, make_trainee
     from tests.conftest import TINY
 
-    config = BertConfig(**TINY, hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1,
-                        classifier_dropout=0.2, id2label={0: "no", 1: "yes"})  # fmt: skip
+    config = BertConfig(
+        **TINY,
+        hidden_dropout_prob=0.1,
+        attention_probs_dropout_prob=0.1,
+        classifier_dropout=0.2,
+        id2label={0: "no", 1: "yes"},
+    )
 
     def rates(model: torch.nn.Module) -> set[float]:
-        return {float(getattr(m, n)) for m in model.modules() for n in ("p", "attn_dropout")
-                if hasattr(m, n)}  # fmt: skip
+        return {
+            float(getattr(m, n))
+            for m in model.modules()
+            for n in ("p", "attn_dropout")
+            if hasattr(m, n)
+        }
 
     def trainee(teacher: torch.nn.Module, **options: Any) -> torch.nn.Module:
         cfg = DistillConfig(teacher="-", out="-", student_layers="0", **options)
@@ -109,12 +118,17 @@ def test_general_distillation_reads_sentences_of_min_words(tmp_path: Path) -> No
     text.write_text("History.\n\nThe river runs past the old mill. It floods.\n|OSTI=\n")
 
     def read(**options: Any) -> list[str]:
-        return read_sentences(DistillConfig(teacher="-", out="-", student_layers="0",
-                                            data=[str(text)], **options))  # fmt: skip
+        return read_sentences(
+            DistillConfig(teacher="-", out="-", student_layers="0", data=[str(text)], **options)
+        )
 
     assert read() == ["The river runs past the old mill."]
-    assert read(min_words=1) == ["History.", "The river runs past the old mill.", "It floods.",
-                                 "|OSTI="]  # fmt: skip
+    assert read(min_words=1) == [
+        "History.",
+        "The river runs past the old mill.",
+        "It floods.",
+        "|OSTI=",
+    ]
     with pytest.raises(DataError, match=r"text.txt: no sentences of 9 words or more.*--min-words"):
         read(min_words=9)
 
@@ -129,16 +143,19 @@ def test_the_loss_against_a_hand_computation() -> None:
         return SimpleNamespace(hidden_states=hidden, last_hidden_state=hidden[-1])
 
     s, t = outputs(2), outputs(4)
-    total, emb = distillation_loss(s, t, mask, layers, Embedding(("mean",), True), 0.5,
-                                   token_weight=2.0)  # fmt: skip
+    total, emb = distillation_loss(
+        s, t, mask, layers, Embedding(("mean",), True), 0.5, token_weight=2.0
+    )
     want_total = want_emb = 0.0
     for b in range(B):
         n = int(mask[b].sum())
         vs, vt = s.last_hidden_state[b, :n].mean(0), t.last_hidden_state[b, :n].mean(0)
         e = float(((vs / vs.norm() - vt / vt.norm()) ** 2).mean())
         pairs = [(0, 0), (1, 2), (2, 4)]  # embeddings; student layer i <- teacher layer k
-        h = sum(float(((s.hidden_states[i][b, :n] - t.hidden_states[k][b, :n]) ** 2).mean())
-                for i, k in pairs) / len(pairs)  # fmt: skip
+        h = sum(
+            float(((s.hidden_states[i][b, :n] - t.hidden_states[k][b, :n]) ** 2).mean())
+            for i, k in pairs
+        ) / len(pairs)
         tokens = float(((s.last_hidden_state[b, :n] - t.last_hidden_state[b, :n]) ** 2).mean())
         want_emb += e
         want_total += e + 0.5 * h + 2.0 * tokens
@@ -152,9 +169,24 @@ def test_distill_end_to_end_into_a_sentence_transformers_student(
     st = pytest.importorskip("sentence_transformers")
     transformers = pytest.importorskip("transformers")
     out = tmp_path / "student"
-    args = ["distill", "--teacher", str(minilm_dir), "--out", str(out), "--data",
-            str(corpus(tmp_path / "text.txt")), "--student-layers", "0,2,5", "--steps", "4",
-            "--batch-size", "8", "--no-progress", "--precision", "fp32"]  # fmt: skip
+    args = [
+        "distill",
+        "--teacher",
+        str(minilm_dir),
+        "--out",
+        str(out),
+        "--data",
+        str(corpus(tmp_path / "text.txt")),
+        "--student-layers",
+        "0,2,5",
+        "--steps",
+        "4",
+        "--batch-size",
+        "8",
+        "--no-progress",
+        "--precision",
+        "fp32",
+    ]
     assert main(args) == 0
     assert "the student (3 layers)" in capsys.readouterr().out
     assert (out / "modules.json").is_file() and (out / "1_Pooling" / "config.json").is_file()
@@ -166,8 +198,17 @@ def test_distill_end_to_end_into_a_sentence_transformers_student(
     assert "already finished" in capsys.readouterr().out
     assert main([*args, "--lr", "2e-4"]) == 2  # other settings into a finished run's --out
     assert "other settings" in capsys.readouterr().err
-    bad = ["distill", "--teacher", str(minilm_dir), "--out", str(tmp_path / "x"), "--data",
-           str(tmp_path / "text.txt"), "--student-layers", "0,9"]  # fmt: skip
+    bad = [
+        "distill",
+        "--teacher",
+        str(minilm_dir),
+        "--out",
+        str(tmp_path / "x"),
+        "--data",
+        str(tmp_path / "text.txt"),
+        "--student-layers",
+        "0,9",
+    ]
     assert main(bad) == 2 and "student layers [0, 9]" in capsys.readouterr().err
 
 
@@ -201,9 +242,27 @@ def test_a_killed_distillation_resumes_to_identical_parameters(
     text = corpus(tmp_path / "text.txt", 200)
 
     def cmd(out: Path) -> list[str]:
-        return [sys.executable, "-m", "bertforge", "distill", "--teacher", str(tiny_model),
-                "--out", str(out), "--data", str(text), "--student-layers", "1", "--steps", "12",
-                "--batch-size", "8", "--save-every", "4", "--no-progress"]  # fmt: skip
+        return [
+            sys.executable,
+            "-m",
+            "bertforge",
+            "distill",
+            "--teacher",
+            str(tiny_model),
+            "--out",
+            str(out),
+            "--data",
+            str(text),
+            "--student-layers",
+            "1",
+            "--steps",
+            "12",
+            "--batch-size",
+            "8",
+            "--save-every",
+            "4",
+            "--no-progress",
+        ]
 
     run_whole_and_killed(cmd, tmp_path, "step-00000004")
     a, b = (
@@ -243,36 +302,57 @@ def test_soft_target_losses_against_a_hand_computation(minilm_dir: Path) -> None
     assert float(soft_cross_entropy(s, t, temp)) == pytest.approx(want, rel=1e-5)
     assert float(soft_cross_entropy(t, t, temp)) == pytest.approx(0.0, abs=1e-5)
     fam = family(TaskOptions(task="sst2"), tok)
-    got = fam.soft_loss_sum(SimpleNamespace(logits=s), SimpleNamespace(logits=t), batch(torch.zeros(3)), temp)  # fmt: skip
+    got = fam.soft_loss_sum(
+        SimpleNamespace(logits=s), SimpleNamespace(logits=t), batch(torch.zeros(3)), temp
+    )
     assert float(got) == pytest.approx(want, rel=1e-5)
     # NER: only the labelled positions (each word's first piece)
     s, t = torch.randn(2, 5, 3, generator=g), torch.randn(2, 5, 3, generator=g)
     labels = torch.tensor([[-100, 1, 0, -100, -100], [-100, 2, -100, 1, 0]])
-    want = sum(_kl(t[b, j].numpy(), s[b, j].numpy(), temp)
-               for b in range(2) for j in range(5) if labels[b, j] != -100)  # fmt: skip
+    want = sum(
+        _kl(t[b, j].numpy(), s[b, j].numpy(), temp)
+        for b in range(2)
+        for j in range(5)
+        if labels[b, j] != -100
+    )
     fam = family(TaskOptions(task="conll2003"), tok)
     fam.labels = ["O", "B-PER", "I-PER"]
-    got = fam.soft_loss_sum(SimpleNamespace(logits=s), SimpleNamespace(logits=t), batch(labels), temp)  # fmt: skip
+    got = fam.soft_loss_sum(
+        SimpleNamespace(logits=s), SimpleNamespace(logits=t), batch(labels), temp
+    )
     assert float(got) == pytest.approx(want, rel=1e-5)
     # SQuAD: the start and the end distributions over each window's tokens, averaged
     ss, se, ts, te = (torch.randn(2, 6, generator=g) for _ in range(4))
-    want = sum(_kl(ts[b].numpy(), ss[b].numpy(), temp) + _kl(te[b].numpy(), se[b].numpy(), temp)
-               for b in range(2)) / 2  # fmt: skip
+    want = (
+        sum(
+            _kl(ts[b].numpy(), ss[b].numpy(), temp) + _kl(te[b].numpy(), se[b].numpy(), temp)
+            for b in range(2)
+        )
+        / 2
+    )
     fam = family(TaskOptions(task="squad"), tok)
-    got = fam.soft_loss_sum(SimpleNamespace(start_logits=ss, end_logits=se),
-                            SimpleNamespace(start_logits=ts, end_logits=te), batch(torch.zeros(2, 2)), temp)  # fmt: skip
+    got = fam.soft_loss_sum(
+        SimpleNamespace(start_logits=ss, end_logits=se),
+        SimpleNamespace(start_logits=ts, end_logits=te),
+        batch(torch.zeros(2, 2)),
+        temp,
+    )
     assert float(got) == pytest.approx(want, rel=1e-5)
     # regression: the squared error to the teacher's score
     s, t = torch.randn(4, 1, generator=g), torch.randn(4, 1, generator=g)
     fam = family(TaskOptions(task="stsb"), tok)
-    got = fam.soft_loss_sum(SimpleNamespace(logits=s), SimpleNamespace(logits=t), batch(torch.zeros(4)), temp)  # fmt: skip
+    got = fam.soft_loss_sum(
+        SimpleNamespace(logits=s), SimpleNamespace(logits=t), batch(torch.zeros(4)), temp
+    )
     assert float(got) == pytest.approx(float(((s - t) ** 2).sum()), rel=1e-5)
     # multi-label: per (row, label) the KL of the teacher's and student's Bernoulli at temp
     s, t = torch.randn(2, 3, generator=g), torch.randn(2, 3, generator=g)
     fam = family(TaskOptions(task="csv", multi_label=True, labels="a,b,c"), tok)
     p, q = torch.sigmoid(t / temp).numpy(), torch.sigmoid(s / temp).numpy()
     want = float((p * np.log(p / q) + (1 - p) * np.log((1 - p) / (1 - q))).sum()) * temp * temp
-    got = fam.soft_loss_sum(SimpleNamespace(logits=s), SimpleNamespace(logits=t), batch(torch.zeros(2, 3)), temp)  # fmt: skip
+    got = fam.soft_loss_sum(
+        SimpleNamespace(logits=s), SimpleNamespace(logits=t), batch(torch.zeros(2, 3)), temp
+    )
     assert float(got) == pytest.approx(want, rel=1e-4)
 
 
@@ -282,8 +362,11 @@ def test_projected_hidden_and_attention_losses_against_a_hand_computation() -> N
     torch.manual_seed(0)
     B, T, Hs, Ht, heads = 2, 4, 3, 5, 2
     mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])
-    student = SimpleNamespace(config=BertConfig(hidden_size=Hs, num_hidden_layers=2,
-                                                 num_attention_heads=1, intermediate_size=4))  # fmt: skip
+    student = SimpleNamespace(
+        config=BertConfig(
+            hidden_size=Hs, num_hidden_layers=2, num_attention_heads=1, intermediate_size=4
+        )
+    )
     trainee = Trainee(student, Ht, [1, 3])  # type: ignore[arg-type]
     assert trainee.projections is not None and len(trainee.projections) == 3
 
@@ -343,8 +426,11 @@ def _family_files(task: str, tmp: Path) -> tuple[Path, dict[str, object]]:
         return path, {}
     if task == "squad2":
         return squad_file(tmp / "squad.json", True), {"max_seq_length": 48, "doc_stride": 16}
-    rows = [SWAG_HEADER] + [f'v{i},{i},x,"The man picks up a cup {i}.",He,gold,"drinks.",'
-                            f'"sings.","flies away.","melts.",{i % 4}' for i in range(8)]  # fmt: skip
+    rows = [SWAG_HEADER] + [
+        f'v{i},{i},x,"The man picks up a cup {i}.",He,gold,"drinks.",'
+        f'"sings.","flies away.","melts.",{i % 4}'
+        for i in range(8)
+    ]
     path = tmp / "swag.csv"
     path.write_text("\n".join(rows) + "\n")
     return path, {}
@@ -365,13 +451,28 @@ def test_task_distillation_end_to_end_for_every_family(
 
     data, options = _family_files(task, tmp_path)
     name = "csv" if task.startswith("csv") else task
-    common = dict(task=name, train=str(data), dev=str(data), batch_size=4, progress=False,
-                  precision="fp32", **options)  # fmt: skip
+    common = dict(
+        task=name,
+        train=str(data),
+        dev=str(data),
+        batch_size=4,
+        progress=False,
+        precision="fp32",
+        **options,
+    )
     teacher = tmp_path / "teacher"
     finetune(FinetuneConfig(model=str(tiny_model), out=str(teacher), epochs=1, **common))  # type: ignore[arg-type]
     out = tmp_path / "student"
-    best = distill(DistillConfig(teacher=str(teacher), out=str(out), student_layers="1", epochs=2,
-                                 hidden_weight=0.1, **common))  # type: ignore[arg-type]  # fmt: skip
+    best = distill(
+        DistillConfig(
+            teacher=str(teacher),
+            out=str(out),
+            student_layers="1",
+            epochs=2,
+            hidden_weight=0.1,
+            **common,
+        )
+    )  # type: ignore[arg-type]
     t_config = json.loads((teacher / "config.json").read_text())
     s_config = json.loads((out / "config.json").read_text())
     assert (
@@ -406,8 +507,16 @@ def kept_metric(kept: dict[str, object]) -> str:
 
 def _narrow_config(tmp: Path, hidden: int, heads: int, layers: int = 2) -> Path:
     path = tmp / "student_config.json"
-    path.write_text(json.dumps({"num_hidden_layers": layers, "hidden_size": hidden,
-                                "num_attention_heads": heads, "intermediate_size": 2 * hidden}))  # fmt: skip
+    path.write_text(
+        json.dumps(
+            {
+                "num_hidden_layers": layers,
+                "hidden_size": hidden,
+                "num_attention_heads": heads,
+                "intermediate_size": 2 * hidden,
+            }
+        )
+    )
     return path
 
 
@@ -420,10 +529,28 @@ def test_a_fresh_narrower_student_with_projections_and_attention_transfer(
     st = pytest.importorskip("sentence_transformers")
     out = tmp_path / "student"
     config = _narrow_config(tmp_path, 192, 12)
-    args = ["distill", "--teacher", str(minilm_dir), "--out", str(out), "--data",
-            str(corpus(tmp_path / "text.txt")), "--student-size", str(config), "--steps", "3",
-            "--batch-size", "8", "--hidden-weight", "0.1", "--attention-weight", "0.1",
-            "--no-progress", "--precision", "fp32"]  # fmt: skip
+    args = [
+        "distill",
+        "--teacher",
+        str(minilm_dir),
+        "--out",
+        str(out),
+        "--data",
+        str(corpus(tmp_path / "text.txt")),
+        "--student-size",
+        str(config),
+        "--steps",
+        "3",
+        "--batch-size",
+        "8",
+        "--hidden-weight",
+        "0.1",
+        "--attention-weight",
+        "0.1",
+        "--no-progress",
+        "--precision",
+        "fp32",
+    ]
     assert main(args) == 0
     printed = capsys.readouterr().out
     assert "2 layers, width 192" in printed and "teacher layers [2, 5]" in printed
@@ -452,19 +579,52 @@ def test_a_killed_task_distillation_resumes_to_identical_parameters(
 
     data = _csv(tmp_path / "t.tsv", 64)
     teacher = tmp_path / "teacher"
-    finetune(FinetuneConfig(model=str(tiny_model), task="csv", train=str(data), out=str(teacher),
-                            epochs=1, batch_size=8, progress=False))  # fmt: skip
+    finetune(
+        FinetuneConfig(
+            model=str(tiny_model),
+            task="csv",
+            train=str(data),
+            out=str(teacher),
+            epochs=1,
+            batch_size=8,
+            progress=False,
+        )
+    )
     config = _narrow_config(tmp_path, 64, 2, layers=1)
 
     def cmd(out: Path) -> list[str]:
-        return [sys.executable, "-m", "bertforge", "distill", "--teacher", str(teacher), "--task",
-                "csv", "--train", str(data), "--dev", str(data), "--out", str(out),
-                "--student-size", str(config), "--epochs", "3", "--batch-size", "8",
-                "--hidden-weight", "0.5", "--no-progress"]  # fmt: skip
+        return [
+            sys.executable,
+            "-m",
+            "bertforge",
+            "distill",
+            "--teacher",
+            str(teacher),
+            "--task",
+            "csv",
+            "--train",
+            str(data),
+            "--dev",
+            str(data),
+            "--out",
+            str(out),
+            "--student-size",
+            str(config),
+            "--epochs",
+            "3",
+            "--batch-size",
+            "8",
+            "--hidden-weight",
+            "0.5",
+            "--no-progress",
+        ]
 
     run_whole_and_killed(cmd, tmp_path, "step-00000008")
-    for name in ("model.safetensors", "checkpoints/step-00000024/projections.safetensors",
-                 "checkpoints/step-00000024/model.safetensors"):  # fmt: skip
+    for name in (
+        "model.safetensors",
+        "checkpoints/step-00000024/projections.safetensors",
+        "checkpoints/step-00000024/model.safetensors",
+    ):
         a, b = load_file(tmp_path / "A" / name), load_file(tmp_path / "B" / name)
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
     assert json.loads((tmp_path / "A" / "eval_results.json").read_text()) == json.loads(
@@ -482,8 +642,11 @@ def test_two_processes_distil_as_one(tmp_path: Path, minilm_dir: Path) -> None:
 
     tok = Tokenizer.from_pretrained(minilm_dir)
     teacher = tmp_path / "teacher"
-    config = BertConfig(**{**TINY, "vocab_size": tok.vocab_size}, hidden_dropout_prob=0.0,
-                        attention_probs_dropout_prob=0.0)  # fmt: skip
+    config = BertConfig(
+        **{**TINY, "vocab_size": tok.vocab_size},
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
     BertForPreTraining(config).save_pretrained(teacher)
     tok.save_pretrained(teacher)
     text = corpus(tmp_path / "text.txt", 64)
@@ -491,12 +654,36 @@ def test_two_processes_distil_as_one(tmp_path: Path, minilm_dir: Path) -> None:
 
     def distil(out: Path, *launcher: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", *launcher, "bertforge", "distill", "--teacher", str(teacher),
-             "--out", str(out), "--data", str(text), "--student-size", str(student), "--steps",
-             "6", "--batch-size", "8", "--hidden-weight", "0.5", "--log-every", "1",
-             "--precision", "fp32", "--no-progress"],
-            capture_output=True, text=True, timeout=600,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                *launcher,
+                "bertforge",
+                "distill",
+                "--teacher",
+                str(teacher),
+                "--out",
+                str(out),
+                "--data",
+                str(text),
+                "--student-size",
+                str(student),
+                "--steps",
+                "6",
+                "--batch-size",
+                "8",
+                "--hidden-weight",
+                "0.5",
+                "--log-every",
+                "1",
+                "--precision",
+                "fp32",
+                "--no-progress",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
 
     one = distil(tmp_path / "one")
     assert one.returncode == 0, one.stderr[-3000:]
@@ -523,25 +710,86 @@ def test_two_stages_a_general_student_then_the_task(
     from bertforge.train.finetune import run as finetune
 
     general = tmp_path / "general"
-    assert main(["distill", "--teacher", str(tiny_model), "--out", str(general), "--data",
-                 str(corpus(tmp_path / "text.txt")), "--student-layers", "1", "--steps", "2",
-                 "--batch-size", "8", "--no-progress"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "distill",
+                "--teacher",
+                str(tiny_model),
+                "--out",
+                str(general),
+                "--data",
+                str(corpus(tmp_path / "text.txt")),
+                "--student-layers",
+                "1",
+                "--steps",
+                "2",
+                "--batch-size",
+                "8",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     data = _csv(tmp_path / "t.tsv", 16)
     teacher = tmp_path / "teacher"
-    finetune(FinetuneConfig(model=str(tiny_model), task="csv", train=str(data), out=str(teacher),
-                            epochs=1, batch_size=8, progress=False))  # fmt: skip
+    finetune(
+        FinetuneConfig(
+            model=str(tiny_model),
+            task="csv",
+            train=str(data),
+            out=str(teacher),
+            epochs=1,
+            batch_size=8,
+            progress=False,
+        )
+    )
     capsys.readouterr()
     out = tmp_path / "task"
-    assert main(["distill", "--teacher", str(teacher), "--task", "csv", "--train", str(data),
-                 "--student", str(general), "--out", str(out), "--epochs", "1",
-                 "--batch-size", "8", "--no-progress", "--precision", "fp32"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "distill",
+                "--teacher",
+                str(teacher),
+                "--task",
+                "csv",
+                "--train",
+                str(data),
+                "--student",
+                str(general),
+                "--out",
+                str(out),
+                "--epochs",
+                "1",
+                "--batch-size",
+                "8",
+                "--no-progress",
+                "--precision",
+                "fp32",
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     assert f"into {general} (1 layers" in printed and "teacher layers [1] of 0..1" in printed
     start = BertModel.from_pretrained(general).state_dict()
     trained = load_file(out / "model.safetensors")
     assert trained["classifier.weight"].shape[0] == 2  # the teacher's labels
-    assert any(not torch.equal(trained[f"bert.{k}"], v) for k, v in start.items()
-               if f"bert.{k}" in trained)  # fmt: skip
-    bad = ["distill", "--teacher", str(teacher), "--task", "csv", "--train", str(data),
-           "--student", str(tmp_path / "missing"), "--out", str(tmp_path / "y")]  # fmt: skip
+    assert any(
+        not torch.equal(trained[f"bert.{k}"], v) for k, v in start.items() if f"bert.{k}" in trained
+    )
+    bad = [
+        "distill",
+        "--teacher",
+        str(teacher),
+        "--task",
+        "csv",
+        "--train",
+        str(data),
+        "--student",
+        str(tmp_path / "missing"),
+        "--out",
+        str(tmp_path / "y"),
+    ]
     assert main(bad) == 2 and "missing" in capsys.readouterr().err

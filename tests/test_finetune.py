@@ -134,10 +134,19 @@ def test_regression_and_a_table_of_your_own(tmp_path: Path, tiny_model: Path) ->
     table.write_text("\n".join(rows) + "\n")
     out = tmp_path / "reg"
     cfg = FinetuneConfig(
-        model=str(tiny_model), task="csv", train=str(table), dev=str(table), out=str(out),
-        text_column="first", text_pair_column="second", label_column="score",
-        regression=True, epochs=1, batch_size=8, progress=False,
-    )  # fmt: skip
+        model=str(tiny_model),
+        task="csv",
+        train=str(table),
+        dev=str(table),
+        out=str(out),
+        text_column="first",
+        text_pair_column="second",
+        label_column="score",
+        regression=True,
+        epochs=1,
+        batch_size=8,
+        progress=False,
+    )
     best = run(cfg)
     assert set(best) >= {"pearson", "spearman", "loss", "step", "epoch"}
     model = BertForSequenceClassification.from_pretrained(out)
@@ -151,9 +160,13 @@ def test_labels_not_in_the_label_set_name_file_line_and_field(
     dev = tmp_path / "dev.tsv"
     dev.write_text("text\tlabel\na fine film\t1\na bad one\tmaybe\n")
     cfg = FinetuneConfig(
-        model=str(tiny_model), task="csv", train=str(train), dev=str(dev), out=str(tmp_path / "o"),
+        model=str(tiny_model),
+        task="csv",
+        train=str(train),
+        dev=str(dev),
+        out=str(tmp_path / "o"),
         progress=False,
-    )  # fmt: skip
+    )
     with pytest.raises(DataError, match=rf"{dev}: line 3: .*label.*'maybe'"):
         run(cfg)
     assert not (tmp_path / "o" / "model.safetensors").exists()
@@ -165,25 +178,44 @@ def test_cli_finetune_and_evaluate(tmp_path: Path, tiny_model: Path) -> None:
     out = tmp_path / "cli"
     base = [sys.executable, "-m", "bertforge"]
     done = subprocess.run(
-        [*base, "finetune", "--model", str(tiny_model), "--task", "sst2", "--train", str(train),
-         "--dev", str(train), "--out", str(out), "--epochs", "1", "--batch-size", "8",
-         "--no-progress"],
-        capture_output=True, text=True,
-    )  # fmt: skip
+        [
+            *base,
+            "finetune",
+            "--model",
+            str(tiny_model),
+            "--task",
+            "sst2",
+            "--train",
+            str(train),
+            "--dev",
+            str(train),
+            "--out",
+            str(out),
+            "--epochs",
+            "1",
+            "--batch-size",
+            "8",
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "best dev accuracy" in done.stdout
     ev = subprocess.run(
         [*base, "evaluate", "--model", str(out), "--task", "sst2", "--data", str(train), "--json"],
-        capture_output=True, text=True,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+    )
     assert ev.returncode == 0, ev.stderr[-2000:]
     metrics = json.loads(ev.stdout)
     saved = json.loads((out / "eval_results.json").read_text())
     assert metrics["accuracy"] == pytest.approx(saved["accuracy"], abs=1e-9)
     bad = subprocess.run(
         [*base, "evaluate", "--model", str(out), "--task", "sst2", "--data", str(tmp_path / "no")],
-        capture_output=True, text=True,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+    )
     assert bad.returncode == 2 and str(tmp_path / "no") in bad.stderr
 
 
@@ -207,11 +239,34 @@ def test_two_processes_follow_one_process(tmp_path: Path, minilm_dir: Path) -> N
 
     def finetune(out: Path, *launcher: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", *launcher, "bertforge", "finetune", "--model", str(base),
-             "--task", "sst2", "--train", str(train), "--dev", str(dev), "--out", str(out),
-             "--epochs", "2", "--batch-size", "8", "--precision", "fp32", "--no-progress"],
-            capture_output=True, text=True, timeout=600,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                *launcher,
+                "bertforge",
+                "finetune",
+                "--model",
+                str(base),
+                "--task",
+                "sst2",
+                "--train",
+                str(train),
+                "--dev",
+                str(dev),
+                "--out",
+                str(out),
+                "--epochs",
+                "2",
+                "--batch-size",
+                "8",
+                "--precision",
+                "fp32",
+                "--no-progress",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
 
     one = finetune(tmp_path / "one")
     assert one.returncode == 0, one.stderr[-3000:]
@@ -267,17 +322,31 @@ def test_micro_batches_accumulate_to_the_same_steps(tmp_path: Path, minilm_dir: 
     the mean over the whole batch, so the losses and the model are those of whole batches
     (dropout off: its masks follow the micro-batches' shapes)."""
     tok = Tokenizer.from_pretrained(minilm_dir)
-    config = BertConfig(**{**TINY, "vocab_size": tok.vocab_size}, hidden_dropout_prob=0.0,
-                        attention_probs_dropout_prob=0.0)  # fmt: skip
+    config = BertConfig(
+        **{**TINY, "vocab_size": tok.vocab_size},
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
     base = tmp_path / "base"
     BertForPreTraining(config).save_pretrained(base)
     tok.save_pretrained(base)
     train = keyword_table(tmp_path / "train.tsv", 40, seed=0)
 
     def losses(out: Path, micro: int | None) -> list[float]:
-        run(FinetuneConfig(model=str(base), task="sst2", train=str(train), out=str(out), epochs=1,
-                           batch_size=8, micro_batch_size=micro, precision="fp32", log_every=1,
-                           progress=False))  # fmt: skip
+        run(
+            FinetuneConfig(
+                model=str(base),
+                task="sst2",
+                train=str(train),
+                out=str(out),
+                epochs=1,
+                batch_size=8,
+                micro_batch_size=micro,
+                precision="fp32",
+                log_every=1,
+                progress=False,
+            )
+        )
         rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
         return [r["loss"] for r in rows if "loss" in r]
 
@@ -285,8 +354,14 @@ def test_micro_batches_accumulate_to_the_same_steps(tmp_path: Path, minilm_dir: 
     from bertforge.train.distributed import Dist
     from bertforge.train.finetune import FinetuneTask, load_data
 
-    cfg = FinetuneConfig(model=str(base), task="sst2", train=str(train), out=str(tmp_path / "x"),
-                         batch_size=8, micro_batch_size=3)  # fmt: skip
+    cfg = FinetuneConfig(
+        model=str(base),
+        task="sst2",
+        train=str(train),
+        out=str(tmp_path / "x"),
+        batch_size=8,
+        micro_batch_size=3,
+    )
     task = FinetuneTask(family(cfg, tok), cfg, Dist(0, 1, 0, torch.device("cpu")))
     load_data(task, cfg)
     step, _ = next(task.batches(None))

@@ -80,8 +80,9 @@ def test_squad_window_labels_point_at_the_answer(minilm_dir: Path) -> None:
         squad_example("c", "What draws photographers?", LONG, "the dams overflow after storms"),
         squad_example("d", "Who owns the moon?", LONG, None),
     ]
-    f = squad_featurize(examples, tok, max_seq_length=40, doc_stride=10, max_query_length=12,
-                        training=True)  # fmt: skip
+    f = squad_featurize(
+        examples, tok, max_seq_length=40, doc_stride=10, max_query_length=12, training=True
+    )
     assert len(f) > 3 * len(examples)  # the context spans several windows
     found = {e.qid: 0 for e in examples}
     for r, w in enumerate(f.meta):
@@ -184,23 +185,31 @@ def test_postprocess_uses_only_max_context_pieces(minilm_dir: Path) -> None:
 
 def squad_file(path: Path, version_2: bool) -> Path:
     contexts = [
-        ("The cat sat on the red mat near the door.", [("What color was the mat?", "red"),
-                                                        ("Where did the cat sit?", "on the red mat")]),
+        (
+            "The cat sat on the red mat near the door.",
+            [("What color was the mat?", "red"), ("Where did the cat sit?", "on the red mat")],
+        ),
         ("Paris is the capital of France and lies on the Seine.", [("What river?", "Seine")]),
-    ]  # fmt: skip
+    ]
     paragraphs = []
     n = 0
     for context, qas in contexts:
         items = []
         for q, a in qas:
-            items.append({"id": f"q{n}", "question": q,
-                          "answers": [{"text": a, "answer_start": context.index(a)}]})  # fmt: skip
+            items.append(
+                {
+                    "id": f"q{n}",
+                    "question": q,
+                    "answers": [{"text": a, "answer_start": context.index(a)}],
+                }
+            )
             if version_2:
                 items[-1]["is_impossible"] = False
             n += 1
         if version_2:
-            items.append({"id": f"q{n}", "question": "Who won?", "answers": [],
-                          "is_impossible": True})  # fmt: skip
+            items.append(
+                {"id": f"q{n}", "question": "Who won?", "answers": [], "is_impossible": True}
+            )
             n += 1
         paragraphs.append({"context": context, "qas": items})
     path.write_text(
@@ -215,9 +224,20 @@ def test_squad_trains_and_writes_the_official_files(
 ) -> None:
     data = squad_file(tmp_path / "squad.json", task == "squad2")
     out = tmp_path / "run"
-    best = run(FinetuneConfig(model=str(tiny_model), task=task, train=str(data), dev=str(data),
-                              out=str(out), epochs=1, batch_size=4, max_seq_length=48,
-                              doc_stride=16, progress=False))  # fmt: skip
+    best = run(
+        FinetuneConfig(
+            model=str(tiny_model),
+            task=task,
+            train=str(data),
+            dev=str(data),
+            out=str(out),
+            epochs=1,
+            batch_size=4,
+            max_seq_length=48,
+            doc_stride=16,
+            progress=False,
+        )
+    )
     qids = {
         q["id"] for p in json.loads(data.read_text())["data"][0]["paragraphs"] for q in p["qas"]
     }
@@ -282,9 +302,19 @@ def test_minilm_learns_ner_and_writes_conll_columns(tmp_path: Path, minilm_dir: 
     train.write_text(conll_text(ner_sentences(96, 0)))
     dev.write_text(conll_text(ner_sentences(32, 1)))
     out = tmp_path / "ner"
-    best = run(FinetuneConfig(model=str(minilm_dir), task="conll2003", train=str(train),
-                              dev=str(dev), out=str(out), epochs=3, batch_size=16, lr=2e-4,
-                              progress=False))  # fmt: skip
+    best = run(
+        FinetuneConfig(
+            model=str(minilm_dir),
+            task="conll2003",
+            train=str(train),
+            dev=str(dev),
+            out=str(out),
+            epochs=3,
+            batch_size=16,
+            lr=2e-4,
+            progress=False,
+        )
+    )
     assert best["f1"] >= 0.9
     model = BertForTokenClassification.from_pretrained(out)
     assert set(model.config.label2id) == {"O", "B-PER", "I-PER", "B-LOC"}
@@ -302,8 +332,10 @@ def test_minilm_learns_ner_and_writes_conll_columns(tmp_path: Path, minilm_dir: 
     # the ner pipeline on raw text: entities merged over pieces, with character offsets
     text = "Farouk Smithson went to Tbilisi on Monday"
     (entities,) = Pipeline(out, precision="fp32").ner([text])
-    assert [(e["entity"], e["text"]) for e in entities] == [("PER", "Farouk Smithson"),
-                                                          ("LOC", "Tbilisi")]  # fmt: skip
+    assert [(e["entity"], e["text"]) for e in entities] == [
+        ("PER", "Farouk Smithson"),
+        ("LOC", "Tbilisi"),
+    ]
     assert all(text[e["start"] : e["end"]] == e["text"] for e in entities)
 
 
@@ -315,13 +347,25 @@ SWAG_HEADER = (
 def test_swag_trains_and_predicts_end_to_end(tmp_path: Path, tiny_model: Path) -> None:
     rows = [SWAG_HEADER]
     for i in range(8):
-        rows.append(f'v{i},{i},x,"The man picks up a cup {i}.",He,gold,"drinks.","sings loudly.",'
-                    f'"flies away.","melts.",{i % 4}')  # fmt: skip
+        rows.append(
+            f'v{i},{i},x,"The man picks up a cup {i}.",He,gold,"drinks.","sings loudly.",'
+            f'"flies away.","melts.",{i % 4}'
+        )
     data = tmp_path / "swag.csv"
     data.write_text("\n".join(rows) + "\n")
     out = tmp_path / "swag"
-    best = run(FinetuneConfig(model=str(tiny_model), task="swag", train=str(data), dev=str(data),
-                              out=str(out), epochs=1, batch_size=4, progress=False))  # fmt: skip
+    best = run(
+        FinetuneConfig(
+            model=str(tiny_model),
+            task="swag",
+            train=str(data),
+            dev=str(data),
+            out=str(out),
+            epochs=1,
+            batch_size=4,
+            progress=False,
+        )
+    )
     assert 0.0 <= best["accuracy"] <= 1.0 and "loss" in best
     with (out / "predictions_swag.csv").open() as f:
         written = list(csv.DictReader(f))
@@ -332,9 +376,18 @@ def test_swag_trains_and_predicts_end_to_end(tmp_path: Path, tiny_model: Path) -
 
 def test_swag_shared_format_sample(data_dir: Path, tmp_path: Path, tiny_model: Path) -> None:
     sample = data_dir / "swag" / "swag_train_first11rows.fixture.csv"
-    best = run(FinetuneConfig(model=str(tiny_model), task="swag", train=str(sample),
-                              dev=str(sample), out=str(tmp_path / "s"), epochs=1, batch_size=4,
-                              progress=False))  # fmt: skip
+    best = run(
+        FinetuneConfig(
+            model=str(tiny_model),
+            task="swag",
+            train=str(sample),
+            dev=str(sample),
+            out=str(tmp_path / "s"),
+            epochs=1,
+            batch_size=4,
+            progress=False,
+        )
+    )
     assert "accuracy" in best
     (path,) = predict(str(tmp_path / "s"), "swag", str(sample), str(tmp_path / "p"))
     assert len(path.read_text().splitlines()) == 12
@@ -342,12 +395,25 @@ def test_swag_shared_format_sample(data_dir: Path, tmp_path: Path, tiny_model: P
 
 def test_dev_split_and_glue_predictions(tmp_path: Path, tiny_model: Path) -> None:
     table = tmp_path / "spam.tsv"
-    table.write_text("".join(f"{'spam' if i % 3 == 0 else 'ham'}\tmessage number {i}\n"
-                             for i in range(40)))  # fmt: skip
+    table.write_text(
+        "".join(f"{'spam' if i % 3 == 0 else 'ham'}\tmessage number {i}\n" for i in range(40))
+    )
     out = tmp_path / "spam"
-    run(FinetuneConfig(model=str(tiny_model), task="csv", train=str(table), out=str(out),
-                       dev_split=0.25, no_header=True, text_column="1", label_column="0",
-                       epochs=1, batch_size=8, progress=False))  # fmt: skip
+    run(
+        FinetuneConfig(
+            model=str(tiny_model),
+            task="csv",
+            train=str(table),
+            out=str(out),
+            dev_split=0.25,
+            no_header=True,
+            text_column="1",
+            label_column="0",
+            epochs=1,
+            batch_size=8,
+            progress=False,
+        )
+    )
     with (out / "predictions_csv.tsv").open() as f:
         rows = list(csv.reader(f, delimiter="\t"))
     assert rows[0] == ["index", "prediction"] and len(rows) == 1 + 10
@@ -358,8 +424,17 @@ def test_dev_split_and_glue_predictions(tmp_path: Path, tiny_model: Path) -> Non
     sst = tmp_path / "sst"
     train = tmp_path / "train.tsv"
     train.write_text("sentence\tlabel\na fine film\t1\na dull one\t0\n")
-    run(FinetuneConfig(model=str(tiny_model), task="sst2", train=str(train), out=str(sst),
-                       epochs=1, batch_size=2, progress=False))  # fmt: skip
+    run(
+        FinetuneConfig(
+            model=str(tiny_model),
+            task="sst2",
+            train=str(train),
+            out=str(sst),
+            epochs=1,
+            batch_size=2,
+            progress=False,
+        )
+    )
     (path,) = predict(str(sst), "sst2", str(test), str(tmp_path / "p"))
     lines = path.read_text().splitlines()
     assert lines[0] == "index\tprediction" and [x.split("\t")[0] for x in lines[1:]] == ["7", "9"]
@@ -377,8 +452,29 @@ def _bad_inputs(tmp: Path) -> list[tuple[str, list[str], str]]:
     empty = tmp / "empty.tsv"
     empty.write_text("sentence\tlabel\ngood film\t1\n \t0\n")
     squad = tmp / "squad.json"
-    squad.write_text(json.dumps({"data": [{"title": "t", "paragraphs": [{"context": "a b c",
-        "qas": [{"id": "q1", "question": "?", "answers": [{"text": "b", "answer_start": 0}]}]}]}]}))  # fmt: skip
+    squad.write_text(
+        json.dumps(
+            {
+                "data": [
+                    {
+                        "title": "t",
+                        "paragraphs": [
+                            {
+                                "context": "a b c",
+                                "qas": [
+                                    {
+                                        "id": "q1",
+                                        "question": "?",
+                                        "answers": [{"text": "b", "answer_start": 0}],
+                                    }
+                                ],
+                            }
+                        ],
+                    }
+                ]
+            }
+        )
+    )
     conll = tmp / "conll.txt"
     conll.write_text("EU NNP B-NP B-ORG\nrejects VBZ B-VP\n")
     return [
@@ -396,8 +492,20 @@ def test_bad_input_is_one_clear_error(
 ) -> None:
     task, files, pattern = _bad_inputs(tmp_path)[case]
     out = tmp_path / "out"
-    rc = main(["finetune", "--model", str(tiny_model), "--task", task, "--train", files[0],
-               "--out", str(out), "--no-progress"])  # fmt: skip
+    rc = main(
+        [
+            "finetune",
+            "--model",
+            str(tiny_model),
+            "--task",
+            task,
+            "--train",
+            files[0],
+            "--out",
+            str(out),
+            "--no-progress",
+        ]
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2
     errors = [x for x in err if x.startswith("bertforge: error:")]
@@ -415,8 +523,16 @@ def test_unknown_tag_in_dev_names_file_line_and_field(tmp_path: Path, tiny_model
     train.write_text(conll_text(ner_sentences(4, 0)))
     dev.write_text(conll_text([[("Zed", "B-MISC"), ("ran", "O")]]))
     with pytest.raises(DataError, match=rf"{dev}: line 3: field \"tag\".*'B-MISC'"):
-        run(FinetuneConfig(model=str(tiny_model), task="conll2003", train=str(train),
-                           dev=str(dev), out=str(tmp_path / "o"), progress=False))  # fmt: skip
+        run(
+            FinetuneConfig(
+                model=str(tiny_model),
+                task="conll2003",
+                train=str(train),
+                dev=str(dev),
+                out=str(tmp_path / "o"),
+                progress=False,
+            )
+        )
 
 
 def test_token_classification_logits_match_transformers(tmp_path: Path, tiny_model: Path) -> None:
@@ -424,8 +540,17 @@ def test_token_classification_logits_match_transformers(tmp_path: Path, tiny_mod
     train = tmp_path / "train.txt"
     train.write_text(conll_text(ner_sentences(8, 0)))
     out = tmp_path / "ner"
-    run(FinetuneConfig(model=str(tiny_model), task="conll2003", train=str(train), out=str(out),
-                       epochs=1, batch_size=4, progress=False))  # fmt: skip
+    run(
+        FinetuneConfig(
+            model=str(tiny_model),
+            task="conll2003",
+            train=str(train),
+            out=str(out),
+            epochs=1,
+            batch_size=4,
+            progress=False,
+        )
+    )
     theirs = transformers.BertForTokenClassification.from_pretrained(out).eval()
     ours = BertForTokenClassification.from_pretrained(out).eval()
     assert theirs.config.id2label == ours.config.id2label

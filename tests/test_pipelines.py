@@ -97,9 +97,28 @@ def test_fill_mask_and_nsp_match_transformers(tiny_model: Path) -> None:
     assert np.allclose(probs, ref.seq_relationship_logits.softmax(-1)[:, 0].numpy(), atol=1e-5)
 
 
-NUMBERS = ["one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven",
-           "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen",
-           "nineteen", "twenty"]  # fmt: skip
+NUMBERS = [
+    "one",
+    "two",
+    "three",
+    "four",
+    "five",
+    "six",
+    "seven",
+    "eight",
+    "nine",
+    "ten",
+    "eleven",
+    "twelve",
+    "thirteen",
+    "fourteen",
+    "fifteen",
+    "sixteen",
+    "seventeen",
+    "eighteen",
+    "nineteen",
+    "twenty",
+]
 
 
 @pytest.mark.slow
@@ -124,11 +143,22 @@ def test_fill_mask_on_a_model_pre_trained_by_bertforge(tmp_path: Path) -> None:
     out = tmp_path / "run"
     summary = pretrain(
         PretrainConfig(
-            data=str(tmp_path / "shards"), out=str(out), model_size="tiny", steps=400,
-            batch_size=16, max_seq_length=32, lr=2e-3, warmup_ratio=0.05, precision="fp32",
-            eval_every=400, eval_batches=4, save_every=400, keep_checkpoints=1, progress=False,
+            data=str(tmp_path / "shards"),
+            out=str(out),
+            model_size="tiny",
+            steps=400,
+            batch_size=16,
+            max_seq_length=32,
+            lr=2e-3,
+            warmup_ratio=0.05,
+            precision="fp32",
+            eval_every=400,
+            eval_batches=4,
+            save_every=400,
+            keep_checkpoints=1,
+            progress=False,
         )
-    )  # fmt: skip
+    )
     assert summary["eval"]["mlm_acc"] > 0.5  # held-out documents
     probes = {
         "two three [MASK] five six.": "four",
@@ -169,9 +199,13 @@ def heads_dir(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> dic
     config = BertConfig(**{**TINY, "vocab_size": tok.vocab_size})
     for name, cls, kwargs in (
         ("cls", BertForSequenceClassification, {"id2label": {0: "neg", 1: "pos"}}),
-        ("ner", BertForTokenClassification, {"id2label": dict(enumerate(["O", "B-PER", "I-PER", "B-LOC"]))}),
+        (
+            "ner",
+            BertForTokenClassification,
+            {"id2label": dict(enumerate(["O", "B-PER", "I-PER", "B-LOC"]))},
+        ),
         ("qa", BertForQuestionAnswering, {}),
-    ):  # fmt: skip
+    ):
         torch.manual_seed(1)
         d = tmp_path_factory.mktemp(name)
         cls(config.replace(**kwargs)).save_pretrained(d)
@@ -274,16 +308,33 @@ def test_qa_spans_and_long_contexts(heads_dir: dict[str, Path]) -> None:
         pipe.qa(["a", "b"], ["c"])
 
 
-def test_cli_pipelines(tmp_path: Path, minilm_dir: Path, tiny_model: Path,
-                       capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+def test_cli_pipelines(
+    tmp_path: Path, minilm_dir: Path, tiny_model: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     texts = tmp_path / "texts.txt"
     texts.write_text("a man plays guitar\n\nthe fox jumps\n")
-    assert main(["embed", str(minilm_dir), str(texts), "--out", str(tmp_path / "e.npy"),
-                 "--normalize"]) == 0  # fmt: skip
+    assert (
+        main(
+            ["embed", str(minilm_dir), str(texts), "--out", str(tmp_path / "e.npy"), "--normalize"]
+        )
+        == 0
+    )
     e = np.load(tmp_path / "e.npy")
     assert e.shape == (2, 384) and np.allclose(np.linalg.norm(e, axis=1), 1, atol=1e-5)
-    assert main(["features", str(minilm_dir), str(texts), "--layers", "-1,-2",
-                 "--out", str(tmp_path / "f.jsonl")]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "features",
+                str(minilm_dir),
+                str(texts),
+                "--layers",
+                "-1,-2",
+                "--out",
+                str(tmp_path / "f.jsonl"),
+            ]
+        )
+        == 0
+    )
     first = json.loads((tmp_path / "f.jsonl").read_text().splitlines()[0])
     assert first["linex_index"] == 0 and first["features"][0]["token"] == "[CLS]"
     assert [x["index"] for x in first["features"][0]["layers"]] == [-1, -2]
@@ -332,20 +383,43 @@ def test_qa_pipeline_on_a_model_fine_tuned_by_bertforge(tmp_path: Path, minilm_d
         question, answer = (
             (f"Where does {who} live?", where) if i % 2 else (f"What does {who} work as?", job)
         )
-        paragraphs.append({"context": context, "qas": [{"id": str(i), "question": question,
-                           "answers": [{"text": answer, "answer_start": context.index(answer)}]}]})  # fmt: skip
+        paragraphs.append(
+            {
+                "context": context,
+                "qas": [
+                    {
+                        "id": str(i),
+                        "question": question,
+                        "answers": [{"text": answer, "answer_start": context.index(answer)}],
+                    }
+                ],
+            }
+        )
     data = tmp_path / "train.json"
     data.write_text(
         json.dumps({"version": "1.1", "data": [{"title": "t", "paragraphs": paragraphs}]})
     )
     out = tmp_path / "qa"
-    best = run(FinetuneConfig(model=str(minilm_dir), task="squad", train=str(data), dev=str(data),
-                              out=str(out), epochs=5, batch_size=16, lr=2e-4, max_seq_length=64,
-                              progress=False))  # fmt: skip
+    best = run(
+        FinetuneConfig(
+            model=str(minilm_dir),
+            task="squad",
+            train=str(data),
+            dev=str(data),
+            out=str(out),
+            epochs=5,
+            batch_size=16,
+            lr=2e-4,
+            max_seq_length=64,
+            progress=False,
+        )
+    )
     assert best["exact_match"] >= 90
     # new people, places and jobs in new sentences; the answer's characters in the context
-    contexts = ["Ingrid lives in Nairobi and works as a dentist.",
-                "Last spring Ingrid moved; she lives in Nairobi and works as a dentist."]  # fmt: skip
+    contexts = [
+        "Ingrid lives in Nairobi and works as a dentist.",
+        "Last spring Ingrid moved; she lives in Nairobi and works as a dentist.",
+    ]
     got = Pipeline(out, precision="fp32").qa(
         ["Where does Ingrid live?", "What does Ingrid work as?"], contexts
     )
@@ -373,9 +447,20 @@ def test_classify_pipeline_on_a_model_fine_tuned_by_bertforge(
     table = tmp_path / "train.tsv"
     table.write_text("\n".join(rows) + "\n")
     out = tmp_path / "cls"
-    best = run(FinetuneConfig(model=str(minilm_dir), task="csv", train=str(table), dev=str(table),
-                              out=str(out), epochs=3, batch_size=16, lr=2e-4, max_seq_length=32,
-                              progress=False))  # fmt: skip
+    best = run(
+        FinetuneConfig(
+            model=str(minilm_dir),
+            task="csv",
+            train=str(table),
+            dev=str(table),
+            out=str(out),
+            epochs=3,
+            batch_size=16,
+            lr=2e-4,
+            max_seq_length=32,
+            progress=False,
+        )
+    )
     assert best["accuracy"] >= 0.95
     got = Pipeline(out, precision="fp32").classify(
         ["Ingrid adored the dentist from Nairobi.", "Ingrid despised the dentist from Nairobi."]

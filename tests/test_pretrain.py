@@ -50,10 +50,26 @@ def pretrain_cmd(
     data: Path, out: Path, *extra: str, model: tuple[str, str] = ("--model-size", "tiny")
 ) -> list[str]:
     return [
-        sys.executable, "-m", "bertforge", "pretrain", "--data", str(data), "--out", str(out), *model,
-        "--batch-size", "8", "--max-seq-length", "64", "--precision", "fp32", "--no-progress",
-        "--log-every", "1", *extra,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "bertforge",
+        "pretrain",
+        "--data",
+        str(data),
+        "--out",
+        str(out),
+        *model,
+        "--batch-size",
+        "8",
+        "--max-seq-length",
+        "64",
+        "--precision",
+        "fp32",
+        "--no-progress",
+        "--log-every",
+        "1",
+        *extra,
+    ]
 
 
 def run(cmd: list[str], **kw) -> subprocess.CompletedProcess[str]:
@@ -308,8 +324,13 @@ def test_packed_rows_cross_sentences_and_documents(data: Path) -> None:
 
     shards = ShardSet(data)
     tok = shards.tokenizer()
-    spec = MaskingSpec.from_tokens(tok.tokens, tok.mask_id, frozenset({tok.cls_id, tok.sep_id, tok.pad_id}),
-                                   masked_lm_prob=1e-9, max_predictions_per_seq=1)  # fmt: skip
+    spec = MaskingSpec.from_tokens(
+        tok.tokens,
+        tok.mask_id,
+        frozenset({tok.cls_id, tok.sep_id, tok.pad_id}),
+        masked_lm_prob=1e-9,
+        max_predictions_per_seq=1,
+    )
     stream = PretrainingStream(
         shards, spec, tok.cls_id, tok.sep_id, tok.pad_id, max_seq_length=64, packed=True
     )
@@ -346,8 +367,21 @@ def test_no_nsp_run_writes_a_masked_lm_that_transformers_loads(data: Path, tmp_p
     from bertforge.heads import BertForMaskedLM
 
     out = tmp_path / "mlm"
-    result = run(pretrain_cmd(data, out, "--no-nsp", "--dropout", "0", "--steps", "12",
-                              "--eval-every", "6", "--eval-batches", "2"))  # fmt: skip
+    result = run(
+        pretrain_cmd(
+            data,
+            out,
+            "--no-nsp",
+            "--dropout",
+            "0",
+            "--steps",
+            "12",
+            "--eval-every",
+            "6",
+            "--eval-batches",
+            "2",
+        )
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     config = json.loads((out / "config.json").read_text())
     assert config["architectures"] == ["BertForMaskedLM"]
@@ -385,8 +419,19 @@ def test_dropout_option_reaches_the_model(data: Path) -> None:
 def test_no_nsp_with_dropout_killed_and_resumed_is_bit_identical(
     data: Path, tmp_path: Path
 ) -> None:
-    args = ["--no-nsp", "--dropout", "0.2", "--steps", "16", "--save-every", "4", "--eval-every", "8",
-            "--eval-batches", "1"]  # fmt: skip
+    args = [
+        "--no-nsp",
+        "--dropout",
+        "0.2",
+        "--steps",
+        "16",
+        "--save-every",
+        "4",
+        "--eval-every",
+        "8",
+        "--eval-batches",
+        "1",
+    ]
     reference = run(pretrain_cmd(data, tmp_path / "A", *args))
     assert reference.returncode == 0, reference.stderr[-3000:]
     kill_and_resume(data, tmp_path / "A", tmp_path / "B", args, at_step=8)
@@ -419,8 +464,12 @@ def test_losses_equal_transformers_step_for_step(data: Path, nodrop: Path) -> No
     from bertforge.data.instances import MaskingSpec
     from bertforge.data.pretraining import PretrainingStream
 
-    spec = MaskingSpec.from_tokens(tok.tokens, tok.mask_id, frozenset({tok.cls_id, tok.sep_id, tok.pad_id}),
-                                   max_predictions_per_seq=10)  # fmt: skip
+    spec = MaskingSpec.from_tokens(
+        tok.tokens,
+        tok.mask_id,
+        frozenset({tok.cls_id, tok.sep_id, tok.pad_id}),
+        max_predictions_per_seq=10,
+    )
     stream = PretrainingStream(shards, spec, tok.cls_id, tok.sep_id, tok.pad_id, max_seq_length=64)
     task = PretrainingTask(stream, {}, cfg, Dist())
     opt_a = build_optimizer(ours, "adamw", 1e-3, 0.01)
@@ -433,9 +482,13 @@ def test_losses_equal_transformers_step_for_step(data: Path, nodrop: Path) -> No
         rows = torch.arange(len(labels))[:, None].expand_as(batch.mlm_positions)
         real = batch.mlm_labels != -100
         labels[rows[real], batch.mlm_positions[real]] = batch.mlm_labels[real]
-        loss_b = theirs(input_ids=batch.input_ids, token_type_ids=batch.token_type_ids,
-                        attention_mask=batch.attention_mask, labels=labels,
-                        next_sentence_label=batch.nsp_labels).loss  # fmt: skip
+        loss_b = theirs(
+            input_ids=batch.input_ids,
+            token_type_ids=batch.token_type_ids,
+            attention_mask=batch.attention_mask,
+            labels=labels,
+            next_sentence_label=batch.nsp_labels,
+        ).loss
         diffs.append(abs(loss_a.item() - loss_b.item()))
         for model, loss, opt in ((ours, loss_a, opt_a), (theirs, loss_b, opt_b)):
             loss.backward()

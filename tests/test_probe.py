@@ -29,13 +29,27 @@ def test_combine_layer_choices() -> None:
         combine(f, "sum:x")
 
 
-def test_probe_on_frozen_minilm(tmp_path: Path, minilm_dir: Path,
-                                capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+def test_probe_on_frozen_minilm(
+    tmp_path: Path, minilm_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     train = keyword_table(tmp_path / "train.tsv", 96, seed=0)
     dev = keyword_table(tmp_path / "dev.tsv", 48, seed=1)
     out = tmp_path / "probe.json"
-    rc = main(["probe", "--model", str(minilm_dir), "--train", str(train), "--dev", str(dev),
-               "--layers", "-1;0;concat:-1,-2", "--json", str(out)])  # fmt: skip
+    rc = main(
+        [
+            "probe",
+            "--model",
+            str(minilm_dir),
+            "--train",
+            str(train),
+            "--dev",
+            str(dev),
+            "--layers",
+            "-1;0;concat:-1,-2",
+            "--json",
+            str(out),
+        ]
+    )
     assert rc == 0
     rows = json.loads(out.read_text())
     assert [r["layers"] for r in rows] == ["-1", "0", "concat:-1,-2"]

@@ -28,11 +28,24 @@ def _variant(minilm_dir: Path, out: Path, modes: list[str], normalize: bool) -> 
         if f.is_file():
             (out / f.name).symlink_to(f)
     (out / "modules.json").unlink()
-    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]  # fmt: skip
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {
+            "idx": 1,
+            "name": "1",
+            "path": "1_Pooling",
+            "type": "sentence_transformers.models.Pooling",
+        },
+    ]
     if normalize:
-        modules.append({"idx": 2, "name": "2", "path": "2_Normalize",
-                        "type": "sentence_transformers.models.Normalize"})  # fmt: skip
+        modules.append(
+            {
+                "idx": 2,
+                "name": "2",
+                "path": "2_Normalize",
+                "type": "sentence_transformers.models.Normalize",
+            }
+        )
     (out / "modules.json").write_text(json.dumps(modules))
     (out / "1_Pooling").mkdir()
     (out / "1_Pooling" / "config.json").write_text(
@@ -45,9 +58,14 @@ def _variant(minilm_dir: Path, out: Path, modes: list[str], normalize: bool) -> 
 
 @pytest.mark.parametrize(
     "modes, normalize",
-    [(None, True), (["cls"], False), (["max", "mean_sqrt_len_tokens"], False),
-     (["weightedmean"], True), (["lasttoken"], False)],
-)  # fmt: skip
+    [
+        (None, True),
+        (["cls"], False),
+        (["max", "mean_sqrt_len_tokens"], False),
+        (["weightedmean"], True),
+        (["lasttoken"], False),
+    ],
+)
 def test_embed_with_no_flags_equals_sentence_transformers(
     minilm_dir: Path, tmp_path: Path, modes: list[str] | None, normalize: bool
 ) -> None:
@@ -72,8 +90,16 @@ def test_cli_embed_uses_the_models_settings_and_flags_override(
     got = np.array([json.loads(line)["embedding"] for line in capsys.readouterr().out.splitlines()])
     ref = st.SentenceTransformer(str(minilm_dir), device="cpu").encode(SENTENCES[:3])
     assert np.abs(got - ref).max() < 1e-4
-    args = ["embed", str(minilm_dir), str(tmp_path / "in.txt"), "--precision", "fp32", "--no-normalize",
-            "--pooling", "cls"]  # fmt: skip
+    args = [
+        "embed",
+        str(minilm_dir),
+        str(tmp_path / "in.txt"),
+        "--precision",
+        "fp32",
+        "--no-normalize",
+        "--pooling",
+        "cls",
+    ]
     assert main(args) == 0
     raw = np.array([json.loads(line)["embedding"] for line in capsys.readouterr().out.splitlines()])
     want = Pipeline(minilm_dir, precision="fp32").features(SENTENCES[:3])
@@ -119,8 +145,10 @@ def test_every_piece_of_a_long_text_comes_from_its_max_context_window(minilm_dir
     size, stride = 62, 24  # windows of 64 rows: [CLS] 62 pieces [SEP]
     spans = _windows(n, size, stride)
     with torch.no_grad():
-        rows = [hf(torch.tensor([[ids[0], *ids[1 + s : 1 + s + m], ids[-1]]])).last_hidden_state[0]
-                for s, m in spans]  # fmt: skip
+        rows = [
+            hf(torch.tensor([[ids[0], *ids[1 + s : 1 + s + m], ids[-1]]])).last_hidden_state[0]
+            for s, m in spans
+        ]
     want = np.zeros((n + 2, 384), np.float32)
     want[0], want[-1] = rows[0][0], rows[-1][-1]
     for p in range(n):
@@ -201,11 +229,19 @@ def test_classify_a_long_text_averages_its_windows(tiny_model: Path, tmp_path: P
     ids = tok.encode_batch([text], truncation=False)[0].ids
     n, size, stride = len(ids) - 2, 30, 10
     spans = _windows(n, size, stride)
-    owner = [int(np.argmax([min(p - s, s + m - 1 - p) + 0.01 * m if s <= p < s + m else -1
-                            for s, m in spans])) for p in range(n)]  # fmt: skip
+    owner = [
+        int(
+            np.argmax(
+                [min(p - s, s + m - 1 - p) + 0.01 * m if s <= p < s + m else -1 for s, m in spans]
+            )
+        )
+        for p in range(n)
+    ]
     with torch.no_grad():
-        probs = [hf(torch.tensor([[ids[0], *ids[1 + s : 1 + s + m], ids[-1]]])).logits[0].softmax(-1)
-                 for s, m in spans]  # fmt: skip
+        probs = [
+            hf(torch.tensor([[ids[0], *ids[1 + s : 1 + s + m], ids[-1]]])).logits[0].softmax(-1)
+            for s, m in spans
+        ]
     weights = np.bincount(owner, minlength=len(spans))
     want = np.average(np.stack(probs), axis=0, weights=weights)
     got = Pipeline(tmp_path / "clf", precision="fp32", max_length=32, stride=stride).classify(
@@ -231,8 +267,11 @@ def _multi_label_table(path: Path, n: int, seed: int, flags: bool = False) -> Pa
             pool = {"good": GOOD, "bad": BAD, "music": ["music", "song", "piano"]}[k]
             words.insert(int(rng.integers(0, len(words) + 1)), str(rng.choice(pool)))
         text = " ".join(words)
-        rows.append(f"{text},{','.join(str(int(k in have)) for k in ('good', 'bad', 'music'))}"
-                    if flags else f"{text}\t{'|'.join(have)}")  # fmt: skip
+        rows.append(
+            f"{text},{','.join(str(int(k in have)) for k in ('good', 'bad', 'music'))}"
+            if flags
+            else f"{text}\t{'|'.join(have)}"
+        )
     path.write_text("\n".join(rows) + "\n")
     return path
 
@@ -260,11 +299,23 @@ def test_multi_label_end_to_end(tmp_path: Path, minilm_dir: Path) -> None:
     train = _multi_label_table(tmp_path / "train.tsv", 160, seed=0)
     dev = _multi_label_table(tmp_path / "dev.tsv", 60, seed=1)
     out = tmp_path / "ml"
-    best = run(FinetuneConfig(
-        model=str(minilm_dir), task="csv", train=str(train), dev=str(dev), out=str(out),
-        text_column="text", label_column="labels", multi_label=True, tune_threshold=True,
-        epochs=3, batch_size=16, lr=2e-4, progress=False,
-    ))  # fmt: skip
+    best = run(
+        FinetuneConfig(
+            model=str(minilm_dir),
+            task="csv",
+            train=str(train),
+            dev=str(dev),
+            out=str(out),
+            text_column="text",
+            label_column="labels",
+            multi_label=True,
+            tune_threshold=True,
+            epochs=3,
+            batch_size=16,
+            lr=2e-4,
+            progress=False,
+        )
+    )
     assert best["micro_f1"] > 0.9 and best["macro_f1"] > 0.85 and best["exact_match"] > 0.7
     config = json.loads((out / "config.json").read_text())
     assert config["problem_type"] == "multi_label_classification"
@@ -272,8 +323,10 @@ def test_multi_label_end_to_end(tmp_path: Path, minilm_dir: Path) -> None:
     # transformers loads it as a multi-label model: same logits, same loss as ours
     hf = transformers.BertForSequenceClassification.from_pretrained(out).eval()
     assert hf.config.problem_type == "multi_label_classification"
-    fam = family(TaskOptions(task="csv", text_column="text", label_column="labels",
-                             multi_label=True), Tokenizer.from_pretrained(out))  # fmt: skip
+    fam = family(
+        TaskOptions(task="csv", text_column="text", label_column="labels", multi_label=True),
+        Tokenizer.from_pretrained(out),
+    )
     fam.set_labels(config=BertConfig.from_pretrained(out))
     examples = fam.read(str(dev))[:8]
     feats = fam.featurize(examples)
@@ -294,8 +347,15 @@ def test_multi_label_end_to_end(tmp_path: Path, minilm_dir: Path) -> None:
     assert [g["labels"] for g in got] == [
         [names[k] for k in np.flatnonzero(p >= thresholds)] for p in probs
     ]
-    again = evaluate_model(str(out), "csv", str(dev), precision="fp32", text_column="text",
-                           label_column="labels", multi_label=True)  # fmt: skip
+    again = evaluate_model(
+        str(out),
+        "csv",
+        str(dev),
+        precision="fp32",
+        text_column="text",
+        label_column="labels",
+        multi_label=True,
+    )
     assert again["micro_f1"] == pytest.approx(best["micro_f1"], abs=0.02)
     # one 0/1 column per label reads as the same labels
     flags = _multi_label_table(tmp_path / "flags.csv", 20, seed=3, flags=True)

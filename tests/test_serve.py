@@ -44,10 +44,25 @@ def classifier(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Pa
 def server(classifier: Path) -> Iterator[str]:
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "bertforge", "serve", str(classifier), "--port", str(port),
-         "--max-texts", "8", "--max-chars", "200", "--precision", "fp32"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "bertforge",
+            "serve",
+            str(classifier),
+            "--port",
+            str(port),
+            "--max-texts",
+            "8",
+            "--max-chars",
+            "200",
+            "--precision",
+            "fp32",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         for _ in range(300):
@@ -92,7 +107,11 @@ def test_limits_and_malformed_input(server: str) -> None:
     assert r.status_code == 413 and "limit of 8" in r.json()["error"]
     r = httpx.post(f"{server}/embed", json={"texts": ["x" * 201]})
     assert r.status_code == 413 and "texts[0]" in r.json()["error"]
-    r = httpx.post(f"{server}/embed", content=b'{"texts": ["unterminated', headers={"content-type": "application/json"})  # fmt: skip
+    r = httpx.post(
+        f"{server}/embed",
+        content=b'{"texts": ["unterminated',
+        headers={"content-type": "application/json"},
+    )
     assert r.status_code == 400 and r.json() == {"error": "the body is not valid JSON"}
     r = httpx.post(f"{server}/embed", json={"texts": "not a list"})
     assert r.status_code == 422 and r.json()["error"].startswith("texts")

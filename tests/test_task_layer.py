@@ -51,8 +51,11 @@ def task_file(task: str, tmp: Path) -> tuple[Path, dict]:
             "max_seq_length": 24,
             "doc_stride": 8,
         }
-    rows = [SWAG_HEADER] + [f'v{i},{i},x,"The man picks up a cup {i}.",He,gold,"drinks.","sings '
-                            f'loudly.","flies away.","melts.",{i % 4}' for i in range(6)]  # fmt: skip
+    rows = [SWAG_HEADER] + [
+        f'v{i},{i},x,"The man picks up a cup {i}.",He,gold,"drinks.","sings '
+        f'loudly.","flies away.","melts.",{i % 4}'
+        for i in range(6)
+    ]
     (tmp / "swag.csv").write_text("\n".join(rows) + "\n")
     return tmp / "swag.csv", {}
 
@@ -81,8 +84,11 @@ def test_the_training_loss_of_every_family_equals_transformers(
     batch = collate(features, np.arange(len(features)), tok.pad_id)
     totals = fine.normalizers([batch])  # the loop's normaliser: the whole global batch
     ours, _ = fine.loss(model, batch, totals)  # the training code path
-    inputs = {"input_ids": batch.input_ids, "token_type_ids": batch.token_type_ids,
-              "attention_mask": batch.attention_mask}  # fmt: skip
+    inputs = {
+        "input_ids": batch.input_ids,
+        "token_type_ids": batch.token_type_ids,
+        "attention_mask": batch.attention_mask,
+    }
     if task == "squad":
         ref = hf(
             **inputs, start_positions=batch.labels[:, 0], end_positions=batch.labels[:, 1]
@@ -114,8 +120,12 @@ def test_the_pretraining_loss_equals_transformers(
     corpus.write_text("\n\n".join(d.replace(". ", ".\n") for d in docs) + "\n")
     prepare([corpus], tok, tmp_path / "shards", fmt="lines", progress=False, heldout=0.0)
     shards = ShardSet(tmp_path / "shards")
-    spec = MaskingSpec.from_tokens(tok.tokens, tok.mask_id, frozenset({tok.cls_id, tok.sep_id, tok.pad_id}),
-                                   max_predictions_per_seq=10)  # fmt: skip
+    spec = MaskingSpec.from_tokens(
+        tok.tokens,
+        tok.mask_id,
+        frozenset({tok.cls_id, tok.sep_id, tok.pad_id}),
+        max_predictions_per_seq=10,
+    )
     stream = PretrainingStream(
         shards, spec, tok.cls_id, tok.sep_id, tok.pad_id, max_seq_length=48, packed=not nsp
     )
@@ -133,8 +143,13 @@ def test_the_pretraining_loss_equals_transformers(
     real = batch.mlm_labels != IGNORE_INDEX
     labels[rows[real], batch.mlm_positions[real]] = batch.mlm_labels[real]
     extra = {"next_sentence_label": batch.nsp_labels} if nsp else {}
-    ref = hf(input_ids=batch.input_ids, token_type_ids=batch.token_type_ids,
-             attention_mask=batch.attention_mask, labels=labels, **extra).loss  # fmt: skip
+    ref = hf(
+        input_ids=batch.input_ids,
+        token_type_ids=batch.token_type_ids,
+        attention_mask=batch.attention_mask,
+        labels=labels,
+        **extra,
+    ).loss
     assert abs(float(ours) - float(ref)) <= 1e-5
 
 
@@ -155,9 +170,11 @@ def heads(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> dict[st
     config = BertConfig(**{**TINY, "vocab_size": tok.vocab_size})
     tags = ["O", "B-LOC", "B-PER", "I-PER"]
     out = {}
-    for name, cls, kwargs in (("sst2", BertForSequenceClassification, {"id2label": {0: "0", 1: "1"}}),
-                              ("conll2003", BertForTokenClassification, {"id2label": dict(enumerate(tags))}),
-                              ("squad", BertForQuestionAnswering, {})):  # fmt: skip
+    for name, cls, kwargs in (
+        ("sst2", BertForSequenceClassification, {"id2label": {0: "0", 1: "1"}}),
+        ("conll2003", BertForTokenClassification, {"id2label": dict(enumerate(tags))}),
+        ("squad", BertForQuestionAnswering, {}),
+    ):
         torch.manual_seed(3)
         d = tmp_path_factory.mktemp(name)
         model = cls(config.replace(**kwargs))
@@ -193,8 +210,13 @@ def test_evaluate_and_classify_predict_alike(heads: dict[str, Path], tmp_path: P
 def test_evaluate_and_ner_find_the_same_entities(heads: dict[str, Path], tmp_path: Path) -> None:
     sentences = ner_sentences(30, seed=4)
     (tmp_path / "dev.txt").write_text(conll_text(sentences))
-    evaluate_model(str(heads["conll2003"]), "conll2003", str(tmp_path / "dev.txt"), out=str(tmp_path),
-                   precision="fp32")  # fmt: skip
+    evaluate_model(
+        str(heads["conll2003"]),
+        "conll2003",
+        str(tmp_path / "dev.txt"),
+        out=str(tmp_path),
+        precision="fp32",
+    )
     blocks = (tmp_path / "predictions_conll.txt").read_text().strip().split("\n\n")
     predicted = [[ln.split()[2] for ln in b.splitlines()] for b in blocks]
     texts = [" ".join(w for w, _ in s) for s in sentences]
@@ -211,13 +233,24 @@ def test_evaluate_and_ner_find_the_same_entities(heads: dict[str, Path], tmp_pat
 
 def test_evaluate_and_qa_answer_alike(heads: dict[str, Path], tmp_path: Path) -> None:
     data = squad_file(tmp_path / "dev.json", version_2=False)
-    evaluate_model(str(heads["squad"]), "squad", str(data), out=str(tmp_path), precision="fp32",
-                   max_seq_length=32, doc_stride=8)  # fmt: skip
+    evaluate_model(
+        str(heads["squad"]),
+        "squad",
+        str(data),
+        out=str(tmp_path),
+        precision="fp32",
+        max_seq_length=32,
+        doc_stride=8,
+    )
     answers = json.loads((tmp_path / "predictions.json").read_text())
-    qas = [(q["id"], q["question"], p["context"]) for p in json.loads(data.read_text())["data"][0]["paragraphs"]
-           for q in p["qas"]]  # fmt: skip
-    got = Pipeline(heads["squad"], precision="fp32").qa([q for _, q, _ in qas], [c for _, _, c in qas],
-                                                          max_seq_length=32, doc_stride=8)  # fmt: skip
+    qas = [
+        (q["id"], q["question"], p["context"])
+        for p in json.loads(data.read_text())["data"][0]["paragraphs"]
+        for q in p["qas"]
+    ]
+    got = Pipeline(heads["squad"], precision="fp32").qa(
+        [q for _, q, _ in qas], [c for _, _, c in qas], max_seq_length=32, doc_stride=8
+    )
     assert [g["answer"] for g in got] == [answers[i] for i, _, _ in qas]
 
 

@@ -136,18 +136,30 @@ draw(null);
 """
 
 
-def write_html(path: Path, tokens: list[str], probs: np.ndarray, layer: int, head: int | None,
-               title: str) -> None:  # fmt: skip
+def write_html(
+    path: Path, tokens: list[str], probs: np.ndarray, layer: int, head: int | None, title: str
+) -> None:
     _select(probs, layer, head)  # validates layer and head
-    data = {"tokens": tokens, "attention": np.round(probs, 4).tolist(),
-            "layer": layer % probs.shape[0], "head": head}  # fmt: skip
+    data = {
+        "tokens": tokens,
+        "attention": np.round(probs, 4).tolist(),
+        "layer": layer % probs.shape[0],
+        "head": head,
+    }
     payload = json.dumps(data).replace("</", "<\\/")  # nothing in the data can close the script
     page = PAGE.replace("__TITLE__", html.escape(title[:80])).replace("__DATA__", payload)
     write_text(path, page)
 
 
-def render(model_dir: str, text: str, out: str, *, pair: str | None = None, layer: int = -1,
-           head: int | None = None) -> Path:  # fmt: skip
+def render(
+    model_dir: str,
+    text: str,
+    out: str,
+    *,
+    pair: str | None = None,
+    layer: int = -1,
+    head: int | None = None,
+) -> Path:
     """Write the view (.html or .png by the suffix of `out`)."""
     path = Path(out)
     if path.suffix.lower() not in (".html", ".png"):

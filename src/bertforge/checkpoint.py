@@ -113,8 +113,10 @@ def hf_names(ours: str, model_type: str = "bert") -> tuple[str, ...]:
     for pattern, names in _COMPILED[model_type]:
         m = pattern.match(ours)
         if m:
-            return tuple(n[1:].format(*m.groups()) if n.startswith("/") else
-                         prefix + n.format(*m.groups()) for n in names)  # fmt: skip
+            return tuple(
+                n[1:].format(*m.groups()) if n.startswith("/") else prefix + n.format(*m.groups())
+                for n in names
+            )
     raise KeyError(f"no HF name for parameter {ours!r}: add it to checkpoint.KEY_TABLE")
 
 

@@ -147,8 +147,14 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     from .train.finetune import evaluate_model
 
     out = args.out if args.out is not None else args.model
-    metrics = evaluate_model(args.model, TaskOptions(**options_of(args, TaskOptions)), args.data,
-                             out=out, device=args.device, precision=args.precision)  # fmt: skip
+    metrics = evaluate_model(
+        args.model,
+        TaskOptions(**options_of(args, TaskOptions)),
+        args.data,
+        out=out,
+        device=args.device,
+        precision=args.precision,
+    )
     if args.json:
         print(json.dumps(metrics))
     else:
@@ -162,8 +168,9 @@ def cmd_predict(args: argparse.Namespace) -> None:
     from .train.finetune import predict
 
     options = TaskOptions(**options_of(args, TaskOptions))
-    for path in predict(args.model, options, args.data, args.out, device=args.device,
-                        precision=args.precision):  # fmt: skip
+    for path in predict(
+        args.model, options, args.data, args.out, device=args.device, precision=args.precision
+    ):
         print(f"wrote {path}")
 
 
@@ -259,10 +266,22 @@ def cmd_pipeline(args: argparse.Namespace) -> None:
             _write_arrays(args.out, results)
             return
         # Google's extract_features.py JSONL: every token with the values of every layer
-        items = [{"linex_index": i, "features": [
-            {"token": tok, "layers": [{"index": k, "values": [round(float(x), 6) for x in r["layers"][k][j]]}
-                                      for k in layers]}
-            for j, tok in enumerate(r["tokens"])]} for i, r in enumerate(results)]  # fmt: skip
+        items = [
+            {
+                "linex_index": i,
+                "features": [
+                    {
+                        "token": tok,
+                        "layers": [
+                            {"index": k, "values": [round(float(x), 6) for x in r["layers"][k][j]]}
+                            for k in layers
+                        ],
+                    }
+                    for j, tok in enumerate(r["tokens"])
+                ],
+            }
+            for i, r in enumerate(results)
+        ]
     _write_jsonl(args.out, items)
 
 
@@ -291,8 +310,14 @@ def cmd_serve(args: argparse.Namespace) -> None:
     from .serve import Limits, serve
 
     print(f"serving {args.model} on http://{args.host}:{args.port} (docs at /docs)", flush=True)
-    serve(args.model, host=args.host, port=args.port, limits=Limits(**options_of(args, Limits)),
-          precision=args.precision, device=args.device)  # fmt: skip
+    serve(
+        args.model,
+        host=args.host,
+        port=args.port,
+        limits=Limits(**options_of(args, Limits)),
+        precision=args.precision,
+        device=args.device,
+    )
 
 
 def cmd_export(args: argparse.Namespace) -> None:
@@ -300,8 +325,10 @@ def cmd_export(args: argparse.Namespace) -> None:
 
     result = export_onnx(args.model, args.onnx, **options_of(args, export_onnx))
     diffs = ", ".join(f"{k} {v:.1e}" for k, v in result["max_abs_diff"].items())
-    print(f"wrote {args.onnx} ({result['architecture']}: {', '.join(result['outputs'])}); "
-          f"onnxruntime vs PyTorch max |difference|: {diffs}")  # fmt: skip
+    print(
+        f"wrote {args.onnx} ({result['architecture']}: {', '.join(result['outputs'])}); "
+        f"onnxruntime vs PyTorch max |difference|: {diffs}"
+    )
 
 
 def cmd_attention(args: argparse.Namespace) -> None:
@@ -324,11 +351,18 @@ def cmd_probe(args: argparse.Namespace) -> None:
     train = fam.read(args.train)[: args.max_train] if args.max_train else fam.read(args.train)
     dev = fam.read(args.dev)
     choices = args.layers.split(";") if args.layers else DEFAULT_CHOICES
-    rows = probe(args.model, ([e.text for e in train], [e.label for e in train]),
-                 ([e.text for e in dev], [e.label for e in dev]), choices,
-                 pooling=args.pooling, precision=args.precision)  # fmt: skip
-    print(f"{len(train):,} training and {len(dev):,} dev sentences; frozen features "
-          f"({args.pooling} pooling) in {rows[0]['feature_seconds']:.0f} s")  # fmt: skip
+    rows = probe(
+        args.model,
+        ([e.text for e in train], [e.label for e in train]),
+        ([e.text for e in dev], [e.label for e in dev]),
+        choices,
+        pooling=args.pooling,
+        precision=args.precision,
+    )
+    print(
+        f"{len(train):,} training and {len(dev):,} dev sentences; frozen features "
+        f"({args.pooling} pooling) in {rows[0]['feature_seconds']:.0f} s"
+    )
     print(f"{'layers':<22} {'dim':>6}  dev accuracy")
     for r in rows:
         print(f"{r['layers']:<22} {r['dim']:>6}  {r['dev_accuracy']:.4f}")
@@ -409,8 +443,15 @@ def add_options(
             p.add_argument(flag, dest=name, type=_int_list, default=default, help=text)
         else:
             allowed = m.get("choices") or (choices or {}).get(name)
-            p.add_argument(flag, dest=name, type=kind, default=None if required else default,
-                           required=required, choices=allowed, help=text)  # fmt: skip
+            p.add_argument(
+                flag,
+                dest=name,
+                type=kind,
+                default=None if required else default,
+                required=required,
+                choices=allowed,
+                help=text,
+            )
         names.append(name)
     p.set_defaults(**{_key(target): [*getattr(p, "_defaults", {}).get(_key(target), []), *names]})
 
@@ -457,8 +498,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"bertforge {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    inference = {"device": "cpu, cuda, cuda:1 (default: a GPU if there is one)",
-                 "precision": "auto: bf16 where the device has bf16 arithmetic, else fp32"}  # fmt: skip
+    inference = {
+        "device": "cpu, cuda, cuda:1 (default: a GPU if there is one)",
+        "precision": "auto: bf16 where the device has bf16 arithmetic, else fp32",
+    }
 
     p = sub.add_parser("info", help="show what a checkpoint directory holds")
     p.add_argument("path", help="checkpoint directory (config.json, model.safetensors, vocab.txt)")
@@ -471,24 +514,40 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("files", nargs="+", help="text files, directories or glob patterns (UTF-8)")
     t.add_argument("--out", required=True, help="output directory for vocab.txt")
     t.add_argument("--cased", action="store_true", help="keep case and accents (default: uncased)")
-    add_options(t, train_vocab, skip=("lowercase", "show_progress"), flags={"vocab_size": "--size"},
-                choices={"encoding_errors": ENCODING_ERRORS},
-                help={"vocab_size": "vocabulary size", "min_frequency": "minimum pair frequency",
-                      "limit_alphabet": "maximum initial characters",
-                      "encoding_errors": "bytes that are not UTF-8: stop (strict), replace or ignore"})  # fmt: skip
+    add_options(
+        t,
+        train_vocab,
+        skip=("lowercase", "show_progress"),
+        flags={"vocab_size": "--size"},
+        choices={"encoding_errors": ENCODING_ERRORS},
+        help={
+            "vocab_size": "vocabulary size",
+            "min_frequency": "minimum pair frequency",
+            "limit_alphabet": "maximum initial characters",
+            "encoding_errors": "bytes that are not UTF-8: stop (strict), replace or ignore",
+        },
+    )
     t.set_defaults(func=cmd_vocab_train)
 
     p = sub.add_parser("prepare", help="tokenize a corpus into shards for pre-training")
     p.add_argument("inputs", nargs="+", help="text files, directories or glob patterns")
     p.add_argument("--tokenizer", required=True, help="model directory or vocab.txt")
     p.add_argument("--out", required=True, help="output directory for the shards")
-    add_options(p, prepare, skip=("batch_sentences",), flags={"fmt": "--format", "progress": "--no-progress"},
-                choices={"fmt": FORMATS, "encoding_errors": ENCODING_ERRORS},
-                help={"fmt": "input format (auto: detected per file; see bertforge.data.corpus)",
-                      "heldout": "share of documents held out for evaluation",
-                      "shard_tokens": "tokens per shard", "seed": "held-out choice",
-                      "encoding_errors": "bytes that are not UTF-8: stop (strict), replace or ignore",
-                      "progress": "no progress bar"})  # fmt: skip
+    add_options(
+        p,
+        prepare,
+        skip=("batch_sentences",),
+        flags={"fmt": "--format", "progress": "--no-progress"},
+        choices={"fmt": FORMATS, "encoding_errors": ENCODING_ERRORS},
+        help={
+            "fmt": "input format (auto: detected per file; see bertforge.data.corpus)",
+            "heldout": "share of documents held out for evaluation",
+            "shard_tokens": "tokens per shard",
+            "seed": "held-out choice",
+            "encoding_errors": "bytes that are not UTF-8: stop (strict), replace or ignore",
+            "progress": "no progress bar",
+        },
+    )
     p.set_defaults(func=cmd_prepare)
 
     p = sub.add_parser(
@@ -516,13 +575,18 @@ def build_parser() -> argparse.ArgumentParser:
     add_options(p, DistillConfig)
     p.set_defaults(func=cmd_distill)
 
-    for name, text in (("evaluate", "metrics of a fine-tuned model on a labelled task file"),
-                       ("predict", "a fine-tuned model's predictions for new inputs")):  # fmt: skip
+    for name, text in (
+        ("evaluate", "metrics of a fine-tuned model on a labelled task file"),
+        ("predict", "a fine-tuned model's predictions for new inputs"),
+    ):
         p = sub.add_parser(name, help=text)
         p.add_argument("--model", required=True, help="fine-tuned model directory")
         p.add_argument("--data", required=True, help="a file in the task's format")
-        p.add_argument("--out", required=name == "predict",
-                       help="directory for the predictions (evaluate: default the model directory)")  # fmt: skip
+        p.add_argument(
+            "--out",
+            required=name == "predict",
+            help="directory for the predictions (evaluate: default the model directory)",
+        )
         p.add_argument("--device", help=inference["device"])
         p.add_argument(
             "--precision", choices=PRECISIONS, default="auto", help=inference["precision"]
@@ -548,12 +612,19 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("model", help="model directory")
         p.add_argument("input", nargs="?", default="-", help="text file, .jsonl, or - (stdin)")
         p.add_argument("--out", help="output file (default: JSONL on stdout)")
-        add_options(p, Pipeline, choices={"precision": PRECISIONS, "quantize": ("int8",)},
-                    help={**inference, "batch_size": "texts per batch",
-                          "max_length": "pieces per window (default: the model's)",
-                          "stride": "pieces between windows of a longer text (default: half a window)",
-                          "truncate": "read only the first window of a longer text",
-                          "quantize": "int8: dynamic int8 quantisation (CPU)"})  # fmt: skip
+        add_options(
+            p,
+            Pipeline,
+            choices={"precision": PRECISIONS, "quantize": ("int8",)},
+            help={
+                **inference,
+                "batch_size": "texts per batch",
+                "max_length": "pieces per window (default: the model's)",
+                "stride": "pieces between windows of a longer text (default: half a window)",
+                "truncate": "read only the first window of a longer text",
+                "quantize": "int8: dynamic int8 quantisation (CPU)",
+            },
+        )
         if name == "fill-mask":
             add_options(p, Pipeline.fill_mask, help={"top_k": "tokens per [MASK]"})
         if name == "classify":
@@ -569,8 +640,15 @@ def build_parser() -> argparse.ArgumentParser:
                 },
             )
         if name == "features":
-            add_options(p, Pipeline.features, choices={"combine": COMBINES},
-                        help={"layers": "e.g. -1,-2,-3,-4 (0: embeddings)", "combine": "how layers combine"})  # fmt: skip
+            add_options(
+                p,
+                Pipeline.features,
+                choices={"combine": COMBINES},
+                help={
+                    "layers": "e.g. -1,-2,-3,-4 (0: embeddings)",
+                    "combine": "how layers combine",
+                },
+            )
         p.set_defaults(func=cmd_pipeline, pipeline=name)
 
     p = sub.add_parser("serve", help="HTTP server: /embed, /classify, /fill-mask, /ner, /qa")
@@ -596,8 +674,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", help="model directory")
     p.add_argument("text", help="the text to look at")
     p.add_argument("--out", required=True, help="view.html or view.png")
-    add_options(p, render, help={"pair": "a second text (sentence pair)", "layer": "layer (-1: the last)",
-                                 "head": "head (default: the mean of all heads)"})  # fmt: skip
+    add_options(
+        p,
+        render,
+        help={
+            "pair": "a second text (sentence pair)",
+            "layer": "layer (-1: the last)",
+            "head": "head (default: the mean of all heads)",
+        },
+    )
     p.set_defaults(func=cmd_attention)
 
     p = sub.add_parser("probe", help="logistic regression on frozen features, per layer choice")
@@ -617,8 +702,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--task", default="sst2", choices=TASK_NAMES, help="a single-sentence GLUE task, or csv"
     )
-    add_options(p, TaskOptions, skip=("task", "tag_column", "doc_stride", "max_query_length",
-                                      "max_answer_length", "n_best_size", "null_score_diff_threshold"))  # fmt: skip
+    add_options(
+        p,
+        TaskOptions,
+        skip=(
+            "task",
+            "tag_column",
+            "doc_stride",
+            "max_query_length",
+            "max_answer_length",
+            "n_best_size",
+            "null_score_diff_threshold",
+        ),
+    )
     p.set_defaults(func=cmd_probe)
 
     p = sub.add_parser("plot", help="training curves of a run as a PNG")
@@ -630,8 +726,13 @@ def build_parser() -> argparse.ArgumentParser:
         "demo", help="the BERT life cycle in minutes on the stdlib's docstrings (start here)"
     )
     p.add_argument("--out", default="bertforge-demo", help="output directory")
-    add_options(p, run_demo, skip=("vocab_size", "sentences", "epochs"), flags={"progress": "--no-progress"},
-                help={"steps": "pre-training steps", "seed": "everything random"})  # fmt: skip
+    add_options(
+        p,
+        run_demo,
+        skip=("vocab_size", "sentences", "epochs"),
+        flags={"progress": "--no-progress"},
+        help={"steps": "pre-training steps", "seed": "everything random"},
+    )
     p.set_defaults(func=cmd_demo)
     _show_defaults(parser)
     _ = SIZES  # the sizes' choices come with PretrainConfig.model_size

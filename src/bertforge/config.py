@@ -53,11 +53,16 @@ _HF_NOISE = {"model_type", "architectures", "transformers_version", "torch_dtype
 # DistilBERT's config.json keys (model_type "distilbert") -> ours. A DistilBERT is a BERT
 # encoder without segment embeddings or pooler (type_vocab_size 0), LayerNorm eps 1e-12, and
 # position embeddings that may be fixed sinusoids; checkpoint.py maps its tensor names.
-DISTILBERT_KEYS = {"dim": "hidden_size", "n_layers": "num_hidden_layers",
-                   "n_heads": "num_attention_heads", "hidden_dim": "intermediate_size",
-                   "activation": "hidden_act", "dropout": "hidden_dropout_prob",
-                   "attention_dropout": "attention_probs_dropout_prob",
-                   "seq_classif_dropout": "classifier_dropout"}  # fmt: skip
+DISTILBERT_KEYS = {
+    "dim": "hidden_size",
+    "n_layers": "num_hidden_layers",
+    "n_heads": "num_attention_heads",
+    "hidden_dim": "intermediate_size",
+    "activation": "hidden_act",
+    "dropout": "hidden_dropout_prob",
+    "attention_dropout": "attention_probs_dropout_prob",
+    "seq_classif_dropout": "classifier_dropout",
+}
 MODEL_TYPES = ("bert", "distilbert")
 
 # HF's `problem_type` values: which loss a sequence-classification head trains with.
@@ -417,8 +422,16 @@ def option(
     """A config field: default, help, allowed values (choices, or a range: min/max inclusive,
     above/below exclusive), its CLI flag when not --field-name, cli=False to keep it off the
     command line."""
-    meta = {"help": help, "choices": choices, "min": min, "max": max, "above": above,
-            "below": below, "flag": flag, "cli": cli}  # fmt: skip
+    meta = {
+        "help": help,
+        "choices": choices,
+        "min": min,
+        "max": max,
+        "above": above,
+        "below": below,
+        "flag": flag,
+        "cli": cli,
+    }
     return dataclasses.field(default=default, metadata=meta)
 
 
@@ -459,5 +472,9 @@ def check_options(obj: Any) -> None:
             )
 
 
-_BOUNDS = (("min", ">=", operator.ge), ("max", "<=", operator.le),
-           ("above", ">", operator.gt), ("below", "<", operator.lt))  # fmt: skip
+_BOUNDS = (
+    ("min", ">=", operator.ge),
+    ("max", "<=", operator.le),
+    ("above", ">", operator.gt),
+    ("below", "<", operator.lt),
+)

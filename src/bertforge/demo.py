@@ -139,17 +139,36 @@ def run_demo(
     print(f"{meta['counts']['train']['tokens']:,} training tokens -> {out / 'shards'}")
 
     def sentences_of(documents: list[list[str]], limit: int) -> list[str]:
-        found = [s for d in documents for p in d for s in split_sentences(p)
-                 if 6 <= len(s.split()) <= 30 and len(set(s.split())) > 2]  # fmt: skip
+        found = [
+            s
+            for d in documents
+            for p in d
+            for s in split_sentences(p)
+            if 6 <= len(s.split()) <= 30 and len(set(s.split())) > 2
+        ]
         rng.shuffle(found)
         return found[:limit]
 
     # Held-out sentences come from documents pre-training never saw.
     masked = masked_sentences(sentences_of(task_docs, 200), tok, rng)
-    recipe = PretrainConfig(data=str(out / "shards"), out=str(out / "pretrained"), model_size="tiny",
-                            steps=steps, batch_size=32, max_seq_length=64, nsp=False, dropout=0.0,
-                            lr=1e-3, warmup_ratio=0.05, seed=seed, eval_every=max(1, steps // 4),
-                            eval_batches=10, save_every=steps, keep_checkpoints=1, progress=progress)  # fmt: skip
+    recipe = PretrainConfig(
+        data=str(out / "shards"),
+        out=str(out / "pretrained"),
+        model_size="tiny",
+        steps=steps,
+        batch_size=32,
+        max_seq_length=64,
+        nsp=False,
+        dropout=0.0,
+        lr=1e-3,
+        warmup_ratio=0.05,
+        seed=seed,
+        eval_every=max(1, steps // 4),
+        eval_batches=10,
+        save_every=steps,
+        keep_checkpoints=1,
+        progress=progress,
+    )
 
     _say("4. before pre-training: a randomly initialised tiny BERT  (bertforge fill-mask)")
     torch.manual_seed(seed)
@@ -172,8 +191,10 @@ def run_demo(
     after = _show_fill_mask(run_dir)
     print("held-out sentences with a word masked (the word, the top 5 guesses):")
     top5 = top5_hits(run_dir, masked)
-    print(f"the masked word is among the top 5 in {top5:.0%} of {len(masked)} held-out sentences "
-          f"(before pre-training: {top5_before:.0%})")  # fmt: skip
+    print(
+        f"the masked word is among the top 5 in {top5:.0%} of {len(masked)} held-out sentences "
+        f"(before pre-training: {top5_before:.0%})"
+    )
 
     _say("6. fine-tune: real sentence or shuffled words?  (bertforge finetune --task csv)")
 
@@ -189,12 +210,21 @@ def run_demo(
     classifier = out / "classifier"
     best = finetune(
         FinetuneConfig(
-            model=str(run_dir), task="csv", train=str(data / "train.tsv"),
-            dev=str(data / "dev.tsv"), out=str(classifier), text_column="sentence",
-            label_column="label", epochs=epochs, lr=2e-4, batch_size=32, seed=seed, max_seq_length=64,
+            model=str(run_dir),
+            task="csv",
+            train=str(data / "train.tsv"),
+            dev=str(data / "dev.tsv"),
+            out=str(classifier),
+            text_column="sentence",
+            label_column="label",
+            epochs=epochs,
+            lr=2e-4,
+            batch_size=32,
+            seed=seed,
+            max_seq_length=64,
             progress=progress,
         )
-    )  # fmt: skip
+    )
     print(f"held-out accuracy {best['accuracy']:.1%} (chance 50%)")
 
     _say("7. use it on held-out sentences  (bertforge classify)")
@@ -211,11 +241,22 @@ def run_demo(
 
     elapsed = time.time() - t0
     print(f"\ndone in {elapsed:.0f} s; everything is in {out}. Go further with real data:")
-    print("  bertforge prepare wiki/*.txt --tokenizer DIR --out shards && "
-          "bertforge pretrain --data shards --out run --model-size base")  # fmt: skip
-    print("  bertforge finetune --model DIR --task mrpc --train MRPC/train.tsv "
-          "--dev MRPC/dev.tsv --out mrpc-model")  # fmt: skip
+    print(
+        "  bertforge prepare wiki/*.txt --tokenizer DIR --out shards && "
+        "bertforge pretrain --data shards --out run --model-size base"
+    )
+    print(
+        "  bertforge finetune --model DIR --task mrpc --train MRPC/train.tsv "
+        "--dev MRPC/dev.tsv --out mrpc-model"
+    )
     print(f"  bertforge classify {classifier} my_sentences.txt")
     print(f"  bertforge embed MODEL texts.txt --out embeddings.npy;  bertforge info {classifier}")
-    return {"before": before, "after": after, "accuracy": best["accuracy"], "pretrain": summary,
-            "mlm_acc": (acc_before, acc_after), "top5": (top5_before, top5), "seconds": elapsed}  # fmt: skip
+    return {
+        "before": before,
+        "after": after,
+        "accuracy": best["accuracy"],
+        "pretrain": summary,
+        "mlm_acc": (acc_before, acc_after),
+        "top5": (top5_before, top5),
+        "seconds": elapsed,
+    }

@@ -52,8 +52,9 @@ class _Graph(nn.Module):
         return tuple(getattr(out, name) for name in self.outputs)
 
 
-def export_onnx(model_dir: str | os.PathLike[str], out: str | os.PathLike[str],
-                atol: float = 1e-4) -> dict[str, Any]:  # fmt: skip
+def export_onnx(
+    model_dir: str | os.PathLike[str], out: str | os.PathLike[str], atol: float = 1e-4
+) -> dict[str, Any]:
     """Export and check; returns {"outputs": [...], "max_abs_diff": {...}}."""
     try:
         import onnxruntime
@@ -70,18 +71,33 @@ def export_onnx(model_dir: str | os.PathLike[str], out: str | os.PathLike[str],
     tok = Tokenizer.from_pretrained(model_dir)
     graph = _Graph(model, outputs).eval()
     traced = tok(["a short example", "a second, longer example sentence for tracing"])
-    batch, seq = torch.export.Dim("batch"), torch.export.Dim("sequence", max=model.config.max_position_embeddings)  # fmt: skip
+    batch, seq = (
+        torch.export.Dim("batch"),
+        torch.export.Dim("sequence", max=model.config.max_position_embeddings),
+    )
     out = Path(out)
     with atomic_path(out) as tmp, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.onnx.export(
-            graph, tuple(traced[k] for k in INPUTS), str(tmp), input_names=INPUTS,
-            output_names=outputs, dynamic_shapes=tuple({0: batch, 1: seq} for _ in INPUTS),
-            dynamo=True, verbose=False, external_data=False,  # one self-contained file
-        )  # fmt: skip
+            graph,
+            tuple(traced[k] for k in INPUTS),
+            str(tmp),
+            input_names=INPUTS,
+            output_names=outputs,
+            dynamic_shapes=tuple({0: batch, 1: seq} for _ in INPUTS),
+            dynamo=True,
+            verbose=False,
+            external_data=False,  # one self-contained file
+        )
         session = onnxruntime.InferenceSession(str(tmp), providers=["CPUExecutionProvider"])
-        check = tok(["x", "a different batch: three inputs, and one much longer than the others "
-                     "so that the sequence axis changes too", "third"])  # fmt: skip
+        check = tok(
+            [
+                "x",
+                "a different batch: three inputs, and one much longer than the others "
+                "so that the sequence axis changes too",
+                "third",
+            ]
+        )
         got = session.run(outputs, {k: check[k].numpy() for k in INPUTS})
         with torch.no_grad():
             want = graph(*(check[k] for k in INPUTS))

@@ -73,8 +73,9 @@ def _first(enc: Any, n: int) -> Any:
     if n == len(enc.ids):
         return enc
     keep = [*range(n - 1), len(enc.ids) - 1]
-    return SimpleNamespace(**{k: [getattr(enc, k)[j] for j in keep]
-                              for k in ("ids", "tokens", "offsets", "word_ids")})  # fmt: skip
+    return SimpleNamespace(
+        **{k: [getattr(enc, k)[j] for j in keep] for k in ("ids", "tokens", "offsets", "word_ids")}
+    )
 
 
 class Pipeline:
@@ -156,8 +157,12 @@ class Pipeline:
 
         def make(rows: np.ndarray) -> dict[str, torch.Tensor]:
             b = collate(features, rows, self.tok.pad_id).to(self.device)
-            return {"input_ids": b.input_ids, "token_type_ids": b.token_type_ids,
-                    "attention_mask": b.attention_mask, "rows": torch.from_numpy(rows)}  # fmt: skip
+            return {
+                "input_ids": b.input_ids,
+                "token_type_ids": b.token_type_ids,
+                "attention_mask": b.attention_mask,
+                "rows": torch.from_numpy(rows),
+            }
 
         return self.runner(features.lengths, make, fn)
 
@@ -169,15 +174,19 @@ class Pipeline:
             raise InputError("pass a list of texts (a single string is not a list)")
         strings = [t for t in texts if isinstance(t, str)]
         encoded = iter(self.tok.encode_batch(strings, truncation=False) if strings else [])
-        encodings = [next(encoded) if isinstance(t, str) else self._pieces(t, i)
-                     for i, t in enumerate(texts)]  # fmt: skip
+        encodings = [
+            next(encoded) if isinstance(t, str) else self._pieces(t, i) for i, t in enumerate(texts)
+        ]
         positions = self.config.max_position_embeddings
         limit = min(self.max_length or max_length or positions, positions)
         features, windows = split(encodings, limit, self.stride, self.truncate)
         cut = sum(len(e.ids) > limit for e in encodings)
         if self.truncate and cut:
-            warnings.warn(f"{cut} of {len(encodings)} texts are longer than {limit} pieces: "
-                          "truncate keeps their first window only", stacklevel=3)  # fmt: skip
+            warnings.warn(
+                f"{cut} of {len(encodings)} texts are longer than {limit} pieces: "
+                "truncate keeps their first window only",
+                stacklevel=3,
+            )
         return encodings, features, windows
 
     def _pieces(self, ids: Sequence[int], i: int) -> Any:
@@ -189,9 +198,11 @@ class Pipeline:
         return SimpleNamespace(ids=[cls_id, *ids, sep_id])
 
     def per_token(
-        self, texts: Sequence[str], fn: Callable[[dict[str, torch.Tensor]], list[np.ndarray]],
+        self,
+        texts: Sequence[str],
+        fn: Callable[[dict[str, torch.Tensor]], list[np.ndarray]],
         max_length: int | None = None,
-    ) -> tuple[list[Any], list[Any]]:  # fmt: skip
+    ) -> tuple[list[Any], list[Any]]:
         """Whole texts' encodings (cut to what was read, with truncate) and fn's per-token
         results of each text (n + 2 rows, or a dict of such), stitched from its windows."""
         encodings, features, windows = self.windows(texts, max_length)
@@ -208,8 +219,9 @@ class Pipeline:
     def encode(self, texts: Sequence[str], pairs: Sequence[str] | None = None) -> list[Any]:
         if isinstance(texts, str):
             raise InputError("pass a list of texts (a single string is not a list)")
-        return self.tok.encode_batch(list(texts), None if pairs is None else list(pairs),
-                                     max_length=self.max_length)  # fmt: skip
+        return self.tok.encode_batch(
+            list(texts), None if pairs is None else list(pairs), max_length=self.max_length
+        )
 
     # -- the pipelines -------------------------------------------------------------------------
 
@@ -238,8 +250,10 @@ class Pipeline:
             if all(whole[i] for i in rows.tolist()):
                 return list(vectors)
             states, lengths = h.float().cpu().numpy(), b["attention_mask"].sum(1).tolist()
-            return [vectors[j] if whole[i] else states[j, : lengths[j]]
-                    for j, i in enumerate(rows.tolist())]  # fmt: skip
+            return [
+                vectors[j] if whole[i] else states[j, : lengths[j]]
+                for j, i in enumerate(rows.tolist())
+            ]
 
         rows = self.run(features, fn)
         out = np.zeros((len(texts), model.config.hidden_size * len(modes)), np.float32)
@@ -274,8 +288,9 @@ class Pipeline:
                 raise ConfigError(f"layer {layer}: this model has layers -{n}..{n - 1}")
 
         def fn(b: dict[str, torch.Tensor]) -> list[dict[int, np.ndarray]]:
-            out = model(b["input_ids"], b["token_type_ids"], b["attention_mask"],
-                        output_hidden_states=True)  # fmt: skip
+            out = model(
+                b["input_ids"], b["token_type_ids"], b["attention_mask"], output_hidden_states=True
+            )
             states = {k: out.hidden_states[k].float().cpu().numpy() for k in layers}
             lengths = b["attention_mask"].sum(1).tolist()
             return [{k: v[j, : lengths[j]] for k, v in states.items()} for j in range(len(lengths))]
@@ -318,8 +333,12 @@ class Pipeline:
                 for pos in where:
                     p, ids = probs[j, pos].topk(top_k)
                     tokens = self.tok.convert_ids_to_tokens(ids.tolist())
-                    per_mask.append([{"token": t, "id": int(k), "score": float(s)}
-                                     for t, k, s in zip(tokens, ids.tolist(), p.tolist())])  # fmt: skip
+                    per_mask.append(
+                        [
+                            {"token": t, "id": int(k), "score": float(s)}
+                            for t, k, s in zip(tokens, ids.tolist(), p.tolist())
+                        ]
+                    )
                 out.append(per_mask)
             return out
 
@@ -354,8 +373,13 @@ class Pipeline:
         rows = infer(self.runner, model, features, self.tok.pad_id)
         # a long text: its windows' probabilities (scores) averaged, weighted by the pieces
         # each window answers for, then decoded as logits that give those probabilities back
-        probs, back = ((sentence.sigmoid, lambda p: np.log(p / (1 - p))) if thresholds is not None
-                       else (softmax, np.log) if names is not None else (None, None))  # fmt: skip
+        probs, back = (
+            (sentence.sigmoid, lambda p: np.log(p / (1 - p)))
+            if thresholds is not None
+            else (softmax, np.log)
+            if names is not None
+            else (None, None)
+        )
         weights, found = contributions(windows), [[] for _ in texts]
         for w, row, weight in zip(windows, rows, weights):
             found[w.text].append((row, weight))
@@ -412,17 +436,31 @@ class Pipeline:
         if len(questions) != len(contexts):
             raise InputError(f"{len(questions)} questions but {len(contexts)} contexts")
         model = self.model(BertForQuestionAnswering, needs_head="question-answering head")
-        options = TaskOptions(task="squad2" if allow_no_answer else "squad", max_seq_length=max_seq_length,
-                              doc_stride=doc_stride, max_answer_length=max_answer_length)  # fmt: skip
+        options = TaskOptions(
+            task="squad2" if allow_no_answer else "squad",
+            max_seq_length=max_seq_length,
+            doc_stride=doc_stride,
+            max_answer_length=max_answer_length,
+        )
         fam = family(options, self.tok)
-        examples = [SquadExample(str(i), q, c, [], False, "")
-                    for i, (q, c) in enumerate(zip(questions, contexts))]  # fmt: skip
+        examples = [
+            SquadExample(str(i), q, c, [], False, "")
+            for i, (q, c) in enumerate(zip(questions, contexts))
+        ]
         answers = fam.predict(self.runner, model, examples, fam.featurize(examples))
         results = []
         for ex in examples:
-            best = next((c for c in answers.nbest[ex.qid] if c["text"] == answers.predictions[ex.qid]),
-                        answers.nbest[ex.qid][0])  # fmt: skip
+            best = next(
+                (c for c in answers.nbest[ex.qid] if c["text"] == answers.predictions[ex.qid]),
+                answers.nbest[ex.qid][0],
+            )
             start = best["start"]
-            results.append({"answer": answers.predictions[ex.qid], "score": best["probability"],
-                            "start": start, "end": start + len(best["text"]) if start >= 0 else -1})  # fmt: skip
+            results.append(
+                {
+                    "answer": answers.predictions[ex.qid],
+                    "score": best["probability"],
+                    "start": start,
+                    "end": start + len(best["text"]) if start >= 0 else -1,
+                }
+            )
         return results

@@ -39,8 +39,9 @@ def pooled_layers(pipe: Pipeline, texts: Sequence[str], pooling: str = "mean") -
     model = pipe.model(BertModel)
 
     def fn(b: dict[str, torch.Tensor]) -> np.ndarray:
-        out = model(b["input_ids"], b["token_type_ids"], b["attention_mask"],
-                    output_hidden_states=True)  # fmt: skip
+        out = model(
+            b["input_ids"], b["token_type_ids"], b["attention_mask"], output_hidden_states=True
+        )
         h = torch.stack(out.hidden_states, 1)  # (B, L+1, T, H)
         B, n, T, H = h.shape
         mask = b["attention_mask"].repeat_interleave(n, 0)  # (B * (L+1), T)

@@ -54,14 +54,14 @@ HEADS = {
 class Limits:
     """What one request and one model call may hold, and how requests wait."""
 
-    # fmt: off
     max_texts: int = option(64, "texts per request (else 413)", min=1)
     max_chars: int = option(10_000, "characters per text (else 413)", min=1)
     max_batch: int = option(64, "texts per model call", min=1)
-    max_batch_tokens: int = option(16_384, "padded pieces per model call (a longer text runs alone)", min=1)
+    max_batch_tokens: int = option(
+        16_384, "padded pieces per model call (a longer text runs alone)", min=1
+    )
     max_wait_ms: float = option(5.0, "how long a batch waits for more requests", min=0)
     max_queue: int = option(1024, "requests waiting per endpoint (else 503)", min=1)
-    # fmt: on
 
     def __post_init__(self) -> None:
         check_options(self)
@@ -205,19 +205,30 @@ class Metrics:
         self.queue_depth = waiting
 
     def text(self) -> str:
-        out = ["# HELP bertforge_requests_total HTTP requests by endpoint and status.",
-               "# TYPE bertforge_requests_total counter"]  # fmt: skip
-        out += [f'bertforge_requests_total{{endpoint="{e}",status="{s}"}} {n}'
-                for (e, s), n in sorted(self.requests.items())]  # fmt: skip
-        out += ["# HELP bertforge_request_seconds Request latency.",
-                "# TYPE bertforge_request_seconds histogram"]  # fmt: skip
+        out = [
+            "# HELP bertforge_requests_total HTTP requests by endpoint and status.",
+            "# TYPE bertforge_requests_total counter",
+        ]
+        out += [
+            f'bertforge_requests_total{{endpoint="{e}",status="{s}"}} {n}'
+            for (e, s), n in sorted(self.requests.items())
+        ]
+        out += [
+            "# HELP bertforge_request_seconds Request latency.",
+            "# TYPE bertforge_request_seconds histogram",
+        ]
         for e, counts in sorted(self.latency.items()):
             out += _histogram("bertforge_request_seconds", f'endpoint="{e}",', self.LATENCY, counts)
-        out += ["# HELP bertforge_batch_texts Texts per model call.",
-                "# TYPE bertforge_batch_texts histogram"]  # fmt: skip
+        out += [
+            "# HELP bertforge_batch_texts Texts per model call.",
+            "# TYPE bertforge_batch_texts histogram",
+        ]
         out += _histogram("bertforge_batch_texts", "", self.BATCH, self.batches)
-        out += ["# HELP bertforge_queue_depth Requests waiting after the last batch was formed.",
-                "# TYPE bertforge_queue_depth gauge", f"bertforge_queue_depth {self.queue_depth}"]  # fmt: skip
+        out += [
+            "# HELP bertforge_queue_depth Requests waiting after the last batch was formed.",
+            "# TYPE bertforge_queue_depth gauge",
+            f"bertforge_queue_depth {self.queue_depth}",
+        ]
         return "\n".join(out) + "\n"
 
 
@@ -298,12 +309,18 @@ def create_app(model: str | Path, limits: Limits | None = None, **pipeline_optio
         if not texts:
             raise HTTPError(422, f"{what}: empty list")
         if len(texts) > limits.max_texts:
-            raise HTTPError(413, f"{what}: {len(texts)} items, more than the limit of "
-                                 f"{limits.max_texts} per request")  # fmt: skip
+            raise HTTPError(
+                413,
+                f"{what}: {len(texts)} items, more than the limit of "
+                f"{limits.max_texts} per request",
+            )
         for i, t in enumerate(texts):
             if len(t) > limits.max_chars:
-                raise HTTPError(413, f"{what}[{i}]: {len(t):,} characters, more than the limit "
-                                     f"of {limits.max_chars:,}")  # fmt: skip
+                raise HTTPError(
+                    413,
+                    f"{what}[{i}]: {len(t):,} characters, more than the limit "
+                    f"of {limits.max_chars:,}",
+                )
 
     batchers: dict[str, Batcher] = {}
 
@@ -335,9 +352,14 @@ def create_app(model: str | Path, limits: Limits | None = None, **pipeline_optio
     @app.get("/metadata")
     async def metadata() -> dict[str, Any]:
         m = pipe.model(BertModel)
-        return {"model": str(model), "endpoints": endpoints, "config": m.config.to_dict(),
-                "precision": pipe.precision, "device": str(pipe.device),
-                "limits": limits.__dict__}  # fmt: skip
+        return {
+            "model": str(model),
+            "endpoints": endpoints,
+            "config": m.config.to_dict(),
+            "precision": pipe.precision,
+            "device": str(pipe.device),
+            "limits": limits.__dict__,
+        }
 
     @app.get("/metrics")
     async def prometheus() -> Any:
@@ -360,15 +382,27 @@ def create_app(model: str | Path, limits: Limits | None = None, **pipeline_optio
             inputs = [inputs]
         width = pipe.config.hidden_size * len(pipe.embedding_settings.pooling)
         if req.dimensions is not None and req.dimensions != width:
-            raise HTTPError(400, f"dimensions={req.dimensions}: this model's embeddings have "
-                                 f"{width} dimensions (it cannot shorten them)")  # fmt: skip
+            raise HTTPError(
+                400,
+                f"dimensions={req.dimensions}: this model's embeddings have "
+                f"{width} dimensions (it cannot shorten them)",
+            )
         rows = await vectors(inputs, None, None)
         used = sum(pieces(x) for x in inputs)
-        encode = (lambda v: base64.b64encode(v.astype("<f4").tobytes()).decode()) if (
-            req.encoding_format == "base64") else (lambda v: v.tolist())  # fmt: skip
-        return {"object": "list", "model": req.model or Path(model).name,
-                "data": [{"object": "embedding", "index": i, "embedding": encode(r)} for i, r in enumerate(rows)],
-                "usage": {"prompt_tokens": used, "total_tokens": used}}  # fmt: skip
+        encode = (
+            (lambda v: base64.b64encode(v.astype("<f4").tobytes()).decode())
+            if (req.encoding_format == "base64")
+            else (lambda v: v.tolist())
+        )
+        return {
+            "object": "list",
+            "model": req.model or Path(model).name,
+            "data": [
+                {"object": "embedding", "index": i, "embedding": encode(r)}
+                for i, r in enumerate(rows)
+            ],
+            "usage": {"prompt_tokens": used, "total_tokens": used},
+        }
 
     @app.post("/classify")
     async def classify(req: ClassifyRequest) -> dict[str, Any]:

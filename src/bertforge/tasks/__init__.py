@@ -43,19 +43,29 @@ class TaskOptions:
     """What shapes a task's features: the task, lengths, the columns of a table of your own,
     CoNLL's tag column, SQuAD's windows and answers."""
 
-    # fmt: off
     task: str = option(help="a task, or csv (a table of your own)", choices=TASK_NAMES)
-    max_seq_length: int | None = option(None, "pieces per row (default: 384 for SQuAD, else 128)", min=3)
+    max_seq_length: int | None = option(
+        None, "pieces per row (default: 384 for SQuAD, else 128)", min=3
+    )
     # --task csv
     text_column: str = option("text", "csv: header name, or index with --no-header")
     text_pair_column: str | None = option(None, "csv: second text of sentence-pair tasks")
     label_column: str = option("label", "csv: the label column")
-    labels: str | None = option(None, "comma-separated label (csv) or tag (conll2003) set (default: train's)")
+    labels: str | None = option(
+        None, "comma-separated label (csv) or tag (conll2003) set (default: train's)"
+    )
     regression: bool = option(False, "csv: float labels (one output)")
-    multi_label: bool = option(False, "csv: several labels per text: names separated by | in the label column, or --label-column a,b,c of 0/1 columns")
-    tune_threshold: bool = option(False, "multi-label: each label's threshold tuned on dev for F1 (default 0.5)")
+    multi_label: bool = option(
+        False,
+        "csv: several labels per text: names separated by | in the label column, or --label-column a,b,c of 0/1 columns",
+    )
+    tune_threshold: bool = option(
+        False, "multi-label: each label's threshold tuned on dev for F1 (default 0.5)"
+    )
     no_header: bool = option(False, "csv: columns are 0-based indices")
-    delimiter: str | None = option(None, "csv: default tab (write tab or \\t) unless the file ends in .csv")
+    delimiter: str | None = option(
+        None, "csv: default tab (write tab or \\t) unless the file ends in .csv"
+    )
     # conll2003
     tag_column: int = option(-1, "conll2003: the tag column (-1: the last; the token is column 0)")
     # squad, squad2
@@ -63,8 +73,9 @@ class TaskOptions:
     max_query_length: int = option(64, "squad: question pieces kept", min=1)
     max_answer_length: int = option(30, "squad: longest answer in pieces", min=1)
     n_best_size: int = option(20, "squad: candidate starts and ends per window", min=1)
-    null_score_diff_threshold: float = option(0.0, "squad2: answer '' when null - best span score exceeds this")
-    # fmt: on
+    null_score_diff_threshold: float = option(
+        0.0, "squad2: answer '' when null - best span score exceeds this"
+    )
 
     def __post_init__(self) -> None:
         check_options(self)

@@ -278,16 +278,23 @@ class TaskFamily:
         """Metrics of the predictions against the examples' labels."""
         raise NotImplementedError
 
-    def predict(self, runner: Runner, model: nn.Module, examples: Sequence[Any],
-                features: Features, score: bool = False) -> Any:  # fmt: skip
+    def predict(
+        self,
+        runner: Runner,
+        model: nn.Module,
+        examples: Sequence[Any],
+        features: Features,
+        score: bool = False,
+    ) -> Any:
         """Predictions for the examples (their features run through `runner`); with score,
         (metrics, predictions)."""
         rows = infer(runner, model, features, self.tok.pad_id, per_token=self.per_token)
         preds = self.decode(examples, features, rows)
         return (self.score(examples, features, rows, preds), preds) if score else preds
 
-    def evaluate(self, runner: Runner, model: nn.Module, examples: Sequence[Any],
-                 features: Features) -> tuple[dict[str, float], Any]:  # fmt: skip
+    def evaluate(
+        self, runner: Runner, model: nn.Module, examples: Sequence[Any], features: Features
+    ) -> tuple[dict[str, float], Any]:
         return self.predict(runner, model, examples, features, score=True)
 
     def write_predictions(self, out: Any, examples: Sequence[Any], preds: Any) -> list[Any]:

@@ -68,8 +68,9 @@ class ChoiceTask(TaskFamily):
     ) -> np.ndarray:
         return np.stack(rows).argmax(-1)
 
-    def score(self, examples: Sequence[Any], features: Features, rows: list[np.ndarray],
-              preds: Any) -> dict[str, float]:  # fmt: skip
+    def score(
+        self, examples: Sequence[Any], features: Features, rows: list[np.ndarray], preds: Any
+    ) -> dict[str, float]:
         logits, refs = np.stack(rows), np.asarray(features.labels)
         loss = float(-log_softmax(logits)[np.arange(len(refs)), refs].mean())
         return {"accuracy": float((preds == refs).mean()), "loss": loss}

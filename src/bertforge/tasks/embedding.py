@@ -21,11 +21,22 @@ from ..fileio import read_json, write_json
 
 POOLINGS = ("cls", "mean", "max", "mean_sqrt_len", "weightedmean", "lasttoken")
 # sentence-transformers' names: 1_Pooling/config.json's pooling_mode (v5+) and its older flags
-_ST_MODES = {"cls": "cls", "max": "max", "mean": "mean", "mean_sqrt_len_tokens": "mean_sqrt_len",
-             "weightedmean": "weightedmean", "lasttoken": "lasttoken"}  # fmt: skip
-_ST_FLAGS = {"pooling_mode_cls_token": "cls", "pooling_mode_max_tokens": "max",
-             "pooling_mode_mean_tokens": "mean", "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len",
-             "pooling_mode_weightedmean_tokens": "weightedmean", "pooling_mode_lasttoken": "lasttoken"}  # fmt: skip
+_ST_MODES = {
+    "cls": "cls",
+    "max": "max",
+    "mean": "mean",
+    "mean_sqrt_len_tokens": "mean_sqrt_len",
+    "weightedmean": "weightedmean",
+    "lasttoken": "lasttoken",
+}
+_ST_FLAGS = {
+    "pooling_mode_cls_token": "cls",
+    "pooling_mode_max_tokens": "max",
+    "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len",
+    "pooling_mode_weightedmean_tokens": "weightedmean",
+    "pooling_mode_lasttoken": "lasttoken",
+}
 _ORDER = ("cls", "max", "mean", "mean_sqrt_len", "weightedmean", "lasttoken")  # concatenation
 
 

@@ -176,11 +176,22 @@ def decode(
     if names is None:
         return [{"score": float(x[0])} for x in logits]
     if thresholds is not None:
-        return [{"labels": [names[k] for k in np.flatnonzero(p >= thresholds)],
-                 "scores": {names[k]: float(v) for k, v in enumerate(p)}} for p in sigmoid(logits)]  # fmt: skip
+        return [
+            {
+                "labels": [names[k] for k in np.flatnonzero(p >= thresholds)],
+                "scores": {names[k]: float(v) for k, v in enumerate(p)},
+            }
+            for p in sigmoid(logits)
+        ]
     probs = softmax(logits)
-    return [{"label": names[int(p.argmax())], "score": float(p.max()),
-             "scores": {names[k]: float(v) for k, v in enumerate(p)}} for p in probs]  # fmt: skip
+    return [
+        {
+            "label": names[int(p.argmax())],
+            "score": float(p.max()),
+            "scores": {names[k]: float(v) for k, v in enumerate(p)},
+        }
+        for p in probs
+    ]
 
 
 def tune_thresholds(probs: np.ndarray, refs: np.ndarray) -> np.ndarray:
@@ -292,8 +303,13 @@ class SentenceTask(TaskFamily):
 
     def loss_of(self, out: Any, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         logits = out.logits
-        problem = ("regression" if self.spec.is_regression else "multi_label_classification"
-                   if self.spec.multi_label else "single_label_classification")  # fmt: skip
+        problem = (
+            "regression"
+            if self.spec.is_regression
+            else "multi_label_classification"
+            if self.spec.multi_label
+            else "single_label_classification"
+        )
         loss = sequence_classification_loss(logits, batch.labels, problem, reduction="sum")
         if self.spec.is_regression:
             return loss, torch.zeros((), device=logits.device)
@@ -329,8 +345,9 @@ class SentenceTask(TaskFamily):
             return sigmoid(logits) >= thresholds
         return logits[:, 0] if self.spec.is_regression else logits.argmax(-1)
 
-    def evaluate(self, runner: Any, model: nn.Module, examples: Sequence[Any],
-                 features: Features) -> tuple[dict[str, float], Any]:  # fmt: skip
+    def evaluate(
+        self, runner: Any, model: nn.Module, examples: Sequence[Any], features: Features
+    ) -> tuple[dict[str, float], Any]:
         """Metrics and predictions; with --tune-threshold (multi-label), each label's threshold
         first set to the one of 0.05, 0.10, ..., 0.95 that gives it the best F1 on these
         examples (the nearest to 0.5 on a tie), and kept in the model's config."""
@@ -341,8 +358,9 @@ class SentenceTask(TaskFamily):
             model.config.extras[THRESHOLDS] = {n: float(t) for n, t in zip(names, self.thresholds)}
         return super().evaluate(runner, model, examples, features)
 
-    def score(self, examples: Sequence[Any], features: Features, rows: list[np.ndarray],
-              preds: Any) -> dict[str, float]:  # fmt: skip
+    def score(
+        self, examples: Sequence[Any], features: Features, rows: list[np.ndarray], preds: Any
+    ) -> dict[str, float]:
         logits, refs = np.stack(rows), features.labels
         assert isinstance(refs, np.ndarray)
         if self.spec.is_regression:

@@ -200,13 +200,21 @@ def postprocess(
             if text in seen:
                 continue
             seen.add(text)
-            best.append({"text": text, "score": score, "start_logit": sa, "end_logit": eb,
-                         "start": c0})  # fmt: skip
+            best.append(
+                {"text": text, "score": score, "start_logit": sa, "end_logit": eb, "start": c0}
+            )
             if len(best) == n_best_size:
                 break
         if version_2 and math.isfinite(null_score):
-            best.append({"text": "", "score": null_score, "start_logit": math.nan,
-                         "end_logit": math.nan, "start": -1})  # fmt: skip
+            best.append(
+                {
+                    "text": "",
+                    "score": null_score,
+                    "start_logit": math.nan,
+                    "end_logit": math.nan,
+                    "start": -1,
+                }
+            )
             best.sort(key=lambda c: -c["score"])
         if not best:
             best = [{"text": "", "score": 0.0, "start_logit": 0.0, "end_logit": 0.0, "start": -1}]
@@ -247,8 +255,14 @@ class SquadTask(TaskFamily):
 
     def featurize(self, examples: Sequence[SquadExample], training: bool = False) -> Features:
         o = self.options
-        return featurize(examples, self.tok, max_seq_length=o.max_seq_length, doc_stride=o.doc_stride,
-                         max_query_length=o.max_query_length, training=training)  # fmt: skip
+        return featurize(
+            examples,
+            self.tok,
+            max_seq_length=o.max_seq_length,
+            doc_stride=o.doc_stride,
+            max_query_length=o.max_query_length,
+            training=training,
+        )
 
     def loss_of(self, out: Any, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         s, e = batch.labels[:, 0], batch.labels[:, 1]
@@ -265,13 +279,24 @@ class SquadTask(TaskFamily):
         self, examples: Sequence[Any], features: Features, rows: list[np.ndarray]
     ) -> Answers:
         o = self.options
-        return postprocess(examples, features, [x[:, 0] for x in rows], [x[:, 1] for x in rows],
-                           version_2=self.version_2, n_best_size=o.n_best_size,
-                           max_answer_length=o.max_answer_length,
-                           null_score_diff_threshold=o.null_score_diff_threshold)  # fmt: skip
+        return postprocess(
+            examples,
+            features,
+            [x[:, 0] for x in rows],
+            [x[:, 1] for x in rows],
+            version_2=self.version_2,
+            n_best_size=o.n_best_size,
+            max_answer_length=o.max_answer_length,
+            null_score_diff_threshold=o.null_score_diff_threshold,
+        )
 
-    def score(self, examples: Sequence[SquadExample], features: Features, rows: list[np.ndarray],
-              preds: Any) -> dict[str, float]:  # fmt: skip
+    def score(
+        self,
+        examples: Sequence[SquadExample],
+        features: Features,
+        rows: list[np.ndarray],
+        preds: Any,
+    ) -> dict[str, float]:
         gold = gold_answers(examples)
         if not self.version_2:
             scores = squad_scores(gold, preds.predictions)

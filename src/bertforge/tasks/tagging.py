@@ -70,15 +70,23 @@ def word_tags(
     return tags, scores
 
 
-def entities(text: str, tags: Sequence[str], scores: Sequence[float],
-             spans: Sequence[tuple[int, int]]) -> list[dict[str, Any]]:  # fmt: skip
+def entities(
+    text: str, tags: Sequence[str], scores: Sequence[float], spans: Sequence[tuple[int, int]]
+) -> list[dict[str, Any]]:
     """Entity spans of one text: words' tags decoded by evaluate.entity_spans, each entity
     with its type, character span (from the words' spans), text and mean word score."""
     out = []
     for kind, a, b in entity_spans(tags, "predicted tags"):
         start, end = spans[a][0], spans[b - 1][1]
-        out.append({"entity": kind, "start": start, "end": end, "text": text[start:end],
-                    "score": float(np.mean(scores[a:b]))})  # fmt: skip
+        out.append(
+            {
+                "entity": kind,
+                "start": start,
+                "end": end,
+                "text": text[start:end],
+                "score": float(np.mean(scores[a:b])),
+            }
+        )
     return out
 
 
@@ -179,8 +187,13 @@ class TaggingTask(TaskFamily):
         """The predicted tag of every word of every sentence."""
         return [word_tags(row, first, self.labels)[0] for first, row in zip(features.meta, rows)]
 
-    def score(self, sentences: Sequence[TaggedSentence], features: Features, rows: list[np.ndarray],
-              preds: Any) -> dict[str, float]:  # fmt: skip
+    def score(
+        self,
+        sentences: Sequence[TaggedSentence],
+        features: Features,
+        rows: list[np.ndarray],
+        preds: Any,
+    ) -> dict[str, float]:
         gold = [s.tags for s in sentences]
         scores = entity_scores(gold, preds)
         words = sum(len(g) for g in gold)

@@ -65,8 +65,13 @@ from . import checkpoints, distributed
 from .finetune import RESUMABLE, FinetuneConfig, FinetuneTask, fit, load_data
 from .loop import LoopConfig, train
 
-SHAPE_KEYS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size",
-              "hidden_act")  # fmt: skip
+SHAPE_KEYS = (
+    "num_hidden_layers",
+    "hidden_size",
+    "num_attention_heads",
+    "intermediate_size",
+    "hidden_act",
+)
 PROJECTIONS = "projections.safetensors"  # in training checkpoints of a narrower student
 
 
@@ -75,27 +80,68 @@ class DistillConfig(FinetuneConfig):
     """`bertforge distill`: teacher, student, data and hyper-parameters (with --task, also
     fine-tuning's options: the task's files, columns and epochs)."""
 
-    # fmt: off
-    teacher: str = option(help="the teacher's model directory: a sentence-transformers or BERT model, or with --task one fine-tuned for it")
+    teacher: str = option(
+        help="the teacher's model directory: a sentence-transformers or BERT model, or with --task one fine-tuned for it"
+    )
     model: str | None = option(None, "the student: a checkpoint to start from", flag="--student")
-    student_layers: str | None = option(None, "the student: these layers of the teacher, e.g. 0,2,5 (0 = the first), from its weights")
-    student_size: str | None = option(None, f"the student: a fresh model of this size ({', '.join(SIZES)}) or of the shape a config.json gives")
-    task: str | None = option(None, "task distillation from a teacher fine-tuned for this task (default: general distillation on --data)", choices=TASK_NAMES)
+    student_layers: str | None = option(
+        None,
+        "the student: these layers of the teacher, e.g. 0,2,5 (0 = the first), from its weights",
+    )
+    student_size: str | None = option(
+        None,
+        f"the student: a fresh model of this size ({', '.join(SIZES)}) or of the shape a config.json gives",
+    )
+    task: str | None = option(
+        None,
+        "task distillation from a teacher fine-tuned for this task (default: general distillation on --data)",
+        choices=TASK_NAMES,
+    )
     train: str | None = option(None, "--task: the training file (in the task's own format)")
-    data: list[str] = field(default_factory=list)  # general: text files, dirs or globs, read as `prepare` reads them
+    data: list[str] = field(
+        default_factory=list
+    )  # general: text files, dirs or globs, read as `prepare` reads them
     steps: int = option(300, "general: optimizer steps (--task: --epochs)", min=1)
-    batch_size: int | None = option(None, "sentences or examples per step, all processes together (default: 64 general, 32 task)", min=1)
-    lr: float | None = option(None, "peak AdamW learning rate, warmup then linear decay (default: 1e-3 general, 1e-4 task)", above=0)
-    hidden_weight: float | None = option(None, "weight of the hidden-state loss (default: 0.01 general, 0 task)", min=0)
-    dropout: float | None = option(None, "the student's dropout while it learns (default: 0 general, the teacher's targets have none; the student's own with --task)", min=0, below=1)
-    token_weight: float | None = option(None, "general: weight of the MSE of the last layer's token states, the ones the sentence embedding pools (default 1; 0 with --task, which has no such loss)", min=0)
-    attention_weight: float = option(0.0, "weight of the attention-transfer loss (MiniLM); 0: none", min=0)
-    alpha: float = option(0.5, "--task: weight of the teacher's soft targets; 1 - alpha on the labels", min=0, max=1)
+    batch_size: int | None = option(
+        None,
+        "sentences or examples per step, all processes together (default: 64 general, 32 task)",
+        min=1,
+    )
+    lr: float | None = option(
+        None,
+        "peak AdamW learning rate, warmup then linear decay (default: 1e-3 general, 1e-4 task)",
+        above=0,
+    )
+    hidden_weight: float | None = option(
+        None, "weight of the hidden-state loss (default: 0.01 general, 0 task)", min=0
+    )
+    dropout: float | None = option(
+        None,
+        "the student's dropout while it learns (default: 0 general, the teacher's targets have none; the student's own with --task)",
+        min=0,
+        below=1,
+    )
+    token_weight: float | None = option(
+        None,
+        "general: weight of the MSE of the last layer's token states, the ones the sentence embedding pools (default 1; 0 with --task, which has no such loss)",
+        min=0,
+    )
+    attention_weight: float = option(
+        0.0, "weight of the attention-transfer loss (MiniLM); 0: none", min=0
+    )
+    alpha: float = option(
+        0.5, "--task: weight of the teacher's soft targets; 1 - alpha on the labels", min=0, max=1
+    )
     temperature: float = option(2.0, "--task: softmax temperature of the soft targets", above=0)
-    min_words: int = option(5, "general: skip sentences of fewer words (headings, list items, markup debris)", min=1)
-    encoding_errors: str = option("strict", "general: bytes that are not UTF-8: strict, replace or ignore", choices=ENCODING_ERRORS)
+    min_words: int = option(
+        5, "general: skip sentences of fewer words (headings, list items, markup debris)", min=1
+    )
+    encoding_errors: str = option(
+        "strict",
+        "general: bytes that are not UTF-8: strict, replace or ignore",
+        choices=ENCODING_ERRORS,
+    )
     save_every: int = option(100, "general: checkpoint every N steps (--task: every epoch)", min=1)
-    # fmt: on
 
     def __post_init__(self) -> None:
         general = self.task is None
@@ -115,8 +161,15 @@ class DistillConfig(FinetuneConfig):
                 "with --task, --hidden-weight weighs the hidden states"
             )
         super().__post_init__()
-        given = [f for f, v in (("--student-layers", self.student_layers),
-                                ("--student-size", self.student_size), ("--student", self.model)) if v]  # fmt: skip
+        given = [
+            f
+            for f, v in (
+                ("--student-layers", self.student_layers),
+                ("--student-size", self.student_size),
+                ("--student", self.model),
+            )
+            if v
+        ]
         if len(given) != 1:
             raise ConfigError(
                 "give the student once: --student-layers 0,2,5 (teacher layers), --student-size "
@@ -203,8 +256,13 @@ class Trainee(nn.Module):
     one projection per mapped layer onto the teacher's width (TinyBERT's W_h, embeddings
     first). Training checkpoints hold both; the output directory the student alone."""
 
-    def __init__(self, student: nn.Module, teacher_width: int, layers: list[int],
-                 used: list[int] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        student: nn.Module,
+        teacher_width: int,
+        layers: list[int],
+        used: list[int] | None = None,
+    ) -> None:
         """used: the mapped positions whose projections the losses use (default all); only
         those are made, so every parameter has a gradient (DDP)."""
         super().__init__()
@@ -276,8 +334,8 @@ def make_trainee(cfg: DistillConfig, teacher: nn.Module, **head_kwargs: Any) -> 
         set_dropout(student, cfg.dropout)  # the saved config keeps its own, for fine-tuning
     if general and getattr(student, "pooler", None) is not None:
         student.pooler.requires_grad_(False)  # no loss reads it: kept as it is (and DDP-safe)
-    used = (list(range(len(layers) + 1)) if cfg.hidden_weight else
-            [len(layers)] if general else [])  # fmt: skip  # general: the sentence embedding's
+    # general: the projection of the sentence embedding's layer
+    used = list(range(len(layers) + 1)) if cfg.hidden_weight else [len(layers)] if general else []
     return Trainee(student.train(), teacher.config.hidden_size, layers, used)
 
 
@@ -290,9 +348,13 @@ def _encoder(out: Any) -> Any:
 
 
 def representation_loss(
-    student: Any, teacher: Any, mask: torch.Tensor, trainee: Trainee | list[int],
-    hidden_weight: float, attention_weight: float = 0.0,
-) -> torch.Tensor:  # fmt: skip
+    student: Any,
+    teacher: Any,
+    mask: torch.Tensor,
+    trainee: Trainee | list[int],
+    hidden_weight: float,
+    attention_weight: float = 0.0,
+) -> torch.Tensor:
     """Per row (B,): hidden_weight x the MSE of the mapped hidden states over the real tokens
     (embeddings and each student layer vs its teacher layer, projected when narrower), plus
     attention_weight x KL(teacher || student) of the mapped layers' attention distributions,
@@ -306,10 +368,15 @@ def representation_loss(
     if hidden_weight:
         pairs = [(0, 0)] + [(i + 1, k + 1) for i, k in enumerate(layers)]
         hidden = sum(
-            (((project(i, s.hidden_states[i].float()) - t.hidden_states[k].float()) ** 2)
-             .mean(-1) * m).sum(1) / tokens
+            (
+                ((project(i, s.hidden_states[i].float()) - t.hidden_states[k].float()) ** 2).mean(
+                    -1
+                )
+                * m
+            ).sum(1)
+            / tokens
             for i, k in pairs
-        ) / len(pairs)  # fmt: skip
+        ) / len(pairs)
         total = total + hidden_weight * hidden
     if attention_weight:
         kl = 0.0
@@ -322,10 +389,15 @@ def representation_loss(
 
 
 def distillation_loss(
-    student: Any, teacher: Any, mask: torch.Tensor, trainee: Trainee | list[int],
-    own: embedding.Embedding, hidden_weight: float, attention_weight: float = 0.0,
+    student: Any,
+    teacher: Any,
+    mask: torch.Tensor,
+    trainee: Trainee | list[int],
+    own: embedding.Embedding,
+    hidden_weight: float,
+    attention_weight: float = 0.0,
     token_weight: float = 0.0,
-) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+) -> tuple[torch.Tensor, torch.Tensor]:
     """General distillation: (summed loss, summed embedding loss) over the batch's sentences.
     Per sentence: the MSE of the pooled (normalised as the teacher's) embeddings, plus
     token_weight x the MSE of the last layer's token states over the real tokens (the ones the
@@ -370,8 +442,14 @@ class DistillTask(FinetuneTask):
     length-grouped batches, the distillation loss against the teacher (run here without
     gradients, each batch once)."""
 
-    def __init__(self, cfg: DistillConfig, d: distributed.Dist, tok: Tokenizer,
-                 teacher: BertModel, own: embedding.Embedding) -> None:  # fmt: skip
+    def __init__(
+        self,
+        cfg: DistillConfig,
+        d: distributed.Dist,
+        tok: Tokenizer,
+        teacher: BertModel,
+        own: embedding.Embedding,
+    ) -> None:
         if cfg.batch_size % d.world_size:
             raise ConfigError(
                 f"batch_size={cfg.batch_size} must split evenly into {d.world_size} processes"
@@ -383,14 +461,23 @@ class DistillTask(FinetuneTask):
     def normalizers(self, micro_batches: list[Batch]) -> torch.Tensor:
         return torch.tensor([float(sum(len(m.input_ids) for m in micro_batches))])
 
-    def loss(self, model: nn.Module, micro: Batch, totals: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    def loss(
+        self, model: nn.Module, micro: Batch, totals: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         kw = _outputs(self.cfg)  # the sentence embedding pools last_hidden_state
         with torch.no_grad():
             theirs = self.teacher(*micro.inputs(), **kw)
         ours = model(*micro.inputs(), **kw)
-        total, emb = distillation_loss(ours, theirs, micro.attention_mask, _unwrapped(model),
-                                       self.own, self.cfg.hidden_weight, self.cfg.attention_weight,
-                                       self.cfg.token_weight)  # fmt: skip
+        total, emb = distillation_loss(
+            ours,
+            theirs,
+            micro.attention_mask,
+            _unwrapped(model),
+            self.own,
+            self.cfg.hidden_weight,
+            self.cfg.attention_weight,
+            self.cfg.token_weight,
+        )
         n = torch.tensor(float(len(micro.input_ids)), device=total.device)
         return total / totals[0] * self.d.world_size, torch.stack([total.detach(), n, emb])
 
@@ -406,12 +493,15 @@ class TaskDistillTask(FinetuneTask):
     """Task distillation as the training loop sees it: fine-tuning's batches and dev
     evaluation; the loss mixes the labels' and the teacher's soft targets (alpha)."""
 
-    def __init__(self, fam: TaskFamily, cfg: DistillConfig, d: distributed.Dist,
-                 teacher: nn.Module) -> None:  # fmt: skip
+    def __init__(
+        self, fam: TaskFamily, cfg: DistillConfig, d: distributed.Dist, teacher: nn.Module
+    ) -> None:
         super().__init__(fam, cfg, d)
         self.teacher, self.dcfg = teacher, cfg
 
-    def loss(self, model: nn.Module, micro: Batch, totals: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    def loss(
+        self, model: nn.Module, micro: Batch, totals: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         cfg, fam = self.dcfg, self.family
         with torch.no_grad():
             theirs = self.teacher(*micro.inputs(), **_outputs(cfg))
@@ -420,10 +510,17 @@ class TaskDistillTask(FinetuneTask):
         soft = fam.soft_loss_sum(ours, theirs, micro, cfg.temperature)
         total = (1 - cfg.alpha) * hard + cfg.alpha * soft
         if cfg.hidden_weight or cfg.attention_weight:
-            total = total + representation_loss(
-                ours, theirs, micro.attention_mask, _unwrapped(model), cfg.hidden_weight,
-                cfg.attention_weight,
-            ).sum()  # fmt: skip
+            total = (
+                total
+                + representation_loss(
+                    ours,
+                    theirs,
+                    micro.attention_mask,
+                    _unwrapped(model),
+                    cfg.hidden_weight,
+                    cfg.attention_weight,
+                ).sum()
+            )
         n = torch.tensor(float(fam.count(micro)), device=total.device)
         stats = torch.stack([total.detach(), n, correct.float(), hard.detach(), soft.detach()])
         return total / totals[0] * self.d.world_size, stats
@@ -436,8 +533,12 @@ class TaskDistillTask(FinetuneTask):
 def read_sentences(cfg: DistillConfig) -> list[str]:
     """The corpus's sentences of at least cfg.min_words words."""
     files = expand_inputs(list(cfg.data))
-    sentences = [s for doc in read_corpus(files, encoding_errors=cfg.encoding_errors)
-                 for s in doc.sentences if len(s.split()) >= cfg.min_words]  # fmt: skip
+    sentences = [
+        s
+        for doc in read_corpus(files, encoding_errors=cfg.encoding_errors)
+        for s in doc.sentences
+        if len(s.split()) >= cfg.min_words
+    ]
     if not sentences:
         raise DataError(
             f"{', '.join(map(str, files))}: no sentences of {cfg.min_words} words or more to "
@@ -466,12 +567,19 @@ def _run(cfg: DistillConfig, d: distributed.Dist) -> dict[str, Any]:
 
 def _describe(cfg: DistillConfig, trainee: Trainee, teacher: nn.Module) -> str:
     c = trainee.config
-    what = (f"its layers {cfg.student_layers}" if cfg.student_layers else
-            f"a fresh {cfg.student_size}" if cfg.student_size else str(cfg.model))  # fmt: skip
-    return (f"distilling {cfg.teacher} ({teacher.config.num_hidden_layers} layers, width "
-            f"{teacher.config.hidden_size}) into {what} ({c.num_hidden_layers} layers, width "
-            f"{c.hidden_size}; taught by teacher layers {trainee.layers} of "
-            f"0..{teacher.config.num_hidden_layers - 1})")  # fmt: skip
+    what = (
+        f"its layers {cfg.student_layers}"
+        if cfg.student_layers
+        else f"a fresh {cfg.student_size}"
+        if cfg.student_size
+        else str(cfg.model)
+    )
+    return (
+        f"distilling {cfg.teacher} ({teacher.config.num_hidden_layers} layers, width "
+        f"{teacher.config.hidden_size}) into {what} ({c.num_hidden_layers} layers, width "
+        f"{c.hidden_size}; taught by teacher layers {trainee.layers} of "
+        f"0..{teacher.config.num_hidden_layers - 1})"
+    )
 
 
 def _task(cfg: DistillConfig, d: distributed.Dist, source: Path, tok: Tokenizer) -> dict[str, Any]:
@@ -486,10 +594,13 @@ def _task(cfg: DistillConfig, d: distributed.Dist, source: Path, tok: Tokenizer)
     train_examples, dev_examples = load_data(task, cfg)
     torch.manual_seed(cfg.seed)
     trainee = make_trainee(cfg, teacher, **fam.head_kwargs())
-    header = (f"{_describe(cfg, trainee, teacher)} on {cfg.task}: {len(train_examples):,} "
-              f"training examples, {len(dev_examples) if dev_examples else 0:,} dev")  # fmt: skip
-    return fit(cfg, d, task, trainee, tok, header, describe=f"distill {cfg.task}",
-               kept=trainee.student)  # fmt: skip
+    header = (
+        f"{_describe(cfg, trainee, teacher)} on {cfg.task}: {len(train_examples):,} "
+        f"training examples, {len(dev_examples) if dev_examples else 0:,} dev"
+    )
+    return fit(
+        cfg, d, task, trainee, tok, header, describe=f"distill {cfg.task}", kept=trainee.student
+    )
 
 
 def _general(
@@ -510,13 +621,30 @@ def _general(
             out / "run.json",
             {"settings": checkpoints.run_settings(cfg, RESUMABLE), "finished": False},
         )
-        print(f"{_describe(cfg, trainee, teacher)} on {len(sentences):,} sentences; "
-              f"{cfg.steps:,} steps of {cfg.batch_size} "
-              f"({math.ceil(cfg.steps / task.steps_per_epoch)} epochs)")  # fmt: skip
-    loop = LoopConfig.of(cfg, warmup_steps=round(cfg.warmup_ratio * cfg.steps), decay_steps=None,
-                         eval_every=0, keep_checkpoints=1, optimizer="adamw", clip_norm=1.0)  # fmt: skip
-    result = train(trainee, task, loop, out, d, save_extra=tok.save_pretrained,
-                   describe="distill", on_eval=None)  # fmt: skip
+        print(
+            f"{_describe(cfg, trainee, teacher)} on {len(sentences):,} sentences; "
+            f"{cfg.steps:,} steps of {cfg.batch_size} "
+            f"({math.ceil(cfg.steps / task.steps_per_epoch)} epochs)"
+        )
+    loop = LoopConfig.of(
+        cfg,
+        warmup_steps=round(cfg.warmup_ratio * cfg.steps),
+        decay_steps=None,
+        eval_every=0,
+        keep_checkpoints=1,
+        optimizer="adamw",
+        clip_norm=1.0,
+    )
+    result = train(
+        trainee,
+        task,
+        loop,
+        out,
+        d,
+        save_extra=tok.save_pretrained,
+        describe="distill",
+        on_eval=None,
+    )
     if result["interrupted"]:
         return {"interrupted": True, "step": result["step"]}
     if d.is_main:

@@ -48,24 +48,34 @@ GROUP_BATCHES = 64  # batches per length-sorted window
 class FinetuneConfig(TaskOptions):
     """`bertforge finetune`: the model, the files, the hyper-parameters (and TaskOptions)."""
 
-    # fmt: off
     model: str = option(help="pre-trained checkpoint directory")
     train: str = option(help="training file (in the task's own format)")
     out: str = option(help="output directory (the fine-tuned model)")
     dev: str | None = option(None, "dev file: evaluated every epoch; the best model is kept")
-    dev_split: float = option(0.0, "hold out this fraction of the train file as dev (fixed, seed 0)", min=0, below=1)
+    dev_split: float = option(
+        0.0, "hold out this fraction of the train file as dev (fixed, seed 0)", min=0, below=1
+    )
     epochs: float = option(3.0, "passes over train, may be fractional", above=0)
     batch_size: int = option(32, "examples per step, all processes together", min=1)
-    micro_batch_size: int | None = option(None, "examples per forward pass and process (gradient accumulation; default: the whole batch)", min=1)
+    micro_batch_size: int | None = option(
+        None,
+        "examples per forward pass and process (gradient accumulation; default: the whole batch)",
+        min=1,
+    )
     lr: float = option(3e-5, "peak AdamW learning rate; the paper tries 5e-5, 3e-5, 2e-5", above=0)
-    warmup_ratio: float = option(0.1, "fraction of the steps spent warming up, then linear decay", min=0, max=1)
+    warmup_ratio: float = option(
+        0.1, "fraction of the steps spent warming up, then linear decay", min=0, max=1
+    )
     weight_decay: float = option(0.01, "AdamW weight decay", min=0)
     seed: int = option(0, "head initialisation, order, dropout")
-    precision: str = option("auto", "auto: bf16 where the device has it (fp16 on older GPUs), else fp32", choices=PRECISIONS)
+    precision: str = option(
+        "auto",
+        "auto: bf16 where the device has it (fp16 on older GPUs), else fp32",
+        choices=PRECISIONS,
+    )
     log_every: int = option(10, "log every N steps", min=1)
     progress: bool = option(True, "progress bars", flag="--no-progress")
     device: str | None = option(None, "cpu, cuda, cuda:1 (default: a GPU if there is one)")
-    # fmt: on
 
     def __post_init__(self) -> None:
         super().__post_init__()  # checks every option's type and range, these too
@@ -195,8 +205,10 @@ def _run(cfg: FinetuneConfig, d: distributed.Dist) -> dict[str, Any]:
     model, fresh = load_with_fresh(task.family.head, cfg.model, **task.family.head_kwargs())
     cfg.check_model(model.config)
     rows = f" ({len(task.train):,} windows)" if len(task.train) != len(train_examples) else ""
-    header = (f"fine-tuning {cfg.model} on {cfg.task}: {len(train_examples):,} training examples"
-              f"{rows}, {len(dev_examples) if dev_examples else 0:,} dev")  # fmt: skip
+    header = (
+        f"fine-tuning {cfg.model} on {cfg.task}: {len(train_examples):,} training examples"
+        f"{rows}, {len(dev_examples) if dev_examples else 0:,} dev"
+    )
     if fresh:
         header += f"\nnew task head, initialised here and trained now: {', '.join(fresh)}"
     return fit(cfg, d, task, model, tok, header, describe=f"finetune {cfg.task}")
@@ -253,9 +265,17 @@ def fit(
             + (f"\n{rest}" if rest else "")
         )
     epoch = task.steps_per_epoch  # evaluated and saved after every epoch; the paper's AdamW
-    loop = LoopConfig.of(cfg, steps=steps, warmup_steps=round(cfg.warmup_ratio * steps),
-                         decay_steps=None, eval_every=epoch if task.dev is not None else 0,
-                         save_every=epoch, keep_checkpoints=1, optimizer="adamw", clip_norm=1.0)  # fmt: skip
+    loop = LoopConfig.of(
+        cfg,
+        steps=steps,
+        warmup_steps=round(cfg.warmup_ratio * steps),
+        decay_steps=None,
+        eval_every=epoch if task.dev is not None else 0,
+        save_every=epoch,
+        keep_checkpoints=1,
+        optimizer="adamw",
+        clip_norm=1.0,
+    )
     result = train(
         model,
         task,

@@ -66,39 +66,62 @@ EVAL_BATCH = 32  # held-out rows per evaluation batch, whatever the training bat
 class PretrainConfig:
     """`bertforge pretrain`: data, model, masking, optimisation, bookkeeping."""
 
-    # fmt: off
     data: str = option(help="directory made by `bertforge prepare`")
     out: str = option(help="run directory (re-running the command resumes it)")
-    model_size: str = option("mini", "a named size (the paper's Table 6 and Google's small BERTs)", choices=tuple(SIZES))
+    model_size: str = option(
+        "mini", "a named size (the paper's Table 6 and Google's small BERTs)", choices=tuple(SIZES)
+    )
     config: str | None = option(None, "config.json of the model to train from scratch")
     init: str | None = option(None, "start from this checkpoint (phase 2, domain adaptation)")
     steps: int = option(10_000, "optimizer steps", min=1)
     batch_size: int = option(32, "sequences per optimizer step, all processes together", min=1)
-    micro_batch_size: int | None = option(None, "sequences per forward pass and process (gradient accumulation)", min=1)
+    micro_batch_size: int | None = option(
+        None, "sequences per forward pass and process (gradient accumulation)", min=1
+    )
     max_seq_length: int = option(128, "pieces per row", min=5)
     max_predictions_per_seq: int | None = option(None, "default: 15%% of max-seq-length", min=1)
     masked_lm_prob: float = option(0.15, "share of pieces masked", above=0, below=1)
     short_seq_prob: float = option(0.1, "NSP: share of shorter target lengths", min=0, max=1)
     whole_word_mask: bool = option(False, "mask all pieces of a word together")
-    nsp: bool = option(True, "masked LM only, on rows of contiguous text packed across sentences and documents", flag="--no-nsp")
-    dropout: float | None = option(None, "the model's dropout while pre-training (default: its config's)", min=0, below=1)
-    dupe_factor: int | None = option(None, "static masking with this many fixed copies (default: dynamic)", min=1)
+    nsp: bool = option(
+        True,
+        "masked LM only, on rows of contiguous text packed across sentences and documents",
+        flag="--no-nsp",
+    )
+    dropout: float | None = option(
+        None, "the model's dropout while pre-training (default: its config's)", min=0, below=1
+    )
+    dupe_factor: int | None = option(
+        None, "static masking with this many fixed copies (default: dynamic)", min=1
+    )
     lr: float = option(1e-4, "peak learning rate", above=0)
     warmup_ratio: float = option(0.01, "share of steps of linear warmup", min=0, max=1)
-    decay_ratio: float = option(1.0, "share of steps of linear decay at the end (1: all after warmup, the paper's; less: the peak holds until then)", above=0, max=1)
-    weight_decay: float = option(0.01, "AdamW / LAMB weight decay (not on LayerNorm and biases)", min=0)
+    decay_ratio: float = option(
+        1.0,
+        "share of steps of linear decay at the end (1: all after warmup, the paper's; less: the peak holds until then)",
+        above=0,
+        max=1,
+    )
+    weight_decay: float = option(
+        0.01, "AdamW / LAMB weight decay (not on LayerNorm and biases)", min=0
+    )
     optimizer: str = option("adamw", "optimizer", choices=OPTIMIZERS)
     clip_norm: float = option(1.0, "gradient clipping norm", above=0)
-    precision: str = option("auto", "auto: bf16 where the device has it, fp16 + loss scaling on older GPUs", choices=PRECISIONS)
+    precision: str = option(
+        "auto",
+        "auto: bf16 where the device has it, fp16 + loss scaling on older GPUs",
+        choices=PRECISIONS,
+    )
     seed: int = option(0, "data order, masks, initialisation")
     log_every: int = option(10, "log every N steps", min=1)
     eval_every: int = option(500, "held-out evaluation every N steps (0: never)", min=0)
     eval_batches: int = option(20, "held-out batches of 32 rows per evaluation", min=1)
-    save_every: int = option(1000, "checkpoint every N steps (0: only at the end and on signals)", min=0)
+    save_every: int = option(
+        1000, "checkpoint every N steps (0: only at the end and on signals)", min=0
+    )
     keep_checkpoints: int = option(3, "checkpoints kept", min=1)
     device: str | None = option(None, "cpu, cuda, cuda:1 (default: a GPU if there is one)")
     progress: bool = option(True, "progress bars", flag="--no-progress")
-    # fmt: on
 
     def __post_init__(self) -> None:
         check_options(self)
@@ -254,17 +277,32 @@ def make_task(cfg: PretrainConfig, shards: ShardSet, d: distributed.Dist) -> Pre
         1, round(cfg.max_seq_length * cfg.masked_lm_prob)
     )
     specials = frozenset({tok.cls_id, tok.sep_id, tok.pad_id})
-    spec = MaskingSpec.from_tokens(tok.tokens, tok.mask_id, specials, masked_lm_prob=cfg.masked_lm_prob,
-                                   max_predictions_per_seq=max_predictions, whole_word=cfg.whole_word_mask)  # fmt: skip
-    common = {"max_seq_length": cfg.max_seq_length, "short_seq_prob": cfg.short_seq_prob,
-              "cls_id": tok.cls_id, "sep_id": tok.sep_id, "pad_id": tok.pad_id}  # fmt: skip
+    spec = MaskingSpec.from_tokens(
+        tok.tokens,
+        tok.mask_id,
+        specials,
+        masked_lm_prob=cfg.masked_lm_prob,
+        max_predictions_per_seq=max_predictions,
+        whole_word=cfg.whole_word_mask,
+    )
+    common = {
+        "max_seq_length": cfg.max_seq_length,
+        "short_seq_prob": cfg.short_seq_prob,
+        "cls_id": tok.cls_id,
+        "sep_id": tok.sep_id,
+        "pad_id": tok.pad_id,
+    }
     stream = PretrainingStream(
         shards, spec, seed=cfg.seed, dupe_factor=cfg.dupe_factor, packed=not cfg.nsp, **common
     )
     heldout: dict[str, PretrainingStream] = {}
     if shards.names("heldout") and cfg.eval_every:
-        eval_spec = dataclasses.replace(spec, masked_lm_prob=0.15, whole_word=False,
-                                        max_predictions_per_seq=max(1, round(cfg.max_seq_length * 0.15)))  # fmt: skip
+        eval_spec = dataclasses.replace(
+            spec,
+            masked_lm_prob=0.15,
+            whole_word=False,
+            max_predictions_per_seq=max(1, round(cfg.max_seq_length * 0.15)),
+        )
         fixed = {"split": "heldout", "seed": cfg.seed + 1, "dupe_factor": 1}
         heldout["mlm"] = PretrainingStream(shards, eval_spec, packed=True, **fixed, **common)
         if cfg.nsp:

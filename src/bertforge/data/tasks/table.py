@@ -188,16 +188,19 @@ def multi_label_field(
     elif isinstance(value, list):
         items = value
     else:
-        raise DataError(f'{where}: field "{field}": expected labels separated by |, got '
-                        f"{type(value).__name__}")  # fmt: skip
+        raise DataError(
+            f'{where}: field "{field}": expected labels separated by |, got {type(value).__name__}'
+        )
     out: list[str] = []
     for item in items:
         if not isinstance(item, str):
             raise DataError(f'{where}: field "{field}": label {item!r} is not a string')
         name = item.strip()
         if name and labels is not None and name not in labels:
-            raise DataError(f'{where}: field "{field}": label {name!r} is not one of the allowed '
-                            f"labels: {', '.join(labels)}")  # fmt: skip
+            raise DataError(
+                f'{where}: field "{field}": label {name!r} is not one of the allowed '
+                f"labels: {', '.join(labels)}"
+            )
         if name and name not in out:
             out.append(name)
     return tuple(out)
@@ -267,8 +270,16 @@ def read_examples(
         fmt = detect_table_format(path)
     flags = list(label_column) if isinstance(label_column, (list, tuple)) else None
     if fmt == "jsonl":
-        return _read_jsonl(path, text_column, label_column, text_pair_column, labels, regression,
-                           id_column, multi_label)  # fmt: skip
+        return _read_jsonl(
+            path,
+            text_column,
+            label_column,
+            text_pair_column,
+            labels,
+            regression,
+            id_column,
+            multi_label,
+        )
     delim = delimiter if delimiter is not None else ("," if fmt == "csv" else "\t")
     quote = quoting if quoting is not None else fmt == "csv"
     rows = iter_rows(path, delim, quote)
