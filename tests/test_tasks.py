@@ -28,6 +28,7 @@ from bertforge.data.tasks import (
     split_train_test,
     to_iob2,
 )
+from bertforge.data.tasks.table import open_table
 from bertforge.errors import DataError, InputError
 
 # --------------------------------------------------------------------------- real data
@@ -508,3 +509,20 @@ def test_no_raw_errors_escape(tmp_path: Path) -> None:
             with warnings.catch_warnings(), contextlib.suppress(DataError):
                 warnings.simplefilter("ignore")
                 reader(path)
+
+
+def test_table_readers_share_their_checks(tmp_path: Path) -> None:
+    """GLUE and read_examples open, check and read a table through the same pieces
+    (table.open_table, Table, Record), so one fault gives one message whichever reader meets it."""
+    labels = ["entailment", "not_entailment"]
+    for n, rows in enumerate(["0\tA.\tentailment\n", "0\t \tB.\tentailment\n", "0\tA.\tB.\tx\n"]):
+        f = _write(tmp_path / f"dev{n}.tsv", RTE_HEADER + rows)
+        generic = _error(read_examples, f, "sentence1", "label", "sentence2", labels=labels)
+        assert _error(read_glue, "rte", f) == generic
+    # A header found by a test of the first record (CoLA's files come with and without one).
+    cola = _write(tmp_path / "train.tsv", "\n  \ngj04\t1\t\tFine.\n")
+    table = open_table(cola, header=lambda first: "sentence" in first, names=("s", "l", "m", "t"))
+    [row] = table.records()
+    assert (table.column("t", "text"), row.text(3), row.source) == (3, "Fine.", f"{cola}:3")
+    with pytest.raises(DataError, match=r"line 1: column \"x\" \(text\) missing from the header"):
+        table.column("x", "text")

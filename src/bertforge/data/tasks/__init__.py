@@ -3,7 +3,8 @@
 One module per file family, each a set of pure functions that read a file and return
 dataclasses, or end in one `DataError` naming file, line and field:
 
-    table   Example; generic TSV / CSV / JSONL reader; the fixed 80/20 split
+    table   Example; generic TSV / CSV / JSONL reader; the fixed 80/20 split; the pieces
+            every table reader shares (open_table, Table, Record, ExampleFields)
     glue    TaskSpec, GLUE_TASKS (the nine GLUE tasks: columns, labels, metrics), read_glue
     squad   SquadExample, read_squad (v1.1 and v2.0, answer offsets verified)
     conll   TaggedSentence, read_conll (CoNLL-2003 column files), to_iob2

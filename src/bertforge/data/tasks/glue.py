@@ -15,15 +15,14 @@ other file must have the label column; pass labelled=True/False to decide yourse
 
 from __future__ import annotations
 
-import itertools
 import os
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...errors import DataError, InputError
+from ...errors import InputError
 from ...evaluate import MULTI_LABEL_METRICS
-from .table import Example, check_field_count, column_index, iter_rows, label_field, text_field
+from .table import Example, ExampleFields, open_table
 
 METRIC_NAMES = ("accuracy", "f1", "mcc", "pearson", "spearman", *MULTI_LABEL_METRICS)
 
@@ -131,59 +130,30 @@ def read_glue(
     path = Path(path)
     if labelled is None:
         labelled = not path.name.lower().startswith("test")
-    rows = iter_rows(path, "\t", quoting=False)
-    first = next(rows, None)
-    if first is None:
-        raise DataError(f"{path}: no rows (empty file)")
-    has_header = spec.headerless_columns is None or spec.text_column in first[1]
-    if has_header:
-        names = [h.strip() for h in first[1]]
-        what = "the header's column count"
-        data_rows = rows
-    else:
-        assert spec.headerless_columns is not None
-        names = list(spec.headerless_columns)
-        what = f"{spec.name} files without a header have {len(names)} columns"
-        data_rows = itertools.chain([first], rows)
-
-    text_i = column_index(path, names, spec.text_column, f"{spec.name} text column")
-    pair_i = (
-        None
-        if spec.text_pair_column is None
-        else column_index(path, names, spec.text_pair_column, f"{spec.name} second text column")
+    headerless = spec.headerless_columns
+    table = open_table(
+        path,
+        header=lambda first: headerless is None or spec.text_column in first,
+        names=headerless,
+        what=f"{spec.name} files without a header have {len(headerless or ())} columns",
     )
-    label_i = (
-        column_index(path, names, spec.label_column, f"{spec.name} label column")
-        if labelled
-        else None
-    )
+    text_i = table.column(spec.text_column, f"{spec.name} text column")
+    pair_i = None
+    if spec.text_pair_column is not None:
+        pair_i = table.column(spec.text_pair_column, f"{spec.name} second text column")
+    label_i = table.column(spec.label_column, f"{spec.name} label column") if labelled else None
+    names = table.names or []
     id_i = names.index(spec.id_column) if spec.id_column in names else None
+    fields = ExampleFields(text_i, pair_i, label_i, (), id_i, guid_prefix=f"{path.stem}-")
 
     out: list[Example] = []
     skipped: list[int] = []
-    for lineno, fields in data_rows:
-        check_field_count(path, lineno, fields, len(names), what)
-        where = f"{path}: line {lineno}"
-        if skip_empty and any(i is not None and not fields[i].strip() for i in (text_i, pair_i)):
-            skipped.append(lineno)
+    texts = [i for i in (text_i, pair_i) if i is not None]
+    for row in table.records():
+        if skip_empty and any(not row.fields[i].strip() for i in texts):
+            skipped.append(row.lineno)
             continue
-        out.append(
-            Example(
-                text=text_field(where, names[text_i], fields[text_i]),
-                text_pair=None
-                if pair_i is None
-                else text_field(where, names[pair_i], fields[pair_i]),
-                label=None
-                if label_i is None
-                else label_field(
-                    where, names[label_i], fields[label_i], spec.labels, spec.is_regression
-                ),
-                guid=f"{path.stem}-{fields[id_i].strip() if id_i is not None else len(out)}",
-                source=f"{path}:{lineno}",
-            )
-        )
-    if not out and not skipped:
-        raise DataError(f"{path}: no data rows after the header")
+        out.append(fields.example(row, len(out), spec.labels, spec.is_regression))
     if skipped:
         lines = ", ".join(map(str, skipped[:5])) + (", ..." if len(skipped) > 5 else "")
         warnings.warn(

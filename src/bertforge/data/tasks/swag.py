@@ -15,8 +15,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...errors import DataError
-from .table import check_field_count, column_index, iter_rows, text_field
+from .table import header_error, not_allowed, open_table
 
 
 @dataclass(frozen=True)
@@ -36,47 +35,35 @@ def read_swag(path: str | os.PathLike[str], *, labelled: bool | None = None) -> 
     path = Path(path)
     if labelled is None:
         labelled = not path.name.lower().startswith("test")
-    rows = iter_rows(path, ",", quoting=True)
-    first = next(rows, None)
-    if first is None:
-        raise DataError(f"{path}: no rows (empty file)")
-    names = [h.strip() for h in first[1]]
-    context_i = column_index(path, names, "sent1", "context column")
-    start_i = column_index(path, names, "sent2", "start column")
+    table = open_table(path, ",", quoting=True)
+    names = table.names or []
+    context_i = table.column("sent1", "context column")
+    start_i = table.column("sent2", "start column")
     ending_is: list[int] = []
     while f"ending{len(ending_is)}" in names:
         ending_is.append(names.index(f"ending{len(ending_is)}"))
     if len(ending_is) < 2:
-        raise DataError(
-            f"{path}: line 1: expected columns ending0, ending1, ... in the header; "
-            f"the header has: {', '.join(repr(h) for h in names)}"
-        )
-    label_i = column_index(path, names, "label", "label column") if labelled else None
+        raise header_error(path, names, "expected columns ending0, ending1, ... in the header")
+    label_i = table.column("label", "label column") if labelled else None
     allowed = [str(k) for k in range(len(ending_is))]
 
     out: list[ChoiceExample] = []
-    for lineno, fields in rows:
-        check_field_count(path, lineno, fields, len(names), "the header's column count")
-        where = f"{path}: line {lineno}"
+    for row in table.records():
         label: int | None = None
         if label_i is not None:
-            raw = fields[label_i].strip()
+            # Not label_field: an ending's number, and its message quotes the raw field.
+            raw = str(row.value(label_i)).strip()
             if raw not in allowed:
-                raise DataError(
-                    f'{where}: field "label": {raw!r} is not one of the allowed labels: '
-                    f"{', '.join(allowed)}"
-                )
+                raise not_allowed(row.where, "label", repr(raw), allowed)
             label = int(raw)
         out.append(
             ChoiceExample(
-                context=text_field(where, "sent1", fields[context_i]),
-                start=fields[start_i],
-                endings=[text_field(where, names[i], fields[i]) for i in ending_is],
+                context=row.text(context_i),
+                start=str(row.value(start_i)),
+                endings=[row.text(i) for i in ending_is],
                 label=label,
                 guid=f"{path.stem}-{len(out)}",
-                source=f"{path}:{lineno}",
+                source=row.source,
             )
         )
-    if not out:
-        raise DataError(f"{path}: no data rows after the header")
     return out

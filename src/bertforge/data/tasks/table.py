@@ -1,10 +1,12 @@
-"""Sentence and sentence-pair examples from tables: TSV, CSV and JSONL, plus the row readers
-that the GLUE and SWAG readers share.
+"""Sentence and sentence-pair examples from tables: TSV, CSV and JSONL, plus the pieces that
+the GLUE and SWAG readers are built from (open_table, Table, Record and the field checks).
 
 Why one module for this: every task file that is a table (GLUE TSVs, SWAG CSV, a user's own
 spam or sentiment file) has the same failure modes, a missing column, a row with too few
 fields, a label outside the task's set, an empty text, and they must all end in one
 `DataError` naming the file, the line and the field, never a KeyError from deep inside.
+So there is one way to open a table (open_table), find a column (Table.column), walk its
+rows (Table.records) and read an example's fields from a row (Record, ExampleFields).
 
 Quoting. TSV is split on tabs with no quote processing (the GLUE convention: SST-2, MRPC and
 RTE texts contain `"` characters that a CSV parser would swallow). CSV follows RFC 4180
@@ -22,10 +24,10 @@ import itertools
 import json
 import math
 import os
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import TypeVar, cast
 
 import numpy as np
 
@@ -41,8 +43,8 @@ class Example:
     """One sentence (text_pair None) or sentence-pair example.
 
     label is a class name (always a string, e.g. "1" or "entailment"), a float for regression,
-    a tuple of class names for multi-label tasks, or None for unlabelled (test) files. source is "file:line" for error messages and
-    debugging.
+    a tuple of class names for multi-label tasks, or None for unlabelled (test) files. source
+    is "file:line" for error messages and debugging.
     """
 
     text: str
@@ -86,47 +88,127 @@ def iter_rows(
             yield start, fields
 
 
-def column_index(
-    path: str | os.PathLike[str],
-    header: Sequence[str] | None,
-    column: Column,
-    role: str,
-    width: int | None = None,
-) -> int:
-    """The field index of `column` (a header name or an index); role names it in errors.
+def header_error(path: str | os.PathLike[str], header: Sequence[str], problem: str) -> DataError:
+    """The error for a header that lacks what a reader needs; it lists what the header has."""
+    return DataError(f"{path}: line 1: {problem}; the header has: {', '.join(map(repr, header))}")
 
-    width is the number of fields of a row (default: the header's).
-    """
-    if isinstance(column, bool) or not isinstance(column, (str, int)):
-        raise InputError(f"{role}: {column!r} must be a column name or a 0-based index")
-    if isinstance(column, int):
-        width = len(header) if width is None and header is not None else width
-        if column < 0 or (width is not None and column >= width):
+
+@dataclass(slots=True)  # not frozen: made once per row, and frozen init is slow
+class Record:
+    """One data row and where it came from: a table's fields (by index) or a JSONL line's
+    object (by key), so that every field error names the file, the line and the field."""
+
+    path: Path
+    lineno: int
+    fields: Sequence[str] | dict[str, object]
+    names: Sequence[str] | None = None  # a table's column names; None: no header
+    # "file: line N" and "file:N", made once: every field of the row needs them.
+    where: str = field(init=False)
+    source: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.where = f"{self.path}: line {self.lineno}"
+        self.source = f"{self.path}:{self.lineno}"
+
+    def name(self, key: Column) -> str:
+        """The field's name in errors: a JSONL key, a header name, or "column 3"."""
+        if isinstance(key, str):
+            return key
+        return self.names[key] if self.names is not None else f"column {key}"
+
+    def value(self, key: Column, role: str = "") -> object:
+        """The field's value; only a JSONL object can lack one (Table checked the rest)."""
+        if isinstance(self.fields, dict) and key not in self.fields:
             raise DataError(
-                f"{path}: {role} index {column} is out of range (line 1 has {width} fields)"
+                f'{self.where}: field "{key}" ({role}) missing; the object has: '
+                f"{', '.join(repr(k) for k in self.fields) or 'no keys'}"
             )
-        return column
-    if header is None:
-        raise DataError(
-            f'{path}: {role} "{column}" is a column name but the file is read without a '
-            "header; give a 0-based column index instead"
-        )
-    if column not in header:
-        raise DataError(
-            f'{path}: line 1: column "{column}" ({role}) missing from the header; '
-            f"the header has: {', '.join(repr(h) for h in header)}"
-        )
-    return list(header).index(column)
+        return self.fields[key]  # type: ignore[index]
+
+    def text(self, key: Column, role: str = "") -> str:
+        return text_field(self.where, self.name(key), self.value(key, role))
 
 
-def check_field_count(
-    path: str | os.PathLike[str], lineno: int, fields: Sequence[str], expected: int, what: str
-) -> None:
-    if len(fields) != expected:
-        raise DataError(
-            f"{path}: line {lineno}: {len(fields)} fields, expected {expected} ({what}); "
-            "a delimiter inside a text, or a missing column?"
-        )
+@dataclass(frozen=True)
+class Table:
+    """A delimited file being read: its column names and its data rows (iterate them once).
+
+    names are the header's fields, stripped; for a file without a header the names given,
+    or None (columns by index only, "column 3" in errors). Every data row must have `width`
+    fields; `what` says why, in the error when one does not.
+    """
+
+    path: Path
+    names: Sequence[str] | None
+    width: int
+    what: str
+    rows: Iterator[tuple[int, list[str]]]
+
+    def column(self, column: Column, role: str) -> int:
+        """The field index of `column` (a header name or an index); role names it in errors."""
+        if isinstance(column, bool) or not isinstance(column, (str, int)):
+            raise InputError(f"{role}: {column!r} must be a column name or a 0-based index")
+        if isinstance(column, int):
+            if not 0 <= column < self.width:
+                raise DataError(
+                    f"{self.path}: {role} index {column} is out of range "
+                    f"(line 1 has {self.width} fields)"
+                )
+            return column
+        if self.names is None:
+            raise DataError(
+                f'{self.path}: {role} "{column}" is a column name but the file is read without a '
+                "header; give a 0-based column index instead"
+            )
+        if column not in self.names:
+            problem = f'column "{column}" ({role}) missing from the header'
+            raise header_error(self.path, self.names, problem)
+        return self.names.index(column)
+
+    def records(self) -> Iterator[Record]:
+        """The data rows, each checked for its field count; a table without one is an error."""
+        empty = True
+        for lineno, fields in self.rows:
+            if len(fields) != self.width:
+                raise DataError(
+                    f"{self.path}: line {lineno}: {len(fields)} fields, expected {self.width} "
+                    f"({self.what}); a delimiter inside a text, or a missing column?"
+                )
+            empty = False
+            yield Record(self.path, lineno, fields, self.names)
+        if empty:
+            raise DataError(f"{self.path}: no data rows after the header")
+
+
+def open_table(
+    path: str | os.PathLike[str],
+    delimiter: str = "\t",
+    quoting: bool = False,
+    *,
+    header: bool | Callable[[list[str]], bool] = True,
+    names: Sequence[str] | None = None,
+    what: str = "the column count of line 1",
+) -> Table:
+    """A delimited file's header and rows (split as iter_rows says); an empty file is an error.
+
+    header says whether the first record is the header, or is a test of that record's fields
+    that says so (CoLA's files come with and without one). A file without a header has the
+    columns `names` when given, else as many as its first record; `what` says which, in the
+    error for a row of another width.
+    """
+    path = Path(path)
+    rows = iter_rows(path, delimiter, quoting)
+    first = next(rows, None)
+    if first is None:
+        raise DataError(f"{path}: no rows (empty file)")
+    if header(first[1]) if callable(header) else header:
+        columns = [h.strip() for h in first[1]]
+        return Table(path, columns, len(columns), "the header's column count", rows)
+    width = len(first[1]) if names is None else len(names)
+    return Table(path, names, width, what, itertools.chain([first], rows))
+
+
+# --------------------------------------------------------------------------- fields
 
 
 def text_field(where: str, field: str, value: object) -> str:
@@ -136,6 +218,13 @@ def text_field(where: str, field: str, value: object) -> str:
     if not value.strip():
         raise DataError(f'{where}: field "{field}": empty text')
     return value
+
+
+def not_allowed(where: str, field: str, shown: str, labels: Sequence[str]) -> DataError:
+    """The error for a label outside the task's set; `shown` is the label as quoted there."""
+    return DataError(
+        f'{where}: field "{field}": {shown} is not one of the allowed labels: {", ".join(labels)}'
+    )
 
 
 def label_field(
@@ -172,10 +261,7 @@ def label_field(
     if not label:
         raise DataError(f'{where}: field "{field}": empty label')
     if labels is not None and label not in labels:
-        raise DataError(
-            f'{where}: field "{field}": label {label!r} is not one of the allowed labels: '
-            f"{', '.join(labels)}"
-        )
+        raise not_allowed(where, field, f"label {label!r}", labels)
     return label
 
 
@@ -197,10 +283,7 @@ def multi_label_field(
             raise DataError(f'{where}: field "{field}": label {item!r} is not a string')
         name = item.strip()
         if name and labels is not None and name not in labels:
-            raise DataError(
-                f'{where}: field "{field}": label {name!r} is not one of the allowed '
-                f"labels: {', '.join(labels)}"
-            )
+            raise not_allowed(where, field, f"label {name!r}", labels)
         if name and name not in out:
             out.append(name)
     return tuple(out)
@@ -231,6 +314,52 @@ def detect_table_format(path: str | os.PathLike[str]) -> str:
     if suffix in (".jsonl", ".ndjson"):
         return "jsonl"
     return "csv" if suffix == ".csv" else "tsv"
+
+
+@dataclass(frozen=True)
+class ExampleFields:
+    """Where each part of an Example is in a Record: column indices in a table, keys in
+    JSONL. One builder for read_examples' formats and read_glue, so all give the same errors.
+
+    guid is guid_prefix + the id field's value, or "<file stem>-<row number from 0>".
+    """
+
+    text: Column
+    pair: Column | None
+    label: Column | None
+    flags: Sequence[Column]  # one 0/1 column per label (multi-label), instead of `label`
+    id: Column | None
+    guid_prefix: str = ""  # GLUE's guids are "<file stem>-<index>"
+
+    def example(
+        self,
+        row: Record,
+        n: int,
+        labels: Sequence[str] | None = None,
+        regression: bool = False,
+        multi_label: bool = False,
+    ) -> Example:
+        """The example of the file's n-th row (from 0; the default guid)."""
+        text = row.text(self.text, "text_column")
+        pair = None if self.pair is None else row.text(self.pair, "text_pair_column")
+        label: str | float | tuple[str, ...] | None = None
+        if self.flags:
+            values = [row.value(k, "label_column") for k in self.flags]
+            label = flag_fields(row.where, [row.name(k) for k in self.flags], values)
+        elif self.label is not None:
+            name, value = row.name(self.label), row.value(self.label, "label_column")
+            label = (
+                multi_label_field(row.where, name, value, labels)
+                if multi_label
+                else label_field(row.where, name, value, labels, regression)
+            )
+        if self.id is None:
+            guid = f"{row.path.stem}-{n}"
+        else:  # a table's id is trimmed like its labels; a JSON value is taken as written
+            value = row.value(self.id, "id_column")
+            guid = str(value) if isinstance(row.fields, dict) else str(value).strip()
+            guid = self.guid_prefix + guid
+        return Example(text, pair, label, guid, row.source)
 
 
 def read_examples(
@@ -269,92 +398,40 @@ def read_examples(
     if fmt == "auto":
         fmt = detect_table_format(path)
     flags = list(label_column) if isinstance(label_column, (list, tuple)) else None
+    # One label column unless a list of flag columns; an empty list is refused as a column.
+    single = None if flags else cast("Column | None", label_column)
+    rows: Iterator[Record]
     if fmt == "jsonl":
-        return _read_jsonl(
-            path,
-            text_column,
-            label_column,
-            text_pair_column,
-            labels,
-            regression,
-            id_column,
-            multi_label,
-        )
-    delim = delimiter if delimiter is not None else ("," if fmt == "csv" else "\t")
-    quote = quoting if quoting is not None else fmt == "csv"
-    rows = iter_rows(path, delim, quote)
-    first = next(rows, None)
-    if first is None:
-        raise DataError(f"{path}: no rows (empty file)")
-    names: list[str] | None = None
-    if header:
-        names = [h.strip() for h in first[1]]
-        n_fields, what = len(names), "the header's column count"
+        for role, c in (
+            ("text_column", text_column),
+            *(("label_column", f) for f in flags or [label_column]),
+            ("text_pair_column", text_pair_column),
+            ("id_column", id_column),
+        ):
+            if c is not None and not isinstance(c, str):
+                raise InputError(f"{role}: {c!r}: JSONL columns are key names (strings)")
+        fields = ExampleFields(text_column, text_pair_column, single, flags or [], id_column)
+        rows = _jsonl_records(path)
     else:
-        rows = itertools.chain([first], rows)
-        n_fields, what = len(first[1]), "the column count of line 1"
+        delim = delimiter if delimiter is not None else ("," if fmt == "csv" else "\t")
+        quote = quoting if quoting is not None else fmt == "csv"
+        table = open_table(path, delim, quote, header=header)
 
-    def col(c: Column | None, role: str) -> int | None:
-        return None if c is None else column_index(path, names, c, role, n_fields)
+        def col(c: Column | None, role: str) -> int | None:
+            return None if c is None else table.column(c, role)
 
-    text_i = column_index(path, names, text_column, "text_column", n_fields)
-    pair_i = col(text_pair_column, "text_pair_column")
-    label_i = None if flags else col(label_column, "label_column")  # type: ignore[arg-type]
-    flag_i = [column_index(path, names, c, "label_column", n_fields) for c in flags or ()]
-    id_i = col(id_column, "id_column")
-
-    def field_name(i: int) -> str:
-        return names[i] if names is not None else f"column {i}"
-
-    def label(where: str, fields: list[str]) -> str | float | tuple[str, ...] | None:
-        if flags:
-            return flag_fields(where, [field_name(i) for i in flag_i], [fields[i] for i in flag_i])
-        if label_i is None:
-            return None
-        if multi_label:
-            return multi_label_field(where, field_name(label_i), fields[label_i], labels)
-        return label_field(where, field_name(label_i), fields[label_i], labels, regression)
-
-    out: list[Example] = []
-    for lineno, fields in rows:
-        check_field_count(path, lineno, fields, n_fields, what)
-        where = f"{path}: line {lineno}"
-        out.append(
-            Example(
-                text=text_field(where, field_name(text_i), fields[text_i]),
-                text_pair=None
-                if pair_i is None
-                else text_field(where, field_name(pair_i), fields[pair_i]),
-                label=label(where, fields),
-                guid=fields[id_i].strip() if id_i is not None else f"{path.stem}-{len(out)}",
-                source=f"{path}:{lineno}",
-            )
-        )
-    if not out:
-        raise DataError(f"{path}: no data rows after the header")
-    return out
+        text_i = table.column(text_column, "text_column")
+        pair_i = col(text_pair_column, "text_pair_column")
+        label_i = col(single, "label_column")
+        flag_i = [table.column(c, "label_column") for c in flags or ()]
+        fields = ExampleFields(text_i, pair_i, label_i, flag_i, col(id_column, "id_column"))
+        rows = table.records()
+    return [fields.example(row, n, labels, regression, multi_label) for n, row in enumerate(rows)]
 
 
-def _read_jsonl(
-    path: Path,
-    text_column: Column,
-    label_column: Column | None,
-    text_pair_column: Column | None,
-    labels: Sequence[str] | None,
-    regression: bool,
-    id_column: Column | None,
-    multi_label: bool,
-) -> list[Example]:
-    flags = list(label_column) if isinstance(label_column, (list, tuple)) else None
-    for role, c in (
-        ("text_column", text_column),
-        *(("label_column", f) for f in flags or [label_column]),
-        ("text_pair_column", text_pair_column),
-        ("id_column", id_column),
-    ):
-        if c is not None and not isinstance(c, str):
-            raise InputError(f"{role}: {c!r}: JSONL columns are key names (strings)")
-    out: list[Example] = []
+def _jsonl_records(path: Path) -> Iterator[Record]:
+    """A Record per non-blank line of a JSONL file, each an object; an empty file is an error."""
+    empty = True
     for lineno, line in text_lines(path):
         if not line.strip():
             continue
@@ -365,48 +442,10 @@ def _read_jsonl(
             raise DataError(f"{where}: invalid JSON: {e.msg} (column {e.colno})") from None
         if not isinstance(obj, dict):
             raise DataError(f"{where}: expected a JSON object, got {type(obj).__name__}")
-
-        def get(key: str, role: str, obj: dict[str, object] = obj, where: str = where) -> object:
-            if key not in obj:
-                raise DataError(
-                    f'{where}: field "{key}" ({role}) missing; the object has: '
-                    f"{', '.join(repr(k) for k in obj) or 'no keys'}"
-                )
-            return obj[key]
-
-        assert isinstance(text_column, str)
-        out.append(
-            Example(
-                text=text_field(where, text_column, get(text_column, "text_column")),
-                text_pair=None
-                if text_pair_column is None
-                else text_field(
-                    where, str(text_pair_column), get(str(text_pair_column), "text_pair_column")
-                ),
-                label=None
-                if label_column is None
-                else flag_fields(where, flags, [get(str(f), "label_column") for f in flags])
-                if flags
-                else multi_label_field(
-                    where, str(label_column), get(str(label_column), "label_column"), labels
-                )
-                if multi_label
-                else label_field(
-                    where,
-                    str(label_column),
-                    get(str(label_column), "label_column"),
-                    labels,
-                    regression,
-                ),
-                guid=str(get(str(id_column), "id_column"))
-                if id_column is not None
-                else f"{path.stem}-{len(out)}",
-                source=f"{path}:{lineno}",
-            )
-        )
-    if not out:
+        empty = False
+        yield Record(path, lineno, obj)
+    if empty:
         raise DataError(f"{path}: no rows (empty file)")
-    return out
 
 
 # --------------------------------------------------------------------------- splitting
