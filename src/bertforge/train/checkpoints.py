@@ -6,8 +6,8 @@ RUN/checkpoints/step-00001000/
                                                       (read back with weights_only=True)
     trainer_state.json                                step, data position, anything else
 A checkpoint is written into a temporary directory and renamed into place, so a crash never
-leaves a half-written one; the last `keep` are kept. RUN/run.json holds the run's settings:
-re-running with the same ones resumes it (`run_settings`, `check_run`).
+leaves a half-written one; the last `keep` are kept. RUN/run.json holds the run's settings
+and whether it finished (`RunDir`, its one writer): the same settings resume the run.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -24,17 +25,19 @@ from torch import nn
 from ..checkpoint import load_state, read_tensors
 from ..errors import CheckpointError, ConfigError
 from ..fileio import read_json, write_json
+from .distributed import Dist, barrier
 
 STATE = "trainer_state.pt"
 INFO = "trainer_state.json"
+Saver = Callable[[Path], None]  # writes an output (the model, the tokenizer) into a directory
 
 
-def run_settings(cfg: Any, volatile: set[str]) -> dict[str, Any]:
+def run_settings(cfg: Any, volatile: Collection[str]) -> dict[str, Any]:
     """What defines a run: its config but the settings that may change when it resumes."""
     return {k: v for k, v in dataclasses.asdict(cfg).items() if k not in volatile}
 
 
-def check_run(run_dir: Path, cfg: Any, volatile: set[str]) -> dict[str, Any] | None:
+def check_run(run_dir: Path, cfg: Any, volatile: Collection[str]) -> dict[str, Any] | None:
     """run.json of an existing run (None: a new run): the same settings resume it; others are
     an error naming them (a setting added since the run started reads as its default)."""
     path = run_dir / "run.json"
@@ -49,6 +52,51 @@ def check_run(run_dir: Path, cfg: Any, volatile: set[str]) -> dict[str, Any] | N
         shown = ", ".join(f"{k}: {theirs[k]!r} -> {mine[k]!r}" for k in diff)
         raise ConfigError(f"{run_dir} holds a run with other settings ({shown}); use another --out")
     return saved
+
+
+class RunDir:
+    """A training command's output directory as one run: run.json holds the settings (the
+    config's fields but its RESUMABLE ones), `record` and whether the run finished. The main
+    process writes it."""
+
+    def __init__(self, path: str | Path, cfg: Any, d: Dist, **record: Any) -> None:
+        """Checks an existing run against cfg (check_run). `record`: values kept beside the
+        settings, which a finished run must match to count as finished (pre-training's steps:
+        a finished run given more steps goes on)."""
+        self.path, self.cfg, self.d, self.record = Path(path), cfg, d, record
+        self.settings = run_settings(cfg, cfg.RESUMABLE)
+        self.saved = check_run(self.path, cfg, cfg.RESUMABLE)
+
+    def finished(self, message: str) -> dict[str, Any] | None:
+        """The saved run.json if this run already finished (`message` shown), else None."""
+        saved = self.saved or {}
+        if not saved.get("finished") or any(saved.get(k) != v for k, v in self.record.items()):
+            return None
+        if self.d.is_main:
+            print(f"{self.path}: {message}")
+        return saved
+
+    def start(self, message: str) -> None:
+        """run.json: not finished, so that a killed run resumes; `message` shown."""
+        self._write(message, finished=False)
+
+    def finish(self, result: dict[str, Any], message: str, *save: Saver, **summary: Any) -> bool:
+        """After train(): unless `result` was interrupted, the main process writes the outputs
+        (each of `save` into the directory: the model, the tokenizer), then run.json: finished,
+        with `summary`; `message` shown. Every process waits for it. Whether it finished."""
+        done = not result["interrupted"]
+        if done:
+            self._write(message, save, finished=True, **summary)
+        barrier(self.d)
+        return done
+
+    def _write(self, message: str, save: tuple[Saver, ...] = (), **status: Any) -> None:
+        if self.d.is_main:
+            self.path.mkdir(parents=True, exist_ok=True)
+            for write in save:  # before run.json says finished: the outputs are complete
+                write(self.path)
+            write_json(self.path / "run.json", {"settings": self.settings, **self.record, **status})
+            print(message)
 
 
 def checkpoint_dirs(run_dir: Path) -> list[Path]:

@@ -34,13 +34,16 @@ sentence-transformers use it as they use the teacher. Task distillation reads --
 `finetune` does and is fine-tuning's loop (finetune.fit): --epochs, dev evaluation after each
 epoch, the best student kept, its predictions written. Both: the one training loop
 (train/loop.py; bf16 where the device has it, exact resume after a kill, torchrun, progress bar,
-metrics.jsonl).
+metrics.jsonl) and run directory (checkpoints.RunDir: run.json holds the settings; re-running
+resumes, or says the run finished). The options shared with `finetune` are its
+TrainingOptions; those left None take their mode's default (MODE_DEFAULTS).
 """
 
 from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,15 +58,23 @@ from ..config import SIZES, BertConfig, option
 from ..data.corpus import expand_inputs, read_corpus
 from ..data.tasks import TASK_NAMES
 from ..errors import CheckpointError, ConfigError, DataError
-from ..fileio import ENCODING_ERRORS, write_json
+from ..fileio import ENCODING_ERRORS
 from ..hub import resolve
 from ..model import BertModel, init_bert_weights, set_dropout
 from ..tasks import embedding, family
 from ..tasks.base import Batch, Features, TaskFamily
 from ..tokenizer import Tokenizer
-from . import checkpoints, distributed
-from .finetune import RESUMABLE, FinetuneConfig, FinetuneTask, fit, load_data
-from .loop import LoopConfig, train
+from . import distributed
+from .checkpoints import RunDir
+from .finetune import (
+    FinetuneTask,
+    LengthGroupedBatches,
+    TrainingOptions,
+    adamw_loop,
+    fit,
+    load_data,
+)
+from .loop import train
 
 SHAPE_KEYS = (
     "num_hidden_layers",
@@ -75,15 +86,39 @@ SHAPE_KEYS = (
 PROJECTIONS = "projections.safetensors"  # in training checkpoints of a narrower student
 
 
+# What the options left None mean in each mode, measured (benchmarks/results/distill*.md):
+# general distillation's student learns without dropout (the teacher's targets have none);
+# task distillation's keeps its own (None) and has no token-state loss.
+MODE_DEFAULTS: dict[str, tuple[float | None, float | None]] = {  # option: (general, task)
+    "batch_size": (64, 32),
+    "lr": (1e-3, 1e-4),
+    "hidden_weight": (0.01, 0.0),
+    "dropout": (0.0, None),
+    "token_weight": (1.0, 0.0),
+}
+
+
 @dataclass(kw_only=True)
-class DistillConfig(FinetuneConfig):
+class DistillConfig(TrainingOptions):
     """`bertforge distill`: teacher, student, data and hyper-parameters (with --task, also
     fine-tuning's options: the task's files, columns and epochs)."""
 
+    # named `model` as run.json has always recorded it (existing runs resume)
+    model: str | None = option(None, "the student: a checkpoint to start from", flag="--student")
+    train: str | None = option(None, "--task: the training file (in the task's own format)")
+    batch_size: int | None = option(
+        None,
+        "sentences or examples per step, all processes together (default: 64 general, 32 task)",
+        min=1,
+    )
+    lr: float | None = option(
+        None,
+        "peak AdamW learning rate, warmup then linear decay (default: 1e-3 general, 1e-4 task)",
+        above=0,
+    )
     teacher: str = option(
         help="the teacher's model directory: a sentence-transformers or BERT model, or with --task one fine-tuned for it"
     )
-    model: str | None = option(None, "the student: a checkpoint to start from", flag="--student")
     student_layers: str | None = option(
         None,
         "the student: these layers of the teacher, e.g. 0,2,5 (0 = the first), from its weights",
@@ -97,21 +132,9 @@ class DistillConfig(FinetuneConfig):
         "task distillation from a teacher fine-tuned for this task (default: general distillation on --data)",
         choices=TASK_NAMES,
     )
-    train: str | None = option(None, "--task: the training file (in the task's own format)")
-    data: list[str] = field(
-        default_factory=list
-    )  # general: text files, dirs or globs, read as `prepare` reads them
+    # general: text files, dirs or globs, read as `prepare` reads them (not an option: cli's --data)
+    data: list[str] = field(default_factory=list)
     steps: int = option(300, "general: optimizer steps (--task: --epochs)", min=1)
-    batch_size: int | None = option(
-        None,
-        "sentences or examples per step, all processes together (default: 64 general, 32 task)",
-        min=1,
-    )
-    lr: float | None = option(
-        None,
-        "peak AdamW learning rate, warmup then linear decay (default: 1e-3 general, 1e-4 task)",
-        above=0,
-    )
     hidden_weight: float | None = option(
         None, "weight of the hidden-state loss (default: 0.01 general, 0 task)", min=0
     )
@@ -145,16 +168,9 @@ class DistillConfig(FinetuneConfig):
 
     def __post_init__(self) -> None:
         general = self.task is None
-        if self.batch_size is None:
-            self.batch_size = 64 if general else 32
-        if self.lr is None:
-            self.lr = 1e-3 if general else 1e-4
-        if self.hidden_weight is None:
-            self.hidden_weight = 0.01 if general else 0.0
-        if self.dropout is None and general:
-            self.dropout = 0.0
-        if self.token_weight is None:
-            self.token_weight = 1.0 if general else 0.0
+        for name, defaults in MODE_DEFAULTS.items():
+            if getattr(self, name) is None:
+                setattr(self, name, defaults[0 if general else 1])
         if not general and self.token_weight:
             raise ConfigError(
                 f"token_weight={self.token_weight} (--token-weight) is for general distillation; "
@@ -367,17 +383,11 @@ def representation_loss(
     total = m.new_zeros(m.shape[0])
     if hidden_weight:
         pairs = [(0, 0)] + [(i + 1, k + 1) for i, k in enumerate(layers)]
-        hidden = sum(
-            (
-                ((project(i, s.hidden_states[i].float()) - t.hidden_states[k].float()) ** 2).mean(
-                    -1
-                )
-                * m
-            ).sum(1)
-            / tokens
-            for i, k in pairs
-        ) / len(pairs)
-        total = total + hidden_weight * hidden
+        hidden = 0.0
+        for i, k in pairs:
+            err = (project(i, s.hidden_states[i].float()) - t.hidden_states[k].float()) ** 2
+            hidden = hidden + (err.mean(-1) * m).sum(1) / tokens
+        total = total + hidden_weight * (hidden / len(pairs))
     if attention_weight:
         kl = 0.0
         for i, k in enumerate(layers):
@@ -437,8 +447,8 @@ def _unwrapped(model: nn.Module) -> Trainee:
     return getattr(model, "module", model)  # type: ignore[return-value]  # DDP's
 
 
-class DistillTask(FinetuneTask):
-    """General distillation as the training loop sees it: sentences in FinetuneTask's
+class DistillTask:
+    """General distillation as the training loop sees it: sentences in fine-tuning's
     length-grouped batches, the distillation loss against the teacher (run here without
     gradients, each batch once)."""
 
@@ -450,13 +460,14 @@ class DistillTask(FinetuneTask):
         teacher: BertModel,
         own: embedding.Embedding,
     ) -> None:
-        if cfg.batch_size % d.world_size:
-            raise ConfigError(
-                f"batch_size={cfg.batch_size} must split evenly into {d.world_size} processes"
-            )
-        self.cfg, self.d, self.pad_id = cfg, d, tok.pad_id
-        self.teacher, self.own = teacher, own
+        self.grouped = LengthGroupedBatches(
+            cfg.batch_size, cfg.micro_batch_size, cfg.seed, d, tok.pad_id
+        )
+        self.cfg, self.d, self.teacher, self.own = cfg, d, teacher, own
         self.train: Features | None = None
+
+    def batches(self, position: Any) -> Iterator[tuple[list[Batch], Any]]:
+        return self.grouped.batches(self.train, position)
 
     def normalizers(self, micro_batches: list[Batch]) -> torch.Tensor:
         return torch.tensor([float(sum(len(m.input_ids) for m in micro_batches))])
@@ -493,16 +504,18 @@ class TaskDistillTask(FinetuneTask):
     """Task distillation as the training loop sees it: fine-tuning's batches and dev
     evaluation; the loss mixes the labels' and the teacher's soft targets (alpha)."""
 
+    cfg: DistillConfig
+
     def __init__(
         self, fam: TaskFamily, cfg: DistillConfig, d: distributed.Dist, teacher: nn.Module
     ) -> None:
         super().__init__(fam, cfg, d)
-        self.teacher, self.dcfg = teacher, cfg
+        self.teacher = teacher
 
     def loss(
         self, model: nn.Module, micro: Batch, totals: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        cfg, fam = self.dcfg, self.family
+        cfg, fam = self.cfg, self.family
         with torch.no_grad():
             theirs = self.teacher(*micro.inputs(), **_outputs(cfg))
         ours = model(*micro.inputs(), **_outputs(cfg))
@@ -554,15 +567,12 @@ def run(cfg: DistillConfig) -> dict[str, Any]:
 
 
 def _run(cfg: DistillConfig, d: distributed.Dist) -> dict[str, Any]:
-    out = Path(cfg.out)
-    saved = checkpoints.check_run(out, cfg, RESUMABLE)
-    if saved and saved.get("finished"):
-        if d.is_main:
-            print(f"{out}: this distillation already finished; the student is in {out}")
+    run = RunDir(cfg.out, cfg, d)
+    if saved := run.finished(f"this distillation already finished; the student is in {run.path}"):
         return saved.get("best", {})
     source = resolve(cfg.teacher)  # a hub name: its local snapshot
     tok = Tokenizer.from_pretrained(source)
-    return (_general if cfg.task is None else _task)(cfg, d, source, tok)
+    return (_general if cfg.task is None else _task)(run, source, tok)
 
 
 def _describe(cfg: DistillConfig, trainee: Trainee, teacher: nn.Module) -> str:
@@ -582,7 +592,8 @@ def _describe(cfg: DistillConfig, trainee: Trainee, teacher: nn.Module) -> str:
     )
 
 
-def _task(cfg: DistillConfig, d: distributed.Dist, source: Path, tok: Tokenizer) -> dict[str, Any]:
+def _task(run: RunDir, source: Path, tok: Tokenizer) -> dict[str, Any]:
+    cfg, d = run.cfg, run.d
     fam = family(cfg, tok)
     teacher = load_trained(
         fam.head, source, f"{fam.head.hf_architecture} head for --task {cfg.task}"
@@ -599,14 +610,12 @@ def _task(cfg: DistillConfig, d: distributed.Dist, source: Path, tok: Tokenizer)
         f"training examples, {len(dev_examples) if dev_examples else 0:,} dev"
     )
     return fit(
-        cfg, d, task, trainee, tok, header, describe=f"distill {cfg.task}", kept=trainee.student
+        run, task, trainee, tok, header, describe=f"distill {cfg.task}", kept=trainee.student
     )
 
 
-def _general(
-    cfg: DistillConfig, d: distributed.Dist, source: Path, tok: Tokenizer
-) -> dict[str, Any]:
-    out = Path(cfg.out)
+def _general(run: RunDir, source: Path, tok: Tokenizer) -> dict[str, Any]:
+    cfg, d = run.cfg, run.d
     own = embedding.settings(source)
     teacher = load_with_fresh(BertModel, source)[0].to(d.device).eval().requires_grad_(False)
     torch.manual_seed(cfg.seed)  # the student's initialisation and dropout masks
@@ -615,46 +624,21 @@ def _general(
     task = DistillTask(cfg, d, tok, teacher, own)
     encodings = tok.encode_batch(sentences, max_length=cfg.max_seq_length)
     task.train = Features.from_encodings(encodings)
-    if d.is_main:
-        out.mkdir(parents=True, exist_ok=True)
-        write_json(
-            out / "run.json",
-            {"settings": checkpoints.run_settings(cfg, RESUMABLE), "finished": False},
-        )
-        print(
-            f"{_describe(cfg, trainee, teacher)} on {len(sentences):,} sentences; "
-            f"{cfg.steps:,} steps of {cfg.batch_size} "
-            f"({math.ceil(cfg.steps / task.steps_per_epoch)} epochs)"
-        )
-    loop = LoopConfig.of(
-        cfg,
-        warmup_steps=round(cfg.warmup_ratio * cfg.steps),
-        decay_steps=None,
-        eval_every=0,
-        keep_checkpoints=1,
-        optimizer="adamw",
-        clip_norm=1.0,
+    epochs = math.ceil(cfg.steps / math.ceil(len(task.train) / cfg.batch_size))
+    run.start(
+        f"{_describe(cfg, trainee, teacher)} on {len(sentences):,} sentences; "
+        f"{cfg.steps:,} steps of {cfg.batch_size} ({epochs} epochs)"
     )
+    loop = adamw_loop(cfg, cfg.steps, eval_every=0)  # saved every --save-every steps
     result = train(
-        trainee,
-        task,
-        loop,
-        out,
-        d,
-        save_extra=tok.save_pretrained,
-        describe="distill",
-        on_eval=None,
+        trainee, task, loop, run.path, d, save_extra=tok.save_pretrained, describe="distill"
     )
-    if result["interrupted"]:
+    if not run.finish(
+        result,
+        f"done: the student ({trainee.config.num_hidden_layers} layers) is in {run.path}",
+        trainee.student.save_pretrained,
+        tok.save_pretrained,
+        lambda out: embedding.write_layout(source, out, trainee.config.hidden_size),
+    ):
         return {"interrupted": True, "step": result["step"]}
-    if d.is_main:
-        trainee.student.save_pretrained(out)
-        tok.save_pretrained(out)
-        embedding.write_layout(source, out, trainee.config.hidden_size)
-        write_json(
-            out / "run.json",
-            {"settings": checkpoints.run_settings(cfg, RESUMABLE), "finished": True},
-        )
-        print(f"done: the student ({trainee.config.num_hidden_layers} layers) is in {out}")
-    distributed.barrier(d)
     return {"step": result["step"]}

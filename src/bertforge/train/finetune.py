@@ -3,7 +3,7 @@ bertforge.tasks (GLUE and csv tables, CoNLL NER, SQuAD v1.1/v2.0, SWAG).
 
 The paper's recipe (section 4): every parameter trains, AdamW with 10% warmup then linear
 decay, a few epochs at a small learning rate, on the same loop as pre-training
-(train/loop.py). Training batches are length-grouped (epoch_batches); the dev set is
+(train/loop.py). Training batches are length-grouped (LengthGroupedBatches); the dev set is
 evaluated at the end of every epoch with the task's metrics, and the best model by the first
 metric (MCC for CoLA, F1 for MRPC, entity F1 for CoNLL, F1 for SQuAD) is kept.
 
@@ -12,7 +12,7 @@ OUT/
     eval_results.json      its dev metrics, step and epoch; every evaluation is in metrics.jsonl
     predictions_*          its dev predictions in the task's own format (GLUE TSV, CoNLL
                            columns, SQuAD predictions.json / null_odds.json, SWAG CSV)
-    run.json               the settings; re-running a finished run says so
+    run.json               the settings (checkpoints.RunDir); re-running a finished run says so
     checkpoints/step-N/    for resuming an interrupted run (the last one kept)
 """
 
@@ -23,7 +23,7 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import torch
@@ -36,33 +36,37 @@ from ..errors import ConfigError, DataError
 from ..fileio import write_json
 from ..runner import PRECISIONS, Runner
 from ..tasks import TaskFamily, TaskOptions, family
-from ..tasks.base import Batch, collate
+from ..tasks.base import Batch, Features, collate
 from ..tokenizer import Tokenizer
-from . import checkpoints, distributed
+from . import distributed
+from .checkpoints import RunDir
 from .loop import LoopConfig, train
+
+if TYPE_CHECKING:
+    from .distill import DistillConfig  # task distillation runs fine-tuning's task and loop
 
 GROUP_BATCHES = 64  # batches per length-sorted window
 
 
 @dataclass(kw_only=True)
-class FinetuneConfig(TaskOptions):
-    """`bertforge finetune`: the model, the files, the hyper-parameters (and TaskOptions)."""
+class TrainingOptions(TaskOptions):
+    """What fine-tuning and distillation share: TaskOptions, output, dev set, epochs, the loop's
+    settings. Each command adds its own model, training data, batch size and learning rate."""
 
-    model: str = option(help="pre-trained checkpoint directory")
-    train: str = option(help="training file (in the task's own format)")
+    # settings a resumed run may change (the rest must match run.json)
+    RESUMABLE: ClassVar[frozenset[str]] = frozenset({"progress", "device", "log_every"})
+
     out: str = option(help="output directory (the fine-tuned model)")
     dev: str | None = option(None, "dev file: evaluated every epoch; the best model is kept")
     dev_split: float = option(
         0.0, "hold out this fraction of the train file as dev (fixed, seed 0)", min=0, below=1
     )
     epochs: float = option(3.0, "passes over train, may be fractional", above=0)
-    batch_size: int = option(32, "examples per step, all processes together", min=1)
     micro_batch_size: int | None = option(
         None,
         "examples per forward pass and process (gradient accumulation; default: the whole batch)",
         min=1,
     )
-    lr: float = option(3e-5, "peak AdamW learning rate; the paper tries 5e-5, 3e-5, 2e-5", above=0)
     warmup_ratio: float = option(
         0.1, "fraction of the steps spent warming up, then linear decay", min=0, max=1
     )
@@ -78,9 +82,19 @@ class FinetuneConfig(TaskOptions):
     device: str | None = option(None, "cpu, cuda, cuda:1 (default: a GPU if there is one)")
 
     def __post_init__(self) -> None:
-        super().__post_init__()  # checks every option's type and range, these too
+        super().__post_init__()  # checks every option's type and range, the subclass's too
         if self.dev_split and self.dev:
             raise ConfigError("give --dev or --dev-split, not both")
+
+
+@dataclass(kw_only=True)
+class FinetuneConfig(TrainingOptions):
+    """`bertforge finetune`: the model, the files, the hyper-parameters (and TaskOptions)."""
+
+    model: str = option(help="pre-trained checkpoint directory")
+    train: str = option(help="training file (in the task's own format)")
+    batch_size: int = option(32, "examples per step, all processes together", min=1)
+    lr: float = option(3e-5, "peak AdamW learning rate; the paper tries 5e-5, 3e-5, 2e-5", above=0)
 
 
 def epoch_batches(lengths: np.ndarray, batch_size: int, seed: int, epoch: int) -> list[np.ndarray]:
@@ -96,16 +110,57 @@ def epoch_batches(lengths: np.ndarray, batch_size: int, seed: int, epoch: int) -
     return [batches[i] for i in rng.permutation(len(batches))]
 
 
+@dataclass
+class LengthGroupedBatches:
+    """How fine-tuning and distillation walk their training rows (train/loop.py's batches):
+    each epoch's batches from epoch_batches, each one's rows dealt over the processes and cut
+    into micro-batches; the position after a step ({"epoch", "batch"}) resumes exactly."""
+
+    batch_size: int
+    micro_batch_size: int | None
+    seed: int
+    d: distributed.Dist
+    pad_id: int
+
+    def __post_init__(self) -> None:
+        if self.batch_size % self.d.world_size:
+            raise ConfigError(
+                f"batch_size={self.batch_size} must split evenly into {self.d.world_size} processes"
+            )
+
+    def batches(self, features: Features, position: Any) -> Iterator[tuple[list[Batch], Any]]:
+        epoch, b = (position["epoch"], position["batch"]) if position else (0, 0)
+        r, w = self.d.rank, self.d.world_size
+        while True:
+            batches = epoch_batches(features.lengths, self.batch_size, self.seed, epoch)
+            for i in range(b, len(batches)):
+                last = i + 1 == len(batches)
+                nxt = {"epoch": epoch + 1, "batch": 0} if last else {"epoch": epoch, "batch": i + 1}
+                rows = batches[i][r::w]
+                if len(rows) == 0:  # a last batch smaller than the number of processes
+                    continue
+                m = self.micro_batch_size or len(rows)  # accumulated over micro-batches
+                yield (
+                    [
+                        collate(features, rows[j : j + m], self.pad_id)
+                        for j in range(0, len(rows), m)
+                    ],
+                    nxt,
+                )
+            epoch, b = epoch + 1, 0
+
+
 class FinetuneTask:
     """A task family as the training loop sees it (train/loop.py's Task): length-grouped
     batches, the family's summed loss over the global batch, dev evaluation."""
 
-    def __init__(self, fam: TaskFamily, cfg: FinetuneConfig, d: distributed.Dist) -> None:
-        if cfg.batch_size % d.world_size:
-            raise ConfigError(
-                f"batch_size={cfg.batch_size} must split evenly into {d.world_size} processes"
-            )
-        self.family, self.cfg, self.d, self.pad_id = fam, cfg, d, fam.tok.pad_id
+    def __init__(
+        self, fam: TaskFamily, cfg: FinetuneConfig | DistillConfig, d: distributed.Dist
+    ) -> None:
+        self.family, self.cfg, self.d = fam, cfg, d
+        self.grouped = LengthGroupedBatches(
+            cfg.batch_size, cfg.micro_batch_size, cfg.seed, d, fam.tok.pad_id
+        )
         self.runner = Runner.create(str(d.device), cfg.precision, 2 * cfg.batch_size)
         self.train: Any = None  # Features
         self.dev: tuple[Any, Any] | None = None  # (examples, features)
@@ -113,29 +168,10 @@ class FinetuneTask:
 
     @property
     def steps_per_epoch(self) -> int:
-        return math.ceil(len(self.train) / self.cfg.batch_size)
+        return math.ceil(len(self.train) / self.grouped.batch_size)
 
     def batches(self, position: Any) -> Iterator[tuple[list[Batch], Any]]:
-        lengths = self.train.lengths
-        epoch, b = (position["epoch"], position["batch"]) if position else (0, 0)
-        r, w = self.d.rank, self.d.world_size
-        while True:
-            batches = epoch_batches(lengths, self.cfg.batch_size, self.cfg.seed, epoch)
-            for i in range(b, len(batches)):
-                last = i + 1 == len(batches)
-                nxt = {"epoch": epoch + 1, "batch": 0} if last else {"epoch": epoch, "batch": i + 1}
-                rows = batches[i][r::w]
-                if len(rows) == 0:  # a last batch smaller than the number of processes
-                    continue
-                m = self.cfg.micro_batch_size or len(rows)  # accumulated over micro-batches
-                yield (
-                    [
-                        collate(self.train, rows[j : j + m], self.pad_id)
-                        for j in range(0, len(rows), m)
-                    ],
-                    nxt,
-                )
-            epoch, b = epoch + 1, 0
+        return self.grouped.batches(self.train, position)
 
     def normalizers(self, micro_batches: list[Batch]) -> torch.Tensor:
         return torch.tensor([float(sum(self.family.count(m) for m in micro_batches))])
@@ -162,7 +198,9 @@ class FinetuneTask:
         return metrics
 
 
-def load_data(task: FinetuneTask, cfg: FinetuneConfig) -> tuple[list[Any], list[Any] | None]:
+def load_data(
+    task: FinetuneTask, cfg: FinetuneConfig | DistillConfig
+) -> tuple[list[Any], list[Any] | None]:
     """Read the train file (and the dev file, or the --dev-split part of train), settle the
     label set, and set task.train / task.dev features; returns (train, dev) examples."""
     fam = task.family
@@ -186,15 +224,9 @@ def run(cfg: FinetuneConfig) -> dict[str, Any]:
     return distributed.launched(_run, cfg)
 
 
-RESUMABLE = {"progress", "device", "log_every"}  # settings a resumed run may change
-
-
 def _run(cfg: FinetuneConfig, d: distributed.Dist) -> dict[str, Any]:
-    out = Path(cfg.out)
-    saved = checkpoints.check_run(out, cfg, RESUMABLE)
-    if saved and saved.get("finished"):
-        if d.is_main:
-            print(f"{out}: this run already finished; the model is in {out}")
+    run = RunDir(cfg.out, cfg, d)
+    if saved := run.finished(f"this run already finished; the model is in {run.path}"):
         return saved.get("best", {})
     tok = Tokenizer.from_pretrained(cfg.model)
     task = FinetuneTask(family(cfg, tok), cfg, d)
@@ -211,12 +243,26 @@ def _run(cfg: FinetuneConfig, d: distributed.Dist) -> dict[str, Any]:
     )
     if fresh:
         header += f"\nnew task head, initialised here and trained now: {', '.join(fresh)}"
-    return fit(cfg, d, task, model, tok, header, describe=f"finetune {cfg.task}")
+    return fit(run, task, model, tok, header, describe=f"finetune {cfg.task}")
+
+
+def adamw_loop(cfg: FinetuneConfig | DistillConfig, steps: int, **values: Any) -> LoopConfig:
+    """Fine-tuning's loop, task and general distillation's too: the paper's AdamW, warmup then
+    linear decay over `steps`, gradients clipped at 1, the last checkpoint kept."""
+    return LoopConfig.of(
+        cfg,
+        steps=steps,
+        warmup_steps=round(cfg.warmup_ratio * steps),
+        decay_steps=None,
+        keep_checkpoints=1,
+        optimizer="adamw",
+        clip_norm=1.0,
+        **values,
+    )
 
 
 def fit(
-    cfg: FinetuneConfig,
-    d: distributed.Dist,
+    run: RunDir,
     task: FinetuneTask,
     model: nn.Module,
     tok: Tokenizer,
@@ -226,9 +272,9 @@ def fit(
 ) -> dict[str, Any]:
     """Train `model` on `task` for cfg.epochs (the paper's AdamW, warmup then linear decay),
     evaluate on dev after every epoch and keep the best model (`kept`, when what is saved is
-    a part of what trains) in cfg.out; returns the best dev metrics. Fine-tuning and task
-    distillation share it."""
-    out = Path(cfg.out)
+    a part of what trains) in the run's directory; returns the best dev metrics. Fine-tuning
+    and task distillation share it: it reads their TrainingOptions, batch size and lr."""
+    cfg, d, out = run.cfg, run.d, run.path
     kept = model if kept is None else kept
     model.train()
     steps = max(1, math.ceil(cfg.epochs * task.steps_per_epoch))
@@ -251,31 +297,15 @@ def fit(
         task.family.write_predictions(out, task.dev[0], task.dev_predictions)  # of this evaluation
         write_json(out / "eval_results.json", {"task": cfg.task, **best})
 
-    run_file = out / "run.json"
-    if d.is_main:
-        out.mkdir(parents=True, exist_ok=True)
-        write_json(
-            run_file, {"settings": checkpoints.run_settings(cfg, RESUMABLE), "finished": False}
-        )
-        first, _, rest = header.partition("\n")
-        print(
-            f"{first}; {steps:,} steps ({cfg.epochs:g} epochs of {task.steps_per_epoch:,}), "
-            f"batch {cfg.batch_size}"
-            + (f" over {d.world_size} processes" if d.world_size > 1 else "")
-            + (f"\n{rest}" if rest else "")
-        )
-    epoch = task.steps_per_epoch  # evaluated and saved after every epoch; the paper's AdamW
-    loop = LoopConfig.of(
-        cfg,
-        steps=steps,
-        warmup_steps=round(cfg.warmup_ratio * steps),
-        decay_steps=None,
-        eval_every=epoch if task.dev is not None else 0,
-        save_every=epoch,
-        keep_checkpoints=1,
-        optimizer="adamw",
-        clip_norm=1.0,
+    first, _, rest = header.partition("\n")
+    run.start(
+        f"{first}; {steps:,} steps ({cfg.epochs:g} epochs of {task.steps_per_epoch:,}), "
+        f"batch {cfg.batch_size}"
+        + (f" over {d.world_size} processes" if d.world_size > 1 else "")
+        + (f"\n{rest}" if rest else "")
     )
+    epoch = task.steps_per_epoch  # evaluated and saved after every epoch; the paper's AdamW
+    loop = adamw_loop(cfg, steps, eval_every=epoch if task.dev is not None else 0, save_every=epoch)
     result = train(
         model,
         task,
@@ -286,24 +316,13 @@ def fit(
         describe=describe,
         on_eval=on_eval,
     )
-    if result["interrupted"]:
+    shown = ", ".join(f"{k} {v:.4f}" for k, v in best.items() if k not in {"step", "epoch", "loss"})
+    where = f"the model is in {out}"
+    done = f"best dev {shown} (epoch {best['epoch']:g}); {where}" if best else f"done: {where}"
+    # without dev there is nothing to choose by: the last model
+    last = () if task.dev is not None else (kept.save_pretrained, tok.save_pretrained)
+    if not run.finish(result, done, *last, best=best):
         return {"interrupted": True, "step": result["step"]}
-    if d.is_main:
-        if task.dev is None:  # nothing to choose by: the last model
-            kept.save_pretrained(out)  # type: ignore[operator]
-            tok.save_pretrained(out)
-        write_json(
-            run_file,
-            {"settings": checkpoints.run_settings(cfg, RESUMABLE), "finished": True, "best": best},
-        )
-        if best:
-            shown = ", ".join(
-                f"{k} {v:.4f}" for k, v in best.items() if k not in {"step", "epoch", "loss"}
-            )
-            print(f"best dev {shown} (epoch {best['epoch']:g}); the model is in {out}")
-        else:
-            print(f"done: the model is in {out}")
-    distributed.barrier(d)
     return dict(best)
 
 

@@ -2,7 +2,7 @@
 `nsp=False` (`--no-nsp`) masked LM alone on packed rows of contiguous text (RoBERTa, cramming).
 
 RUN/ (the --out directory)
-    run.json                the settings; re-running the same command resumes the run
+    run.json                the settings; re-running the same command resumes the run (RunDir)
     checkpoints/step-N/     every --save-every steps and on SIGINT/SIGTERM (last K kept)
     metrics.jsonl           training and held-out numbers; tensorboard/ mirrors them
     config.json, model.safetensors, vocab.txt, tokenizer_config.json
@@ -25,8 +25,7 @@ import dataclasses
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -36,28 +35,16 @@ from ..data.instances import IGNORE_INDEX, MaskingSpec
 from ..data.pretraining import Batch, Position, PretrainingStream
 from ..data.shards import ShardSet
 from ..errors import ConfigError
-from ..fileio import write_json
 from ..heads import BertForMaskedLM, BertForPreTraining
 from ..hub import resolve
 from ..model import set_dropout
 from ..runner import PRECISIONS, autocast, resolve_precision
 from ..tasks.pretraining import batch_statistics
 from ..tokenizer import Tokenizer
-from . import checkpoints, distributed
+from . import distributed
+from .checkpoints import RunDir
 from .loop import LoopConfig, train
 from .optim import OPTIMIZERS
-
-# Settings that may change when a run is resumed (the rest must match run.json).
-_RESUMABLE = {
-    "steps",
-    "save_every",
-    "eval_every",
-    "log_every",
-    "keep_checkpoints",
-    "progress",
-    "device",
-}
-
 
 EVAL_BATCH = 32  # held-out rows per evaluation batch, whatever the training batch size
 
@@ -65,6 +52,11 @@ EVAL_BATCH = 32  # held-out rows per evaluation batch, whatever the training bat
 @dataclass(kw_only=True)
 class PretrainConfig:
     """`bertforge pretrain`: data, model, masking, optimisation, bookkeeping."""
+
+    # settings a resumed run may change (the rest must match run.json)
+    RESUMABLE: ClassVar[frozenset[str]] = frozenset(
+        {"steps", "save_every", "eval_every", "log_every", "keep_checkpoints", "progress", "device"}
+    )
 
     data: str = option(help="directory made by `bertforge prepare`")
     out: str = option(help="run directory (re-running the command resumes it)")
@@ -321,13 +313,8 @@ def heldout_scores(cfg: PretrainConfig, model: nn.Module) -> dict[str, float]:
 
 def _run(cfg: PretrainConfig, d: distributed.Dist) -> dict[str, Any]:
     resolve_precision(cfg.precision, d.device)  # fp16 on a CPU: an error before anything is written
-    run_dir = Path(cfg.out)
-    saved = checkpoints.check_run(run_dir, cfg, _RESUMABLE)
-    if saved and saved.get("finished") and saved.get("steps") == cfg.steps:
-        if d.is_main:
-            print(
-                f"{run_dir}: this run already finished ({cfg.steps:,} steps); the model is in {run_dir}"
-            )
+    run = RunDir(cfg.out, cfg, d, steps=cfg.steps)
+    if run.finished(f"this run already finished ({cfg.steps:,} steps); the model is in {run.path}"):
         return {"step": cfg.steps, "interrupted": False, "already_finished": True}
     shards = ShardSet(cfg.data)
     tok = shards.tokenizer()
@@ -336,20 +323,11 @@ def _run(cfg: PretrainConfig, d: distributed.Dist) -> dict[str, Any]:
     torch.manual_seed(cfg.seed)
     model = build_model(cfg, tok)
     task = make_task(cfg, shards, d)
-    if d.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        write_json(
-            run_dir / "run.json",
-            {
-                "settings": checkpoints.run_settings(cfg, _RESUMABLE),
-                "steps": cfg.steps,
-                "finished": False,
-            },
-        )
-        print(
-            f"pre-training {model.num_parameters():,} parameters on {shards.count('train'):,} tokens "
-            f"({cfg.data}); {d.world_size} process(es) on {d.device}; batch {cfg.batch_size} x {cfg.max_seq_length}"
-        )
+    run.start(
+        f"pre-training {model.num_parameters():,} parameters on {shards.count('train'):,} tokens "
+        f"({cfg.data}); {d.world_size} process(es) on {d.device}; "
+        f"batch {cfg.batch_size} x {cfg.max_seq_length}"
+    )
     loop = LoopConfig.of(
         cfg,
         warmup_steps=round(cfg.warmup_ratio * cfg.steps),
@@ -357,20 +335,13 @@ def _run(cfg: PretrainConfig, d: distributed.Dist) -> dict[str, Any]:
         eval_every=cfg.eval_every if task.heldout else 0,
     )
     result = train(
-        model, task, loop, run_dir, d, save_extra=tok.save_pretrained, describe="pretrain"
+        model, task, loop, run.path, d, save_extra=tok.save_pretrained, describe="pretrain"
     )
-    if not result["interrupted"] and d.is_main:
-        model.save_pretrained(run_dir)
-        tok.save_pretrained(run_dir)
-        write_json(
-            run_dir / "run.json",
-            {
-                "settings": checkpoints.run_settings(cfg, _RESUMABLE),
-                "steps": cfg.steps,
-                "finished": True,
-                "final": result,
-            },
-        )
-        print(f"done: {run_dir} holds the model (config.json, model.safetensors, vocab.txt)")
-    distributed.barrier(d)
+    run.finish(
+        result,
+        f"done: {run.path} holds the model (config.json, model.safetensors, vocab.txt)",
+        model.save_pretrained,
+        tok.save_pretrained,
+        final=result,
+    )
     return result
