@@ -336,3 +336,109 @@ def test_one_precision_rule_for_training_and_inference(
     with pytest.raises(ConfigError, match="fp16 .* is for CUDA"):
         Pipeline(tiny_model, precision="fp16")
     assert Pipeline(tiny_model, precision="fp32").precision == "fp32"
+
+
+# ------------------------------------------------------------------------------------------------
+# The sentence problems (tasks.sentence): one object each for training, evaluate and classify
+
+
+def test_each_sentence_problem_decides_and_answers() -> None:
+    from bertforge.tasks.sentence import MultiLabel, Regression, SingleLabel, problem_of_model
+
+    logits = np.array([[2.0, 0.0, -1.0], [0.0, 3.0, 0.5]], np.float32)
+    e = np.exp(logits)
+    softmax, sigmoid = e / e.sum(-1, keepdims=True), e / (1 + e)
+
+    single = SingleLabel(("neg", "pos", "mid"))
+    p = single.probabilities(logits)
+    np.testing.assert_allclose(p, softmax, rtol=1e-6)
+    assert single.predictions(p).tolist() == [0, 1]
+    answers = single.answers(p)
+    assert [a["label"] for a in answers] == ["neg", "pos"]
+    assert answers[1]["score"] == pytest.approx(softmax[1, 1], rel=1e-6)
+    assert answers[1]["scores"] == pytest.approx(dict(zip(("neg", "pos", "mid"), softmax[1])))
+    assert [single.cell(k) for k in single.predictions(p)] == ["neg", "pos"]
+    assert int(single.correct(torch.from_numpy(logits), torch.tensor([0, 2]))) == 1
+
+    # sigmoids [.88 .5 .27] and [.5 .95 .62]: a label is on when it reaches its threshold
+    multi = MultiLabel(("a", "b", "c"), thresholds=np.array([0.5, 0.9, 0.1]))
+    p = multi.probabilities(logits)
+    np.testing.assert_allclose(p, sigmoid, rtol=1e-6)
+    assert multi.predictions(p).tolist() == [[True, False, True], [True, True, True]]
+    answers = multi.answers(p)
+    assert [a["labels"] for a in answers] == [["a", "c"], ["a", "b", "c"]]
+    assert answers[0]["scores"] == pytest.approx(dict(zip("abc", sigmoid[0])))
+    assert [multi.cell(on) for on in multi.predictions(p)] == ["a|c", "a|b|c"]
+    labels = torch.tensor([[1.0, 1.0, 0.0], [0.0, 1.0, 0.0]])
+    assert int(multi.correct(torch.from_numpy(logits), labels)) == 4  # decisions at logit 0
+
+    scores = np.array([[0.25], [-1.5]], np.float32)
+    regression = Regression()
+    p = regression.probabilities(scores)
+    assert p.tolist() == [0.25, -1.5] and regression.predictions(p).tolist() == [0.25, -1.5]
+    assert regression.answers(p) == [{"score": 0.25}, {"score": -1.5}]
+    assert [regression.cell(s) for s in p] == ["0.25", "-1.5"]
+
+    # a trained head's problem: one output is regression; else its problem_type and thresholds
+    names = {0: "a", 1: "b", 2: "c"}
+    config = BertConfig(**TINY, id2label=names, problem_type="multi_label_classification")
+    config.extras["multi_label_thresholds"] = {"b": 0.9}
+    picked = problem_of_model(config)
+    assert isinstance(picked, MultiLabel) and list(picked.names) == ["a", "b", "c"]
+    assert np.asarray(picked.thresholds).tolist() == [0.5, 0.9, 0.5]
+    assert isinstance(problem_of_model(BertConfig(**TINY, id2label=names)), SingleLabel)
+    one = BertConfig(**TINY, id2label={0: "LABEL_0"}, problem_type="regression")
+    assert isinstance(problem_of_model(one), Regression)
+
+
+@pytest.mark.parametrize("kind", ["single", "multi", "regression"])
+def test_classify_averages_a_long_texts_windows_in_probability_space(
+    kind: str, tiny_model: Path, tmp_path: Path
+) -> None:
+    """A long text's answer is the mean of its windows' probabilities (scores), weighted by
+    the pieces each window answers for; a short text's is its own."""
+    from bertforge.heads import BertForSequenceClassification
+    from bertforge.tasks.windows import contributions, split
+
+    names = ["no", "yes", "maybe"]
+    kwargs: dict = {
+        "single": {"id2label": dict(enumerate(names))},
+        "multi": {"id2label": dict(enumerate(names)), "problem_type": "multi_label_classification"},
+        "regression": {"num_labels": 1, "problem_type": "regression"},
+    }[kind]
+    config = BertConfig.from_pretrained(tiny_model).replace(**kwargs)
+    thresholds = np.array([0.5, 0.4, 0.6])
+    if kind == "multi":
+        config.extras["multi_label_thresholds"] = dict(zip(names, thresholds.tolist()))
+    torch.manual_seed(5)
+    model = BertForSequenceClassification(config).eval()
+    model.classifier.weight.data *= 30  # windows that disagree
+    model.save_pretrained(tmp_path / "clf")
+    tok = Tokenizer.from_pretrained(tiny_model)
+    tok.save_pretrained(tmp_path / "clf")
+
+    text = " ".join(f"line {i} is {('good', 'bad', 'music')[i % 3]} news." for i in range(40))
+    features, windows = split(tok.encode_batch([text], truncation=False), 32, 10)
+
+    def probabilities(x: torch.Tensor) -> np.ndarray:
+        p = x.softmax(-1) if kind == "single" else x.sigmoid() if kind == "multi" else x[:, 0]
+        return p.double().numpy()
+
+    with torch.no_grad():
+        rows = [model(torch.from_numpy(ids)[None]).logits for ids in features.input_ids]
+        short = probabilities(model(**tok(["short news"])).logits)[0]
+    want = np.average(probabilities(torch.cat(rows)), axis=0, weights=contributions(windows))
+    got = Pipeline(tmp_path / "clf", precision="fp32", max_length=32, stride=10).classify(
+        [text, "short news"]
+    )
+    assert len(windows) > 3
+    if kind == "regression":
+        assert got[0]["score"] == pytest.approx(float(want), abs=1e-5)
+        assert got[1]["score"] == pytest.approx(float(short), abs=1e-5)
+        return
+    assert np.abs(np.array([got[0]["scores"][n] for n in names]) - want).max() < 1e-5
+    assert np.abs(np.array([got[1]["scores"][n] for n in names]) - short).max() < 1e-5
+    if kind == "single":
+        assert got[0]["label"] == names[int(want.argmax())]
+    else:
+        assert got[0]["labels"] == [n for n, p, t in zip(names, want, thresholds) if p >= t]

@@ -454,16 +454,17 @@ def architectures(path: str | os.PathLike[str]) -> list[str]:
     return [str(a).replace("DistilBert", "Bert") for a in names] if isinstance(names, list) else []
 
 
-def load_trained(cls: type, path: str | os.PathLike[str], head: str) -> Any:
-    """`cls.from_pretrained(path)` for inference: an error naming `head` (and the tensors) when
+def load_trained(
+    cls: type,
+    path: str | os.PathLike[str],
+    head: str,
+    remedy: str = "fine-tune it first, or use a checkpoint that has one",
+) -> Any:
+    """`cls.from_pretrained(path)` for inference: an error naming `head` and the `remedy` when
     the checkpoint lacks the trained head that `cls` adds (a fresh pooler is fine)."""
     model, fresh = load_with_fresh(cls, path)
-    missing = [n for n in fresh if "pooler" not in n and "pre_classifier" not in n]
-    if missing:
-        raise CheckpointError(
-            f"{path}: has no trained {head} ({', '.join(missing)}); "
-            "fine-tune it first, or use a checkpoint that has one"
-        )
+    if any("pooler" not in n and "pre_classifier" not in n for n in fresh):
+        raise CheckpointError(f"{path}: has no trained {head}; {remedy}")
     return model
 
 
@@ -479,6 +480,7 @@ class CheckpointInfo:
     dtypes: list[str]
     heads: list[str]
     weights_files: list[Path]
+    pipelines: list[str]  # the catalogue's pipelines its architecture serves
 
 
 def inspect(path: str | os.PathLike[str]) -> CheckpointInfo:
@@ -506,17 +508,10 @@ def inspect(path: str | os.PathLike[str]) -> CheckpointInfo:
         for d in shape:
             size *= d
         count += size
-    heads = []
-    if any(n.endswith(("pooler.dense.weight", "pre_classifier.weight")) for n in params):
-        heads.append("pooler")
-    if any(n.startswith(("cls.predictions.", "vocab_transform.")) for n in params):
-        heads.append("masked LM (mlm)")
-    if any(n.startswith("cls.seq_relationship.") for n in params):
-        heads.append("next sentence (nsp)")
-    if any(n.startswith("classifier.") for n in params):
-        heads.append("classifier")
-    if any(n.startswith("qa_outputs.") for n in params):
-        heads.append("span QA")
+    from .catalogue import available, head_labels  # the table of pipelines and their heads
+
+    pooler = any(n.endswith(("pooler.dense.weight", "pre_classifier.weight")) for n in params)
+    heads = ["pooler"] * pooler + head_labels(list(params))
     return CheckpointInfo(
         directory=directory,
         config=config,
@@ -524,6 +519,7 @@ def inspect(path: str | os.PathLike[str]) -> CheckpointInfo:
         dtypes=sorted({d for _, d in params.values()}),
         heads=heads,
         weights_files=files,
+        pipelines=[e.name for e in available(architectures(directory))],
     )
 
 

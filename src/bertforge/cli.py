@@ -1,16 +1,20 @@
 """The `bertforge` command: a thin layer over functions importable on their own.
 
-    bertforge info PATH                      what a checkpoint holds
+    bertforge info PATH                      what a checkpoint holds and what it can do
     bertforge vocab train FILES... --size N --out DIR [--cased]
     bertforge prepare / pretrain / plot      pre-training (see README)
     bertforge distill                        a smaller student taught by a teacher
     bertforge finetune / evaluate / predict  GLUE, csv, CoNLL NER, SQuAD v1.1/v2.0, SWAG
-    bertforge fill-mask / classify / ner / qa / embed / nsp / features MODEL [FILE]
-                                             inference pipelines, JSONL out
-    bertforge serve MODEL                    HTTP server (FastAPI): embed, classify, ner, qa, fill-mask
+    bertforge embed / features / fill-mask / nsp / classify / ner / qa MODEL [FILE]
+                                             inference pipelines (catalogue.py), JSONL out
+    bertforge serve MODEL                    HTTP server (FastAPI): the catalogue's endpoints
     bertforge demo                           the whole life cycle in minutes, on the stdlib's text
 
-Errors a user can cause print one line (`bertforge: error: ...`) and exit with status 2.
+`commands()` is the table: each command's name, its one-line description, the function that
+adds its arguments (`args_*`, beside the command) and the function that runs it (`cmd_*`).
+Options come from the config dataclasses and the functions' signatures (add_options); the
+pipeline verbs are one row per catalogue entry. Errors a user can cause print one line
+(`bertforge: error: ...`) and exit with status 2.
 """
 
 from __future__ import annotations
@@ -22,7 +26,8 @@ import json
 import re
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -31,8 +36,35 @@ from .config import annotation_kind
 from .data.corpus import expand_inputs
 from .errors import BertforgeError, DataError
 
+INFERENCE_HELP = {
+    "device": "cpu, cuda, cuda:1 (default: a GPU if there is one)",
+    "precision": "auto: bf16 where the device has bf16 arithmetic, else fp32",
+}
+ENCODING_HELP = "bytes that are not UTF-8: stop (strict), replace or ignore"
+
+
+def options_of(args: argparse.Namespace, target: Any) -> dict[str, Any]:
+    """The values of the options add_options made for `target`, read from args by name (a
+    renamed parameter renames its option; nothing is filtered away silently)."""
+    return {name: getattr(args, name) for name in getattr(args, _key(target))}
+
+
+def _device_and_precision(p: argparse.ArgumentParser) -> None:
+    from .runner import PRECISIONS
+
+    p.add_argument("--device", help=INFERENCE_HELP["device"])
+    p.add_argument(
+        "--precision", choices=PRECISIONS, default="auto", help=INFERENCE_HELP["precision"]
+    )
+
+
 # ------------------------------------------------------------------------------------------------
-# commands
+# info, vocab, prepare
+
+
+def args_info(p: argparse.ArgumentParser) -> None:
+    p.add_argument("path", help="checkpoint directory (config.json, model.safetensors, vocab.txt)")
+    p.add_argument("--json", action="store_true", help="print JSON")
 
 
 def cmd_info(args: argparse.Namespace) -> None:
@@ -57,6 +89,7 @@ def cmd_info(args: argparse.Namespace) -> None:
         "parameters": info.num_parameters,
         "dtypes": info.dtypes,
         "heads_present": info.heads,
+        "pipelines": info.pipelines,
         "labels": c.id2label,
         "vocab": vocab,
         "weights": [str(p.name) for p in info.weights_files],
@@ -72,6 +105,7 @@ def cmd_info(args: argparse.Namespace) -> None:
     )
     print(f"parameters   {info.num_parameters:,} ({', '.join(info.dtypes)})")
     print(f"heads        {', '.join(info.heads) or 'none (encoder only)'}")
+    print(f"pipelines    {', '.join(info.pipelines)}")
     if c.id2label:
         print(f"labels       {', '.join(c.id2label[i] for i in sorted(c.id2label))}")
     if vocab:
@@ -82,6 +116,31 @@ def cmd_info(args: argparse.Namespace) -> None:
     else:
         print(f"vocabulary   no vocab.txt (config vocab_size {c.vocab_size:,})")
     print(f"weights      {', '.join(p.name for p in info.weights_files)}")
+
+
+def args_vocab(p: argparse.ArgumentParser) -> None:
+    from .fileio import ENCODING_ERRORS
+    from .tokenizer import train_vocab
+
+    vsub = p.add_subparsers(dest="vocab_command", metavar="ACTION", required=True)
+    text = "train a WordPiece vocabulary from text files"
+    t = vsub.add_parser("train", help=text, description=text)
+    t.add_argument("files", nargs="+", help="text files, directories or glob patterns (UTF-8)")
+    t.add_argument("--out", required=True, help="output directory for vocab.txt")
+    t.add_argument("--cased", action="store_true", help="keep case and accents (default: uncased)")
+    add_options(
+        t,
+        train_vocab,
+        skip=("lowercase", "show_progress"),
+        flags={"vocab_size": "--size"},
+        choices={"encoding_errors": ENCODING_ERRORS},
+        help={
+            "vocab_size": "vocabulary size",
+            "min_frequency": "minimum pair frequency",
+            "limit_alphabet": "maximum initial characters",
+            "encoding_errors": ENCODING_HELP,
+        },
+    )
 
 
 def cmd_vocab_train(args: argparse.Namespace) -> None:
@@ -97,7 +156,33 @@ def cmd_vocab_train(args: argparse.Namespace) -> None:
     tok = train_vocab(files, lowercase=not args.cased, **options_of(args, train_vocab))
     tok.save_pretrained(args.out)
     print(
-        f"wrote {Path(args.out) / 'vocab.txt'} ({tok.vocab_size:,} tokens) and tokenizer_config.json"
+        f"wrote {Path(args.out) / 'vocab.txt'} ({tok.vocab_size:,} tokens) "
+        "and tokenizer_config.json"
+    )
+
+
+def args_prepare(p: argparse.ArgumentParser) -> None:
+    from .data.corpus import FORMATS
+    from .data.shards import prepare
+    from .fileio import ENCODING_ERRORS
+
+    p.add_argument("inputs", nargs="+", help="text files, directories or glob patterns")
+    p.add_argument("--tokenizer", required=True, help="model directory or vocab.txt")
+    p.add_argument("--out", required=True, help="output directory for the shards")
+    add_options(
+        p,
+        prepare,
+        skip=("batch_sentences",),
+        flags={"fmt": "--format", "progress": "--no-progress"},
+        choices={"fmt": FORMATS, "encoding_errors": ENCODING_ERRORS},
+        help={
+            "fmt": "input format (auto: detected per file; see bertforge.data.corpus)",
+            "heldout": "share of documents held out for evaluation",
+            "shard_tokens": "tokens per shard",
+            "seed": "held-out choice",
+            "encoding_errors": ENCODING_HELP,
+            "progress": "no progress bar",
+        },
     )
 
 
@@ -113,10 +198,33 @@ def cmd_prepare(args: argparse.Namespace) -> None:
     )
 
 
-def options_of(args: argparse.Namespace, target: Any) -> dict[str, Any]:
-    """The values of the options add_options made for `target`, read from args by name (a
-    renamed parameter renames its option; nothing is filtered away silently)."""
-    return {name: getattr(args, name) for name in getattr(args, _key(target))}
+# ------------------------------------------------------------------------------------------------
+# pretrain, finetune, distill, evaluate, predict
+
+
+def args_pretrain(p: argparse.ArgumentParser) -> None:
+    from .train.pretrain import PretrainConfig
+
+    add_options(p, PretrainConfig)
+
+
+def args_finetune(p: argparse.ArgumentParser) -> None:
+    from .train.finetune import FinetuneConfig
+
+    add_options(p, FinetuneConfig)
+
+
+def args_distill(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--data",
+        dest="files",
+        nargs="+",
+        default=[],
+        help="general distillation: text files, directories or globs (as prepare reads)",
+    )
+    from .train.distill import DistillConfig
+
+    add_options(p, DistillConfig)
 
 
 def cmd_pretrain(args: argparse.Namespace) -> None:
@@ -140,6 +248,22 @@ def cmd_distill(args: argparse.Namespace) -> None:
         "interrupted"
     ):
         raise SystemExit(130)
+
+
+def args_evaluate(p: argparse.ArgumentParser, predict: bool = False) -> None:
+    from .tasks import TaskOptions
+
+    p.add_argument("--model", required=True, help="fine-tuned model directory")
+    p.add_argument("--data", required=True, help="a file in the task's format")
+    p.add_argument(
+        "--out",
+        required=predict,
+        help="directory for the predictions (evaluate: default the model directory)",
+    )
+    _device_and_precision(p)
+    add_options(p, TaskOptions)
+    if not predict:
+        p.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
 
 
 def cmd_evaluate(args: argparse.Namespace) -> None:
@@ -174,9 +298,52 @@ def cmd_predict(args: argparse.Namespace) -> None:
         print(f"wrote {path}")
 
 
-def _read_inputs(path: str, fields: int, names: tuple[str, ...]) -> list[tuple[str, ...]]:
-    """Inputs of a pipeline command: JSONL objects with `names` (file ends in .jsonl), or
-    lines of text (fields > 1: tab-separated); "-" reads stdin. Blank lines are skipped."""
+# ------------------------------------------------------------------------------------------------
+# the inference pipelines: one verb per catalogue entry
+
+
+def args_pipeline(p: argparse.ArgumentParser, name: str) -> None:
+    """The model, the input file, --out, the Pipeline's options, the entry's own options and a
+    flag per optional input (--pairs)."""
+    from .catalogue import ENTRIES
+    from .pipelines import Pipeline
+    from .runner import PRECISIONS
+
+    entry = ENTRIES[name]
+    p.add_argument("model", help="model directory")
+    p.add_argument("input", nargs="?", default="-", help="text file, .jsonl, or - (stdin)")
+    p.add_argument("--out", help="output file (default: JSONL on stdout)")
+    add_options(
+        p,
+        Pipeline,
+        choices={"precision": PRECISIONS, "quantize": ("int8",)},
+        help={
+            **INFERENCE_HELP,
+            "batch_size": "texts per batch",
+            "max_length": "pieces per window (default: the model's)",
+            "stride": "pieces between windows of a longer text (default: half a window)",
+            "truncate": "read only the first window of a longer text",
+            "quantize": "int8: dynamic int8 quantisation (CPU)",
+        },
+    )
+    for i in entry.inputs:
+        if i.optional:
+            p.add_argument(f"--{i.param}", action="store_true", help=_columns(entry.inputs))
+    method = getattr(Pipeline, entry.method)
+    hidden = [name for name, *_ in _parameters(method) if name not in entry.options]
+    add_options(p, method, skip=hidden, choices=entry.choices, help=entry.options)
+    p.set_defaults(pipeline=name)
+
+
+def _columns(inputs: Sequence[Any]) -> str:
+    return "lines are " + "<TAB>".join(i.field.upper() for i in inputs)
+
+
+def _read_inputs(path: str, inputs: Sequence[Any]) -> list[tuple[str, ...]]:
+    """Inputs of a pipeline command: JSONL objects with the inputs' fields (file ends in
+    .jsonl), or lines of text (several inputs: tab-separated); "-" reads stdin. Blank lines are
+    skipped."""
+    names = [i.field for i in inputs]
     if path == "-":
         lines = list(enumerate(sys.stdin.read().splitlines(), 1))
         where = "<stdin>"
@@ -194,18 +361,18 @@ def _read_inputs(path: str, fields: int, names: tuple[str, ...]) -> list[tuple[s
                 obj = json.loads(line)
             except json.JSONDecodeError as e:
                 raise DataError(f"{where}: line {lineno}: invalid JSON: {e.msg}") from None
-            missing = [n for n in names[:fields] if not isinstance(obj.get(n), str)]
+            missing = [n for n in names if not isinstance(obj.get(n), str)]
             if missing:
                 raise DataError(
                     f'{where}: line {lineno}: field "{missing[0]}": missing or not text'
                 )
-            rows.append(tuple(obj[n] for n in names[:fields]))
+            rows.append(tuple(obj[n] for n in names))
             continue
-        parts = line.split("\t") if fields > 1 else [line]
-        if len(parts) != fields:
+        parts = line.split("\t") if len(names) > 1 else [line]
+        if len(parts) != len(names):
             raise DataError(
                 f"{where}: line {lineno}: {len(parts)} tab-separated fields, expected "
-                f"{fields} ({', '.join(names[:fields])})"
+                f"{len(names)} ({', '.join(names)})"
             )
         rows.append(tuple(parts))
     return rows
@@ -223,87 +390,106 @@ def _write_jsonl(out: str | None, items: Sequence[Any]) -> None:
 
 
 def cmd_pipeline(args: argparse.Namespace) -> None:
-    import numpy as np
-
+    """Read the inputs, run the entry's Pipeline method, write JSONL rows (or its arrays)."""
+    from .catalogue import ENTRIES
     from .pipelines import Pipeline
 
+    entry = ENTRIES[args.pipeline]
+    inputs = [i for i in entry.inputs if not i.optional or getattr(args, i.param)]
+    rows = _read_inputs(args.input, inputs)
+    columns = {i.param: [r[k] for r in rows] for k, i in enumerate(inputs)}
     pipe = Pipeline(args.model, **options_of(args, Pipeline))
-    kind = args.pipeline
-    if kind in ("classify", "nsp", "qa"):
-        names = ("question", "context") if kind == "qa" else ("text", "text_pair")
-        fields = 2 if kind != "classify" or args.pairs else 1
-        rows = _read_inputs(args.input, fields, names)
-    else:
-        rows = _read_inputs(args.input, 1, ("text",))
-    first = [r[0] for r in rows]
-    second = [r[1] for r in rows] if rows and len(rows[0]) > 1 else None
-    if kind == "fill-mask":
-        items: list[Any] = [
-            {"text": t, "masks": m} for t, m in zip(first, pipe.fill_mask(first, args.top_k))
-        ]
-    elif kind == "classify":
-        items = pipe.classify(first, second)
-    elif kind == "ner":
-        items = [{"text": t, "entities": e} for t, e in zip(first, pipe.ner(first))]
-    elif kind == "qa":
-        items = pipe.qa(first, second or [])
-    elif kind == "nsp":
-        items = [{"is_next": p} for p in pipe.nsp(first, second or [])]
-    elif kind == "embed":
-        vectors = pipe.embed(first, pooling=args.pooling, normalize=args.normalize)
-        if args.out and args.out.endswith(".npy"):
-            from .fileio import atomic_path
-
-            with atomic_path(args.out) as tmp, open(tmp, "wb") as f:
-                np.save(f, vectors)
-            print(f"wrote {vectors.shape} to {args.out}", file=sys.stderr)
-            return
-        items = [{"embedding": v.tolist()} for v in vectors]
-    else:  # features
-        layers = list(args.layers)
-        results = pipe.features(first, layers=layers, combine=args.combine)
-        if args.out and args.out.endswith((".npy", ".npz")):
-            _write_arrays(args.out, results)
-            return
-        # Google's extract_features.py JSONL: every token with the values of every layer
-        items = [
-            {
-                "linex_index": i,
-                "features": [
-                    {
-                        "token": tok,
-                        "layers": [
-                            {"index": k, "values": [round(float(x), 6) for x in r["layers"][k][j]]}
-                            for k in layers
-                        ],
-                    }
-                    for j, tok in enumerate(r["tokens"])
-                ],
-            }
-            for i, r in enumerate(results)
-        ]
+    results = entry.run(pipe, columns, options_of(args, getattr(Pipeline, entry.method)))
+    if args.out and entry.save and args.out.endswith(entry.arrays):
+        entry.save(args.out, results)
+        return
+    items = [entry.row({k: v[n] for k, v in columns.items()}, r, n) for n, r in enumerate(results)]
     _write_jsonl(args.out, items)
 
 
-def _write_arrays(out: str, results: list[dict[str, Any]]) -> None:
-    """.npz: values_<i> and tokens_<i> per text; .npy: one zero-padded (N, T, D) array."""
-    import numpy as np
+# ------------------------------------------------------------------------------------------------
+# serve, export, attention, probe, plot, demo
 
-    from .fileio import atomic_path
 
-    with atomic_path(out) as tmp, open(tmp, "wb") as f:
-        if out.endswith(".npz"):
-            arrays = {f"values_{i}": r["values"] for i, r in enumerate(results)}
-            arrays.update({f"tokens_{i}": np.array(r["tokens"]) for i, r in enumerate(results)})
-            np.savez(f, **arrays)
-        else:
-            T = max((len(r["values"]) for r in results), default=0)
-            D = results[0]["values"].shape[-1] if results else 0
-            padded = np.zeros((len(results), T, D), np.float32)
-            for i, r in enumerate(results):
-                padded[i, : len(r["values"])] = r["values"]
-            np.save(f, padded)
-    print(f"wrote features of {len(results):,} texts to {out}", file=sys.stderr)
+def args_serve(p: argparse.ArgumentParser) -> None:
+    from .serve import Limits
+
+    p.add_argument("model", help="model directory")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    _device_and_precision(p)
+    add_options(p, Limits)
+
+
+def args_export(p: argparse.ArgumentParser) -> None:
+    from .export import export_onnx
+
+    p.add_argument("model", help="model directory")
+    p.add_argument("--onnx", required=True, help="output .onnx file")
+    add_options(p, export_onnx, help={"atol": "allowed max |difference|"})
+
+
+def args_attention(p: argparse.ArgumentParser) -> None:
+    from .attention import render
+
+    p.add_argument("model", help="model directory")
+    p.add_argument("text", help="the text to look at")
+    p.add_argument("--out", required=True, help="view.html or view.png")
+    add_options(
+        p,
+        render,
+        help={
+            "pair": "a second text (sentence pair)",
+            "layer": "layer (-1: the last)",
+            "head": "head (default: the mean of all heads)",
+        },
+    )
+
+
+def args_probe(p: argparse.ArgumentParser) -> None:
+    from .data.tasks import TASK_NAMES
+    from .runner import PRECISIONS
+    from .tasks import TaskOptions
+    from .tasks.embedding import POOLINGS
+
+    p.add_argument("--model", required=True)
+    p.add_argument("--train", required=True)
+    p.add_argument("--dev", required=True)
+    p.add_argument("--layers", help='choices separated by ";" e.g. "-1;-2;concat:-1,-2,-3,-4"')
+    p.add_argument(
+        "--pooling",
+        choices=POOLINGS,
+        default="mean",
+        help="cls: seed 004's recipe ([CLS] + logistic regression)",
+    )
+    p.add_argument("--max-train", type=int, help="use the first N training sentences")
+    p.add_argument(
+        "--precision", choices=PRECISIONS, default="auto", help=INFERENCE_HELP["precision"]
+    )
+    p.add_argument("--json", help="also write the table as JSON here")
+    p.add_argument(
+        "--task", default="sst2", choices=TASK_NAMES, help="a single-sentence GLUE task, or csv"
+    )
+    squad = ("doc_stride", "max_query_length", "max_answer_length", "n_best_size")
+    add_options(p, TaskOptions, skip=("task", "tag_column", *squad, "null_score_diff_threshold"))
+
+
+def args_plot(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run", help="run directory (with metrics.jsonl)")
+    p.add_argument("--out", help="PNG file (default RUN/curves.png)")
+
+
+def args_demo(p: argparse.ArgumentParser) -> None:
+    from .demo import run_demo
+
+    p.add_argument("--out", default="bertforge-demo", help="output directory")
+    add_options(
+        p,
+        run_demo,
+        skip=("vocab_size", "sentences", "epochs"),
+        flags={"progress": "--no-progress"},
+        help={"steps": "pre-training steps", "seed": "everything random"},
+    )
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
@@ -387,7 +573,63 @@ def cmd_demo(args: argparse.Namespace) -> None:
 
 
 # ------------------------------------------------------------------------------------------------
-# parser
+# the table of commands, and the parser made from it
+
+Command = tuple[str, str, Callable[[argparse.ArgumentParser], None], Callable[..., None]]
+
+
+def commands() -> list[Command]:
+    """(name, one-line description, add its arguments, run it) of every command, in --help's
+    order; the pipeline verbs come from the catalogue."""
+    from .catalogue import ENTRIES
+
+    return [
+        ("info", "show what a checkpoint directory holds and which pipelines it serves",
+         args_info, cmd_info),
+        ("vocab", "WordPiece vocabularies", args_vocab, cmd_vocab_train),
+        ("prepare", "tokenize a corpus into shards for pre-training", args_prepare, cmd_prepare),
+        ("pretrain", "pre-train: masked LM + next sentence prediction, or masked LM alone",
+         args_pretrain, cmd_pretrain),
+        ("finetune", "fine-tune: GLUE, tables of your own, CoNLL NER, SQuAD v1.1/v2.0, SWAG",
+         args_finetune, cmd_finetune),
+        ("distill", "a smaller student taught by a teacher: on unlabelled text, or on a task",
+         args_distill, cmd_distill),
+        ("evaluate", "metrics of a fine-tuned model on a labelled task file",
+         args_evaluate, cmd_evaluate),
+        ("predict", "a fine-tuned model's predictions for new inputs",
+         partial(args_evaluate, predict=True), cmd_predict),
+        *[(e.name, e.help, partial(args_pipeline, name=e.name), cmd_pipeline)
+          for e in ENTRIES.values()],
+        ("serve", "HTTP server: the pipelines the model has a head for, and /v1/embeddings",
+         args_serve, cmd_serve),
+        ("export", "the model as ONNX, checked against PyTorch", args_export, cmd_export),
+        ("attention", "attention views: an HTML head view or a PNG heatmap",
+         args_attention, cmd_attention),
+        ("probe", "logistic regression on frozen features, per layer choice",
+         args_probe, cmd_probe),
+        ("plot", "training curves of a run as a PNG", args_plot, cmd_plot),
+        ("demo", "the BERT life cycle in minutes on the stdlib's docstrings (start here)",
+         args_demo, cmd_demo),
+    ]  # fmt: skip  # one command per row reads as a table
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="bertforge",
+        description="BERT (Devlin et al., 2018): tokenize, pre-train, fine-tune, extract "
+        "features, serve.",
+    )
+    parser.add_argument("--version", action="version", version=f"bertforge {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, text, arguments, command in commands():
+        p = sub.add_parser(name, help=text, description=text)
+        arguments(p)
+        p.set_defaults(func=command)
+    _show_defaults(parser)
+    return parser
+
+
+_REQUIRED = inspect.Parameter.empty  # a parameter without a default: a required option
 
 
 def _parameters(target: Any) -> list[tuple[str, Any, Any, dict[str, Any]]]:
@@ -423,11 +665,12 @@ def add_options(
     from its signature; help, and choices from their source lists, given here). The names go
     to args._options_<target>, which options_of reads back."""
     names = []
-    for name, default, annotation, m in _parameters(target):
+    params = _parameters(target)  # the required ones first: they lead the usage line
+    for name, default, annotation, m in sorted(params, key=lambda x: x[1] is not _REQUIRED):
         if name in skip:
             continue
         kind, _ = annotation_kind(annotation)
-        required = default is inspect.Parameter.empty
+        required = default is _REQUIRED
         flag = m.get("flag") or (flags or {}).get(name) or "--" + name.replace("_", "-")
         text = m.get("help") or (help or {}).get(name)
         if kind is bool:  # a flag; with default None (the model's own): --x / --no-x
@@ -477,268 +720,6 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"bertforge: error: {where}: {message} (see --help)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from .config import SIZES
-    from .data.corpus import FORMATS
-    from .data.shards import prepare
-    from .data.tasks import TASK_NAMES
-    from .fileio import ENCODING_ERRORS
-    from .pipelines import COMBINES, POOLINGS, Pipeline
-    from .runner import PRECISIONS
-    from .serve import Limits
-    from .tasks import TaskOptions
-    from .tokenizer import train_vocab
-    from .train.distill import DistillConfig
-    from .train.finetune import FinetuneConfig
-    from .train.pretrain import PretrainConfig
-
-    parser = _Parser(
-        prog="bertforge",
-        description="BERT (Devlin et al., 2018): tokenize, pre-train, fine-tune, extract features, serve.",
-    )
-    parser.add_argument("--version", action="version", version=f"bertforge {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    inference = {
-        "device": "cpu, cuda, cuda:1 (default: a GPU if there is one)",
-        "precision": "auto: bf16 where the device has bf16 arithmetic, else fp32",
-    }
-
-    p = sub.add_parser("info", help="show what a checkpoint directory holds")
-    p.add_argument("path", help="checkpoint directory (config.json, model.safetensors, vocab.txt)")
-    p.add_argument("--json", action="store_true", help="print JSON")
-    p.set_defaults(func=cmd_info)
-
-    p = sub.add_parser("vocab", help="WordPiece vocabularies")
-    vsub = p.add_subparsers(dest="vocab_command", metavar="ACTION", required=True)
-    t = vsub.add_parser("train", help="train a WordPiece vocabulary from text files")
-    t.add_argument("files", nargs="+", help="text files, directories or glob patterns (UTF-8)")
-    t.add_argument("--out", required=True, help="output directory for vocab.txt")
-    t.add_argument("--cased", action="store_true", help="keep case and accents (default: uncased)")
-    add_options(
-        t,
-        train_vocab,
-        skip=("lowercase", "show_progress"),
-        flags={"vocab_size": "--size"},
-        choices={"encoding_errors": ENCODING_ERRORS},
-        help={
-            "vocab_size": "vocabulary size",
-            "min_frequency": "minimum pair frequency",
-            "limit_alphabet": "maximum initial characters",
-            "encoding_errors": "bytes that are not UTF-8: stop (strict), replace or ignore",
-        },
-    )
-    t.set_defaults(func=cmd_vocab_train)
-
-    p = sub.add_parser("prepare", help="tokenize a corpus into shards for pre-training")
-    p.add_argument("inputs", nargs="+", help="text files, directories or glob patterns")
-    p.add_argument("--tokenizer", required=True, help="model directory or vocab.txt")
-    p.add_argument("--out", required=True, help="output directory for the shards")
-    add_options(
-        p,
-        prepare,
-        skip=("batch_sentences",),
-        flags={"fmt": "--format", "progress": "--no-progress"},
-        choices={"fmt": FORMATS, "encoding_errors": ENCODING_ERRORS},
-        help={
-            "fmt": "input format (auto: detected per file; see bertforge.data.corpus)",
-            "heldout": "share of documents held out for evaluation",
-            "shard_tokens": "tokens per shard",
-            "seed": "held-out choice",
-            "encoding_errors": "bytes that are not UTF-8: stop (strict), replace or ignore",
-            "progress": "no progress bar",
-        },
-    )
-    p.set_defaults(func=cmd_prepare)
-
-    p = sub.add_parser(
-        "pretrain", help="pre-train: masked LM + next sentence prediction, or masked LM alone"
-    )
-    add_options(p, PretrainConfig)
-    p.set_defaults(func=cmd_pretrain)
-
-    p = sub.add_parser(
-        "finetune", help="fine-tune: GLUE, tables of your own, CoNLL NER, SQuAD v1.1/v2.0, SWAG"
-    )
-    add_options(p, FinetuneConfig)
-    p.set_defaults(func=cmd_finetune)
-
-    p = sub.add_parser(
-        "distill", help="a smaller student taught by a teacher: on unlabelled text, or on a task"
-    )
-    p.add_argument(
-        "--data",
-        dest="files",
-        nargs="+",
-        default=[],
-        help="general distillation: text files, directories or globs (as prepare reads)",
-    )
-    add_options(p, DistillConfig)
-    p.set_defaults(func=cmd_distill)
-
-    for name, text in (
-        ("evaluate", "metrics of a fine-tuned model on a labelled task file"),
-        ("predict", "a fine-tuned model's predictions for new inputs"),
-    ):
-        p = sub.add_parser(name, help=text)
-        p.add_argument("--model", required=True, help="fine-tuned model directory")
-        p.add_argument("--data", required=True, help="a file in the task's format")
-        p.add_argument(
-            "--out",
-            required=name == "predict",
-            help="directory for the predictions (evaluate: default the model directory)",
-        )
-        p.add_argument("--device", help=inference["device"])
-        p.add_argument(
-            "--precision", choices=PRECISIONS, default="auto", help=inference["precision"]
-        )
-        add_options(p, TaskOptions)
-        if name == "evaluate":
-            p.add_argument(
-                "--json", action="store_true", help="print the metrics as one JSON object"
-            )
-        p.set_defaults(func=cmd_evaluate if name == "evaluate" else cmd_predict)
-
-    helps = {
-        "fill-mask": "top-k tokens for each [MASK] (a model with its MLM head)",
-        "classify": "labels and probabilities (a fine-tuned classifier); --pairs: TEXT<TAB>PAIR",
-        "ner": "entity spans with character offsets (a fine-tuned token classifier)",
-        "qa": "answers: lines QUESTION<TAB>CONTEXT or JSONL {question, context}",
-        "embed": "sentence embeddings, pooled as the model says (sentence-transformers modules); --out x.npy",
-        "nsp": "P(IsNext) of lines TEXT<TAB>NEXT (a model with its NSP head)",
-        "features": "hidden states of --layers (JSONL like Google's extract_features, or .npy/.npz)",
-    }
-    for name, text in helps.items():
-        p = sub.add_parser(name, help=text)
-        p.add_argument("model", help="model directory")
-        p.add_argument("input", nargs="?", default="-", help="text file, .jsonl, or - (stdin)")
-        p.add_argument("--out", help="output file (default: JSONL on stdout)")
-        add_options(
-            p,
-            Pipeline,
-            choices={"precision": PRECISIONS, "quantize": ("int8",)},
-            help={
-                **inference,
-                "batch_size": "texts per batch",
-                "max_length": "pieces per window (default: the model's)",
-                "stride": "pieces between windows of a longer text (default: half a window)",
-                "truncate": "read only the first window of a longer text",
-                "quantize": "int8: dynamic int8 quantisation (CPU)",
-            },
-        )
-        if name == "fill-mask":
-            add_options(p, Pipeline.fill_mask, help={"top_k": "tokens per [MASK]"})
-        if name == "classify":
-            p.add_argument("--pairs", action="store_true", help="lines are TEXT<TAB>PAIR")
-        if name == "embed":
-            add_options(
-                p,
-                Pipeline.embed,
-                choices={"pooling": POOLINGS},
-                help={
-                    "pooling": "default: the model's",
-                    "normalize": "unit length (default: the model's)",
-                },
-            )
-        if name == "features":
-            add_options(
-                p,
-                Pipeline.features,
-                choices={"combine": COMBINES},
-                help={
-                    "layers": "e.g. -1,-2,-3,-4 (0: embeddings)",
-                    "combine": "how layers combine",
-                },
-            )
-        p.set_defaults(func=cmd_pipeline, pipeline=name)
-
-    p = sub.add_parser("serve", help="HTTP server: /embed, /classify, /fill-mask, /ner, /qa")
-    p.add_argument("model", help="model directory")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--precision", choices=PRECISIONS, default="auto", help=inference["precision"])
-    p.add_argument("--device", help=inference["device"])
-    add_options(p, Limits)
-    p.set_defaults(func=cmd_serve)
-
-    from .attention import render
-    from .demo import run_demo
-    from .export import export_onnx
-
-    p = sub.add_parser("export", help="the model as ONNX, checked against PyTorch")
-    p.add_argument("model", help="model directory")
-    p.add_argument("--onnx", required=True, help="output .onnx file")
-    add_options(p, export_onnx, help={"atol": "allowed max |difference|"})
-    p.set_defaults(func=cmd_export)
-
-    p = sub.add_parser("attention", help="attention views: an HTML head view or a PNG heatmap")
-    p.add_argument("model", help="model directory")
-    p.add_argument("text", help="the text to look at")
-    p.add_argument("--out", required=True, help="view.html or view.png")
-    add_options(
-        p,
-        render,
-        help={
-            "pair": "a second text (sentence pair)",
-            "layer": "layer (-1: the last)",
-            "head": "head (default: the mean of all heads)",
-        },
-    )
-    p.set_defaults(func=cmd_attention)
-
-    p = sub.add_parser("probe", help="logistic regression on frozen features, per layer choice")
-    p.add_argument("--model", required=True)
-    p.add_argument("--train", required=True)
-    p.add_argument("--dev", required=True)
-    p.add_argument("--layers", help='choices separated by ";" e.g. "-1;-2;concat:-1,-2,-3,-4"')
-    p.add_argument(
-        "--pooling",
-        choices=POOLINGS,
-        default="mean",
-        help="cls: seed 004's recipe ([CLS] + logistic regression)",
-    )
-    p.add_argument("--max-train", type=int, help="use the first N training sentences")
-    p.add_argument("--precision", choices=PRECISIONS, default="auto", help=inference["precision"])
-    p.add_argument("--json", help="also write the table as JSON here")
-    p.add_argument(
-        "--task", default="sst2", choices=TASK_NAMES, help="a single-sentence GLUE task, or csv"
-    )
-    add_options(
-        p,
-        TaskOptions,
-        skip=(
-            "task",
-            "tag_column",
-            "doc_stride",
-            "max_query_length",
-            "max_answer_length",
-            "n_best_size",
-            "null_score_diff_threshold",
-        ),
-    )
-    p.set_defaults(func=cmd_probe)
-
-    p = sub.add_parser("plot", help="training curves of a run as a PNG")
-    p.add_argument("run", help="run directory (with metrics.jsonl)")
-    p.add_argument("--out", help="PNG file (default RUN/curves.png)")
-    p.set_defaults(func=cmd_plot)
-
-    p = sub.add_parser(
-        "demo", help="the BERT life cycle in minutes on the stdlib's docstrings (start here)"
-    )
-    p.add_argument("--out", default="bertforge-demo", help="output directory")
-    add_options(
-        p,
-        run_demo,
-        skip=("vocab_size", "sentences", "epochs"),
-        flags={"progress": "--no-progress"},
-        help={"steps": "pre-training steps", "seed": "everything random"},
-    )
-    p.set_defaults(func=cmd_demo)
-    _show_defaults(parser)
-    _ = SIZES  # the sizes' choices come with PretrainConfig.model_size
-    return parser
-
-
 def _show_defaults(parser: argparse.ArgumentParser) -> None:
     """Every option's --help says its default, unless its help text already does."""
     for action in parser._actions:
@@ -773,6 +754,10 @@ def _join_layer_lists(argv: list[str]) -> list[str]:
     return out
 
 
+def _one_line_warning(message: Warning | str, *args: Any, **kwargs: Any) -> str:
+    return f"bertforge: warning: {message}\n"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(_join_layer_lists(list(sys.argv[1:] if argv is None else argv)))
@@ -780,7 +765,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0
     warnings.simplefilter("default")
-    warnings.formatwarning = lambda msg, cat, *a, **k: f"bertforge: warning: {msg}\n"  # type: ignore[assignment]
+    warnings.formatwarning = _one_line_warning  # type: ignore[assignment]
     try:
         args.func(args)
     except BertforgeError as e:

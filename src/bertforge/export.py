@@ -1,9 +1,9 @@
 """`bertforge export MODEL --onnx FILE`: the model as an ONNX graph, checked with onnxruntime.
 
 The graph takes input_ids, token_type_ids, attention_mask (int64, batch x sequence, both axes
-dynamic) and returns what the checkpoint's architecture returns: logits for sequence or token
-classification, start_logits and end_logits for QA, last_hidden_state and pooler_output for an
-encoder (or a pre-training checkpoint). After export, onnxruntime runs a batch of a different
+dynamic) and returns the outputs the catalogue gives the checkpoint's head (catalogue.py,
+`onnx`): logits for sequence or token classification, start_logits and end_logits for QA,
+last_hidden_state and pooler_output for an encoder (or a pre-training checkpoint). After export, onnxruntime runs a batch of a different
 size and length than the one traced, and the largest difference to PyTorch must be within
 `atol` (1e-4), else the file is not kept. Needs the `onnx` extra (onnx, onnxscript,
 onnxruntime).
@@ -20,24 +20,13 @@ import numpy as np
 import torch
 from torch import nn
 
+from .catalogue import ENTRIES
 from .checkpoint import architectures
 from .errors import ConfigError
 from .fileio import atomic_path
-from .heads import (
-    BertForQuestionAnswering,
-    BertForSequenceClassification,
-    BertForTokenClassification,
-)
-from .model import BertModel
 from .tokenizer import Tokenizer
 
 INPUTS = ["input_ids", "token_type_ids", "attention_mask"]
-ARCHITECTURES: dict[str, tuple[type, list[str]]] = {
-    "BertForSequenceClassification": (BertForSequenceClassification, ["logits"]),
-    "BertForTokenClassification": (BertForTokenClassification, ["logits"]),
-    "BertForQuestionAnswering": (BertForQuestionAnswering, ["start_logits", "end_logits"]),
-}
-ENCODER = (BertModel, ["last_hidden_state", "pooler_output"])
 
 
 class _Graph(nn.Module):
@@ -63,11 +52,13 @@ def export_onnx(
     if not atol > 0:
         raise ConfigError(f"atol={atol} (--atol): must be > 0")
     model_dir = Path(model_dir)
-    arch = next((a for a in architectures(model_dir) if a in ARCHITECTURES), None)
-    cls, outputs = ARCHITECTURES[arch] if arch else ENCODER
-    model = cls.from_pretrained(model_dir).eval()
-    if cls is BertModel and model.pooler is None:
-        outputs = ["last_hidden_state"]
+    # the first pipeline of the catalogue with a graph for this checkpoint's head, else the encoder
+    found = architectures(model_dir)
+    entry = next(
+        (e for e in ENTRIES.values() if e.onnx and e.needs and e.available(found)), ENTRIES["embed"]
+    )
+    model = entry.model.from_pretrained(model_dir).eval()
+    outputs = [o for o in entry.onnx if o != "pooler_output" or model.pooler is not None]
     tok = Tokenizer.from_pretrained(model_dir)
     graph = _Graph(model, outputs).eval()
     traced = tok(["a short example", "a second, longer example sentence for tracing"])
@@ -105,4 +96,5 @@ def export_onnx(
         worst = max(diffs.values())
         if not worst <= atol:
             raise ConfigError(f"{out}: onnxruntime differs from PyTorch by {worst:.2e} (> {atol})")
-    return {"architecture": arch or "BertModel", "outputs": outputs, "max_abs_diff": diffs}
+    arch = entry.model.hf_architecture
+    return {"architecture": arch, "outputs": outputs, "max_abs_diff": diffs}

@@ -10,9 +10,11 @@
 Every pipeline runs through the one inference runner (runner.py: length-sorted batches,
 results in the input order, precision "auto" = bf16 wherever the device has bf16 arithmetic)
 and decodes with its task's own decoder (bertforge.tasks: the classifier's labels, NER's
-entity decoder, SQuAD's windows and n-best), the same code `evaluate` uses. A pipeline that
-needs a trained head (fill-mask: the MLM head; nsp; classify; ner; qa) refuses a checkpoint
-without one instead of answering with random weights.
+entity decoder, SQuAD's windows and n-best), the same code `evaluate` uses. Each method is
+one entry of the catalogue (catalogue.py: the model class it loads, the head it needs, its
+inputs and options, how the CLI and the server expose it); a pipeline that needs a trained
+head (fill-mask: the MLM head; nsp; classify; ner; qa) refuses a checkpoint without one instead
+of answering with random weights.
 """
 
 from __future__ import annotations
@@ -28,27 +30,18 @@ import numpy as np
 import torch
 from torch import nn
 
+from .catalogue import COMBINES, ENTRIES
 from .checkpoint import load_trained, load_with_fresh
 from .config import BertConfig
 from .data.tasks import SquadExample
 from .errors import ConfigError, InputError
-from .heads import (
-    BertForMaskedLM,
-    BertForPreTraining,
-    BertForQuestionAnswering,
-    BertForSequenceClassification,
-    BertForTokenClassification,
-)
 from .hub import resolve
-from .model import BertModel
 from .runner import Runner
 from .tasks import TaskOptions, embedding, family, sentence, tagging
-from .tasks.base import Features, collate, infer, softmax
+from .tasks.base import Features, collate, infer
 from .tasks.embedding import POOLINGS
 from .tasks.windows import TextWindow, contributions, split, stitch
 from .tokenizer import Tokenizer
-
-COMBINES = ("concat", "sum", "mean")
 
 
 def quantize_int8(model: nn.Module) -> nn.Module:
@@ -119,11 +112,12 @@ class Pipeline:
 
     # -- loading and batching ----------------------------------------------------------------
 
-    def model(self, cls: type, needs_head: str | None = None) -> Any:
-        """The checkpoint as `cls` (cached); needs_head names the trained head it must have."""
+    def model(self, cls: type, needs_head: str | None = None, remedy: str = "") -> Any:
+        """The checkpoint as `cls` (cached); needs_head names the trained head it must have,
+        remedy says where to find one."""
         if cls not in self._models:
             m = (
-                load_trained(cls, self.path, needs_head)
+                load_trained(cls, self.path, needs_head, remedy)
                 if needs_head
                 else load_with_fresh(cls, self.path)[0]
             )
@@ -132,6 +126,11 @@ class Pipeline:
                 m = quantize_int8(m)
             self._models[cls] = m
         return self._models[cls]
+
+    def model_for(self, pipeline: str) -> Any:
+        """The model a pipeline of the catalogue loads, refused without the head it needs."""
+        entry = ENTRIES[pipeline]
+        return self.model(entry.model, entry.needs or None, entry.remedy)
 
     @functools.cached_property
     def config(self) -> BertConfig:
@@ -240,7 +239,7 @@ class Pipeline:
             raise ConfigError(f"pooling={pooling!r}: must be one of {', '.join(POOLINGS)}")
         own = self.embedding_settings
         modes = (pooling,) if pooling else own.pooling
-        model = self.model(BertModel)
+        model = self.model_for("embed")
         encodings, features, windows = self.windows(texts, own.max_length)
         whole = [len(w.best) == len(encodings[w.text].ids) - 2 for w in windows]
 
@@ -281,7 +280,7 @@ class Pipeline:
         (T, H * k) or (T, H). Every piece of a long text, each from its max-context window."""
         if combine is not None and combine not in COMBINES:
             raise ConfigError(f"combine={combine!r}: must be one of {', '.join(COMBINES)}")
-        model = self.model(BertModel)
+        model = self.model_for("features")
         n = model.config.num_hidden_layers + 1
         for layer in layers:
             if not -n <= layer < n:
@@ -316,7 +315,9 @@ class Pipeline:
 
     def fill_mask(self, texts: Sequence[str], top_k: int = 5) -> list[list[list[dict[str, Any]]]]:
         """Per text, per [MASK] in it: the top_k tokens with their probabilities."""
-        model = self.model(BertForMaskedLM, needs_head="masked-LM head (cls.predictions)")
+        model = self.model_for("fill-mask")
+        if not 1 <= top_k <= model.config.vocab_size:
+            raise ConfigError(f"top_k={top_k}: must be in [1, {model.config.vocab_size}]")
         mask_id = self.tok.convert_tokens_to_ids(["[MASK]"])[0]
         encodings = self.encode(texts)
         for i, e in enumerate(encodings):
@@ -348,7 +349,7 @@ class Pipeline:
         """P(IsNext) of each (text, pair): does the pair follow the text?"""
         if len(texts) != len(pairs):
             raise InputError(f"{len(texts)} texts but {len(pairs)} pairs")
-        model = self.model(BertForPreTraining, needs_head="next-sentence head")
+        model = self.model_for("nsp")
 
         def fn(b: dict[str, torch.Tensor]) -> list[float]:
             logits = model(b["input_ids"], b["token_type_ids"], b["attention_mask"]).nsp_logits
@@ -361,43 +362,36 @@ class Pipeline:
     ) -> list[dict[str, Any]]:
         """Per text (or pair): the label, its probability and every label's; a multi-label
         model: the labels over their thresholds and every label's probability; a regression
-        model: the score. tasks.sentence.decode, as `evaluate` decodes."""
-        model = self.model(BertForSequenceClassification, needs_head="classifier")
-        names = None if model.config.num_labels == 1 else model.config.labels
-        thresholds = sentence.thresholds_of(model.config)
-        if pairs is not None:
+        model: the score. The model's problem object (tasks.sentence) decides, as `evaluate`
+        does; a long text's windows are averaged in probability space."""
+        model = self.model_for("classify")
+        problem = sentence.problem_of_model(model.config)
+        if pairs is None:
+            _, features, windows = self.windows(texts)
+            owners, weights = [w.text for w in windows], contributions(windows)
+        else:  # a pair is one row
             features = Features.from_encodings(self.encode(texts, pairs))
-            logits = infer(self.runner, model, features, self.tok.pad_id)
-            return sentence.decode(np.stack(logits), names, thresholds) if logits else []
-        _, features, windows = self.windows(texts)
+            owners, weights = list(range(len(texts))), np.ones(len(texts))
         rows = infer(self.runner, model, features, self.tok.pad_id)
-        # a long text: its windows' probabilities (scores) averaged, weighted by the pieces
-        # each window answers for, then decoded as logits that give those probabilities back
-        probs, back = (
-            (sentence.sigmoid, lambda p: np.log(p / (1 - p)))
-            if thresholds is not None
-            else (softmax, np.log)
-            if names is not None
-            else (None, None)
-        )
-        weights, found = contributions(windows), [[] for _ in texts]
-        for w, row, weight in zip(windows, rows, weights):
-            found[w.text].append((row, weight))
-        logits = []
-        for parts in found:
-            if len(parts) == 1:
-                logits.append(parts[0][0])
-                continue
-            values = np.stack([r if probs is None else probs(r) for r, _ in parts])
-            mean = np.average(values, axis=0, weights=[wt for _, wt in parts])
-            logits.append(mean if back is None else back(mean))
-        return sentence.decode(np.stack(logits), names, thresholds) if logits else []
+        if not rows:
+            return []
+        probs = problem.probabilities(np.stack(rows))
+        groups: list[list[int]] = [[] for _ in texts]
+        for row, owner in enumerate(owners):
+            groups[owner].append(row)
+        # a long text: its windows' probabilities (scores) averaged, weighted by the pieces each
+        # window answers for
+        mean = [
+            probs[g[0]] if len(g) == 1 else np.average(probs[g], axis=0, weights=weights[g])
+            for g in groups
+        ]
+        return problem.answers(np.stack(mean))
 
     def ner(self, texts: Sequence[str]) -> list[list[dict[str, Any]]]:
         """Per text: entities {entity, text, start, end, score}: each word tagged by its first
         piece and the tags decoded into spans by the metric's own decoder (tasks.tagging),
         character offsets into the text."""
-        model = self.model(BertForTokenClassification, needs_head="token classifier")
+        model = self.model_for("ner")
         names = model.config.labels
 
         def fn(b: dict[str, torch.Tensor]) -> list[np.ndarray]:
@@ -435,7 +429,7 @@ class Pipeline:
         in the context: SQuAD's family (windows, max-context, n-best), as `evaluate` answers."""
         if len(questions) != len(contexts):
             raise InputError(f"{len(questions)} questions but {len(contexts)} contexts")
-        model = self.model(BertForQuestionAnswering, needs_head="question-answering head")
+        model = self.model_for("qa")
         options = TaskOptions(
             task="squad2" if allow_no_answer else "squad",
             max_seq_length=max_seq_length,

@@ -1,53 +1,53 @@
 """`bertforge serve MODEL`: the pipelines over HTTP (FastAPI + uvicorn).
 
     POST /embed      {"texts": [...], "pooling"?, "normalize"?}  -> {"embeddings": [[...]]}
-    POST /classify   {"texts": [...], "pairs": [...]?}      -> {"results": [{label, score, scores}]}
-    POST /fill-mask  {"texts": [...], "top_k": 5}           -> {"results": [[[{token, score}]]]}
-    POST /ner        {"texts": [...]}                       -> {"results": [[{entity, text, start, end, score}]]}
-    POST /qa         {"questions": [...], "contexts": [...]} -> {"results": [{answer, score, start, end}]}
-    POST /v1/embeddings  OpenAI's embeddings API: {"input": str | [str] | [int] | [[int]], "model"?,
-                     "encoding_format"?: float | base64, "dimensions"?} -> {"data": [...], "usage": ...}
+    POST /v1/embeddings  OpenAI's embeddings API: {"input": str | [str] | [int] | [[int]],
+                     "model"?, "encoding_format"?: float | base64, "dimensions"?}
+                     -> {"data": [...], "usage": ...}
+    POST /<pipeline> the catalogue's served pipelines (catalogue.py): their inputs as lists and
+                     their options -> {"results": [...]}, one result per input, e.g.
+        /classify    {"texts": [...], "pairs"?: [...]}  -> [{label, score, scores}]
+        /fill-mask   {"texts": [...], "top_k"?: 5}      -> [[[{token, id, score}]]]
+        /ner         {"texts": [...]}                   -> [[{entity, text, start, end, score}]]
+        /qa          {"questions", "contexts", "max_seq_length"?, ...} -> [{answer, score, ...}]
+        /nsp         {"texts": [...], "pairs": [...]}   -> [P(IsNext)]
     GET  /health, GET /metadata, GET /metrics (Prometheus text), GET /docs (OpenAPI)
 
-/embed always exists; the others where the checkpoint has the head (its config.json
-"architectures"). Concurrent requests are micro-batched: each endpoint has a bounded queue
-and one worker that takes up to max_batch texts and max_batch_tokens padded pieces (so one long
-text does not hold back a batch of short ones), waiting at most max_wait_ms for more, runs them
-length-sorted in a thread (the inference runner: a long text does not pad the short ones), and
-answers each request with its own rows. Limits:
-texts per request and characters per text answer 413, a full queue 503, a body that is not
-JSON 400, a body of the wrong shape 422; every error is JSON {"error": "..."}. The model is
-fixed at start-up: nothing in a request names a file.
+Every served pipeline has its endpoint; one whose head the checkpoint lacks (by its config.json
+"architectures") answers 404. Concurrent requests are micro-batched: each endpoint has a bounded
+queue and one worker that takes up to max_batch texts and max_batch_tokens padded pieces (so one
+long text does not hold back a batch of short ones), waiting at most max_wait_ms for more, runs
+them length-sorted in a thread (the inference runner: a long text does not pad the short ones),
+and answers each request with its own rows. Limits: texts per request and characters per text
+answer 413, a full queue 503, a body that is not JSON 400, a body of the wrong shape 422; every
+error is JSON {"error": "..."}. The model is fixed at start-up: nothing in a request names a file.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import inspect
 import json
 import time
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 try:  # the serve extra; without it the module still imports (the CLI reads Limits' options)
-    from pydantic import BaseModel, Field
+    from pydantic import BaseModel, Field, create_model
 except ImportError:  # create_app says what to install
-    BaseModel, Field = object, lambda *a, **k: None  # type: ignore[assignment,misc]
+    BaseModel, Field, create_model = object, lambda *a, **k: None, None  # type: ignore[all]
 
+from .catalogue import ENTRIES, Entry
 from .checkpoint import architectures
 from .config import check_options, option
-from .errors import ConfigError
+from .errors import BertforgeError, ConfigError
 from .model import BertModel
-from .pipelines import POOLINGS, Pipeline
-
-HEADS = {
-    "classify": "BertForSequenceClassification",
-    "ner": "BertForTokenClassification",
-    "qa": "BertForQuestionAnswering",
-    "fill-mask": "BertForPreTraining",
-}
+from .pipelines import Pipeline
+from .tasks.embedding import POOLINGS
 
 
 @dataclass
@@ -67,11 +67,8 @@ class Limits:
         check_options(self)
 
 
-class Texts(BaseModel):
+class EmbedRequest(BaseModel):  # pooling, normalize: the model's own unless given
     texts: list[str]
-
-
-class EmbedRequest(Texts):  # pooling, normalize: the model's own unless given
     pooling: str | None = Field(None, pattern=f"^({'|'.join(POOLINGS)})$")
     normalize: bool | None = None
 
@@ -84,17 +81,17 @@ class OpenAIEmbeddingRequest(BaseModel):
     user: str | None = None
 
 
-class ClassifyRequest(Texts):
-    pairs: list[str] | None = None
-
-
-class FillMaskRequest(Texts):
-    top_k: int = Field(5, ge=1, le=100)
-
-
-class QARequest(BaseModel):
-    questions: list[str]
-    contexts: list[str]
+def request_model(entry: Entry) -> type:
+    """The request body of a catalogue entry: its inputs as lists of texts (an optional one may
+    be left out) and its options with the Pipeline method's types and defaults."""
+    method = getattr(Pipeline, entry.method)
+    hints, params = typing.get_type_hints(method), inspect.signature(method).parameters
+    fields: dict[str, Any] = {
+        i.param: (list[str] | None, None) if i.optional else (list[str], ...) for i in entry.inputs
+    }
+    fields.update({name: (hints[name], params[name].default) for name in entry.options})
+    name = "".join(part.title() for part in entry.name.split("-")) + "Request"
+    return create_model(name, **fields)  # type: ignore[misc]
 
 
 class HTTPError(Exception):
@@ -244,68 +241,24 @@ def _histogram(
 
 
 def available(model: str | Path) -> list[str]:
-    """The endpoints this checkpoint supports (embed always; the rest by its architecture)."""
-    arch = set(architectures(model))
-    names = ["embed"] + [e for e, a in HEADS.items() if a in arch]
-    if "BertForMaskedLM" in arch:
-        names.append("fill-mask")
-    return names
+    """The served pipelines this checkpoint supports (embed always; the rest by its head)."""
+    found = architectures(model)
+    return [e.name for e in ENTRIES.values() if e.served and e.available(found)]
 
 
-def create_app(model: str | Path, limits: Limits | None = None, **pipeline_options: Any) -> Any:
-    """The FastAPI application serving `model`."""
-    try:
-        from fastapi import FastAPI, Request
-        from fastapi.exceptions import RequestValidationError
-        from fastapi.responses import JSONResponse, PlainTextResponse
-    except ImportError:
-        raise ConfigError(
-            "bertforge serve needs the serve extra: pip install 'bertforge[serve]'"
-        ) from None
+class Server:
+    """What the endpoints share: the pipeline, the limits, the metrics, one batcher per
+    endpoint (and per set of inputs given), and the piece counts they batch by."""
 
-    limits = limits or Limits()
-    pipe = Pipeline(model, batch_size=limits.max_batch, **pipeline_options)
-    endpoints = available(model)
-    app = FastAPI(title="bertforge", description=f"BERT pipelines for {model}")
-    metrics = Metrics()
+    def __init__(self, model: str | Path, limits: Limits, pipeline_options: dict[str, Any]) -> None:
+        self.model, self.limits, self.metrics = model, limits, Metrics()
+        self.pipe = Pipeline(model, batch_size=limits.max_batch, **pipeline_options)
+        self.endpoints = available(model)
+        self.batchers: dict[str, Batcher] = {}
 
-    @app.middleware("http")
-    async def _measure(request: Request, call_next: Callable[[Request], Any]) -> Any:
-        start, path = time.perf_counter(), request.url.path
-        path = path if any(getattr(r, "path", None) == path for r in app.routes) else "other"
-        try:
-            response = await call_next(request)
-        except Exception:
-            metrics.request(path, 500, time.perf_counter() - start)
-            raise
-        metrics.request(path, response.status_code, time.perf_counter() - start)
-        return response
-
-    @app.exception_handler(HTTPError)
-    async def _http_error(request: Request, e: HTTPError) -> JSONResponse:
-        return JSONResponse({"error": e.message}, status_code=e.status)
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(request: Request, e: RequestValidationError) -> JSONResponse:
-        errors = e.errors()
-        if any(err.get("type") == "json_invalid" for err in errors):
-            return JSONResponse({"error": "the body is not valid JSON"}, status_code=400)
-        first = errors[0] if errors else {}
-        where = ".".join(str(x) for x in first.get("loc", ()) if x != "body")
-        return JSONResponse(
-            {"error": f"{where or 'body'}: {first.get('msg', 'invalid request')}"},
-            status_code=422,
-        )
-
-    @app.exception_handler(Exception)
-    async def _internal(request: Request, e: Exception) -> JSONResponse:
-        from .errors import BertforgeError
-
-        if isinstance(e, BertforgeError):
-            return JSONResponse({"error": str(e)}, status_code=422)
-        return JSONResponse({"error": f"internal error: {type(e).__name__}"}, status_code=500)
-
-    def check(texts: list[str], what: str = "texts") -> None:
+    def check(self, texts: list[Any], what: str = "texts") -> None:
+        """An input list within the limits (else 422 / 413 naming the field and item)."""
+        limits = self.limits
         if not texts:
             raise HTTPError(422, f"{what}: empty list")
         if len(texts) > limits.max_texts:
@@ -322,60 +275,98 @@ def create_app(model: str | Path, limits: Limits | None = None, **pipeline_optio
                     f"of {limits.max_chars:,}",
                 )
 
-    batchers: dict[str, Batcher] = {}
+    def need(self, entry: Entry) -> None:
+        if entry.name not in self.endpoints:
+            raise HTTPError(404, f"{entry.name}: this model has no {entry.architectures[0]} head")
 
-    def pieces(item: Any) -> int:
-        """Pieces of one input with [CLS] and [SEP]: a text, piece ids, or a (text, pair)."""
+    def pieces(self, item: Any) -> int:
+        """Pieces of one input with [CLS] and [SEP]: a text, piece ids, or a tuple of texts."""
         n = 2
         for part in item if isinstance(item, tuple) else (item,):
             if isinstance(part, str):
-                n += len(
-                    pipe.tok.encode_batch([part], add_special_tokens=False, truncation=False)[0]
+                encoded = self.pipe.tok.encode_batch(
+                    [part], add_special_tokens=False, truncation=False
                 )
+                n += len(encoded[0])
             elif part is not None:
                 n += len(part)
         return n
 
-    def batcher(name: str, run: Callable[[list[Any], dict[str, Any]], list[Any]]) -> Batcher:
-        if name not in batchers:
-            batchers[name] = Batcher(run, limits, pieces, metrics)
-        return batchers[name]
+    def batcher(self, key: str, run: Callable[[list[Any], dict[str, Any]], list[Any]]) -> Batcher:
+        if key not in self.batchers:
+            self.batchers[key] = Batcher(run, self.limits, self.pieces, self.metrics)
+        return self.batchers[key]
 
-    def need(name: str) -> None:
-        if name not in endpoints:
-            raise HTTPError(404, f"{name}: this model has no {HEADS[name]} head")
+    async def results(self, entry: Entry, req: Any) -> list[Any]:
+        """A catalogue entry's results for a request: its inputs checked, batched with other
+        requests that give the same inputs and options."""
+        self.need(entry)
+        given = [i for i in entry.inputs if getattr(req, i.param) is not None]
+        columns = {i.param: getattr(req, i.param) for i in given}
+        for name, values in columns.items():
+            self.check(values, name)
+        first, n = given[0].param, len(columns[given[0].param])
+        for name, values in columns.items():
+            if len(values) != n:
+                raise HTTPError(422, f"{n} {first} but {len(values)} {name}")
 
-    @app.get("/health")
-    async def health() -> dict[str, Any]:
-        return {"status": "ok"}
+        def run(items: list[tuple[str, ...]], options: dict[str, Any]) -> list[Any]:
+            inputs = {i.param: [item[k] for item in items] for k, i in enumerate(given)}
+            return entry.run(self.pipe, inputs, options)
 
-    @app.get("/metadata")
-    async def metadata() -> dict[str, Any]:
-        m = pipe.model(BertModel)
-        return {
-            "model": str(model),
-            "endpoints": endpoints,
-            "config": m.config.to_dict(),
-            "precision": pipe.precision,
-            "device": str(pipe.device),
-            "limits": limits.__dict__,
-        }
+        key = "+".join(i.param for i in given)  # classify with and without pairs: two queues
+        options = {name: getattr(req, name) for name in entry.options}
+        return await self.batcher(f"{entry.name}:{key}", run).submit(
+            list(zip(*columns.values())), options
+        )
 
-    @app.get("/metrics")
-    async def prometheus() -> Any:
-        return PlainTextResponse(metrics.text(), media_type="text/plain; version=0.0.4")
 
-    async def vectors(inputs: list[Any], pooling: str | None, normalize: bool | None) -> list[Any]:
-        check(inputs, "input" if inputs and not isinstance(inputs[0], str) else "texts")
-        b = batcher("embed", lambda items, o: list(pipe.embed(items, **o)))
+def create_app(model: str | Path, limits: Limits | None = None, **pipeline_options: Any) -> Any:
+    """The FastAPI application serving `model`: the catalogue's served pipelines, the
+    embedding endpoints, health, metadata and metrics."""
+    try:
+        from fastapi import FastAPI
+    except ImportError:
+        raise ConfigError(
+            "bertforge serve needs the serve extra: pip install 'bertforge[serve]'"
+        ) from None
+    server = Server(model, limits or Limits(), pipeline_options)
+    app = FastAPI(title="bertforge", description=f"BERT pipelines for {model}")
+    add_error_handlers(app)
+    add_metrics(app, server.metrics)
+    add_status(app, server)
+    add_embeddings(app, server)
+    for entry in ENTRIES.values():
+        if entry.served and entry.name != "embed":  # /embed: its own shape, above
+            add_pipeline(app, server, entry)
+    return app
+
+
+def add_pipeline(app: Any, server: Server, entry: Entry) -> None:
+    """POST /<entry.name>: the entry's request body in, {"results": [...]} out."""
+
+    async def endpoint(req: Any) -> dict[str, Any]:
+        return {"results": await server.results(entry, req)}
+
+    endpoint.__annotations__ = {"req": request_model(entry), "return": dict[str, Any]}
+    app.post(f"/{entry.name}", summary=entry.help, name=entry.name)(endpoint)
+
+
+def add_embeddings(app: Any, server: Server) -> None:
+    """POST /embed and POST /v1/embeddings (OpenAI's shape): one batcher for both."""
+    pipe = server.pipe
+
+    async def vectors(inputs: list[Any], pooling: str | None, normalize: bool | None) -> list:
+        server.check(inputs, "input" if inputs and not isinstance(inputs[0], str) else "texts")
+        b = server.batcher("embed", lambda items, o: list(pipe.embed(items, **o)))
         return await b.submit(inputs, {"pooling": pooling, "normalize": normalize})
 
-    @app.post("/embed")
+    @app.post("/embed", summary=ENTRIES["embed"].help)
     async def embed(req: EmbedRequest) -> dict[str, Any]:
         rows = await vectors(req.texts, req.pooling, req.normalize)
         return {"embeddings": [r.tolist() for r in rows]}
 
-    @app.post("/v1/embeddings")
+    @app.post("/v1/embeddings", summary="OpenAI's embeddings API")
     async def openai_embeddings(req: OpenAIEmbeddingRequest) -> dict[str, Any]:
         inputs: list[Any] = req.input if isinstance(req.input, list) else [req.input]
         if inputs and isinstance(inputs[0], int):  # one input given as piece ids
@@ -388,64 +379,94 @@ def create_app(model: str | Path, limits: Limits | None = None, **pipeline_optio
                 f"{width} dimensions (it cannot shorten them)",
             )
         rows = await vectors(inputs, None, None)
-        used = sum(pieces(x) for x in inputs)
-        encode = (
-            (lambda v: base64.b64encode(v.astype("<f4").tobytes()).decode())
-            if (req.encoding_format == "base64")
-            else (lambda v: v.tolist())
-        )
+        used = sum(server.pieces(x) for x in inputs)
+        as_base64 = req.encoding_format == "base64"
         return {
             "object": "list",
-            "model": req.model or Path(model).name,
+            "model": req.model or Path(server.model).name,
             "data": [
-                {"object": "embedding", "index": i, "embedding": encode(r)}
+                {
+                    "object": "embedding",
+                    "index": i,
+                    "embedding": base64.b64encode(r.astype("<f4").tobytes()).decode()
+                    if as_base64
+                    else r.tolist(),
+                }
                 for i, r in enumerate(rows)
             ],
             "usage": {"prompt_tokens": used, "total_tokens": used},
         }
 
-    @app.post("/classify")
-    async def classify(req: ClassifyRequest) -> dict[str, Any]:
-        need("classify")
-        check(req.texts)
-        if req.pairs is not None:
-            check(req.pairs, "pairs")
-            if len(req.pairs) != len(req.texts):
-                raise HTTPError(422, f"{len(req.texts)} texts but {len(req.pairs)} pairs")
-        items = list(zip(req.texts, req.pairs or [None] * len(req.texts)))
 
-        def run(its: list[Any], o: dict[str, Any]) -> list[Any]:
-            pairs = [p for _, p in its]
-            return pipe.classify([t for t, _ in its], None if pairs[0] is None else pairs)
+def add_status(app: Any, server: Server) -> None:
+    """GET /health, /metadata (the model, its endpoints, precision, limits), /metrics."""
+    from fastapi.responses import PlainTextResponse
 
-        b = batcher("classify-pairs" if req.pairs else "classify", run)
-        return {"results": await b.submit(items, {})}
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok"}
 
-    @app.post("/fill-mask")
-    async def fill_mask(req: FillMaskRequest) -> dict[str, Any]:
-        need("fill-mask")
-        check(req.texts)
-        b = batcher("fill-mask", lambda items, o: pipe.fill_mask(items, **o))
-        return {"results": await b.submit(req.texts, {"top_k": req.top_k})}
+    @app.get("/metadata")
+    async def metadata() -> dict[str, Any]:
+        m = server.pipe.model(BertModel)
+        return {
+            "model": str(server.model),
+            "endpoints": server.endpoints,
+            "config": m.config.to_dict(),
+            "precision": server.pipe.precision,
+            "device": str(server.pipe.device),
+            "limits": server.limits.__dict__,
+        }
 
-    @app.post("/ner")
-    async def ner(req: Texts) -> dict[str, Any]:
-        need("ner")
-        check(req.texts)
-        b = batcher("ner", lambda items, o: pipe.ner(items))
-        return {"results": await b.submit(req.texts, {})}
+    @app.get("/metrics")
+    async def prometheus() -> Any:
+        text = server.metrics.text()
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
-    @app.post("/qa")
-    async def qa(req: QARequest) -> dict[str, Any]:
-        need("qa")
-        check(req.questions, "questions")
-        check(req.contexts, "contexts")
-        if len(req.questions) != len(req.contexts):
-            raise HTTPError(422, f"{len(req.questions)} questions but {len(req.contexts)} contexts")
-        b = batcher("qa", lambda items, o: pipe.qa([q for q, _ in items], [c for _, c in items]))
-        return {"results": await b.submit(list(zip(req.questions, req.contexts)), {})}
 
-    return app
+def add_metrics(app: Any, metrics: Metrics) -> None:
+    """Middleware counting every request by endpoint and status, with its latency."""
+
+    @app.middleware("http")
+    async def measure(request: Any, call_next: Callable[[Any], Any]) -> Any:
+        start, path = time.perf_counter(), request.url.path
+        path = path if any(getattr(r, "path", None) == path for r in app.routes) else "other"
+        try:
+            response = await call_next(request)
+        except Exception:
+            metrics.request(path, 500, time.perf_counter() - start)
+            raise
+        metrics.request(path, response.status_code, time.perf_counter() - start)
+        return response
+
+
+def add_error_handlers(app: Any) -> None:
+    """Every error as JSON {"error": ...}: HTTPError with its status, a body that is not JSON
+    400, a body of the wrong shape 422, a BertforgeError (bad input) 422, anything else 500."""
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse
+
+    @app.exception_handler(HTTPError)
+    async def http_error(request: Any, e: HTTPError) -> JSONResponse:
+        return JSONResponse({"error": e.message}, status_code=e.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Any, e: RequestValidationError) -> JSONResponse:
+        errors = e.errors()
+        if any(err.get("type") == "json_invalid" for err in errors):
+            return JSONResponse({"error": "the body is not valid JSON"}, status_code=400)
+        first = errors[0] if errors else {}
+        where = ".".join(str(x) for x in first.get("loc", ()) if x != "body")
+        return JSONResponse(
+            {"error": f"{where or 'body'}: {first.get('msg', 'invalid request')}"},
+            status_code=422,
+        )
+
+    @app.exception_handler(Exception)
+    async def internal(request: Any, e: Exception) -> JSONResponse:
+        if isinstance(e, BertforgeError):
+            return JSONResponse({"error": str(e)}, status_code=422)
+        return JSONResponse({"error": f"internal error: {type(e).__name__}"}, status_code=500)
 
 
 def serve(

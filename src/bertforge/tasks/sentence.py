@@ -2,17 +2,25 @@
 
 The paper's recipe (section 4.1): one linear layer on the pooled [CLS] vector
 (heads.BertForSequenceClassification). Each example is tokenized once ([CLS] text [SEP]
-(pair [SEP]), pairs truncated longest-first as Google's `_truncate_seq_pair`); labels are class
-indices or float scores. Loss: cross-entropy, or mean squared error for regression (the losses
-HF's BertForSequenceClassification computes, by problem_type). Decoding: the argmax label with
-the softmax probabilities, or the score. Predictions are written as GLUE's submission TSV:
-`index<TAB>prediction` (the label name, or the score).
+(pair [SEP]), pairs truncated longest-first as Google's `_truncate_seq_pair`). Predictions are
+written as GLUE's submission TSV: `index<TAB>prediction`.
 
-Multi-label tables (--multi-label): labels are multi-hot rows, the loss binary cross-entropy
-on each label's logit (HF's problem_type "multi_label_classification"); a label is predicted
-when its sigmoid reaches its threshold: 0.5, or tuned on dev for that label's F1
-(--tune-threshold; kept in config.json as `multi_label_thresholds`). Metrics: micro and macro
-F1 and exact match; predictions are the label names joined by |.
+Three problems (HF's problem_type names them), one object each (`Problem`), which owns all that
+differs between them: the features' labels, the loss (HF's BertForSequenceClassification's),
+the soft-target loss of distillation, probabilities, decisions and answers.
+
+  SingleLabel  labels are class indices; cross-entropy; probabilities: the softmax; the
+               prediction is the argmax label; answer {label, score, scores}.
+  MultiLabel   (--multi-label) labels are multi-hot rows; binary cross-entropy on each label's
+               logit; probabilities: each label's sigmoid; a label is predicted when it reaches
+               its threshold: 0.5, or tuned on dev for that label's F1 (--tune-threshold; kept
+               in config.json as `multi_label_thresholds`); metrics: micro and macro F1 and
+               exact match; written as the label names joined by |; answer {labels, scores}.
+  Regression   (STS-B, --regression) labels are float scores; squared error; the probability
+               and the prediction are the score itself; answer {score}.
+
+Pipeline.classify averages a long text's windows in probability space and answers from the
+mean through the same object, so that `evaluate` and `classify` decide alike.
 """
 
 from __future__ import annotations
@@ -20,8 +28,9 @@ from __future__ import annotations
 import csv
 import io
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -42,6 +51,7 @@ from .base import (
     infer,
     log_softmax,
     reduce,
+    soft_cross_entropy,
     softmax,
 )
 
@@ -83,6 +93,153 @@ def multi_label_loss(
     return reduce(total, labels.numel(), reduction)
 
 
+# ------------------------------------------------------------------------------------------------
+# The three problems
+
+
+def sigmoid(logits: np.ndarray) -> np.ndarray:
+    return 1 / (1 + np.exp(-np.clip(logits, -60, 60)))
+
+
+def named(names: Sequence[str], p: np.ndarray) -> dict[str, float]:
+    """Every label's probability, by name."""
+    return {names[k]: float(v) for k, v in enumerate(p)}
+
+
+@dataclass
+class SingleLabel:
+    """One class per text: the softmax over the classes, the argmax decides."""
+
+    names: Sequence[str]
+    problem_type: ClassVar[str] = "single_label_classification"
+    loss = staticmethod(classification_loss)
+    probabilities = staticmethod(softmax)
+
+    def correct(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return (logits.argmax(-1) == labels).sum()
+
+    def soft_loss(self, student: torch.Tensor, teacher: torch.Tensor, t: float) -> torch.Tensor:
+        return soft_cross_entropy(student, teacher, t)  # the soft-target KL of every family
+
+    def head_kwargs(self) -> dict[str, Any]:
+        return {"id2label": dict(enumerate(self.names))}
+
+    def targets(self, examples: Sequence[Example], column: str) -> np.ndarray:
+        """Class indices; zeros for an unlabelled (test) file."""
+        if any(e.label is None for e in examples):
+            return np.zeros(len(examples), np.int64)
+        index = {n: i for i, n in enumerate(self.names)}
+        for e in examples:
+            if e.label not in index:
+                raise DataError(
+                    f"{e.source}: field {column!r}: label {e.label!r} is not one of "
+                    f"{', '.join(map(repr, index))}"
+                )
+        return np.array([index[e.label] for e in examples], np.int64)  # type: ignore[index]
+
+    def predictions(self, probs: np.ndarray) -> np.ndarray:
+        return probs.argmax(-1)
+
+    def answers(self, probs: np.ndarray) -> list[dict[str, Any]]:
+        return [
+            {"label": self.names[k], "score": float(p[k]), "scores": named(self.names, p)}
+            for p, k in zip(probs, self.predictions(probs))
+        ]
+
+    def cell(self, prediction: Any) -> str:
+        return self.names[int(prediction)]
+
+    def eval_loss(self, logits: np.ndarray, refs: np.ndarray) -> float:
+        return float(-log_softmax(logits)[np.arange(len(refs)), refs].mean())
+
+
+@dataclass
+class MultiLabel:
+    """Any number of labels per text: a sigmoid per label, each label over its threshold."""
+
+    names: Sequence[str]
+    thresholds: np.ndarray | float = 0.5  # (K,): tuned on dev, or kept in config.json
+    problem_type: ClassVar[str] = "multi_label_classification"
+    loss = staticmethod(multi_label_loss)
+    probabilities = staticmethod(sigmoid)
+
+    def correct(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return ((logits > 0) == (labels > 0.5)).sum()  # right decisions, of rows x labels
+
+    def soft_loss(self, student: torch.Tensor, teacher: torch.Tensor, t: float) -> torch.Tensor:
+        # t^2 x the cross-entropy with the teacher's sigmoids at t, less their entropy (0 if equal)
+        target = torch.sigmoid(teacher / t)
+        bce = F.binary_cross_entropy_with_logits(student / t, target, reduction="sum")
+        entropy = F.binary_cross_entropy_with_logits(teacher / t, target, reduction="sum")
+        return (bce - entropy) * t * t
+
+    def head_kwargs(self) -> dict[str, Any]:
+        return {"id2label": dict(enumerate(self.names)), "problem_type": self.problem_type}
+
+    def targets(self, examples: Sequence[Example], column: str) -> np.ndarray:
+        """Multi-hot rows (zeros for an unlabelled example)."""
+        labels = np.zeros((len(examples), len(self.names)), np.float32)
+        index = {n: i for i, n in enumerate(self.names)}
+        for i, e in enumerate(examples):
+            for name in e.label or ():
+                if name not in index:
+                    raise DataError(f"{e.source}: label {name!r} is not one of {', '.join(index)}")
+                labels[i, index[name]] = 1  # type: ignore[index]
+        return labels
+
+    def predictions(self, probs: np.ndarray) -> np.ndarray:
+        return probs >= self.thresholds
+
+    def answers(self, probs: np.ndarray) -> list[dict[str, Any]]:
+        return [
+            {"labels": [self.names[k] for k in np.flatnonzero(on)], "scores": named(self.names, p)}
+            for p, on in zip(probs, self.predictions(probs))
+        ]
+
+    def cell(self, prediction: Any) -> str:
+        return "|".join(self.names[k] for k in np.flatnonzero(prediction))
+
+    def eval_loss(self, logits: np.ndarray, refs: np.ndarray) -> float:
+        p = np.clip(sigmoid(logits), 1e-7, 1 - 1e-7)
+        return float(-np.mean(refs * np.log(p) + (1 - refs) * np.log(1 - p)))
+
+
+@dataclass
+class Regression:
+    """A score per text (STS-B's similarity): the head's one output is the answer."""
+
+    problem_type: ClassVar[str] = "regression"
+    loss = staticmethod(regression_loss)
+
+    def correct(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return torch.zeros((), device=logits.device)  # no decisions to count
+
+    def soft_loss(self, student: torch.Tensor, teacher: torch.Tensor, t: float) -> torch.Tensor:
+        return F.mse_loss(student, teacher, reduction="sum")  # to the teacher's score
+
+    def head_kwargs(self) -> dict[str, Any]:
+        return {"num_labels": 1, "problem_type": self.problem_type}
+
+    def targets(self, examples: Sequence[Example], column: str) -> np.ndarray:
+        scores = [float(e.label or 0.0) for e in examples]  # type: ignore[arg-type]
+        return np.array(scores, np.float32)
+
+    def probabilities(self, logits: np.ndarray) -> np.ndarray:
+        return logits[..., 0]
+
+    def predictions(self, probs: np.ndarray) -> np.ndarray:
+        return probs
+
+    def answers(self, probs: np.ndarray) -> list[dict[str, Any]]:
+        return [{"score": float(s)} for s in probs]
+
+    def cell(self, prediction: Any) -> str:
+        return f"{float(prediction):.6g}"
+
+    def eval_loss(self, logits: np.ndarray, refs: np.ndarray) -> float:
+        return float(np.mean((logits[:, 0] - refs) ** 2))
+
+
 def sequence_classification_loss(
     logits: torch.Tensor,
     labels: torch.Tensor,
@@ -98,11 +255,7 @@ def sequence_classification_loss(
             problem_type = "single_label_classification"
         else:
             problem_type = "multi_label_classification"
-    losses = {
-        "regression": regression_loss,
-        "single_label_classification": classification_loss,
-        "multi_label_classification": multi_label_loss,
-    }
+    losses = {p.problem_type: p.loss for p in (Regression, SingleLabel, MultiLabel)}
     if problem_type not in losses:
         raise ConfigError(
             f"problem_type={problem_type!r}: must be None, regression, "
@@ -111,87 +264,40 @@ def sequence_classification_loss(
     return losses[problem_type](logits, labels, reduction=reduction)
 
 
-# ------------------------------------------------------------------------------------------------
-# Features and decoding
-
-
-def featurize(
-    examples: Sequence[Example], tok: Any, spec: TaskSpec, max_seq_length: int
-) -> Features:
-    """[CLS] text [SEP] (pair [SEP]), truncated longest-first; labels as indices or floats
-    (zeros for unlabelled examples)."""
-    pairs = [e.text_pair for e in examples] if spec.is_pair else None
-    if pairs is not None:
-        for e in examples:
-            if e.text_pair is None:
-                raise DataError(f"{e.source}: field {spec.text_pair_column!r}: missing text pair")
-    encodings = tok.encode_batch([e.text for e in examples], pairs, max_length=max_seq_length)
-    features = Features.from_encodings(encodings)
-    labelled = all(e.label is not None for e in examples)
-    if spec.is_regression:
-        features.labels = np.array([float(e.label or 0.0) for e in examples], np.float32)  # type: ignore[arg-type]
-        return features
-    index = {name: i for i, name in enumerate(spec.labels or ())}
-    if spec.multi_label:  # multi-hot rows
-        features.labels = np.zeros((len(examples), len(index)), np.float32)  # type: ignore[assignment]
-        for i, e in enumerate(examples):
-            for name in e.label or ():
-                if name not in index:
-                    raise DataError(f"{e.source}: label {name!r} is not one of {', '.join(index)}")
-                features.labels[i, index[name]] = 1  # type: ignore[call-overload]
-        return features
-    for i, e in enumerate(examples):
-        if not labelled:
-            break
-        if e.label not in index:
-            raise DataError(
-                f"{e.source}: field {spec.label_column!r}: label {e.label!r} is not one of "
-                f"{', '.join(map(repr, index))}"
-            )
-        features.labels[i] = index[e.label]  # type: ignore[index]
-    return features
-
-
 THRESHOLDS = "multi_label_thresholds"  # config.json: {label: threshold} of a multi-label model
 
 
 def thresholds_of(config: BertConfig) -> np.ndarray | None:
     """Each label's threshold of a multi-label model (0.5 unless tuned), else None."""
-    if config.problem_type != "multi_label_classification":
+    if config.problem_type != MultiLabel.problem_type:
         return None
     saved = config.extras.get(THRESHOLDS) or {}
     return np.array([float(saved.get(config.labels[i], 0.5)) for i in range(config.num_labels)])
 
 
-def sigmoid(logits: np.ndarray) -> np.ndarray:
-    return 1 / (1 + np.exp(-np.clip(logits, -60, 60)))
+# Each has the same members: probabilities are (N, K), or regression's (N,) scores (what a long
+# text's windows average); predictions are (N,) class indices, (N, K) bools or (N,) scores.
+Problem = SingleLabel | MultiLabel | Regression
 
 
-def decode(
-    logits: np.ndarray, names: Sequence[str] | None, thresholds: np.ndarray | None = None
-) -> list[dict[str, Any]]:
-    """Per row: {"score"} for a regression head (names None); a multi-label head (thresholds
-    given): the labels over their thresholds and every label's probability; else the label,
-    its probability and every label's probability."""
+def problem_of(
+    names: Sequence[str] | None, multi_label: bool = False, thresholds: np.ndarray | None = None
+) -> Problem:
+    """Regression without label names, else multi-label (thresholds: 0.5 unless given) or
+    single-label."""
     if names is None:
-        return [{"score": float(x[0])} for x in logits]
-    if thresholds is not None:
-        return [
-            {
-                "labels": [names[k] for k in np.flatnonzero(p >= thresholds)],
-                "scores": {names[k]: float(v) for k, v in enumerate(p)},
-            }
-            for p in sigmoid(logits)
-        ]
-    probs = softmax(logits)
-    return [
-        {
-            "label": names[int(p.argmax())],
-            "score": float(p.max()),
-            "scores": {names[k]: float(v) for k, v in enumerate(p)},
-        }
-        for p in probs
-    ]
+        return Regression()
+    if multi_label:
+        return MultiLabel(tuple(names), 0.5 if thresholds is None else thresholds)
+    return SingleLabel(tuple(names))
+
+
+def problem_of_model(config: BertConfig) -> Problem:
+    """The problem a trained head answers (Pipeline.classify): regression for one output, else
+    by its problem_type, with the thresholds in its config.json."""
+    n = config.num_labels
+    names = None if n == 1 else [config.labels[i] for i in range(n)]
+    return problem_of(names, config.problem_type == MultiLabel.problem_type, thresholds_of(config))
 
 
 def tune_thresholds(probs: np.ndarray, refs: np.ndarray) -> np.ndarray:
@@ -207,17 +313,42 @@ def tune_thresholds(probs: np.ndarray, refs: np.ndarray) -> np.ndarray:
     return np.array(best)
 
 
+# ------------------------------------------------------------------------------------------------
+# Features and the family
+
+
+def featurize(
+    examples: Sequence[Example], tok: Any, spec: TaskSpec, max_seq_length: int
+) -> Features:
+    """[CLS] text [SEP] (pair [SEP]), truncated longest-first; labels as the spec's problem
+    takes them (zeros for unlabelled examples)."""
+    pairs = [e.text_pair for e in examples] if spec.is_pair else None
+    if pairs is not None:
+        for e in examples:
+            if e.text_pair is None:
+                raise DataError(f"{e.source}: field {spec.text_pair_column!r}: missing text pair")
+    encodings = tok.encode_batch([e.text for e in examples], pairs, max_length=max_seq_length)
+    features = Features.from_encodings(encodings)
+    problem = problem_of(spec.labels, spec.multi_label)
+    features.labels = problem.targets(examples, spec.label_column)
+    return features
+
+
 class SentenceTask(TaskFamily):
-    """Sentence(-pair) classification or regression."""
+    """Sentence(-pair) classification or regression, through its spec's problem object."""
 
     head = BertForSequenceClassification
 
     def __init__(self, options: Any, tok: Any) -> None:
         super().__init__(options, tok)
-        self.spec = self._spec(None)
+        self._settle(None)
         self.metric = self.spec.metrics[0]
         self.reports_accuracy = not self.spec.is_regression
-        self.thresholds: np.ndarray | None = None  # multi-label: from the model, or tuned
+
+    def _settle(self, labels: Sequence[str] | None, thresholds: np.ndarray | None = None) -> None:
+        """The spec for these labels and its problem (multi-label: a model's thresholds)."""
+        self.spec = self._spec(labels)
+        self.problem = problem_of(self.spec.labels, self.spec.multi_label, thresholds)
 
     def _spec(self, labels: Sequence[str] | None) -> TaskSpec:
         """The GLUE spec, or one made for a table of your own from the options and labels."""
@@ -282,19 +413,15 @@ class SentenceTask(TaskFamily):
             return
         if config is not None:
             names = config.labels
-            self.spec = self._spec([names[i] for i in range(len(names))])
-            self.thresholds = thresholds_of(config)
+            self._settle([names[i] for i in range(len(names))], thresholds_of(config))
         elif not self.spec.labels:
-            self.spec = self._spec(label_set(train or []))
+            self._settle(label_set(train or []))
 
     def featurize(self, examples: Sequence[Example], training: bool = False) -> Features:
         return featurize(examples, self.tok, self.spec, self.options.max_seq_length)
 
     def head_kwargs(self) -> dict[str, Any]:
-        if self.spec.is_regression:
-            return {"num_labels": 1, "problem_type": "regression"}
-        multi = {"problem_type": "multi_label_classification"} if self.spec.multi_label else {}
-        return {"id2label": dict(enumerate(self.spec.labels or ())), **multi}
+        return self.problem.head_kwargs()
 
     def count(self, batch: Batch) -> int:
         return batch.labels.numel()  # rows, or (rows x labels) for multi-label: HF's mean
@@ -302,48 +429,22 @@ class SentenceTask(TaskFamily):
     # -- training ------------------------------------------------------------------------------
 
     def loss_of(self, out: Any, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = out.logits
-        problem = (
-            "regression"
-            if self.spec.is_regression
-            else "multi_label_classification"
-            if self.spec.multi_label
-            else "single_label_classification"
-        )
-        loss = sequence_classification_loss(logits, batch.labels, problem, reduction="sum")
-        if self.spec.is_regression:
-            return loss, torch.zeros((), device=logits.device)
-        if self.spec.multi_label:  # right decisions, of rows x labels
-            return loss, ((logits > 0) == (batch.labels > 0.5)).sum()
-        return loss, (logits.argmax(-1) == batch.labels).sum()
+        loss = self.problem.loss(out.logits, batch.labels, reduction="sum")
+        return loss, self.problem.correct(out.logits, batch.labels)
 
     def soft_loss_sum(
         self, student: Any, teacher: Any, batch: Batch, temperature: float
     ) -> torch.Tensor:
-        """Regression: the squared error to the teacher's score; multi-label: t^2 x the binary
-        cross-entropy with the teacher's probabilities at temperature t, less its entropy (so 0
-        when equal); single-label: the soft-target KL of every family."""
+        """The problem's soft-target loss at this temperature (fp32): see its `soft_loss`."""
         s, t = student.logits.float(), teacher.logits.float()
-        if self.spec.is_regression:
-            return F.mse_loss(s, t, reduction="sum")
-        if self.spec.multi_label:
-            temp = float(temperature)
-            target = torch.sigmoid(t / temp)
-            bce = F.binary_cross_entropy_with_logits(s / temp, target, reduction="sum")
-            entropy = F.binary_cross_entropy_with_logits(t / temp, target, reduction="sum")
-            return (bce - entropy) * temp * temp
-        return super().soft_loss_sum(student, teacher, batch, temperature)
+        return self.problem.soft_loss(s, t, float(temperature))
 
     # -- evaluation and predictions ------------------------------------------------------------
 
     def decode(
         self, examples: Sequence[Any], features: Features, rows: list[np.ndarray]
     ) -> np.ndarray:
-        logits = np.stack(rows)
-        if self.spec.multi_label:
-            thresholds = 0.5 if self.thresholds is None else self.thresholds
-            return sigmoid(logits) >= thresholds
-        return logits[:, 0] if self.spec.is_regression else logits.argmax(-1)
+        return self.problem.predictions(self.problem.probabilities(np.stack(rows)))
 
     def evaluate(
         self, runner: Any, model: nn.Module, examples: Sequence[Any], features: Features
@@ -351,30 +452,24 @@ class SentenceTask(TaskFamily):
         """Metrics and predictions; with --tune-threshold (multi-label), each label's threshold
         first set to the one of 0.05, 0.10, ..., 0.95 that gives it the best F1 on these
         examples (the nearest to 0.5 on a tie), and kept in the model's config."""
-        if self.spec.multi_label and self.options.tune_threshold:
-            probs = sigmoid(np.stack(infer(runner, model, features, self.tok.pad_id)))
-            self.thresholds = tune_thresholds(probs, np.asarray(features.labels) > 0.5)
-            names = self.spec.labels or ()
-            model.config.extras[THRESHOLDS] = {n: float(t) for n, t in zip(names, self.thresholds)}
+        problem = self.problem
+        if isinstance(problem, MultiLabel) and self.options.tune_threshold:
+            logits = np.stack(infer(runner, model, features, self.tok.pad_id))
+            tuned = tune_thresholds(sigmoid(logits), np.asarray(features.labels) > 0.5)
+            problem.thresholds = tuned
+            model.config.extras[THRESHOLDS] = {n: float(t) for n, t in zip(problem.names, tuned)}
         return super().evaluate(runner, model, examples, features)
 
     def score(
         self, examples: Sequence[Any], features: Features, rows: list[np.ndarray], preds: Any
     ) -> dict[str, float]:
-        logits, refs = np.stack(rows), features.labels
+        refs, spec = features.labels, self.spec
         assert isinstance(refs, np.ndarray)
-        if self.spec.is_regression:
-            loss = float(np.mean((preds - refs) ** 2))
-        elif self.spec.multi_label:
-            p = np.clip(sigmoid(logits), 1e-7, 1 - 1e-7)
-            loss = float(-np.mean(refs * np.log(p) + (1 - refs) * np.log(1 - p)))
-        else:
-            loss = float(-log_softmax(logits)[np.arange(len(refs)), refs].mean())
-        spec = self.spec
         positive = (
             spec.labels.index(spec.positive_label) if spec.positive_label and spec.labels else 1
         )
-        return {**compute_metrics(spec.metrics, refs, preds, positive_label=positive), "loss": loss}
+        metrics = compute_metrics(spec.metrics, refs, preds, positive_label=positive)
+        return {**metrics, "loss": self.problem.eval_loss(np.stack(rows), refs)}
 
     def write_predictions(self, out: Path, examples: Sequence[Example], preds: Any) -> list[Path]:
         """GLUE's submission format: `index<TAB>prediction`, one row per example in order."""
@@ -384,10 +479,6 @@ class SentenceTask(TaskFamily):
         w.writerow(["index", "prediction"])
         for i, (e, p) in enumerate(zip(examples, preds)):
             index = e.guid.rsplit("-", 1)[-1] if "-" in e.guid else str(i)
-            labels = self.spec.labels or ()
-            if self.spec.multi_label:
-                w.writerow([index, "|".join(labels[k] for k in np.flatnonzero(p))])
-                continue
-            w.writerow([index, f"{float(p):.6g}" if self.spec.is_regression else labels[int(p)]])
+            w.writerow([index, self.problem.cell(p)])
         write_text(path, buf.getvalue())
         return [path]

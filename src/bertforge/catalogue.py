@@ -1,0 +1,246 @@
+"""The inference front doors, one entry each: what a checkpoint can do, and how it is exposed.
+
+An entry names a `Pipeline` method (pipelines.py), the model class it loads and the trained
+head it needs (with the refusal's advice), the `config.json` architectures and tensor names
+that show the head, its inputs (the method's parameters, the request's fields, the columns of
+an input file), the method's options the CLI and the server offer, the row a JSONL output holds
+per input, array files it may write instead, whether the server offers it, and the graph
+outputs `export --onnx` writes for a checkpoint with that head. The CLI's pipeline verbs
+(cli.py), the server's endpoints (serve.py), `export` and `info` (checkpoint.inspect) read
+this table; adding a pipeline is one entry here plus its `Pipeline` method.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .fileio import atomic_path
+from .heads import (
+    BertForMaskedLM,
+    BertForPreTraining,
+    BertForQuestionAnswering,
+    BertForSequenceClassification,
+    BertForTokenClassification,
+)
+from .model import BertModel
+from .tasks.embedding import POOLINGS
+
+COMBINES = ("concat", "sum", "mean")  # how `features` combines several layers
+
+
+@dataclass(frozen=True)
+class Input:
+    """One input of a pipeline: `param` is the method's parameter and the request's field
+    ("texts"), `field` the JSONL field and tab-separated column of an input line ("text")."""
+
+    param: str
+    field: str
+    optional: bool = False  # a second text given when wanted: the CLI's --<param>
+
+
+TEXTS = (Input("texts", "text"),)
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str  # the CLI verb and the endpoint (POST /<name>)
+    method: str  # the Pipeline method
+    help: str
+    model: type  # what the method loads (BertModel: the encoder, no head needed)
+    row: Callable[[dict[str, Any], Any, int], dict[str, Any]]  # (inputs, result, index) -> JSONL
+    inputs: tuple[Input, ...] = TEXTS
+    needs: str = ""  # the trained head it must have, as its refusal names it ("": none)
+    remedy: str = ""  # the refusal's advice: where a checkpoint with that head comes from
+    also: tuple[str, ...] = ()  # other architectures that have the head (BertForPreTraining)
+    tensors: tuple[str, ...] = ()  # tensor-name prefixes of the head
+    head_label: str = ""  # the head as `info` names it
+    options: dict[str, str] = field(default_factory=dict)  # the method's options: help
+    choices: dict[str, Sequence[Any]] = field(default_factory=dict)
+    arrays: tuple[str, ...] = ()  # --out suffixes written by `save` instead of JSONL
+    save: Callable[[str, Any], None] | None = None
+    served: bool = True  # POST /<name> (with {"results": [...]}; /embed has its own shape)
+    onnx: tuple[str, ...] = ()  # graph outputs of `export --onnx` for a checkpoint with the head
+
+    @property
+    def architectures(self) -> tuple[str, ...]:
+        """config.json "architectures" of a checkpoint with this head."""
+        return (self.model.hf_architecture, *self.also)  # type: ignore[attr-defined]
+
+    def available(self, architectures: Sequence[str]) -> bool:
+        """Whether a checkpoint of these architectures has what this pipeline needs."""
+        return not self.needs or bool(set(self.architectures) & set(architectures))
+
+    def run(self, pipe: Any, inputs: dict[str, list[Any]], options: dict[str, Any]) -> Any:
+        """The pipeline's results for columns of inputs (an optional one None or absent)."""
+        given = {k: v for k, v in inputs.items() if v is not None}
+        return getattr(pipe, self.method)(**given, **options)
+
+
+def _save_embeddings(out: str, vectors: np.ndarray) -> None:
+    with atomic_path(out) as tmp, open(tmp, "wb") as f:
+        np.save(f, vectors)
+    print(f"wrote {vectors.shape} to {out}", file=sys.stderr)
+
+
+def _save_features(out: str, results: list[dict[str, Any]]) -> None:
+    """.npz: values_<i> and tokens_<i> per text; .npy: one zero-padded (N, T, D) array."""
+    with atomic_path(out) as tmp, open(tmp, "wb") as f:
+        if out.endswith(".npz"):
+            arrays = {f"values_{i}": r["values"] for i, r in enumerate(results)}
+            arrays.update({f"tokens_{i}": np.array(r["tokens"]) for i, r in enumerate(results)})
+            np.savez(f, **arrays)
+        else:
+            T = max((len(r["values"]) for r in results), default=0)
+            D = results[0]["values"].shape[-1] if results else 0
+            padded = np.zeros((len(results), T, D), np.float32)
+            for i, r in enumerate(results):
+                padded[i, : len(r["values"])] = r["values"]
+            np.save(f, padded)
+    print(f"wrote features of {len(results):,} texts to {out}", file=sys.stderr)
+
+
+def _google_features(inputs: dict[str, Any], result: dict[str, Any], i: int) -> dict[str, Any]:
+    """Google's extract_features.py JSONL: every token with the values of every layer."""
+    layers = result["layers"]
+    return {
+        "linex_index": i,
+        "features": [
+            {
+                "token": token,
+                "layers": [
+                    {"index": k, "values": [round(float(x), 6) for x in v[j]]}
+                    for k, v in layers.items()
+                ],
+            }
+            for j, token in enumerate(result["tokens"])
+        ],
+    }
+
+
+PAIRS = (Input("texts", "text"), Input("pairs", "text_pair"))
+FINE_TUNE = "fine-tune one first (bertforge finetune), or use a checkpoint that has one"
+PRE_TRAIN = "a pre-training checkpoint (bertforge pretrain, or BERT's own) has one"
+# a sequence or token classifier: the same tensors, told apart by the architecture
+CLASSIFIER: dict[str, Any] = {
+    "remedy": FINE_TUNE,
+    "tensors": ("classifier.",),
+    "head_label": "classifier",
+    "onnx": ("logits",),
+}
+
+ENTRIES: dict[str, Entry] = {
+    e.name: e
+    for e in (
+        Entry(
+            "embed",
+            "embed",
+            "sentence embeddings, pooled as the model says (sentence-transformers modules); "
+            "--out x.npy",
+            BertModel,
+            lambda x, r, i: {"embedding": r.tolist()},
+            options={
+                "pooling": "default: the model's",
+                "normalize": "unit length (default: the model's)",
+            },
+            choices={"pooling": POOLINGS},
+            arrays=(".npy",),
+            save=_save_embeddings,
+            onnx=("last_hidden_state", "pooler_output"),
+        ),
+        Entry(
+            "features",
+            "features",
+            "hidden states of --layers (JSONL like Google's extract_features, or .npy/.npz)",
+            BertModel,
+            _google_features,
+            options={"layers": "e.g. -1,-2,-3,-4 (0: embeddings)", "combine": "how layers combine"},
+            choices={"combine": COMBINES},
+            arrays=(".npy", ".npz"),
+            save=_save_features,
+            served=False,  # every layer of every piece: a file, not an answer
+        ),
+        Entry(
+            "fill-mask",
+            "fill_mask",
+            "top-k tokens for each [MASK] (a model with its MLM head)",
+            BertForMaskedLM,
+            lambda x, r, i: {"text": x["texts"], "masks": r},
+            needs="masked-LM head",
+            remedy=PRE_TRAIN,
+            also=("BertForPreTraining",),
+            tensors=("cls.predictions.", "vocab_transform."),
+            head_label="masked LM (mlm)",
+            options={"top_k": "tokens per [MASK]"},
+        ),
+        Entry(
+            "nsp",
+            "nsp",
+            "P(IsNext) of lines TEXT<TAB>NEXT (a model with its NSP head)",
+            BertForPreTraining,
+            lambda x, r, i: {"is_next": r},
+            inputs=PAIRS,
+            needs="next-sentence head",
+            remedy=PRE_TRAIN,
+            tensors=("cls.seq_relationship.",),
+            head_label="next sentence (nsp)",
+        ),
+        Entry(
+            "classify",
+            "classify",
+            "labels and probabilities (a fine-tuned classifier); --pairs: TEXT<TAB>PAIR",
+            BertForSequenceClassification,
+            lambda x, r, i: r,
+            inputs=(Input("texts", "text"), Input("pairs", "text_pair", optional=True)),
+            needs="classifier",
+            **CLASSIFIER,
+        ),
+        Entry(
+            "ner",
+            "ner",
+            "entity spans with character offsets (a fine-tuned token classifier)",
+            BertForTokenClassification,
+            lambda x, r, i: {"text": x["texts"], "entities": r},
+            needs="token classifier",
+            **CLASSIFIER,
+        ),
+        Entry(
+            "qa",
+            "qa",
+            "answers: lines QUESTION<TAB>CONTEXT or JSONL {question, context}",
+            BertForQuestionAnswering,
+            lambda x, r, i: r,
+            inputs=(Input("questions", "question"), Input("contexts", "context")),
+            needs="question-answering head",
+            remedy=FINE_TUNE,
+            tensors=("qa_outputs.",),
+            head_label="span QA",
+            options={
+                "max_seq_length": "pieces per window",
+                "doc_stride": "pieces between windows of a long context",
+                "max_answer_length": "longest answer in pieces",
+                "allow_no_answer": "answer '' when no span beats [CLS] (SQuAD v2.0)",
+            },
+            onnx=("start_logits", "end_logits"),
+        ),
+    )
+}
+
+
+def available(architectures: Sequence[str]) -> list[Entry]:
+    """The entries a checkpoint of these architectures supports, in the table's order."""
+    return [e for e in ENTRIES.values() if e.available(architectures)]
+
+
+def head_labels(tensor_names: Sequence[str]) -> list[str]:
+    """The heads (as `info` names them) whose tensors are among these names."""
+    found: list[str] = []
+    for e in ENTRIES.values():
+        present = e.tensors and any(n.startswith(e.tensors) for n in tensor_names)
+        if present and e.head_label not in found:
+            found.append(e.head_label)
+    return found
