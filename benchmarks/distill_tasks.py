@@ -210,11 +210,16 @@ def report(saved: dict[str, Any], results: dict[str, Any], layers: str) -> None:
     (RESULTS / "distill_tasks.json").write_text(json.dumps(saved, indent=1, default=str) + "\n")
     columns = list(dict.fromkeys(k for r in rows for k in r))
     md = (
-        f"# Task distillation: all-MiniLM-L6-v2 fine-tuned (teacher) -> its {len(layers.split(','))}-layer "
-        f"student (teacher layers {layers}), distilled vs fine-tuned directly\n\n{table(rows, columns)}\n\n"
-        "teacher: bertforge finetune of all-MiniLM-L6-v2; student_distilled: `bertforge distill --task` "
-        "from that teacher (its layers, alpha 0.5, temperature 2); student_direct: the same layers of the "
-        f"pre-trained MiniLM fine-tuned without a teacher (lr {STUDENT_LR}, as the distilled). Metrics x 100, "
+        "# Task distillation: all-MiniLM-L6-v2 fine-tuned (teacher) -> its "
+        f"{len(layers.split(','))}-layer "
+        f"student (teacher layers {layers}), distilled vs fine-tuned "
+        f"directly\n\n{table(rows, columns)}\n\n"
+        "teacher: bertforge finetune of all-MiniLM-L6-v2; student_distilled: `bertforge distill "
+        "--task` "
+        "from that teacher (its layers, alpha 0.5, temperature 2); student_direct: the same "
+        "layers of the "
+        f"pre-trained MiniLM fine-tuned without a teacher (lr {STUDENT_LR}, as the distilled). "
+        "Metrics x 100, "
         "the mean over the seeds; CoNLL: test entity F1 of the best-dev model.\n"
     )
     (RESULTS / "distill_tasks.md").write_text(md)

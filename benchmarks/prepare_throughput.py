@@ -5,7 +5,8 @@ baseline reads every line of the same files and runs `tokenizers.Tokenizer.encod
 them (the MiniLM tokenizer.json, no special tokens) in batches of 10,000 lines: the engine
 alone, no sentence splitting, no files written. Ours is the whole `bertforge prepare` (read,
 split into sentences, tokenize, write shards), run as a child process whose peak resident
-memory is read from the kernel (ru_maxrss of the child). Both are timed in this run, interleaved over --rounds rounds (medians reported).
+memory is read from the kernel (ru_maxrss of the child). Both are timed in this run, interleaved
+over --rounds rounds (medians reported).
 
     python benchmarks/prepare_throughput.py [--data ../shared/data] [--out /tmp/prepared]
 """

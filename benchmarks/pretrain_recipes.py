@@ -232,7 +232,8 @@ def report(args: argparse.Namespace) -> None:
     )
     levels = " | ".join(f"min. to {x}" for x in LEVELS)
     lines = [
-        f"| run | recipe | where | CPU minutes | measured | held-out MLM loss | MLM acc | min. to the paper's final ({target:.3f}) | {levels} |",
+        "| run | recipe | where | CPU minutes | measured | held-out MLM loss | MLM acc | min. to "
+        f"the paper's final ({target:.3f}) | {levels} |",
         "|---|---|---|---|---|---|---|---|" + "---|" * len(LEVELS),
     ]
     lines += [

@@ -3,9 +3,9 @@ downstream columns.
 
 Each size (default tiny, mini, small) is pre-trained from scratch with the recommended recipe
 (masked LM alone on packed rows, no dropout, batch 64, lr 1e-3, 5% warmup, the lr held until
-the last 20% of the steps, then linear decay: mlm-b64-wsd in benchmarks/pretrain_recipes.py) for the same number of steps, so every size sees the same
-sequences in the same order; held-out perplexity is measured on the same fixed rows. Each
-pre-trained model and its random-initialisation twin (the same architecture, never trained)
+the last 20% of the steps, then linear decay: mlm-b64-wsd in benchmarks/pretrain_recipes.py)
+for the same number of steps, so every size sees the same sequences in the same order;
+held-out perplexity is measured on the same fixed rows. Each pre-trained model and its random-initialisation twin (the same architecture, never trained)
 are then fine-tuned on SST-2 (2 epochs, dev accuracy) and MRPC (3 epochs, 3 seeds, dev accuracy
 and F1) with the same settings. `--extra NAME=DIR` adds checkpoints pre-trained elsewhere (the
 H100 runs) to the fine-tuning columns.
@@ -14,7 +14,8 @@ Resumable: pre-training resumes from its checkpoints, and every fine-tuning resu
 it finishes (re-running skips what is done), so the study can span sessions.
 
     python benchmarks/size_ablation.py --data PREPARED [--steps 1300] [--sizes tiny,mini,small]
-        [--warmup-ratio R] [--extra mini-h100=DIR,small-h100=DIR] [--stage pretrain|finetune|report|all]
+        [--warmup-ratio R] [--extra mini-h100=DIR,small-h100=DIR]
+        [--stage pretrain|finetune|report|all]
 
 A run this short needs a longer warmup than the recipe's 5% for the wider models: small with 65
 warmup steps (5% of 1,300) spiked (gradient norm 14) as the rate reached 1e-3 and collapsed to one

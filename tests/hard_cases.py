@@ -13,7 +13,8 @@ HARD_CASES = [
     "a" * 100,
     "b" * 101,
     "long" + "x" * 120 + " ok " + "é" * 101,
-    "odd\u00a0whitespace\u2003em\u3000ideographic\tTab\nNL\rCR\u2028LS\u2029PS\x0bVT\x0cFF\u1680ogham",
+    "odd\u00a0whitespace\u2003em\u3000ideographic\tTab\nNL\rCR\u2028LS\u2029PS\x0bVT"
+    "\x0cFF\u1680ogham",
     "punctuation—dashes–and…ellipsis «quotes» „low“ ‘single’ ¿qué? ¡sí! ‽ ※",
     "math ∑∫√∞ ≠ ≤ ½ ² x₁ ℃ ™ © ® § ¶ ° µ Ω",
     "scripts: العربية עברית हिन्दी ภาษาไทย ქართული Ελληνικά Русский ᚠᚢᚦ",

@@ -26,7 +26,8 @@ def verbs(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]
 
 
 def post_routes(app: object) -> set[str]:
-    return {r.path for r in app.routes if "POST" in (getattr(r, "methods", None) or ())}  # type: ignore[attr-defined]
+    routes = app.routes  # type: ignore[attr-defined]
+    return {r.path for r in routes if "POST" in (getattr(r, "methods", None) or ())}
 
 
 def test_every_entry_is_a_verb_and_where_served_an_endpoint(tiny_model: Path) -> None:

@@ -210,7 +210,8 @@ def test_shape_mismatch_names_tensor_and_both_shapes(tiny_dir: Path) -> None:
     (tiny_dir / "config.json").write_text(json.dumps(config))
     with pytest.raises(
         CheckpointError,
-        match=r"model.safetensors: tensor 'bert.encoder.layer.0.intermediate.dense.weight' has shape \(512, 128\) but the config needs \(256, 128\)",
+        match=r"model.safetensors: tensor 'bert.encoder.layer.0.intermediate.dense.weight' "
+        r"has shape \(512, 128\) but the config needs \(256, 128\)",
     ):
         BertForPreTraining.from_pretrained(tiny_dir)
 

@@ -194,7 +194,7 @@ plot {tmp}/norun                               | nothing to plot
 @pytest.fixture(scope="module")
 def bad_lines(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path, minilm_dir: Path) -> list:
     from bertforge.data.shards import prepare
-    from tests.test_finetune import keyword_table
+    from tests.task_files import keyword_table
 
     tmp = tmp_path_factory.mktemp("bad")
     docs = (f"Line one of {d}.\nLine two of {d}.\nAnd a third." for d in range(30))

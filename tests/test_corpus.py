@@ -18,7 +18,10 @@ from bertforge.data.corpus import (
 
 
 def test_sentence_splitting_keeps_abbreviations() -> None:
-    text = "Dr. Smith went to Washington, D.C. on Monday. He met e.g. Sen. Jones at 3 p.m. and left. It rained!"
+    text = (
+        "Dr. Smith went to Washington, D.C. on Monday. He met e.g. Sen. Jones at 3 p.m. and left. "
+        "It rained!"
+    )
     assert split_sentences(text) == [
         "Dr. Smith went to Washington, D.C. on Monday.",
         "He met e.g. Sen. Jones at 3 p.m. and left.",
@@ -29,7 +32,8 @@ def test_sentence_splitting_keeps_abbreviations() -> None:
 def test_google_format_one_sentence_per_line(tmp_path: Path) -> None:
     f = tmp_path / "google.txt"
     f.write_text(
-        "First doc, first sentence.\nFirst doc, second sentence.\n\n\nSecond doc. Two sentences on one line.\n"
+        "First doc, first sentence.\nFirst doc, second sentence.\n\n\nSecond doc. Two sentences "
+        "on one line.\n"
     )
     assert detect_format(f) == "lines"
     docs = list(read_documents(f))
@@ -52,7 +56,8 @@ def test_google_sample_text(data_dir: Path) -> None:
 def test_wikiextractor_format(tmp_path: Path) -> None:
     f = tmp_path / "wiki_00"
     f.write_text(
-        '<doc id="1" url="u" title="Alpha">\nAlpha\n\nAlpha is a letter. It comes first.\nHistory.\n</doc>\n'
+        '<doc id="1" url="u" title="Alpha">\nAlpha\n\nAlpha is a letter. It comes first.\n'
+        "History.\n</doc>\n"
         '<doc id="2" url="u" title="Beta">\nBeta\n\nBeta is second.\n</doc>\n'
     )
     assert detect_format(f) == "wiki"
@@ -66,7 +71,12 @@ def test_wikiextractor_format(tmp_path: Path) -> None:
 
 def test_hard_wrapped_paragraphs_are_joined(tmp_path: Path) -> None:
     f = tmp_path / "book.txt"
-    para = "It is a truth universally acknowledged, that a single man in\npossession of a good fortune, must be in want of a wife.  However\nlittle known the feelings or views of such a man may be on his\nfirst entering a neighbourhood, this truth is so well fixed in\n"
+    para = (
+        "It is a truth universally acknowledged, that a single man in\n"
+        "possession of a good fortune, must be in want of a wife.  However\n"
+        "little known the feelings or views of such a man may be on his\n"
+        "first entering a neighbourhood, this truth is so well fixed in\n"
+    )
     f.write_text("\n".join([para] * 8))
     assert detect_format(f) == "paragraphs"
     (doc,) = read_documents(f)

@@ -104,7 +104,7 @@ def test_pipelines_finetuning_and_probe_on_a_distilbert(
 ) -> None:
     from bertforge.probe import probe
     from bertforge.train.finetune import FinetuneConfig, run
-    from tests.test_finetune import keyword_table
+    from tests.task_files import keyword_table
 
     hf = transformers.DistilBertModel.from_pretrained(distil_dir).eval()
     texts = ["a fine film about music", "the story was dull", "hi"]

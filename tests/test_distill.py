@@ -410,7 +410,7 @@ def _csv(path: Path, n: int = 48) -> Path:
 
 
 def _family_files(task: str, tmp: Path) -> tuple[Path, dict[str, object]]:
-    from tests.test_finetune_tasks import SWAG_HEADER, conll_text, ner_sentences, squad_file
+    from tests.task_files import SWAG_HEADER, conll_text, ner_sentences, squad_file
 
     if task == "csv":
         return _csv(tmp / "t.tsv"), {}
@@ -461,7 +461,8 @@ def test_task_distillation_end_to_end_for_every_family(
         **options,
     )
     teacher = tmp_path / "teacher"
-    finetune(FinetuneConfig(model=str(tiny_model), out=str(teacher), epochs=1, **common))  # type: ignore[arg-type]
+    given: dict = {"model": str(tiny_model), "out": str(teacher), "epochs": 1, **common}
+    finetune(FinetuneConfig(**given))
     out = tmp_path / "student"
     best = distill(
         DistillConfig(

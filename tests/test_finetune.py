@@ -1,7 +1,10 @@
-"""`bertforge finetune` / `evaluate` for sentence(-pair) classification and regression."""
+"""`bertforge finetune` / `evaluate` / `predict` (bertforge.train.finetune) for every family:
+sentence(-pair) classification and regression, CoNLL NER, SQuAD v1.1/v2.0, SWAG; dev splits,
+the tasks' prediction files, bad input through the command line, torchrun, accumulation."""
 
 from __future__ import annotations
 
+import csv
 import json
 import subprocess
 import sys
@@ -12,42 +15,15 @@ import pytest
 import torch
 
 from bertforge import BertConfig, BertForPreTraining, BertForSequenceClassification, Tokenizer
-from bertforge.data.tasks import glue_task
+from bertforge.cli import main
+from bertforge.data.tasks import glue_task, read_conll
 from bertforge.errors import DataError, FreshWeightsWarning
+from bertforge.heads import BertForQuestionAnswering, BertForTokenClassification
+from bertforge.pipelines import Pipeline
 from bertforge.tasks.sentence import featurize
-from bertforge.train.finetune import FinetuneConfig, epoch_batches, evaluate_model, run
+from bertforge.train.finetune import FinetuneConfig, epoch_batches, evaluate_model, predict, run
 from tests.conftest import TINY
-
-GOOD = ["good", "great", "fine", "lovely", "superb", "nice"]
-BAD = ["bad", "awful", "poor", "dull", "terrible", "nasty"]
-FILLER = [
-    "the",
-    "film",
-    "was",
-    "a",
-    "story",
-    "of",
-    "people",
-    "and",
-    "places",
-    "with",
-    "music",
-    "in",
-    "it",
-]
-
-
-def keyword_table(path: Path, n: int, seed: int, header: str = "sentence\tlabel") -> Path:
-    """A sentence task that a pre-trained encoder learns at once: the label is the word's tone."""
-    rng = np.random.default_rng(seed)
-    rows = [header]
-    for _ in range(n):
-        label = int(rng.integers(0, 2))
-        words = list(rng.choice(FILLER, int(rng.integers(3, 12))))
-        words.insert(int(rng.integers(0, len(words) + 1)), str(rng.choice(GOOD if label else BAD)))
-        rows.append(f"{' '.join(words)}\t{label}")
-    path.write_text("\n".join(rows) + "\n")
-    return path
+from tests.task_files import SWAG_HEADER, conll_text, keyword_table, ner_sentences, squad_file
 
 
 @pytest.mark.slow
@@ -371,3 +347,309 @@ def test_micro_batches_accumulate_to_the_same_steps(tmp_path: Path, minilm_dir: 
     a = BertForSequenceClassification.from_pretrained(tmp_path / "whole").state_dict()
     b = BertForSequenceClassification.from_pretrained(tmp_path / "micro").state_dict()
     assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-5
+
+
+# ------------------------------------------------------------------------------------------------
+# Beyond sentence tasks: CoNLL NER, SQuAD v1.1/v2.0, SWAG; dev splits, `predict`, the tasks'
+# prediction files, bad input through the command line
+
+
+# ------------------------------------------------------------------------------------------------
+# SQuAD features
+
+
+# ------------------------------------------------------------------------------------------------
+# End to end: files written in the task's format, evaluate and predict agree
+
+
+@pytest.mark.parametrize("task", ["squad", "squad2"])
+def test_squad_trains_and_writes_the_official_files(
+    task: str, tmp_path: Path, tiny_model: Path
+) -> None:
+    data = squad_file(tmp_path / "squad.json", task == "squad2")
+    out = tmp_path / "run"
+    best = run(
+        FinetuneConfig(
+            model=str(tiny_model),
+            task=task,
+            train=str(data),
+            dev=str(data),
+            out=str(out),
+            epochs=1,
+            batch_size=4,
+            max_seq_length=48,
+            doc_stride=16,
+            progress=False,
+        )
+    )
+    qids = {
+        q["id"] for p in json.loads(data.read_text())["data"][0]["paragraphs"] for q in p["qas"]
+    }
+    predictions = json.loads((out / "predictions.json").read_text())
+    assert set(predictions) == qids and all(isinstance(v, str) for v in predictions.values())
+    nbest = json.loads((out / "nbest_predictions.json").read_text())
+    assert all(abs(sum(c["probability"] for c in v) - 1) < 1e-6 for v in nbest.values())
+    assert (out / "null_odds.json").exists() == (task == "squad2")
+    model = BertForQuestionAnswering.from_pretrained(out)
+    assert model.config.num_labels == 2
+    again = evaluate_model(str(out), task, str(data), max_seq_length=48, doc_stride=16)
+    assert again["f1"] == pytest.approx(best["f1"], abs=1e-6)
+    assert ("HasAns_f1" in again) == (task == "squad2")
+
+
+@pytest.mark.slow
+def test_minilm_learns_ner_and_writes_conll_columns(tmp_path: Path, minilm_dir: Path) -> None:
+    train, dev = tmp_path / "train.txt", tmp_path / "dev.txt"
+    train.write_text(conll_text(ner_sentences(96, 0)))
+    dev.write_text(conll_text(ner_sentences(32, 1)))
+    out = tmp_path / "ner"
+    best = run(
+        FinetuneConfig(
+            model=str(minilm_dir),
+            task="conll2003",
+            train=str(train),
+            dev=str(dev),
+            out=str(out),
+            epochs=3,
+            batch_size=16,
+            lr=2e-4,
+            progress=False,
+        )
+    )
+    assert best["f1"] >= 0.9
+    model = BertForTokenClassification.from_pretrained(out)
+    assert set(model.config.label2id) == {"O", "B-PER", "I-PER", "B-LOC"}
+    rows = [x.split() for x in (out / "predictions_conll.txt").read_text().splitlines()]
+    words = [r for r in rows if r]
+    assert len(words) == sum(len(s.tokens) for s in read_conll(dev)) and all(
+        len(r) == 3 for r in words
+    )
+    # predict on tokens alone (one per line): the same tags as the evaluation's
+    tokens_only = tmp_path / "tokens.txt"
+    tokens_only.write_text("\n".join(r[0] if r else "" for r in rows) + "\n")
+    (path,) = predict(str(out), "conll2003", str(tokens_only), str(tmp_path / "pred"))
+    predicted = [x.split() for x in path.read_text().splitlines() if x.strip()]
+    assert [p[1] for p in predicted] == [r[2] for r in words]
+    # the ner pipeline on raw text: entities merged over pieces, with character offsets
+    text = "Farouk Smithson went to Tbilisi on Monday"
+    (entities,) = Pipeline(out, precision="fp32").ner([text])
+    assert [(e["entity"], e["text"]) for e in entities] == [
+        ("PER", "Farouk Smithson"),
+        ("LOC", "Tbilisi"),
+    ]
+    assert all(text[e["start"] : e["end"]] == e["text"] for e in entities)
+
+
+def test_swag_trains_and_predicts_end_to_end(tmp_path: Path, tiny_model: Path) -> None:
+    rows = [SWAG_HEADER]
+    for i in range(8):
+        rows.append(
+            f'v{i},{i},x,"The man picks up a cup {i}.",He,gold,"drinks.","sings loudly.",'
+            f'"flies away.","melts.",{i % 4}'
+        )
+    data = tmp_path / "swag.csv"
+    data.write_text("\n".join(rows) + "\n")
+    out = tmp_path / "swag"
+    best = run(
+        FinetuneConfig(
+            model=str(tiny_model),
+            task="swag",
+            train=str(data),
+            dev=str(data),
+            out=str(out),
+            epochs=1,
+            batch_size=4,
+            progress=False,
+        )
+    )
+    assert 0.0 <= best["accuracy"] <= 1.0 and "loss" in best
+    with (out / "predictions_swag.csv").open() as f:
+        written = list(csv.DictReader(f))
+    assert len(written) == 8 and {r["label"] for r in written} <= {"0", "1", "2", "3"}
+    (path,) = predict(str(out), "swag", str(data), str(tmp_path / "p"))
+    assert path.read_text() == (out / "predictions_swag.csv").read_text()
+
+
+def test_swag_shared_format_sample(data_dir: Path, tmp_path: Path, tiny_model: Path) -> None:
+    sample = data_dir / "swag" / "swag_train_first11rows.fixture.csv"
+    best = run(
+        FinetuneConfig(
+            model=str(tiny_model),
+            task="swag",
+            train=str(sample),
+            dev=str(sample),
+            out=str(tmp_path / "s"),
+            epochs=1,
+            batch_size=4,
+            progress=False,
+        )
+    )
+    assert "accuracy" in best
+    (path,) = predict(str(tmp_path / "s"), "swag", str(sample), str(tmp_path / "p"))
+    assert len(path.read_text().splitlines()) == 12
+
+
+def test_dev_split_and_glue_predictions(tmp_path: Path, tiny_model: Path) -> None:
+    table = tmp_path / "spam.tsv"
+    table.write_text(
+        "".join(f"{'spam' if i % 3 == 0 else 'ham'}\tmessage number {i}\n" for i in range(40))
+    )
+    out = tmp_path / "spam"
+    run(
+        FinetuneConfig(
+            model=str(tiny_model),
+            task="csv",
+            train=str(table),
+            out=str(out),
+            dev_split=0.25,
+            no_header=True,
+            text_column="1",
+            label_column="0",
+            epochs=1,
+            batch_size=8,
+            progress=False,
+        )
+    )
+    with (out / "predictions_csv.tsv").open() as f:
+        rows = list(csv.reader(f, delimiter="\t"))
+    assert rows[0] == ["index", "prediction"] and len(rows) == 1 + 10
+    assert {r[1] for r in rows[1:]} <= {"ham", "spam"}
+    # unlabelled GLUE test file: index<TAB>prediction with the file's own index column
+    test = tmp_path / "test.tsv"
+    test.write_text("index\tsentence\n7\ta fine film\n9\ta dull one\n")
+    sst = tmp_path / "sst"
+    train = tmp_path / "train.tsv"
+    train.write_text("sentence\tlabel\na fine film\t1\na dull one\t0\n")
+    run(
+        FinetuneConfig(
+            model=str(tiny_model),
+            task="sst2",
+            train=str(train),
+            out=str(sst),
+            epochs=1,
+            batch_size=2,
+            progress=False,
+        )
+    )
+    (path,) = predict(str(sst), "sst2", str(test), str(tmp_path / "p"))
+    lines = path.read_text().splitlines()
+    assert lines[0] == "index\tprediction" and [x.split("\t")[0] for x in lines[1:]] == ["7", "9"]
+
+
+# ------------------------------------------------------------------------------------------------
+# Bad input through the command line: one line naming file, line and field; no traceback
+
+
+def _bad_inputs(tmp: Path) -> list[tuple[str, list[str], str]]:
+    missing = tmp / "missing.tsv"
+    missing.write_text("sentence\tlabel\ngood film\t1\nno label here\n")
+    unknown = tmp / "unknown.tsv"
+    unknown.write_text("sentence\tlabel\ngood film\t1\nbad film\tmaybe\n")
+    empty = tmp / "empty.tsv"
+    empty.write_text("sentence\tlabel\ngood film\t1\n \t0\n")
+    squad = tmp / "squad.json"
+    squad.write_text(
+        json.dumps(
+            {
+                "data": [
+                    {
+                        "title": "t",
+                        "paragraphs": [
+                            {
+                                "context": "a b c",
+                                "qas": [
+                                    {
+                                        "id": "q1",
+                                        "question": "?",
+                                        "answers": [{"text": "b", "answer_start": 0}],
+                                    }
+                                ],
+                            }
+                        ],
+                    }
+                ]
+            }
+        )
+    )
+    conll = tmp / "conll.txt"
+    conll.write_text("EU NNP B-NP B-ORG\nrejects VBZ B-VP\n")
+    return [
+        ("sst2", [str(missing)], rf"{missing}: line 3: .*(column|field)"),
+        ("sst2", [str(unknown)], rf"{unknown}: line 3: .*label.*'maybe'"),
+        ("sst2", [str(empty)], rf"{empty}: line 3: .*sentence.*empty"),
+        ("squad", [str(squad)], rf"{squad}: .*q1.*answer_start"),
+        ("conll2003", [str(conll)], rf"{conll}: line 2: 3 columns, expected 4"),
+    ]
+
+
+@pytest.mark.parametrize("case", range(5))
+def test_bad_input_is_one_clear_error(
+    case: int, tmp_path: Path, tiny_model: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    task, files, pattern = _bad_inputs(tmp_path)[case]
+    out = tmp_path / "out"
+    rc = main(
+        [
+            "finetune",
+            "--model",
+            str(tiny_model),
+            "--task",
+            task,
+            "--train",
+            files[0],
+            "--out",
+            str(out),
+            "--no-progress",
+        ]
+    )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2
+    errors = [x for x in err if x.startswith("bertforge: error:")]
+    assert len(errors) == 1 and "Traceback" not in "\n".join(err)
+    import re
+
+    assert re.search(pattern, errors[0], re.IGNORECASE), errors[0]
+    assert not (out / "model.safetensors").exists()
+
+
+def test_unknown_tag_in_dev_names_file_line_and_field(tmp_path: Path, tiny_model: Path) -> None:
+    from bertforge.errors import DataError
+
+    train, dev = tmp_path / "train.txt", tmp_path / "dev.txt"
+    train.write_text(conll_text(ner_sentences(4, 0)))
+    dev.write_text(conll_text([[("Zed", "B-MISC"), ("ran", "O")]]))
+    with pytest.raises(DataError, match=rf"{dev}: line 3: field \"tag\".*'B-MISC'"):
+        run(
+            FinetuneConfig(
+                model=str(tiny_model),
+                task="conll2003",
+                train=str(train),
+                dev=str(dev),
+                out=str(tmp_path / "o"),
+                progress=False,
+            )
+        )
+
+
+def test_token_classification_logits_match_transformers(tmp_path: Path, tiny_model: Path) -> None:
+    transformers = pytest.importorskip("transformers")
+    train = tmp_path / "train.txt"
+    train.write_text(conll_text(ner_sentences(8, 0)))
+    out = tmp_path / "ner"
+    run(
+        FinetuneConfig(
+            model=str(tiny_model),
+            task="conll2003",
+            train=str(train),
+            out=str(out),
+            epochs=1,
+            batch_size=4,
+            progress=False,
+        )
+    )
+    theirs = transformers.BertForTokenClassification.from_pretrained(out).eval()
+    ours = BertForTokenClassification.from_pretrained(out).eval()
+    assert theirs.config.id2label == ours.config.id2label
+    batch = Tokenizer.from_pretrained(out)(["Alice went to Paris", "Bob"])
+    with torch.no_grad():
+        assert torch.allclose(ours(**batch).logits, theirs(**batch).logits, atol=1e-5)

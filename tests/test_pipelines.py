@@ -442,7 +442,8 @@ def test_classify_pipeline_on_a_model_fine_tuned_by_bertforge(
         label = "pos" if i % 2 else "neg"
         verb = str(rng.choice(good if label == "pos" else bad))
         rows.append(
-            f"{rng.choice(PEOPLE)} {verb} the {rng.choice(JOBS)} from {rng.choice(PLACES)}.\t{label}"
+            f"{rng.choice(PEOPLE)} {verb} the {rng.choice(JOBS)} from "
+            f"{rng.choice(PLACES)}.\t{label}"
         )
     table = tmp_path / "train.tsv"
     table.write_text("\n".join(rows) + "\n")

@@ -11,7 +11,7 @@ import pytest
 from bertforge.cli import main
 from bertforge.errors import ConfigError
 from bertforge.probe import combine
-from tests.test_finetune import keyword_table
+from tests.task_files import keyword_table
 
 pytest.importorskip("sklearn")
 

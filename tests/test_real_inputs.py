@@ -256,7 +256,7 @@ def test_classify_a_long_text_averages_its_windows(tiny_model: Path, tmp_path: P
 
 def _multi_label_table(path: Path, n: int, seed: int, flags: bool = False) -> Path:
     """Texts whose labels are the kinds of keyword they hold: good, bad, music (0 to 3)."""
-    from tests.test_finetune import BAD, FILLER, GOOD
+    from tests.task_files import BAD, FILLER, GOOD
 
     rng = np.random.default_rng(seed)
     rows = ["text,good,bad,music" if flags else "text\tlabels"]

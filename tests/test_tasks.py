@@ -1,528 +1,623 @@
-"""Task readers: GLUE, generic tables, SQuAD, CoNLL, SWAG; counts on the real files and one
-clear DataError (file, line, field) for every kind of bad input."""
+"""The task layer (bertforge.tasks): the loss each family trains with equals transformers'
+loss on the same batch; `evaluate` and the matching pipeline give the same predictions; the
+sentence problems; windows and max-context, SQuAD labels and n-best, NER first pieces; the
+package's import directions."""
 
 from __future__ import annotations
 
-import contextlib
+import ast
 import json
-import warnings
-from collections import Counter
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
+import torch
 
-from bertforge.data.tasks import (
-    GLUE_TASKS,
-    ChoiceExample,
-    Example,
-    glue_task,
-    gold_answers,
-    label_set,
-    read_conll,
-    read_examples,
-    read_glue,
-    read_squad,
-    read_swag,
-    split_train_test,
-    to_iob2,
-)
-from bertforge.data.tasks.table import open_table
-from bertforge.errors import DataError, InputError
+from bertforge import BertConfig, Tokenizer
+from bertforge.data.instances import IGNORE_INDEX
+from bertforge.data.tasks import SquadExample, TaggedSentence
+from bertforge.evaluate import entity_spans
+from bertforge.heads import BertForQuestionAnswering, BertForTokenClassification
+from bertforge.pipelines import Pipeline
+from bertforge.tasks import TaskOptions, family
+from bertforge.tasks.base import Features, collate
+from bertforge.tasks.squad import Window, postprocess
+from bertforge.tasks.squad import featurize as squad_featurize
+from bertforge.tasks.tagging import featurize as tag_featurize
+from bertforge.tasks.tagging import tag_set
+from bertforge.tasks.windows import max_context_flags, windows_of
+from bertforge.train.distributed import Dist
+from bertforge.train.finetune import FinetuneConfig, FinetuneTask, evaluate_model
+from tests.conftest import TINY
+from tests.task_files import SWAG_HEADER, conll_text, keyword_table, ner_sentences, squad_file
 
-# --------------------------------------------------------------------------- real data
+transformers = pytest.importorskip("transformers")
 
-# Rows of each file, from `wc -l` minus the header line (CoLA has no header; CoLA/dev.tsv has
-# no final newline, so wc -l says 1042 for its 1043 rows). Label counts as in SOURCES.md.
-GLUE_FILES: list[tuple[str, str, str, int, dict[Any, int] | None]] = [
-    ("cola", "CoLA", "train", 8551, {"0": 2528, "1": 6023}),
-    ("cola", "CoLA", "dev", 1043, {"0": 322, "1": 721}),
-    ("sst2", "SST-2", "train", 67349, {"0": 29780, "1": 37569}),
-    ("sst2", "SST-2", "dev", 872, {"0": 428, "1": 444}),
-    ("mrpc", "MRPC", "train", 3668, {"0": 1194, "1": 2474}),
-    ("mrpc", "MRPC", "dev", 408, {"0": 129, "1": 279}),
-    ("stsb", "STS-B", "train", 5749, None),
-    ("stsb", "STS-B", "dev", 1500, None),
-    ("rte", "RTE", "train", 2490, {"entailment": 1249, "not_entailment": 1241}),
-    ("rte", "RTE", "dev", 277, {"entailment": 146, "not_entailment": 131}),
-    ("wnli", "WNLI", "train", 635, {"0": 323, "1": 312}),
-    ("wnli", "WNLI", "dev", 71, {"0": 40, "1": 31}),
-    ("qnli", "QNLI", "dev", 5463, {"entailment": 2702, "not_entailment": 2761}),
-]
+HF_CLASSES = {
+    "sst2": "BertForSequenceClassification",
+    "csv": "BertForSequenceClassification",
+    "conll2003": "BertForTokenClassification",
+    "squad": "BertForQuestionAnswering",
+    "swag": "BertForMultipleChoice",
+}
 
 
-@pytest.mark.parametrize(("task", "folder", "split", "rows", "label_counts"), GLUE_FILES)
-def test_glue_counts(
-    data_dir: Path,
-    task: str,
-    folder: str,
-    split: str,
-    rows: int,
-    label_counts: dict[str, int] | None,
-) -> None:
-    examples = read_glue(task, data_dir / "glue" / folder / f"{split}.tsv")
-    spec = GLUE_TASKS[task]
-    assert len(examples) == rows
-    assert all((e.text_pair is not None) == spec.is_pair for e in examples)
-    assert len({e.guid for e in examples}) == rows
-    if label_counts is None:
-        assert all(isinstance(e.label, float) and 0.0 <= e.label <= 5.0 for e in examples)
-    else:
-        assert dict(Counter(e.label for e in examples)) == label_counts
-
-
-def test_glue_file_details(data_dir: Path) -> None:
-    glue = data_dir / "glue"
-    # CoLA: no header, columns by position; the first row is data.
-    cola = read_glue("CoLA", glue / "CoLA" / "train.tsv")
-    assert cola[0].text.startswith("Our friends won't buy this analysis")
-    assert cola[0].source.endswith("train.tsv:1") and cola[0].label == "1"
-    assert read_glue("cola", glue / "CoLA" / "dev.tsv")[-1].source.endswith("dev.tsv:1043")
-    # MRPC: the header starts with a BOM; quotes are text, not CSV quoting.
-    mrpc = read_glue("MRPC", glue / "MRPC" / "dev.tsv")
-    assert (
-        mrpc[0].text_pair
-        == '" The foodservice pie business does not fit our long-term growth strategy .'
-    )
-    # STS-B: the float "score" column, texts by header name among ten columns.
-    stsb = read_glue("STS-B", glue / "STS-B" / "dev.tsv")
-    assert stsb[0] == Example(
-        "A man with a hard hat is dancing.",
-        "A man wearing a hard hat is dancing.",
-        5.0,
-        "dev-0",
-        f"{glue / 'STS-B' / 'dev.tsv'}:2",
-    )
-    # SST-2: sentences keep their apostrophes and trailing space byte for byte.
-    assert read_glue("sst2", glue / "SST-2" / "dev.tsv")[0].text == (
-        "it 's a charming and often affecting journey . "
-    )
-
-
-def test_task_specs() -> None:
-    assert glue_task("SST-2") is GLUE_TASKS["sst2"] and glue_task("sts_b").is_regression
-    assert GLUE_TASKS["mnli"].labels == ("contradiction", "entailment", "neutral")
-    assert GLUE_TASKS["stsb"].num_labels == 1 and GLUE_TASKS["mnli"].num_labels == 3
-    assert GLUE_TASKS["cola"].metrics == ("mcc",)
-    assert GLUE_TASKS["mrpc"].metrics == ("f1", "accuracy") == GLUE_TASKS["qqp"].metrics
-    assert GLUE_TASKS["stsb"].metrics == ("spearman", "pearson")
-    assert not GLUE_TASKS["sst2"].is_pair and GLUE_TASKS["qnli"].is_pair
-    assert len(GLUE_TASKS) == 9
-    with pytest.raises(InputError, match="unknown; one of cola, sst2"):
-        glue_task("imdb")
-
-
-def test_sms_spam_and_fixed_split(data_dir: Path) -> None:
-    path = data_dir / "sms_spam" / "SMSSpamCollection"
-    examples = read_examples(path, 1, 0, header=False, labels=["ham", "spam"])
-    assert len(examples) == 5574
-    assert Counter(e.label for e in examples) == {"ham": 4827, "spam": 747}
-    assert label_set(examples) == ["ham", "spam"]
-    train, test = split_train_test(examples)
-    assert (len(train), len(test)) == (4459, 1115)
-    assert split_train_test(examples) == (train, test)  # seed 0 by default: the fixed split
-    assert split_train_test(examples, rng=np.random.default_rng(0)) == (train, test)
-    assert {e.guid for e in train} | {e.guid for e in test} == {e.guid for e in examples}
-    assert not {e.guid for e in train} & {e.guid for e in test}
-    assert split_train_test(examples, rng=np.random.default_rng(1))[1] != test
-    lines = [int(e.source.rsplit(":", 1)[1]) for e in test]
-    assert lines == sorted(lines)  # file order kept
-
-
-def test_squad_real_files(data_dir: Path) -> None:
-    squad = data_dir / "squad"
-    dev = read_squad(squad / "dev-v1.1.json")
-    assert len(dev) == 10570
-    assert sum(len(e.answers) for e in dev) == 34726
-    assert not any(e.is_impossible for e in dev)
-    assert dev[0].title == "Super_Bowl_50"
-    assert all(e.context[s : s + len(t)] == t for e in dev for t, s in e.answers)
-    v2 = read_squad(squad / "dev-v2.0.subset-16-articles.json")
-    assert (len(v2), sum(e.is_impossible for e in v2)) == (6078, 3168)
-    assert all((e.answers == []) == e.is_impossible for e in v2)
-    train = read_squad(squad / "train-v2.0.subset-first-11-articles.json")
-    assert (len(train), sum(e.is_impossible for e in train)) == (5147, 348)
-    # Its "version" field says v2.0, but it has no is_impossible keys: read as v1.1.
-    derived = read_squad(squad / "train-v1.1-format.subset-first-11-articles.answerable-only.json")
-    assert len(derived) == 4799 and not any(e.is_impossible for e in derived)
-    answers = gold_answers(v2)
-    assert len(answers) == 6078 and sum(1 for a in answers.values() if not a) == 3168
-
-
-@pytest.mark.parametrize(
-    ("split", "sentences", "tokens"),
-    [("train", 14041, 203621), ("valid", 3250, 51362), ("test", 3453, 46435)],
-)
-def test_conll2003_counts(data_dir: Path, split: str, sentences: int, tokens: int) -> None:
-    data = read_conll(data_dir / "conll2003" / f"{split}.txt")
-    assert len(data) == sentences
-    assert sum(len(s.tokens) for s in data) == tokens
-    assert all(len(s.tokens) == len(s.tags) for s in data)
-    tags = {t for s in data for t in s.tags}
-    assert tags == {"O"} | {f"{p}-{t}" for p in "BI" for t in ("PER", "LOC", "ORG", "MISC")}
-
-
-def test_conll_columns_and_iob(data_dir: Path) -> None:
-    test = read_conll(data_dir / "conll2003" / "test.txt")
-    assert test[0].tokens[:3] == ["SOCCER", "-", "JAPAN"]
-    assert test[0].tags[:3] == ["O", "O", "B-LOC"]
-    assert test[0].source.endswith("test.txt:3")  # line 1 is -DOCSTART-, line 2 blank
-    pos = read_conll(data_dir / "conll2003" / "test.txt", tag_column=1)
-    assert pos[0].tags[:3] == ["NN", ":", "NNP"]
-    # The shared copy is IOB2: to_iob2 leaves it alone and undoes an IOB1 conversion.
-    for sent in test:
-        assert to_iob2(sent.tags) == sent.tags
-        assert to_iob2(_to_iob1(sent.tags)) == sent.tags
-    assert to_iob2(["I-PER", "I-PER", "I-LOC", "O", "I-ORG", "B-ORG"]) == [
-        "B-PER",
-        "I-PER",
-        "B-LOC",
-        "O",
-        "B-ORG",
-        "B-ORG",
+def task_file(task: str, tmp: Path) -> tuple[Path, dict]:
+    """A small file of the task's own format, and the TaskOptions it needs."""
+    if task == "sst2":
+        return keyword_table(tmp / "sst2.tsv", 12, seed=1), {}
+    if task == "csv":
+        rows = ["text\tlabel"] + [f"sentence number {i} here\t{i * 0.37:.2f}" for i in range(12)]
+        (tmp / "reg.tsv").write_text("\n".join(rows) + "\n")
+        return tmp / "reg.tsv", {"regression": True}
+    if task == "conll2003":
+        (tmp / "ner.txt").write_text(conll_text(ner_sentences(8, seed=2)))
+        return tmp / "ner.txt", {}
+    if task == "squad":
+        return squad_file(tmp / "squad.json", version_2=False), {
+            "max_seq_length": 24,
+            "doc_stride": 8,
+        }
+    rows = [SWAG_HEADER] + [
+        f'v{i},{i},x,"The man picks up a cup {i}.",He,gold,"drinks.","sings '
+        f'loudly.","flies away.","melts.",{i % 4}'
+        for i in range(6)
     ]
+    (tmp / "swag.csv").write_text("\n".join(rows) + "\n")
+    return tmp / "swag.csv", {}
 
 
-def _to_iob1(tags: list[str]) -> list[str]:
-    """IOB2 -> IOB1: B-X stays B- only right after another X entity's tag."""
-    out, prev = [], "O"
-    for tag in tags:
-        if tag.startswith("B-") and prev[2:] != tag[2:]:
-            out.append("I-" + tag[2:])
-        else:
-            out.append(tag)
-        prev = tag
+@pytest.mark.parametrize("task", list(HF_CLASSES))
+@torch.no_grad()
+def test_the_training_loss_of_every_family_equals_transformers(
+    task: str, tmp_path: Path, minilm_dir: Path
+) -> None:
+    path, options = task_file(task, tmp_path)
+    tok = Tokenizer.from_pretrained(minilm_dir)
+    cfg = FinetuneConfig(
+        model="-", task=task, train=str(path), out="-", batch_size=64, precision="fp32", **options
+    )
+    fine = FinetuneTask(family(cfg, tok), cfg, Dist())
+    fam = fine.family
+    examples = fam.read(str(path))
+    fam.set_labels(examples)
+    features = fam.featurize(examples, training=True)
+    model = fam.head(
+        BertConfig(**{**TINY, "vocab_size": tok.vocab_size}).replace(**fam.head_kwargs())
+    ).eval()
+    model.save_pretrained(tmp_path / "m")
+    hf = getattr(transformers, HF_CLASSES[task]).from_pretrained(tmp_path / "m").eval()
+
+    batch = collate(features, np.arange(len(features)), tok.pad_id)
+    totals = fine.normalizers([batch])  # the loop's normaliser: the whole global batch
+    ours, _ = fine.loss(model, batch, totals)  # the training code path
+    inputs = {
+        "input_ids": batch.input_ids,
+        "token_type_ids": batch.token_type_ids,
+        "attention_mask": batch.attention_mask,
+    }
+    if task == "squad":
+        ref = hf(
+            **inputs, start_positions=batch.labels[:, 0], end_positions=batch.labels[:, 1]
+        ).loss
+    else:
+        ref = hf(**inputs, labels=batch.labels).loss
+    if task == "conll2003":
+        assert (batch.labels != IGNORE_INDEX).sum() < batch.attention_mask.sum()  # pieces ignored
+    assert abs(float(ours) - float(ref)) <= 1e-5, (task, float(ours), float(ref))
+
+
+@pytest.mark.parametrize("nsp", [True, False])
+@torch.no_grad()
+def test_the_pretraining_loss_equals_transformers(
+    nsp: bool, tmp_path: Path, minilm_dir: Path
+) -> None:
+    from bertforge.data.instances import MaskingSpec
+    from bertforge.data.pretraining import PretrainingStream
+    from bertforge.data.shards import ShardSet, prepare
+    from bertforge.heads import BertForMaskedLM, BertForPreTraining
+    from bertforge.train.pretrain import PretrainConfig, PretrainingTask
+
+    tok = Tokenizer.from_pretrained(minilm_dir)
+    corpus = tmp_path / "corpus.txt"
+    docs = [
+        " ".join(f"Sentence {d} {i} talks about the number {i * d}." for i in range(12))
+        for d in range(6)
+    ]
+    corpus.write_text("\n\n".join(d.replace(". ", ".\n") for d in docs) + "\n")
+    prepare([corpus], tok, tmp_path / "shards", fmt="lines", progress=False, heldout=0.0)
+    shards = ShardSet(tmp_path / "shards")
+    spec = MaskingSpec.from_tokens(
+        tok.tokens,
+        tok.mask_id,
+        frozenset({tok.cls_id, tok.sep_id, tok.pad_id}),
+        max_predictions_per_seq=10,
+    )
+    stream = PretrainingStream(
+        shards, spec, tok.cls_id, tok.sep_id, tok.pad_id, max_seq_length=48, packed=not nsp
+    )
+    batch, _ = next(stream.batches(8))
+    cls = BertForPreTraining if nsp else BertForMaskedLM
+    model = cls(BertConfig(**{**TINY, "vocab_size": tok.vocab_size})).eval()
+    model.save_pretrained(tmp_path / "m")
+    hf = getattr(transformers, cls.hf_architecture).from_pretrained(tmp_path / "m").eval()
+
+    cfg = PretrainConfig(data="-", out="-", batch_size=8, nsp=nsp)
+    task = PretrainingTask(stream, {}, cfg, Dist())
+    ours, _ = task.loss(model, batch, task.normalizers([batch]))
+    labels = torch.full_like(batch.input_ids, IGNORE_INDEX)
+    rows = torch.arange(len(labels))[:, None].expand_as(batch.mlm_positions)
+    real = batch.mlm_labels != IGNORE_INDEX
+    labels[rows[real], batch.mlm_positions[real]] = batch.mlm_labels[real]
+    extra = {"next_sentence_label": batch.nsp_labels} if nsp else {}
+    ref = hf(
+        input_ids=batch.input_ids,
+        token_type_ids=batch.token_type_ids,
+        attention_mask=batch.attention_mask,
+        labels=labels,
+        **extra,
+    ).loss
+    assert abs(float(ours) - float(ref)) <= 1e-5
+
+
+# ------------------------------------------------------------------------------------------------
+# evaluate and the pipelines: one decoder each
+
+
+@pytest.fixture(scope="module")
+def heads(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> dict[str, Path]:
+    """Random tiny classification / tagging / QA checkpoints."""
+    from bertforge.heads import (
+        BertForSequenceClassification,
+    )
+
+    tok = Tokenizer.from_pretrained(tiny_model)
+    config = BertConfig(**{**TINY, "vocab_size": tok.vocab_size})
+    tags = ["O", "B-LOC", "B-PER", "I-PER"]
+    out = {}
+    for name, cls, kwargs in (
+        ("sst2", BertForSequenceClassification, {"id2label": {0: "0", 1: "1"}}),
+        ("conll2003", BertForTokenClassification, {"id2label": dict(enumerate(tags))}),
+        ("squad", BertForQuestionAnswering, {}),
+    ):
+        torch.manual_seed(3)
+        d = tmp_path_factory.mktemp(name)
+        model = cls(config.replace(**kwargs))
+        head = model.qa_outputs if name == "squad" else model.classifier
+        head.weight.data *= 50  # a random head that does not say one thing for every input
+        model.save_pretrained(d)
+        tok.save_pretrained(d)
+        out[name] = d
     return out
 
 
-def test_swag_fixture(data_dir: Path) -> None:
-    path = data_dir / "swag" / "swag_train_first11rows.fixture.csv"
-    examples = read_swag(path)
-    assert len(examples) == 11
-    assert examples[0] == ChoiceExample(
-        context="Students lower their eyes nervously.",
-        start="She",
-        endings=[
-            "pats her shoulder, then saunters toward someone.",
-            "turns with two students.",
-            "walks slowly towards someone.",
-            "wheels around as her dog thunders out.",
-        ],
-        label=2,
-        guid="swag_train_first11rows.fixture-0",
-        source=f"{path}:2",
+def test_evaluate_and_classify_predict_alike(heads: dict[str, Path], tmp_path: Path) -> None:
+    from bertforge.heads import BertForSequenceClassification
+
+    data = keyword_table(tmp_path / "dev.tsv", 40, seed=5)
+    texts = [ln.split("\t")[0] for ln in data.read_text().splitlines()[1:]]
+    # a random head centred on these texts, so that both labels occur and the comparison bites
+    model = BertForSequenceClassification.from_pretrained(heads["sst2"])
+    with torch.no_grad():
+        logits = model(**Tokenizer.from_pretrained(heads["sst2"])(texts)).logits
+        model.classifier.bias[1] -= float((logits[:, 1] - logits[:, 0]).median())
+    model.save_pretrained(tmp_path / "m")
+    Tokenizer.from_pretrained(heads["sst2"]).save_pretrained(tmp_path / "m")
+    evaluate_model(str(tmp_path / "m"), "sst2", str(data), out=str(tmp_path), precision="fp32")
+    written = [
+        ln.split("\t")[1] for ln in (tmp_path / "predictions_sst2.tsv").read_text().splitlines()[1:]
+    ]
+    got = Pipeline(tmp_path / "m", precision="fp32").classify(texts)
+    assert [g["label"] for g in got] == written
+    assert 10 < written.count("1") < 30
+
+
+def test_evaluate_and_ner_find_the_same_entities(heads: dict[str, Path], tmp_path: Path) -> None:
+    sentences = ner_sentences(30, seed=4)
+    (tmp_path / "dev.txt").write_text(conll_text(sentences))
+    evaluate_model(
+        str(heads["conll2003"]),
+        "conll2003",
+        str(tmp_path / "dev.txt"),
+        out=str(tmp_path),
+        precision="fp32",
     )
-    assert all(len(e.endings) == 4 and e.label in range(4) for e in examples)
+    blocks = (tmp_path / "predictions_conll.txt").read_text().strip().split("\n\n")
+    predicted = [[ln.split()[2] for ln in b.splitlines()] for b in blocks]
+    texts = [" ".join(w for w, _ in s) for s in sentences]
+    found = Pipeline(heads["conll2003"], precision="fp32").ner(texts)
+    n = 0
+    for text, s, tags, ents in zip(texts, sentences, predicted, found):
+        starts = [text.index(w, sum(len(x) + 1 for x, _ in s[:i])) for i, (w, _) in enumerate(s)]
+        assert [(e["entity"], e["start"]) for e in ents] == [
+            (k, starts[a]) for k, a, _ in entity_spans(tags)
+        ]
+        n += len(ents)
+    assert n > 0
 
 
-# --------------------------------------------------------------------------- own fixtures
+def test_evaluate_and_qa_answer_alike(heads: dict[str, Path], tmp_path: Path) -> None:
+    data = squad_file(tmp_path / "dev.json", version_2=False)
+    evaluate_model(
+        str(heads["squad"]),
+        "squad",
+        str(data),
+        out=str(tmp_path),
+        precision="fp32",
+        max_seq_length=32,
+        doc_stride=8,
+    )
+    answers = json.loads((tmp_path / "predictions.json").read_text())
+    qas = [
+        (q["id"], q["question"], p["context"])
+        for p in json.loads(data.read_text())["data"][0]["paragraphs"]
+        for q in p["qas"]
+    ]
+    got = Pipeline(heads["squad"], precision="fp32").qa(
+        [q for _, q, _ in qas], [c for _, _, c in qas], max_seq_length=32, doc_stride=8
+    )
+    assert [g["answer"] for g in got] == [answers[i] for i, _, _ in qas]
 
 
-def _write(path: Path, text: str | bytes) -> Path:
-    if isinstance(text, bytes):
-        path.write_bytes(text)
+def test_task_options_are_validated_where_they_live() -> None:
+    from bertforge.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"task='nope' \(--task\): must be one of"):
+        TaskOptions(task="nope")
+    with pytest.raises(ConfigError, match=r"doc_stride=0 \(--doc-stride\): must be >= 1"):
+        TaskOptions(task="squad", doc_stride=0)
+    assert (
+        TaskOptions(task="squad").max_seq_length == 384
+        and TaskOptions(task="rte").max_seq_length == 128
+    )
+    with pytest.raises(ConfigError, match="max_position_embeddings=512"):
+        TaskOptions(task="rte", max_seq_length=100_000).check_model(BertConfig())
+
+
+# ------------------------------------------------------------------------------------------------
+# Imports run one way
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "bertforge"
+# package (or module) -> what it must not import
+FORBIDDEN = {
+    "train": ("bertforge.pipelines", "bertforge.serve", "bertforge.cli"),
+    "pipelines": ("bertforge.train",),
+    "serve": ("bertforge.train",),
+    "tokenizer": ("bertforge.data",),
+    "data": ("bertforge.model", "bertforge.heads", "bertforge.train", "bertforge.tasks"),
+    "model": ("bertforge.data", "bertforge.train"),
+    "heads": ("bertforge.data", "bertforge.train", "bertforge.tasks"),
+    "tasks": ("bertforge.train", "bertforge.pipelines", "bertforge.serve", "bertforge.cli"),
+    "runner": ("bertforge.train", "bertforge.tasks", "bertforge.data"),
+}
+
+
+def _imports(path: Path) -> set[str]:
+    module = "bertforge." + ".".join(path.relative_to(SRC).with_suffix("").parts)
+    package = (
+        module.rsplit(".", 1)[0] if path.name != "__init__.py" else module.removesuffix(".__init__")
+    )
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package.split(".")
+            if node.level:
+                base = base[: len(base) - node.level + 1]
+                name = ".".join(base + ([node.module] if node.module else []))
+            else:
+                name = node.module or ""
+            found.update([name] + [f"{name}.{a.name}" for a in node.names])
+    return found
+
+
+def test_imports_run_one_way() -> None:
+    broken = []
+    for part, banned in FORBIDDEN.items():
+        files = list((SRC / part).rglob("*.py")) if (SRC / part).is_dir() else [SRC / f"{part}.py"]
+        assert files and all(f.exists() for f in files), part
+        for f in files:
+            for name in _imports(f):
+                if name.startswith(banned):
+                    broken.append(f"{f.relative_to(SRC)} imports {name}")
+    assert not broken, broken
+    assert not any(
+        "transformers" in name.split(".")[0] for f in SRC.rglob("*.py") for name in _imports(f)
+    )
+
+
+def test_one_precision_rule_for_training_and_inference(
+    monkeypatch: pytest.MonkeyPatch, tiny_model: Path
+) -> None:
+    from bertforge import runner
+    from bertforge.errors import ConfigError
+
+    cpu = torch.device("cpu")
+    for has_bf16, expected in ((True, "bf16"), (False, "fp32")):
+        monkeypatch.setattr(runner, "cpu_supports_bf16", lambda has=has_bf16: has)
+        assert runner.resolve_precision("auto", cpu) == expected
+        assert Pipeline(tiny_model).precision == expected  # inference: the same rule as training
+    with pytest.raises(ConfigError, match="fp16 .* is for CUDA"):
+        Pipeline(tiny_model, precision="fp16")
+    assert Pipeline(tiny_model, precision="fp32").precision == "fp32"
+
+
+# ------------------------------------------------------------------------------------------------
+# The sentence problems (tasks.sentence): one object each for training, evaluate and classify
+
+
+def test_each_sentence_problem_decides_and_answers() -> None:
+    from bertforge.tasks.sentence import MultiLabel, Regression, SingleLabel, problem_of_model
+
+    logits = np.array([[2.0, 0.0, -1.0], [0.0, 3.0, 0.5]], np.float32)
+    e = np.exp(logits)
+    softmax, sigmoid = e / e.sum(-1, keepdims=True), e / (1 + e)
+
+    single = SingleLabel(("neg", "pos", "mid"))
+    p = single.probabilities(logits)
+    np.testing.assert_allclose(p, softmax, rtol=1e-6)
+    assert single.predictions(p).tolist() == [0, 1]
+    answers = single.answers(p)
+    assert [a["label"] for a in answers] == ["neg", "pos"]
+    assert answers[1]["score"] == pytest.approx(softmax[1, 1], rel=1e-6)
+    assert answers[1]["scores"] == pytest.approx(dict(zip(("neg", "pos", "mid"), softmax[1])))
+    assert [single.cell(k) for k in single.predictions(p)] == ["neg", "pos"]
+    assert int(single.correct(torch.from_numpy(logits), torch.tensor([0, 2]))) == 1
+
+    # sigmoids [.88 .5 .27] and [.5 .95 .62]: a label is on when it reaches its threshold
+    multi = MultiLabel(("a", "b", "c"), thresholds=np.array([0.5, 0.9, 0.1]))
+    p = multi.probabilities(logits)
+    np.testing.assert_allclose(p, sigmoid, rtol=1e-6)
+    assert multi.predictions(p).tolist() == [[True, False, True], [True, True, True]]
+    answers = multi.answers(p)
+    assert [a["labels"] for a in answers] == [["a", "c"], ["a", "b", "c"]]
+    assert answers[0]["scores"] == pytest.approx(dict(zip("abc", sigmoid[0])))
+    assert [multi.cell(on) for on in multi.predictions(p)] == ["a|c", "a|b|c"]
+    labels = torch.tensor([[1.0, 1.0, 0.0], [0.0, 1.0, 0.0]])
+    assert int(multi.correct(torch.from_numpy(logits), labels)) == 4  # decisions at logit 0
+
+    scores = np.array([[0.25], [-1.5]], np.float32)
+    regression = Regression()
+    p = regression.probabilities(scores)
+    assert p.tolist() == [0.25, -1.5] and regression.predictions(p).tolist() == [0.25, -1.5]
+    assert regression.answers(p) == [{"score": 0.25}, {"score": -1.5}]
+    assert [regression.cell(s) for s in p] == ["0.25", "-1.5"]
+
+    # a trained head's problem: one output is regression; else its problem_type and thresholds
+    names = {0: "a", 1: "b", 2: "c"}
+    config = BertConfig(**TINY, id2label=names, problem_type="multi_label_classification")
+    config.extras["multi_label_thresholds"] = {"b": 0.9}
+    picked = problem_of_model(config)
+    assert isinstance(picked, MultiLabel) and list(picked.names) == ["a", "b", "c"]
+    assert np.asarray(picked.thresholds).tolist() == [0.5, 0.9, 0.5]
+    assert isinstance(problem_of_model(BertConfig(**TINY, id2label=names)), SingleLabel)
+    one = BertConfig(**TINY, id2label={0: "LABEL_0"}, problem_type="regression")
+    assert isinstance(problem_of_model(one), Regression)
+
+
+@pytest.mark.parametrize("kind", ["single", "multi", "regression"])
+def test_classify_averages_a_long_texts_windows_in_probability_space(
+    kind: str, tiny_model: Path, tmp_path: Path
+) -> None:
+    """A long text's answer is the mean of its windows' probabilities (scores), weighted by
+    the pieces each window answers for; a short text's is its own."""
+    from bertforge.heads import BertForSequenceClassification
+    from bertforge.tasks.windows import contributions, split
+
+    names = ["no", "yes", "maybe"]
+    kwargs: dict = {
+        "single": {"id2label": dict(enumerate(names))},
+        "multi": {"id2label": dict(enumerate(names)), "problem_type": "multi_label_classification"},
+        "regression": {"num_labels": 1, "problem_type": "regression"},
+    }[kind]
+    config = BertConfig.from_pretrained(tiny_model).replace(**kwargs)
+    thresholds = np.array([0.5, 0.4, 0.6])
+    if kind == "multi":
+        config.extras["multi_label_thresholds"] = dict(zip(names, thresholds.tolist()))
+    torch.manual_seed(5)
+    model = BertForSequenceClassification(config).eval()
+    model.classifier.weight.data *= 30  # windows that disagree
+    model.save_pretrained(tmp_path / "clf")
+    tok = Tokenizer.from_pretrained(tiny_model)
+    tok.save_pretrained(tmp_path / "clf")
+
+    text = " ".join(f"line {i} is {('good', 'bad', 'music')[i % 3]} news." for i in range(40))
+    features, windows = split(tok.encode_batch([text], truncation=False), 32, 10)
+
+    def probabilities(x: torch.Tensor) -> np.ndarray:
+        p = x.softmax(-1) if kind == "single" else x.sigmoid() if kind == "multi" else x[:, 0]
+        return p.double().numpy()
+
+    with torch.no_grad():
+        rows = [model(torch.from_numpy(ids)[None]).logits for ids in features.input_ids]
+        short = probabilities(model(**tok(["short news"])).logits)[0]
+    want = np.average(probabilities(torch.cat(rows)), axis=0, weights=contributions(windows))
+    got = Pipeline(tmp_path / "clf", precision="fp32", max_length=32, stride=10).classify(
+        [text, "short news"]
+    )
+    assert len(windows) > 3
+    if kind == "regression":
+        assert got[0]["score"] == pytest.approx(float(want), abs=1e-5)
+        assert got[1]["score"] == pytest.approx(float(short), abs=1e-5)
+        return
+    assert np.abs(np.array([got[0]["scores"][n] for n in names]) - want).max() < 1e-5
+    assert np.abs(np.array([got[1]["scores"][n] for n in names]) - short).max() < 1e-5
+    if kind == "single":
+        assert got[0]["label"] == names[int(want.argmax())]
     else:
-        path.write_text(text, encoding="utf-8")
-    return path
+        assert got[0]["labels"] == [n for n, p, t in zip(names, want, thresholds) if p >= t]
 
 
-RTE_HEADER = "index\tsentence1\tsentence2\tlabel\n"
+# ------------------------------------------------------------------------------------------------
+# Families' features: windows and max-context, SQuAD labels and n-best, NER first pieces
 
 
-def test_glue_test_files_unlabelled(tmp_path: Path) -> None:
-    d = tmp_path / "RTE"
-    d.mkdir()
-    test = _write(d / "test.tsv", "index\tsentence1\tsentence2\n0\tA man.\tA person.\n")
-    [e] = read_glue("rte", test)
-    assert e == Example("A man.", "A person.", None, "test-0", f"{test}:2")
-    with pytest.raises(
-        DataError, match=r'test\.tsv: line 1: column "label" \(rte label column\) missing'
-    ):
-        read_glue("rte", test, labelled=True)
-    # A labelled file read unlabelled just ignores the label.
-    dev = _write(d / "dev.tsv", RTE_HEADER + "7\tA.\tB.\tentailment\n")
-    assert read_glue("rte", dev, labelled=False)[0].label is None
-    # CoLA's test file has a header (index, sentence), unlike its train and dev files.
-    cola_test = _write(tmp_path / "test.tsv", "index\tsentence\n0\tHe left.\n")
-    assert read_glue("cola", cola_test)[0].text == "He left."
-    # MNLI and QQP by header name, with columns we do not read.
-    mnli = _write(
-        tmp_path / "dev_matched.tsv",
-        "index\tpromptID\tpairID\tgenre\tsentence1\tsentence2\tlabel1\tgold_label\n"
-        "0\t1\t1e\tfiction\tA cat sat.\tA cat.\tneutral\tentailment\n",
-    )
-    assert read_glue("mnli", mnli)[0].label == "entailment"
-    qqp = _write(
-        tmp_path / "train.tsv",
-        "id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate\n5\t1\t2\tWhy?\tHow?\t0\n",
-    )
-    assert read_glue("qqp", qqp)[0] == Example("Why?", "How?", "0", "train-5", f"{qqp}:2")
+def google_is_max_context(spans: list[tuple[int, int]], k: int, position: int) -> bool:
+    """google-research/bert run_squad.py `_check_is_max_context`, transcribed."""
+    best_score, best_index = None, None
+    for i, (start, length) in enumerate(spans):
+        end = start + length - 1
+        if position < start or position > end:
+            continue
+        score = min(position - start, end - position) + 0.01 * length
+        if best_score is None or score > best_score:
+            best_score, best_index = score, i
+    return k == best_index
 
 
-def test_glue_bom_and_quotes(tmp_path: Path) -> None:
-    f = _write(
-        tmp_path / "train.tsv",
-        "\ufeffQuality\t#1 ID\t#2 ID\t#1 String\t#2 String\n"
-        '1\t1\t2\t" He said .\tShe said " no .\n',
-    )
-    assert read_glue("mrpc", f)[0].text == '" He said .'
-    assert read_glue("mrpc", f)[0].text_pair == 'She said " no .'
+@pytest.mark.parametrize(
+    "n,max_tokens,stride", [(1, 5, 2), (37, 10, 4), (100, 30, 12), (64, 64, 8)]
+)
+def test_windows_and_max_context_agree_with_google(n: int, max_tokens: int, stride: int) -> None:
+    spans = windows_of(n, max_tokens, stride)
+    covered = sorted({p for s, ln in spans for p in range(s, s + ln)})
+    assert covered == list(range(n)) and spans[-1][0] + spans[-1][1] == n
+    flags = max_context_flags(spans, n)
+    for k, (start, length) in enumerate(spans):
+        want = [google_is_max_context(spans, k, start + j) for j in range(length)]
+        assert flags[k].tolist() == want
+    # every piece is the max-context piece of exactly one window
+    owners = np.zeros(n, int)
+    for (start, length), f in zip(spans, flags):
+        owners[start : start + length] += f
+    assert (owners == 1).all()
 
 
-def _error(fn: Any, *args: Any, **kwargs: Any) -> str:
-    """The message of the DataError fn raises; anything else (KeyError, ...) fails the test."""
-    with pytest.raises(DataError) as info:
-        fn(*args, **kwargs)
-    message = str(info.value)
-    assert "\n" not in message
-    return message
+def squad_example(qid: str, question: str, context: str, answer: str | None) -> SquadExample:
+    answers = [] if answer is None else [(answer, context.index(answer))]
+    return SquadExample(qid, question, context, answers, answer is None, "t")
 
 
-def test_glue_errors(tmp_path: Path) -> None:
-    missing = _write(tmp_path / "dev.tsv", "index\tsentence1\tlabel\n0\tA.\tentailment\n")
-    msg = _error(read_glue, "rte", missing)
-    assert f"{missing}: line 1" in msg and '"sentence2"' in msg and "'sentence1'" in msg
-
-    unknown = _write(tmp_path / "dev.tsv", RTE_HEADER + "0\tA.\tB.\tentailment\n1\tA.\tB.\tmaybe\n")
-    msg = _error(read_glue, "rte", unknown)
-    assert f"{unknown}: line 3" in msg and 'field "label"' in msg
-    assert "'maybe'" in msg and "entailment, not_entailment" in msg
-
-    empty = _write(tmp_path / "dev.tsv", RTE_HEADER + "0\t \tB.\tentailment\n")
-    msg = _error(read_glue, "rte", empty)
-    assert f"{empty}: line 2" in msg and 'field "sentence1": empty text' in msg
-    with pytest.warns(UserWarning, match="skipped 1 rows with an empty text"):
-        assert read_glue("rte", empty, skip_empty=True) == []
-
-    short = _write(tmp_path / "dev.tsv", RTE_HEADER + "0\tA.\tentailment\n")
-    msg = _error(read_glue, "rte", short)
-    assert f"{short}: line 2: 3 fields, expected 4" in msg
-
-    score = _write(tmp_path / "dev.tsv", "index\tsentence1\tsentence2\tscore\n0\tA.\tB.\tfive\n")
-    msg = _error(read_glue, "stsb", score)
-    assert "line 2" in msg and 'field "score"' in msg and "not a number" in msg
-
-    cola = _write(tmp_path / "train.tsv", "gj04\t1\t\tFine.\ngj04\t1\tOops.\n")
-    msg = _error(read_glue, "cola", cola)
-    assert "line 2: 3 fields, expected 4" in msg
-
-    assert "empty file" in _error(read_glue, "rte", _write(tmp_path / "dev.tsv", ""))
-    assert "file not found" in _error(read_glue, "rte", tmp_path / "nope.tsv")
-    bad_utf8 = _write(tmp_path / "dev.tsv", RTE_HEADER.encode() + b"0\tA\xff.\tB.\tentailment\n")
-    msg = _error(read_glue, "rte", bad_utf8)
-    assert "line 2: byte 3" in msg and "not UTF-8" in msg
+LONG = (
+    "The river Élan rises in the hills above the old town. Its water was dammed in 1904 to "
+    "supply Birmingham, far to the east, through a long aqueduct that still runs today. "
+    "Visitors walk the valley in summer; the reservoirs hold 99,000 megalitres. Rainfall here "
+    "is high, and the dams overflow after storms, a sight that draws photographers."
+)
 
 
-def test_generic_tsv_csv_jsonl(tmp_path: Path) -> None:
-    tsv = _write(tmp_path / "data.tsv", "id\ttext\tlabel\n7\tgood film\tpos\n8\tbad\tneg\n")
-    assert read_examples(tsv, "text", "label", id_column="id") == [
-        Example("good film", None, "pos", "7", f"{tsv}:2"),
-        Example("bad", None, "neg", "8", f"{tsv}:3"),
+def test_squad_window_labels_point_at_the_answer(minilm_dir: Path) -> None:
+    tok = Tokenizer.from_pretrained(minilm_dir)
+    examples = [
+        squad_example("a", "When was it dammed?", LONG, "1904"),
+        squad_example("b", "How much do they hold?", LONG, "99,000 megalitres"),
+        squad_example("c", "What draws photographers?", LONG, "the dams overflow after storms"),
+        squad_example("d", "Who owns the moon?", LONG, None),
     ]
-    assert read_examples(tsv, 1, 2)[0].label == "pos"  # indices work with a header too
-    # CSV: quoted fields with delimiters, quotes and a newline; the line is where a row starts.
-    csv_file = _write(
-        tmp_path / "data.csv",
-        'premise,hypothesis,score\n"A, b","He said ""hi""",1.5\n"two\nlines",x,2\nlast,y,0\n',
+    f = squad_featurize(
+        examples, tok, max_seq_length=40, doc_stride=10, max_query_length=12, training=True
     )
-    rows = read_examples(csv_file, "premise", "score", "hypothesis", regression=True)
-    assert [(e.text, e.text_pair, e.label) for e in rows] == [
-        ("A, b", 'He said "hi"', 1.5),
-        ("two\nlines", "x", 2.0),
-        ("last", "y", 0.0),
-    ]
-    assert [e.source.rsplit(":", 1)[1] for e in rows] == ["2", "3", "5"]
-    # Semicolons, no header.
-    semi = _write(tmp_path / "data.txt", "a;1\nb;0\n")
-    assert [e.label for e in read_examples(semi, 0, 1, header=False, delimiter=";")] == ["1", "0"]
-    # JSONL: integer labels become the strings a TSV would hold.
-    jsonl = _write(
-        tmp_path / "data.jsonl",
-        json.dumps({"q": "Is it?", "p": "It is.", "y": 1})
-        + "\n\n"
-        + json.dumps({"q": "No", "p": "x", "y": 0}),
-    )
-    got = read_examples(jsonl, "q", "y", "p", labels=["0", "1"])
-    assert got[0] == Example("Is it?", "It is.", "1", "data-0", f"{jsonl}:1")
-    assert got[1].source.endswith(":3")
+    assert len(f) > 3 * len(examples)  # the context spans several windows
+    found = {e.qid: 0 for e in examples}
+    for r, w in enumerate(f.meta):
+        e = examples[w.example]
+        s, t = f.labels[r]
+        assert len(f.input_ids[r]) <= 40
+        assert f.token_type_ids[r][w.context_start] == 1 and f.token_type_ids[r][0] == 0
+        if (s, t) == (0, 0):
+            continue
+        text = e.context[w.offsets[s - w.context_start, 0] : w.offsets[t - w.context_start, 1]]
+        assert text == e.answers[0][0]
+        found[e.qid] += 1
+    assert found["a"] >= 1 and found["b"] >= 1 and found["c"] >= 1 and found["d"] == 0
+    with pytest.raises(Exception, match="max_seq_length=8 leaves no room"):
+        squad_featurize(examples, tok, max_seq_length=8, max_query_length=12)
 
 
-def test_generic_errors(tmp_path: Path) -> None:
-    tsv = _write(tmp_path / "data.tsv", "text\tlabel\nok\tpos\nfine\tmeh\n")
-    msg = _error(read_examples, tsv, "sentence", "label")
-    assert 'column "sentence" (text_column) missing' in msg and "'text', 'label'" in msg
-    msg = _error(read_examples, tsv, "text", "label", labels=["pos", "neg"])
-    assert f"{tsv}: line 3" in msg and "'meh'" in msg and "pos, neg" in msg
-    msg = _error(read_examples, tsv, "text", "label", header=False)
-    assert "give a 0-based column index" in msg
-    msg = _error(read_examples, tsv, 5, header=False)
-    assert "index 5 is out of range (line 1 has 2 fields)" in msg
-    assert "no data rows" in _error(read_examples, _write(tmp_path / "h.tsv", "text\n"), "text")
+def test_squad_labels_on_the_real_train_subset(data_dir: Path, minilm_dir: Path) -> None:
+    from bertforge.data.tasks import read_squad
+    from bertforge.evaluate import normalize_answer
 
-    empty = _write(tmp_path / "e.tsv", "text\tlabel\n\tpos\n")
-    assert 'line 2: field "text": empty text' in _error(read_examples, empty, "text", "label")
-
-    bad_csv = _write(tmp_path / "bad.csv", 'text,label\n"unclosed,1\n')
-    assert "malformed CSV" in _error(read_examples, bad_csv, "text", "label")
-    ragged = _write(tmp_path / "ragged.csv", "text,label\nok,1\ntoo,many,fields\n")
-    assert "line 3: 3 fields, expected 2" in _error(read_examples, ragged, "text", "label")
-
-    jsonl = _write(tmp_path / "d.jsonl", '{"text": "a", "label": "x"}\n{"text": "b", "label": \n')
-    msg = _error(read_examples, jsonl, "text", "label")
-    assert f"{jsonl}: line 2: invalid JSON" in msg
-    not_object = _write(tmp_path / "d.jsonl", '["text"]\n')
-    assert "line 1: expected a JSON object, got list" in _error(read_examples, not_object, "text")
-    no_key = _write(tmp_path / "d.jsonl", '{"txt": "a"}\n')
-    msg = _error(read_examples, no_key, "text")
-    assert 'line 1: field "text" (text_column) missing' in msg and "'txt'" in msg
-    not_text = _write(tmp_path / "d.jsonl", '{"text": 3}\n')
-    assert 'field "text": expected a string, got int' in _error(read_examples, not_text, "text")
-    float_label = _write(tmp_path / "d.jsonl", '{"text": "a", "label": "n/a"}\n')
-    msg = _error(read_examples, float_label, "text", "label", regression=True)
-    assert "'n/a' is not a number" in msg
-    with pytest.raises(InputError, match="JSONL columns are key names"):
-        read_examples(float_label, 0)
-    with pytest.raises(InputError, match="test_fraction"):
-        split_train_test([1, 2], test_fraction=1.0)
+    path = data_dir / "squad" / "train-v1.1-format.subset-first-11-articles.answerable-only.json"
+    examples = read_squad(path)[:1500]
+    f = squad_featurize(examples, Tokenizer.from_pretrained(minilm_dir), training=True)
+    recovered, labelled = set(), 0
+    for r, w in enumerate(f.meta):
+        s, t = f.labels[r]
+        if (s, t) == (0, 0):
+            continue
+        labelled += 1
+        e = examples[w.example]
+        text = e.context[w.offsets[s - w.context_start, 0] : w.offsets[t - w.context_start, 1]]
+        if normalize_answer(text) == normalize_answer(e.answers[0][0]):
+            recovered.add(e.qid)
+    assert labelled >= len(examples)
+    assert len(recovered) >= 0.99 * len(examples)  # the rest: answers ending inside a word
 
 
-def _squad(
-    tmp_path: Path, qas: list[dict[str, Any]], context: str = "The cat sat on the mat."
-) -> Path:
-    data = {
-        "version": "1.1",
-        "data": [{"title": "T", "paragraphs": [{"context": context, "qas": qas}]}],
-    }
-    return _write(tmp_path / "squad.json", json.dumps(data))
+def one_window(context: str, tok: Tokenizer, question: str = "q?") -> Features:
+    return squad_featurize([squad_example("x", question, context, None)], tok, max_seq_length=64)
 
 
-def test_squad_errors(tmp_path: Path) -> None:
-    good = {"id": "q1", "question": "Who sat?", "answers": [{"text": "The cat", "answer_start": 0}]}
-    [e] = read_squad(_squad(tmp_path, [good]))
-    assert (e.qid, e.answers, e.is_impossible, e.title) == ("q1", [("The cat", 0)], False, "T")
-
-    off = {"id": "q2", "question": "Where?", "answers": [{"text": "the mat", "answer_start": 16}]}
-    path = _squad(tmp_path, [good, off])
-    msg = _error(read_squad, path)
-    assert str(path) in msg and "(id q2)" in msg and 'field "answer_start"' in msg
-    assert "occurs at 15" in msg
-    # strict=False drops the bad answer (and so the question), with one counting warning.
-    with pytest.warns(UserWarning, match=r"skipped 1 answers .* 1 questions .*q2"):
-        assert [e.qid for e in read_squad(path, strict=False)] == ["q1"]
-
-    msg = _error(read_squad, _squad(tmp_path, [{"id": "q3", "answers": []}]))
-    assert "qas[0] (id q3)" in msg and 'field "question" missing' in msg
-    msg = _error(read_squad, _squad(tmp_path, [good, good]))
-    assert "(id q1)" in msg and "duplicate" in msg
-    start_str = {**good, "answers": [{"text": "The cat", "answer_start": "0"}]}
-    msg = _error(read_squad, _squad(tmp_path, [start_str]))
-    assert 'field "answer_start": expected an integer, got str' in msg
-    impossible = {**good, "is_impossible": True}
-    assert "is_impossible is true" in _error(read_squad, _squad(tmp_path, [impossible]))
-    no_answers = {**good, "answers": []}
-    assert 'field "answers": empty' in _error(read_squad, _squad(tmp_path, [no_answers]))
-
-    v2 = _squad(
-        tmp_path,
-        [
-            {**good, "is_impossible": False},
-            {"id": "n", "question": "Why?", "answers": [], "is_impossible": True},
-        ],
-    )
-    assert [e.is_impossible for e in read_squad(v2)] == [False, True]
-    assert gold_answers(read_squad(v2)) == {"q1": ["The cat"], "n": []}
-
-    broken = _write(tmp_path / "broken.json", '{"data": [\n{"title": "x",}\n]}')
-    msg = _error(read_squad, broken)
-    assert f"{broken}: line 2, column" in msg and "invalid JSON" in msg
-    assert 'top level: field "data" missing' in _error(
-        read_squad, _write(tmp_path / "x.json", "{}")
-    )
+def test_postprocess_picks_the_best_valid_span_and_applies_the_null_threshold(
+    minilm_dir: Path,
+) -> None:
+    tok = Tokenizer.from_pretrained(minilm_dir)
+    context = "alpha beta gamma delta epsilon zeta eta theta"
+    f = one_window(context, tok)
+    w: Window = f.meta[0]
+    T = len(f.input_ids[0])
+    c = w.context_start
+    start, end = np.zeros(T), np.zeros(T)
+    start[c + 2], end[c + 3] = 5.0, 5.0  # "gamma delta"
+    start[c + 6], end[c + 1] = 9.0, 9.0  # higher, but end before start: invalid
+    ex = [squad_example("x", "q?", context, None)]
+    a = postprocess(ex, f, [start], [end], version_2=False)
+    assert a.predictions["x"] == "gamma delta"
+    assert a.nbest["x"][0]["probability"] == max(c["probability"] for c in a.nbest["x"])
+    # at most max_answer_length pieces
+    start[:], end[:] = 0.0, 0.0
+    start[c], end[c + 7] = 6.0, 6.0
+    start[c + 4] = 1.0
+    a = postprocess(ex, f, [start], [end], version_2=False, max_answer_length=3)
+    assert len(a.predictions["x"].split()) <= 3
+    # v2.0: null wins when [CLS] scores above the best span by more than the threshold
+    start[:], end[:] = 0.0, 0.0
+    start[c + 2], end[c + 2] = 2.0, 2.0  # span score 4
+    start[0], end[0] = 3.0, 3.0  # null score 6
+    a = postprocess(ex, f, [start], [end], version_2=True)
+    assert a.predictions["x"] == "" and a.null_odds["x"] == pytest.approx(2.0)
+    a = postprocess(ex, f, [start], [end], version_2=True, null_score_diff_threshold=2.5)
+    assert a.predictions["x"] == "gamma"
 
 
-def test_conll_errors(tmp_path: Path) -> None:
-    f = _write(
-        tmp_path / "ner.txt",
-        "-DOCSTART- -X- -X- O\n\nEU NNP B-NP B-ORG\nrejects VBZ B-VP O\n\n\nPeter NNP B-NP B-PER\n",
-    )
-    data = read_conll(f)
-    assert [(s.tokens, s.tags, s.source) for s in data] == [
-        (["EU", "rejects"], ["B-ORG", "O"], f"{f}:3"),
-        (["Peter"], ["B-PER"], f"{f}:7"),
-    ]
-    bad = _write(tmp_path / "bad.txt", "EU NNP B-NP B-ORG\nrejects VBZ O\n")
-    msg = _error(read_conll, bad)
-    assert f"{bad}: line 2: 3 columns, expected 4 (as on line 1)" in msg and "tag" in msg
-    msg = _error(read_conll, f, labels=["O", "B-PER"])
-    assert f"{f}: line 3" in msg and 'field "tag"' in msg and "'B-ORG'" in msg
-    assert "no sentences" in _error(read_conll, _write(tmp_path / "e.txt", "-DOCSTART- O\n\n"))
-    with pytest.raises(InputError, match="tag_column 4"):
-        read_conll(f, tag_column=4)
-    assert "expected 2 (n_columns)" in _error(read_conll, f, n_columns=2)
+def test_postprocess_uses_only_max_context_pieces(minilm_dir: Path) -> None:
+    tok = Tokenizer.from_pretrained(minilm_dir)
+    context = " ".join(f"w{i}" for i in range(60))
+    ex = [squad_example("x", "q?", context, None)]
+    f = squad_featurize(ex, tok, max_seq_length=32, doc_stride=8)
+    assert len(f) > 2
+    starts, ends = [], []
+    for r, w in enumerate(f.meta):
+        s, e = np.zeros(len(f.input_ids[r])), np.zeros(len(f.input_ids[r]))
+        # every window votes for its own last context piece: for all windows but the final
+        # one that piece sits at the window's edge and has more context in the next window
+        last = w.context_start + len(w.offsets) - 1
+        s[last], e[last] = 10.0, 10.0
+        starts.append(s)
+        ends.append(e)
+    assert [bool(w.max_context[-1]) for w in f.meta] == [False] * (len(f) - 1) + [True]
+    a = postprocess(ex, f, starts, ends, version_2=False)
+    final = f.meta[-1].offsets[-1]
+    assert a.predictions["x"] == context[final[0] : final[1]]
+    assert [c["score"] for c in a.nbest["x"]].count(20.0) == 1
 
 
-def test_swag_errors(tmp_path: Path) -> None:
-    header = ",video-id,fold-ind,startphrase,sent1,sent2,gold-source,ending0,ending1,ending2,ending3,label\n"
-    row = '0,v,1,"A b","A, said ""x"".",She,gold,e0,e1,e2,e3,{label}\n'
-    f = _write(tmp_path / "val.csv", header + row.format(label=3))
-    assert read_swag(f)[0].context == 'A, said "x".' and read_swag(f)[0].label == 3
-    bad = _write(tmp_path / "val.csv", header + row.format(label=4))
-    msg = _error(read_swag, bad)
-    assert "line 2" in msg and 'field "label"' in msg and "0, 1, 2, 3" in msg
-    test = _write(
-        tmp_path / "test.csv",
-        header.replace(",label", "") + row.format(label="").rstrip(",\n") + "\n",
-    )
-    assert read_swag(test)[0].label is None
-    no_endings = _write(tmp_path / "val.csv", "sent1,sent2,label\na,b,0\n")
-    assert "expected columns ending0, ending1" in _error(read_swag, no_endings)
-    empty_ending = _write(tmp_path / "val.csv", header + row.format(label=0).replace("e2", ""))
-    assert 'field "ending2": empty text' in _error(read_swag, empty_ending)
-
-
-def test_no_raw_errors_escape(tmp_path: Path) -> None:
-    """Garbage of every shape ends in DataError, never KeyError / IndexError / TypeError."""
-    garbage = [
-        "\n",
-        "a\n",
-        "a\tb\tc\n\n\t\t\n",
-        '{"data": 3}',
-        '{"data": [{"paragraphs": [{"context": "x", "qas": [{"id": 1}]}]}]}',
-        '{"data": [{"paragraphs": "no"}]}',
-        "[1, 2]",
-        ",,,\n,,,\n",
-        "\x00\x01\x02",
-    ]
-    readers = [
-        lambda p: read_glue("rte", p),
-        lambda p: read_glue("cola", p),
-        lambda p: read_examples(p, "text", "label"),
-        lambda p: read_examples(p, 0, 3, header=False),
-        read_squad,
-        read_conll,
-        read_swag,
-    ]
-    for n, text in enumerate(garbage):
-        path = _write(tmp_path / f"g{n}.csv", text)
-        for reader in readers:
-            with warnings.catch_warnings(), contextlib.suppress(DataError):
-                warnings.simplefilter("ignore")
-                reader(path)
-
-
-def test_table_readers_share_their_checks(tmp_path: Path) -> None:
-    """GLUE and read_examples open, check and read a table through the same pieces
-    (table.open_table, Table, Record), so one fault gives one message whichever reader meets it."""
-    labels = ["entailment", "not_entailment"]
-    for n, rows in enumerate(["0\tA.\tentailment\n", "0\t \tB.\tentailment\n", "0\tA.\tB.\tx\n"]):
-        f = _write(tmp_path / f"dev{n}.tsv", RTE_HEADER + rows)
-        generic = _error(read_examples, f, "sentence1", "label", "sentence2", labels=labels)
-        assert _error(read_glue, "rte", f) == generic
-    # A header found by a test of the first record (CoLA's files come with and without one).
-    cola = _write(tmp_path / "train.tsv", "\n  \ngj04\t1\t\tFine.\n")
-    table = open_table(cola, header=lambda first: "sentence" in first, names=("s", "l", "m", "t"))
-    [row] = table.records()
-    assert (table.column("t", "text"), row.text(3), row.source) == (3, "Fine.", f"{cola}:3")
-    with pytest.raises(DataError, match=r"line 1: column \"x\" \(text\) missing from the header"):
-        table.column("x", "text")
+def test_ner_labels_sit_on_first_pieces(minilm_dir: Path) -> None:
+    tok = Tokenizer.from_pretrained(minilm_dir)
+    s = TaggedSentence(["Leicestershire", "beat", "Gwendolyn"], ["B-ORG", "O", "B-PER"], "f:1")
+    labels = ["O", "B-ORG", "B-PER"]
+    f = tag_featurize([s], tok, labels, 64)
+    pieces = tok.encode(s.tokens, split_into_words=True).tokens
+    assert len(pieces) > 5  # the names split into several pieces
+    first = f.meta[0]
+    assert first[0] == 1 and pieces[first[1]] == "beat" and first[2] == first[1] + 1
+    assert pieces[first[2] + 1].startswith("##")  # gwendolyn: more than one piece
+    y = f.labels[0]
+    assert [int(y[j]) for j in first] == [1, 0, 2]
+    assert (y >= 0).sum() == 3  # every other piece (and [CLS], [SEP]) is ignored
+    assert tag_set([s]) == ["O", "B-ORG", "B-PER"]
+    with pytest.warns(UserWarning, match="2 words beyond max_seq_length=3"):
+        cut = tag_featurize([s], tok, labels, 3)
+    assert (cut.meta[0] < 0).sum() == 2

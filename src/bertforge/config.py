@@ -149,7 +149,8 @@ class BertConfig:
                 raise ConfigError(f"{name}={getattr(self, name)}: must be >= 1")
         if self.model_type not in MODEL_TYPES:
             raise ConfigError(
-                f"model_type={self.model_type!r}: only {' and '.join(MODEL_TYPES)} checkpoints are supported"
+                f"model_type={self.model_type!r}: only {' and '.join(MODEL_TYPES)} checkpoints "
+                "are supported"
             )
         if self.type_vocab_size < (0 if self.model_type == "distilbert" else 1):
             raise ConfigError(f"type_vocab_size={self.type_vocab_size}: must be >= 1")

@@ -70,7 +70,8 @@ def top5_hits(model_dir: Path, masked: list[tuple[str, str]], show: int = 4) -> 
     for (text, word), g, hit in list(zip(masked, guesses, hits))[:show]:
         short = text if len(text) <= 64 else text[:61] + "..."
         print(
-            f"  {short:<64} {word!r}: {', '.join(c['token'] for c in g[0])}{'  <- top 5' if hit else ''}"
+            f"  {short:<64} {word!r}: "
+            f"{', '.join(c['token'] for c in g[0])}{'  <- top 5' if hit else ''}"
         )
     return sum(hits) / max(len(hits), 1)
 
@@ -182,7 +183,8 @@ def run_demo(
     top5_before = top5_hits(untrained, masked, show=0)
 
     _say(
-        f"5. pre-train: tiny BERT (2 layers, hidden 128), masked LM, {steps} steps  (bertforge pretrain)"
+        f"5. pre-train: tiny BERT (2 layers, hidden 128), masked LM, {steps} steps  (bertforge "
+        "pretrain)"
     )
     run_dir = out / "pretrained"
     summary = pretrain(recipe)

@@ -3,10 +3,10 @@
 The graph takes input_ids, token_type_ids, attention_mask (int64, batch x sequence, both axes
 dynamic) and returns the outputs the catalogue gives the checkpoint's head (catalogue.py,
 `onnx`): logits for sequence or token classification, start_logits and end_logits for QA,
-last_hidden_state and pooler_output for an encoder (or a pre-training checkpoint). After export, onnxruntime runs a batch of a different
-size and length than the one traced, and the largest difference to PyTorch must be within
-`atol` (1e-4), else the file is not kept. Needs the `onnx` extra (onnx, onnxscript,
-onnxruntime).
+last_hidden_state and pooler_output for an encoder (or a pre-training checkpoint). After
+export, onnxruntime runs a batch of a different size and length than the one traced, and the
+largest difference to PyTorch must be within `atol` (1e-4), else the file is not kept. Needs
+the `onnx` extra (onnx, onnxscript, onnxruntime).
 """
 
 from __future__ import annotations

@@ -116,7 +116,8 @@ class Embeddings(nn.Module):
         self.sinusoidal = config.sinusoidal_pos_embds
 
     def fix_positions(self) -> None:
-        """DistilBERT's sinusoidal positions: fixed, not trained (HF's create_sinusoidal_embeddings)."""
+        """DistilBERT's sinusoidal positions: fixed, not trained (HF's
+        create_sinusoidal_embeddings)."""
         n, H = self.position.weight.shape
         angle = torch.arange(n, dtype=torch.float64)[:, None] / torch.pow(
             10000.0, 2 * (torch.arange(H) // 2) / H

@@ -154,7 +154,8 @@ def read_vocab(path: str | os.PathLike[str]) -> list[str]:
             token = line.decode("utf-8")
         except UnicodeDecodeError as e:
             raise VocabError(
-                f"{path}: line {lineno}: not valid UTF-8 (byte {e.start}: {line[e.start : e.start + 1]!r})"
+                f"{path}: line {lineno}: not valid UTF-8 (byte {e.start}: "
+                f"{line[e.start : e.start + 1]!r})"
             ) from None
         tokens.append(token.rstrip("\n").rstrip("\r"))
     if not tokens:
@@ -487,7 +488,8 @@ class Tokenizer:
         **kwargs: Any,
     ) -> Encoding:
         """Encode one text (or one text pair). Keyword arguments as `encode_batch`."""
-        return self.encode_batch([text], None if pair is None else [pair], **kwargs)[0]  # type: ignore[list-item]
+        pairs = None if pair is None else [pair]
+        return self.encode_batch([text], pairs, **kwargs)[0]  # type: ignore[arg-type]
 
     def __call__(
         self,

@@ -146,7 +146,8 @@ def prepare(
             if existing == meta_file:
                 if progress:
                     print(
-                        f"{out}: already prepared ({saved['counts']['train']['tokens']:,} training tokens)"
+                        f"{out}: already prepared ({saved['counts']['train']['tokens']:,} "
+                        "training tokens)"
                     )
                 return saved
             state = saved["state"]
@@ -250,7 +251,8 @@ def prepare(
         print(
             f"{out}: {c['documents']:,} documents, {c['sentences']:,} sentences, "
             f"{c['tokens']:,} tokens in {c['shards']} training shards; "
-            f"held out {counts['heldout']['documents']:,} documents ({counts['heldout']['tokens']:,} tokens)"
+            f"held out {counts['heldout']['documents']:,} documents "
+            f"({counts['heldout']['tokens']:,} tokens)"
         )
     return meta
 

@@ -57,7 +57,8 @@ class TaskOptions:
     regression: bool = option(False, "csv: float labels (one output)")
     multi_label: bool = option(
         False,
-        "csv: several labels per text: names separated by | in the label column, or --label-column a,b,c of 0/1 columns",
+        "csv: several labels per text: names separated by | in the label column, or "
+        "--label-column a,b,c of 0/1 columns",
     )
     tune_threshold: bool = option(
         False, "multi-label: each label's threshold tuned on dev for F1 (default 0.5)"

@@ -117,7 +117,8 @@ class DistillConfig(TrainingOptions):
         above=0,
     )
     teacher: str = option(
-        help="the teacher's model directory: a sentence-transformers or BERT model, or with --task one fine-tuned for it"
+        help="the teacher's model directory: a sentence-transformers or BERT model, or with "
+        "--task one fine-tuned for it"
     )
     student_layers: str | None = option(
         None,
@@ -125,11 +126,13 @@ class DistillConfig(TrainingOptions):
     )
     student_size: str | None = option(
         None,
-        f"the student: a fresh model of this size ({', '.join(SIZES)}) or of the shape a config.json gives",
+        f"the student: a fresh model of this size ({', '.join(SIZES)}) or of the shape a "
+        "config.json gives",
     )
     task: str | None = option(
         None,
-        "task distillation from a teacher fine-tuned for this task (default: general distillation on --data)",
+        "task distillation from a teacher fine-tuned for this task (default: general distillation "
+        "on --data)",
         choices=TASK_NAMES,
     )
     # general: text files, dirs or globs, read as `prepare` reads them (not an option: cli's --data)
@@ -140,13 +143,15 @@ class DistillConfig(TrainingOptions):
     )
     dropout: float | None = option(
         None,
-        "the student's dropout while it learns (default: 0 general, the teacher's targets have none; the student's own with --task)",
+        "the student's dropout while it learns (default: 0 general, the teacher's targets have "
+        "none; the student's own with --task)",
         min=0,
         below=1,
     )
     token_weight: float | None = option(
         None,
-        "general: weight of the MSE of the last layer's token states, the ones the sentence embedding pools (default 1; 0 with --task, which has no such loss)",
+        "general: weight of the MSE of the last layer's token states, the ones the sentence "
+        "embedding pools (default 1; 0 with --task, which has no such loss)",
         min=0,
     )
     attention_weight: float = option(

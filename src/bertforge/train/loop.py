@@ -193,7 +193,9 @@ def train(
             for i, micro in enumerate(micro_batches):
                 micro = micro.to(device)
                 last = i == len(micro_batches) - 1
-                sync = contextlib.nullcontext() if last or not d.enabled else wrapped.no_sync()  # type: ignore[operator]
+                sync: Any = contextlib.nullcontext()
+                if not last and d.enabled:  # DDP synchronises on the step's last micro-batch
+                    sync = wrapped.no_sync()  # type: ignore[operator]
                 with sync:
                     with autocast(precision, device):
                         loss, stats = task.loss(wrapped, micro, totals)
@@ -271,7 +273,8 @@ def train(
     interrupted = step < cfg.steps
     if interrupted and d.is_main:
         print(
-            f"stopped at step {step:,}; checkpoint saved in {run_dir / 'checkpoints'}: run the same command to resume"
+            f"stopped at step {step:,}; checkpoint saved in {run_dir / 'checkpoints'}: run the "
+            "same command to resume"
         )
     return {"step": step, "interrupted": interrupted, "eval": last_eval, "precision": precision}
 

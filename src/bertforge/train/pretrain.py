@@ -90,7 +90,8 @@ class PretrainConfig:
     warmup_ratio: float = option(0.01, "share of steps of linear warmup", min=0, max=1)
     decay_ratio: float = option(
         1.0,
-        "share of steps of linear decay at the end (1: all after warmup, the paper's; less: the peak holds until then)",
+        "share of steps of linear decay at the end (1: all after warmup, the paper's; less: the "
+        "peak holds until then)",
         above=0,
         max=1,
     )
@@ -237,7 +238,8 @@ def build_model(cfg: PretrainConfig, tok: Tokenizer) -> BertForPreTraining | Ber
         config = BertConfig.from_pretrained(resolve(cfg.init))
         if config.vocab_size < tok.vocab_size:
             raise ConfigError(
-                f"{cfg.init}: vocab_size={config.vocab_size} is smaller than the data's vocabulary ({tok.vocab_size})"
+                f"{cfg.init}: vocab_size={config.vocab_size} is smaller than the data's "
+                f"vocabulary ({tok.vocab_size})"
             )
     else:
         overrides = {"vocab_size": tok.vocab_size, "pad_token_id": tok.pad_id}

@@ -1,4 +1,5 @@
-"""Fine-tuning heads against transformers: checkpoints both ways, labels, losses, errors."""
+"""The heads (bertforge.heads) against transformers: checkpoints both ways, labels, losses,
+errors."""
 
 from __future__ import annotations
 
