@@ -330,3 +330,99 @@ def test_cli_defaults_are_the_configs_defaults() -> None:
         tuple(parsers(build_parser())["prepare"]._option_string_actions["--format"].choices)
         == FORMATS
     )
+
+
+# Every verb with a path the user gave that cannot be used: {U} an output under a regular file
+# (not writable, even by root), {F} an existing file where a directory is written, {D} a
+# directory where a file is written or read, {N} a file that does not exist. {C} is a
+# classifier, {R} a run with metrics; the rest as in BAD_LINES.
+OS_ERRORS = """
+vocab train {P} --size 100 --out {U}                                   | {P}
+vocab train {P} --size 100 --out {F}                                   | {F}
+vocab train {N} --size 100 --out {O}                                   | {N}
+prepare {P} --tokenizer {M} --out {U}                                  | {P}
+prepare {P} --tokenizer {M} --out {F}                                  | {F}
+prepare {N} --tokenizer {M} --out {O}                                  | {N}
+pretrain --data {S} --out {U} --steps 1                                | {P}
+pretrain --data {S} --out {F} --steps 1                                | {F}
+pretrain --data {D} --out {O} --steps 1                                | {D}
+finetune --model {M} --task sst2 --train {T} --out {U} --epochs 1      | {P}
+finetune --model {M} --task sst2 --train {T} --out {F} --epochs 1      | {F}
+finetune --model {M} --task sst2 --train {D} --out {O} --epochs 1      | {D}
+distill --teacher {M} --student-layers 0 --data {P} --out {U} --steps 1 | {P}
+distill --teacher {M} --student-layers 0 --data {P} --out {F} --steps 1 | {F}
+distill --teacher {M} --student-layers 0 --data {N} --out {O} --steps 1 | {N}
+evaluate --model {C} --task sst2 --data {T} --out {U}                  | {P}
+evaluate --model {C} --task sst2 --data {T} --out {F}                  | {F}
+evaluate --model {C} --task sst2 --data {D}                            | {D}
+predict --model {C} --task sst2 --data {T} --out {U}                   | {P}
+predict --model {C} --task sst2 --data {T} --out {F}                   | {F}
+predict --model {C} --task sst2 --data {N} --out {O}                   | {N}
+embed {M} {P} --out {U}/e.npy                                          | {P}
+embed {M} {P} --out {D}                                                | {D}
+embed {M} {D}                                                          | {D}
+features {M} {P} --out {U}/f.jsonl                                     | {P}
+features {M} {P} --out {D}                                             | {D}
+classify {C} {P} --out {U}/c.jsonl                                     | {P}
+classify {C} {N}                                                       | {N}
+attention {M} hello --out {U}/v.html                                   | {P}
+attention {M} hello --out {D}.html                                      | {D}.html
+plot {R} --out {U}/c.png                                               | {P}
+plot {R} --out {D}                                                     | {D}
+plot {D}                                                               | {D}
+info {D}                                                               | {D}
+info {P}                                                               | {P}
+"""
+
+
+def test_os_errors_on_every_verb_are_one_line(
+    bad_lines: list, tiny_model: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """Unwritable outputs, files where directories go and the reverse, missing and unreadable
+    inputs: one line naming the path, status 2, for every verb that reads or writes a path."""
+    from bertforge import BertConfig, BertForSequenceClassification
+    from bertforge.cli import main
+    from tests.conftest import TINY
+
+    tmp = bad_lines[0][2].parent
+    tok = Tokenizer.from_pretrained(tiny_model)
+    classifier = tmp / "classifier"
+    labels = {0: "0", 1: "1"}
+    config = BertConfig(**{**TINY, "vocab_size": tok.vocab_size, "id2label": labels})
+    BertForSequenceClassification(config).save_pretrained(classifier)
+    tok.save_pretrained(classifier)
+    run = tmp / "run"
+    run.mkdir(exist_ok=True)
+    (run / "metrics.jsonl").write_text('{"step": 1, "loss": 1.0}\n{"step": 2, "loss": 0.5}\n')
+    (tmp / "dir").mkdir(exist_ok=True)
+    (tmp / "dir.html").mkdir(exist_ok=True)
+    names = {
+        "P": tmp / "plain.txt",
+        "U": tmp / "plain.txt" / "out",
+        "F": tmp / "plain.txt",
+        "D": tmp / "dir",
+        "N": tmp / "nowhere.txt",
+        "S": tmp / "shards",
+        "M": tiny_model,
+        "T": tmp / "train.tsv",
+        "O": tmp / "out",
+        "C": classifier,
+        "R": run,
+    }
+    before = (tmp / "plain.txt").read_bytes()
+    verbs, failures = set(), []
+    for row in OS_ERRORS.strip().splitlines():
+        args, expected = row.rsplit("|", 1)
+        argv = shlex.split(args.format(**names))
+        try:
+            code = main(argv)
+        except SystemExit as e:
+            code = e.code
+        err = capsys.readouterr().err.strip().splitlines()
+        if code != 2 or len(err) != 1 or expected.strip().format(**names) not in err[0]:
+            failures.append((args.strip(), code, err[-3:]))
+        assert not (tmp / "out").exists(), (argv, "wrote something")
+        verbs.add(argv[0])
+    assert not failures, "\n".join(map(str, failures))
+    assert (tmp / "plain.txt").read_bytes() == before  # the file in the way is left alone
+    assert len(verbs) >= 11

@@ -315,7 +315,10 @@ def test_cli_pipelines(
     texts.write_text("a man plays guitar\n\nthe fox jumps\n")
     assert (
         main(
-            ["embed", str(minilm_dir), str(texts), "--out", str(tmp_path / "e.npy"), "--normalize"]
+            [
+                *("embed", str(minilm_dir), str(texts), "--out", str(tmp_path / "e.npy")),
+                *("--normalize", "--skip-blank"),  # its line 2 is blank
+            ]
         )
         == 0
     )
@@ -331,6 +334,7 @@ def test_cli_pipelines(
                 "-1,-2",
                 "--out",
                 str(tmp_path / "f.jsonl"),
+                "--skip-blank",
             ]
         )
         == 0
@@ -338,7 +342,8 @@ def test_cli_pipelines(
     first = json.loads((tmp_path / "f.jsonl").read_text().splitlines()[0])
     assert first["linex_index"] == 0 and first["features"][0]["token"] == "[CLS]"
     assert [x["index"] for x in first["features"][0]["layers"]] == [-1, -2]
-    assert main(["features", str(minilm_dir), str(texts), "--out", str(tmp_path / "f.npz")]) == 0
+    features = ["features", str(minilm_dir), str(texts), "--out", str(tmp_path / "f.npz")]
+    assert main([*features, "--skip-blank"]) == 0
     z = np.load(tmp_path / "f.npz")
     assert z["values_1"].shape == (len(z["tokens_1"]), 384)
     capsys.readouterr()
@@ -469,3 +474,55 @@ def test_classify_pipeline_on_a_model_fine_tuned_by_bertforge(
     assert [g["label"] for g in got] == ["pos", "neg"]
     for g in got:
         assert set(g["scores"]) == {"neg", "pos"} and g["score"] == max(g["scores"].values()) > 0.5
+
+
+def test_output_rows_answer_input_lines(
+    tmp_path: Path, minilm_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Output rows match input lines one to one: a blank line is an error naming it, or with
+    --skip-blank every JSONL row says its line; a JSONL input's id comes back; a tab in a
+    single-text input is an error unless --keep-tabs; stdin is checked for UTF-8; files are
+    written with the umask's mode."""
+    import os
+    import sys
+
+    texts = tmp_path / "texts.txt"
+    texts.write_text("first line\n\nthird line\n")
+    assert main(["embed", str(minilm_dir), str(texts)]) == 2
+    assert "texts.txt: line 2: blank line" in capsys.readouterr().err
+    old = os.umask(0o022)
+    try:
+        out = tmp_path / "rows.jsonl"
+        assert main(["embed", str(minilm_dir), str(texts), "--skip-blank", "--out", str(out)]) == 0
+    finally:
+        os.umask(old)
+    assert oct(out.stat().st_mode & 0o777) == "0o644"
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    want = Pipeline(minilm_dir).embed(["first line", "third line"])
+    assert [r["line"] for r in rows] == [1, 3]
+    assert np.allclose([r["embedding"] for r in rows], want, atol=1e-5)
+    capsys.readouterr()
+    given = tmp_path / "given.jsonl"
+    given.write_text('{"id": "a7", "text": "hello"}\n{"text": "world"}\n[1, 2]\n')
+    assert main(["embed", str(minilm_dir), str(given)]) == 2
+    assert "given.jsonl: line 3: expected a JSON object" in capsys.readouterr().err
+    given.write_text('{"id": "a7", "text": "hello"}\n{"text": "world"}\n')
+    assert main(["embed", str(minilm_dir), str(given)]) == 0
+    rows = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert [(r["line"], r.get("id")) for r in rows] == [(1, "a7"), (2, None)]
+    tabbed = tmp_path / "tabbed.txt"
+    tabbed.write_text("a text\tits label\n")
+    assert main(["embed", str(minilm_dir), str(tabbed)]) == 2
+    assert "--keep-tabs" in capsys.readouterr().err
+    assert main(["embed", str(minilm_dir), str(tabbed), "--keep-tabs"]) == 0
+    capsys.readouterr()
+
+    class Stdin:
+        buffer = __import__("io").BytesIO(b"caf\xe9\n")
+
+    real, sys.stdin = sys.stdin, Stdin()  # type: ignore[assignment]
+    try:
+        assert main(["embed", str(minilm_dir), "-"]) == 2
+    finally:
+        sys.stdin = real
+    assert "<stdin>: line 1: byte 3" in capsys.readouterr().err

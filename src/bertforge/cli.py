@@ -251,49 +251,79 @@ def cmd_distill(args: argparse.Namespace) -> None:
 
 
 def args_evaluate(p: argparse.ArgumentParser, predict: bool = False) -> None:
+    from .data.tasks import TASK_NAMES
     from .tasks import TaskOptions
+    from .train import finetune
 
     p.add_argument("--model", required=True, help="fine-tuned model directory")
     p.add_argument("--data", required=True, help="a file in the task's format")
     p.add_argument(
         "--out",
         required=predict,
-        help="directory for the predictions (evaluate: default the model directory)",
+        help="directory for the predictions in the task's format"
+        + ("" if predict else " (default: none, metrics only: the model's files stay its run's)"),
+    )
+    add_options(
+        p,
+        finetune.predict if predict else finetune.evaluate_model,
+        skip=("out", "device", "precision"),
+        help={"max_rows": "only the first N examples of --data, in file order"},
     )
     _device_and_precision(p)
-    add_options(p, TaskOptions)
+    p.add_argument(
+        "--task",
+        choices=TASK_NAMES,
+        help="default: the task of the model's run.json (`finetune` writes it), whose columns, "
+        "lengths and other options below apply too unless given here",
+    )
+    add_options(p, TaskOptions, skip=("task",))
     if not predict:
         p.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
 
 
-def cmd_evaluate(args: argparse.Namespace) -> None:
+def _given_task_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The task options given on the command line, those that differ from their defaults: the
+    others come from the model's run.json (finetune.run_task_options)."""
     from .tasks import TaskOptions
+
+    defaults = {f.name: f.default for f in dataclasses.fields(TaskOptions)}
+    return {k: v for k, v in options_of(args, TaskOptions).items() if v != defaults[k]}
+
+
+def cmd_evaluate(args: argparse.Namespace) -> None:
     from .train.finetune import evaluate_model
 
-    out = args.out if args.out is not None else args.model
     metrics = evaluate_model(
         args.model,
-        TaskOptions(**options_of(args, TaskOptions)),
+        args.task,
         args.data,
-        out=out,
+        out=args.out,
         device=args.device,
         precision=args.precision,
+        **options_of(args, evaluate_model),
+        **_given_task_options(args),
     )
     if args.json:
         print(json.dumps(metrics))
     else:
         for k, v in metrics.items():
             print(f"{k:>20}  {v:.4f}")
-        print(f"predictions in {out}")
+        if args.out is not None:
+            print(f"predictions in {args.out}")
 
 
 def cmd_predict(args: argparse.Namespace) -> None:
-    from .tasks import TaskOptions
     from .train.finetune import predict
 
-    options = TaskOptions(**options_of(args, TaskOptions))
     for path in predict(
-        args.model, options, args.data, args.out, device=args.device, precision=args.precision
+        args.model,
+        args.task,
+        args.data,
+        args.out,
+        device=args.device,
+        precision=args.precision,
+        **options_of(args, predict),
+        **_given_task_options(args),
     ):
         print(f"wrote {path}")
 
@@ -329,6 +359,15 @@ def args_pipeline(p: argparse.ArgumentParser, name: str) -> None:
     for i in entry.inputs:
         if i.optional:
             p.add_argument(f"--{i.param}", action="store_true", help=_columns(entry.inputs))
+    p.add_argument(
+        "--skip-blank",
+        action="store_true",
+        help="drop blank lines (default: a blank line is an error); JSONL rows say their line",
+    )
+    if len(entry.inputs) == 1:
+        p.add_argument(
+            "--keep-tabs", action="store_true", help="a tab is part of the text (default: an error)"
+        )
     method = getattr(Pipeline, entry.method)
     hidden = [name for name, *_ in _parameters(method) if name not in entry.options]
     add_options(p, method, skip=hidden, choices=entry.choices, help=entry.options)
@@ -339,42 +378,63 @@ def _columns(inputs: Sequence[Any]) -> str:
     return "lines are " + "<TAB>".join(i.field.upper() for i in inputs)
 
 
-def _read_inputs(path: str, inputs: Sequence[Any]) -> list[tuple[str, ...]]:
-    """Inputs of a pipeline command: JSONL objects with the inputs' fields (file ends in
-    .jsonl), or lines of text (several inputs: tab-separated); "-" reads stdin. Blank lines are
-    skipped."""
-    names = [i.field for i in inputs]
-    if path == "-":
-        lines = list(enumerate(sys.stdin.read().splitlines(), 1))
-        where = "<stdin>"
-    else:
-        from .fileio import read_lines
+@dataclasses.dataclass
+class InputLine:
+    """One input of a pipeline command: its line number, its id (a JSONL line's "id"), texts."""
 
-        lines = list(read_lines(Path(path)))
-        where = path
-    rows: list[tuple[str, ...]] = []
-    for lineno, line in lines:
+    line: int
+    id: Any
+    texts: tuple[str, ...]
+
+
+def _read_inputs(
+    path: str,
+    inputs: Sequence[Any],
+    skip_blank: bool = False,
+    keep_tabs: bool = False,
+    pair_flag: str = "",
+) -> list[InputLine]:
+    """Inputs of a pipeline command, one per line: JSONL objects with the inputs' fields (file
+    ends in .jsonl), or lines of text (several inputs: tab-separated); "-" reads stdin, checked
+    for UTF-8 as files are. Every line is one input, so output rows answer input lines one to
+    one: a blank line is an error unless skip_blank (then each output row's "line" says which
+    line it answers); a tab in a single-text line is an error unless keep_tabs (a TSV line given
+    without --pairs would otherwise be read as one text, its other columns included)."""
+    from .fileio import read_lines
+
+    names = [i.field for i in inputs]
+    where = "<stdin>" if path == "-" else path
+    rows: list[InputLine] = []
+    for lineno, line in read_lines(Path(path), hint=""):
+        at = f"{where}: line {lineno}"
         if not line.strip():
-            continue
+            if skip_blank:
+                continue
+            raise DataError(
+                f"{at}: blank line: remove it, or pass --skip-blank to drop blank lines (each "
+                "output row then carries its line number)"
+            )
         if where.endswith(".jsonl"):
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as e:
-                raise DataError(f"{where}: line {lineno}: invalid JSON: {e.msg}") from None
+                raise DataError(f"{at}: invalid JSON: {e.msg}") from None
+            if not isinstance(obj, dict):
+                raise DataError(f"{at}: expected a JSON object with {', '.join(names)}")
             missing = [n for n in names if not isinstance(obj.get(n), str)]
             if missing:
-                raise DataError(
-                    f'{where}: line {lineno}: field "{missing[0]}": missing or not text'
-                )
-            rows.append(tuple(obj[n] for n in names))
+                raise DataError(f'{at}: field "{missing[0]}": missing or not text')
+            rows.append(InputLine(lineno, obj.get("id"), tuple(obj[n] for n in names)))
             continue
         parts = line.split("\t") if len(names) > 1 else [line]
-        if len(parts) != len(names):
+        if len(parts) != len(names) or (len(names) == 1 and "\t" in line and not keep_tabs):
+            pairs = f"TEXT<TAB>PAIR: {pair_flag}; " if pair_flag else ""
+            hint = f" ({pairs}a tab inside the text: --keep-tabs)"
             raise DataError(
-                f"{where}: line {lineno}: {len(parts)} tab-separated fields, expected "
-                f"{len(names)} ({', '.join(names)})"
+                f"{at}: {line.count(chr(9)) + 1} tab-separated fields, expected {len(names)} "
+                f"({', '.join(names)}){hint if len(names) == 1 else ''}"
             )
-        rows.append(tuple(parts))
+        rows.append(InputLine(lineno, None, tuple(parts)))
     return rows
 
 
@@ -390,20 +450,31 @@ def _write_jsonl(out: str | None, items: Sequence[Any]) -> None:
 
 
 def cmd_pipeline(args: argparse.Namespace) -> None:
-    """Read the inputs, run the entry's Pipeline method, write JSONL rows (or its arrays)."""
+    """Read the inputs, run the entry's Pipeline method, write JSONL rows (each with its input's
+    line number, and id if the JSONL input had one) or the entry's arrays."""
     from .catalogue import ENTRIES
     from .pipelines import Pipeline
 
     entry = ENTRIES[args.pipeline]
     inputs = [i for i in entry.inputs if not i.optional or getattr(args, i.param)]
-    rows = _read_inputs(args.input, inputs)
-    columns = {i.param: [r[k] for r in rows] for k, i in enumerate(inputs)}
+    flags = [f"--{i.param}" for i in entry.inputs if i.optional]
+    keep_tabs = getattr(args, "keep_tabs", False)
+    rows = _read_inputs(args.input, inputs, args.skip_blank, keep_tabs, "".join(flags[:1]))
+    columns = {i.param: [r.texts[k] for r in rows] for k, i in enumerate(inputs)}
     pipe = Pipeline(args.model, **options_of(args, Pipeline))
     results = entry.run(pipe, columns, options_of(args, getattr(Pipeline, entry.method)))
     if args.out and entry.save and args.out.endswith(entry.arrays):
         entry.save(args.out, results)
+        if rows and rows[-1].line != len(rows):
+            kept = ", ".join(str(r.line) for r in rows[:10])
+            more = ", ..." if len(rows) > 10 else ""
+            print(f"its rows are input lines {kept}{more} (blank lines skipped)", file=sys.stderr)
         return
-    items = [entry.row({k: v[n] for k, v in columns.items()}, r, n) for n, r in enumerate(results)]
+    items = []
+    for n, (row, result) in enumerate(zip(rows, results)):
+        given = {k: v[n] for k, v in columns.items()}
+        ids = {"id": row.id} if row.id is not None else {}
+        items.append({"line": row.line, **ids, **entry.row(given, result, n)})
     _write_jsonl(args.out, items)
 
 
@@ -447,7 +518,7 @@ def args_attention(p: argparse.ArgumentParser) -> None:
 
 
 def args_probe(p: argparse.ArgumentParser) -> None:
-    from .data.tasks import TASK_NAMES
+    from .data.tasks import GLUE_TASKS
     from .runner import PRECISIONS
     from .tasks import TaskOptions
     from .tasks.embedding import POOLINGS
@@ -467,8 +538,21 @@ def args_probe(p: argparse.ArgumentParser) -> None:
         "--precision", choices=PRECISIONS, default="auto", help=INFERENCE_HELP["precision"]
     )
     p.add_argument("--json", help="also write the table as JSON here")
+    tasks = (*(name for name, spec in GLUE_TASKS.items() if not spec.is_pair), "csv")
+
+    def single_sentence(name: str) -> str:  # argparse's "invalid choice" would not say why
+        if name not in tasks:
+            raise argparse.ArgumentTypeError(
+                f"{name!r}: probe takes single-sentence tasks: {', '.join(tasks)}"
+            )
+        return name
+
     p.add_argument(
-        "--task", default="sst2", choices=TASK_NAMES, help="a single-sentence GLUE task, or csv"
+        "--task",
+        default="sst2",
+        type=single_sentence,
+        choices=tasks,
+        help="a single-sentence GLUE task, or csv (one text column)",
     )
     squad = ("doc_stride", "max_query_length", "max_answer_length", "n_best_size")
     add_options(p, TaskOptions, skip=("task", "tag_column", *squad, "null_score_diff_threshold"))
@@ -488,7 +572,12 @@ def args_demo(p: argparse.ArgumentParser) -> None:
         run_demo,
         skip=("vocab_size", "sentences", "epochs"),
         flags={"progress": "--no-progress"},
-        help={"steps": "pre-training steps", "seed": "everything random"},
+        help={
+            "minutes": "pre-training time: the steps that fit, timed on this machine",
+            "steps": "a fixed number of pre-training steps instead of --minutes",
+            "seed": "everything random",
+            "progress": "no progress bars",
+        },
     )
 
 
@@ -701,7 +790,10 @@ def add_options(
 
 def _int_list(text: str) -> tuple[int, ...]:
     try:
-        return tuple(int(x) for x in text.replace(";", ",").split(",") if x.strip())
+        values = tuple(int(x) for x in text.replace(";", ",").split(",") if x.strip())
+        if not values:
+            raise ValueError
+        return values
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"{text!r}: expected integers separated by commas"
@@ -770,6 +862,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.func(args)
     except BertforgeError as e:
         print(f"bertforge: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a path the user gave: missing, a directory, no permission, disk full
+        where = e.filename2 if e.filename2 is not None else e.filename
+        what = e.strerror or str(e)
+        print(f"bertforge: error: {f'{where}: ' if where else ''}{what}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("bertforge: interrupted", file=sys.stderr)

@@ -181,7 +181,23 @@ class BertConfig:
             raise ConfigError(
                 f"pad_token_id={self.pad_token_id}: must be in [0, vocab_size={self.vocab_size})"
             )
+        self._check_fits_in_memory()
         self._validate_labels()
+
+    def _check_fits_in_memory(self) -> None:
+        """A size no machine here can hold (a typo, a crafted config.json: vocab_size 1e9) is an
+        error naming the sizes, not an attempt to allocate terabytes."""
+        H, L, I = self.hidden_size, self.num_hidden_layers, self.intermediate_size
+        rows = self.vocab_size + self.max_position_embeddings + self.type_vocab_size
+        params = rows * H + L * (4 * H * H + 2 * H * I)  # embeddings and layers, roughly
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        if 4 * params > memory:
+            raise ConfigError(
+                f"vocab_size={self.vocab_size}, hidden_size={H}, num_hidden_layers={L}, "
+                f"intermediate_size={I}, max_position_embeddings={self.max_position_embeddings}:"
+                f" about {params / 1e9:,.1f}B parameters, {4 * params / 2**30:,.0f} GiB in fp32; "
+                f"this machine has {memory / 2**30:,.0f} GiB"
+            )
 
     def _validate_labels(self) -> None:
         if self.classifier_dropout is not None:

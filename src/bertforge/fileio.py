@@ -4,15 +4,20 @@ Reading: the text readers of corpora, task tables and CoNLL files go through
 `text_lines`, so a file that is not UTF-8 or not text fails the same way everywhere, naming
 the file, line and byte. Writing: write to a temporary file beside the target, then rename over
 it; a crash (or Ctrl-C) mid-write leaves the previous file intact and never a half-written one,
-because `os.replace` within one directory is atomic on POSIX and Windows.
+because `os.replace` within one directory is atomic on POSIX and Windows. Written files get the
+mode a plain open() would give them under the process's umask (0644 under 022).
 """
 
 from __future__ import annotations
 
 import codecs
 import contextlib
+import errno
+import io
 import json
+import math
 import os
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,6 +26,9 @@ from typing import Any
 from .errors import ConfigError, DataError
 
 ENCODING_ERRORS = ("strict", "replace", "ignore")  # what to do with bytes that are not UTF-8
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)  # read (there is no other way) and put back at once
+FILE_MODE = 0o666 & ~_UMASK  # what open() would give a new file: 0644 under umask 022
 
 
 def text_lines(
@@ -29,7 +37,8 @@ def text_lines(
     on_bytes: Callable[[int], object] | None = None,
     hint: str = "",
 ) -> Iterator[tuple[int, str]]:
-    """(1-based line number, line with its ending) of a UTF-8 file; a leading BOM is dropped.
+    """(1-based line number, line with its ending) of a UTF-8 file ("-": stdin, checked alike);
+    a leading BOM is dropped.
 
     Lines are split on "\\n" only: a stray "\\r", "\\x0b" or U+2028 inside a text stays in
     the text (str.splitlines would split there). A byte that is not UTF-8 is an error naming
@@ -41,9 +50,14 @@ def text_lines(
         raise ConfigError(
             f"encoding_errors={encoding_errors!r}: must be one of {', '.join(ENCODING_ERRORS)}"
         )
-    if not path.is_file():
-        raise DataError(f"{path}: file not found")
-    with open(path, "rb") as f:
+    stdin = str(path) == "-"
+    if stdin:
+        path = Path("<stdin>")
+    elif not path.is_file():
+        what = "a directory, not a file" if path.is_dir() else "file not found"
+        raise DataError(f"{path}: {what}")
+    # stdin ("-") is read whole: it cannot be rewound after the look for NUL bytes
+    with io.BytesIO(sys.stdin.buffer.read()) if stdin else open(path, "rb") as f:
         if b"\x00" in f.read(8192):
             raise DataError(f"{path}: looks like a binary file (NUL bytes), expected UTF-8 text")
         f.seek(0)
@@ -68,14 +82,20 @@ def text_lines(
 def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temporary path to write; on success it is renamed to `path`, on error removed."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except FileExistsError:  # a file where a directory of the path should be
+        raise NotADirectoryError(errno.ENOTDIR, "not a directory", str(path.parent)) from None
+    except OSError as e:  # named by the file asked for, not by the temporary one
+        raise OSError(e.errno, e.strerror, str(path)) from None
     os.close(fd)
     tmp_path = Path(tmp)
     try:
         yield tmp_path
         with open(tmp_path, "rb+") as f:
             os.fsync(f.fileno())
+        os.chmod(tmp_path, FILE_MODE)  # mkstemp's 0600 would keep other users from reading it
         os.replace(tmp_path, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -89,9 +109,27 @@ def write_text(path: str | os.PathLike[str], text: str) -> None:
         tmp.write_text(text, encoding="utf-8")
 
 
+def json_text(obj: Any, indent: int | None = None) -> str:
+    """JSON text (UTF-8 characters kept) that every JSON reader takes: a NaN or infinity (a
+    metric of a constant input, a diverged loss) is written as null, since Python's bare `NaN`
+    is not JSON; the one rule for every JSON file bertforge writes (write_json, metrics.jsonl)."""
+
+    def finite(x: Any) -> Any:
+        if isinstance(x, float):
+            return x if math.isfinite(x) else None
+        if isinstance(x, dict):
+            return {k: finite(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [finite(v) for v in x]
+        return x
+
+    return json.dumps(finite(obj), indent=indent, ensure_ascii=False, allow_nan=False)
+
+
 def write_json(path: str | os.PathLike[str], obj: Any) -> None:
-    """Write JSON (indented, sorted as given, UTF-8, trailing newline) atomically."""
-    write_text(path, json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
+    """Write JSON (indented, sorted as given, UTF-8, trailing newline, non-finite numbers as
+    null: json_text) atomically."""
+    write_text(path, json_text(obj, indent=2) + "\n")
 
 
 def read_json(
@@ -116,7 +154,10 @@ def read_json(
 
 
 def read_lines(
-    path: Path, encoding_errors: str = "strict", on_bytes: Callable[[int], object] | None = None
+    path: Path,
+    encoding_errors: str = "strict",
+    on_bytes: Callable[[int], object] | None = None,
+    hint: str = ", or pass encoding_errors='replace' (CLI: --encoding-errors replace)",
 ) -> Iterator[tuple[int, str]]:
     """(line number, text without the line ending) of a UTF-8 file (fileio.text_lines).
 
@@ -124,6 +165,5 @@ def read_lines(
     encoding_errors="replace" (U+FFFD, which the tokenizer drops) or "ignore".
     on_bytes(n) is called with the size of each line read (for progress bars).
     """
-    hint = ", or pass encoding_errors='replace' (CLI: --encoding-errors replace)"
     for lineno, line in text_lines(path, encoding_errors, on_bytes, hint):
         yield lineno, line.rstrip("\r\n")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import BertforgeError
+from ..fileio import atomic_path
 from .logs import read_metrics
 
 # (panel title, [(metric, label)])
@@ -66,6 +67,7 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
         ax.axis("off")
     fig.suptitle(str(run_dir))
     fig.tight_layout()
-    fig.savefig(out_path, dpi=100)
+    with atomic_path(out_path) as tmp:  # PNG whatever the name says; never half-written
+        fig.savefig(tmp, dpi=100, format="png")
     plt.close(fig)
     return out_path
