@@ -3,18 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
+import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
 
 from bertforge import BertConfig, Tokenizer
+from bertforge.errors import InputError
 from bertforge.heads import BertForSequenceClassification
 from bertforge.pipelines import Pipeline
 from tests.conftest import TINY
@@ -40,9 +46,14 @@ def classifier(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Pa
     return d
 
 
+LOGS: dict[str, Path] = {}  # a served url: its server's output
+
+
 @pytest.fixture(scope="module")
-def server(classifier: Path) -> Iterator[str]:
+def server(classifier: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     port = free_port()
+    log_path = tmp_path_factory.mktemp("serve") / "server.log"
+    log = log_path.open("w")
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -58,12 +69,15 @@ def server(classifier: Path) -> Iterator[str]:
             "200",
             "--precision",
             "fp32",
+            "--max-body-bytes",
+            "100000",
         ],
-        stdout=subprocess.PIPE,
+        stdout=log,  # a file, not a pipe: a full pipe would block the server
         stderr=subprocess.STDOUT,
         text=True,
     )
     url = f"http://127.0.0.1:{port}"
+    LOGS[url] = log_path
     try:
         for _ in range(300):
             try:
@@ -72,7 +86,7 @@ def server(classifier: Path) -> Iterator[str]:
             except httpx.HTTPError:
                 pass
             if proc.poll() is not None:
-                pytest.fail(f"server exited: {proc.stdout.read() if proc.stdout else ''}")
+                pytest.fail(f"server exited: {log_path.read_text()}")
             time.sleep(0.1)
         else:
             pytest.fail("server did not start in 30 s")
@@ -80,6 +94,7 @@ def server(classifier: Path) -> Iterator[str]:
     finally:
         proc.terminate()
         proc.wait(10)
+        log.close()
 
 
 def test_endpoints(server: str, classifier: Path) -> None:
@@ -160,13 +175,13 @@ def test_openai_embeddings_api(server: str, classifier: Path) -> None:
     decoded = np.frombuffer(__import__("base64").b64decode(r.json()["data"][1]["embedding"]), "<f4")
     assert np.abs(decoded - want[1]).max() < 1e-6
     r = httpx.post(f"{server}/v1/embeddings", json={"input": texts, "dimensions": 64})
-    assert r.status_code == 400 and "dimensions=64" in r.json()["error"]
+    assert r.status_code == 400 and "dimensions=64" in r.json()["error"]["message"]
     assert (
         httpx.post(f"{server}/v1/embeddings", json={"input": texts, "dimensions": 128}).status_code
         == 200
     )
     r = httpx.post(f"{server}/v1/embeddings", json={"input": [[1, 10**9]]})
-    assert r.status_code == 422 and "piece ids" in r.json()["error"]
+    assert r.status_code == 422 and "piece ids" in r.json()["error"]["message"]
     openai = pytest.importorskip("openai")
     client = openai.OpenAI(base_url=f"{server}/v1", api_key="unused")
     got = client.embeddings.create(input=texts, model="mine")  # the client asks for base64
@@ -203,3 +218,272 @@ def test_a_long_text_does_not_share_a_batch_beyond_the_token_cap() -> None:
 
     assert asyncio.run(go()) == [[2], [2], [90], [2]]
     assert ["x" * 90] in calls and all(len(c) * max(map(len, c)) <= 100 for c in calls)
+
+
+# -- hardening: a bad request, a gone client, a big body, a bug, a broken checkpoint -----------
+
+
+def local_port(r: Any) -> Any:
+    """The client's end of the connection a response came on (while that connection is open)."""
+    return r.extensions["network_stream"].get_extra_info("client_addr")
+
+
+def test_a_bad_request_among_valid_ones_fails_alone(server: str, classifier: Path) -> None:
+    texts = [f"valid sentence number {i}" for i in range(20)]
+
+    async def go() -> list[Any]:
+        async with httpx.AsyncClient(base_url=server, timeout=60) as client:
+            bad = client.post("/v1/embeddings", json={"input": [[-1]]})
+            valid = (client.post("/embed", json={"texts": [t]}) for t in texts)
+            return await asyncio.gather(bad, *valid)
+
+    bad, *rs = asyncio.run(go())
+    assert bad.status_code == 422 and "input[0]: piece ids" in bad.json()["error"]["message"]
+    assert [r.status_code for r in rs] == [200] * 20
+    want = Pipeline(classifier, precision="fp32").embed(texts)
+    assert np.abs(np.array([r.json()["embeddings"][0] for r in rs]) - want).max() < 1e-4
+
+
+def test_a_connection_serves_on_after_an_error(server: str) -> None:
+    """Each error answered on a keep-alive connection, which then serves a valid request;
+    nothing in the server's log."""
+    with httpx.Client(base_url=server, timeout=60) as client:
+        answers = []
+        for method, path, body in [
+            ("POST", "/v1/embeddings", {"input": [[-1]]}),
+            ("POST", "/embed", {"texts": []}),
+            ("POST", "/embed", b'{"texts": '),
+            ("GET", "/nope", None),
+            ("GET", "/embed", None),
+            ("POST", "/embed", {"texts": ["fine"]}),
+        ]:
+            content = body if isinstance(body, bytes) else None
+            json_body = None if content is not None else body
+            headers = {"content-type": "application/json"} if content else None
+            r = client.request(method, path, json=json_body, content=content, headers=headers)
+            answers.append((r.status_code, local_port(r)))
+    assert [s for s, _ in answers] == [422, 422, 400, 404, 405, 200]
+    assert len({port for _, port in answers}) == 1  # one connection throughout
+    log = LOGS[server].read_text()
+    assert "Traceback" not in log and "error" not in log.lower(), log
+    text = httpx.get(f"{server}/metrics").text
+    assert 'endpoint="/v1/embeddings",status="422"' in text and 'status="500"' not in text
+
+
+def test_every_error_body_is_an_error(server: str) -> None:
+    """Starlette's own answers too; under /v1/ OpenAI's error object."""
+    for r, status in [
+        (httpx.get(f"{server}/nope"), 404),
+        (httpx.get(f"{server}/docs"), 404),  # not offered: its page needs a CDN
+        (httpx.get(f"{server}/embed"), 405),
+        (httpx.put(f"{server}/classify", json={}), 405),
+    ]:
+        assert r.status_code == status and list(r.json()) == ["error"], r.text
+        assert isinstance(r.json()["error"], str) and r.json()["error"]
+    r = httpx.post(f"{server}/v1/embeddings", json={"inpt": "x"})
+    error = r.json()["error"]
+    assert r.status_code == 422 and error["type"] == "invalid_request_error"
+    assert error["param"] == "input" and "input" in error["message"] and "code" in error
+
+
+def test_the_openai_client_sees_the_message(server: str) -> None:
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=f"{server}/v1", api_key="unused", max_retries=0)
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.embeddings.create(input=["a fine film"], model="mine", dimensions=64)
+    e = caught.value
+    assert "dimensions=64: this model's embeddings have 128 dimensions" in e.message
+    assert e.type == "invalid_request_error" and e.param == "dimensions"
+
+
+def test_no_answer_shows_the_servers_path(server: str, classifier: Path) -> None:
+    meta = httpx.get(f"{server}/metadata")
+    assert meta.json()["model"] == classifier.name
+    api = httpx.get(f"{server}/openapi.json")
+    refused = httpx.post(f"{server}/qa", json={"questions": ["q"], "contexts": ["c"]})
+    assert refused.status_code == 404
+    for r in (meta, api, refused):
+        assert str(classifier) not in r.text and str(classifier.parent) not in r.text
+
+
+def exchange(url: str, request: bytes) -> tuple[int, dict[str, str], Any]:
+    """Send raw bytes and read the answer until the server closes the connection."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as s:
+        s.sendall(request)
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode().split("\r\n")
+    headers = dict(line.lower().split(": ", 1) for line in lines[1:])
+    return int(lines[0].split()[1]), headers, json.loads(body)
+
+
+def test_a_body_over_the_limit_is_refused_as_it_arrives(server: str) -> None:
+    """--max-body-bytes 100000: a Content-Length over it is refused unread, and a body without
+    one once 100,000 bytes have come, unfinished, so before anything parses it."""
+    start = b"POST /embed HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    status, headers, body = exchange(server, start + b"Content-Length: 1000000000\r\n\r\n")
+    assert status == 413 and headers["connection"] == "close"
+    assert body == {"error": "the body is larger than the limit of 100,000 bytes"}
+    chunks = [b'{"texts": ["', *[b"x" * 30_000] * 4]  # JSON that never ends
+    streamed = b"".join(b"%x\r\n%s\r\n" % (len(c), c) for c in chunks)
+    status, headers, body = exchange(
+        server, start + b"Transfer-Encoding: chunked\r\n\r\n" + streamed
+    )
+    assert status == 413 and "100,000 bytes" in body["error"]
+    openai_path = start.replace(b"/embed", b"/v1/embeddings")
+    status, _, body = exchange(server, openai_path + b"Content-Length: 100001\r\n\r\n")
+    assert status == 413 and body["error"]["type"] == "invalid_request_error"
+    assert httpx.post(f"{server}/embed", json={"texts": ["still serving"]}).status_code == 200
+
+
+def test_a_truncated_checkpoint_stops_serve_at_start_up(classifier: Path, tmp_path: Path) -> None:
+    broken = tmp_path / "broken"
+    shutil.copytree(classifier, broken)
+    weights = broken / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    port = str(free_port())
+    done = subprocess.run(
+        [sys.executable, "-m", "bertforge", "serve", str(broken), "--port", port],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2 and done.stdout == ""
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("bertforge: error: "), done.stderr
+    assert "model.safetensors" in lines[0] and "truncated" in lines[0]
+
+
+class Recorder:
+    """Pipeline.embed wrapped: records the texts of each call; "hold" waits for `gate`,
+    "poison" is refused (an InputError naming the model's path), "crash" is a bug."""
+
+    def __init__(self, pipe: Pipeline) -> None:
+        self.pipe, self.embed = pipe, pipe.embed
+        self.calls: list[list[str]] = []
+        self.gate = threading.Event()
+
+    def __call__(self, texts: list[str], **options: Any) -> np.ndarray:
+        self.calls.append(list(texts))
+        if "hold" in texts:
+            self.gate.wait(30)
+        if "poison" in texts:
+            raise InputError(f"{self.pipe.path}: cannot read 'poison'")
+        if "crash" in texts:
+            raise RuntimeError("a bug")
+        return self.embed(texts, **options)
+
+
+@pytest.fixture
+def local(classifier: Path) -> Iterator[tuple[str, Any, Recorder]]:
+    """The app in this process (uvicorn in a thread, logging to the root logger), its Server,
+    and its pipeline's embed wrapped in a Recorder."""
+    import uvicorn
+
+    from bertforge.serve import Limits, create_app
+
+    app = create_app(classifier, Limits(max_wait_ms=20), precision="fp32")
+    served = app.state.server
+    served.pipe.embed = recorder = Recorder(served.pipe)
+    port = free_port()
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, log_level="info")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    for _ in range(300):
+        if server.started:
+            break
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}", served, recorder
+    finally:
+        recorder.gate.set()
+        server.should_exit = True
+        thread.join(30)
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    for _ in range(1000):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("timed out")
+
+
+def test_a_batch_that_fails_is_run_one_request_at_a_time(
+    local: tuple[str, Any, Recorder], classifier: Path
+) -> None:
+    """20 valid requests and one the pipeline refuses, in one batch: the batch fails, each runs
+    alone, the 20 get their vectors and the bad one its own 422 (with no server path)."""
+    url, served, recorder = local
+    texts = [f"valid sentence number {i}" for i in range(20)]
+    bodies = [{"texts": [t]} for t in texts[:10]] + [{"texts": ["poison"]}]
+    bodies += [{"texts": [t]} for t in texts[10:]]
+
+    async def go() -> list[Any]:
+        async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+            held = asyncio.create_task(client.post("/embed", json={"texts": ["hold"]}))
+            await until(lambda: bool(recorder.calls))  # the worker is busy: the rest queue
+            posts = [asyncio.create_task(client.post("/embed", json=b)) for b in bodies]
+            await until(lambda: served.batchers["embed"].queue.qsize() == 21)
+            recorder.gate.set()
+            return [await held, *await asyncio.gather(*posts)]
+
+    held, *rs = asyncio.run(go())
+    assert held.status_code == 200 and 21 in [len(c) for c in recorder.calls]
+    bad = rs.pop(10)
+    assert bad.status_code == 422
+    assert bad.json() == {"error": f"{classifier.name}: cannot read 'poison'"}
+    assert [r.status_code for r in rs] == [200] * 20
+    want = Pipeline(classifier, precision="fp32").embed(texts)
+    assert np.abs(np.array([r.json()["embeddings"][0] for r in rs]) - want).max() < 1e-4
+    assert served.metrics.requests == {("/embed", 200): 21, ("/embed", 422): 1}
+
+
+def test_a_request_whose_client_left_is_not_computed(local: tuple[str, Any, Recorder]) -> None:
+    url, served, recorder = local
+    host, port = url.removeprefix("http://").split(":")
+    body = json.dumps({"texts": ["gone " * 50] * 8}).encode()
+    request = (
+        b"POST /embed HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+    )
+
+    async def go() -> list[Any]:
+        async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+            held = asyncio.create_task(client.post("/embed", json={"texts": ["hold"]}))
+            await until(lambda: bool(recorder.calls))  # the worker is busy: the rest queue
+            writers = []
+            for _ in range(3):
+                _, writer = await asyncio.open_connection(host, int(port))
+                writer.write(request)
+                writers.append(writer)
+            await until(lambda: served.batchers["embed"].queue.qsize() == 3)
+            for writer in writers:  # the clients leave before their turn
+                writer.close()
+            await until(lambda: served.metrics.requests.get(("/embed", 499)) == 3)
+            recorder.gate.set()
+            return [await held, await client.post("/embed", json={"texts": ["after"]})]
+
+    assert [r.status_code for r in asyncio.run(go())] == [200, 200]
+    assert recorder.calls == [["hold"], ["after"]]
+
+
+def test_a_bug_is_a_500_logged_once_and_the_connection_serves_on(
+    local: tuple[str, Any, Recorder], caplog: pytest.LogCaptureFixture
+) -> None:
+    url, served, _ = local
+    with caplog.at_level(logging.INFO), httpx.Client(base_url=url, timeout=60) as client:
+        crash = client.post("/embed", json={"texts": ["crash"]})
+        crashed_on = local_port(crash)
+        fine = client.post("/embed", json={"texts": ["fine"]})
+        assert local_port(fine) == crashed_on  # the same keep-alive connection
+    assert crash.status_code == 500 and crash.json() == {"error": "internal error: RuntimeError"}
+    assert fine.status_code == 200
+    errors = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(errors) == 1 and errors[0].exc_info is None, [r.getMessage() for r in errors]
+    assert "POST /embed: internal error: RuntimeError: a bug" in errors[0].getMessage()
+    assert served.metrics.requests == {("/embed", 500): 1, ("/embed", 200): 1}

@@ -11,35 +11,51 @@
         /ner         {"texts": [...]}                   -> [[{entity, text, start, end, score}]]
         /qa          {"questions", "contexts", "max_seq_length"?, ...} -> [{answer, score, ...}]
         /nsp         {"texts": [...], "pairs": [...]}   -> [P(IsNext)]
-    GET  /health, GET /metadata, GET /metrics (Prometheus text), GET /docs (OpenAPI)
+    GET  /health, GET /metadata, GET /metrics (Prometheus text), GET /openapi.json (the API)
 
-Every served pipeline has its endpoint; one whose head the checkpoint lacks (by its config.json
-"architectures") answers 404. Concurrent requests are micro-batched: each endpoint has a bounded
-queue and one worker that takes up to max_batch texts and max_batch_tokens padded pieces (so one
-long text does not hold back a batch of short ones), waiting at most max_wait_ms for more, runs
-them length-sorted in a thread (the inference runner: a long text does not pad the short ones),
-and answers each request with its own rows. Limits: texts per request and characters per text
-answer 413, a full queue 503, a body that is not JSON 400, a body of the wrong shape 422; every
-error is JSON {"error": "..."}. The model is fixed at start-up: nothing in a request names a file.
+The model is fixed, loaded and checked at start-up: the encoder and every head its config.json
+"architectures" claim, so a corrupt checkpoint stops `serve` before it listens, and nothing in
+a request names a file. Every served pipeline has its endpoint; one whose head the checkpoint
+lacks answers 404. Concurrent requests are micro-batched: each endpoint has a bounded queue and
+one worker that takes up to max_batch texts and max_batch_tokens padded pieces (so one long
+text does not hold back a batch of short ones), waiting at most max_wait_ms for more, runs them
+length-sorted in a thread (the inference runner: a long text does not pad the short ones), and
+answers each request with its own rows. A request's inputs are checked before it joins a batch;
+a batch that fails anyway is run again one request at a time, so a bad input fails only its
+own request. A request whose client has gone is dropped from the queue, not computed.
+
+Errors are answered, never re-raised (the connection stays usable), as JSON {"error": "..."};
+on /v1/ as OpenAI's error object {"error": {"message", "type", "param", "code"}}, which its
+client shows. A body over max_body_bytes answers 413 as it arrives, before it is parsed; texts
+per request and characters per text over their limits 413; a full queue 503; a body that is
+not JSON 400; one of the wrong shape, or an input the pipeline refuses (a BertforgeError), 422;
+an unknown path 404, a wrong method 405; a client gone before its answer is counted as 499.
+Anything else is a bug: 500 {"error": "internal error: <Type>"} and one line in the server's
+log. No answer shows a path of the server's: the model is named by its directory's name.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import inspect
 import json
+import logging
 import time
+import traceback
 import typing
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 try:  # the serve extra; without it the module still imports (the CLI reads Limits' options)
+    from fastapi import Request
     from pydantic import BaseModel, Field, create_model
 except ImportError:  # create_app says what to install
     BaseModel, Field, create_model = object, lambda *a, **k: None, None  # type: ignore[all]
+    Request = Any  # type: ignore[misc,assignment]
 
 from .catalogue import ENTRIES, Entry
 from .checkpoint import architectures
@@ -48,6 +64,8 @@ from .errors import BertforgeError, ConfigError
 from .model import BertModel
 from .pipelines import Pipeline
 from .tasks.embedding import POOLINGS
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -62,6 +80,11 @@ class Limits:
     )
     max_wait_ms: float = option(5.0, "how long a batch waits for more requests", min=0)
     max_queue: int = option(1024, "requests waiting per endpoint (else 503)", min=1)
+    # 16 MiB holds max_texts x max_chars twice over (QA's questions and contexts) even as
+    # 6-byte \u escapes, and as many piece ids; raise it with those two limits
+    max_body_bytes: int = option(
+        16 * 2**20, "bytes per request body, counted as it arrives (else 413)", min=1
+    )
 
     def __post_init__(self) -> None:
         check_options(self)
@@ -95,9 +118,48 @@ def request_model(entry: Entry) -> type:
 
 
 class HTTPError(Exception):
-    def __init__(self, status: int, message: str) -> None:
+    """An answer other than 200: its status, its message and the request field it is about."""
+
+    def __init__(self, status: int, message: str, param: str | None = None) -> None:
         super().__init__(message)
-        self.status, self.message = status, message
+        self.status, self.message, self.param = status, message, param
+
+
+class BodyTooLarge(Exception):
+    """Raised into the app by the body's receive once the body passes max_body_bytes."""
+
+
+GONE = 499  # the client closed its connection before its answer (nginx's code)
+
+
+def error_response(
+    path: str,
+    status: int,
+    message: str,
+    param: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> Any:
+    """The JSON answer of an error: {"error": message}; under /v1/ OpenAI's error object, the
+    shape its client reads the message from."""
+    from fastapi.responses import JSONResponse
+
+    body: dict[str, Any] = {"error": message}
+    if path.startswith("/v1/"):
+        kind = "invalid_request_error" if status < 500 else "server_error"
+        body = {"error": {"message": message, "type": kind, "param": param, "code": None}}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def internal(where: str, e: BaseException) -> str:
+    """A bug's answer ("internal error: <Type>"), logged here as one line: where it was raised."""
+    frame = traceback.extract_tb(e.__traceback__)[-1:] if e.__traceback__ else []
+    at = f" (at {Path(frame[0].filename).name}:{frame[0].lineno})" if frame else ""
+    log.error("%s: internal error: %s: %s%s", where, type(e).__name__, e, at)
+    return f"internal error: {type(e).__name__}"
+
+
+# a request waiting in a queue: its items, its options, its longest item in pieces, its answer
+Pending = tuple[list[Any], dict[str, Any], int, asyncio.Future]
 
 
 class Batcher:
@@ -111,66 +173,110 @@ class Batcher:
         metrics: Metrics,
     ) -> None:
         self.run, self.limits, self.pieces, self.metrics = run, limits, pieces, metrics
-        self.queue: asyncio.Queue[tuple[list[Any], dict[str, Any], asyncio.Future]] = asyncio.Queue(
-            limits.max_queue
-        )
+        self.queue: asyncio.Queue[Pending] = asyncio.Queue(limits.max_queue)
         self.lock = asyncio.Lock()  # one model call at a time (torch uses every core already)
         self.task: asyncio.Task | None = None
 
-    async def submit(self, items: list[Any], options: dict[str, Any]) -> list[Any]:
-        if self.task is None:
+    async def submit(
+        self,
+        items: list[Any],
+        options: dict[str, Any],
+        gone: Callable[[], Awaitable[Any]] | None = None,
+    ) -> list[Any]:
+        """The rows of `items`, computed in a batch with other requests' items; `gone` returns
+        when the client has left: the request then leaves the queue uncomputed (499)."""
+        if self.task is None or self.task.done():
             self.task = asyncio.create_task(self._work())
         future: asyncio.Future = asyncio.get_running_loop().create_future()
+        longest = self._longest(items)  # here, so that an item it cannot read fails its request
         try:
-            self.queue.put_nowait((items, options, future))
+            self.queue.put_nowait((items, options, longest, future))
         except asyncio.QueueFull:
             raise HTTPError(503, "server busy: the request queue is full; retry later") from None
-        return await future
+        watch = asyncio.ensure_future(gone()) if gone else None
+        try:
+            if watch is not None:
+                await asyncio.wait([future, watch], return_when=asyncio.FIRST_COMPLETED)
+                # gone, unless the watch itself failed: that says nothing of the client
+                if not future.done() and watch.exception() is None:
+                    raise HTTPError(GONE, "the client closed the connection")
+            return await future
+        finally:  # answered, the client gone or this handler cancelled: the worker skips it
+            future.cancel()
+            if watch:
+                watch.cancel()
 
     def _longest(self, items: list[Any]) -> int:
         return max((self.pieces(x) for x in items), default=0)
 
-    async def _work(self) -> None:
-        loop = asyncio.get_running_loop()
-        limits, held = self.limits, None
+    async def _next(self) -> Pending:
+        """The next queued request whose client still waits."""
         while True:
-            pending = [held or await self.queue.get()]
-            held = None
-            size, longest = len(pending[0][0]), self._longest(pending[0][0])
-            deadline = loop.time() + limits.max_wait_ms / 1000
-            while size < limits.max_batch:
-                timeout = deadline - loop.time()
-                if timeout <= 0:
-                    break
-                try:
-                    nxt = await asyncio.wait_for(self.queue.get(), timeout)
-                except asyncio.TimeoutError:
-                    break
-                n, m = size + len(nxt[0]), max(longest, self._longest(nxt[0]))
-                if n * m > limits.max_batch_tokens:  # padded pieces: it waits for the next batch
-                    held = nxt
-                    break
-                pending.append(nxt)
-                size, longest = n, m
-            self.metrics.batch(size, self.queue.qsize() + (held is not None))
-            # requests with the same options run as one batch
-            groups: dict[str, list[tuple[list[Any], dict[str, Any], asyncio.Future]]] = {}
+            pending = await self.queue.get()
+            if not pending[3].done():
+                return pending
+
+    async def _work(self) -> None:
+        held: Pending | None = None
+        while True:
+            pending, held = await self._gather(held)
+            groups: dict[str, list[Pending]] = {}  # requests with the same options: one batch
             for p in pending:
-                groups.setdefault(json.dumps(p[1], sort_keys=True), []).append(p)
+                groups.setdefault(json.dumps(p[1], sort_keys=True, default=repr), []).append(p)
             for group in groups.values():
-                items = [x for p in group for x in p[0]]
                 try:
-                    rows = await loop.run_in_executor(None, self.run, items, group[0][1])
-                except Exception as e:  # answer every waiting request, keep serving
-                    for _, _, f in group:
-                        if not f.done():
-                            f.set_exception(e)
-                    continue
-                i = 0
-                for its, _, f in group:
-                    if not f.done():
-                        f.set_result(rows[i : i + len(its)])
-                    i += len(its)
+                    await self._answer(group)
+                except Exception as e:  # a bug here must not stop the worker: a 500 each
+                    for p in group:
+                        if not p[3].done():
+                            p[3].set_exception(e)
+
+    async def _gather(self, held: Pending | None) -> tuple[list[Pending], Pending | None]:
+        """The next batch, and the request that did not fit in it (it leads the next)."""
+        loop, limits = asyncio.get_running_loop(), self.limits
+        first = held if held is not None and not held[3].done() else await self._next()
+        pending, size, longest = [first], len(first[0]), first[2]
+        deadline = loop.time() + limits.max_wait_ms / 1000
+        held = None
+        while size < limits.max_batch:
+            timeout = deadline - loop.time()
+            if timeout <= 0:
+                break
+            try:
+                nxt = await asyncio.wait_for(self._next(), timeout)
+            except asyncio.TimeoutError:
+                break
+            n, m = size + len(nxt[0]), max(longest, nxt[2])
+            if n * m > limits.max_batch_tokens:  # padded pieces: it waits for the next batch
+                held = nxt
+                break
+            pending.append(nxt)
+            size, longest = n, m
+        self.metrics.batch(size, self.queue.qsize() + (held is not None))
+        return pending, held
+
+    async def _answer(self, group: list[Pending]) -> None:
+        """One model call for the group's requests, each answered with its own rows; if it
+        fails, each request runs alone, so that one bad input fails only its own request."""
+        group = [p for p in group if not p[3].done()]  # clients gone while the batch formed
+        if not group:
+            return
+        items = [x for p in group for x in p[0]]
+        loop = asyncio.get_running_loop()
+        try:
+            rows = await loop.run_in_executor(None, self.run, items, group[0][1])
+        except Exception as e:
+            if len(group) > 1:
+                for p in group:
+                    await self._answer([p])
+            elif not group[0][3].done():
+                group[0][3].set_exception(e)
+            return
+        i = 0
+        for its, _, _, f in group:
+            if not f.done():
+                f.set_result(rows[i : i + len(its)])
+            i += len(its)
 
 
 class Metrics:
@@ -254,26 +360,45 @@ class Server:
         self.model, self.limits, self.metrics = model, limits, Metrics()
         self.pipe = Pipeline(model, batch_size=limits.max_batch, **pipeline_options)
         self.endpoints = available(model)
+        # what a request would load, loaded now: a corrupt checkpoint stops `serve` here with
+        # its CheckpointError instead of answering every request with it
+        for name in self.endpoints:
+            self.pipe.model_for(name)
+        self.width = self.pipe.config.hidden_size * len(self.pipe.embedding_settings.pooling)
+        self.name = Path(str(model)).resolve().name  # answers name the model, never its path
+        given = (Path(str(model)).resolve(), self.pipe.path, self.pipe.path.resolve())
+        self.paths = sorted({str(p) for p in given if p.is_absolute()}, key=len, reverse=True)
         self.batchers: dict[str, Batcher] = {}
 
+    def scrub(self, message: str) -> str:
+        """A pipeline's message for a client: the model's directory named, not its path."""
+        for path in self.paths:  # longest first: a path's parent would leave its tail
+            message = message.replace(path, self.name)
+        return message
+
     def check(self, texts: list[Any], what: str = "texts") -> None:
-        """An input list within the limits (else 422 / 413 naming the field and item)."""
-        limits = self.limits
+        """An input list within the limits (else 422 / 413 naming the field and item), piece
+        ids in the vocabulary: checked before the request joins a batch."""
+        limits, vocab = self.limits, self.pipe.tok.vocab_size
         if not texts:
-            raise HTTPError(422, f"{what}: empty list")
+            raise HTTPError(422, f"{what}: empty list", what)
         if len(texts) > limits.max_texts:
             raise HTTPError(
                 413,
                 f"{what}: {len(texts)} items, more than the limit of "
                 f"{limits.max_texts} per request",
+                what,
             )
         for i, t in enumerate(texts):
+            unit = "characters" if isinstance(t, str) else "piece ids"
             if len(t) > limits.max_chars:
                 raise HTTPError(
                     413,
-                    f"{what}[{i}]: {len(t):,} characters, more than the limit "
-                    f"of {limits.max_chars:,}",
+                    f"{what}[{i}]: {len(t):,} {unit}, more than the limit of {limits.max_chars:,}",
+                    what,
                 )
+            if not isinstance(t, str) and not all(0 <= k < vocab for k in t):
+                raise HTTPError(422, f"{what}[{i}]: piece ids must be in [0, {vocab})", what)
 
     def need(self, entry: Entry) -> None:
         if entry.name not in self.endpoints:
@@ -297,7 +422,7 @@ class Server:
             self.batchers[key] = Batcher(run, self.limits, self.pieces, self.metrics)
         return self.batchers[key]
 
-    async def results(self, entry: Entry, req: Any) -> list[Any]:
+    async def results(self, entry: Entry, req: Any, request: Any) -> list[Any]:
         """A catalogue entry's results for a request: its inputs checked, batched with other
         requests that give the same inputs and options."""
         self.need(entry)
@@ -308,7 +433,7 @@ class Server:
         first, n = given[0].param, len(columns[given[0].param])
         for name, values in columns.items():
             if len(values) != n:
-                raise HTTPError(422, f"{n} {first} but {len(values)} {name}")
+                raise HTTPError(422, f"{n} {first} but {len(values)} {name}", name)
 
         def run(items: list[tuple[str, ...]], options: dict[str, Any]) -> list[Any]:
             inputs = {i.param: [item[k] for item in items] for k, i in enumerate(given)}
@@ -317,13 +442,21 @@ class Server:
         key = "+".join(i.param for i in given)  # classify with and without pairs: two queues
         options = {name: getattr(req, name) for name in entry.options}
         return await self.batcher(f"{entry.name}:{key}", run).submit(
-            list(zip(*columns.values())), options
+            list(zip(*columns.values())), options, functools.partial(client_gone, request)
         )
+
+
+async def client_gone(request: Any) -> None:
+    """Returns once the client has closed its connection: with the body read, the server's
+    next message is http.disconnect (uvicorn's comes when the socket closes)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def create_app(model: str | Path, limits: Limits | None = None, **pipeline_options: Any) -> Any:
     """The FastAPI application serving `model`: the catalogue's served pipelines, the
-    embedding endpoints, health, metadata and metrics."""
+    embedding endpoints, health, metadata and metrics. The model and its heads load here: a
+    checkpoint that cannot be read raises its CheckpointError now, not at the first request."""
     try:
         from fastapi import FastAPI
     except ImportError:
@@ -331,9 +464,19 @@ def create_app(model: str | Path, limits: Limits | None = None, **pipeline_optio
             "bertforge serve needs the serve extra: pip install 'bertforge[serve]'"
         ) from None
     server = Server(model, limits or Limits(), pipeline_options)
-    app = FastAPI(title="bertforge", description=f"BERT pipelines for {model}")
-    add_error_handlers(app)
-    add_metrics(app, server.metrics)
+    # no /docs or /redoc: their pages load scripts from a CDN, blank offline; /openapi.json is
+    # the API (any OpenAPI viewer reads it)
+    app = FastAPI(
+        title="bertforge",
+        description=f"BERT pipelines for {server.name}",
+        docs_url=None,
+        redoc_url=None,
+    )
+    app.state.server = server
+    app.add_middleware(
+        Guard, metrics=server.metrics, max_body=server.limits.max_body_bytes, routes=app.routes
+    )
+    add_error_handlers(app, server)
     add_status(app, server)
     add_embeddings(app, server)
     for entry in ENTRIES.values():
@@ -345,10 +488,14 @@ def create_app(model: str | Path, limits: Limits | None = None, **pipeline_optio
 def add_pipeline(app: Any, server: Server, entry: Entry) -> None:
     """POST /<entry.name>: the entry's request body in, {"results": [...]} out."""
 
-    async def endpoint(req: Any) -> dict[str, Any]:
-        return {"results": await server.results(entry, req)}
+    async def endpoint(req: Any, request: Any) -> dict[str, Any]:
+        return {"results": await server.results(entry, req, request)}
 
-    endpoint.__annotations__ = {"req": request_model(entry), "return": dict[str, Any]}
+    endpoint.__annotations__ = {
+        "req": request_model(entry),
+        "request": Request,
+        "return": dict[str, Any],
+    }
     app.post(f"/{entry.name}", summary=entry.help, name=entry.name)(endpoint)
 
 
@@ -356,34 +503,35 @@ def add_embeddings(app: Any, server: Server) -> None:
     """POST /embed and POST /v1/embeddings (OpenAI's shape): one batcher for both."""
     pipe = server.pipe
 
-    async def vectors(inputs: list[Any], pooling: str | None, normalize: bool | None) -> list:
-        server.check(inputs, "input" if inputs and not isinstance(inputs[0], str) else "texts")
+    async def vectors(inputs: list[Any], what: str, options: dict[str, Any], request: Any) -> list:
+        server.check(inputs, what)
         b = server.batcher("embed", lambda items, o: list(pipe.embed(items, **o)))
-        return await b.submit(inputs, {"pooling": pooling, "normalize": normalize})
+        return await b.submit(inputs, options, functools.partial(client_gone, request))
 
     @app.post("/embed", summary=ENTRIES["embed"].help)
-    async def embed(req: EmbedRequest) -> dict[str, Any]:
-        rows = await vectors(req.texts, req.pooling, req.normalize)
+    async def embed(req: EmbedRequest, request: Request) -> dict[str, Any]:
+        options = {"pooling": req.pooling, "normalize": req.normalize}
+        rows = await vectors(req.texts, "texts", options, request)
         return {"embeddings": [r.tolist() for r in rows]}
 
     @app.post("/v1/embeddings", summary="OpenAI's embeddings API")
-    async def openai_embeddings(req: OpenAIEmbeddingRequest) -> dict[str, Any]:
+    async def openai_embeddings(req: OpenAIEmbeddingRequest, request: Request) -> dict[str, Any]:
         inputs: list[Any] = req.input if isinstance(req.input, list) else [req.input]
         if inputs and isinstance(inputs[0], int):  # one input given as piece ids
             inputs = [inputs]
-        width = pipe.config.hidden_size * len(pipe.embedding_settings.pooling)
-        if req.dimensions is not None and req.dimensions != width:
+        if req.dimensions is not None and req.dimensions != server.width:
             raise HTTPError(
                 400,
                 f"dimensions={req.dimensions}: this model's embeddings have "
-                f"{width} dimensions (it cannot shorten them)",
+                f"{server.width} dimensions (it cannot shorten them)",
+                "dimensions",
             )
-        rows = await vectors(inputs, None, None)
+        rows = await vectors(inputs, "input", {"pooling": None, "normalize": None}, request)
         used = sum(server.pieces(x) for x in inputs)
         as_base64 = req.encoding_format == "base64"
         return {
             "object": "list",
-            "model": req.model or Path(server.model).name,
+            "model": req.model or server.name,
             "data": [
                 {
                     "object": "embedding",
@@ -410,7 +558,7 @@ def add_status(app: Any, server: Server) -> None:
     async def metadata() -> dict[str, Any]:
         m = server.pipe.model(BertModel)
         return {
-            "model": str(server.model),
+            "model": server.name,
             "endpoints": server.endpoints,
             "config": m.config.to_dict(),
             "precision": server.pipe.precision,
@@ -424,49 +572,97 @@ def add_status(app: Any, server: Server) -> None:
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
 
-def add_metrics(app: Any, metrics: Metrics) -> None:
-    """Middleware counting every request by endpoint and status, with its latency."""
+class Guard:
+    """ASGI middleware just inside Starlette's ServerErrorMiddleware (which answers an exception
+    and then re-raises it: uvicorn logs its traceback and drops the keep-alive connection).
+    It counts every request by endpoint and status with its latency, refuses a body over
+    max_body as it arrives (413, before anything parses it), and answers an exception that no
+    handler took with a 500 instead of letting it through."""
 
-    @app.middleware("http")
-    async def measure(request: Any, call_next: Callable[[Any], Any]) -> Any:
-        start, path = time.perf_counter(), request.url.path
-        path = path if any(getattr(r, "path", None) == path for r in app.routes) else "other"
+    def __init__(self, app: Any, metrics: Metrics, max_body: int, routes: list[Any]) -> None:
+        self.app, self.metrics, self.max_body, self.routes = app, metrics, max_body, routes
+        self.paths: set[str] | None = None
+
+    @staticmethod
+    def declared(scope: dict[str, Any]) -> int:
+        """The body's Content-Length (0 when not given: it is counted as it comes)."""
+        value = dict(scope["headers"]).get(b"content-length", b"0")
+        return int(value) if value.isdigit() else 0
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if self.paths is None:  # the routes, all added by the first request
+            self.paths = {getattr(r, "path", "") for r in self.routes}
+        start, path, status, read = time.perf_counter(), scope["path"], 0, 0
+        over = self.declared(scope) > self.max_body
+
+        async def receive_counted() -> Any:
+            nonlocal read, over
+            message = await receive()
+            read += len(message.get("body", b""))
+            if read > self.max_body:
+                over = True
+                raise BodyTooLarge
+            return message
+
+        async def send_status(message: dict[str, Any]) -> None:
+            nonlocal status
+            if over and not status:  # the app's answer to a cut body: the 413 goes instead
+                return
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
         try:
-            response = await call_next(request)
-        except Exception:
-            metrics.request(path, 500, time.perf_counter() - start)
-            raise
-        metrics.request(path, response.status_code, time.perf_counter() - start)
-        return response
+            if not over:
+                await self.app(scope, receive_counted, send_status)
+        except Exception as e:
+            if not over:  # a bug: logged, and answered unless its answer had begun
+                message = internal(f"{scope['method']} {path}", e)
+                if not status:
+                    await error_response(path, 500, message)(scope, receive, send_status)
+        if over and not status:
+            status = 413  # the body is unread: this connection cannot carry another request
+            text = f"the body is larger than the limit of {self.max_body:,} bytes"
+            response = error_response(path, 413, text, headers={"connection": "close"})
+            await response(scope, receive, send)
+        endpoint = path if path in self.paths else "other"
+        self.metrics.request(endpoint, status or 500, time.perf_counter() - start)
 
 
-def add_error_handlers(app: Any) -> None:
-    """Every error as JSON {"error": ...}: HTTPError with its status, a body that is not JSON
-    400, a body of the wrong shape 422, a BertforgeError (bad input) 422, anything else 500."""
+def add_error_handlers(app: Any, server: Server) -> None:
+    """Every error answered, never re-raised, as error_response: HTTPError with its status,
+    Starlette's own (404, 405, a body it could not read) with theirs, a body that is not JSON
+    400, a body of the wrong shape 422, a BertforgeError (an input the pipeline refuses) 422
+    with the server's paths shown as the model's name. The rest: Guard's 500."""
     from fastapi.exceptions import RequestValidationError
-    from fastapi.responses import JSONResponse
+    from starlette.exceptions import HTTPException
 
     @app.exception_handler(HTTPError)
-    async def http_error(request: Any, e: HTTPError) -> JSONResponse:
-        return JSONResponse({"error": e.message}, status_code=e.status)
+    async def http_error(request: Any, e: HTTPError) -> Any:
+        return error_response(request.url.path, e.status, e.message, e.param)
+
+    @app.exception_handler(HTTPException)
+    async def starlette_error(request: Any, e: HTTPException) -> Any:
+        path = request.url.path
+        message = f"{e.detail}: {request.method} {path}"
+        return error_response(path, e.status_code, message, headers=e.headers)
 
     @app.exception_handler(RequestValidationError)
-    async def invalid(request: Any, e: RequestValidationError) -> JSONResponse:
-        errors = e.errors()
+    async def invalid(request: Any, e: RequestValidationError) -> Any:
+        errors, path = e.errors(), request.url.path
         if any(err.get("type") == "json_invalid" for err in errors):
-            return JSONResponse({"error": "the body is not valid JSON"}, status_code=400)
+            return error_response(path, 400, "the body is not valid JSON")
         first = errors[0] if errors else {}
-        where = ".".join(str(x) for x in first.get("loc", ()) if x != "body")
-        return JSONResponse(
-            {"error": f"{where or 'body'}: {first.get('msg', 'invalid request')}"},
-            status_code=422,
-        )
+        where = [str(x) for x in first.get("loc", ()) if x != "body"]
+        message = f"{'.'.join(where) or 'body'}: {first.get('msg', 'invalid request')}"
+        return error_response(path, 422, message, where[0] if where else None)
 
-    @app.exception_handler(Exception)
-    async def internal(request: Any, e: Exception) -> JSONResponse:
-        if isinstance(e, BertforgeError):
-            return JSONResponse({"error": str(e)}, status_code=422)
-        return JSONResponse({"error": f"internal error: {type(e).__name__}"}, status_code=500)
+    @app.exception_handler(BertforgeError)
+    async def refused(request: Any, e: BertforgeError) -> Any:
+        return error_response(request.url.path, 422, server.scrub(str(e)))
 
 
 def serve(
@@ -476,13 +672,14 @@ def serve(
     limits: Limits | None = None,
     **pipeline_options: Any,
 ) -> None:
-    """Run the server (uvicorn) until stopped."""
+    """Load and check the model (a CheckpointError ends it here), then run the server
+    (uvicorn) until stopped."""
     try:
         import uvicorn
     except ImportError:
         raise ConfigError(
             "bertforge serve needs the serve extra: pip install 'bertforge[serve]'"
         ) from None
-    uvicorn.run(
-        create_app(model, limits, **pipeline_options), host=host, port=port, log_level="warning"
-    )
+    app = create_app(model, limits, **pipeline_options)
+    print(f"serving {model} on http://{host}:{port} (its API: /openapi.json)", flush=True)
+    uvicorn.run(app, host=host, port=port, log_level="warning")
