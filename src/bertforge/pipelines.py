@@ -40,7 +40,7 @@ from .runner import Runner
 from .tasks import TaskOptions, embedding, family, sentence, tagging
 from .tasks.base import Features, collate, infer
 from .tasks.embedding import POOLINGS
-from .tasks.windows import TextWindow, contributions, split, stitch
+from .tasks.windows import Layout, Stitcher, TextWindow, contributions, split
 from .tokenizer import Tokenizer
 
 
@@ -205,14 +205,28 @@ class Pipeline:
         """Whole texts' encodings (cut to what was read, with truncate) and fn's per-token
         results of each text (n + 2 rows, or a dict of such), stitched from its windows."""
         encodings, features, windows = self.windows(texts, max_length)
-        rows = self.run(features, fn)
-        if rows and isinstance(rows[0], dict):
-            parts = {k: stitch(windows, [r[k] for r in rows], len(texts)) for k in rows[0]}
-            results: list[Any] = [{k: v[i] for k, v in parts.items()} for i in range(len(texts))]
-            sizes = [len(next(iter(r.values()))) for r in results]
-        else:
-            results = stitch(windows, rows, len(texts))
+        layout = Layout(windows, len(texts))
+        stitchers: dict[Any, Stitcher] = {}  # per key of fn's dicts (None: fn gives arrays)
+
+        def stitched(b: dict[str, torch.Tensor]) -> list[None]:
+            # Each row goes into its text's results as its batch comes: holding every window's
+            # rows until the end would take twice the answer's memory (the windows overlap).
+            items = fn(b)
+            for k, item in zip(b["rows"].tolist(), items):
+                for key, row in item.items() if isinstance(item, dict) else [(None, item)]:
+                    if key not in stitchers:
+                        stitchers[key] = Stitcher(layout)
+                    stitchers[key].add(k, row)
+            return [None] * len(items)
+
+        self.run(features, stitched)
+        if not stitchers or None in stitchers:
+            results: list[Any] = stitchers[None].results if stitchers else []
             sizes = [len(r) for r in results]
+        else:
+            parts = [s.results for s in stitchers.values()]
+            results = [dict(zip(stitchers, values)) for values in zip(*parts)]
+            sizes = [len(parts[0][i]) for i in range(len(results))]
         return [_first(e, n) for e, n in zip(encodings, sizes)], results
 
     def encode(self, texts: Sequence[str], pairs: Sequence[str] | None = None) -> list[Any]:
@@ -241,30 +255,34 @@ class Pipeline:
         modes = (pooling,) if pooling else own.pooling
         model = self.model_for("embed")
         encodings, features, windows = self.windows(texts, own.max_length)
-        whole = [len(w.best) == len(encodings[w.text].ids) - 2 for w in windows]
+        pieces = [len(e.ids) - 2 for e in encodings]  # once per text: e.ids builds a list
+        whole = [len(w.best) == pieces[w.text] for w in windows]
+        layout = Layout(windows, len(texts))
+        running: dict[int, embedding.RunningPool] = {}  # per long text: its pool so far
 
-        def fn(b: dict[str, torch.Tensor]) -> list[np.ndarray]:
+        def fn(b: dict[str, torch.Tensor]) -> list[np.ndarray | None]:
             h = model(b["input_ids"], b["token_type_ids"], b["attention_mask"]).last_hidden_state
             vectors, rows = embedding.pool(h, b["attention_mask"], modes).cpu().numpy(), b["rows"]
-            if all(whole[i] for i in rows.tolist()):
-                return list(vectors)
-            states, lengths = h.float().cpu().numpy(), b["attention_mask"].sum(1).tolist()
-            return [
-                vectors[j] if whole[i] else states[j, : lengths[j]]
-                for j, i in enumerate(rows.tolist())
-            ]
+            lengths = b["attention_mask"].sum(1).tolist()
+            # A long text's windows are pooled as they come (each piece from its max-context
+            # window), so its states are never all held at once.
+            for j, k in enumerate(rows.tolist()):
+                if not whole[k]:
+                    text, keep, positions = layout.place(k, lengths[j])
+                    if text not in running:
+                        running[text] = embedding.RunningPool(modes, layout.sizes[text])
+                    # index_select: torch's h[j, index] takes milliseconds on a busy CPU
+                    states = h[j].index_select(0, torch.from_numpy(keep).to(h.device))
+                    running[text].add(states, torch.from_numpy(positions).to(h.device))
+            return [vectors[j] if whole[k] else None for j, k in enumerate(rows.tolist())]
 
         rows = self.run(features, fn)
         out = np.zeros((len(texts), model.config.hidden_size * len(modes)), np.float32)
         for w, row, ok in zip(windows, rows, whole):
             if ok:
                 out[w.text] = row
-        long = [k for k, ok in enumerate(whole) if not ok]
-        if long:  # pooled over their pieces, stitched from the windows
-            states = stitch([windows[k] for k in long], [rows[k] for k in long], len(texts))
-            for i in {windows[k].text for k in long}:
-                h = torch.from_numpy(states[i])[None]
-                out[i] = embedding.pool(h, torch.ones(h.shape[:2], dtype=torch.long), modes)[0]
+        for i, pooled in running.items():
+            out[i] = pooled.vector().cpu().numpy()
         if own.normalize if normalize is None else normalize:
             out /= np.maximum(np.linalg.norm(out, axis=-1, keepdims=True), 1e-12)
         return out
@@ -303,8 +321,12 @@ class Pipeline:
             }
             if combine is not None:
                 stack = [per_layer[k] for k in layers]
+                # one layer: its own array (concat, sum and mean of one give its very values; a
+                # copy would double the memory of a long text's answer)
                 item["values"] = (
-                    np.concatenate(stack, -1)
+                    stack[0]
+                    if len(stack) == 1
+                    else np.concatenate(stack, -1)
                     if combine == "concat"
                     else np.sum(stack, 0)
                     if combine == "sum"

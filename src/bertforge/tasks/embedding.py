@@ -2,7 +2,9 @@
 
 A sentence-transformers model directory says how its vectors are made: modules.json lists the
 modules (Transformer, Pooling, Normalize), 1_Pooling/config.json the pooling, and
-sentence_bert_config.json the max_seq_length. `settings` reads them, so `bertforge embed MODEL`
+sentence_bert_config.json the max_seq_length (sentence-transformers 6 leaves it out: then
+tokenizer_config.json's model_max_length, as sentence-transformers reads it). Every module
+path is confined to the directory (fileio.inside). `settings` reads them, so `bertforge embed MODEL`
 gives the vectors `SentenceTransformer(MODEL).encode` gives; a plain BERT directory gets mean
 pooling, not normalised, the model's own length. `pool` is sentence-transformers' Pooling for
 right-padded rows: several modes are concatenated in sentence-transformers' order.
@@ -17,7 +19,7 @@ from pathlib import Path
 import torch
 
 from ..errors import CheckpointError
-from ..fileio import read_json, write_json
+from ..fileio import inside, read_json, write_json
 
 POOLINGS = ("cls", "mean", "max", "mean_sqrt_len", "weightedmean", "lasttoken")
 # sentence-transformers' names: 1_Pooling/config.json's pooling_mode (v5+) and its older flags
@@ -56,9 +58,7 @@ def settings(path: str | os.PathLike[str]) -> Embedding:
     modules_file = path / "modules.json"
     if not modules_file.is_file():
         return Embedding()
-    modules = read_json(modules_file, CheckpointError, obj=False)
-    if not isinstance(modules, list) or not all(isinstance(m, dict) for m in modules):
-        raise CheckpointError(f"{modules_file}: expected a list of modules")
+    modules = _modules(path)
     pooling, normalize = ("mean",), False
     for m in modules:
         kind = str(m.get("type", "")).rsplit(".", 1)[-1]
@@ -68,7 +68,7 @@ def settings(path: str | os.PathLike[str]) -> Embedding:
                 f"pass {path / str(m['path'])} as the model"
             )
         if kind == "Pooling":
-            pooling = _pooling(path / str(m.get("path", "")) / "config.json")
+            pooling = _pooling(_module_file(path, m, "config.json"))
         elif kind == "Normalize":
             normalize = True
         elif kind != "Transformer":
@@ -76,31 +76,63 @@ def settings(path: str | os.PathLike[str]) -> Embedding:
                 f"{modules_file}: module {m.get('type')!r} is not supported (bertforge embeds with "
                 "Transformer, Pooling and Normalize modules only)"
             )
-    max_length = None
-    if (path / "sentence_bert_config.json").is_file():
-        value = read_json(path / "sentence_bert_config.json", CheckpointError).get("max_seq_length")
-        max_length = int(value) if isinstance(value, int) and value > 2 else None
-    return Embedding(pooling, normalize, max_length, f"{modules_file}")
+    return Embedding(pooling, normalize, _max_seq_length(path), f"{modules_file}")
+
+
+def _modules(path: Path) -> list[dict[str, object]]:
+    """modules.json's modules, each one's folder checked to lie inside `path` (links followed),
+    so a crafted file can make bertforge neither read nor (write_layout) write elsewhere."""
+    modules_file = path / "modules.json"
+    modules = read_json(modules_file, CheckpointError, obj=False)
+    if not isinstance(modules, list) or not all(isinstance(m, dict) for m in modules):
+        raise CheckpointError(f"{modules_file}: expected a list of modules")
+    for m in modules:
+        inside(path, str(m.get("path", "")), modules_file, "module path")
+    return modules
+
+
+def _module_file(directory: Path, module: dict[str, object], name: str) -> Path:
+    """`name` in a module's folder of `directory`, kept inside it (a link there is checked)."""
+    folder = str(module.get("path", ""))
+    return inside(directory, os.path.join(folder, name), directory / "modules.json", "module file")
+
+
+def _max_seq_length(path: Path) -> int | None:
+    """sentence_bert_config.json's max_seq_length; sentence-transformers 6 leaves it out and
+    keeps the length as tokenizer_config.json's model_max_length, so that is read next."""
+    for name, key in (
+        ("sentence_bert_config.json", "max_seq_length"),
+        ("tokenizer_config.json", "model_max_length"),
+    ):
+        config = read_json(path / name, CheckpointError) if (path / name).is_file() else {}
+        if key in config:
+            value = config[key]
+            # HF writes a huge number for "no limit": the model's own length then
+            return value if isinstance(value, int) and 2 < value < 10**9 else None
+    return None
 
 
 def write_layout(source: str | os.PathLike[str], out: str | os.PathLike[str], width: int) -> None:
     """Give the model in `out` the sentence-transformers modules of `source` (modules.json,
     each module's config, sentence_bert_config.json), so it embeds as `source` does; nothing
-    when `source` has none. `width`: the model's hidden size (the Pooling config names it)."""
+    when `source` has none. `width`: the model's hidden size (the Pooling config names it).
+    Module folders are the ones modules.json names, inside `source` and `out` both."""
     source, out = Path(source), Path(out)
     if not (source / "modules.json").is_file():
         return
     settings(source)  # the source's modules are ones bertforge reads
-    write_json(out / "modules.json", read_json(source / "modules.json", CheckpointError, obj=False))
-    for m in read_json(source / "modules.json", CheckpointError, obj=False):
+    modules = _modules(source)
+    write_json(out / "modules.json", modules)
+    for m in modules:
         path = str(m.get("path", ""))
-        if path and (source / path / "config.json").is_file():
-            config = read_json(source / path / "config.json", CheckpointError)
+        if path and _module_file(source, m, "config.json").is_file():
+            config = read_json(_module_file(source, m, "config.json"), CheckpointError)
             for key in ("word_embedding_dimension", "embedding_dimension"):
                 if key in config:
                     config[key] = width
-            (out / path).mkdir(parents=True, exist_ok=True)
-            write_json(out / path / "config.json", config)
+            target = _module_file(out, m, "config.json")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            write_json(target, config)
     for name in ("sentence_bert_config.json", "config_sentence_transformers.json"):
         if (source / name).is_file():
             write_json(out / name, read_json(source / name, CheckpointError))
@@ -145,3 +177,48 @@ def pool(h: torch.Tensor, mask: torch.Tensor, modes: tuple[str, ...]) -> torch.T
         else:
             raise ValueError(f"unknown pooling {mode!r}")  # callers check against POOLINGS
     return torch.cat(out, -1)
+
+
+class RunningPool:
+    """`pool` of one sequence whose token states come in parts, in any order, each token once
+    with its position: a long text's windows, pooled as they come (Pipeline.embed) instead of
+    stitched first, so memory is O(H) however long the text. Sums run in float64, so the vector
+    is `pool`'s of the whole sequence up to `pool`'s own fp32 rounding."""
+
+    def __init__(self, modes: tuple[str, ...], length: int) -> None:
+        self.modes, self.length = modes, length  # length: tokens in the whole sequence
+        self.parts: dict[str, torch.Tensor] = {}  # running sum, weighted sum, max; cls, last
+        self.weights = 0.0  # weightedmean's denominator: the sum of (position + 1)
+
+    def add(self, h: torch.Tensor, positions: torch.Tensor) -> None:
+        """h (t, H): the states of the tokens at `positions` (t,) of the sequence (from 0)."""
+        if not len(h):
+            return
+        h = h.float()
+        h64 = h.double()
+        w = positions.to(h64) + 1  # weightedmean: the token at position p weighs p + 1
+        for key, value in (("sum", h64.sum(0)), ("weighted", w @ h64), ("max", h.amax(0))):
+            old = self.parts.get(key)
+            if old is None:
+                self.parts[key] = value
+            else:
+                self.parts[key] = torch.maximum(old, value) if key == "max" else old + value
+        self.weights += float(w.sum())
+        for key, at in (("cls", 0), ("last", self.length - 1)):
+            hit = (positions == at).nonzero().flatten().tolist()
+            if hit:
+                self.parts[key] = h[hit[0]]
+
+    def vector(self) -> torch.Tensor:
+        """(H * len(modes),) fp32, the modes concatenated as `pool` does; once every token of
+        the sequence is in."""
+        p, n = self.parts, self.length
+        by_mode = {
+            "cls": p["cls"],
+            "max": p["max"],
+            "mean": p["sum"] / n,
+            "mean_sqrt_len": p["sum"] / n**0.5,
+            "weightedmean": p["weighted"] / self.weights,
+            "lasttoken": p["last"],
+        }
+        return torch.cat([by_mode[mode].float() for mode in self.modes])

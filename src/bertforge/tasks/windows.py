@@ -9,6 +9,14 @@ length is largest, the earlier window on a tie. `stitch` puts a text's per-token
 together: [CLS] from the first window, every piece from its best window, [SEP] from the last,
 so a long text has exactly the results (one per piece, in order) a model without a length limit
 would give it. SQuAD's features cut contexts the same way (squad.py).
+
+Memory and time. Everything here is linear in the text: `max_context_flags` scores each window
+over its own pieces against a running best per piece (O(n) memory, O(n * windows per piece)
+time, about 2n at the default stride), and `Stitcher` writes each window's results into its
+text's stitched array as the window's row comes (`Layout.place` says where), in any order, so a
+caller that stitches batch by batch (Pipeline.per_token) never holds every window's rows: the
+windows overlap, and all their rows at once would be twice the answer. A 5 MB line (about a
+million pieces) takes the memory of its pieces and of its answer, never windows x pieces.
 """
 
 from __future__ import annotations
@@ -34,13 +42,20 @@ def windows_of(n: int, max_tokens: int, stride: int) -> list[tuple[int, int]]:
 
 
 def max_context_flags(spans: list[tuple[int, int]], n: int) -> list[np.ndarray]:
-    """For each window, which of its pieces have their most context in it (first best wins)."""
-    scores = np.full((len(spans), n), -np.inf)
+    """For each window, which of its pieces have their most context in it (first best wins).
+
+    Each window scores its own slice only, against the best score so far of each piece: a
+    strictly greater score takes the piece, so the earlier window keeps a tie (the argmax over
+    all windows that google-research/bert computes, without its windows x pieces table)."""
+    best = np.full(n, -np.inf)  # (n,) the best score so far of each piece
+    owner = np.zeros(n, np.int64)  # (n,) the window that has it
     for k, (start, length) in enumerate(spans):
         p = np.arange(start, start + length)
-        scores[k, p] = np.minimum(p - start, start + length - 1 - p) + 0.01 * length
-    best = scores.argmax(0) if n else np.zeros(0, np.int64)
-    return [best[start : start + length] == k for k, (start, length) in enumerate(spans)]
+        score = np.minimum(p - start, start + length - 1 - p) + 0.01 * length
+        won = score > best[start : start + length]
+        best[start : start + length][won] = score[won]
+        owner[start : start + length][won] = k
+    return [owner[start : start + length] == k for k, (start, length) in enumerate(spans)]
 
 
 @dataclass
@@ -72,17 +87,62 @@ def split(
     return Features(ids, types, np.zeros(len(ids), np.int64)), windows
 
 
+class Layout:
+    """Where each window's results go in its text's stitched results (see `stitch`): a text's
+    windows, in their order, give [CLS] (the first), their own pieces, [SEP] (the last)."""
+
+    def __init__(self, windows: Sequence[TextWindow], texts: int) -> None:
+        self.windows = windows
+        self.sizes = [0] * texts  # per text: its stitched length (0: no windows)
+        self.first, self.last = [-1] * texts, [-1] * texts
+        self.offsets = np.zeros(len(windows), np.int64)  # position of each window's 1st piece
+        for k, w in enumerate(windows):
+            if self.first[w.text] < 0:
+                self.first[w.text], self.sizes[w.text] = k, 1  # [CLS]
+            self.offsets[k] = self.sizes[w.text]
+            self.sizes[w.text] += int(w.best.sum())
+            self.last[w.text] = k
+        for t in range(texts):
+            self.sizes[t] += self.sizes[t] > 0  # [SEP]
+
+    def place(self, k: int, length: int) -> tuple[int, np.ndarray, np.ndarray]:
+        """(text, rows, positions) for window k's row of `length` results (its pieces + 2):
+        which of them its text keeps, and where they go among the text's stitched results."""
+        w = self.windows[k]
+        rows = 1 + np.flatnonzero(w.best)
+        positions = self.offsets[k] + np.arange(len(rows))
+        if k == self.first[w.text]:
+            rows, positions = np.r_[0, rows], np.r_[0, positions]
+        if k == self.last[w.text]:
+            rows, positions = np.r_[rows, length - 1], np.r_[positions, self.sizes[w.text] - 1]
+        return w.text, rows, positions
+
+
+class Stitcher:
+    """Texts' per-token results, each window's row written in place as it comes (any order):
+    `results` (one array per text, of its first row's dtype; None for a text without windows)
+    once every row is in."""
+
+    def __init__(self, layout: Layout) -> None:
+        self.layout = layout
+        self.results: list[Any] = [None] * len(layout.sizes)
+
+    def add(self, k: int, row: np.ndarray) -> None:
+        """Window k's row (length + 2, ...): the results its text keeps, put in place."""
+        text, rows, positions = self.layout.place(k, len(row))
+        if self.results[text] is None:
+            shape = (self.layout.sizes[text], *row.shape[1:])
+            self.results[text] = np.empty(shape, row.dtype)
+        self.results[text][positions] = row[rows]
+
+
 def stitch(windows: Sequence[TextWindow], rows: Sequence[np.ndarray], texts: int) -> list[Any]:
     """Per text, its token results (n + 2, ...) from its windows' rows (length + 2, ...);
     None for a text without windows among them."""
-    parts: list[list[np.ndarray]] = [[] for _ in range(texts)]
-    last: list[np.ndarray | None] = [None] * texts
-    for w, row in zip(windows, rows):
-        if not parts[w.text]:
-            parts[w.text].append(row[:1])  # [CLS] of the first window
-        parts[w.text].append(row[1:-1][w.best])
-        last[w.text] = row[-1:]  # [SEP] of the last window
-    return [None if end is None else np.concatenate([*p, end]) for p, end in zip(parts, last)]
+    stitcher = Stitcher(Layout(windows, texts))
+    for k, row in enumerate(rows):
+        stitcher.add(k, row)
+    return stitcher.results
 
 
 def contributions(windows: Sequence[TextWindow]) -> np.ndarray:
