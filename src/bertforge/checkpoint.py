@@ -1,10 +1,12 @@
-"""Checkpoints in the HF layout: config.json + vocab.txt + model.safetensors.
+"""Checkpoints in the HF layout: config.json + vocab.txt (or tokenizer.json) + model.safetensors.
 
 Reads what users already have: HF checkpoints saved by `BertModel` (no prefix) or by any
-`BertFor...` class (`bert.` prefix), `model.safetensors` (also sharded, with an index) or
-`pytorch_model.bin` (loaded with `weights_only=True`, never a full unpickle), TF-converted names
-(`LayerNorm.gamma/beta`), DDP's `module.` prefix. Writes `model.safetensors` with HF names, so
-transformers loads our checkpoints too.
+`BertFor...` class (`bert.` prefix), `model.safetensors` (also sharded, with
+model.safetensors.index.json) or `pytorch_model.bin` (also sharded, with
+pytorch_model.bin.index.json; loaded with `weights_only=True`, never a full unpickle),
+TF-converted names (`LayerNorm.gamma/beta`), DDP's `module.` prefix. An index's shard names
+must lie inside the checkpoint's directory, links followed (fileio.inside). Writes
+`model.safetensors` with HF names, so transformers loads our checkpoints too.
 
 Our parameter names differ from HF's (shorter, and one fused `qkv` projection instead of
 query/key/value); `KEY_TABLE` below is the whole mapping. Every error names the file and the
@@ -28,12 +30,13 @@ from torch import nn
 
 from .config import BertConfig
 from .errors import CheckpointError, CheckpointWarning, FreshWeightsWarning, VocabError
-from .fileio import atomic_path, read_json
+from .fileio import atomic_path, inside, read_json
 from .hub import resolve
 
 SAFETENSORS = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 PICKLE = "pytorch_model.bin"
+PICKLE_INDEX = "pytorch_model.bin.index.json"
 
 # Our name (regex) -> HF name(s). Several HF names are concatenated along dim 0 (fused qkv).
 # Names under `bert.` in our task models map to `bert.` + the same HF name.
@@ -127,24 +130,31 @@ def hf_names(ours: str, model_type: str = "bert") -> tuple[str, ...]:
 def _weights_files(directory: Path) -> list[Path]:
     if (directory / SAFETENSORS).is_file():
         return [directory / SAFETENSORS]
-    index = directory / SAFETENSORS_INDEX
-    if index.is_file():
-        try:
-            weight_map = read_json(index, CheckpointError)["weight_map"]
-            shards = sorted(set(weight_map.values()))
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
-            raise CheckpointError(f"{index}: not a valid safetensors index ({e})") from None
-        missing = [s for s in shards if not (directory / s).is_file()]
-        if missing:
-            raise CheckpointError(
-                f"{index}: names shard files that are missing: {', '.join(missing)}"
-            )
-        return [directory / s for s in shards]
+    if (directory / SAFETENSORS_INDEX).is_file():
+        return _shards(directory, SAFETENSORS_INDEX)
     if (directory / PICKLE).is_file():
         return [directory / PICKLE]
+    if (directory / PICKLE_INDEX).is_file():
+        return _shards(directory, PICKLE_INDEX)
     raise CheckpointError(
-        f"{directory}: no weights found (looked for {SAFETENSORS}, {SAFETENSORS_INDEX}, {PICKLE})"
+        f"{directory}: no weights found (looked for {SAFETENSORS}, {SAFETENSORS_INDEX}, {PICKLE}, "
+        f"{PICKLE_INDEX})"
     )
+
+
+def _shards(directory: Path, index_name: str) -> list[Path]:
+    """The shard files an index names, each kept inside `directory` (fileio.inside)."""
+    index = directory / index_name
+    try:
+        weight_map = read_json(index, CheckpointError)["weight_map"]
+        names = sorted(set(weight_map.values()))
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise CheckpointError(f"{index}: not a valid sharded-weights index ({e})") from None
+    shards = [inside(directory, name, index, "shard") for name in names]
+    missing = [name for name, shard in zip(names, shards) if not shard.is_file()]
+    if missing:
+        raise CheckpointError(f"{index}: names shard files that are missing: {', '.join(missing)}")
+    return shards
 
 
 def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
@@ -215,9 +225,20 @@ _CONFIG_KEYS = ({f.name for f in fields(BertConfig)} - {"extras"}) | {"num_label
 
 
 def check_vocab_file(vocab_file: Path, config: BertConfig, config_file: str) -> None:
-    """A vocab.txt with more tokens than the embedding matrix has rows cannot work."""
-    with open(vocab_file, "rb") as f:
-        n = sum(1 for _ in f)
+    """A vocab.txt (or tokenizer.json) with more tokens than the embedding matrix has rows
+    cannot work."""
+    if vocab_file.suffix == ".json":
+        try:
+            model = read_json(vocab_file, VocabError).get("model")
+        except VocabError:
+            return  # the weights load without it; the tokenizer names the fault when loaded
+        vocab = model.get("vocab") if isinstance(model, dict) else None
+        if not isinstance(vocab, dict):
+            return  # not a WordPiece tokenizer.json: the tokenizer says so when it is loaded
+        n = len(vocab)
+    else:
+        with open(vocab_file, "rb") as f:
+            n = sum(1 for _ in f)
     if n > config.vocab_size:
         raise VocabError(
             f"{vocab_file} has {n} tokens but {config_file} says vocab_size={config.vocab_size}: "
@@ -373,8 +394,11 @@ def load_pretrained(
         ),
         str(directory),
     )
-    if (directory / "vocab.txt").is_file():
-        check_vocab_file(directory / "vocab.txt", config, config_file)
+    vocab_file = next(
+        (directory / n for n in ("vocab.txt", "tokenizer.json") if (directory / n).is_file()), None
+    )
+    if vocab_file is not None:
+        check_vocab_file(vocab_file, config, config_file)
     tensors, origin = read_tensors(directory)
     model = cls(config, **kwargs)  # type: ignore[call-arg]
     load_state(model, tensors, origin)

@@ -1,4 +1,5 @@
-"""Files in and out: checked UTF-8 line reading, and atomic writes.
+"""Files in and out: checked UTF-8 line reading, atomic writes, and `inside`: a file name read
+from a model directory's own files (a shard, a module's folder) kept inside that directory.
 
 Reading: the text readers of corpora, task tables and CoNLL files go through
 `text_lines`, so a file that is not UTF-8 or not text fails the same way everywhere, naming
@@ -23,7 +24,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError, DataError
+from .errors import CheckpointError, ConfigError, DataError
 
 ENCODING_ERRORS = ("strict", "replace", "ignore")  # what to do with bytes that are not UTF-8
 _UMASK = os.umask(0o022)
@@ -167,3 +168,41 @@ def read_lines(
     """
     for lineno, line in text_lines(path, encoding_errors, on_bytes, hint):
         yield lineno, line.rstrip("\r\n")
+
+
+def inside(
+    directory: str | os.PathLike[str],
+    name: object,
+    source: str | os.PathLike[str],
+    what: str = "entry",
+    error: type[Exception] = CheckpointError,
+) -> Path:
+    """`directory / name` for a `name` read from one of the directory's own files (`source`:
+    a shard in model.safetensors.index.json, a module's folder in modules.json), when it stays
+    inside `directory` with every symlink followed; else `error` naming `source` and the name.
+
+    A crafted file could otherwise make a load read, or a copy of the layout write, anywhere
+    ("../../x", "/etc/x", or a link inside the directory that leads out). The one exception is
+    the Hugging Face hub's cache, whose snapshot files are links into the repository's blobs/.
+    Fixed names (config.json, vocab.txt) do not come through here: a folder of links to a
+    model kept elsewhere is a layout people use on purpose.
+    """
+    if not isinstance(name, str) or "\x00" in name:
+        raise error(f"{source}: {what} {name!r} is not a file name")
+    relative = os.path.normpath(name)
+    if os.path.isabs(name) or relative == ".." or relative.startswith(".." + os.sep):
+        raise error(
+            f"{source}: {what} {name!r} is outside {directory}: a model's files must lie "
+            "inside its directory"
+        )
+    root = Path(directory).resolve()
+    target = (root / relative).resolve()
+    allowed = [root]
+    if root.parent.name == "snapshots" and (root.parent.parent / "blobs").is_dir():
+        allowed.append(root.parent.parent / "blobs")  # the hub's cache: links into blobs/
+    if not any(target.is_relative_to(a) for a in allowed):
+        raise error(
+            f"{source}: {what} {name!r} leads outside {directory} (a link to {target}): a "
+            "model's files must lie inside its directory"
+        )
+    return Path(directory) / name

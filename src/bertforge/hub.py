@@ -18,11 +18,14 @@ _FILES = [
     "config.json",
     "bert_config.json",
     "vocab.txt",
+    "tokenizer.json",  # transformers 5 and sentence-transformers 6 save no vocab.txt
     "tokenizer_config.json",
+    "special_tokens_map.json",
     "model.safetensors",
     "model.safetensors.index.json",
     "model-*.safetensors",
 ]
+_PICKLES = ["pytorch_model.bin", "pytorch_model.bin.index.json", "pytorch_model-*.bin"]
 
 
 def resolve(path: str | os.PathLike[str]) -> Path:
@@ -48,9 +51,7 @@ def resolve(path: str | os.PathLike[str]) -> Path:
     try:
         local = Path(snapshot_download(repo_id=name, allow_patterns=_FILES))
         if not any(local.glob("*.safetensors")):  # older repositories have only the pickle
-            local = Path(
-                snapshot_download(repo_id=name, allow_patterns=[*_FILES, "pytorch_model.bin"])
-            )
+            local = Path(snapshot_download(repo_id=name, allow_patterns=[*_FILES, *_PICKLES]))
         return local
     except Exception as e:  # network, auth, missing repo: all end the same way for the user
         raise CheckpointError(

@@ -10,6 +10,16 @@ dropped; words over 100 characters become [UNK]. The engine runs those rules fas
     enc = tok.encode("Hello world!")  # one Encoding: ids, tokens, offsets, word_ids, ...
 
 Inputs are `[CLS] A [SEP]` or `[CLS] A [SEP] B [SEP]`, segment ids 0 for A and 1 for B.
+
+Layouts read: a model directory with vocab.txt (one token a line, id = line number) and an
+optional tokenizer_config.json (do_lower_case, strip_accents, tokenize_chinese_chars,
+model_max_length); or, when it has no vocab.txt, a `tokenizers` tokenizer.json (what
+transformers 5 and sentence-transformers 6 save): its WordPiece vocabulary, normalizer
+(BertNormalizer) and pre-tokenizer (BertPreTokenizer), with tokenizer_config.json winning on
+casing as it does in transformers, and special tokens from tokenizer_config.json and
+special_tokens_map.json, which must be BERT's five. A bare vocab.txt or tokenizer.json file
+is read alike. A tokenizer.json of another kind (BPE, Unigram) is refused. save_pretrained
+writes vocab.txt and tokenizer_config.json.
 """
 
 from __future__ import annotations
@@ -35,6 +45,8 @@ from .textnorm import EngineFix
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)
 MAX_INPUT_CHARS_PER_WORD = 100  # Google: longer words become [UNK]
+PREFIX = "##"  # WordPiece's mark of a piece that continues a word
+VOCAB_FILES = ("vocab.txt", "tokenizer.json")  # where a directory's vocabulary is, in that order
 _UNLIMITED = 10**9
 # transformers' clean_up_tokenization, applied by decode (in this order)
 _CLEANUP = [
@@ -195,12 +207,17 @@ def _looks_cased(tokens: Sequence[str]) -> bool:
 
 
 def _build_engine(
-    vocab: dict[str, int] | None, lowercase: bool, strip_accents: bool, chinese: bool
+    vocab: dict[str, int] | None,
+    lowercase: bool,
+    strip_accents: bool,
+    chinese: bool,
+    max_input_chars_per_word: int = MAX_INPUT_CHARS_PER_WORD,
 ) -> Engine:
     model = WordPiece(
         vocab if vocab is not None else {},
         unk_token=UNK,
-        max_input_chars_per_word=MAX_INPUT_CHARS_PER_WORD,
+        continuing_subword_prefix=PREFIX,
+        max_input_chars_per_word=max_input_chars_per_word,
     )
     engine = Engine(model)
     steps = [
@@ -257,6 +274,7 @@ class Tokenizer:
         strip_accents: bool | None = None,
         tokenize_chinese_chars: bool = True,
         model_max_length: int = 512,
+        max_input_chars_per_word: int = MAX_INPUT_CHARS_PER_WORD,
         source: str = "vocabulary",
     ) -> None:
         self.tokens = list(vocab)
@@ -265,9 +283,12 @@ class Tokenizer:
         self.strip_accents = strip_accents
         self.tokenize_chinese_chars = tokenize_chinese_chars
         self.model_max_length = model_max_length
+        self.max_input_chars_per_word = max_input_chars_per_word
         self.source = source
         strip = lowercase if strip_accents is None else strip_accents
-        self._engine = _build_engine(self.vocab, lowercase, strip, tokenize_chinese_chars)
+        self._engine = _build_engine(
+            self.vocab, lowercase, strip, tokenize_chinese_chars, max_input_chars_per_word
+        )
         self._fix = EngineFix(self._engine, lowercase, strip, tokenize_chinese_chars)
         self._truncating: dict[int, Engine] = {}
         self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (
@@ -280,20 +301,27 @@ class Tokenizer:
     def from_pretrained(
         cls, path: str | os.PathLike[str], *, lowercase: bool | None = None, **kwargs: Any
     ) -> Tokenizer:
-        """From a model directory (vocab.txt + optional tokenizer_config.json) or a vocab.txt.
+        """From a model directory (vocab.txt, else tokenizer.json; optional
+        tokenizer_config.json), or a vocab.txt or tokenizer.json file (the module docstring).
 
         Casing comes from `lowercase` if given, else tokenizer_config.json's do_lower_case,
-        else is inferred from the vocabulary (a vocabulary full of capitals is cased).
+        else tokenizer.json's normalizer, else is inferred from the vocabulary (a vocabulary
+        full of capitals is cased).
         """
         path = resolve(path)
+        vocab_file, settings = path, {}
         if path.is_dir():
-            vocab_file = path / "vocab.txt"
-            if not vocab_file.is_file():
-                raise VocabError(f"{path}: no vocab.txt in this directory")
+            vocab_file = next((path / n for n in VOCAB_FILES if (path / n).is_file()), path)
+            if vocab_file == path:
+                raise VocabError(f"{path}: no vocab.txt in this directory (nor a tokenizer.json)")
             settings = _read_tokenizer_config(path / "tokenizer_config.json")
+        if vocab_file.suffix == ".json":
+            tokens, found = read_tokenizer_json(vocab_file)
+            if path.is_dir():
+                _check_special_tokens(path)
+            settings = {**found, **settings}  # tokenizer_config.json wins, as in transformers
         else:
-            vocab_file, settings = path, {}
-        tokens = read_vocab(vocab_file)
+            tokens = read_vocab(vocab_file)
         if lowercase is not None:
             settings["lowercase"] = lowercase
         elif "lowercase" not in settings:
@@ -301,11 +329,19 @@ class Tokenizer:
         settings.update(kwargs)
         return cls(tokens, source=str(vocab_file), **settings)
 
+    @staticmethod
+    def exists(directory: str | os.PathLike[str]) -> bool:
+        """Whether a model directory holds a vocabulary (vocab.txt or tokenizer.json)."""
+        return any((Path(directory) / name).is_file() for name in VOCAB_FILES)
+
     def save_pretrained(self, directory: str | os.PathLike[str]) -> None:
         """Write vocab.txt and tokenizer_config.json (readable by transformers' BertTokenizer)."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         write_text(directory / "vocab.txt", "".join(t + "\n" for t in self.tokens))
+        # Only a word limit other than Google's is written: what transformers reads stays as is.
+        limit = self.max_input_chars_per_word
+        extra = {} if limit == MAX_INPUT_CHARS_PER_WORD else {"max_input_chars_per_word": limit}
         write_json(
             directory / "tokenizer_config.json",
             {
@@ -320,6 +356,7 @@ class Tokenizer:
                 "cls_token": CLS,
                 "mask_token": MASK,
                 "clean_up_tokenization_spaces": True,
+                **extra,
             },
         )
 
@@ -593,7 +630,146 @@ def _read_tokenizer_config(path: Path) -> dict[str, Any]:
     length = d.get("model_max_length")
     if isinstance(length, (int, float)) and 0 < length < _UNLIMITED:
         settings["model_max_length"] = int(length)
+    limit = d.get("max_input_chars_per_word")
+    if limit is not None:  # written by save_pretrained for a tokenizer.json's own limit
+        settings["max_input_chars_per_word"] = _positive_int(
+            limit, path, "max_input_chars_per_word"
+        )
     return settings
+
+
+def _positive_int(value: Any, path: Path, field: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise VocabError(f"{path}: {field} must be a positive integer, got {value!r}")
+    return value
+
+
+# ------------------------------------------------------------------------------------------------
+# tokenizer.json (the `tokenizers` library's file)
+
+
+def read_tokenizer_json(path: str | os.PathLike[str]) -> tuple[list[str], dict[str, Any]]:
+    """Tokens (by id) and our settings (lowercase, strip_accents, tokenize_chinese_chars,
+    max_input_chars_per_word) of a BERT tokenizer.json; anything the rules of BERT's WordPiece
+    cannot reproduce (BPE, Unigram, another normalizer or unknown-token) is a VocabError."""
+    path = Path(path)
+    d = read_json(path, VocabError)
+    model = d.get("model")
+    if not isinstance(model, dict):
+        raise VocabError(f"{path}: no 'model' object: not a tokenizer.json")
+    # Older files (DistilBERT's among them) leave out model.type; WordPiece's own fields tell.
+    kind = model.get("type") or ("WordPiece" if "max_input_chars_per_word" in model else None)
+    if kind != "WordPiece":
+        raise VocabError(
+            f"{path}: model type {kind!r} is not WordPiece: bertforge reads BERT's WordPiece "
+            "tokenizers only (BPE and Unigram ones belong to other models)"
+        )
+    for field, want in (("unk_token", UNK), ("continuing_subword_prefix", PREFIX)):
+        if model.get(field, want) != want:
+            raise VocabError(
+                f"{path}: model.{field} is {model[field]!r}; BERT's WordPiece uses {want!r}"
+            )
+    vocab = model.get("vocab")
+    if not isinstance(vocab, dict) or not vocab:
+        raise VocabError(f"{path}: model.vocab must be a non-empty table of token -> id")
+    tokens: list[str | None] = [None] * len(vocab)
+    for token, i in vocab.items():
+        valid = isinstance(i, int) and not isinstance(i, bool) and 0 <= i < len(tokens)
+        if not valid or tokens[i] is not None:
+            raise VocabError(
+                f"{path}: model.vocab gives {token!r} the id {i!r}; ids must run from 0 to "
+                f"{len(tokens) - 1}, each once"
+            )
+        tokens[i] = token
+    added = [t.get("content") for t in d.get("added_tokens") or [] if isinstance(t, dict)]
+    outside = [t for t in added if t not in vocab]
+    if outside:
+        # vocab.txt cannot hold them either: bertforge splits them like any other text.
+        warnings.warn(
+            f"{path}: {len(outside)} added tokens outside the WordPiece vocabulary are read as "
+            f"plain text: {', '.join(repr(t) for t in outside[:5])}",
+            stacklevel=3,
+        )
+    settings = _normalizer_settings(d.get("normalizer"), path)
+    _check_pre_tokenizer(d.get("pre_tokenizer"), path)
+    limit = model.get("max_input_chars_per_word", MAX_INPUT_CHARS_PER_WORD)
+    settings["max_input_chars_per_word"] = _positive_int(
+        limit, path, "model.max_input_chars_per_word"
+    )
+    return [t for t in tokens if t is not None], settings
+
+
+def _steps(node: Any) -> list[Any]:
+    """The members of a normalizer or pre-tokenizer (a Sequence's, or itself alone)."""
+    if isinstance(node, dict) and node.get("type") == "Sequence":
+        key = "normalizers" if "normalizers" in node else "pretokenizers"
+        return list(node.get(key) or [])
+    return [node]
+
+
+def _type(step: Any) -> Any:
+    return step.get("type") if isinstance(step, dict) else step
+
+
+def _normalizer_settings(node: Any, path: Path) -> dict[str, Any]:
+    """Casing and CJK settings of BERT's normalizer: a BertNormalizer, alone or in a Sequence
+    (with the NFC bertforge itself adds when accents are kept)."""
+    steps = _steps(node)
+    bert = [s for s in steps if _type(s) == "BertNormalizer"]
+    others = [_type(s) for s in steps if _type(s) not in ("BertNormalizer", "NFC")]
+    if len(bert) != 1 or others:
+        raise VocabError(
+            f"{path}: normalizer {[_type(s) for s in steps]} is not BERT's: bertforge needs "
+            "one BertNormalizer (alone or in a Sequence)"
+        )
+    b = bert[0]
+    for field in ("clean_text", "handle_chinese_chars", "lowercase"):
+        if not isinstance(b.get(field, True), bool):
+            raise VocabError(f"{path}: normalizer field {field!r} must be true or false")
+    if b.get("strip_accents") not in (None, True, False):
+        raise VocabError(f"{path}: normalizer field 'strip_accents' must be true, false or null")
+    if b.get("clean_text", True) is False:
+        raise VocabError(
+            f"{path}: BertNormalizer has clean_text false; BERT always drops control characters"
+        )
+    lowercase = b.get("lowercase", True)
+    strip = lowercase if b.get("strip_accents") is None else b["strip_accents"]
+    if strip and len(steps) > 1:
+        # NFC after stripping would re-compose what BERT leaves decomposed (Hangul jamo).
+        raise VocabError(f"{path}: normalizer composes (NFC) after stripping accents; not BERT's")
+    return {
+        "lowercase": lowercase,
+        "strip_accents": b.get("strip_accents"),
+        "tokenize_chinese_chars": b.get("handle_chinese_chars", True),
+    }
+
+
+def _check_pre_tokenizer(node: Any, path: Path) -> None:
+    steps = [_type(s) for s in _steps(node)]
+    if steps != ["BertPreTokenizer"]:
+        raise VocabError(
+            f"{path}: pre_tokenizer {steps} is not BERT's: bertforge needs BertPreTokenizer"
+        )
+
+
+def _check_special_tokens(directory: Path) -> None:
+    """BERT's five special tokens are the ones bertforge (and every task in it) uses; a
+    tokenizer_config.json or special_tokens_map.json naming others is refused, not ignored."""
+    for name in ("tokenizer_config.json", "special_tokens_map.json"):
+        f = directory / name
+        if not f.is_file():
+            continue
+        d = read_json(f, VocabError)
+        for field, want in zip(
+            ("pad_token", "unk_token", "cls_token", "sep_token", "mask_token"), SPECIAL_TOKENS
+        ):
+            value = d.get(field)
+            if isinstance(value, dict):  # an AddedToken written out: {"content": ..}
+                value = value.get("content")
+            if value is not None and value != want:
+                raise VocabError(
+                    f"{f}: {field} is {value!r}; bertforge's BERT tokenizer uses {want}"
+                )
 
 
 # ------------------------------------------------------------------------------------------------
