@@ -147,12 +147,28 @@ BAD_LINES = """
 {pre} --dropout 1                              | dropout=1.0 (--dropout): must be >= 0 and < 1
 {pre} --config {tmp}/config.json --init {M}    | not both
 {pre} --device tpu                             | device='tpu'
+{pre} --seed -1                                | seed=-1 (--seed): must be >= 0 and <= 4294967295
+{pre} --seed 4294967296                        | seed=4294967296 (--seed): must be >= 0
+{pre} --seed 1e23                              | invalid int value: '1e23'
+{pre} --minutes 0                              | minutes=0.0 (--minutes): must be > 0
+pretrain --data {S} --out {S}                  | --out {S} is the run's --data
+pretrain --data {S} --out {M} --init {M}       | --out {M} is the run's --init
 pretrain --data {tmp}/nowhere --out {O}        | nowhere
 {fine} --precision fp16                        | fp16 (with loss scaling) is for CUDA GPUs
 {fine} --max-seq-length 100000                 | max_seq_length=100000 (--max-seq-length): the model has
 {fine} --epochs 0                              | epochs=0.0 (--epochs): must be > 0
 {fine} --dev-split 1.5                         | dev_split=1.5
 {fine} --warmup-ratio -0.1                     | warmup_ratio=-0.1
+{fine} --seed -1                               | seed=-1 (--seed): must be >= 0
+finetune --model {M} --task sst2 --train {T} --out {M} | --out {M} is the run's --model
+distill --teacher {X} --out {X} --data {P} --student-layers 0 | --out {X} is the run's --teacher
+distill --teacher {X} --student {M} --out {M} --data {P} | --out {M} is the run's --student
+demo --out {O} --seed -1                       | seed=-1 (--seed)
+demo --out {O} --minutes -2                    | minutes=-2.0 (--minutes): must be > 0
+demo --out {O} --steps 0                       | steps=0 (--steps): must be >= 1
+serve {X} --port 0                             | a TCP port is an integer in 1-65535
+serve {X} --port 70000                         | a TCP port is an integer in 1-65535
+prepare {tmp}/corpus.txt --tokenizer {M} --out {O} --seed -1 | seed=-1 (--seed)
 finetune --model {M} --task nope --train {T} --out {O}          | invalid choice: 'nope'
 finetune --model {tmp}/nomodel --task sst2 --train {T} --out {O} | nomodel
 finetune --model {M} --task sst2 --train {tmp}/gone.tsv --out {O} | gone.tsv
@@ -230,7 +246,8 @@ def bad_lines(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path, minilm
     lines = []
     for row in BAD_LINES.strip().splitlines():
         args, expected = row.rsplit("|", 1)
-        lines.append((shlex.split(args.format(**names)), expected.strip(), tmp / "out"))
+        expected = expected.strip().format(**names)
+        lines.append((shlex.split(args.format(**names)), expected, tmp / "out"))
     return lines
 
 
@@ -426,3 +443,53 @@ def test_os_errors_on_every_verb_are_one_line(
     assert not failures, "\n".join(map(str, failures))
     assert (tmp / "plain.txt").read_bytes() == before  # the file in the way is left alone
     assert len(verbs) >= 11
+
+
+# Row limits, --minutes, evaluate/predict without --task, probe's tasks: one line, status 2.
+LIMITS_AND_BUDGETS = """
+finetune --model {M} --task sst2 --train {T} --out {O} --max-train-rows 0 | max_train_rows=0 (--max-train-rows): must be >= 1
+finetune --model {M} --task sst2 --train {T} --out {O} --max-dev-rows x | invalid int value: 'x'
+distill --teacher {X} --out {O} --data {P} --student-layers 0 --max-train-rows 5 | are for task distillation
+evaluate --model {M} --data {T}                | no run.json saying which task
+predict --model {M} --data {T} --out {O}       | give the task (--task)
+pretrain --data {S} --out {O} --minutes 0      | minutes=0.0 (--minutes): must be > 0
+probe --model {X} --task stsb --train {T} --dev {T} | probe takes single-sentence tasks: cola, sst2, csv
+"""
+
+
+def test_row_limits_budgets_and_run_settings_errors(
+    bad_lines: list, tiny_model: Path, minilm_dir: Path, capsys: pytest.CaptureFixture
+) -> None:
+    from bertforge.cli import main
+
+    tmp = bad_lines[0][2].parent  # the files the bad_lines fixture wrote
+    files = {"S": "shards", "T": "train.tsv", "O": "out", "P": "plain.txt"}
+    names = {**{k: tmp / v for k, v in files.items()}, "M": tiny_model, "X": minilm_dir}
+    for row in LIMITS_AND_BUDGETS.strip().splitlines():
+        args, expected = row.rsplit("|", 1)
+        argv = shlex.split(args.format(**names))
+        try:
+            code = main(argv)
+        except SystemExit as e:  # argparse's usage errors
+            code = e.code
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and len(err) == 1, (argv, err)
+        assert err[0].startswith("bertforge: error: ") and expected.strip() in err[0], (argv, err)
+        assert not (tmp / "out").exists(), (argv, "wrote something")
+
+
+def test_help_texts_say_what_the_flags_do() -> None:
+    from bertforge.cli import build_parser
+
+    (verbs,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+
+    def shown(verb: str) -> str:
+        return " ".join(verbs.choices[verb].format_help().split())
+
+    for verb in ("pretrain", "finetune", "distill", "demo"):
+        assert "--no-progress no progress bars" in shown(verb), verb
+    assert "--task {cola,sst2,csv}" in shown("probe")
+    assert "default: none, metrics only" in shown("evaluate")
+    assert "default: the task of the model's run.json" in shown("predict")
+    assert "--max-train-rows MAX_TRAIN_ROWS train on the first N" in shown("finetune")
+    assert "--minutes MINUTES train for about M minutes instead of --steps" in shown("pretrain")

@@ -551,6 +551,8 @@ def test_a_fresh_narrower_student_with_projections_and_attention_transfer(
         "--no-progress",
         "--precision",
         "fp32",
+        "--keep-checkpoints",  # a finished run keeps none by default; this test reads one
+        "1",
     ]
     assert main(args) == 0
     printed = capsys.readouterr().out
@@ -618,6 +620,8 @@ def test_a_killed_task_distillation_resumes_to_identical_parameters(
             "--hidden-weight",
             "0.5",
             "--no-progress",
+            "--keep-checkpoints",  # the last checkpoints of both runs are compared below
+            "1",
         ]
 
     run_whole_and_killed(cmd, tmp_path, "step-00000008")

@@ -364,3 +364,65 @@ def test_entity_scores_edge_cases() -> None:
         entity_scores([["O", "O"]], [["O"]])
     with pytest.raises(InputError, match="predictions, sentence 0, position 0: tag 'X'"):
         entity_scores([["O"]], [["X"]])
+
+
+# --------------------------------------------------------------------------- class by class
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_class_scores_against_sklearn(seed: int, sklearn_metrics: Any) -> None:
+    """Per-class precision, recall, F1 and support, and their macro F1, as scikit-learn's
+    precision_recall_fscore_support with the task's label set (one class never predicted, one
+    never seen: zero_division=0)."""
+    from bertforge.evaluate import class_scores, label_scores
+
+    rng = np.random.default_rng(seed)
+    names = ["ham", "spam", "eggs", "never"]
+    n = int(rng.integers(5, 300))
+    y = rng.choice(names[:3], n, p=[0.7, 0.2, 0.1])
+    p = np.where(rng.random(n) < 0.6, y, rng.choice(names[:2], n))  # never "eggs" unless right
+    ours = class_scores(y, p, names)
+    prf = sklearn_metrics.precision_recall_fscore_support(y, p, labels=names, zero_division=0)
+    for k, c in enumerate(names):
+        got = [ours[f"{c}_{s}"] for s in ("precision", "recall", "f1", "n_gold")]
+        assert got == pytest.approx([prf[0][k], prf[1][k], prf[2][k], prf[3][k]], abs=1e-12), c
+        assert ours[f"{c}_n_pred"] == int(np.sum(p == c))
+    macro = sklearn_metrics.f1_score(y, p, labels=names, average="macro", zero_division=0)
+    assert ours["macro_f1"] == pytest.approx(macro, abs=1e-12)
+    # without labels: the classes seen, as sklearn's default; on integer classes too
+    codes = {c: i for i, c in enumerate(names)}
+    yi, pi = np.array([codes[c] for c in y]), np.array([codes[c] for c in p])
+    plain = class_scores(yi, pi)
+    assert plain["macro_f1"] == pytest.approx(
+        sklearn_metrics.f1_score(yi, pi, average="macro", zero_division=0), abs=1e-12
+    )
+    assert compute_metrics(["macro_f1"], yi, pi)["macro_f1"] == plain["macro_f1"]
+    # multi-label, label by label
+    Y = rng.random((n, 3)) < 0.3
+    P = np.where(rng.random((n, 3)) < 0.7, Y, ~Y)
+    per = label_scores(Y, P, ["a", "b", "c"])
+    prf = sklearn_metrics.precision_recall_fscore_support(Y, P, zero_division=0)
+    for k, c in enumerate("abc"):
+        got = [per[f"{c}_{s}"] for s in ("precision", "recall", "f1", "n_gold")]
+        assert got == pytest.approx([prf[0][k], prf[1][k], prf[2][k], prf[3][k]], abs=1e-12), c
+
+
+def test_one_class_for_every_row_and_the_table() -> None:
+    from bertforge.evaluate import class_scores, class_table, single_class, split_classes
+
+    y = ["ham"] * 85 + ["spam"] * 15
+    collapsed = class_scores(y, ["ham"] * 100, ["ham", "spam"])
+    assert single_class(collapsed) == "ham"
+    assert collapsed["macro_f1"] == pytest.approx(0.85 / 0.925 / 2)
+    assert single_class(class_scores(y, ["ham"] * 99 + ["spam"], ["ham", "spam"])) is None
+    assert single_class(class_scores(["ham"] * 3, ["ham"] * 3, ["ham", "spam"])) is None
+    rest, per = split_classes({"accuracy": 0.85, **collapsed, "loss": 0.4})
+    assert rest == {"accuracy": 0.85, "macro_f1": collapsed["macro_f1"], "loss": 0.4}
+    assert per["spam"] == {"precision": 0, "recall": 0, "f1": 0, "n_gold": 15, "n_pred": 0}
+    assert class_table(collapsed).splitlines() == [
+        "  class  precision     recall         f1     n_gold     n_pred",
+        "  ham       0.8500     1.0000     0.9189         85        100",
+        "  spam      0.0000     0.0000     0.0000         15          0",
+    ]
+    with pytest.raises(InputError, match="labels are strings but the references are int64"):
+        class_scores([0, 1], [1, 1], ["a", "b"])

@@ -653,3 +653,68 @@ def test_token_classification_logits_match_transformers(tmp_path: Path, tiny_mod
     batch = Tokenizer.from_pretrained(out)(["Alice went to Paris", "Bob"])
     with torch.no_grad():
         assert torch.allclose(ours(**batch).logits, theirs(**batch).logits, atol=1e-5)
+
+
+# ------------------------------------------------------------------------------------------------
+# Row limits; evaluate and predict take the task from the run they evaluate
+
+
+def _tree_hashes(root: Path) -> dict[str, str]:
+    import hashlib
+
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else ""
+        for p in sorted(root.rglob("*"))
+    }
+
+
+def test_row_limits_and_evaluate_predict_from_the_run(
+    tmp_path: Path, tiny_model: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    header = "words\ttone"  # not the csv task's default columns: they must come from run.json
+    train = keyword_table(tmp_path / "train.tsv", 20, seed=0, header=header)
+    dev = keyword_table(tmp_path / "dev.tsv", 12, seed=1, header=header)
+    out = tmp_path / "run"
+    columns = ["--text-column", "words", "--label-column", "tone"]
+    common = ["--model", str(tiny_model), "--task", "csv", *columns, "--train", str(train)]
+    limits = ["--max-train-rows", "5", "--max-dev-rows", "3"]
+    steps = ["--epochs", "1", "--batch-size", "2", "--log-every", "1", "--no-progress"]
+    argv = ["finetune", *common, "--dev", str(dev), "--out", str(out), *limits, *steps]
+    assert main(argv) == 0
+    assert "5 training examples, 3 dev" in capsys.readouterr().out
+    records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert max(r["step"] for r in records) == 3  # ceil(5 / 2): five examples trained on
+    settings = json.loads((out / "run.json").read_text())["settings"]
+    assert settings["max_train_rows"] == 5 and settings["max_dev_rows"] == 3
+    with (out / "predictions_csv.tsv").open() as f:  # the dev file's first three rows
+        assert [r[0] for r in csv.reader(f, delimiter="\t")] == ["index", "0", "1", "2"]
+    # the row limits make another run: not resumed with other ones
+    assert main([*argv, "--max-train-rows", "6"]) == 2
+    assert "max_train_rows: 5 -> 6" in capsys.readouterr().err
+
+    before = _tree_hashes(out)
+    # no --task: the run's task and columns; no --out: nothing written anywhere
+    assert main(["evaluate", "--model", str(out), "--data", str(dev), "--json"]) == 0
+    metrics = json.loads(capsys.readouterr().out)
+    given = evaluate_model(str(out), "csv", str(dev), text_column="words", label_column="tone")
+    assert metrics == given
+    ev = tmp_path / "ev"
+    limit = ["--max-rows", "4", "--out", str(ev)]
+    assert main(["evaluate", "--model", str(out), "--data", str(dev), *limit]) == 0
+    assert len((ev / "predictions_csv.tsv").read_text().splitlines()) == 1 + 4  # four rows scored
+    assert main(["predict", "--model", str(out), "--data", str(dev), "--out", str(ev / "p")]) == 0
+    assert len((ev / "p" / "predictions_csv.tsv").read_text().splitlines()) == 1 + 12
+    assert _tree_hashes(out) == before  # the training run's files are left as they were
+    capsys.readouterr()
+    # what the command line gives wins: --task (its own columns: sentence, label) ...
+    assert main(["evaluate", "--model", str(out), "--data", str(dev), "--task", "sst2"]) == 2
+    assert "sentence" in capsys.readouterr().err
+    # ... and a column
+    other = keyword_table(tmp_path / "other.tsv", 6, seed=2, header="review\ttone")
+    assert main(["evaluate", "--model", str(out), "--data", str(other)]) == 2
+    assert "words" in capsys.readouterr().err
+    argv = ["evaluate", "--model", str(out), "--data", str(other), "--text-column", "review"]
+    assert main([*argv, "--json"]) == 0
+    assert set(json.loads(capsys.readouterr().out)) >= {"accuracy"}
+    assert main(["evaluate", "--model", str(out), "--data", str(dev), "--max-rows", "0"]) == 2
+    assert "max_rows=0 (--max-rows): must be >= 1" in capsys.readouterr().err

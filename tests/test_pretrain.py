@@ -5,10 +5,12 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -102,9 +104,17 @@ def finished_run(data: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[
     return out, args
 
 
-def kill_and_resume(data: Path, reference: Path, out: Path, args: list[str], at_step: int) -> None:
+def kill_and_resume(
+    data: Path,
+    reference: Path,
+    out: Path,
+    args: list[str],
+    at_step: int,
+    before_resume: Callable[[], None] | None = None,
+) -> None:
     """Run into `out`, SIGKILL it once checkpoint `at_step` exists, run the same command again:
-    the parameters and the logged losses equal those of the uninterrupted `reference`."""
+    the parameters and the logged losses equal those of the uninterrupted `reference` (which
+    `before_resume` may make, from what the killed run wrote)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(
         pretrain_cmd(data, out, *args), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env
@@ -117,6 +127,8 @@ def kill_and_resume(data: Path, reference: Path, out: Path, args: list[str], at_
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert not (out / "model.safetensors").exists()  # it really died before the end
+    if before_resume is not None:
+        before_resume()
     result = run(pretrain_cmd(data, out, *args))
     assert result.returncode == 0, result.stderr[-3000:]
     a, b = load_file(reference / "model.safetensors"), load_file(out / "model.safetensors")
@@ -506,3 +518,46 @@ def test_warmup_stable_decay_schedule() -> None:
     assert [lr_factor(s, 10, 100, decay_steps=90) for s in range(100)] == [
         lr_factor(s, 10, 100) for s in range(100)
     ]
+
+
+def test_minutes_say_the_steps_they_chose_and_keep_them(
+    data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from bertforge.cli import main
+
+    argv = pretrain_cmd(data, tmp_path / "M", "--minutes", "0.01", "--eval-every", "0")[3:]
+    assert main(argv) == 0
+    said = capsys.readouterr().out
+    saved = json.loads((tmp_path / "M" / "run.json").read_text())
+    steps = saved["steps"]
+    assert saved["finished"] and saved["settings"]["minutes"] == 0.01 and steps >= 1
+    assert re.search(
+        rf"--minutes 0.01: [0-9.]+ s per step \(timed over \d+ steps\) -> {steps:,} steps", said
+    )
+    assert losses(tmp_path / "M")[-1][0] == steps
+    assert main(argv) == 0  # finished at the count it chose: not timed again
+    said = capsys.readouterr().out
+    assert f"already finished ({steps:,} steps)" in said and "s per step" not in said
+
+
+@pytest.mark.slow
+def test_minutes_killed_and_resumed_end_as_a_run_of_that_many_steps(
+    data: Path, tmp_path: Path
+) -> None:
+    """The timing runs on a copy (with dropout: the random state too), the count is kept in
+    run.json: a --minutes run killed and resumed ends at that count with the parameters and
+    losses of an uninterrupted --steps run of it."""
+    out, reference = tmp_path / "B", tmp_path / "A"
+    rest = ["--save-every", "4", "--eval-every", "0"]
+
+    def reference_run() -> None:
+        steps = json.loads((out / "run.json").read_text())["steps"]
+        assert steps > 4
+        result = run(pretrain_cmd(data, reference, "--steps", str(steps), *rest))
+        assert result.returncode == 0, result.stderr[-3000:]
+
+    kill_and_resume(
+        data, reference, out, ["--minutes", "0.02", *rest], at_step=4, before_resume=reference_run
+    )
+    saved = json.loads((out / "run.json").read_text())
+    assert saved["finished"] and losses(out)[-1][0] == saved["steps"]

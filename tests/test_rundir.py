@@ -94,7 +94,7 @@ def test_only_the_main_process_writes(tmp_path: Path, capsys: pytest.CaptureFixt
 def test_what_the_commands_record() -> None:
     """The settings a resumed run may change, and distillation's defaults by mode, as run.json
     records them."""
-    assert {"progress", "device", "log_every"} == FinetuneConfig.RESUMABLE
+    assert {"progress", "device", "log_every", "keep_checkpoints"} == FinetuneConfig.RESUMABLE
     assert DistillConfig.RESUMABLE == FinetuneConfig.RESUMABLE
     assert {
         "steps",

@@ -74,7 +74,7 @@ def cmd_info(args: argparse.Namespace) -> None:
     info = inspect(args.path)
     c = info.config
     vocab = None
-    if (info.directory / "vocab.txt").is_file():
+    if Tokenizer.exists(info.directory):
         tok = Tokenizer.from_pretrained(info.directory)
         vocab = {"size": tok.vocab_size, "cased": not tok.lowercase}
     report = {
@@ -114,7 +114,8 @@ def cmd_info(args: argparse.Namespace) -> None:
             f"vocabulary   {vocab['size']:,} tokens, {casing} (config vocab_size {c.vocab_size:,})"
         )
     else:
-        print(f"vocabulary   no vocab.txt (config vocab_size {c.vocab_size:,})")
+        where = "no vocab.txt or tokenizer.json"
+        print(f"vocabulary   {where} (config vocab_size {c.vocab_size:,})")
     print(f"weights      {', '.join(p.name for p in info.weights_files)}")
 
 
@@ -291,6 +292,8 @@ def _given_task_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> None:
+    from .evaluate import class_table, split_classes
+    from .fileio import json_text
     from .train.finetune import evaluate_model
 
     metrics = evaluate_model(
@@ -304,10 +307,13 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
         **_given_task_options(args),
     )
     if args.json:
-        print(json.dumps(metrics))
+        print(json_text(metrics))
     else:
-        for k, v in metrics.items():
+        overall, _ = split_classes(metrics)
+        for k, v in overall.items():
             print(f"{k:>20}  {v:.4f}")
+        if table := class_table(metrics):
+            print(table)
         if args.out is not None:
             print(f"predictions in {args.out}")
 
@@ -439,7 +445,9 @@ def _read_inputs(
 
 
 def _write_jsonl(out: str | None, items: Sequence[Any]) -> None:
-    text = "".join(json.dumps(x, ensure_ascii=False) + "\n" for x in items)
+    from .fileio import json_text
+
+    text = "".join(json_text(x) + "\n" for x in items)
     if out is None:
         sys.stdout.write(text)
     else:
@@ -487,7 +495,7 @@ def args_serve(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("model", help="model directory")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=_port, default=8000, help="TCP port, 1-65535")
     _device_and_precision(p)
     add_options(p, Limits)
 
@@ -584,7 +592,7 @@ def args_demo(p: argparse.ArgumentParser) -> None:
 def cmd_serve(args: argparse.Namespace) -> None:
     from .serve import Limits, serve
 
-    print(f"serving {args.model} on http://{args.host}:{args.port} (docs at /docs)", flush=True)
+    # serve() says where it serves once the model has loaded (a corrupt one ends it first)
     serve(
         args.model,
         host=args.host,
@@ -786,6 +794,13 @@ def add_options(
             )
         names.append(name)
     p.set_defaults(**{_key(target): [*getattr(p, "_defaults", {}).get(_key(target), []), *names]})
+
+
+def _port(text: str) -> int:
+    port = int(text) if text.strip().isdigit() else -1
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r}: a TCP port is an integer in 1-65535")
+    return port
 
 
 def _int_list(text: str) -> tuple[int, ...]:

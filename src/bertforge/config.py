@@ -424,6 +424,11 @@ def _resolve_num_labels(config: BertConfig | None, changes: dict[str, Any]) -> d
 # derives its options from them (cli.add_options) and check_options validates them.
 
 
+# Seeds: numpy's default_rng and torch.manual_seed both take any value in [0, 2**32 - 1]; a
+# negative or larger one is an error naming the option rather than one from deep inside them.
+MAX_SEED = 2**32 - 1
+
+
 def option(
     default: Any = dataclasses.MISSING,
     help: str = "",
@@ -485,7 +490,10 @@ def check_options(obj: Any) -> None:
         bounds = [(meta[k], op, fn) for k, op, fn in _BOUNDS if meta[k] is not None]
         if not all(fn(value, b) for b, _, fn in bounds):
             raise ConfigError(
-                f"{where}: must be " + " and ".join(f"{op} {b:g}" for b, op, _ in bounds)
+                f"{where}: must be "
+                + " and ".join(
+                    f"{op} {b:g}" if isinstance(b, float) else f"{op} {b}" for b, op, _ in bounds
+                )
             )
 
 

@@ -5,8 +5,9 @@
     3. shards       tokenized pre-training shards + a held-out part (= bertforge prepare)
     4. before       a random tiny BERT: its guesses and held-out masked-LM accuracy
     5. pre-train    masked LM on packed text, the small-budget recipe (= bertforge pretrain
-                    --no-nsp --dropout 0); its guesses after, and on held-out sentences with a
-                    word masked: is the word among its top 5?      (= bertforge fill-mask)
+                    --no-nsp --dropout 0), for --minutes (the step count that fits, timed on
+                    this machine) or --steps; its guesses after, and on held-out sentences
+                    with a word masked: is the word among its top 5? (= bertforge fill-mask)
     6. fine-tune    an acceptability task made from held-out text: a real sentence, or the
                     same words shuffled? (= bertforge finetune --task csv); held-out accuracy
     7. use it       classify new sentences                          (= bertforge classify)
@@ -23,13 +24,20 @@ from typing import Any
 
 import torch
 
-from .config import BertConfig
+from .config import MAX_SEED, BertConfig
 from .data.corpus import split_sentences
 from .data.shards import prepare
 from .data.stdlib_corpus import stdlib_documents
+from .errors import ConfigError
 from .heads import BertForMaskedLM
 from .pipelines import Pipeline
 from .tokenizer import train_vocab
+
+# Pre-training's share of the demo: the rest (vocabulary, shards, fine-tuning, the guesses)
+# takes under a minute on 2 CPU cores, so the whole demo ends within about 5 minutes; a faster
+# machine pre-trains more steps in the same time (and learns more), a slower one fewer.
+MINUTES = 3.5
+EVAL_EVERY = 1000  # held-out evaluations while pre-training for --minutes (steps unknown)
 
 PROBES = [
     "return the [MASK] of the list.",
@@ -101,18 +109,27 @@ def _write_table(path: Path, rows: list[tuple[str, str]]) -> None:
 def run_demo(
     out: Path,
     seed: int = 0,
-    steps: int = 8000,
+    minutes: float = MINUTES,
+    steps: int | None = None,
     vocab_size: int = 8000,
     progress: bool = True,
     sentences: int = 4000,
     epochs: float = 3.0,
 ) -> dict[str, Any]:
-    """Run the demo into `out`; returns its numbers (for tests, which make it small)."""
+    """Run the demo into `out`; returns its numbers (for tests, which make it small).
+    Pre-training runs for `minutes`, or for a fixed number of `steps` when given."""
     from .train.finetune import FinetuneConfig
     from .train.finetune import run as finetune
     from .train.pretrain import PretrainConfig, heldout_scores
     from .train.pretrain import run as pretrain
 
+    # the options checked before anything is written (the configs check them again, later)
+    if not 0 <= seed <= MAX_SEED:
+        raise ConfigError(f"seed={seed} (--seed): must be >= 0 and <= {MAX_SEED}")
+    if steps is None and not minutes > 0:
+        raise ConfigError(f"minutes={minutes} (--minutes): must be > 0")
+    if steps is not None and steps < 1:
+        raise ConfigError(f"steps={steps} (--steps): must be >= 1")
     t0 = time.time()
     rng = random.Random(seed)
     out.mkdir(parents=True, exist_ok=True)
@@ -152,21 +169,25 @@ def run_demo(
 
     # Held-out sentences come from documents pre-training never saw.
     masked = masked_sentences(sentences_of(task_docs, 200), tok, rng)
+    budget = {"steps": steps} if steps else {"minutes": minutes}
     recipe = PretrainConfig(
         data=str(out / "shards"),
         out=str(out / "pretrained"),
         model_size="tiny",
-        steps=steps,
+        **budget,
         batch_size=32,
         max_seq_length=64,
         nsp=False,
         dropout=0.0,
         lr=1e-3,
         warmup_ratio=0.05,
+        # a tiny model's CPU steps are faster in fp32 than with bf16 casts (62 vs 80-90 ms on 2
+        # cores): more steps in the minutes, and the speed varies less between machines
+        precision="fp32",
         seed=seed,
-        eval_every=max(1, steps // 4),
+        eval_every=max(1, steps // 4) if steps else EVAL_EVERY,
         eval_batches=10,
-        save_every=steps,
+        save_every=0,  # at the end (and on Ctrl-C) only
         keep_checkpoints=1,
         progress=progress,
     )
@@ -182,9 +203,9 @@ def run_demo(
     before = _show_fill_mask(untrained)
     top5_before = top5_hits(untrained, masked, show=0)
 
+    length = f"{steps} steps" if steps else f"{minutes:g} minutes"
     _say(
-        f"5. pre-train: tiny BERT (2 layers, hidden 128), masked LM, {steps} steps  (bertforge "
-        "pretrain)"
+        f"5. pre-train: tiny BERT (2 layers, hidden 128), masked LM, {length}  (bertforge pretrain)"
     )
     run_dir = out / "pretrained"
     summary = pretrain(recipe)
@@ -220,7 +241,7 @@ def run_demo(
             text_column="sentence",
             label_column="label",
             epochs=epochs,
-            lr=2e-4,
+            lr=5e-4,  # learns the task from a briefly pre-trained encoder too (2e-4: not always)
             batch_size=32,
             seed=seed,
             max_seq_length=64,

@@ -34,6 +34,10 @@ class DataError(BertforgeError):
     """A data file is malformed: the message names the file, line and field."""
 
 
+class TrainingError(BertforgeError):
+    """Training cannot go on: its loss or gradient norm stopped being finite (it diverged)."""
+
+
 class CheckpointWarning(UserWarning):
     """Something in a checkpoint was ignored or freshly initialised."""
 

@@ -1,5 +1,6 @@
-"""Task metrics as plain functions on lists or numpy arrays: classification, correlation,
-SQuAD exact match / F1, and entity-level precision / recall / F1 for BIO tags.
+"""Task metrics as plain functions on lists or numpy arrays: classification (overall and class
+by class), correlation, SQuAD exact match / F1, and entity-level precision / recall / F1 for
+BIO tags.
 
 Why our own code: the metrics are small, but each reference that defines them lives in a
 different package (scikit-learn, scipy, the SQuAD evaluation scripts, conlleval/seqeval).
@@ -146,23 +147,128 @@ def spearman(references: ArrayLike, predictions: ArrayLike) -> float:
 MULTI_LABEL_METRICS = ("micro_f1", "macro_f1", "exact_match")
 
 
-def multi_label_scores(references: ArrayLike, predictions: ArrayLike) -> dict[str, float]:
-    """Multi-label metrics of (N, K) 0/1 arrays: micro F1 (over every (row, label) decision),
-    macro F1 (the mean of the K labels' F1; a label neither true nor predicted anywhere counts
-    0, as scikit-learn's zero_division=0) and exact_match (rows whose whole label set is right)."""
+def _multi_hot(references: ArrayLike, predictions: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
     ref, pred = np.asarray(references, bool), np.asarray(predictions, bool)
     if ref.shape != pred.shape or ref.ndim != 2:
         raise InputError(
             f"multi-label scores need two (N, K) arrays, got {ref.shape} and {pred.shape}"
         )
-    tp, fp, fn = (ref & pred).sum(0), (~ref & pred).sum(0), (ref & ~pred).sum(0)
-    per_label = np.where(2 * tp + fp + fn > 0, 2 * tp / np.maximum(2 * tp + fp + fn, 1), 0.0)
-    denominator = 2 * tp.sum() + fp.sum() + fn.sum()
+    return ref, pred
+
+
+def _per_class(ref: np.ndarray, pred: np.ndarray) -> dict[str, np.ndarray]:
+    """precision, recall, f1, n_gold, n_pred and tp of each column of (N, K) bool arrays; a
+    score that is 0/0 is 0 (scikit-learn's zero_division=0)."""
+    tp, n_gold, n_pred = (ref & pred).sum(0), ref.sum(0), pred.sum(0)
     return {
-        "micro_f1": float(2 * tp.sum() / denominator) if denominator else 0.0,
-        "macro_f1": float(per_label.mean()) if per_label.size else 0.0,
+        "precision": np.where(n_pred > 0, tp / np.maximum(n_pred, 1), 0.0),
+        "recall": np.where(n_gold > 0, tp / np.maximum(n_gold, 1), 0.0),
+        # 2TP / (2TP + FP + FN), which is 2PR / (P + R)
+        "f1": np.where(n_gold + n_pred > 0, 2 * tp / np.maximum(n_gold + n_pred, 1), 0.0),
+        "n_gold": n_gold,
+        "n_pred": n_pred,
+        "tp": tp,
+    }
+
+
+def multi_label_scores(references: ArrayLike, predictions: ArrayLike) -> dict[str, float]:
+    """Multi-label metrics of (N, K) 0/1 arrays: micro F1 (over every (row, label) decision),
+    macro F1 (the mean of the K labels' F1; a label neither true nor predicted anywhere counts
+    0, as scikit-learn's zero_division=0) and exact_match (rows whose whole label set is right)."""
+    ref, pred = _multi_hot(references, predictions)
+    c = _per_class(ref, pred)
+    denominator = c["n_gold"].sum() + c["n_pred"].sum()
+    return {
+        "micro_f1": float(2 * c["tp"].sum() / denominator) if denominator else 0.0,
+        "macro_f1": float(c["f1"].mean()) if c["f1"].size else 0.0,
         "exact_match": float(np.mean((ref == pred).all(1))) if len(ref) else 0.0,
     }
+
+
+# What class_scores and label_scores report per class c, as "{c}_{name}"; n_gold: the rows of
+# the class (scikit-learn's support); n_pred: the rows predicted as it (single-label only).
+CLASS_SCORES = ("precision", "recall", "f1", "n_gold", "n_pred")
+
+
+def class_scores(
+    references: ArrayLike, predictions: ArrayLike, labels: ArrayLike | None = None
+) -> dict[str, float]:
+    """Single-label classification, class by class: macro_f1 (the mean of the classes' F1),
+    then {c}_precision, {c}_recall, {c}_f1, {c}_n_gold and {c}_n_pred for each class c of
+    `labels` (default: the values in references or predictions, sorted), as scikit-learn's
+    precision_recall_fscore_support(labels=labels, zero_division=0) gives them. The scores that
+    accuracy hides: a model that answers the majority class for every row scores its share."""
+    ref, pred = _pair(references, predictions)
+    classes = np.unique(np.concatenate([ref, pred])) if labels is None else np.asarray(labels)
+    if classes.ndim != 1 or len(classes) == 0:
+        raise InputError(f"labels must be a non-empty list of classes, got {labels!r}")
+    if (classes.dtype.kind in "US") != (ref.dtype.kind in "US"):
+        raise InputError(f"labels are {_kind(classes)} but the references are {_kind(ref)}")
+    c = _per_class(ref[:, None] == classes[None], pred[:, None] == classes[None])  # (N, K)
+    out = {"macro_f1": float(c["f1"].mean())}
+    for k, name in enumerate(classes):
+        out.update({f"{name}_{s}": _number(s, c[s][k]) for s in CLASS_SCORES})
+    return out
+
+
+def _number(name: str, value: Any) -> float:
+    return int(value) if name.startswith("n_") else float(value)  # counts stay counts
+
+
+def label_scores(
+    references: ArrayLike, predictions: ArrayLike, names: Sequence[str]
+) -> dict[str, float]:
+    """Multi-label (N, K) 0/1 arrays, label by label: {name}_precision, {name}_recall, {name}_f1
+    and {name}_n_gold of each of the K labels (multi_label_scores has their mean F1)."""
+    ref, pred = _multi_hot(references, predictions)
+    if len(names) != ref.shape[1]:
+        raise InputError(f"{len(names)} label names for {ref.shape[1]} labels")
+    c = _per_class(ref, pred)
+    return {f"{n}_{s}": _number(s, c[s][k]) for k, n in enumerate(names) for s in CLASS_SCORES[:4]}
+
+
+def split_classes(
+    scores: Mapping[str, float],
+) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+    """(the scores of no class, {class: {score name: value}}) of a metrics dict: a class c is
+    one with c_precision, c_recall and c_f1 (class_scores, label_scores, entity_scores' types)."""
+    named = [k.removesuffix("_precision") for k in scores if k.endswith("_precision")]
+    per: dict[str, dict[str, float]] = {
+        c: {} for c in named if {f"{c}_recall", f"{c}_f1"} <= scores.keys()
+    }
+    owners = {f"{c}_{s}": (c, s) for c in per for s in CLASS_SCORES}
+    rest: dict[str, float] = {}
+    for key, value in scores.items():
+        if key in owners:
+            c, s = owners[key]
+            per[c][s] = value
+        else:
+            rest[key] = value
+    return rest, per
+
+
+def class_table(scores: Mapping[str, float]) -> str:
+    """The per-class scores of a metrics dict as a text table (empty if it has none)."""
+    _, per = split_classes(scores)
+    if not per:
+        return ""
+    columns = [s for s in CLASS_SCORES if all(s in row for row in per.values())]
+    width = max(len("class"), *map(len, per))
+    lines = [f"  {'class':<{width}}" + "".join(f"  {c:>9}" for c in columns)]
+    for name, row in per.items():
+        cells = [f"{row[c]:>9,.0f}" if c.startswith("n_") else f"{row[c]:>9.4f}" for c in columns]
+        lines.append(f"  {name:<{width}}" + "".join(f"  {x}" for x in cells))
+    return "\n".join(lines)
+
+
+def single_class(scores: Mapping[str, float]) -> str | None:
+    """The class a single-label classifier predicted for every row (class_scores' n_pred) when
+    the references hold more than one class; None otherwise."""
+    _, per = split_classes(scores)
+    counted = {c: row for c, row in per.items() if "n_pred" in row and "n_gold" in row}
+    predicted = [c for c, row in counted.items() if row["n_pred"] > 0]
+    gold = [c for c, row in counted.items() if row["n_gold"] > 0]
+    return predicted[0] if len(predicted) == 1 and len(gold) > 1 else None
 
 
 def compute_metrics(
@@ -172,7 +278,8 @@ def compute_metrics(
     positive_label: Any = 1,
 ) -> dict[str, float]:
     """{name: value} for metric names of a TaskSpec (accuracy, f1, mcc, pearson, spearman;
-    micro_f1, macro_f1, exact_match of multi-label (N, K) 0/1 arrays)."""
+    micro_f1, macro_f1, exact_match of multi-label (N, K) 0/1 arrays; macro_f1 of 1-D class
+    labels too: class_scores')."""
     functions = {
         "accuracy": accuracy,
         "mcc": matthews_corrcoef,
@@ -181,7 +288,9 @@ def compute_metrics(
     }
     out: dict[str, float] = {}
     for name in names:
-        if name in MULTI_LABEL_METRICS:
+        if name == "macro_f1" and np.ndim(references) == 1:
+            out[name] = class_scores(references, predictions)[name]
+        elif name in MULTI_LABEL_METRICS:
             out[name] = multi_label_scores(references, predictions)[name]
         elif name == "f1":
             out[name] = f1(references, predictions, positive_label)

@@ -12,23 +12,28 @@ A prepared directory holds
 
 Memory stays bounded (one shard's tokens at a time); each file is written to a temporary name
 and renamed. `progress.json` records how many documents are in finished shards, so an
-interrupted run loses at most one shard of work and the same command finishes the job.
+interrupted run loses at most one shard of work and the same command finishes the job. An error
+(a file that is not UTF-8, a JSON line without text) leaves the directory as it was: what the
+failed call wrote is removed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import os
+import shutil
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ..config import MAX_SEED
 from ..errors import DataError
 from ..fileio import atomic_path, read_json, write_json
 from ..tokenizer import Tokenizer
@@ -99,6 +104,33 @@ def _write_shard(out: Path, name: str, buf: _Buffer, dtype: np.dtype) -> dict[st
     }
 
 
+@contextlib.contextmanager
+def _undone_on_error(out: Path) -> Iterator[None]:
+    """On an error, leave `out` as it was before: remove what was written into it since (or
+    `out` itself, if it did not exist) and put back the progress.json of an earlier interrupted
+    run. Not on Ctrl-C: from its progress.json, the same command goes on."""
+    existed = out.is_dir()
+    before = set(os.listdir(out)) if existed else set()
+    progress_file = out / "progress.json"
+    progress = progress_file.read_bytes() if progress_file.is_file() else None
+    try:
+        yield
+    except Exception:
+        if not existed:
+            shutil.rmtree(out, ignore_errors=True)
+        elif out.is_dir():
+            for name in set(os.listdir(out)) - before:
+                path = out / name
+                if path.is_dir() and not path.is_symlink():
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    path.unlink(missing_ok=True)
+            if progress is not None:
+                with atomic_path(progress_file) as tmp:
+                    tmp.write_bytes(progress)
+        raise
+
+
 def prepare(
     inputs: Sequence[str | os.PathLike[str]],
     tokenizer: Tokenizer,
@@ -116,10 +148,13 @@ def prepare(
 
     Re-running with the same arguments resumes an interrupted run, or reports that the job is
     already complete; other arguments on a non-empty `out` are an error (nothing is deleted).
+    An error on the way (a file that is not UTF-8, no text) leaves `out` as it was.
     """
     out = Path(out)
     if not 0.0 <= heldout < 1.0:
         raise DataError(f"heldout={heldout}: must be in [0, 1)")
+    if not 0 <= seed <= MAX_SEED:
+        raise DataError(f"seed={seed} (--seed): must be >= 0 and <= {MAX_SEED}")
     files = expand_inputs(inputs)
     if not files:
         raise DataError("no input files")
@@ -156,88 +191,89 @@ def prepare(
         formats = [detect_format(f) for f in files]
         if progress:
             _say_formats(files, formats)
-    out.mkdir(parents=True, exist_ok=True)
-    tokenizer.save_pretrained(out)
-    dtype = np.dtype(np.uint16 if tokenizer.vocab_size <= 1 << 16 else np.uint32)
+    with _undone_on_error(out):  # a failed call leaves `out` as it found it
+        out.mkdir(parents=True, exist_ok=True)
+        tokenizer.save_pretrained(out)
+        dtype = np.dtype(np.uint16 if tokenizer.vocab_size <= 1 << 16 else np.uint32)
 
-    total_bytes = sum(f.stat().st_size for f in files)
-    bar = _progress_bar(total_bytes, progress, state["documents_done"])
-    buffers = {s: _Buffer.empty() for s in SPLITS}
-    pending: list[tuple[int, Document]] = []
-    pending_sentences = 0
-    started = time.time()
+        total_bytes = sum(f.stat().st_size for f in files)
+        bar = _progress_bar(total_bytes, progress, state["documents_done"])
+        buffers = {s: _Buffer.empty() for s in SPLITS}
+        pending: list[tuple[int, Document]] = []
+        pending_sentences = 0
+        started = time.time()
 
-    def flush_shards() -> None:
-        for split in SPLITS:
-            buf = buffers[split]
-            if buf.doc_sentences:
-                name = f"{split}-{state['next_index'][split]:05d}"
-                info = _write_shard(out, name, buf, dtype)
-                info["split"] = split
-                state["shards"].append(info)
-                state["next_index"][split] += 1
-                buffers[split] = _Buffer.empty()
+        def flush_shards() -> None:
+            for split in SPLITS:
+                buf = buffers[split]
+                if buf.doc_sentences:
+                    name = f"{split}-{state['next_index'][split]:05d}"
+                    info = _write_shard(out, name, buf, dtype)
+                    info["split"] = split
+                    state["shards"].append(info)
+                    state["next_index"][split] += 1
+                    buffers[split] = _Buffer.empty()
 
-    def tokenize_pending() -> None:
-        nonlocal pending, pending_sentences
-        sentences = [s for _, doc in pending for s in doc.sentences]
-        ids = tokenizer.encode_ids(sentences)
-        lengths = np.fromiter(map(len, ids), np.int64, count=len(ids))
-        flat = np.fromiter(itertools.chain.from_iterable(ids), dtype, count=int(lengths.sum()))
-        starts = np.zeros(len(lengths) + 1, np.int64)
-        np.cumsum(lengths, out=starts[1:])
-        s = 0
-        for ordinal, doc in pending:
-            n = len(doc.sentences)
-            doc_lengths = lengths[s : s + n]
-            keep = doc_lengths > 0  # sentences of nothing but dropped characters
-            if keep.any():
-                buf = buffers["heldout" if _is_heldout(ordinal, seed, heldout) else "train"]
-                buf.tokens.append(flat[starts[s] : starts[s + n]])
-                buf.sentence_lengths.append(doc_lengths[keep])
-                buf.doc_sentences.append(int(keep.sum()))
-            s += n
-        state["documents_done"] = pending[-1][0] + 1
-        pending, pending_sentences = [], 0
+        def tokenize_pending() -> None:
+            nonlocal pending, pending_sentences
+            sentences = [s for _, doc in pending for s in doc.sentences]
+            ids = tokenizer.encode_ids(sentences)
+            lengths = np.fromiter(map(len, ids), np.int64, count=len(ids))
+            flat = np.fromiter(itertools.chain.from_iterable(ids), dtype, count=int(lengths.sum()))
+            starts = np.zeros(len(lengths) + 1, np.int64)
+            np.cumsum(lengths, out=starts[1:])
+            s = 0
+            for ordinal, doc in pending:
+                n = len(doc.sentences)
+                doc_lengths = lengths[s : s + n]
+                keep = doc_lengths > 0  # sentences of nothing but dropped characters
+                if keep.any():
+                    buf = buffers["heldout" if _is_heldout(ordinal, seed, heldout) else "train"]
+                    buf.tokens.append(flat[starts[s] : starts[s + n]])
+                    buf.sentence_lengths.append(doc_lengths[keep])
+                    buf.doc_sentences.append(int(keep.sum()))
+                s += n
+            state["documents_done"] = pending[-1][0] + 1
+            pending, pending_sentences = [], 0
 
-    try:
-        for ordinal, doc in enumerate(read_corpus(files, formats, encoding_errors, bar.update)):
-            if ordinal < state["documents_done"]:
-                continue  # in a shard written by an earlier, interrupted run
-            pending.append((ordinal, doc))
-            pending_sentences += len(doc.sentences)
-            if pending_sentences >= batch_sentences:
+        try:
+            for ordinal, doc in enumerate(read_corpus(files, formats, encoding_errors, bar.update)):
+                if ordinal < state["documents_done"]:
+                    continue  # in a shard written by an earlier, interrupted run
+                pending.append((ordinal, doc))
+                pending_sentences += len(doc.sentences)
+                if pending_sentences >= batch_sentences:
+                    tokenize_pending()
+                    if buffers["train"].num_tokens >= shard_tokens:
+                        flush_shards()
+                        write_json(progress_file, {"settings": settings, "state": state})
+            if pending:
                 tokenize_pending()
-                if buffers["train"].num_tokens >= shard_tokens:
-                    flush_shards()
-                    write_json(progress_file, {"settings": settings, "state": state})
-        if pending:
-            tokenize_pending()
-        flush_shards()
-    finally:
-        bar.close()  # before any error message, so that message is the last line
+            flush_shards()
+        finally:
+            bar.close()  # before any error message, so that message is the last line
 
-    counts = {
-        split: {
-            key: sum(s[key] for s in state["shards"] if s["split"] == split)
-            for key in ("documents", "sentences", "tokens")
+        counts = {
+            split: {
+                key: sum(s[key] for s in state["shards"] if s["split"] == split)
+                for key in ("documents", "sentences", "tokens")
+            }
+            for split in SPLITS
         }
-        for split in SPLITS
-    }
-    for split in SPLITS:
-        counts[split]["shards"] = sum(1 for s in state["shards"] if s["split"] == split)
-    if counts["train"]["tokens"] == 0:
-        raise DataError(f"no training text in {', '.join(str(f) for f in files[:3])}")
-    meta = {
-        "settings": settings,
-        "state": state,
-        "dtype": dtype.name,
-        "counts": counts,
-        "shards": state["shards"],
-        "seconds": round(time.time() - started, 2),
-    }
-    write_json(meta_file, meta)
-    progress_file.unlink(missing_ok=True)
+        for split in SPLITS:
+            counts[split]["shards"] = sum(1 for s in state["shards"] if s["split"] == split)
+        if counts["train"]["tokens"] == 0:
+            raise DataError(f"no training text in {', '.join(str(f) for f in files[:3])}")
+        meta = {
+            "settings": settings,
+            "state": state,
+            "dtype": dtype.name,
+            "counts": counts,
+            "shards": state["shards"],
+            "seconds": round(time.time() - started, 2),
+        }
+        write_json(meta_file, meta)
+        progress_file.unlink(missing_ok=True)
     if heldout > 0 and counts["heldout"]["documents"] == 0:
         warnings.warn(
             f"no document held out (heldout={heldout} of {counts['train']['documents']:,} "

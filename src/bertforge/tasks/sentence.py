@@ -19,6 +19,10 @@ the soft-target loss of distillation, probabilities, decisions and answers.
   Regression   (STS-B, --regression) labels are float scores; squared error; the probability
                and the prediction are the score itself; answer {score}.
 
+Metrics: the spec's (GLUE's own, or accuracy for a table of your own), and for classification
+the scores accuracy hides, class by class: each class's precision, recall, F1 and counts with
+the macro F1 (evaluate.class_scores), or each label's (evaluate.label_scores) for multi-label.
+
 Pipeline.classify averages a long text's windows in probability space and answers from the
 mean through the same object, so that `evaluate` and `classify` decide alike.
 """
@@ -40,7 +44,7 @@ from torch import nn
 from ..config import BertConfig
 from ..data.tasks import Example, TaskSpec, glue_task, label_set, read_examples, read_glue
 from ..errors import ConfigError, DataError, InputError
-from ..evaluate import compute_metrics
+from ..evaluate import class_scores, compute_metrics, label_scores
 from ..fileio import write_text
 from ..heads import BertForSequenceClassification
 from .base import (
@@ -152,6 +156,15 @@ class SingleLabel:
     def eval_loss(self, logits: np.ndarray, refs: np.ndarray) -> float:
         return float(-log_softmax(logits)[np.arange(len(refs)), refs].mean())
 
+    def class_metrics(self, refs: np.ndarray, preds: np.ndarray) -> dict[str, float]:
+        """The macro F1 and each class's precision, recall, F1 and counts."""
+        names = np.asarray(self.names)
+        return class_scores(names[refs], names[np.asarray(preds)], names)
+
+    def selectable(self) -> tuple[str, ...]:
+        """Its class_metrics that can pick the best epoch (not the counts)."""
+        return ("macro_f1", *_class_keys(self.names))
+
 
 @dataclass
 class MultiLabel:
@@ -203,6 +216,13 @@ class MultiLabel:
         p = np.clip(sigmoid(logits), 1e-7, 1 - 1e-7)
         return float(-np.mean(refs * np.log(p) + (1 - refs) * np.log(1 - p)))
 
+    def class_metrics(self, refs: np.ndarray, preds: np.ndarray) -> dict[str, float]:
+        """Each label's precision, recall, F1 and count (the spec's metrics have their mean)."""
+        return label_scores(refs > 0.5, preds, self.names)
+
+    def selectable(self) -> tuple[str, ...]:
+        return _class_keys(self.names)
+
 
 @dataclass
 class Regression:
@@ -238,6 +258,16 @@ class Regression:
 
     def eval_loss(self, logits: np.ndarray, refs: np.ndarray) -> float:
         return float(np.mean((logits[:, 0] - refs) ** 2))
+
+    def class_metrics(self, refs: np.ndarray, preds: np.ndarray) -> dict[str, float]:
+        return {}  # no classes
+
+    def selectable(self) -> tuple[str, ...]:
+        return ()
+
+
+def _class_keys(names: Sequence[str]) -> tuple[str, ...]:
+    return tuple(f"{n}_{s}" for n in names for s in ("precision", "recall", "f1"))
 
 
 def sequence_classification_loss(
@@ -344,6 +374,12 @@ class SentenceTask(TaskFamily):
         self._settle(None)
         self.metric = self.spec.metrics[0]
         self.reports_accuracy = not self.spec.is_regression
+
+    @property
+    def metrics(self) -> tuple[str, ...]:
+        """The metrics `score` reports that can pick the best epoch (finetune --metric): the
+        spec's, and each class's precision, recall and F1 (single-label: their macro F1)."""
+        return (*self.spec.metrics, *self.problem.selectable())
 
     def _settle(self, labels: Sequence[str] | None, thresholds: np.ndarray | None = None) -> None:
         """The spec for these labels and its problem (multi-label: a model's thresholds)."""
@@ -469,6 +505,7 @@ class SentenceTask(TaskFamily):
             spec.labels.index(spec.positive_label) if spec.positive_label and spec.labels else 1
         )
         metrics = compute_metrics(spec.metrics, refs, preds, positive_label=positive)
+        metrics.update(self.problem.class_metrics(refs, preds))
         return {**metrics, "loss": self.problem.eval_loss(np.stack(rows), refs)}
 
     def write_predictions(self, out: Path, examples: Sequence[Example], preds: Any) -> list[Path]:

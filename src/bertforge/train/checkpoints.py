@@ -5,9 +5,16 @@ RUN/checkpoints/step-00001000/
     trainer_state.pt                                  optimizer, loss scaler, RNG states
                                                       (read back with weights_only=True)
     trainer_state.json                                step, data position, anything else
-A checkpoint is written into a temporary directory and renamed into place, so a crash never
-leaves a half-written one; the last `keep` are kept. RUN/run.json holds the run's settings
-and whether it finished (`RunDir`, its one writer): the same settings resume the run.
+A checkpoint is written into a temporary directory (checkpoints/.tmp-step-N-PID) and renamed
+into place, so a crash never leaves a half-written one, and the next start of the run removes
+the temporary directory a kill left behind; the last `keep` are kept. RUN/run.json holds the
+run's settings and whether it finished (`RunDir`, its one writer): the same settings resume the
+run, and run.json, not checkpoints/, says whether it finished.
+
+What a finished run keeps is its config's `keep_checkpoints`: the last N checkpoints (pretrain:
+at least 1, so that more --steps can go on from the last), or with 0 (finetune's and distill's
+default) none: checkpoints/, the optimizer's state mostly, is removed once run.json says
+finished, and the run directory holds the model alone.
 """
 
 from __future__ import annotations
@@ -54,6 +61,24 @@ def check_run(run_dir: Path, cfg: Any, volatile: Collection[str]) -> dict[str, A
     return saved
 
 
+# a run's inputs that are directories: --out must not be one of them
+INPUT_DIRS = ("model", "init", "teacher", "data")
+
+
+def check_output(out: Path, cfg: Any) -> None:
+    """--out is not one of the run's input directories (finetune --out = --model would write
+    the fine-tuned model over the pre-trained one): ConfigError naming both, before anything
+    is written."""
+    flags = {f.name: f.metadata.get("flag") or f"--{f.name}" for f in dataclasses.fields(cfg)}
+    for name in INPUT_DIRS:
+        given = getattr(cfg, name, None)
+        if isinstance(given, str) and given and Path(given).resolve() == out.resolve():
+            raise ConfigError(
+                f"--out {out} is the run's {flags[name].replace('_', '-')}: the run would write "
+                "over its own input; give another --out"
+            )
+
+
 class RunDir:
     """A training command's output directory as one run: run.json holds the settings (the
     config's fields but its RESUMABLE ones), `record` and whether the run finished. The main
@@ -64,6 +89,7 @@ class RunDir:
         settings, which a finished run must match to count as finished (pre-training's steps:
         a finished run given more steps goes on)."""
         self.path, self.cfg, self.d, self.record = Path(path), cfg, d, record
+        check_output(self.path, cfg)
         self.settings = run_settings(cfg, cfg.RESUMABLE)
         self.saved = check_run(self.path, cfg, cfg.RESUMABLE)
 
@@ -83,10 +109,14 @@ class RunDir:
     def finish(self, result: dict[str, Any], message: str, *save: Saver, **summary: Any) -> bool:
         """After train(): unless `result` was interrupted, the main process writes the outputs
         (each of `save` into the directory: the model, the tokenizer), then run.json: finished,
-        with `summary`; `message` shown. Every process waits for it. Whether it finished."""
+        with `summary`; `message` shown; then, if the config keeps no checkpoints
+        (keep_checkpoints=0), removes checkpoints/. Every process waits for it. Whether it
+        finished."""
         done = not result["interrupted"]
         if done:
             self._write(message, save, finished=True, **summary)
+            if self.d.is_main and getattr(self.cfg, "keep_checkpoints", 1) == 0:
+                shutil.rmtree(self.path / "checkpoints", ignore_errors=True)
         barrier(self.d)
         return done
 
@@ -106,6 +136,13 @@ def checkpoint_dirs(run_dir: Path) -> list[Path]:
         return []
     found = [p for p in root.glob("step-*") if p.is_dir() and (p / INFO).is_file()]
     return sorted(found, key=lambda p: int(p.name.split("-")[1]))
+
+
+def remove_temporary(run_dir: Path) -> None:
+    """Remove the temporary directories of checkpoint saves a kill interrupted (`save` writes
+    them): at the start of a run, when its one writer is not saving."""
+    for tmp in (run_dir / "checkpoints").glob(".tmp-step-*"):
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def save(

@@ -198,6 +198,10 @@ class DistillConfig(TrainingOptions):
             )
         if general and self.train:
             raise ConfigError("--train is for task distillation: give --task too")
+        if general and (self.max_train_rows or self.max_dev_rows):
+            raise ConfigError(
+                "--max-train-rows and --max-dev-rows are for task distillation (--task, --train)"
+            )
         if general and not self.data:
             raise ConfigError(
                 "data (--data): give the text files to distil on (or --task and --train for "

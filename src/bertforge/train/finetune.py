@@ -5,7 +5,9 @@ The paper's recipe (section 4): every parameter trains, AdamW with 10% warmup th
 decay, a few epochs at a small learning rate, on the same loop as pre-training
 (train/loop.py). Training batches are length-grouped (LengthGroupedBatches); the dev set is
 evaluated at the end of every epoch with the task's metrics, and the best model by the first
-metric (MCC for CoLA, F1 for MRPC, entity F1 for CoNLL, F1 for SQuAD) is kept.
+metric (MCC for CoLA, F1 for MRPC, entity F1 for CoNLL, F1 for SQuAD), or by --metric, is kept.
+Classification reports each class's precision, recall and F1 beside it, and a warning when the
+best model answers one class for every dev row (the majority class alone).
 
 OUT/
     config.json, model.safetensors, vocab.txt, tokenizer_config.json   the best model
@@ -13,15 +15,17 @@ OUT/
     predictions_*          its dev predictions in the task's own format (GLUE TSV, CoNLL
                            columns, SQuAD predictions.json / null_odds.json, SWAG CSV)
     run.json               the settings (checkpoints.RunDir); re-running a finished run says so
-    checkpoints/step-N/    for resuming an interrupted run (the last one kept)
+    checkpoints/step-N/    for resuming an interrupted run (the last one), removed when the run
+                           finishes unless --keep-checkpoints N (checkpoints.RunDir.finish)
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
-from dataclasses import dataclass
+import warnings
+from collections.abc import Collection, Iterator
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -30,10 +34,11 @@ import torch
 from torch import nn
 
 from ..checkpoint import load_trained, load_with_fresh
-from ..config import option
+from ..config import MAX_SEED, option
 from ..data.tasks import split_train_test
-from ..errors import ConfigError, DataError
-from ..fileio import write_json
+from ..errors import CheckpointError, ConfigError, DataError
+from ..evaluate import class_table, single_class, split_classes
+from ..fileio import read_json, write_json
 from ..runner import PRECISIONS, Runner
 from ..tasks import TaskFamily, TaskOptions, family
 from ..tasks.base import Batch, Features, collate
@@ -54,12 +59,24 @@ class TrainingOptions(TaskOptions):
     settings. Each command adds its own model, training data, batch size and learning rate."""
 
     # settings a resumed run may change (the rest must match run.json)
-    RESUMABLE: ClassVar[frozenset[str]] = frozenset({"progress", "device", "log_every"})
+    RESUMABLE: ClassVar[frozenset[str]] = frozenset(
+        {"progress", "device", "log_every", "keep_checkpoints"}
+    )
 
     out: str = option(help="output directory (the fine-tuned model)")
     dev: str | None = option(None, "dev file: evaluated every epoch; the best model is kept")
     dev_split: float = option(
         0.0, "hold out this fraction of the train file as dev (fixed, seed 0)", min=0, below=1
+    )
+    # the file's first rows, not a sample: the same N rows on every run, a quick try of a recipe
+    max_train_rows: int | None = option(
+        None,
+        "train on the first N examples of the train file, in file order (SQuAD: questions, "
+        "CoNLL: sentences; with --dev-split: of the part left for training)",
+        min=1,
+    )
+    max_dev_rows: int | None = option(
+        None, "evaluate on the first N dev examples (of --dev or the --dev-split part)", min=1
     )
     epochs: float = option(3.0, "passes over train, may be fractional", above=0)
     micro_batch_size: int | None = option(
@@ -71,14 +88,25 @@ class TrainingOptions(TaskOptions):
         0.1, "fraction of the steps spent warming up, then linear decay", min=0, max=1
     )
     weight_decay: float = option(0.01, "AdamW weight decay", min=0)
-    seed: int = option(0, "head initialisation, order, dropout")
+    seed: int = option(0, "head initialisation, order, dropout", min=0, max=MAX_SEED)
     precision: str = option(
         "auto",
         "auto: bf16 where the device has it (fp16 on older GPUs), else fp32",
         choices=PRECISIONS,
     )
+    metric: str | None = option(
+        None,
+        "the dev metric that picks the best epoch, e.g. macro_f1 or spam_f1 (default: the task's "
+        "first: accuracy, MCC for CoLA, F1 for MRPC, CoNLL and SQuAD)",
+    )
+    keep_checkpoints: int = option(
+        0,
+        "checkpoints kept when the run finishes (0: none, the run directory holds the model; "
+        "the last is kept while it runs, for resuming)",
+        min=0,
+    )
     log_every: int = option(10, "log every N steps", min=1)
-    progress: bool = option(True, "progress bars", flag="--no-progress")
+    progress: bool = option(True, "no progress bars", flag="--no-progress")
     device: str | None = option(None, "cpu, cuda, cuda:1 (default: a GPU if there is one)")
 
     def __post_init__(self) -> None:
@@ -154,6 +182,9 @@ class FinetuneTask:
     """A task family as the training loop sees it (train/loop.py's Task): length-grouped
     batches, the family's summed loss over the global batch, dev evaluation."""
 
+    # what an evaluation reports beside its metrics: counts, SQuAD v2's best thresholds
+    NOT_METRICS: ClassVar[tuple[str, ...]] = ("n_gold", "n_pred", "n_correct", "_thresh", "total")
+
     def __init__(
         self, fam: TaskFamily, cfg: FinetuneConfig | DistillConfig, d: distributed.Dist
     ) -> None:
@@ -197,22 +228,58 @@ class FinetuneTask:
         metrics, self.dev_predictions = self.family.evaluate(self.runner, model, *self.dev)
         return metrics
 
+    @property
+    def metric(self) -> str:
+        """The dev metric that picks the best epoch: --metric, else the family's first."""
+        return self.cfg.metric or self.family.metric
+
+    def check_metric(self, reported: Collection[str] | None = None) -> None:
+        """--metric must name a metric the task reports: checked before training against the
+        family's list where it has one (SentenceTask.metrics), else against the keys of the
+        first evaluation (`reported`). Not the loss (lower is better) nor a count."""
+        if self.cfg.metric is None:
+            return
+        if self.dev is None:
+            raise ConfigError(
+                f"--metric {self.cfg.metric}: picks the best epoch on dev; give --dev or "
+                "--dev-split"
+            )
+        known = getattr(self.family, "metrics", None) if reported is None else reported
+        if known is None:
+            return  # known at the first evaluation
+        choices = [m for m in known if m != "loss" and not m.endswith(self.NOT_METRICS)]
+        if self.cfg.metric not in choices:
+            raise ConfigError(
+                f"--metric {self.cfg.metric}: {self.cfg.task} reports {', '.join(choices)}"
+            )
+
+
+def first_rows(examples: list[Any], n: int | None) -> list[Any]:
+    """The first n examples in the file's order (all of them for None): row limits are a
+    prefix, not a sample, so that the same n gives the same rows."""
+    return examples if n is None else examples[:n]
+
 
 def load_data(
     task: FinetuneTask, cfg: FinetuneConfig | DistillConfig
 ) -> tuple[list[Any], list[Any] | None]:
     """Read the train file (and the dev file, or the --dev-split part of train), settle the
-    label set, and set task.train / task.dev features; returns (train, dev) examples."""
+    label set, keep the first --max-train-rows / --max-dev-rows examples, and set task.train /
+    task.dev features; returns (train, dev) examples."""
     fam = task.family
     train_examples = fam.read(cfg.train)
     if len(train_examples) == 0:
         raise DataError(f"{cfg.train}: no examples")
     dev_examples = None
-    if cfg.dev_split:
+    if cfg.dev_split:  # the same split whatever the row limits keep of its parts
         train_examples, dev_examples = split_train_test(train_examples, cfg.dev_split)
+    # the labels of all the training rows: a try on a few rows has the full run's head
     fam.set_labels(train_examples)
+    train_examples = first_rows(train_examples, cfg.max_train_rows)
     if cfg.dev:
         dev_examples = fam.read(cfg.dev)
+    if dev_examples is not None:
+        dev_examples = first_rows(dev_examples, cfg.max_dev_rows)
     task.train = fam.featurize(train_examples, training=True)
     if dev_examples:
         task.dev = (dev_examples, fam.featurize(dev_examples))
@@ -248,13 +315,14 @@ def _run(cfg: FinetuneConfig, d: distributed.Dist) -> dict[str, Any]:
 
 def adamw_loop(cfg: FinetuneConfig | DistillConfig, steps: int, **values: Any) -> LoopConfig:
     """Fine-tuning's loop, task and general distillation's too: the paper's AdamW, warmup then
-    linear decay over `steps`, gradients clipped at 1, the last checkpoint kept."""
+    linear decay over `steps`, gradients clipped at 1, the last --keep-checkpoints checkpoints
+    kept (at least the last one until the run finishes: RunDir.finish removes them for 0)."""
     return LoopConfig.of(
         cfg,
         steps=steps,
         warmup_steps=round(cfg.warmup_ratio * steps),
         decay_steps=None,
-        keep_checkpoints=1,
+        keep_checkpoints=max(1, cfg.keep_checkpoints),
         optimizer="adamw",
         clip_norm=1.0,
         **values,
@@ -271,24 +339,34 @@ def fit(
     kept: nn.Module | None = None,
 ) -> dict[str, Any]:
     """Train `model` on `task` for cfg.epochs (the paper's AdamW, warmup then linear decay),
-    evaluate on dev after every epoch and keep the best model (`kept`, when what is saved is
-    a part of what trains) in the run's directory; returns the best dev metrics. Fine-tuning
-    and task distillation share it: it reads their TrainingOptions, batch size and lr."""
+    evaluate on dev after every epoch and keep the best model by task.metric (`kept`, when what
+    is saved is a part of what trains) in the run's directory; returns the best dev metrics,
+    said with each class's scores, and a warning if the model answers one class for every dev
+    row. Fine-tuning and task distillation share it: it reads their TrainingOptions, batch size
+    and lr."""
     cfg, d, out = run.cfg, run.d, run.path
     kept = model if kept is None else kept
     model.train()
     steps = max(1, math.ceil(cfg.epochs * task.steps_per_epoch))
-    main_metric = task.family.metric
+    main_metric = task.metric
+    task.check_metric()
     best: dict[str, Any] = {}
     if (out / "checkpoints").is_dir() and (out / "eval_results.json").is_file():
         # resuming: the best so far stays unless beaten
         best.update(json.loads((out / "eval_results.json").read_text(encoding="utf-8")))
         best.pop("task", None)
 
+    def score(metrics: dict[str, Any]) -> float:
+        """The metric to beat; NaN (null in eval_results.json) below any number."""
+        value = metrics[main_metric]
+        return -math.inf if value is None or math.isnan(value) else float(value)
+
     def on_eval(step: int, metrics: dict[str, float]) -> None:
+        if metrics and main_metric not in metrics:  # on every process: all stop alike
+            task.check_metric(metrics)
         if not d.is_main or not metrics:
             return
-        if best and metrics[main_metric] <= best[main_metric]:
+        if best and score(metrics) <= score(best):
             return
         best.clear()
         best.update(metrics, step=step, epoch=round(step / task.steps_per_epoch, 2))
@@ -316,25 +394,59 @@ def fit(
         describe=describe,
         on_eval=on_eval,
     )
-    shown = ", ".join(f"{k} {v:.4f}" for k, v in best.items() if k not in {"step", "epoch", "loss"})
+    overall, _ = split_classes(best)
+    shown = ", ".join(
+        f"{k} {math.nan if v is None else v:.4f}"
+        for k, v in overall.items()
+        if k not in {"step", "epoch", "loss"}
+    )
     where = f"the model is in {out}"
-    done = f"best dev {shown} (epoch {best['epoch']:g}); {where}" if best else f"done: {where}"
+    by = f" by {main_metric}" if cfg.metric else ""
+    done = f"best dev{by} {shown} (epoch {best['epoch']:g}); {where}" if best else f"done: {where}"
+    if table := class_table(best):
+        done += "\n" + table
     # without dev there is nothing to choose by: the last model
     last = () if task.dev is not None else (kept.save_pretrained, tok.save_pretrained)
     if not run.finish(result, done, *last, best=best):
         return {"interrupted": True, "step": result["step"]}
+    if d.is_main and (one := single_class(best)) is not None:
+        warnings.warn(
+            f"the model predicts {one!r} for every dev row: its {main_metric} of "
+            f"{score(best):.4f} is that of always answering {one!r}; it has not learned the "
+            "other classes (try more --epochs, another --lr, or more examples of the others)",
+            stacklevel=2,
+        )
     return dict(best)
+
+
+def run_task_options(model_dir: str, task: str | None, options: dict[str, Any]) -> TaskOptions:
+    """The task settings for reading data the way a fine-tuned model was trained on it:
+    `options`, then those of the run that trained it (run.json in the model directory, which
+    `finetune` and `distill --task` write) when `task` is None (the run's task) or the run's
+    task, then TaskOptions' defaults."""
+    path = Path(model_dir) / "run.json"
+    saved = read_json(path, CheckpointError).get("settings", {}) if path.is_file() else {}
+    if task is None and not saved.get("task"):
+        raise ConfigError(
+            f"{model_dir}: no run.json saying which task the model was fine-tuned for (one "
+            "`bertforge finetune` writes): give the task (--task)"
+        )
+    task = task or saved["task"]
+    # a run for another task says nothing about this one's columns and lengths
+    names = {f.name for f in fields(TaskOptions)} if saved.get("task") == task else set()
+    settings = {k: v for k, v in saved.items() if k in names}
+    return TaskOptions(**{**settings, **options, "task": task})
 
 
 def _load(
     model_dir: str,
-    task: str | TaskOptions,
+    task: str | TaskOptions | None,
     options: dict[str, Any],
     device: str | None,
     precision: str,
 ) -> tuple[TaskFamily, Any, Runner]:
     """(task family with the model's labels, the model in eval mode, the runner)."""
-    opts = task if isinstance(task, TaskOptions) else TaskOptions(task=task, **options)
+    opts = task if isinstance(task, TaskOptions) else run_task_options(model_dir, task, options)
     fam = family(opts, Tokenizer.from_pretrained(model_dir))
     runner = Runner.create(device, precision)
     model = load_trained(fam.head, model_dir, f"{fam.head.hf_architecture} head")
@@ -343,21 +455,30 @@ def _load(
     return fam, model.to(runner.device).eval(), runner
 
 
+def _read(fam: TaskFamily, data: str, max_rows: int | None, labelled: bool = True) -> list[Any]:
+    """The first max_rows examples of `data` (all of them for None)."""
+    if max_rows is not None and max_rows < 1:
+        raise ConfigError(f"max_rows={max_rows} (--max-rows): must be >= 1")
+    return first_rows(fam.read(data, labelled=labelled), max_rows)
+
+
 def evaluate_model(
     model_dir: str,
-    task: str | TaskOptions,
+    task: str | TaskOptions | None,
     data: str,
     *,
     out: str | None = None,
+    max_rows: int | None = None,
     device: str | None = None,
     precision: str = "auto",
     **options: Any,
 ) -> dict[str, float]:
-    """Metrics of a fine-tuned model directory on a labelled task file (e.g. GLUE dev); with
-    `out`, its predictions are written there in the task's format. `task`: a name (with
-    TaskOptions fields as keyword arguments) or TaskOptions."""
+    """Metrics of a fine-tuned model directory on a labelled task file (e.g. GLUE dev), or on
+    its first `max_rows` examples; with `out`, its predictions are written there in the task's
+    format. `task`: TaskOptions, or a name with TaskOptions fields as keyword arguments, or
+    None: the task of the model's run.json (run_task_options fills the fields not given)."""
     fam, model, runner = _load(model_dir, task, options, device, precision)
-    examples = fam.read(data)
+    examples = _read(fam, data, max_rows)
     metrics, preds = fam.evaluate(runner, model, examples, fam.featurize(examples))
     if out is not None:
         fam.write_predictions(Path(out), examples, preds)
@@ -366,17 +487,19 @@ def evaluate_model(
 
 def predict(
     model_dir: str,
-    task: str | TaskOptions,
+    task: str | TaskOptions | None,
     data: str,
     out: str,
     *,
+    max_rows: int | None = None,
     device: str | None = None,
     precision: str = "auto",
     **options: Any,
 ) -> list[Path]:
-    """Predictions of a fine-tuned model for the inputs of `data` (labels, if any, unused),
-    written to the directory `out` in the task's format; returns the files written."""
+    """Predictions of a fine-tuned model for the inputs of `data` (labels, if any, unused), or
+    of its first `max_rows`, written to the directory `out` in the task's format; returns the
+    files written. `task` as evaluate_model takes it."""
     fam, model, runner = _load(model_dir, task, options, device, precision)
-    examples = fam.read(data, labelled=False)
+    examples = _read(fam, data, max_rows, labelled=False)
     preds = fam.predict(runner, model, examples, fam.featurize(examples))
     return fam.write_predictions(Path(out), examples, preds)

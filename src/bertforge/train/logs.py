@@ -7,11 +7,14 @@ format TensorBoard reads), so no TensorFlow or tensorboard package is needed to 
 from __future__ import annotations
 
 import json
+import math
 import socket
 import struct
 import time
 from pathlib import Path
 from typing import Any
+
+from ..fileio import json_text
 
 # ------------------------------------------------------------------------------------------------
 # TensorBoard event files
@@ -110,7 +113,11 @@ class EventWriter:
 
 
 class MetricsLog:
-    """One JSON object per line in RUN/metrics.jsonl, mirrored to TensorBoard (RUN/tensorboard)."""
+    """One JSON object per line in RUN/metrics.jsonl, mirrored to TensorBoard (RUN/tensorboard).
+
+    Every line is strict JSON: a number that is not finite (a diverged loss, the gradient norm
+    of an fp16 step the loss scaler skips) is written as null (fileio.json_text); TensorBoard
+    gets the float itself."""
 
     def __init__(self, run_dir: Path, enabled: bool = True) -> None:
         self.enabled = enabled
@@ -122,7 +129,7 @@ class MetricsLog:
             return
         record = {"step": step, "time": round(time.time(), 3), **values}
         with open(self.path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
+            f.write(json_text(record) + "\n")
         assert self._events is not None
         numbers = {
             k: float(v)
@@ -146,7 +153,9 @@ class MetricsLog:
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    """The records of RUN/metrics.jsonl, a null (a number that was not finite) read as NaN."""
     path = run_dir / "metrics.jsonl"
     if not path.exists():
         return []
-    return [json.loads(ln) for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
+    records = [json.loads(ln) for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
+    return [{k: math.nan if v is None else v for k, v in r.items()} for r in records]

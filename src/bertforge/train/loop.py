@@ -3,7 +3,9 @@
 Each optimizer step: take the step's micro-batches, compute the loss of each under the chosen
 precision, accumulate gradients (DDP synchronises only on the last micro-batch), clip, step,
 follow the warmup-then-linear-decay schedule. Around it: progress bar and metrics, held-out
-evaluation, checkpoints every N steps and on SIGINT/SIGTERM, exact resume.
+evaluation, checkpoints every N steps and on SIGINT/SIGTERM, exact resume. Training that
+diverges (a loss or gradient norm that is not finite) stops with one TrainingError before
+anything of it is evaluated or saved: no checkpoint after it, no model, run.json unfinished.
 
 What is task-specific comes in through `Task`: the batches (with their resumable position),
 the loss of a micro-batch, and the evaluation.
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -23,11 +26,15 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from ..errors import TrainingError
 from ..runner import autocast, resolve_precision
 from . import checkpoints
 from .distributed import Dist, all_reduce_sum
 from .logs import MetricsLog
 from .optim import build_optimizer, lr_factor, set_lr
+
+# fp16: a loss scale halved this often means that every step overflows (fairseq's min_loss_scale)
+MIN_LOSS_SCALE = 1e-4
 
 
 @dataclass(kw_only=True)
@@ -136,6 +143,8 @@ def train(
     scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None
 
     step, position, train_seconds = 0, None, 0.0
+    if d.is_main:  # before this run saves anything: what a kill mid-save left
+        checkpoints.remove_temporary(run_dir)
     saved = checkpoints.checkpoint_dirs(run_dir)
     if saved:
         info = checkpoints.load(saved[-1], model, optimizer, scaler)
@@ -149,6 +158,11 @@ def train(
     log = MetricsLog(run_dir, enabled=d.is_main)
     log.truncate_after(step)
     last_eval: dict[str, float] = {}
+    diverged = _Divergence(device, scaler)
+
+    def lr_at(s: int) -> float:
+        """The learning rate of step s (1 = the first)."""
+        return cfg.lr * lr_factor(s - 1, cfg.warmup_steps, cfg.steps, cfg.decay_steps)
 
     def save_checkpoint() -> None:
         if d.is_main:
@@ -184,11 +198,13 @@ def train(
         return train_seconds + time.perf_counter() - segment_start
 
     segment_start = time.perf_counter()
-    with _StopFlag() as stop:
+    # closed on the way out, an error's too
+    with _StopFlag() as stop, contextlib.closing(bar), contextlib.closing(log):
         while step < cfg.steps:
             micro_batches, next_position = next(data)
-            lr = cfg.lr * lr_factor(step, cfg.warmup_steps, cfg.steps, cfg.decay_steps)
+            lr = lr_at(step + 1)
             set_lr(optimizer, lr)
+            step_loss = torch.zeros((), device=device)  # this process's share of the step's loss
             totals = all_reduce_sum(task.normalizers(micro_batches).to(device), d)
             for i, micro in enumerate(micro_batches):
                 micro = micro.to(device)
@@ -201,6 +217,7 @@ def train(
                         loss, stats = task.loss(wrapped, micro, totals)
                     (scaler.scale(loss) if scaler is not None else loss).backward()
                 stats_sum = stats if stats_sum is None else stats_sum + stats
+                step_loss += loss.detach().float()
                 window_tokens += micro.num_tokens
             if scaler is not None:
                 scaler.unscale_(optimizer)
@@ -212,8 +229,10 @@ def train(
                 optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             step, position = step + 1, next_position
+            diverged.update(step, step_loss, grad_norm)
 
-            if step % cfg.log_every == 0 or step == cfg.steps:
+            logging = step % cfg.log_every == 0 or step == cfg.steps
+            if logging:
                 assert stats_sum is not None
                 summed = all_reduce_sum(stats_sum.detach().float(), d)
                 tokens = int(
@@ -243,6 +262,8 @@ def train(
             saving = (
                 (cfg.save_every and step % cfg.save_every == 0) or stopping or step == cfg.steps
             )
+            if logging or evaluating or saving:  # the device is read here anyway
+                diverged.check(step, d, lr_at)  # so nothing of a diverged model is kept
             if evaluating or saving:
                 train_seconds = trained_for()
             if evaluating:
@@ -268,8 +289,6 @@ def train(
                 segment_start = time.perf_counter()
             if stopping:
                 break
-    bar.close()
-    log.close()
     interrupted = step < cfg.steps
     if interrupted and d.is_main:
         print(
@@ -279,8 +298,50 @@ def train(
     return {"step": step, "interrupted": interrupted, "eval": last_eval, "precision": precision}
 
 
+class _Divergence:
+    """Training that diverged: the first step whose loss or gradient norm is not finite.
+
+    Under fp16 an overflowing gradient is the loss scaler's business (it skips the step and
+    halves the scale), so there only the loss counts, and a scale fallen below MIN_LOSS_SCALE:
+    every step overflows. The values stay on the device, and `check` reads them only at steps
+    where the loop reads the device anyway (logging, evaluation, saving): no synchronisation of
+    its own per step."""
+
+    def __init__(self, device: torch.device, scaler: Any) -> None:
+        self.scaler = scaler
+        self.step = torch.zeros((), dtype=torch.long, device=device)  # the first bad step; 0: none
+        self.values = torch.zeros(2, device=device)  # its loss and gradient norm
+
+    def update(self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor) -> None:
+        values = torch.stack([loss.float(), grad_norm.detach().float()])
+        watched = values if self.scaler is None else values[:1]
+        first = (self.step == 0) & ~torch.isfinite(watched).all()
+        self.step = torch.where(first, step, self.step)
+        self.values = torch.where(first, values, self.values)
+
+    def check(self, now: int, d: Dist, lr_at: Callable[[int], float]) -> None:
+        """TrainingError on every process if any process saw a step diverge."""
+        step = int(self.step)
+        advice = "nothing was saved as the model; lower --lr (and use a new --out)"
+        if _agree(step > 0, d):
+            if step == 0:
+                raise TrainingError(f"step {now:,}: training diverged on another process; {advice}")
+            loss, norm = self.values.tolist()
+            what, value = ("loss", loss) if not math.isfinite(loss) else ("gradient norm", norm)
+            raise TrainingError(
+                f"step {step:,}: the {what} is {value:g} (lr {lr_at(step):.3g}): training "
+                f"diverged; {advice}"
+            )
+        if self.scaler is not None and (scale := self.scaler.get_scale()) < MIN_LOSS_SCALE:
+            raise TrainingError(
+                f"step {now:,}: the fp16 loss scale fell to {scale:.3g}, the gradients overflow "
+                f"at every step (lr {lr_at(now):.3g}): training diverged; {advice}, or train in "
+                "bf16 or fp32 (--precision)"
+            )
+
+
 def _agree(flag: bool, d: Dist) -> bool:
-    """True on every rank if any rank was asked to stop."""
+    """True on every rank if it is true on any rank (asked to stop, saw training diverge)."""
     if not d.enabled:
         return flag
     t = torch.tensor([1.0 if flag else 0.0], device=d.device)

@@ -14,6 +14,12 @@ packed held-out rows of max_seq_length tokens with fixed 15% masks (whatever the
 rate and format); NSP runs add their NSP accuracy on fixed held-out pairs. `train_seconds` in
 metrics.jsonl counts training time alone (no evaluation, no checkpoint writing), over resumes.
 
+`--minutes M` trains for a time budget instead of a step count: before the run starts, a few
+steps on its first batches are timed on a throwaway copy of the model and optimizer (so the
+run's trajectory is that of `--steps N`), N = floor(M x 60 / seconds per step), and N goes into
+run.json, where a resumed run reads it back instead of timing again. The schedule (warmup,
+decay) follows N as it follows --steps.
+
 The loss of a step is the mean over the whole global batch (masked tokens for the MLM loss,
 sequences for NSP) whatever the number of processes or micro-batches, so a run on N processes
 follows the same curve as one process with the same global batch.
@@ -21,8 +27,10 @@ follows the same curve as one process with the same global batch.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -30,7 +38,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from ..config import SIZES, BertConfig, check_options, option
+from ..config import MAX_SEED, SIZES, BertConfig, check_options, option
 from ..data.instances import IGNORE_INDEX, MaskingSpec
 from ..data.pretraining import Batch, Position, PretrainingStream
 from ..data.shards import ShardSet
@@ -44,9 +52,11 @@ from ..tokenizer import Tokenizer
 from . import distributed
 from .checkpoints import RunDir
 from .loop import LoopConfig, train
-from .optim import OPTIMIZERS
+from .optim import OPTIMIZERS, build_optimizer
 
 EVAL_BATCH = 32  # held-out rows per evaluation batch, whatever the training batch size
+# --minutes times at least this many steps, for at least this long, after one warm-up step
+CALIBRATION_STEPS, CALIBRATION_SECONDS = 3, 2.0
 
 
 @dataclass(kw_only=True)
@@ -65,7 +75,13 @@ class PretrainConfig:
     )
     config: str | None = option(None, "config.json of the model to train from scratch")
     init: str | None = option(None, "start from this checkpoint (phase 2, domain adaptation)")
-    steps: int = option(10_000, "optimizer steps", min=1)
+    steps: int = option(10_000, "optimizer steps (unless --minutes)", min=1)
+    minutes: float | None = option(
+        None,
+        "train for about M minutes instead of --steps: the step count is chosen by timing a "
+        "few steps first (said, and kept in run.json: a resumed run goes on to it)",
+        above=0,
+    )
     batch_size: int = option(32, "sequences per optimizer step, all processes together", min=1)
     micro_batch_size: int | None = option(
         None, "sequences per forward pass and process (gradient accumulation)", min=1
@@ -105,7 +121,7 @@ class PretrainConfig:
         "auto: bf16 where the device has it, fp16 + loss scaling on older GPUs",
         choices=PRECISIONS,
     )
-    seed: int = option(0, "data order, masks, initialisation")
+    seed: int = option(0, "data order, masks, initialisation", min=0, max=MAX_SEED)
     log_every: int = option(10, "log every N steps", min=1)
     eval_every: int = option(500, "held-out evaluation every N steps (0: never)", min=0)
     eval_batches: int = option(20, "held-out batches of 32 rows per evaluation", min=1)
@@ -114,7 +130,7 @@ class PretrainConfig:
     )
     keep_checkpoints: int = option(3, "checkpoints kept", min=1)
     device: str | None = option(None, "cpu, cuda, cuda:1 (default: a GPU if there is one)")
-    progress: bool = option(True, "progress bars", flag="--no-progress")
+    progress: bool = option(True, "no progress bars", flag="--no-progress")
 
     def __post_init__(self) -> None:
         check_options(self)
@@ -313,9 +329,54 @@ def heldout_scores(cfg: PretrainConfig, model: nn.Module) -> dict[str, float]:
         return make_task(cfg, ShardSet(cfg.data), d).evaluate(model)
 
 
+def seconds_per_step(
+    cfg: PretrainConfig, model: nn.Module, task: PretrainingTask, d: distributed.Dist
+) -> tuple[float, int]:
+    """(seconds per optimizer step, steps timed) of this run: steps on its first batches (data
+    and masking included) after one untimed warm-up step, on a throwaway copy of the model and
+    optimizer with the random state restored after, so that the run itself starts as it would
+    have. Each process times its own part without the gradient exchange; rank 0's number
+    counts everywhere, so that every process chooses the same step count."""
+    device = d.device
+    precision = resolve_precision(cfg.precision, device)
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        trial = copy.deepcopy(model).to(device).train()
+        optimizer = build_optimizer(trial, cfg.optimizer, cfg.lr, cfg.weight_decay)
+        data = task.batches(None)  # a stream of its own: the run's starts at the beginning
+        timed, start = -1, 0.0
+        while timed < CALIBRATION_STEPS or time.perf_counter() - start < CALIBRATION_SECONDS:
+            micro_batches, _ = next(data)
+            totals = task.normalizers(micro_batches).to(device)
+            for micro in micro_batches:
+                with autocast(precision, device):
+                    loss, _ = task.loss(trial, micro.to(device), totals)
+                loss.backward()
+            torch.nn.utils.clip_grad_norm_(trial.parameters(), cfg.clip_norm)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            if timed < 0:  # the warm-up step: allocations, kernel choice
+                start = time.perf_counter()
+            timed += 1
+        seconds = (time.perf_counter() - start) / timed
+    shared = torch.tensor([seconds if d.is_main else 0.0], device=device)
+    return float(distributed.all_reduce_sum(shared, d)), timed
+
+
+def _with_steps(
+    cfg: PretrainConfig, d: distributed.Dist, steps: int
+) -> tuple[PretrainConfig, RunDir]:
+    """A --minutes run's config and run directory once its step count is known."""
+    cfg = dataclasses.replace(cfg, steps=steps)
+    return cfg, RunDir(cfg.out, cfg, d, steps=steps)
+
+
 def _run(cfg: PretrainConfig, d: distributed.Dist) -> dict[str, Any]:
     resolve_precision(cfg.precision, d.device)  # fp16 on a CPU: an error before anything is written
     run = RunDir(cfg.out, cfg, d, steps=cfg.steps)
+    if cfg.minutes is not None and run.saved:  # the count chosen when it started: no new timing
+        cfg, run = _with_steps(cfg, d, run.saved["steps"])
     if run.finished(f"this run already finished ({cfg.steps:,} steps); the model is in {run.path}"):
         return {"step": cfg.steps, "interrupted": False, "already_finished": True}
     shards = ShardSet(cfg.data)
@@ -325,6 +386,15 @@ def _run(cfg: PretrainConfig, d: distributed.Dist) -> dict[str, Any]:
     torch.manual_seed(cfg.seed)
     model = build_model(cfg, tok)
     task = make_task(cfg, shards, d)
+    if cfg.minutes is not None and not run.saved:
+        seconds, timed = seconds_per_step(cfg, model, task, d)
+        cfg, run = _with_steps(cfg, d, max(1, math.floor(cfg.minutes * 60 / seconds)))
+        if d.is_main:
+            print(
+                f"--minutes {cfg.minutes:g}: {seconds:.4f} s per step (timed over {timed} "
+                f"steps) -> {cfg.steps:,} steps",
+                flush=True,
+            )
     run.start(
         f"pre-training {model.num_parameters():,} parameters on {shards.count('train'):,} tokens "
         f"({cfg.data}); {d.world_size} process(es) on {d.device}; "
