@@ -29,7 +29,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import itertools
 import math
+import statistics
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -332,8 +334,8 @@ def heldout_scores(cfg: PretrainConfig, model: nn.Module) -> dict[str, float]:
 def seconds_per_step(
     cfg: PretrainConfig, model: nn.Module, task: PretrainingTask, d: distributed.Dist
 ) -> tuple[float, int]:
-    """(seconds per optimizer step, steps timed) of this run: steps on its first batches (data
-    and masking included) after one untimed warm-up step, on a throwaway copy of the model and
+    """(seconds per optimizer step, steps timed) of this run: the median of steps on its first
+    batches (data and masking included) after one untimed warm-up step, on a throwaway copy of the model and
     optimizer with the random state restored after, so that the run itself starts as it would
     have. Each process times its own part without the gradient exchange; rank 0's number
     counts everywhere, so that every process chooses the same step count."""
@@ -343,8 +345,11 @@ def seconds_per_step(
         trial = copy.deepcopy(model).to(device).train()
         optimizer = build_optimizer(trial, cfg.optimizer, cfg.lr, cfg.weight_decay)
         data = task.batches(None)  # a stream of its own: the run's starts at the beginning
-        timed, start = -1, 0.0
-        while timed < CALIBRATION_STEPS or time.perf_counter() - start < CALIBRATION_SECONDS:
+        durations: list[float] = []  # of the timed steps; the first, a warm-up, is not
+        for warm_up in itertools.chain([True], itertools.repeat(False)):
+            if len(durations) >= CALIBRATION_STEPS and sum(durations) >= CALIBRATION_SECONDS:
+                break
+            begin = time.perf_counter()
             micro_batches, _ = next(data)
             totals = task.normalizers(micro_batches).to(device)
             for micro in micro_batches:
@@ -356,10 +361,10 @@ def seconds_per_step(
             optimizer.zero_grad(set_to_none=True)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
-            if timed < 0:  # the warm-up step: allocations, kernel choice
-                start = time.perf_counter()
-            timed += 1
-        seconds = (time.perf_counter() - start) / timed
+            if not warm_up:  # the warm-up step: allocations, kernel choice
+                durations.append(time.perf_counter() - begin)
+        # the median step: a moment of other work on the machine does not set the step count
+        seconds, timed = statistics.median(durations), len(durations)
     shared = torch.tensor([seconds if d.is_main else 0.0], device=device)
     return float(distributed.all_reduce_sum(shared, d)), timed
 
