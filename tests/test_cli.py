@@ -488,7 +488,7 @@ def test_help_texts_say_what_the_flags_do() -> None:
 
     for verb in ("pretrain", "finetune", "distill", "demo"):
         assert "--no-progress no progress bars" in shown(verb), verb
-    assert "--task {cola,sst2,csv}" in shown("probe")
+    assert "--task {cola,sst2,csv,conll2003}" in shown("probe")
     assert "default: none, metrics only" in shown("evaluate")
     assert "default: the task of the model's run.json" in shown("predict")
     assert "--max-train-rows MAX_TRAIN_ROWS train on the first N" in shown("finetune")

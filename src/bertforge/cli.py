@@ -527,31 +527,37 @@ def args_attention(p: argparse.ArgumentParser) -> None:
 
 def args_probe(p: argparse.ArgumentParser) -> None:
     from .data.tasks import GLUE_TASKS
+    from .probe_tokens import TokenProbeOptions
     from .runner import PRECISIONS
     from .tasks import TaskOptions
     from .tasks.embedding import POOLINGS
 
-    p.add_argument("--model", required=True)
-    p.add_argument("--train", required=True)
-    p.add_argument("--dev", required=True)
-    p.add_argument("--layers", help='choices separated by ";" e.g. "-1;-2;concat:-1,-2,-3,-4"')
+    p.add_argument("--model", required=True, help="model directory: its encoder, frozen")
+    p.add_argument("--train", required=True, help="training file (the task's format)")
+    p.add_argument("--dev", required=True, help="dev file, scored per layer choice")
+    p.add_argument(
+        "--layers",
+        help='choices separated by ";" e.g. "-1;-2;concat:-1,-2,-3,-4" (tagging also '
+        '"mix:-1,-2,-3,-4", a learned weighted sum)',
+    )
     p.add_argument(
         "--pooling",
         choices=POOLINGS,
         default="mean",
-        help="cls: seed 004's recipe ([CLS] + logistic regression)",
+        help="sentence tasks: cls is seed 004's recipe ([CLS] + logistic regression)",
     )
     p.add_argument("--max-train", type=int, help="use the first N training sentences")
     p.add_argument(
         "--precision", choices=PRECISIONS, default="auto", help=INFERENCE_HELP["precision"]
     )
     p.add_argument("--json", help="also write the table as JSON here")
-    tasks = (*(name for name, spec in GLUE_TASKS.items() if not spec.is_pair), "csv")
+    tasks = (*(name for name, spec in GLUE_TASKS.items() if not spec.is_pair), "csv", "conll2003")
 
     def single_sentence(name: str) -> str:  # argparse's "invalid choice" would not say why
         if name not in tasks:
             raise argparse.ArgumentTypeError(
-                f"{name!r}: probe takes single-sentence tasks: {', '.join(tasks)}"
+                f"{name!r}: probe takes single-sentence tasks: {', '.join(tasks[:-1])}; "
+                f"and tagging: {tasks[-1]}"
             )
         return name
 
@@ -560,10 +566,16 @@ def args_probe(p: argparse.ArgumentParser) -> None:
         default="sst2",
         type=single_sentence,
         choices=tasks,
-        help="a single-sentence GLUE task, or csv (one text column)",
+        help="a single-sentence GLUE task, csv (one text column), or conll2003 (tagging: token "
+        "features, a BiLSTM or linear classifier, entity F1)",
     )
     squad = ("doc_stride", "max_query_length", "max_answer_length", "n_best_size")
-    add_options(p, TaskOptions, skip=("task", "tag_column", *squad, "null_score_diff_threshold"))
+    # what a classifier on frozen features cannot use: not offered; the features are the
+    # pipeline's (windows of the model's length), not --max-seq-length rows
+    unused = ("text_pair_column", "regression", "multi_label", "tune_threshold", "max_seq_length")
+    skip = ("task", *squad, "null_score_diff_threshold", *unused)
+    add_options(p, TaskOptions, skip=skip)
+    add_options(p, TokenProbeOptions)
 
 
 def args_plot(p: argparse.ArgumentParser) -> None:
@@ -622,17 +634,57 @@ def cmd_attention(args: argparse.Namespace) -> None:
 
 
 def cmd_probe(args: argparse.Namespace) -> None:
+    from .fileio import write_json
     from .probe import DEFAULT_CHOICES, probe
+    from .probe_tokens import TOKEN_CHOICES, TokenProbeOptions, probe_tags
     from .tasks import TaskOptions, family
     from .tasks.sentence import SentenceTask
+    from .tasks.tagging import TaggingTask
     from .tokenizer import Tokenizer
 
     options = TaskOptions(task=args.task, **options_of(args, TaskOptions))
     fam = family(options, Tokenizer.from_pretrained(args.model))
-    if not isinstance(fam, SentenceTask) or fam.spec.is_pair:
-        raise DataError(f"--task {args.task}: probe takes single-sentence tasks (GLUE or csv)")
+    if not isinstance(fam, TaggingTask) and (not isinstance(fam, SentenceTask) or fam.spec.is_pair):
+        raise DataError(
+            f"--task {args.task}: probe takes single-sentence tasks (GLUE or csv) and conll2003"
+        )
+    token_options = TokenProbeOptions(**options_of(args, TokenProbeOptions))
     train = fam.read(args.train)[: args.max_train] if args.max_train else fam.read(args.train)
     dev = fam.read(args.dev)
+    if isinstance(fam, TaggingTask):  # token features, a BiLSTM or linear tagger, entity F1
+        fam.set_labels(train)  # fine-tuning's tag set: --labels, else train's
+        print(
+            f"{len(train):,} training and {len(dev):,} dev sentences; "
+            f"{token_options.classifier} classifier",
+            flush=True,
+        )
+
+        def show(r: dict[str, Any]) -> None:
+            print(
+                f"{r['layers']:<22} {r['dim']:>6}  dev F1 {100 * r['f1']:6.2f}  "
+                f"(epoch {r['best_epoch']}, {r['seconds']:.0f} s)",
+                flush=True,
+            )
+
+        rows = probe_tags(
+            args.model,
+            train,
+            dev,
+            fam.labels,
+            args.layers.split(";") if args.layers else TOKEN_CHOICES,
+            token_options,
+            on_row=show,
+            log=lambda line: print(line, flush=True),
+            precision=args.precision,
+        )
+        print(f"{'layers':<22} {'dim':>6}  dev entity F1  seconds")
+        for r in rows:
+            print(f"{r['layers']:<22} {r['dim']:>6}  {100 * r['f1']:13.2f}  {r['seconds']:7.0f}")
+        best = max(rows, key=lambda r: r["f1"])
+        print(f"best: {best['layers']} ({100 * best['f1']:.2f})")
+        if args.json:
+            write_json(args.json, rows)
+        return
     choices = args.layers.split(";") if args.layers else DEFAULT_CHOICES
     rows = probe(
         args.model,
@@ -652,8 +704,6 @@ def cmd_probe(args: argparse.Namespace) -> None:
     best = max(rows, key=lambda r: r["dev_accuracy"])
     print(f"best: {best['layers']} ({best['dev_accuracy']:.4f})")
     if args.json:
-        from .fileio import write_json
-
         write_json(args.json, rows)
 
 

@@ -10,7 +10,9 @@ features of each layer choice and scored on the dev set. Layer choices (the pape
     concat:-1,-2,-3,-4  their concatenation
     sum:all             every layer's sum
 
-Which layer is best says how far up the network a task's information lives.
+Which layer is best says how far up the network a task's information lives. Tagging tasks
+(CoNLL-2003) take the token-level path: per-word features, a BiLSTM, entity F1
+(probe_tokens.py, which adds `mix:...`, a learned weighted sum).
 """
 
 from __future__ import annotations
@@ -50,12 +52,25 @@ def pooled_layers(pipe: Pipeline, texts: Sequence[str], pooling: str = "mean") -
     return np.stack(pipe.run(pipe.encode(list(texts)), fn))
 
 
-def combine(features: np.ndarray, choice: str) -> np.ndarray:
-    """(N, L + 1, H) -> (N, D) for one layer choice (see the module docstring)."""
-    n_layers = features.shape[1]
+def parse_choice(
+    choice: str, n_layers: int, kinds: Sequence[str] = ("one", "sum", "concat")
+) -> tuple[str, list[int]]:
+    """(how, layer indices in 0..n_layers - 1) of one layer choice (see the module docstring;
+    "mix:" is the token probe's learned weighted sum), checked against a model of n_layers
+    hidden-state outputs (its layers + the embeddings): one ConfigError line if it is not one."""
     how, _, spec = choice.partition(":") if ":" in choice else ("one", "", choice)
-    if how not in ("one", "sum", "concat"):
-        raise ConfigError(f"layer choice {choice!r}: use N, sum:N,M,... or concat:N,M,...")
+    if how not in kinds:
+        spelled = {
+            "one": "N",
+            "sum": "sum:N,M,...",
+            "concat": "concat:N,M,...",
+            "mix": "mix:N,M,...",
+        }
+        raise ConfigError(
+            f"layer choice {choice!r}: use "
+            + ", ".join(spelled[k] for k in kinds)
+            + " or <how>:all"
+        )
     try:
         layers = list(range(n_layers)) if spec == "all" else [int(x) for x in spec.split(",")]
     except ValueError:
@@ -63,8 +78,15 @@ def combine(features: np.ndarray, choice: str) -> np.ndarray:
     for k in layers:
         if not -n_layers <= k < n_layers:
             raise ConfigError(
-                f"layer choice {choice!r}: layer {k} is not in -{n_layers}..{n_layers - 1}"
+                f"layer choice {choice!r}: layer {k} is not in -{n_layers}..{n_layers - 1} "
+                f"(this model has {n_layers - 1} layers and the embeddings, 0)"
             )
+    return how, [k % n_layers for k in layers]
+
+
+def combine(features: np.ndarray, choice: str) -> np.ndarray:
+    """(N, L + 1, H) -> (N, D) for one layer choice (see the module docstring)."""
+    how, layers = parse_choice(choice, features.shape[1])
     picked = features[:, layers]  # (N, k, H)
     if how == "concat":
         return picked.reshape(len(features), -1)
@@ -84,9 +106,13 @@ def probe(
     try:
         from sklearn.linear_model import LogisticRegression
         from sklearn.preprocessing import StandardScaler
-    except ImportError:
-        raise ConfigError("bertforge probe needs scikit-learn: pip install scikit-learn") from None
+    except ImportError as e:  # an optional dependency: the extra that brings it
+        raise ConfigError(
+            f'bertforge probe needs scikit-learn ({e}): pip install "bertforge[probe]"'
+        ) from None
     pipe = Pipeline(model, **pipeline_options)
+    for choice in choices:  # a bad choice is refused before the features are computed
+        parse_choice(choice, pipe.config.num_hidden_layers + 1)
     start = time.perf_counter()
     x_train = pooled_layers(pipe, train[0], pooling)
     x_dev = pooled_layers(pipe, dev[0], pooling)
