@@ -634,9 +634,7 @@ def cmd_attention(args: argparse.Namespace) -> None:
 
 
 def cmd_probe(args: argparse.Namespace) -> None:
-    from .fileio import write_json
     from .probe import DEFAULT_CHOICES, probe
-    from .probe_tokens import TOKEN_CHOICES, TokenProbeOptions, probe_tags
     from .tasks import TaskOptions, family
     from .tasks.sentence import SentenceTask
     from .tasks.tagging import TaggingTask
@@ -648,49 +646,16 @@ def cmd_probe(args: argparse.Namespace) -> None:
         raise DataError(
             f"--task {args.task}: probe takes single-sentence tasks (GLUE or csv) and conll2003"
         )
-    token_options = TokenProbeOptions(**options_of(args, TokenProbeOptions))
     train = fam.read(args.train)[: args.max_train] if args.max_train else fam.read(args.train)
     dev = fam.read(args.dev)
-    if isinstance(fam, TaggingTask):  # token features, a BiLSTM or linear tagger, entity F1
-        fam.set_labels(train)  # fine-tuning's tag set: --labels, else train's
-        print(
-            f"{len(train):,} training and {len(dev):,} dev sentences; "
-            f"{token_options.classifier} classifier",
-            flush=True,
-        )
-
-        def show(r: dict[str, Any]) -> None:
-            print(
-                f"{r['layers']:<22} {r['dim']:>6}  dev F1 {100 * r['f1']:6.2f}  "
-                f"(epoch {r['best_epoch']}, {r['seconds']:.0f} s)",
-                flush=True,
-            )
-
-        rows = probe_tags(
-            args.model,
-            train,
-            dev,
-            fam.labels,
-            args.layers.split(";") if args.layers else TOKEN_CHOICES,
-            token_options,
-            on_row=show,
-            log=lambda line: print(line, flush=True),
-            precision=args.precision,
-        )
-        print(f"{'layers':<22} {'dim':>6}  dev entity F1  seconds")
-        for r in rows:
-            print(f"{r['layers']:<22} {r['dim']:>6}  {100 * r['f1']:13.2f}  {r['seconds']:7.0f}")
-        best = max(rows, key=lambda r: r["f1"])
-        print(f"best: {best['layers']} ({100 * best['f1']:.2f})")
-        if args.json:
-            write_json(args.json, rows)
+    if isinstance(fam, TaggingTask):
+        _probe_tags(args, fam, train, dev)
         return
-    choices = args.layers.split(";") if args.layers else DEFAULT_CHOICES
     rows = probe(
         args.model,
         ([e.text for e in train], [e.label for e in train]),
         ([e.text for e in dev], [e.label for e in dev]),
-        choices,
+        args.layers.split(";") if args.layers else DEFAULT_CHOICES,
         pooling=args.pooling,
         precision=args.precision,
     )
@@ -698,11 +663,59 @@ def cmd_probe(args: argparse.Namespace) -> None:
         f"{len(train):,} training and {len(dev):,} dev sentences; frozen features "
         f"({args.pooling} pooling) in {rows[0]['feature_seconds']:.0f} s"
     )
-    print(f"{'layers':<22} {'dim':>6}  dev accuracy")
+    _probe_table(args, rows, "dev_accuracy", "dev accuracy", lambda x: f"{x:.4f}")
+
+
+def _probe_tags(args: argparse.Namespace, fam: Any, train: list[Any], dev: list[Any]) -> None:
+    """probe on a tagging task: token features, a BiLSTM or linear tagger, entity F1."""
+    from .probe_tokens import TOKEN_CHOICES, TokenProbeOptions, probe_tags
+
+    token_options = TokenProbeOptions(**options_of(args, TokenProbeOptions))
+    fam.set_labels(train)  # fine-tuning's tag set: --labels, else train's
+    print(
+        f"{len(train):,} training and {len(dev):,} dev sentences; "
+        f"{token_options.classifier} classifier",
+        flush=True,
+    )
+
+    def show(r: dict[str, Any]) -> None:
+        print(
+            f"{r['layers']:<22} {r['dim']:>6}  dev F1 {100 * r['f1']:6.2f}  "
+            f"(epoch {r['best_epoch']}, {r['seconds']:.0f} s)",
+            flush=True,
+        )
+
+    rows = probe_tags(
+        args.model,
+        train,
+        dev,
+        fam.labels,
+        args.layers.split(";") if args.layers else TOKEN_CHOICES,
+        token_options,
+        on_row=show,
+        log=lambda line: print(line, flush=True),
+        precision=args.precision,
+    )
+    _probe_table(args, rows, "f1", "dev entity F1", lambda x: f"{100 * x:.2f}", seconds=True)
+
+
+def _probe_table(
+    args: argparse.Namespace,
+    rows: list[dict[str, Any]],
+    key: str,
+    title: str,
+    fmt: Callable[[float], str],
+    seconds: bool = False,
+) -> None:
+    """The probe's table (rows[key] under `title`, formatted by fmt), its best row, --json."""
+    from .fileio import write_json
+
+    print(f"{'layers':<22} {'dim':>6}  {title}" + ("  seconds" if seconds else ""))
     for r in rows:
-        print(f"{r['layers']:<22} {r['dim']:>6}  {r['dev_accuracy']:.4f}")
-    best = max(rows, key=lambda r: r["dev_accuracy"])
-    print(f"best: {best['layers']} ({best['dev_accuracy']:.4f})")
+        time = f"  {r['seconds']:7.0f}" if seconds else ""
+        print(f"{r['layers']:<22} {r['dim']:>6}  {fmt(r[key]):>{len(title)}}{time}")
+    best = max(rows, key=lambda r: r[key])
+    print(f"best: {best['layers']} ({fmt(best[key])})")
     if args.json:
         write_json(args.json, rows)
 
