@@ -426,3 +426,45 @@ def test_one_class_for_every_row_and_the_table() -> None:
     ]
     with pytest.raises(InputError, match="labels are strings but the references are int64"):
         class_scores([0, 1], [1, 1], ["a", "b"])
+
+
+def test_retrieval_scores_match_trec_eval() -> None:
+    import pytrec_eval  # trec_eval itself, the test extra's pytrec-eval-terrier
+
+    from bertforge.evaluate import ranking, retrieval_scores
+
+    rng = np.random.default_rng(0)
+    qrels: dict[str, dict[str, int]] = {}
+    run: dict[str, dict[str, float]] = {}
+    for q in range(60):
+        docs = [f"d{i}" for i in rng.choice(400, 150, replace=False)]
+        judged = rng.choice(docs + [f"x{q}{i}" for i in range(3)], 6, replace=False)
+        qrels[f"q{q}"] = {d: int(rng.integers(0, 3)) for d in judged}
+        qrels[f"q{q}"][str(judged[0])] = 2  # at least one relevant
+        # scores rounded to one decimal: many ties, broken as trec_eval breaks them
+        run[f"q{q}"] = {d: float(np.round(rng.random(), 1)) for d in docs}
+    ours = retrieval_scores(qrels, run)
+    measures = {"ndcg_cut_10", "recall_1", "recall_5", "recall_20", "recall_100", "map_cut_100"}
+    ref = pytrec_eval.RelevanceEvaluator(qrels, measures).evaluate(run)
+    top10 = {q: {d: run[q][d] for d in ranking(run[q])[:10]} for q in run}
+    mrr = pytrec_eval.RelevanceEvaluator(qrels, {"recip_rank"}).evaluate(top10)
+    mean = {m: np.mean([r[m] for r in ref.values()]) for m in measures}
+    assert ours["mrr@10"] == pytest.approx(np.mean([r["recip_rank"] for r in mrr.values()]))
+    assert ours["ndcg@10"] == pytest.approx(mean["ndcg_cut_10"])
+    for k in (1, 5, 20, 100):
+        assert ours[f"recall@{k}"] == pytest.approx(mean[f"recall_{k}"])
+    assert ours["map@100"] == pytest.approx(mean["map_cut_100"])
+    assert 0 < ours["mrr@10"] < 1 and 0 < ours["recall@100"] < 1
+
+
+def test_retrieval_scores_count_a_missing_query_as_zero_and_refuse_unjudged_ones() -> None:
+    from bertforge.evaluate import retrieval_scores
+
+    qrels = {"a": {"d1": 1}, "b": {"d2": 1}, "c": {"d3": 0}}  # c: nothing relevant, not scored
+    run = {"a": {"d1": 0.9, "d2": 0.1}}
+    scores = retrieval_scores(qrels, run)
+    assert scores["mrr@10"] == 0.5 and scores["recall@1"] == 0.5 and scores["ndcg@10"] == 0.5
+    with pytest.raises(InputError, match="no judgements"):
+        retrieval_scores(qrels, {"z": {"d1": 1.0}})
+    with pytest.raises(InputError, match="at least one query"):
+        retrieval_scores({"c": {"d3": 0}}, run)

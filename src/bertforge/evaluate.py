@@ -1,9 +1,10 @@
 """Task metrics as plain functions on lists or numpy arrays: classification (overall and class
-by class), correlation, SQuAD exact match / F1, and entity-level precision / recall / F1 for
-BIO tags.
+by class), correlation, SQuAD exact match / F1, entity-level precision / recall / F1 for BIO
+tags, and retrieval (MRR, nDCG, recall, MAP of rankings against judgements, as trec_eval).
 
 Why our own code: the metrics are small, but each reference that defines them lives in a
-different package (scikit-learn, scipy, the SQuAD evaluation scripts, conlleval/seqeval).
+different package (scikit-learn, scipy, the SQuAD evaluation scripts, conlleval/seqeval,
+trec_eval).
 Here they are numpy only, and tests/test_evaluate.py checks each against its reference.
 
 Conventions:
@@ -549,3 +550,63 @@ def entity_scores(
             }
         )
     return out
+
+
+# ------------------------------------------------------------------------------------------------
+# Retrieval: rankings against relevance judgements (trec_eval's definitions)
+
+RECALL_AT = (1, 5, 20, 100)
+
+
+def ranking(scores: Mapping[str, float]) -> list[str]:
+    """Document ids by decreasing score, ties by decreasing id (trec_eval's order, so that
+    equal scores rank the same way here and there)."""
+    return [d for d, _ in sorted(scores.items(), key=lambda x: (x[1], x[0]), reverse=True)]
+
+
+def retrieval_scores(
+    qrels: Mapping[str, Mapping[str, int]],
+    run: Mapping[str, Mapping[str, float]],
+    mrr_at: int = 10,
+    ndcg_at: int = 10,
+    recall_at: Sequence[int] = RECALL_AT,
+    map_at: int = 100,
+) -> dict[str, float]:
+    """Mean retrieval metrics of `run` ({query: {document: score}}) against `qrels` ({query:
+    {document: relevance}}, relevant when > 0; graded gains count in nDCG), as trec_eval
+    defines them: mrr@10 (1 / rank of the first relevant document in the top 10, else 0),
+    ndcg@10 (gain = relevance, discount log2(rank + 1), over the ideal ordering of the query's
+    judgements), recall@k (relevant documents in the top k / relevant documents), map@100
+    (precision at each relevant document in the top 100, summed, / relevant documents).
+
+    The mean is over the judged queries that have a relevant document; one missing from `run`
+    scores 0 (trec_eval -c), so leaving a query out never raises a score."""
+    queries = [q for q, judged in qrels.items() if any(r > 0 for r in judged.values())]
+    if not queries:
+        raise InputError("retrieval scores need at least one query with a relevant document")
+    unknown = set(run) - set(qrels)
+    if unknown:
+        shown = ", ".join(sorted(map(repr, unknown))[:5])
+        raise InputError(f"{len(unknown)} queries of the run have no judgements: {shown}")
+    names = [f"mrr@{mrr_at}", f"ndcg@{ndcg_at}", *(f"recall@{k}" for k in recall_at)]
+    names.append(f"map@{map_at}")
+    totals = dict.fromkeys(names, 0.0)
+    for q in queries:
+        judged = qrels[q]
+        relevant = {d for d, r in judged.items() if r > 0}
+        ranked = ranking(run.get(q, {}))
+        hits = [d in relevant for d in ranked]
+        first = next((i for i, hit in enumerate(hits[:mrr_at]) if hit), None)
+        totals[f"mrr@{mrr_at}"] += 0.0 if first is None else 1.0 / (first + 1)
+        discounts = 1.0 / np.log2(np.arange(2, ndcg_at + 2))
+        gains = np.array([max(judged.get(d, 0), 0) for d in ranked[:ndcg_at]], float)
+        ideal = np.sort(np.array([r for r in judged.values() if r > 0], float))[::-1][:ndcg_at]
+        totals[f"ndcg@{ndcg_at}"] += float(
+            (gains * discounts[: len(gains)]).sum() / (ideal * discounts[: len(ideal)]).sum()
+        )
+        for k in recall_at:
+            totals[f"recall@{k}"] += sum(hits[:k]) / len(relevant)
+        found = np.cumsum(hits[:map_at])
+        precisions = [found[i] / (i + 1) for i, hit in enumerate(hits[:map_at]) if hit]
+        totals[f"map@{map_at}"] += float(sum(precisions)) / len(relevant)
+    return {name: value / len(queries) for name, value in totals.items()}
