@@ -150,7 +150,7 @@ BAD_LINES = """
 {pre} --seed -1                                | seed=-1 (--seed): must be >= 0 and <= 4294967295
 {pre} --seed 4294967296                        | seed=4294967296 (--seed): must be >= 0
 {pre} --seed 1e23                              | invalid int value: '1e23'
-{pre} --minutes 0                              | minutes=0.0 (--minutes): must be > 0
+{pre} --minutes 1e308                          | minutes=1e+308 (--minutes): must be <= 1e+06 and > 0
 pretrain --data {S} --out {S}                  | --out {S} is the run's --data
 pretrain --data {S} --out {M} --init {M}       | --out {M} is the run's --init
 pretrain --data {tmp}/nowhere --out {O}        | nowhere
@@ -165,6 +165,7 @@ distill --teacher {X} --out {X} --data {P} --student-layers 0 | --out {X} is the
 distill --teacher {X} --student {M} --out {M} --data {P} | --out {M} is the run's --student
 demo --out {O} --seed -1                       | seed=-1 (--seed)
 demo --out {O} --minutes -2                    | minutes=-2.0 (--minutes): must be > 0
+demo --out {O} --minutes nan                   | minutes=nan (--minutes): must be > 0
 demo --out {O} --steps 0                       | steps=0 (--steps): must be >= 1
 serve {X} --port 0                             | a TCP port is an integer in 1-65535
 serve {X} --port 70000                         | a TCP port is an integer in 1-65535
@@ -452,7 +453,7 @@ finetune --model {M} --task sst2 --train {T} --out {O} --max-dev-rows x | invali
 distill --teacher {X} --out {O} --data {P} --student-layers 0 --max-train-rows 5 | are for task distillation
 evaluate --model {M} --data {T}                | no run.json saying which task
 predict --model {M} --data {T} --out {O}       | give the task (--task)
-pretrain --data {S} --out {O} --minutes 0      | minutes=0.0 (--minutes): must be > 0
+pretrain --data {S} --out {O} --minutes 0      | minutes=0.0 (--minutes): must be <= 1e+06 and > 0
 probe --model {X} --task stsb --train {T} --dev {T} | probe takes single-sentence tasks: cola, sst2, csv
 """
 

@@ -120,14 +120,14 @@ def run_demo(
     Pre-training runs for `minutes`, or for a fixed number of `steps` when given."""
     from .train.finetune import FinetuneConfig
     from .train.finetune import run as finetune
-    from .train.pretrain import PretrainConfig, heldout_scores
+    from .train.pretrain import MAX_MINUTES, PretrainConfig, heldout_scores
     from .train.pretrain import run as pretrain
 
     # the options checked before anything is written (the configs check them again, later)
     if not 0 <= seed <= MAX_SEED:
         raise ConfigError(f"seed={seed} (--seed): must be >= 0 and <= {MAX_SEED}")
-    if steps is None and not minutes > 0:
-        raise ConfigError(f"minutes={minutes} (--minutes): must be > 0")
+    if steps is None and not 0 < minutes <= MAX_MINUTES:
+        raise ConfigError(f"minutes={minutes} (--minutes): must be > 0 and <= {MAX_MINUTES:g}")
     if steps is not None and steps < 1:
         raise ConfigError(f"steps={steps} (--steps): must be >= 1")
     t0 = time.time()

@@ -56,6 +56,7 @@ from .checkpoints import RunDir
 from .loop import LoopConfig, train
 from .optim import OPTIMIZERS, build_optimizer
 
+MAX_MINUTES = 1e6  # about two years: a time budget beyond it is a typo, not a plan
 EVAL_BATCH = 32  # held-out rows per evaluation batch, whatever the training batch size
 # --minutes times at least this many steps, for at least this long, after one warm-up step
 CALIBRATION_STEPS, CALIBRATION_SECONDS = 3, 2.0
@@ -83,6 +84,7 @@ class PretrainConfig:
         "train for about M minutes instead of --steps: the step count is chosen by timing a "
         "few steps first (said, and kept in run.json: a resumed run goes on to it)",
         above=0,
+        max=MAX_MINUTES,
     )
     batch_size: int = option(32, "sequences per optimizer step, all processes together", min=1)
     micro_batch_size: int | None = option(
