@@ -38,7 +38,7 @@ def test_every_entry_is_a_verb_and_where_served_an_endpoint(tiny_model: Path) ->
     assert pipeline_verbs == set(ENTRIES)
     assert all(found[name].get_default("pipeline") == name for name in ENTRIES)
     served = {f"/{e.name}" for e in ENTRIES.values() if e.served}
-    assert post_routes(create_app(tiny_model)) == served | {"/v1/embeddings"}
+    assert post_routes(create_app(tiny_model)) == served | {"/v1/embeddings", "/v1/rerank"}
     assert not ENTRIES["features"].served and {"/embed", "/classify", "/qa"} <= served
 
 

@@ -65,14 +65,18 @@ class Entry:
     save: Callable[[str, Any], None] | None = None
     served: bool = True  # POST /<name> (with {"results": [...]}; /embed has its own shape)
     onnx: tuple[str, ...] = ()  # graph outputs of `export --onnx` for a checkpoint with the head
+    labels: int | None = None  # the outputs its head must have (rerank: 1; None: any)
 
     @property
     def architectures(self) -> tuple[str, ...]:
         """config.json "architectures" of a checkpoint with this head."""
         return (self.model.hf_architecture, *self.also)  # type: ignore[attr-defined]
 
-    def available(self, architectures: Sequence[str]) -> bool:
-        """Whether a checkpoint of these architectures has what this pipeline needs."""
+    def available(self, architectures: Sequence[str], labels: int | None = None) -> bool:
+        """Whether a checkpoint of these architectures (and head outputs, if known) has what
+        this pipeline needs."""
+        if self.labels is not None and labels is not None and labels != self.labels:
+            return False
         return not self.needs or bool(set(self.architectures) & set(architectures))
 
     def run(self, pipe: Any, inputs: dict[str, list[Any]], options: dict[str, Any]) -> Any:
@@ -227,13 +231,31 @@ ENTRIES: dict[str, Entry] = {
             },
             onnx=("start_logits", "end_logits"),
         ),
+        Entry(
+            "rerank",
+            "score",
+            "a cross-encoder's relevance score of lines QUERY<TAB>DOCUMENT (JSONL {query, "
+            "document}); served as /rerank and /v1/rerank",
+            BertForSequenceClassification,
+            lambda x, r, i: {"score": r},
+            inputs=(Input("queries", "query"), Input("documents", "document")),
+            needs="cross-encoder",
+            remedy="train one (bertforge finetune --task rerank), or use a sentence-transformers "
+            "CrossEncoder",
+            options={"raw_scores": "the logits, without the model's activation"},
+            labels=1,
+            tensors=("classifier.",),
+            head_label="classifier",
+            onnx=("logits",),
+        ),
     )
 }
 
 
-def available(architectures: Sequence[str]) -> list[Entry]:
-    """The entries a checkpoint of these architectures supports, in the table's order."""
-    return [e for e in ENTRIES.values() if e.available(architectures)]
+def available(architectures: Sequence[str], labels: int | None = None) -> list[Entry]:
+    """The entries a checkpoint of these architectures (and head outputs) supports, in the
+    table's order."""
+    return [e for e in ENTRIES.values() if e.available(architectures, labels)]
 
 
 def head_labels(tensor_names: Sequence[str]) -> list[str]:

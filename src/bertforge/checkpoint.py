@@ -543,7 +543,7 @@ def inspect(path: str | os.PathLike[str]) -> CheckpointInfo:
         dtypes=sorted({d for _, d in params.values()}),
         heads=heads,
         weights_files=files,
-        pipelines=[e.name for e in available(architectures(directory))],
+        pipelines=[e.name for e in available(architectures(directory), config.num_labels)],
     )
 
 

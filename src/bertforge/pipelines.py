@@ -1,4 +1,4 @@
-"""Inference front doors: fill-mask, classify, ner, qa, embed, nsp, features.
+"""Inference front doors: fill-mask, classify, ner, qa, embed, nsp, features, rerank.
 
     pipe = Pipeline("path/to/model")
     pipe.embed(["a sentence", "another"], pooling="mean", normalize=True)   # (N, H) numpy
@@ -6,6 +6,7 @@
     pipe.classify(["a fine film"]); pipe.ner(["Alice lives in Paris."])
     pipe.qa(["Where?"], ["Alice lives in Paris."]); pipe.nsp(["A."], ["B."])
     pipe.features(["text"], layers=(-1, -2, -3, -4), combine="concat")
+    pipe.rerank("query", ["a document", "another"], top_k=1)   # a cross-encoder's order
 
 Every pipeline runs through the one inference runner (runner.py: length-sorted batches,
 results in the input order, precision "auto" = bf16 wherever the device has bf16 arithmetic)
@@ -13,7 +14,7 @@ and decodes with its task's own decoder (bertforge.tasks: the classifier's label
 entity decoder, SQuAD's windows and n-best), the same code `evaluate` uses. Each method is
 one entry of the catalogue (catalogue.py: the model class it loads, the head it needs, its
 inputs and options, how the CLI and the server expose it); a pipeline that needs a trained
-head (fill-mask: the MLM head; nsp; classify; ner; qa) refuses a checkpoint without one instead
+head (fill-mask: the MLM head; nsp; classify; ner; qa; rerank) refuses a checkpoint without one instead
 of answering with random weights.
 """
 
@@ -37,7 +38,7 @@ from .data.tasks import SquadExample
 from .errors import ConfigError, InputError
 from .hub import resolve
 from .runner import Runner
-from .tasks import TaskOptions, embedding, family, sentence, tagging
+from .tasks import TaskOptions, embedding, family, ranking, sentence, tagging
 from .tasks.base import Features, collate, infer
 from .tasks.embedding import POOLINGS
 from .tasks.windows import Layout, Stitcher, TextWindow, contributions, split
@@ -408,6 +409,67 @@ class Pipeline:
             for g in groups
         ]
         return problem.answers(np.stack(mean))
+
+    def score(
+        self,
+        queries: Sequence[str],
+        documents: Sequence[str],
+        raw_scores: bool = False,
+        truncate: bool | None = None,
+    ) -> list[float]:
+        """A cross-encoder's relevance score of each (query, document) pair, through the
+        activation its directory names (tasks.ranking; raw_scores: the logit). A document
+        longer than the model reads is read in windows beside the query: its best window's
+        score (truncate, default the pipeline's: the first window's)."""
+        if isinstance(queries, str) or isinstance(documents, str):
+            raise InputError("pass lists of queries and documents (a single string is not a list)")
+        if len(queries) != len(documents):
+            raise InputError(f"{len(queries)} queries but {len(documents)} documents")
+        model = self.model_for("rerank")
+        if model.config.num_labels != 1:
+            raise ConfigError(
+                f"{self.path.name}: a classifier of {model.config.num_labels} labels; rerank "
+                "needs a cross-encoder (one output: bertforge finetune --task rerank)"
+            )
+        name = "identity" if raw_scores else ranking.activation(self.path)
+        if not queries:
+            return []
+        pieces = self.tok.encode_batch(
+            [*queries, *documents], add_special_tokens=False, truncation=False
+        )
+        positions = self.config.max_position_embeddings
+        limit = min(self.max_length or self.tok.model_max_length, positions)
+        special = tuple(self.tok.convert_tokens_to_ids(["[CLS]", "[SEP]"]))
+        ids, types, owners = [], [], []
+        for i, (q, d) in enumerate(zip(pieces[: len(queries)], pieces[len(queries) :])):
+            for row, kinds in ranking.pair_rows(
+                q.ids, d.ids, special, limit, self.stride, truncate or self.truncate
+            ):
+                ids.append(row)
+                types.append(kinds)
+                owners.append(i)
+        features = Features(ids, types, np.zeros(len(ids), np.int64))
+        logits = infer(self.runner, model, features, self.tok.pad_id)
+        values = ranking.activate(torch.from_numpy(np.stack(logits)[:, 0]), name).numpy()
+        best = np.full(len(queries), -np.inf)
+        np.maximum.at(best, np.asarray(owners), values)
+        return best.tolist()
+
+    def rerank(
+        self,
+        query: str,
+        documents: Sequence[str],
+        top_k: int | None = None,
+        raw_scores: bool = False,
+    ) -> list[dict[str, Any]]:
+        """The documents ordered by a cross-encoder's score for the query (ties: input order):
+        [{"index", "score"}], the top_k first ones (default: all)."""
+        if not isinstance(query, str):
+            raise InputError("query: expected a string")
+        if top_k is not None and top_k < 1:
+            raise ConfigError(f"top_k={top_k}: must be >= 1")
+        scores = self.score([query] * len(documents), documents, raw_scores)
+        return [{"index": i, "score": scores[i]} for i in ranking.ranked(scores)[:top_k]]
 
     def ner(self, texts: Sequence[str]) -> list[list[dict[str, Any]]]:
         """Per text: entities {entity, text, start, end, score}: each word tagged by its first

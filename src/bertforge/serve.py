@@ -11,6 +11,11 @@
         /ner         {"texts": [...]}                   -> [[{entity, text, start, end, score}]]
         /qa          {"questions", "contexts", "max_seq_length"?, ...} -> [{answer, score, ...}]
         /nsp         {"texts": [...], "pairs": [...]}   -> [P(IsNext)]
+    POST /rerank     text-embeddings-inference's: {"query", "texts", "raw_scores"?, "return_text"?,
+                     "truncate"?} -> [{index, score, text?}], best first (a cross-encoder)
+    POST /v1/rerank  Cohere's and Jina's: {"query", "documents": [str | {"text"}], "top_n"?,
+                     "return_documents"?, "model"?} -> {"results": [{index, relevance_score,
+                     document?}], "model", "usage"}; both share one batcher
     GET  /health, GET /metadata, GET /metrics (Prometheus text), GET /openapi.json (the API)
 
 The model is fixed, loaded and checked at start-up: the encoder and every head its config.json
@@ -59,10 +64,12 @@ except ImportError:  # create_app says what to install
 
 from .catalogue import ENTRIES, Entry
 from .checkpoint import architectures
-from .config import check_options, option
+from .config import BertConfig, check_options, option
 from .errors import BertforgeError, ConfigError
+from .hub import resolve
 from .model import BertModel
 from .pipelines import Pipeline
+from .tasks import ranking
 from .tasks.embedding import POOLINGS
 
 log = logging.getLogger(__name__)
@@ -102,6 +109,26 @@ class OpenAIEmbeddingRequest(BaseModel):
     encoding_format: str = Field("float", pattern="^(float|base64)$")
     dimensions: int | None = None
     user: str | None = None
+
+
+class RerankRequest(BaseModel):  # text-embeddings-inference's /rerank
+    query: str
+    texts: list[str]
+    raw_scores: bool = False
+    return_text: bool = False
+    truncate: bool = False
+
+
+class Document(BaseModel):
+    text: str
+
+
+class CohereRerankRequest(BaseModel):  # Cohere's and Jina's /v1/rerank
+    query: str
+    documents: list[str | Document]
+    model: str | None = None
+    top_n: int | None = Field(None, ge=1)
+    return_documents: bool = False
 
 
 def request_model(entry: Entry) -> type:
@@ -348,8 +375,8 @@ def _histogram(
 
 def available(model: str | Path) -> list[str]:
     """The served pipelines this checkpoint supports (embed always; the rest by its head)."""
-    found = architectures(model)
-    return [e.name for e in ENTRIES.values() if e.served and e.available(found)]
+    found, labels = architectures(model), BertConfig.from_pretrained(resolve(model)).num_labels
+    return [e.name for e in ENTRIES.values() if e.served and e.available(found, labels)]
 
 
 class Server:
@@ -445,6 +472,24 @@ class Server:
             list(zip(*columns.values())), options, functools.partial(client_gone, request)
         )
 
+    async def scores(
+        self, query: str, texts: list[str], field: str, options: dict[str, Any], request: Any
+    ) -> list[float]:
+        """A cross-encoder's scores of (query, text) for each text, in the batcher that
+        POST /rerank (the catalogue's entry) and /v1/rerank share."""
+        entry = ENTRIES["rerank"]
+        self.need(entry)
+        self.check([query], "query")
+        self.check(texts, field)
+
+        def run(items: list[tuple[str, str]], options: dict[str, Any]) -> list[Any]:
+            inputs = {"queries": [q for q, _ in items], "documents": [d for _, d in items]}
+            return entry.run(self.pipe, inputs, options)
+
+        return await self.batcher("rerank", run).submit(
+            [(query, t) for t in texts], options, functools.partial(client_gone, request)
+        )
+
 
 async def client_gone(request: Any) -> None:
     """Returns once the client has closed its connection: with the body read, the server's
@@ -478,10 +523,10 @@ def create_app(model: str | Path, limits: Limits | None = None, **pipeline_optio
     )
     add_error_handlers(app, server)
     add_status(app, server)
-    add_embeddings(app, server)
+    shaped = {"embed": add_embeddings, "rerank": add_rerank}  # endpoints of their own shape
     for entry in ENTRIES.values():
-        if entry.served and entry.name != "embed":  # /embed: its own shape, above
-            add_pipeline(app, server, entry)
+        if entry.served:
+            shaped.get(entry.name, functools.partial(add_pipeline, entry=entry))(app, server)
     return app
 
 
@@ -543,6 +588,40 @@ def add_embeddings(app: Any, server: Server) -> None:
                 for i, r in enumerate(rows)
             ],
             "usage": {"prompt_tokens": used, "total_tokens": used},
+        }
+
+
+def add_rerank(app: Any, server: Server) -> None:
+    """POST /rerank (text-embeddings-inference's shape) and POST /v1/rerank (Cohere's and
+    Jina's): the texts ordered by a cross-encoder's score for the query, one batcher for both."""
+
+    @app.post("/rerank", summary=ENTRIES["rerank"].help)
+    async def rerank(req: RerankRequest, request: Request) -> list[dict[str, Any]]:
+        options = {"raw_scores": req.raw_scores, "truncate": req.truncate}
+        scores = await server.scores(req.query, req.texts, "texts", options, request)
+        return [
+            {"index": i, "score": scores[i], **({"text": req.texts[i]} if req.return_text else {})}
+            for i in ranking.ranked(scores)
+        ]
+
+    @app.post("/v1/rerank", summary="Cohere's and Jina's rerank API")
+    async def cohere_rerank(req: CohereRerankRequest, request: Request) -> dict[str, Any]:
+        texts = [d if isinstance(d, str) else d.text for d in req.documents]
+        options = {"raw_scores": False, "truncate": False}
+        scores = await server.scores(req.query, texts, "documents", options, request)
+        used = sum(server.pieces((req.query, t)) for t in texts)
+        results = [
+            {
+                "index": i,
+                "relevance_score": scores[i],
+                **({"document": {"text": texts[i]}} if req.return_documents else {}),
+            }
+            for i in ranking.ranked(scores)[: req.top_n]
+        ]
+        return {
+            "model": req.model or server.name,
+            "results": results,
+            "usage": {"total_tokens": used},
         }
 
 

@@ -1,0 +1,255 @@
+"""Cross-encoders (tasks/ranking.py, Pipeline.score/rerank, `bertforge rerank`, the server's
+/rerank and /v1/rerank): scores as sentence-transformers' CrossEncoder.predict gives them, the
+activation read where each version keeps it, long documents read in windows."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from bertforge import BertConfig, Tokenizer
+from bertforge.catalogue import available
+from bertforge.checkpoint import inspect
+from bertforge.cli import main
+from bertforge.errors import CheckpointError, ConfigError, InputError
+from bertforge.heads import BertForSequenceClassification
+from bertforge.pipelines import Pipeline
+from bertforge.tasks import ranking
+from tests.conftest import TINY
+
+QUERIES = ["where is the eiffel tower", "what do cats eat", "who wrote hamlet"]
+DOCS = [
+    "The Eiffel Tower stands in Paris, the capital of France.",
+    "Cats are carnivores and eat meat such as fish and mice.",
+    "Hamlet is a tragedy written by William Shakespeare.",
+    "The stock market fell sharply on Monday.",
+]
+
+
+@pytest.fixture(scope="module")
+def cross_encoder(tmp_path_factory: pytest.TempPathFactory, minilm_dir: Path) -> Path:
+    """all-MiniLM-L6-v2 as a one-label CrossEncoder (a seeded head), saved by
+    sentence-transformers itself."""
+    st = pytest.importorskip("sentence_transformers")
+    torch.manual_seed(0)
+    ce = st.CrossEncoder(str(minilm_dir), num_labels=1)
+    out = tmp_path_factory.mktemp("ce")
+    ce.save(str(out))
+    return out
+
+
+@pytest.fixture(scope="module")
+def tiny_ce(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Path:
+    tok = Tokenizer.from_pretrained(tiny_model)
+    out = tmp_path_factory.mktemp("tiny_ce")
+    torch.manual_seed(0)
+    BertForSequenceClassification(
+        BertConfig(**{**TINY, "vocab_size": tok.vocab_size}).replace(num_labels=1)
+    ).save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+def pairs() -> list[tuple[str, str]]:
+    return [(q, d) for q in QUERIES for d in DOCS]
+
+
+def test_scores_are_crossencoder_predict(cross_encoder: Path) -> None:
+    st = pytest.importorskip("sentence_transformers")
+    ce = st.CrossEncoder(str(cross_encoder))
+    want = ce.predict(pairs())
+    pipe = Pipeline(cross_encoder, precision="fp32")
+    got = pipe.score([q for q, _ in pairs()], [d for _, d in pairs()])
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    raw = ce.predict(pairs(), activation_fn=torch.nn.Identity())
+    got_raw = pipe.score([q for q, _ in pairs()], [d for _, d in pairs()], raw_scores=True)
+    np.testing.assert_allclose(got_raw, raw, atol=1e-5)
+    # rerank: the documents by score, as CrossEncoder.rank orders them
+    ranks = ce.rank(QUERIES[0], DOCS)
+    mine = pipe.rerank(QUERIES[0], DOCS)
+    assert [r["corpus_id"] for r in ranks] == [r["index"] for r in mine]
+    np.testing.assert_allclose([r["score"] for r in ranks], [r["score"] for r in mine], atol=1e-5)
+    assert [r["index"] for r in pipe.rerank(QUERIES[0], DOCS, top_k=2)] == [
+        r["index"] for r in mine[:2]
+    ]
+
+
+@pytest.mark.parametrize("where", ["v6", "v4", "v3"])
+@pytest.mark.parametrize("name", ["Identity", "Tanh", "Sigmoid"])
+def test_the_activation_is_read_where_each_version_keeps_it(
+    cross_encoder: Path, tmp_path: Path, where: str, name: str
+) -> None:
+    st = pytest.importorskip("sentence_transformers")
+    d = tmp_path / "ce"
+    shutil.copytree(cross_encoder, d)
+    path = f"torch.nn.modules.{'linear' if name == 'Identity' else 'activation'}.{name}"
+    st_config = json.loads((d / "config_sentence_transformers.json").read_text())
+    config = json.loads((d / "config.json").read_text())
+    st_config.pop("activation_fn")
+    if where == "v6":
+        st_config["activation_fn"] = path
+    elif where == "v4":
+        config["sentence_transformers"] = {"activation_fn": path}
+    else:
+        config["sbert_ce_default_activation_function"] = path
+    (d / "config_sentence_transformers.json").write_text(json.dumps(st_config))
+    (d / "config.json").write_text(json.dumps(config))
+    assert ranking.activation(d) == name.lower()
+    ref = st.CrossEncoder(str(d), activation_fn=getattr(torch.nn, name)()).predict(pairs()[:4])
+    got = Pipeline(d, precision="fp32").score(QUERIES[:1] * 4, DOCS)
+    np.testing.assert_allclose(got, ref, atol=1e-5)
+
+
+def test_no_activation_named_is_sigmoid_and_an_unknown_one_is_refused(
+    cross_encoder: Path, tmp_path: Path
+) -> None:
+    d = tmp_path / "ce"
+    shutil.copytree(cross_encoder, d)
+    (d / "config_sentence_transformers.json").unlink()
+    assert ranking.activation(d) == "sigmoid"
+    (d / "config_sentence_transformers.json").write_text(
+        json.dumps({"activation_fn": "mypackage.Activation"})
+    )
+    with pytest.raises(CheckpointError, match=r"config_sentence_transformers.json: activation_fn"):
+        Pipeline(d).score(["q"], ["d"])
+
+
+def test_pair_rows_cover_the_document_with_the_query_in_every_row() -> None:
+    q, d = list(range(100, 110)), list(range(200, 300))
+    rows = ranking.pair_rows(q, d, (1, 2), max_length=40, stride=10)
+    seen: set[int] = set()
+    for ids, types in rows:
+        assert len(ids) <= 40 and ids[0] == 1 and ids[-1] == 2
+        assert list(ids[1:11]) == q and ids[11] == 2
+        assert list(types) == [0] * 12 + [1] * (len(ids) - 12)
+        seen.update(ids[12:-1].tolist())
+    assert seen == set(d)
+    # a pair that fits: one row, the tokenizer's own pair layout
+    assert len(ranking.pair_rows(q, d[:5], (1, 2), 40)) == 1
+    # a long query is cut to half a row beside a long document; beside a short one, to fit
+    ids, _ = ranking.pair_rows(list(range(100, 160)), d, (1, 2), 40)[0]
+    assert list(ids[1:19]) == list(range(100, 118)) and ids[19] == 2
+    (ids, _), *more = ranking.pair_rows(list(range(100, 160)), d[:5], (1, 2), 40)
+    assert not more and len(ids) == 40 and list(ids[-6:-1]) == d[:5]
+    assert len(ranking.pair_rows(q, d, (1, 2), 40, truncate=True)) == 1
+
+
+def test_a_long_document_scores_its_best_window(cross_encoder: Path) -> None:
+    """A document longer than the model reads: the best of its windows' scores, each window
+    scored as CrossEncoder.predict scores that pair; truncate: the first window's."""
+    st = pytest.importorskip("sentence_transformers")
+    ce = st.CrossEncoder(str(cross_encoder))
+    filler = "the weather was mild and the river ran slowly past the old mill . " * 6
+    doc = filler + DOCS[0]
+    pipe = Pipeline(cross_encoder, precision="fp32", max_length=48)
+    q_ids = pipe.tok.encode(QUERIES[0], add_special_tokens=False).ids
+    d_ids = pipe.tok.encode(doc, add_special_tokens=False, truncation=False).ids
+    special = (
+        pipe.tok.convert_tokens_to_ids(["[CLS]"])[0],
+        pipe.tok.convert_tokens_to_ids(["[SEP]"])[0],
+    )
+    rows = ranking.pair_rows(q_ids, d_ids, special, 48)
+    assert len(rows) > 2
+    windows = [pipe.tok.decode(ids[len(q_ids) + 2 : -1]) for ids, _ in rows]
+    per_window = ce.predict([(QUERIES[0], w) for w in windows])
+    got = pipe.score([QUERIES[0]], [doc])[0]
+    assert got == pytest.approx(per_window.max(), abs=1e-5)
+    first = Pipeline(cross_encoder, precision="fp32", max_length=48, truncate=True)
+    assert first.score([QUERIES[0]], [doc])[0] == pytest.approx(per_window[0], abs=1e-5)
+    assert pipe.score([QUERIES[0]], [doc], truncate=True)[0] == pytest.approx(
+        per_window[0], abs=1e-5
+    )
+
+
+def test_refusals(tiny_model: Path, tiny_ce: Path, tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match="no trained cross-encoder"):
+        Pipeline(tiny_model).score(["q"], ["d"])
+    two = tmp_path / "two"
+    BertForSequenceClassification(
+        BertConfig(**{**TINY, "vocab_size": 30522}).replace(num_labels=2)
+    ).save_pretrained(two)
+    Tokenizer.from_pretrained(tiny_model).save_pretrained(two)
+    with pytest.raises(ConfigError, match="a classifier of 2 labels; rerank needs a cross-encoder"):
+        Pipeline(two).score(["q"], ["d"])
+    assert "rerank" not in inspect(two).pipelines and "rerank" in inspect(tiny_ce).pipelines
+    assert "rerank" not in [e.name for e in available(["BertForSequenceClassification"], 3)]
+    pipe = Pipeline(tiny_ce)
+    with pytest.raises(InputError, match="2 queries but 1 documents"):
+        pipe.score(["a", "b"], ["c"])
+    with pytest.raises(InputError, match="single string"):
+        pipe.score("a", "b")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="top_k=0"):
+        pipe.rerank("q", ["d"], top_k=0)
+    assert pipe.rerank("q", []) == []
+
+
+def test_cli_rerank_scores_lines(
+    tiny_ce: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    lines = tmp_path / "pairs.tsv"
+    lines.write_text("".join(f"{q}\t{d}\n" for q, d in pairs()))
+    assert main(["rerank", str(tiny_ce), str(lines), "--precision", "fp32"]) == 0
+    rows = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    want = Pipeline(tiny_ce, precision="fp32").score(
+        [q for q, _ in pairs()], [d for _, d in pairs()]
+    )
+    assert [r["line"] for r in rows] == list(range(1, len(want) + 1))
+    np.testing.assert_allclose([r["score"] for r in rows], want, atol=1e-6)
+    jsonl = tmp_path / "pairs.jsonl"
+    jsonl.write_text(json.dumps({"id": "a", "query": "q", "document": "d"}) + "\n")
+    assert main(["rerank", str(tiny_ce), str(jsonl), "--raw-scores"]) == 0
+    assert json.loads(capsys.readouterr().out)["id"] == "a"
+    lines.write_text("only one column\n")
+    assert main(["rerank", str(tiny_ce), str(lines)]) == 2
+    assert "line 1: 1 tab-separated fields, expected 2" in capsys.readouterr().err
+
+
+def test_server_rerank_shapes(tiny_ce: Path, tiny_model: Path) -> None:
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from bertforge.serve import create_app
+
+    # one event loop for all requests (the batcher's worker lives in it), as under uvicorn
+    with TestClient(create_app(tiny_ce, precision="fp32")) as client:
+        pipe = Pipeline(tiny_ce, precision="fp32")
+        want = pipe.rerank(QUERIES[0], DOCS)
+        raw = pipe.rerank(QUERIES[0], DOCS, raw_scores=True)
+        r = client.post("/rerank", json={"query": QUERIES[0], "texts": DOCS})
+        assert r.status_code == 200
+        assert [x["index"] for x in r.json()] == [x["index"] for x in want]
+        np.testing.assert_allclose(
+            [x["score"] for x in r.json()], [x["score"] for x in want], atol=1e-6
+        )
+        r = client.post(
+            "/rerank",
+            json={"query": QUERIES[0], "texts": DOCS, "raw_scores": True, "return_text": True},
+        )
+        np.testing.assert_allclose(
+            [x["score"] for x in r.json()], [x["score"] for x in raw], atol=1e-6
+        )
+        assert [x["text"] for x in r.json()] == [DOCS[x["index"]] for x in raw]
+        body = {
+            "query": QUERIES[0],
+            "documents": [DOCS[0], {"text": DOCS[1]}, *DOCS[2:]],
+            "top_n": 2,
+        }
+        r = client.post("/v1/rerank", json={**body, "return_documents": True})
+        results = r.json()["results"]
+        assert [x["index"] for x in results] == [x["index"] for x in want[:2]]
+        np.testing.assert_allclose(
+            [x["relevance_score"] for x in results], [x["score"] for x in want[:2]], atol=1e-6
+        )
+        assert results[0]["document"] == {"text": DOCS[results[0]["index"]]}
+        assert r.json()["usage"]["total_tokens"] > 0
+        assert client.post("/rerank", json={"query": "q", "texts": []}).status_code == 422
+        assert client.post("/v1/rerank", json={**body, "top_n": 0}).status_code == 422
+        assert "rerank" in client.get("/metadata").json()["endpoints"]
+    plain = TestClient(create_app(tiny_model))
+    r = plain.post("/rerank", json={"query": "q", "texts": ["d"]})
+    assert r.status_code == 404 and "error" in r.json()
