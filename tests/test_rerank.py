@@ -253,3 +253,57 @@ def test_server_rerank_shapes(tiny_ce: Path, tiny_model: Path) -> None:
     plain = TestClient(create_app(tiny_model))
     r = plain.post("/rerank", json={"query": "q", "texts": ["d"]})
     assert r.status_code == 404 and "error" in r.json()
+
+
+# -- training: finetune --task rerank -------------------------------------------------------------
+
+
+def test_the_losses() -> None:
+    torch.manual_seed(0)
+    logits = torch.randn(4, 3)
+    want = torch.nn.functional.cross_entropy(
+        logits, torch.zeros(4, dtype=torch.long), reduction="sum"
+    )
+    assert float(ranking.listwise_loss(logits)) == pytest.approx(float(want), rel=1e-6)
+    labels = torch.tensor([[1.0, 0, 0]] * 4)
+    bce = torch.nn.BCEWithLogitsLoss()(logits, labels)  # sentence-transformers' per pair, mean
+    assert float(ranking.pointwise_loss(logits)) == pytest.approx(12 * float(bce), rel=1e-6)
+
+
+@pytest.mark.parametrize("loss", ["listwise", "pointwise"])
+def test_training_writes_a_crossencoder(minilm_dir: Path, tmp_path: Path, loss: str) -> None:
+    st = pytest.importorskip("sentence_transformers")
+    rows = [
+        {"query": q, "positive": DOCS[i], "negatives": [d for d in DOCS if d != DOCS[i]]}
+        for i, q in enumerate(QUERIES)
+    ]
+    train = tmp_path / "groups.jsonl"
+    train.write_text("".join(json.dumps(r) + "\n" for r in rows * 4))
+    out = tmp_path / "ce"
+    args = ["finetune", "--task", "rerank", "--model", str(minilm_dir), "--train", str(train)]
+    args += ["--dev", str(train), "--out", str(out), "--epochs", "2", "--batch-size", "4"]
+    assert (
+        main([*args, "--rerank-loss", loss, "--lr", "1e-4", "--precision", "fp32", "--no-progress"])
+        == 0
+    )
+    results = json.loads((out / "eval_results.json").read_text())
+    assert results["mrr@10"] > 0.5 and "recall@1" in results
+    got = Pipeline(out, precision="fp32").score([q for q, _ in pairs()], [d for _, d in pairs()])
+    want = st.CrossEncoder(str(out)).predict(pairs())
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    # it learned the training queries' order
+    assert [Pipeline(out, precision="fp32").rerank(q, DOCS)[0]["index"] for q in QUERIES] == [
+        0,
+        1,
+        2,
+    ]
+
+
+def test_rerank_training_needs_negatives(
+    minilm_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    train = tmp_path / "pairs.jsonl"
+    train.write_text(json.dumps({"query": "q", "positive": "p"}) + "\n")
+    args = ["finetune", "--task", "rerank", "--model", str(minilm_dir), "--train", str(train)]
+    assert main([*args, "--out", str(tmp_path / "o")]) == 2
+    assert "rerank training needs negatives" in capsys.readouterr().err

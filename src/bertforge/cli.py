@@ -750,7 +750,7 @@ def commands() -> list[Command]:
         ("prepare", "tokenize a corpus into shards for pre-training", args_prepare, cmd_prepare),
         ("pretrain", "pre-train: masked LM + next sentence prediction, or masked LM alone",
          args_pretrain, cmd_pretrain),
-        ("finetune", "fine-tune: GLUE, tables of your own, CoNLL NER, SQuAD v1.1/v2.0, SWAG",
+        ("finetune", "fine-tune: GLUE, tables, CoNLL NER, SQuAD, SWAG, retrieval, rerank",
          args_finetune, cmd_finetune),
         ("distill", "a smaller student taught by a teacher: on unlabelled text, or on a task",
          args_distill, cmd_distill),

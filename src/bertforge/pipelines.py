@@ -14,8 +14,8 @@ and decodes with its task's own decoder (bertforge.tasks: the classifier's label
 entity decoder, SQuAD's windows and n-best), the same code `evaluate` uses. Each method is
 one entry of the catalogue (catalogue.py: the model class it loads, the head it needs, its
 inputs and options, how the CLI and the server expose it); a pipeline that needs a trained
-head (fill-mask: the MLM head; nsp; classify; ner; qa; rerank) refuses a checkpoint without one instead
-of answering with random weights.
+head (fill-mask: the MLM head; nsp; classify; ner; qa; rerank) refuses a checkpoint without
+one instead of answering with random weights.
 """
 
 from __future__ import annotations

@@ -9,6 +9,8 @@ the server alike (features, the head, the loss, decoding into answers, the metri
     pretraining masked LM and next sentence prediction: losses and batch statistics
     windows     texts longer than the model: windows, max-context, stitching per piece
     embedding   sentence embeddings: pooling, a sentence-transformers directory's settings
+    retrieval   bi-encoders: in-batch negatives over (query, positive, negatives) rows
+    ranking     cross-encoders: activation, a (query, document) pair's rows, best window
 
 `TaskOptions` are the settings that shape a task's features; `family(options, tok)` gives the
 family object for a task name.
@@ -24,6 +26,8 @@ from ..data.tasks import GLUE_TASKS, TASK_NAMES
 from ..errors import ConfigError
 from .base import Features, TaskFamily
 from .choice import ChoiceTask
+from .ranking import LOSSES, RerankTask
+from .retrieval import RetrievalTask
 from .sentence import SentenceTask
 from .squad import SquadTask
 from .tagging import TaggingTask
@@ -34,6 +38,8 @@ FAMILIES: dict[str, type[TaskFamily]] = {
     "squad": SquadTask,
     "squad2": SquadTask,
     "swag": ChoiceTask,
+    "retrieval": RetrievalTask,
+    "rerank": RerankTask,
 }
 assert set(FAMILIES) == set(TASK_NAMES), "a task without a family, or a family without a name"
 
@@ -77,9 +83,25 @@ class TaskOptions:
     null_score_diff_threshold: float = option(
         0.0, "squad2: answer '' when null - best span score exceeds this"
     )
+    # retrieval
+    cache_chunk: int | None = option(
+        None,
+        "retrieval: embed the batch in chunks of N rows without gradients, then backpropagate "
+        "chunk by chunk (GradCache): --batch-size in-batch negatives, one chunk's memory",
+        min=1,
+    )
+    # rerank
+    rerank_loss: str = option(
+        "listwise",
+        "rerank: listwise (softmax over a query's group) or pointwise (binary cross-entropy "
+        "per pair)",
+        choices=tuple(LOSSES),
+    )
 
     def __post_init__(self) -> None:
         check_options(self)
+        if self.cache_chunk is not None and self.task != "retrieval":
+            raise ConfigError("cache_chunk (--cache-chunk) is for --task retrieval")
         if self.multi_label and (self.task != "csv" or self.regression):
             raise ConfigError("multi_label (--multi-label) is for --task csv classification")
         if self.max_seq_length is None:

@@ -229,6 +229,10 @@ class TaskFamily:
     def featurize(self, examples: Sequence[Any], training: bool = False) -> Features:
         raise NotImplementedError
 
+    def set_model(self, path: str) -> None:
+        """The model directory trained or evaluated: settings it holds beyond config.json
+        (retrieval: its pooling); nothing for most families."""
+
     def head_kwargs(self) -> dict[str, Any]:
         return {}
 
@@ -299,3 +303,7 @@ class TaskFamily:
 
     def write_predictions(self, out: Any, examples: Sequence[Any], preds: Any) -> list[Any]:
         raise NotImplementedError
+
+    def save_files(self, out: Any) -> None:
+        """What a trained model's directory holds beside its weights and vocabulary (retrieval:
+        its sentence-transformers modules); nothing for most families."""

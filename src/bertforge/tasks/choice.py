@@ -31,13 +31,17 @@ def multiple_choice_loss(
     return classification_loss(logits, labels, reduction)
 
 
-def featurize(examples: Sequence[ChoiceExample], tok: Any, max_seq_length: int) -> Features:
-    firsts = [e.context for e in examples for _ in e.endings]
-    seconds = [f"{e.start} {ending}".strip() for e in examples for ending in e.endings]
+def pair_groups(
+    groups: Sequence[Sequence[tuple[str, str]]], tok: Any, max_seq_length: int
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Input and segment ids of groups of text pairs: one (C, T) row per group, each pair
+    [CLS] a [SEP] b [SEP] (truncated longest-first) padded to the group's longest."""
+    firsts = [a for g in groups for a, _ in g]
+    seconds = [b for g in groups for _, b in g]
     encodings = iter(tok.encode_batch(firsts, seconds, max_length=max_seq_length))
     ids, types = [], []
-    for e in examples:
-        choices = [next(encodings) for _ in e.endings]
+    for g in groups:
+        choices = [next(encodings) for _ in g]
         T = max(len(c.ids) for c in choices)
         row = np.full((len(choices), T), tok.pad_id, np.int64)
         seg = np.zeros((len(choices), T), np.int64)
@@ -45,6 +49,14 @@ def featurize(examples: Sequence[ChoiceExample], tok: Any, max_seq_length: int) 
             row[k, : len(c.ids)], seg[k, : len(c.ids)] = c.ids, c.token_type_ids
         ids.append(row)
         types.append(seg)
+    return ids, types
+
+
+def featurize(examples: Sequence[ChoiceExample], tok: Any, max_seq_length: int) -> Features:
+    groups = [
+        [(e.context, f"{e.start} {ending}".strip()) for ending in e.endings] for e in examples
+    ]
+    ids, types = pair_groups(groups, tok, max_seq_length)
     labels = np.array([e.label if e.label is not None else 0 for e in examples], np.int64)
     return Features(ids, types, labels)
 

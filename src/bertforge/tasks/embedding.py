@@ -138,6 +138,28 @@ def write_layout(source: str | os.PathLike[str], out: str | os.PathLike[str], wi
             write_json(out / name, read_json(source / name, CheckpointError))
 
 
+def write_default_layout(out: str | os.PathLike[str], width: int) -> None:
+    """sentence-transformers modules for a model trained as a bi-encoder from a directory that
+    had none: Transformer, mean Pooling, Normalize (what retrieval training uses)."""
+    out = Path(out)
+    kinds = ("Transformer", "Pooling", "Normalize")
+    paths = ("", "1_Pooling", "2_Normalize")
+    modules = [
+        {"idx": i, "name": str(i), "path": p, "type": f"sentence_transformers.models.{k}"}
+        for i, (k, p) in enumerate(zip(kinds, paths))
+    ]
+    write_json(out / "modules.json", modules)
+    (out / "1_Pooling").mkdir(exist_ok=True)
+    (out / "2_Normalize").mkdir(exist_ok=True)
+    write_json(
+        out / "1_Pooling" / "config.json",
+        {
+            "word_embedding_dimension": width,
+            **{k: k == "pooling_mode_mean_tokens" for k in _ST_FLAGS},
+        },
+    )
+
+
 def _pooling(config_file: Path) -> tuple[str, ...]:
     config = read_json(config_file, CheckpointError)
     mode = config.get("pooling_mode")

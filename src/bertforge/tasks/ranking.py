@@ -15,12 +15,21 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
+from torch import nn
 
-from ..errors import CheckpointError
-from ..fileio import read_json
+from ..data.tasks import RetrievalExample, read_retrieval
+from ..errors import CheckpointError, DataError
+from ..evaluate import retrieval_scores
+from ..fileio import json_text, read_json, write_json, write_text
+from ..heads import BertForSequenceClassification
+from ..runner import Runner
+from .base import Batch, Features, TaskFamily, infer
+from .choice import pair_groups
 from .windows import windows_of
 
 # the activations sentence-transformers saves (torch.nn classes), by their class name
@@ -100,3 +109,96 @@ def pair_rows(
 def ranked(scores: Sequence[float]) -> list[int]:
     """Indices by score, highest first (ties: in the given order)."""
     return sorted(range(len(scores)), key=lambda i: -scores[i])
+
+
+# -- training: `bertforge finetune --task rerank` -------------------------------------------------
+
+
+def listwise_loss(logits: torch.Tensor, reduction: str = "sum") -> torch.Tensor:
+    """Softmax over each group's scores (B, C), the positive first: cross-entropy."""
+    targets = torch.zeros(len(logits), dtype=torch.long, device=logits.device)
+    return F.cross_entropy(logits.float(), targets, reduction=reduction)
+
+
+def pointwise_loss(logits: torch.Tensor, reduction: str = "sum") -> torch.Tensor:
+    """Binary cross-entropy of every pair (B, C): the positive (first) 1, the negatives 0,
+    summed over a group's pairs (sentence-transformers' BinaryCrossEntropyLoss per pair)."""
+    targets = torch.zeros_like(logits, dtype=torch.float)
+    targets[:, 0] = 1
+    per_group = F.binary_cross_entropy_with_logits(logits.float(), targets, reduction="none").sum(1)
+    return per_group.sum() if reduction == "sum" else per_group.mean()
+
+
+LOSSES = {"listwise": listwise_loss, "pointwise": pointwise_loss}
+
+
+class RerankTask(TaskFamily):
+    """Cross-encoder training on (query, positive, negatives) groups, read as retrieval files
+    are (data/tasks/retrieval.py): each group a (C, T) row of pairs [CLS] query [SEP] passage
+    [SEP], the positive first; `rerank_loss` listwise (softmax over the group) or pointwise
+    (binary cross-entropy per pair). Dev: the positive's rank among its group (MRR@10,
+    recall@1). Saved as sentence-transformers saves a CrossEncoder (one label; its activation
+    in config_sentence_transformers.json: sigmoid)."""
+
+    head = BertForSequenceClassification
+    metric = "mrr@10"
+
+    def read(self, path: str, labelled: bool = True) -> list[RetrievalExample]:
+        examples = read_retrieval(path)
+        if examples and not examples[0].negatives:
+            raise DataError(
+                f"{path}: rerank training needs negatives beside each positive (mine them: "
+                "bertforge mine)"
+            )
+        return examples
+
+    def head_kwargs(self) -> dict[str, Any]:
+        return {"num_labels": 1}
+
+    def featurize(self, examples: Sequence[RetrievalExample], training: bool = False) -> Features:
+        groups = [[(e.query, p) for p in (e.positive, *e.negatives)] for e in examples]
+        ids, types = pair_groups(groups, self.tok, self.options.max_seq_length)
+        return Features(ids, types, np.zeros(len(examples), np.int64))
+
+    def loss_sum(self, model: nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = _Grouped(model)(*batch.inputs())
+        loss = LOSSES[self.options.rerank_loss](logits)
+        return loss, (logits.argmax(-1) == 0).sum()
+
+    def evaluate(
+        self, runner: Runner, model: nn.Module, examples: Sequence[Any], features: Features
+    ) -> tuple[dict[str, float], Any]:
+        rows = infer(runner, _Grouped(model), features, self.tok.pad_id, outputs=lambda out: out)
+        run = {str(i): {str(j): float(s) for j, s in enumerate(r)} for i, r in enumerate(rows)}
+        qrels = {str(i): {"0": 1} for i in range(len(examples))}
+        return retrieval_scores(qrels, run, recall_at=(1,)), run
+
+    def write_predictions(self, out: Any, examples: Sequence[Any], preds: Any) -> list[Path]:
+        """predictions_rerank.jsonl: per dev group its scores, the positive's first."""
+        lines = [
+            json_text({"query": e.query, "scores": list(preds[str(i)].values())})
+            for i, e in enumerate(examples)
+        ]
+        path = Path(out) / "predictions_rerank.jsonl"
+        write_text(path, "".join(line + "\n" for line in lines))
+        return [path]
+
+    def save_files(self, out: Path) -> None:
+        """config_sentence_transformers.json as sentence-transformers 6 writes a CrossEncoder's."""
+        write_json(
+            Path(out) / "config_sentence_transformers.json",
+            {"activation_fn": "torch.nn.modules.activation.Sigmoid", "model_type": "CrossEncoder"},
+        )
+
+
+class _Grouped(nn.Module):
+    """A cross-encoder over (B, C, T) groups of pairs: (B, C) scores."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids: torch.Tensor, types: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        B, C, T = ids.shape
+        flat = (x.reshape(B * C, T) for x in (ids, types, mask))
+        return self.model(*flat).logits.reshape(B, C)

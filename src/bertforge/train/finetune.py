@@ -1,5 +1,6 @@
 """`bertforge finetune`, `evaluate` and `predict`: one command for every task family of
-bertforge.tasks (GLUE and csv tables, CoNLL NER, SQuAD v1.1/v2.0, SWAG).
+bertforge.tasks (GLUE and csv tables, CoNLL NER, SQuAD v1.1/v2.0, SWAG, bi-encoders for
+retrieval, cross-encoders for reranking).
 
 The paper's recipe (section 4): every parameter trains, AdamW with 10% warmup then linear
 decay, a few epochs at a small learning rate, on the same loop as pre-training
@@ -39,7 +40,7 @@ from ..data.tasks import split_train_test
 from ..errors import CheckpointError, ConfigError, DataError
 from ..evaluate import class_table, single_class, split_classes
 from ..fileio import read_json, write_json
-from ..runner import PRECISIONS, Runner
+from ..runner import PRECISIONS, Runner, resolve_precision
 from ..tasks import TaskFamily, TaskOptions, family
 from ..tasks.base import Batch, Features, collate
 from ..tokenizer import Tokenizer
@@ -296,7 +297,15 @@ def _run(cfg: FinetuneConfig, d: distributed.Dist) -> dict[str, Any]:
     if saved := run.finished(f"this run already finished; the model is in {run.path}"):
         return saved.get("best", {})
     tok = Tokenizer.from_pretrained(cfg.model)
+    if cfg.cache_chunk is not None and (cfg.micro_batch_size or d.world_size > 1):
+        raise ConfigError(
+            "--cache-chunk replaces accumulation: one process, no --micro-batch-size (GradCache "
+            "sees the whole batch at once)"
+        )
+    if cfg.cache_chunk is not None and resolve_precision(cfg.precision, d.device) == "fp16":
+        raise ConfigError("--cache-chunk needs bf16 or fp32 (its backward runs unscaled)")
     task = FinetuneTask(family(cfg, tok), cfg, d)
+    task.family.set_model(cfg.model)
     train_examples, dev_examples = load_data(task, cfg)
 
     torch.manual_seed(cfg.seed)
@@ -372,6 +381,7 @@ def fit(
         best.update(metrics, step=step, epoch=round(step / task.steps_per_epoch, 2))
         kept.save_pretrained(out)  # type: ignore[operator]
         tok.save_pretrained(out)
+        task.family.save_files(out)
         task.family.write_predictions(out, task.dev[0], task.dev_predictions)  # of this evaluation
         write_json(out / "eval_results.json", {"task": cfg.task, **best})
 
@@ -406,7 +416,11 @@ def fit(
     if table := class_table(best):
         done += "\n" + table
     # without dev there is nothing to choose by: the last model
-    last = () if task.dev is not None else (kept.save_pretrained, tok.save_pretrained)
+    last = (
+        ()
+        if task.dev is not None
+        else (kept.save_pretrained, tok.save_pretrained, task.family.save_files)
+    )
     if not run.finish(result, done, *last, best=best):
         return {"interrupted": True, "step": result["step"]}
     if d.is_main and (one := single_class(best)) is not None:
@@ -448,6 +462,7 @@ def _load(
     """(task family with the model's labels, the model in eval mode, the runner)."""
     opts = task if isinstance(task, TaskOptions) else run_task_options(model_dir, task, options)
     fam = family(opts, Tokenizer.from_pretrained(model_dir))
+    fam.set_model(model_dir)
     runner = Runner.create(device, precision)
     model = load_trained(fam.head, model_dir, f"{fam.head.hf_architecture} head")
     opts.check_model(model.config)

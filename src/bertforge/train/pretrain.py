@@ -337,10 +337,10 @@ def seconds_per_step(
     cfg: PretrainConfig, model: nn.Module, task: PretrainingTask, d: distributed.Dist
 ) -> tuple[float, int]:
     """(seconds per optimizer step, steps timed) of this run: the median of steps on its first
-    batches (data and masking included) after one untimed warm-up step, on a throwaway copy of the model and
-    optimizer with the random state restored after, so that the run itself starts as it would
-    have. Each process times its own part without the gradient exchange; rank 0's number
-    counts everywhere, so that every process chooses the same step count."""
+    batches (data and masking included) after one untimed warm-up step, on a throwaway copy of
+    the model and optimizer with the random state restored after, so that the run itself
+    starts as it would have. Each process times its own part without the gradient exchange;
+    rank 0's number counts everywhere, so that every process chooses the same step count."""
     device = d.device
     precision = resolve_precision(cfg.precision, device)
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):

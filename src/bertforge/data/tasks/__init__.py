@@ -9,6 +9,7 @@ dataclasses, or end in one `DataError` naming file, line and field:
     squad   SquadExample, read_squad (v1.1 and v2.0, answer offsets verified)
     conll   TaggedSentence, read_conll (CoNLL-2003 column files), to_iob2
     swag    ChoiceExample, read_swag (multiple choice)
+    retrieval  RetrievalExample, read_retrieval (query, positive, hard negatives)
 
 Turning examples into features (token ids, spans, first-piece labels) is the heads' and
 the training loop's business, kept out of here so readers stay testable on plain files.
@@ -18,19 +19,21 @@ from __future__ import annotations
 
 from .conll import TaggedSentence, read_conll, to_iob2
 from .glue import GLUE_TASKS, TaskSpec, glue_task, read_glue
+from .retrieval import RetrievalExample, read_retrieval
 from .squad import SquadExample, gold_answers, read_squad
 from .swag import ChoiceExample, read_swag
 from .table import Example, label_set, read_examples, split_train_test
 
 # Every task `bertforge finetune --task` knows: the GLUE tasks, csv (a table of your own),
 # CoNLL NER, SQuAD v1.1 and v2.0, SWAG.
-TASK_NAMES = (*GLUE_TASKS, "csv", "conll2003", "squad", "squad2", "swag")
+TASK_NAMES = (*GLUE_TASKS, "csv", "conll2003", "squad", "squad2", "swag", "retrieval", "rerank")
 
 __all__ = [
     "GLUE_TASKS",
     "TASK_NAMES",
     "ChoiceExample",
     "Example",
+    "RetrievalExample",
     "SquadExample",
     "TaggedSentence",
     "TaskSpec",
@@ -40,6 +43,7 @@ __all__ = [
     "read_conll",
     "read_examples",
     "read_glue",
+    "read_retrieval",
     "read_squad",
     "read_swag",
     "split_train_test",

@@ -1,0 +1,222 @@
+"""Bi-encoders: queries and passages embedded apart, trained so that a query's vector is
+nearest its own passage's (`bertforge finetune --task retrieval`).
+
+A training row is the query, its positive and its hard negatives, side by side: a (C, T) row
+as multiple choice has. The loss is sentence-transformers' MultipleNegativesRankingLoss:
+cross-entropy over the cosine similarities (times `scale`, 20) of each query against every
+passage of the batch, its own positive the target; the other queries' positives and every
+hard negative are its negatives. A passage that is the query's own positive text elsewhere in
+the batch (the same passage answering two queries) is masked out of its negatives rather
+than taught as one. Sentences are pooled as the model directory says (tasks.embedding); the
+dev set is scored each epoch by retrieval metrics (evaluate.retrieval_scores: every dev query
+against all dev passages), MRR@10 first. The result is written in the sentence-transformers
+layout (modules.json, pooling, normalisation), so `SentenceTransformer(dir)`, `bertforge
+embed` and `bertforge index` give the same vectors.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..config import BertConfig
+from ..data.tasks import RetrievalExample, read_retrieval
+from ..errors import DataError
+from ..evaluate import retrieval_scores
+from ..fileio import json_text, write_text
+from ..model import BertModel
+from ..runner import Runner
+from . import embedding
+from .base import Batch, Features, TaskFamily, infer
+
+SCALE = 20.0  # sentence-transformers' MultipleNegativesRankingLoss: cosine x 20
+
+
+def ranking_loss(
+    queries: torch.Tensor, passages: torch.Tensor, targets: torch.Tensor, same: torch.Tensor
+) -> torch.Tensor:
+    """Summed in-batch negatives loss: queries (B, H), passages (P, H), targets (B,) the index
+    of each query's positive among the passages, same (B, P) True where a passage other than
+    the target is the target's very text (left out of the softmax)."""
+    scores = SCALE * F.normalize(queries, dim=-1) @ F.normalize(passages, dim=-1).T
+    scores = scores.masked_fill(same, -torch.inf)
+    return F.cross_entropy(scores, targets, reduction="sum")
+
+
+class Pooled(nn.Module):
+    """An encoder whose output is each row's sentence vector, pooled as `modes` say."""
+
+    def __init__(self, encoder: nn.Module, modes: tuple[str, ...]) -> None:
+        super().__init__()
+        self.encoder, self.modes = encoder, modes
+
+    def forward(
+        self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, attention_mask: torch.Tensor
+    ) -> torch.Tensor:
+        lead, T = input_ids.shape[:-1], input_ids.shape[-1]
+        ids, types, mask = (x.reshape(-1, T) for x in (input_ids, token_type_ids, attention_mask))
+        h = self.encoder(ids, types, mask).last_hidden_state
+        return embedding.pool(h, mask, self.modes).reshape(*lead, -1)
+
+
+def _rng_state() -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """CPU and CUDA random states (dropout's), to replay a forward pass exactly."""
+    return (
+        torch.get_rng_state(),
+        torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    )
+
+
+def _set_rng_state(state: tuple[torch.Tensor, list[torch.Tensor]]) -> None:
+    torch.set_rng_state(state[0])
+    if state[1]:
+        torch.cuda.set_rng_state_all(state[1])
+
+
+def _digest(text: str) -> int:
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") >> 1
+
+
+class RetrievalTask(TaskFamily):
+    head = BertModel
+    metric = "mrr@10"
+
+    source: str | None = None  # the model directory: its pooling (set_model)
+    settings = embedding.Embedding()
+
+    def set_model(self, path: str) -> None:
+        self.source, self.settings = path, embedding.settings(path)
+
+    def read(self, path: str, labelled: bool = True) -> list[RetrievalExample]:
+        return read_retrieval(path)
+
+    def featurize(self, examples: Sequence[RetrievalExample], training: bool = False) -> Features:
+        """Training: (C, T) rows of query, positive, negatives; labels: each passage's text
+        digest (to find the same passage twice in a batch). Else: the queries alone."""
+        texts = [[e.query, e.positive, *e.negatives] for e in examples]
+        if not training:
+            texts = [t[:1] for t in texts]
+        flat = [t for row in texts for t in row]
+        encodings = iter(self.tok.encode_batch(flat, max_length=self.options.max_seq_length))
+        ids, types, digests = [], [], []
+        for row in texts:
+            rows = [next(encodings).ids for _ in row]
+            T = max(len(r) for r in rows)
+            block = np.full((len(rows), T), self.tok.pad_id, np.int64)
+            for k, r in enumerate(rows):
+                block[k, : len(r)] = r
+            ids.append(block)
+            types.append(np.zeros_like(block))
+            digests.append([_digest(t) for t in row[1:]] or [0])
+        return Features(ids, types, np.asarray(digests, np.int64))
+
+    def count(self, batch: Batch) -> int:
+        return len(batch.labels)
+
+    def loss_sum(self, model: nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        pooled = Pooled(model, self.settings.pooling)
+        chunk = getattr(self.options, "cache_chunk", None)
+        if chunk is None:
+            return self._loss(pooled(*batch.inputs()), batch.labels)
+        return self._cached(pooled, batch, chunk)
+
+    def _loss(
+        self, vectors: torch.Tensor, digests: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(summed loss, queries whose positive scores best) of (B, C, H) row vectors."""
+        B, C = vectors.shape[:2]
+        if C < 2:
+            raise DataError("retrieval training rows need a query and a positive")
+        passages = vectors[:, 1:].reshape(B * (C - 1), -1)
+        targets = torch.arange(B, device=vectors.device) * (C - 1)
+        digests = digests.reshape(-1).to(vectors.device)  # (B * (C - 1),)
+        same = digests[targets].unsqueeze(1) == digests.unsqueeze(0)
+        same[torch.arange(B), targets] = False
+        loss = ranking_loss(vectors[:, 0], passages, targets, same)
+        with torch.no_grad():
+            q = F.normalize(vectors[:, 0], dim=-1) @ F.normalize(passages, dim=-1).T
+            correct = (q.masked_fill(same, -torch.inf).argmax(-1) == targets).sum()
+        return loss, correct
+
+    def _cached(
+        self, pooled: Pooled, batch: Batch, chunk: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """GradCache (Gao et al., 2021): every row embedded in chunks without gradients, the
+        loss's gradient taken with respect to the vectors, then each chunk embedded again
+        (its dropout replayed from the saved random state) and backpropagated with its part
+        of that gradient, so memory holds one chunk's activations however large the batch.
+        The parameters' gradients are those of the summed loss over the batch's B queries
+        divided by B, what the loop's own backward would give for a whole batch in one
+        process; the returned loss is the value, joined to the graph by a zero."""
+        B, C, T = batch.input_ids.shape
+        flat = [x.reshape(B * C, T) for x in batch.inputs()]
+        pieces, states = [], []
+        with torch.no_grad():
+            for start in range(0, B * C, chunk):
+                states.append(_rng_state())
+                pieces.append(pooled(*(x[start : start + chunk] for x in flat)).float())
+        vectors = torch.cat(pieces).requires_grad_()
+        loss, correct = self._loss(vectors.reshape(B, C, -1), batch.labels)
+        (loss / B).backward()
+        grad = vectors.grad
+        for k, start in enumerate(range(0, B * C, chunk)):
+            _set_rng_state(states[k])
+            again = pooled(*(x[start : start + chunk] for x in flat)).float()
+            again.backward(grad[start : start + chunk])
+        anchor = next(p for p in pooled.parameters() if p.requires_grad)
+        return loss.detach() + 0.0 * anchor.reshape(-1)[0], correct
+
+    # -- evaluation: every dev query against every dev passage ------------------------------
+
+    def embed(self, runner: Runner, model: nn.Module, texts: Sequence[str]) -> np.ndarray:
+        """(N, H) unit vectors of texts, through the inference runner."""
+        encodings = self.tok.encode_batch(list(texts), max_length=self.options.max_seq_length)
+        features = Features.from_encodings(encodings)
+        rows = infer(
+            runner,
+            Pooled(model, self.settings.pooling),
+            features,
+            self.tok.pad_id,
+            outputs=lambda out: out,
+        )
+        vectors = np.stack(rows) if rows else np.zeros((0, 1), np.float32)
+        return vectors / np.maximum(np.linalg.norm(vectors, axis=-1, keepdims=True), 1e-12)
+
+    def evaluate(
+        self, runner: Runner, model: nn.Module, examples: Sequence[Any], features: Features
+    ) -> tuple[dict[str, float], Any]:
+        corpus = list(dict.fromkeys(t for e in examples for t in (e.positive, *e.negatives)))
+        where = {t: str(i) for i, t in enumerate(corpus)}
+        queries = self.embed(runner, model, [e.query for e in examples])
+        passages = self.embed(runner, model, corpus)
+        scores = queries @ passages.T
+        top = np.argsort(-scores, axis=1, kind="stable")[:, :100]
+        run = {str(i): {str(j): float(scores[i, j]) for j in top[i]} for i in range(len(examples))}
+        qrels = {str(i): {where[e.positive]: 1} for i, e in enumerate(examples)}
+        return retrieval_scores(qrels, run), run
+
+    def write_predictions(self, out: Any, examples: Sequence[Any], preds: Any) -> list[Path]:
+        """predictions_retrieval.jsonl: per dev query its top 10 dev passages (index, score)."""
+        lines = [
+            json_text({"query": e.query, "top": list(preds[str(i)].items())[:10]})
+            for i, e in enumerate(examples)
+        ]
+        path = Path(out) / "predictions_retrieval.jsonl"
+        write_text(path, "".join(line + "\n" for line in lines))
+        return [path]
+
+    def save_files(self, out: Path) -> None:
+        """The sentence-transformers modules of the model trained from (mean pooling and
+        normalisation when it has none), so the directory embeds as it was trained."""
+        width = BertConfig.from_pretrained(out).hidden_size
+        if self.source and (Path(self.source) / "modules.json").is_file():
+            embedding.write_layout(self.source, out, width)
+        else:
+            embedding.write_default_layout(out, width)

@@ -1,0 +1,192 @@
+"""Bi-encoder training (`finetune --task retrieval`, tasks/retrieval.py, data/tasks/retrieval.py):
+the loss is sentence-transformers' MultipleNegativesRankingLoss, duplicates are not negatives,
+the result loads in SentenceTransformer with the vectors `bertforge embed` gives."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from bertforge.cli import main
+from bertforge.data.tasks import read_retrieval
+from bertforge.errors import DataError
+from bertforge.pipelines import Pipeline
+from bertforge.tasks.retrieval import ranking_loss
+
+TOPICS = ["cats", "dogs", "paris", "rome", "python", "tea", "piano", "chess"]
+
+
+def toy(path: Path, negatives: bool = False) -> Path:
+    rows = []
+    for i, t in enumerate(TOPICS):
+        for k in range(2):
+            row = {"query": f"tell me about {t} {k}", "positive": f"All about {t}: fact {k}."}
+            if negatives:
+                row["negatives"] = [f"All about {TOPICS[(i + 1) % len(TOPICS)]}: fact {k}."]
+            rows.append(row)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_the_loss_is_multiple_negatives_ranking_loss() -> None:
+    pytest.importorskip("sentence_transformers")
+    try:  # sentence-transformers 6; before: sentence_transformers.losses
+        from sentence_transformers.sentence_transformer import losses
+    except ImportError:
+        from sentence_transformers import losses
+
+    torch.manual_seed(0)
+    q, p, n = torch.randn(6, 16), torch.randn(6, 16), torch.randn(6, 16)
+    mnrl = losses.MultipleNegativesRankingLoss(model=None)  # type: ignore[arg-type]
+    want = mnrl.compute_loss_from_embeddings([q, p, n], None)
+    passages = torch.stack([p, n], 1).reshape(12, 16)
+    same = torch.zeros(6, 12, dtype=torch.bool)
+    got = ranking_loss(q, passages, torch.arange(6) * 2, same) / 6
+    assert float(got) == pytest.approx(float(want), rel=1e-5)
+
+
+def test_the_same_passage_twice_is_not_a_negative() -> None:
+    """Queries 0 and 1 share their positive: neither learns it as the other's negative."""
+    torch.manual_seed(0)
+    q, p = torch.randn(3, 8), torch.randn(3, 8)
+    p[1] = p[0]
+    same = torch.zeros(3, 3, dtype=torch.bool)
+    same[0, 1] = same[1, 0] = True
+    got = ranking_loss(q, p, torch.arange(3), same)
+    s = 20 * torch.nn.functional.normalize(q, dim=-1) @ torch.nn.functional.normalize(p, dim=-1).T
+    want = sum(
+        -torch.log_softmax(s[i, keep], 0)[keep.index(i)]
+        for i, keep in enumerate([[0, 2], [1, 2], [0, 1, 2]])
+    )
+    assert float(got) == pytest.approx(float(want), rel=1e-5)
+
+
+def test_training_writes_a_sentence_transformers_model(
+    minilm_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    st = pytest.importorskip("sentence_transformers")
+    train, out = toy(tmp_path / "train.jsonl", negatives=True), tmp_path / "out"
+    args = ["finetune", "--task", "retrieval", "--model", str(minilm_dir), "--train", str(train)]
+    args += ["--dev", str(train), "--out", str(out), "--epochs", "1", "--batch-size", "8"]
+    assert main([*args, "--precision", "fp32", "--no-progress"]) == 0
+    results = json.loads((out / "eval_results.json").read_text())
+    assert results["task"] == "retrieval" and 0 < results["mrr@10"] <= 1
+    assert (out / "modules.json").is_file() and (out / "predictions_retrieval.jsonl").is_file()
+    texts = ["tell me about cats", "All about rome: fact 1.", "an unrelated sentence"]
+    ours = Pipeline(out, precision="fp32").embed(texts)
+    np.testing.assert_allclose(st.SentenceTransformer(str(out)).encode(texts), ours, atol=1e-5)
+    before = Pipeline(minilm_dir, precision="fp32").embed(texts)
+    assert np.abs(before - ours).max() > 1e-3  # it trained
+    # evaluate reads the same pooling from the trained directory
+    assert main(["evaluate", "--model", str(out), "--data", str(train), "--precision", "fp32"]) == 0
+    assert f"{results['mrr@10']:.4f}" in capsys.readouterr().out
+
+
+def test_a_plain_bert_gets_mean_pooling_and_normalisation(tiny_model: Path, tmp_path: Path) -> None:
+    st = pytest.importorskip("sentence_transformers")
+    train, out = toy(tmp_path / "train.jsonl"), tmp_path / "out"
+    args = ["finetune", "--task", "retrieval", "--model", str(tiny_model), "--train", str(train)]
+    assert main([*args, "--out", str(out), "--epochs", "1", "--no-progress"]) == 0
+    texts = ["tell me about cats", "All about rome: fact 1."]
+    ours = Pipeline(out, precision="fp32").embed(texts)
+    assert np.allclose(np.linalg.norm(ours, axis=-1), 1, atol=1e-5)
+    np.testing.assert_allclose(st.SentenceTransformer(str(out)).encode(texts), ours, atol=1e-5)
+
+
+def test_reader_errors(tmp_path: Path) -> None:
+    f = tmp_path / "a.jsonl"
+    f.write_text(
+        '{"query": "q", "positive": "p", "negatives": ["n"]}\n{"query": "q", "positive": "p"}\n'
+    )
+    with pytest.raises(DataError, match=r"a.jsonl:2: 0 negatives, but .*a.jsonl:1 has 1"):
+        read_retrieval(f)
+    f.write_text('{"query": "q"}\n')
+    with pytest.raises(DataError, match=r'line 1: field "positive"'):
+        read_retrieval(f)
+    t = tmp_path / "a.tsv"
+    t.write_text("question\tanswer\nq\tp\n")
+    with pytest.raises(DataError, match='needs "query" and "positive" columns'):
+        read_retrieval(t)
+    t.write_text("query\tpositive\tnegative_1\tnegative_2\nq\tp\tn1\tn2\n")
+    (e,) = read_retrieval(t)
+    assert (e.query, e.positive, e.negatives) == ("q", "p", ("n1", "n2"))
+
+
+def gradcache_case(tiny_model: Path, chunk: int | None, train_mode: bool) -> tuple:
+    from bertforge import Tokenizer
+    from bertforge.model import BertModel
+    from bertforge.tasks import TaskOptions
+    from bertforge.tasks.base import collate
+    from bertforge.tasks.retrieval import RetrievalTask
+
+    tok = Tokenizer.from_pretrained(tiny_model)
+    examples = read_retrieval(toy(Path(tiny_model).parent / "gc.jsonl", negatives=True))
+    fam = RetrievalTask(TaskOptions(task="retrieval", cache_chunk=chunk), tok)
+    fam.set_model(str(tiny_model))
+    batch = collate(fam.featurize(examples, training=True), np.arange(len(examples)), tok.pad_id)
+    model = BertModel.from_pretrained(tiny_model).train(train_mode)
+    torch.manual_seed(1)
+    loss, _ = fam.loss_sum(model, batch)
+    (loss / len(examples)).backward()
+    grads = [p.grad.flatten() for p in model.parameters() if p.grad is not None]
+    return float(loss.detach()), torch.cat(grads)
+
+
+def test_gradcache_gives_the_whole_batch_gradients(tiny_model: Path) -> None:
+    """--cache-chunk: the parameters' gradients of the whole batch's loss, chunk by chunk."""
+    (loss, grad), (cached_loss, cached_grad) = (
+        gradcache_case(tiny_model, chunk, train_mode=False) for chunk in (None, 5)
+    )
+    assert cached_loss == pytest.approx(loss, rel=1e-5)
+    assert torch.allclose(cached_grad, grad, atol=1e-6, rtol=1e-4) and grad.abs().sum() > 0
+
+
+def test_gradcache_replays_dropout(tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In training mode each chunk's second pass sees the dropout of its first."""
+    from bertforge.tasks.retrieval import Pooled
+
+    seen: list[torch.Tensor] = []
+    forward = Pooled.forward
+
+    def recording(self: Pooled, *args: torch.Tensor) -> torch.Tensor:
+        out = forward(self, *args)
+        seen.append(out.detach().clone())
+        return out
+
+    monkeypatch.setattr(Pooled, "forward", recording)
+    gradcache_case(tiny_model, 5, train_mode=True)
+    half = len(seen) // 2
+    assert half > 1 and all(torch.equal(a, b) for a, b in zip(seen[:half], seen[half:]))
+
+
+def test_gradcache_refuses_accumulation(
+    minilm_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    train = toy(tmp_path / "t.jsonl")
+    args = ["finetune", "--task", "retrieval", "--model", str(minilm_dir), "--train", str(train)]
+    args += ["--out", str(tmp_path / "o"), "--cache-chunk", "4", "--micro-batch-size", "8"]
+    assert main(args) == 2
+    assert "--cache-chunk replaces accumulation" in capsys.readouterr().err
+    assert (
+        main(
+            [
+                "finetune",
+                "--task",
+                "sst2",
+                "--model",
+                str(minilm_dir),
+                "--train",
+                str(train),
+                "--out",
+                str(tmp_path / "p"),
+                "--cache-chunk",
+                "4",
+            ]
+        )
+        == 2
+    )
+    assert "--cache-chunk) is for --task retrieval" in capsys.readouterr().err
