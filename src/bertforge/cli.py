@@ -34,7 +34,7 @@ from typing import Any, NoReturn
 from . import __version__
 from .config import annotation_kind
 from .data.corpus import expand_inputs
-from .errors import BertforgeError, DataError
+from .errors import BertforgeError, ConfigError, DataError
 
 INFERENCE_HELP = {
     "device": "cpu, cuda, cuda:1 (default: a GPU if there is one)",
@@ -487,6 +487,157 @@ def cmd_pipeline(args: argparse.Namespace) -> None:
 
 
 # ------------------------------------------------------------------------------------------------
+# index, search, mine
+
+
+def args_index(p: argparse.ArgumentParser) -> None:
+    from .runner import PRECISIONS
+
+    p.add_argument("model", help="bi-encoder (embedding model) directory")
+    p.add_argument("corpus", help="documents: text lines, .jsonl or .csv/.tsv with id and text")
+    p.add_argument("--out", required=True, help="index directory (re-run to resume a build)")
+    p.add_argument("--id-field", default="id", help="JSONL field / table column of the id")
+    p.add_argument("--text-field", default="text", help="JSONL field / table column of the text")
+    p.add_argument("--skip-blank", action="store_true", help="drop blank lines (default: error)")
+    p.add_argument("--chunk", type=int, default=10_000, help="documents per part (resume unit)")
+    p.add_argument("--stride", type=int, help="pieces between windows of a long document")
+    p.add_argument("--no-bm25", action="store_true", help="no BM25 index beside the vectors")
+    p.add_argument("--batch-size", type=int, default=32, help="windows per batch")
+    p.add_argument(
+        "--precision", default="auto", choices=PRECISIONS, help=INFERENCE_HELP["precision"]
+    )
+    p.add_argument("--device", help=INFERENCE_HELP["device"])
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def cmd_index(args: argparse.Namespace) -> None:
+    from .index import CorpusFormat, Index
+
+    index = Index.build(
+        args.model,
+        args.corpus,
+        args.out,
+        fmt=CorpusFormat(args.id_field, args.text_field, args.skip_blank),
+        chunk=args.chunk,
+        stride=args.stride,
+        bm25=not args.no_bm25,
+        batch_size=args.batch_size,
+        precision=args.precision,
+        device=args.device,
+        progress=not args.no_progress,
+    )
+    m = index.meta
+    print(
+        f"indexed {m['documents']:,} documents ({m['vectors']:,} windows of {m['dimensions']} "
+        f"dimensions{', and BM25' if m['bm25'] else ''}) in {args.out}"
+    )
+
+
+def _search_args(p: argparse.ArgumentParser) -> None:
+    from .index import MODES
+
+    p.add_argument("index", help="index directory (bertforge index)")
+    p.add_argument("--mode", default="dense", choices=MODES, help="first stage (default: dense)")
+    p.add_argument("--model", help="the index's model at another path (checked to be the same)")
+
+
+def args_search(p: argparse.ArgumentParser) -> None:
+    _search_args(p)
+    p.add_argument("queries", nargs="?", default="-", help="text lines, .jsonl {text, id?}, or -")
+    p.add_argument("--top-k", type=int, default=10, help="documents per query")
+    p.add_argument("--text", action="store_true", help="each hit with its document's text")
+    p.add_argument("--rerank", metavar="CROSS_ENCODER", help="rerank the first stage's top hits")
+    p.add_argument("--rerank-depth", type=int, default=50, help="first-stage hits reranked")
+    p.add_argument("--skip-blank", action="store_true", help="drop blank lines (default: error)")
+    p.add_argument("--out", help="JSONL output file (default: stdout)")
+
+
+def cmd_search(args: argparse.Namespace) -> None:
+    """Per query line: {"line", "id"?, "results": [{id, score, rank, text?}]}; with --rerank,
+    the first stage's top --rerank-depth reordered by the cross-encoder's score."""
+    from .catalogue import TEXTS
+    from .index import Index
+
+    if args.rerank and args.rerank_depth < args.top_k:
+        raise ConfigError(f"--rerank-depth {args.rerank_depth} is below --top-k {args.top_k}")
+    index = Index.load(args.index)
+    index.use_model(args.model)
+    rows = _read_inputs(args.queries, TEXTS, args.skip_blank)
+    queries = [r.texts[0] for r in rows]
+    depth = args.rerank_depth if args.rerank else args.top_k
+    results = index.search(queries, depth, args.mode, text=bool(args.rerank or args.text))
+    if args.rerank:
+        from .pipelines import Pipeline
+
+        ce = Pipeline(args.rerank)
+        for query, hits in zip(queries, results):
+            order = ce.rerank(query, [h["text"] for h in hits], top_k=args.top_k)
+            hits[:] = [
+                {
+                    **hits[o["index"]],
+                    "score": o["score"],
+                    "rank": r,
+                    "first_stage_rank": o["index"] + 1,
+                }
+                for r, o in enumerate(order, 1)
+            ]
+            if not args.text:
+                for h in hits:
+                    h.pop("text")
+    items = [
+        {"line": r.line, **({"id": r.id} if r.id is not None else {}), "results": hits}
+        for r, hits in zip(rows, results)
+    ]
+    _write_jsonl(args.out, items)
+
+
+def args_mine(p: argparse.ArgumentParser) -> None:
+    _search_args(p)
+    p.add_argument("train", help="retrieval training file: JSONL {query, positive} or a table")
+    p.add_argument("--out", required=True, help="JSONL {query, positive, negatives}")
+    p.add_argument("--negatives", type=int, default=4, help="hard negatives per query")
+    p.add_argument("--skip", type=int, default=0, help="candidates skipped at the top")
+    p.add_argument("--depth", type=int, default=50, help="candidates looked at per query")
+    p.add_argument(
+        "--margin",
+        type=float,
+        help="leave out candidates scored above the positive's score minus this (likely false "
+        "negatives; dense or bm25)",
+    )
+
+
+def cmd_mine(args: argparse.Namespace) -> None:
+    from .data.tasks import read_retrieval
+    from .fileio import json_text, write_text
+    from .index import Index, mine
+
+    index = Index.load(args.index)
+    index.use_model(args.model)
+    examples = read_retrieval(args.train)
+    found = mine(
+        index,
+        [e.query for e in examples],
+        [e.positive for e in examples],
+        negatives=args.negatives,
+        skip=args.skip,
+        depth=args.depth,
+        mode=args.mode,
+        margin=args.margin,
+    )
+    kept = [
+        {"query": e.query, "positive": e.positive, "negatives": n}
+        for e, n in zip(examples, found)
+        if n is not None
+    ]
+    write_text(args.out, "".join(json_text(k) + "\n" for k in kept))
+    print(
+        f"wrote {len(kept):,} of {len(examples):,} queries with {args.negatives} negatives each "
+        f"to {args.out}"
+        + (f" ({len(examples) - len(kept):,} had fewer left)" if len(kept) < len(examples) else "")
+    )
+
+
+# ------------------------------------------------------------------------------------------------
 # serve, export, attention, probe, plot, demo
 
 
@@ -496,6 +647,7 @@ def args_serve(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="model directory")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=_port, default=8000, help="TCP port, 1-65535")
+    p.add_argument("--index", help="an index directory (bertforge index): POST /search")
     _device_and_precision(p)
     add_options(p, Limits)
 
@@ -610,6 +762,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
         host=args.host,
         port=args.port,
         limits=Limits(**options_of(args, Limits)),
+        index=args.index,
         precision=args.precision,
         device=args.device,
     )
@@ -760,6 +913,11 @@ def commands() -> list[Command]:
          partial(args_evaluate, predict=True), cmd_predict),
         *[(e.name, e.help, partial(args_pipeline, name=e.name), cmd_pipeline)
           for e in ENTRIES.values()],
+        ("index", "an index of a corpus: a bi-encoder's vectors and BM25, resumable",
+         args_index, cmd_index),
+        ("search", "search an index: dense, BM25 or hybrid, reranked by a cross-encoder",
+         args_search, cmd_search),
+        ("mine", "hard negatives for retrieval training, from an index", args_mine, cmd_mine),
         ("serve", "HTTP server: the pipelines the model has a head for, and /v1/embeddings",
          args_serve, cmd_serve),
         ("export", "the model as ONNX, checked against PyTorch", args_export, cmd_export),

@@ -11,6 +11,8 @@
         /ner         {"texts": [...]}                   -> [[{entity, text, start, end, score}]]
         /qa          {"questions", "contexts", "max_seq_length"?, ...} -> [{answer, score, ...}]
         /nsp         {"texts": [...], "pairs": [...]}   -> [P(IsNext)]
+    POST /search     with --index DIR: {"queries", "top_k"?, "mode"?, "return_text"?} ->
+                     {"results": [[{id, score, rank, text?}]]} (index.py)
     POST /rerank     text-embeddings-inference's: {"query", "texts", "raw_scores"?, "return_text"?,
                      "truncate"?} -> [{index, score, text?}], best first (a cross-encoder)
     POST /v1/rerank  Cohere's and Jina's: {"query", "documents": [str | {"text"}], "top_n"?,
@@ -129,6 +131,13 @@ class CohereRerankRequest(BaseModel):  # Cohere's and Jina's /v1/rerank
     model: str | None = None
     top_n: int | None = Field(None, ge=1)
     return_documents: bool = False
+
+
+class SearchRequest(BaseModel):  # POST /search, with --index
+    queries: list[str]
+    top_k: int = Field(10, ge=1, le=1000)
+    mode: str = Field("dense", pattern="^(dense|bm25|hybrid)$")
+    return_text: bool = False
 
 
 def request_model(entry: Entry) -> type:
@@ -498,10 +507,16 @@ async def client_gone(request: Any) -> None:
         pass
 
 
-def create_app(model: str | Path, limits: Limits | None = None, **pipeline_options: Any) -> Any:
+def create_app(
+    model: str | Path,
+    limits: Limits | None = None,
+    index: str | Path | None = None,
+    **pipeline_options: Any,
+) -> Any:
     """The FastAPI application serving `model`: the catalogue's served pipelines, the
-    embedding endpoints, health, metadata and metrics. The model and its heads load here: a
-    checkpoint that cannot be read raises its CheckpointError now, not at the first request."""
+    embedding endpoints, health, metadata and metrics, and POST /search over `index` (an
+    index.Index directory) when given. The model and its heads load here: a checkpoint that
+    cannot be read raises its CheckpointError now, not at the first request."""
     try:
         from fastapi import FastAPI
     except ImportError:
@@ -523,6 +538,8 @@ def create_app(model: str | Path, limits: Limits | None = None, **pipeline_optio
     )
     add_error_handlers(app, server)
     add_status(app, server)
+    if index is not None:
+        add_search(app, server, index)
     shaped = {"embed": add_embeddings, "rerank": add_rerank}  # endpoints of their own shape
     for entry in ENTRIES.values():
         if entry.served:
@@ -623,6 +640,25 @@ def add_rerank(app: Any, server: Server) -> None:
             "results": results,
             "usage": {"total_tokens": used},
         }
+
+
+def add_search(app: Any, server: Server, path: str | Path) -> None:
+    """POST /search: {"queries", "top_k"?, "mode"?: dense | bm25 | hybrid, "return_text"?} ->
+    {"results": [[{id, score, rank, text?}]]}, over the index (its own model embeds the
+    queries; loaded now, so a broken index stops `serve` before it listens)."""
+    from .index import Index
+
+    index = Index.load(path)
+    index.use_model(None, device=server.pipe.device.type)
+    server.endpoints.append("search")
+
+    @app.post("/search", summary="search the index given with --index")
+    async def search(req: SearchRequest, request: Request) -> dict[str, Any]:
+        server.check(req.queries, "queries")
+        options = {"top_k": req.top_k, "mode": req.mode, "text": req.return_text}
+        b = server.batcher("search", lambda items, o: index.search(items, **o))
+        rows = await b.submit(req.queries, options, functools.partial(client_gone, request))
+        return {"results": rows}
 
 
 def add_status(app: Any, server: Server) -> None:
@@ -749,6 +785,7 @@ def serve(
     host: str = "127.0.0.1",
     port: int = 8000,
     limits: Limits | None = None,
+    index: str | None = None,
     **pipeline_options: Any,
 ) -> None:
     """Load and check the model (a CheckpointError ends it here), then run the server
@@ -759,6 +796,6 @@ def serve(
         raise ConfigError(
             "bertforge serve needs the serve extra: pip install 'bertforge[serve]'"
         ) from None
-    app = create_app(model, limits, **pipeline_options)
+    app = create_app(model, limits, index, **pipeline_options)
     print(f"serving {model} on http://{host}:{port} (its API: /openapi.json)", flush=True)
     uvicorn.run(app, host=host, port=port, log_level="warning")

@@ -1,0 +1,528 @@
+"""A searchable corpus: dense vectors of a bi-encoder beside a BM25 index, searched exactly,
+by BM25, or both fused; hard negatives mined from it (`bertforge index`, `search`, `mine`).
+
+    index = Index.build("all-MiniLM-L6-v2", "corpus.jsonl", "runs/idx")   # or bertforge index
+    index = Index.load("runs/idx")
+    index.search(["who wrote hamlet"], top_k=10, mode="hybrid")  # [[{id, score, rank}]]
+
+The corpus is a text file (one document per line, its id the line number), JSONL objects with
+an id and a text field, or a CSV/TSV table with a header naming them. Documents are embedded
+in chunks of `chunk` documents, each chunk written as a part file when it is done, so memory
+is bounded by a chunk (plus the vectors themselves) and a killed build resumes at the first
+missing part; a part made with another model, corpus or settings is refused. A document longer
+than the model's window is cut into overlapping windows (`stride` pieces apart, default half a
+window), each embedded on its own; a document's score is its best window's (max inner product).
+The finished index holds vectors.npy (float32, the model's own normalisation), windows.npy
+(each window's document), documents.jsonl (ids and texts), bm25/ (bm25s' files: arrays and
+JSON, no pickle) and, written last, index.json: the model's identity (a sha256 of its
+config.json and weights), its embedding settings, the window settings and the counts. A search
+with another model is one error naming both.
+
+Search is exact: the queries' vectors times every window's, in blocks of queries, the best
+window per document, the top k. Hybrid search fuses the dense and BM25 top-100 lists by
+reciprocal rank (k = 60). There is no approximate index: exact search over 2,067 SQuAD
+paragraphs takes milliseconds; millions of vectors would want FAISS (not built).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import ConfigError, DataError
+from .fileio import atomic_path, json_text, read_json, read_lines, write_json, write_text
+
+FORMAT = 1
+MODES = ("dense", "bm25", "hybrid")
+RRF_K = 60  # reciprocal-rank fusion: 1 / (k + rank)
+FUSED = 100  # documents per list that fusion reads
+QUERY_BLOCK = 1024  # queries scored against the corpus at once
+
+
+# -- the corpus ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CorpusFormat:
+    id_field: str = "id"
+    text_field: str = "text"
+    skip_blank: bool = False
+
+
+def read_corpus(path: str | Path, fmt: CorpusFormat = CorpusFormat()) -> Iterator[tuple[str, str]]:
+    """(id, text) of each document of a corpus file (see the module docstring); a malformed
+    line, a missing or empty field, a blank line (unless skip_blank) or a repeated id is one
+    DataError naming the file, line and field."""
+    path = Path(path)
+    seen: dict[str, int] = {}
+    suffix = path.suffix.lower()
+    rows: Iterator[tuple[int, str, str]]
+    if suffix == ".jsonl":
+        rows = _jsonl_documents(path, fmt)
+    elif suffix in (".csv", ".tsv"):
+        rows = _table_documents(path, fmt)
+    else:
+        rows = _line_documents(path, fmt)
+    for lineno, doc_id, text in rows:
+        if doc_id in seen:
+            raise DataError(f"{path}: line {lineno}: id {doc_id!r} repeats line {seen[doc_id]}")
+        seen[doc_id] = lineno
+        yield doc_id, text
+
+
+def _line_documents(path: Path, fmt: CorpusFormat) -> Iterator[tuple[int, str, str]]:
+    for lineno, line in read_lines(path, hint=""):
+        if not line.strip():
+            if fmt.skip_blank:
+                continue
+            raise DataError(f"{path}: line {lineno}: blank line (--skip-blank drops blank lines)")
+        yield lineno, str(lineno), line
+
+
+def _jsonl_documents(path: Path, fmt: CorpusFormat) -> Iterator[tuple[int, str, str]]:
+    for lineno, line in read_lines(path, hint=""):
+        if not line.strip():
+            if fmt.skip_blank:
+                continue
+            raise DataError(f"{path}: line {lineno}: blank line (--skip-blank drops blank lines)")
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}: line {lineno}: invalid JSON: {e.msg}") from None
+        if not isinstance(obj, dict):
+            raise DataError(f"{path}: line {lineno}: expected a JSON object")
+        yield (
+            lineno,
+            _id(obj.get(fmt.id_field), path, lineno, fmt.id_field),
+            _text(obj.get(fmt.text_field), path, lineno, fmt.text_field),
+        )
+
+
+def _table_documents(path: Path, fmt: CorpusFormat) -> Iterator[tuple[int, str, str]]:
+    from .data.tasks.table import header_error, open_table
+
+    comma = path.suffix.lower() == ".csv"
+    table = open_table(path, "," if comma else "\t", quoting=comma)
+    names = list(table.names or [])
+    for name in (fmt.id_field, fmt.text_field):
+        if name not in names:
+            raise header_error(path, names, f'column "{name}" missing from the header')
+    i, t = names.index(fmt.id_field), names.index(fmt.text_field)
+    for r in table.records():
+        fields = r.fields
+        yield (
+            r.lineno,
+            _id(fields[i], path, r.lineno, fmt.id_field),
+            _text(  # type: ignore[index]
+                fields[t],  # type: ignore[index]
+                path,
+                r.lineno,
+                fmt.text_field,
+            ),
+        )
+
+
+def _id(value: object, path: Path, lineno: int, name: str) -> str:
+    if isinstance(value, bool) or not isinstance(value, (str, int)) or value == "":
+        raise DataError(f'{path}: line {lineno}: field "{name}": missing, or not a string/integer')
+    return str(value)
+
+
+def _text(value: object, path: Path, lineno: int, name: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise DataError(f'{path}: line {lineno}: field "{name}": missing, empty or not text')
+    return value
+
+
+# -- the model's identity --------------------------------------------------------------------------
+
+
+def model_identity(path: str | Path) -> str:
+    """sha256 over a model directory's config.json and weight files (names and bytes)."""
+    from .checkpoint import _weights_files
+
+    path = Path(path)
+    h = hashlib.sha256()
+    for f in [path / "config.json", *_weights_files(path)]:
+        h.update(f.name.encode() + b"\0")
+        with open(f, "rb") as stream:
+            while block := stream.read(1 << 20):
+                h.update(block)
+    return h.hexdigest()
+
+
+# -- building --------------------------------------------------------------------------------------
+
+
+def _chunks(items: Iterator[tuple[str, str]], size: int) -> Iterator[list[tuple[str, str]]]:
+    chunk: list[tuple[str, str]] = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def bm25_tokens(texts: Sequence[str]) -> Any:
+    import bm25s
+
+    return bm25s.tokenize(list(texts), stopwords="en", show_progress=False)
+
+
+def _need_bm25() -> Any:
+    try:
+        import bm25s
+    except ImportError:
+        raise ConfigError(
+            "a BM25 index needs bm25s: pip install 'bertforge[search]' (or --no-bm25)"
+        ) from None
+    return bm25s
+
+
+class Index:
+    """A built index directory (see the module docstring)."""
+
+    def __init__(self, path: Path, meta: dict[str, Any]) -> None:
+        self.path, self.meta = path, meta
+        self.vectors = np.load(path / "vectors.npy", mmap_mode="r", allow_pickle=False)
+        self.windows = np.load(path / "windows.npy", allow_pickle=False)
+        docs = [json.loads(line) for _, line in read_lines(path / "documents.jsonl")]
+        self.ids = [d["id"] for d in docs]
+        self.texts = [d["text"] for d in docs]
+        if len(self.vectors) != len(self.windows) or len(self.ids) != meta["documents"]:
+            raise DataError(f"{path}: its files disagree in size: rebuild the index")
+        # each document's windows are contiguous: the first window of each
+        self.starts = np.flatnonzero(np.r_[True, self.windows[1:] != self.windows[:-1]])
+        self._pipe: Any = None
+        self._bm25: Any = None
+
+    # -- building ------------------------------------------------------------------------------
+
+    @classmethod
+    def build(
+        cls,
+        model: str | Path,
+        corpus: str | Path,
+        out: str | Path,
+        *,
+        fmt: CorpusFormat = CorpusFormat(),
+        chunk: int = 10_000,
+        stride: int | None = None,
+        bm25: bool = True,
+        batch_size: int = 32,
+        precision: str = "auto",
+        device: str | None = None,
+        progress: bool = True,
+    ) -> Index:
+        from tqdm import tqdm
+
+        from .pipelines import Pipeline
+
+        if chunk < 1:
+            raise ConfigError(f"chunk={chunk} (--chunk): must be >= 1")
+        if bm25:
+            _need_bm25()
+        out = Path(out)
+        pipe = Pipeline(model, device=device, precision=precision, batch_size=batch_size)
+        positions = pipe.config.max_position_embeddings
+        length = min(pipe.embedding_settings.max_length or positions, positions) - 2
+        stride = stride or max(1, length // 2)
+        if stride < 1:
+            raise ConfigError(f"stride={stride} (--stride): must be >= 1")
+        settings = {
+            "format": FORMAT,
+            "model": str(Path(pipe.path).resolve()),
+            "model_name": Path(pipe.path).resolve().name,
+            "model_sha256": model_identity(pipe.path),
+            "pooling": list(pipe.embedding_settings.pooling),
+            "normalize": pipe.embedding_settings.normalize,
+            "window": length,
+            "stride": stride,
+            "chunk": chunk,
+            "precision": precision,  # queries are embedded as the documents were
+            "corpus": str(Path(corpus).resolve()),
+            "corpus_sha256": _file_sha256(Path(corpus)),
+            "fields": [fmt.id_field, fmt.text_field, fmt.skip_blank],
+        }
+        if (out / "index.json").is_file():
+            raise ConfigError(f"{out}: already holds a finished index; give a new --out")
+        parts = out / "parts"
+        started = out / "build.json"
+        if started.is_file():
+            before = read_json(started, DataError)
+            if before != settings:
+                changed = [k for k in settings if before.get(k) != settings[k]]
+                raise ConfigError(
+                    f"{out}: an unfinished index of another build ({', '.join(changed)} differ); "
+                    "give a new --out, or remove it"
+                )
+        elif out.exists() and any(out.iterdir()):
+            raise ConfigError(f"{out}: exists and is not an index being built; give a new --out")
+        write_json(started, settings)
+        parts.mkdir(parents=True, exist_ok=True)
+        done = 0
+        bar = tqdm(desc="index", unit="doc", disable=not progress, file=sys.stderr)
+        for k, docs in enumerate(_chunks(read_corpus(corpus, fmt), chunk)):
+            part = parts / f"{k:06d}"
+            if not (part.with_suffix(".npy")).is_file():
+                vectors, owners = _embed_windows(pipe, [t for _, t in docs], length, stride)
+                write_text(
+                    part.with_suffix(".jsonl"),
+                    "".join(json_text({"id": i, "text": t}) + "\n" for i, t in docs),
+                )
+                with atomic_path(part.with_suffix(".owners.npy")) as tmp, open(tmp, "wb") as f:
+                    np.save(f, owners + done)
+                with atomic_path(part.with_suffix(".npy")) as tmp, open(tmp, "wb") as f:
+                    np.save(f, vectors)  # written last: its presence means the part is whole
+            done += len(docs)
+            bar.update(len(docs))
+        bar.close()
+        if not done:
+            raise DataError(f"{corpus}: no documents")
+        return cls._join(out, settings, done, bm25)
+
+    @classmethod
+    def _join(cls, out: Path, settings: dict[str, Any], documents: int, bm25: bool) -> Index:
+        """The parts joined into the index's files; index.json written last."""
+        parts = sorted((out / "parts").glob("*[0-9].npy"))
+        sizes = [np.load(p, mmap_mode="r").shape for p in parts]
+        total, dim = sum(s[0] for s in sizes), sizes[0][1]
+        with atomic_path(out / "vectors.npy") as tmp:
+            joined = np.lib.format.open_memmap(tmp, "w+", np.float32, (total, dim))
+            at = 0
+            for p, (n, _) in zip(parts, sizes):
+                joined[at : at + n] = np.load(p, mmap_mode="r")
+                at += n
+            joined.flush()
+            del joined
+        owners = np.concatenate([np.load(p.with_suffix(".owners.npy")) for p in parts])
+        with atomic_path(out / "windows.npy") as tmp, open(tmp, "wb") as f:
+            np.save(f, owners)
+        with atomic_path(out / "documents.jsonl") as tmp, open(tmp, "w", encoding="utf-8") as f:
+            for p in parts:
+                f.write(p.with_suffix(".jsonl").read_text(encoding="utf-8"))
+        if bm25:
+            texts = [json.loads(line)["text"] for _, line in read_lines(out / "documents.jsonl")]
+            retriever = _need_bm25().BM25()
+            retriever.index(bm25_tokens(texts), show_progress=False)
+            tmp_dir = out / ".bm25.tmp"
+            shutil.rmtree(tmp_dir, ignore_errors=True)
+            retriever.save(str(tmp_dir))
+            shutil.rmtree(out / "bm25", ignore_errors=True)
+            tmp_dir.rename(out / "bm25")
+        meta = {**settings, "documents": documents, "vectors": int(total), "dimensions": int(dim)}
+        meta["bm25"] = bm25
+        write_json(out / "index.json", meta)
+        shutil.rmtree(out / "parts")
+        (out / "build.json").unlink()
+        return cls.load(out)
+
+    @classmethod
+    def load(cls, path: str | Path) -> Index:
+        path = Path(path)
+        if not (path / "index.json").is_file():
+            what = "an unfinished index (run bertforge index again to finish it)"
+            raise DataError(
+                f"{path}: {what if (path / 'build.json').is_file() else 'not an index'}"
+            )
+        meta = read_json(path / "index.json", DataError)
+        if meta.get("format") != FORMAT:
+            raise DataError(f"{path}/index.json: format {meta.get('format')!r}, expected {FORMAT}")
+        for name in ("vectors.npy", "windows.npy", "documents.jsonl"):
+            if not (path / name).is_file():
+                raise DataError(f"{path}: {name} missing: rebuild the index")
+        return cls(path, meta)
+
+    # -- searching -----------------------------------------------------------------------------
+
+    def use_model(self, model: str | Path | None = None, **pipeline: Any) -> Any:
+        """The pipeline that embeds queries: the index's model, or `model` when its identity is
+        the index's (else a ConfigError naming both)."""
+        from .pipelines import Pipeline
+
+        if self._pipe is None or model is not None:
+            path = model if model is not None else self.meta["model"]
+            if model is not None and model_identity(Path(model)) != self.meta["model_sha256"]:
+                raise ConfigError(
+                    f"{model}: not the model this index was built with ({self.meta['model_name']}, "
+                    f"sha256 {self.meta['model_sha256'][:12]}...): search with that model, or "
+                    "build an index with this one"
+                )
+            if not Path(path).is_dir():
+                raise ConfigError(
+                    f"{self.path}: its model {path} is gone; pass the same model (--model)"
+                )
+            self._pipe = Pipeline(path, **{"precision": self.meta["precision"], **pipeline})
+        return self._pipe
+
+    def dense(self, queries: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
+        """(documents, scores) of each query's top k by its best window's inner product."""
+        q = self.use_model().embed(list(queries))
+        k = min(k, len(self.ids))
+        docs, scores = [], []
+        for start in range(0, len(q), QUERY_BLOCK):
+            sims = q[start : start + QUERY_BLOCK] @ np.asarray(self.vectors).T  # (b, windows)
+            per_doc = np.maximum.reduceat(sims, self.starts, axis=1)  # (b, documents)
+            top = np.argpartition(-per_doc, k - 1, axis=1)[:, :k]
+            values = np.take_along_axis(per_doc, top, 1)
+            order = np.lexsort((top, -values), axis=1)  # by score, ties by document order
+            docs.append(np.take_along_axis(top, order, 1))
+            scores.append(np.take_along_axis(values, order, 1))
+        return np.concatenate(docs), np.concatenate(scores)
+
+    def bm25(self, queries: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
+        if not self.meta.get("bm25"):
+            raise ConfigError(f"{self.path}: built without a BM25 index (--no-bm25)")
+        if self._bm25 is None:
+            self._bm25 = _need_bm25().BM25.load(str(self.path / "bm25"), mmap=True)
+        k = min(k, len(self.ids))
+        docs, scores = self._bm25.retrieve(bm25_tokens(queries), k=k, show_progress=False)
+        return np.asarray(docs), np.asarray(scores)
+
+    def search(
+        self, queries: Sequence[str], top_k: int = 10, mode: str = "dense", text: bool = False
+    ) -> list[list[dict[str, Any]]]:
+        """Per query, its top_k documents: [{"id", "score", "rank"} (+ "text")]."""
+        if isinstance(queries, str):
+            raise ConfigError("pass a list of queries (a single string is not a list)")
+        if mode not in MODES:
+            raise ConfigError(f"mode={mode!r} (--mode): must be one of {', '.join(MODES)}")
+        if top_k < 1:
+            raise ConfigError(f"top_k={top_k} (--top-k): must be >= 1")
+        if not queries:
+            return []
+        docs, scores = self.ranked(queries, top_k, mode)
+        return [
+            [
+                {
+                    "id": self.ids[d],
+                    "score": float(s),
+                    "rank": r,
+                    **({"text": self.texts[d]} if text else {}),
+                }
+                for r, (d, s) in enumerate(zip(row_d.tolist(), row_s.tolist()), 1)
+                if d >= 0
+            ]
+            for row_d, row_s in zip(docs, scores)
+        ]
+
+    def scores_of(self, queries: Sequence[str], docs: Sequence[int], mode: str) -> np.ndarray:
+        """Each query's score of one document (docs[i] for queries[i]) as `mode` scores it."""
+        if mode == "dense":
+            q = self.use_model().embed(list(queries))
+            ends = np.r_[self.starts[1:], len(self.windows)]
+            spans = [(self.starts[d], ends[d]) for d in docs]
+            return np.array([float((self.vectors[a:b] @ v).max()) for v, (a, b) in zip(q, spans)])
+        self.bm25(queries[:1], 1)  # loads the BM25 index
+        tokenize = _need_bm25().tokenize
+        words = tokenize(list(queries), stopwords="en", return_ids=False, show_progress=False)
+        return np.array([float(self._bm25.get_scores(w)[d]) for w, d in zip(words, docs)])
+
+    def ranked(self, queries: Sequence[str], k: int, mode: str) -> tuple[np.ndarray, np.ndarray]:
+        """(document indices, scores) of each query's top k by `mode` (-1: none there)."""
+        if mode == "dense":
+            return self.dense(queries, k)
+        if mode == "bm25":
+            return self.bm25(queries, k)
+        return fuse([self.dense(queries, FUSED)[0], self.bm25(queries, FUSED)[0]], k)
+
+
+def mine(
+    index: Index,
+    queries: Sequence[str],
+    positives: Sequence[str],
+    *,
+    negatives: int = 4,
+    skip: int = 0,
+    depth: int = 50,
+    mode: str = "dense",
+    margin: float | None = None,
+) -> list[list[str] | None]:
+    """Hard negatives per (query, positive): the query's candidates at ranks skip+1..depth of
+    `mode`'s search, leaving out its positive (by text) and, with margin, any candidate scored
+    above the positive's score minus margin (likely relevant though unlabelled: a false
+    negative); the first `negatives` left, or None where fewer are left."""
+    if negatives < 1 or skip < 0 or depth <= skip:
+        raise ConfigError(
+            f"negatives={negatives}, skip={skip}, depth={depth}: need negatives >= 1 and "
+            "0 <= skip < depth (--negatives, --skip, --depth)"
+        )
+    if mode not in MODES:
+        raise ConfigError(f"mode={mode!r} (--mode): must be one of {', '.join(MODES)}")
+    if margin is not None and mode == "hybrid":
+        raise ConfigError("margin (--margin) compares scores: use it with --mode dense or bm25")
+    if not queries:
+        return []
+    where = {t: i for i, t in enumerate(index.texts)}
+    docs, scores = index.ranked(list(queries), depth, mode)
+    floor = np.full(len(queries), np.inf)
+    if margin is not None:
+        missing = [i for i, p in enumerate(positives) if p not in where]
+        if missing:
+            raise DataError(
+                f"row {missing[0] + 1}: its positive is not a document of {index.path}; "
+                "--margin needs the positives in the indexed corpus"
+            )
+        floor = index.scores_of(queries, [where[p] for p in positives], mode) - margin
+    out: list[list[str] | None] = []
+    for row_d, row_s, positive, limit in zip(docs, scores, positives, floor):
+        kept = [
+            index.texts[d]
+            for d, s in zip(row_d[skip:].tolist(), row_s[skip:].tolist())
+            if d >= 0 and index.texts[d] != positive and s < limit
+        ][:negatives]
+        out.append(kept if len(kept) == negatives else None)
+    return out
+
+
+def fuse(rankings: Sequence[np.ndarray], k: int = FUSED) -> tuple[np.ndarray, np.ndarray]:
+    """Reciprocal-rank fusion of per-query ranked lists (each (Q, n) document indices): each
+    document's sum of 1 / (RRF_K + rank) over the lists; the top k (ties: first seen)."""
+    docs, scores = [], []
+    for rows in zip(*rankings):
+        total: dict[int, float] = {}
+        for ranked in rows:
+            for r, doc in enumerate(ranked.tolist(), 1):
+                total[doc] = total.get(doc, 0.0) + 1.0 / (RRF_K + r)
+        best = sorted(total.items(), key=lambda x: -x[1])[:k]
+        docs.append([d for d, _ in best])
+        scores.append([s for _, s in best])
+    width = max((len(d) for d in docs), default=0)
+    pad = [d + [-1] * (width - len(d)) for d in docs]
+    return np.array(pad, np.int64), np.array([s + [0.0] * (width - len(s)) for s in scores])
+
+
+def _embed_windows(
+    pipe: Any, texts: Sequence[str], length: int, stride: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """(vectors (W, D), the document of each window (W,)) of texts cut into windows."""
+    from .tasks.windows import windows_of
+
+    pieces = pipe.tok.encode_batch(list(texts), add_special_tokens=False, truncation=False)
+    rows, owners = [], []
+    for i, enc in enumerate(pieces):
+        ids = enc.ids
+        for start, n in windows_of(len(ids), length, stride):
+            rows.append(ids[start : start + n])
+            owners.append(i)
+    return pipe.embed(rows).astype(np.float32), np.asarray(owners, np.int64)
+
+
+def _file_sha256(path: Path) -> str:
+    if not path.is_file():
+        raise DataError(f"{path}: file not found")
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            h.update(block)
+    return h.hexdigest()

@@ -1,0 +1,247 @@
+"""Index, search and mining (index.py, `bertforge index/search/mine`): exact dense search as
+brute force over Pipeline.embed, long documents by their best window, BM25 as bm25s gives it,
+hybrid as reciprocal-rank fusion by hand, resumable builds, the model's identity checked."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bertforge.cli import main
+from bertforge.errors import ConfigError, DataError
+from bertforge.index import RRF_K, Index, mine
+from bertforge.pipelines import Pipeline
+
+bm25s = pytest.importorskip("bm25s")
+
+FILLER = "the weather was mild and the river ran slowly past the old mill . " * 40
+DOCS = [
+    "The Eiffel Tower stands in Paris, the capital of France.",
+    "Cats are carnivores and eat meat such as fish and mice.",
+    "Hamlet is a tragedy written by William Shakespeare.",
+    "The stock market fell sharply on Monday.",
+    "Tea is brewed from the leaves of the camellia plant.",
+    FILLER + "The Great Wall of China stretches for thousands of kilometres.",
+]
+QUERIES = ["who wrote hamlet", "where is the eiffel tower", "what do cats eat", "great wall length"]
+
+
+def corpus(tmp_path: Path) -> Path:
+    path = tmp_path / "corpus.jsonl"
+    path.write_text(
+        "".join(json.dumps({"id": f"d{i}", "text": t}) + "\n" for i, t in enumerate(DOCS))
+    )
+    return path
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory, minilm_dir: Path) -> Index:
+    tmp = tmp_path_factory.mktemp("index")
+    return Index.build(
+        minilm_dir, corpus(tmp), tmp / "idx", chunk=2, progress=False, precision="fp32"
+    )
+
+
+def test_dense_search_is_brute_force(built: Index, minilm_dir: Path) -> None:
+    pipe = Pipeline(minilm_dir, precision="fp32")
+    q, d = pipe.embed(QUERIES[:3]), pipe.embed(DOCS[:5])  # the short ones: one window each
+    hits = built.search(QUERIES[:3], top_k=6)
+    for i, row in enumerate(hits):
+        assert [h["rank"] for h in row] == list(range(1, 7))
+        short = [h for h in row if h["id"] != "d5"]
+        want = np.argsort(-(q[i] @ d.T), kind="stable")
+        assert [h["id"] for h in short] == [f"d{j}" for j in want]
+        np.testing.assert_allclose([h["score"] for h in short], (q[i] @ d.T)[want], atol=1e-5)
+    assert [row[0]["id"] for row in hits] == ["d2", "d0", "d1"]
+
+
+def test_a_long_document_scores_its_best_window(built: Index, minilm_dir: Path) -> None:
+    pipe = Pipeline(minilm_dir, precision="fp32")
+    pieces = pipe.tok.encode(DOCS[5], add_special_tokens=False, truncation=False).ids
+    window, stride = built.meta["window"], built.meta["stride"]
+    assert len(pieces) > window  # several windows
+    starts = list(range(0, len(pieces) - window + stride, stride))
+    rows = [pieces[s : s + window] for s in starts if s < len(pieces)]
+    best = float((pipe.embed(rows) @ pipe.embed([QUERIES[3]])[0]).max())
+    (hit,) = [h for h in built.search([QUERIES[3]], top_k=6)[0] if h["id"] == "d5"]
+    assert hit["score"] == pytest.approx(best, abs=1e-5)
+    assert (built.windows == 5).sum() == len(rows)
+
+
+def test_bm25_and_hybrid(built: Index) -> None:
+    ref = bm25s.BM25()
+    ref.index(bm25s.tokenize(DOCS, stopwords="en", show_progress=False), show_progress=False)
+    docs, scores = ref.retrieve(
+        bm25s.tokenize(QUERIES, stopwords="en", show_progress=False), k=3, show_progress=False
+    )
+    got = built.search(QUERIES, top_k=3, mode="bm25")
+    assert [[h["id"] for h in row] for row in got] == [[f"d{j}" for j in r] for r in docs]
+    np.testing.assert_allclose([[h["score"] for h in row] for row in got], scores, rtol=1e-6)
+    dense = built.search(QUERIES, top_k=6)
+    sparse = built.search(QUERIES, top_k=6, mode="bm25")
+    hybrid = built.search(QUERIES, top_k=6, mode="hybrid", text=True)
+    for d_row, s_row, h_row in zip(dense, sparse, hybrid):
+        fused: dict[str, float] = {}
+        for row in (d_row, s_row):
+            for h in row:
+                fused[h["id"]] = fused.get(h["id"], 0.0) + 1 / (RRF_K + h["rank"])
+        want = sorted(fused.items(), key=lambda x: -x[1])
+        assert [h["id"] for h in h_row] == [i for i, _ in want]
+        np.testing.assert_allclose([h["score"] for h in h_row], [s for _, s in want])
+        assert all(h["text"] == DOCS[int(h["id"][1:])] for h in h_row)
+
+
+def test_a_killed_build_resumes_without_redoing_parts(
+    built: Index, minilm_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import bertforge.index as index_module
+
+    path = corpus(tmp_path)
+    embedded: list[int] = []
+    real = index_module._embed_windows
+
+    def counting(pipe, texts, length, stride):  # type: ignore[no-untyped-def]
+        embedded.append(len(texts))
+        if len(embedded) == 2:
+            raise KeyboardInterrupt  # killed in the second part
+        return real(pipe, texts, length, stride)
+
+    monkeypatch.setattr(index_module, "_embed_windows", counting)
+    with pytest.raises(KeyboardInterrupt):
+        Index.build(minilm_dir, path, tmp_path / "idx", chunk=2, progress=False, precision="fp32")
+    with pytest.raises(DataError, match="unfinished index"):
+        Index.load(tmp_path / "idx")
+    embedded.clear()
+    monkeypatch.setattr(index_module, "_embed_windows", real)
+    monkeypatch.setattr(
+        index_module, "_embed_windows", lambda *a: (embedded.append(1), real(*a))[1]
+    )
+    again = Index.build(
+        minilm_dir, path, tmp_path / "idx", chunk=2, progress=False, precision="fp32"
+    )
+    assert len(embedded) == 2  # parts 2 and 3; part 1 was kept
+    assert np.array_equal(np.asarray(again.vectors), np.asarray(built.vectors))
+    assert again.ids == built.ids and np.array_equal(again.windows, built.windows)
+    assert not (tmp_path / "idx" / "parts").exists()
+
+
+def test_refusals(built: Index, minilm_dir: Path, tiny_model: Path, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not the model this index was built with"):
+        built.use_model(tiny_model)
+    with pytest.raises(ConfigError, match="already holds a finished index"):
+        Index.build(minilm_dir, corpus(tmp_path), built.path, progress=False)
+    with pytest.raises(DataError, match="not an index"):
+        Index.load(tmp_path)
+    broken = tmp_path / "broken"
+    shutil.copytree(built.path, broken)
+    (broken / "vectors.npy").unlink()
+    with pytest.raises(DataError, match="vectors.npy missing"):
+        Index.load(broken)
+    # an unfinished build of another corpus is not resumed
+    other = tmp_path / "other.jsonl"
+    other.write_text(json.dumps({"id": "x", "text": "another corpus"}) + "\n")
+    (tmp_path / "half").mkdir()
+    shutil.copy(built.path / "index.json", tmp_path / "half" / "build.json")
+    with pytest.raises(ConfigError, match="unfinished index of another build"):
+        Index.build(minilm_dir, other, tmp_path / "half", progress=False)
+    for bad in ({"top_k": 0}, {"mode": "sparse"}):
+        with pytest.raises(ConfigError):
+            built.search(["q"], **bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("lines", "message"),
+    [
+        (['{"id": "a", "text": "x"}', "{nope"], "line 2: invalid JSON"),
+        (['{"id": "a"}'], 'line 1: field "text"'),
+        (['{"id": "a", "text": "x"}', '{"id": "a", "text": "y"}'], "line 2: id 'a' repeats line 1"),
+        (['{"id": "a", "text": "x"}', ""], "line 2: blank line"),
+    ],
+)
+def test_malformed_corpus(minilm_dir: Path, tmp_path: Path, lines: list[str], message: str) -> None:
+    path = tmp_path / "c.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(DataError, match=message):
+        Index.build(minilm_dir, path, tmp_path / "idx", progress=False)
+
+
+def test_mining(built: Index) -> None:
+    positives = [DOCS[2], DOCS[0]]
+    found = mine(built, QUERIES[:2], positives, negatives=2, depth=6, mode="bm25")
+    for negs, positive in zip(found, positives):
+        assert negs is not None and len(negs) == 2 and positive not in negs
+    # a margin above every candidate's score leaves too few: the row is dropped
+    assert mine(built, QUERIES[:1], DOCS[2:3], negatives=2, depth=6, margin=10.0) == [None]
+    hits = built.search(QUERIES[:1], top_k=6)[0]
+    pos = next(h["score"] for h in hits if h["id"] == "d2")
+    (negs,) = mine(built, QUERIES[:1], DOCS[2:3], negatives=1, depth=6, margin=0.0)
+    assert negs is not None
+    (chosen,) = [h for h in hits if DOCS[int(h["id"][1:])] == negs[0]]
+    assert chosen["score"] < pos
+    with pytest.raises(ConfigError, match="0 <= skip < depth"):
+        mine(built, QUERIES[:1], DOCS[:1], skip=5, depth=5)
+
+
+def test_cli(minilm_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    path = corpus(tmp_path)
+    out = tmp_path / "idx"
+    assert (
+        main(["index", str(minilm_dir), str(path), "--out", str(out), "--precision", "fp32"]) == 0
+    )
+    queries = tmp_path / "q.txt"
+    queries.write_text("\n".join(QUERIES) + "\n")
+    capsys.readouterr()
+    assert main(["search", str(out), str(queries), "--top-k", "2", "--mode", "hybrid"]) == 0
+    rows = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert [r["line"] for r in rows] == [1, 2, 3, 4]
+    assert rows[0]["results"][0]["id"] == "d2" and len(rows[0]["results"]) == 2
+    train = tmp_path / "train.jsonl"
+    train.write_text(json.dumps({"query": QUERIES[0], "positive": DOCS[2]}) + "\n")
+    mined = tmp_path / "mined.jsonl"
+    args = ["mine", str(out), str(train), "--out", str(mined), "--negatives", "2", "--mode", "bm25"]
+    assert main(args) == 0
+    (row,) = [json.loads(x) for x in mined.read_text().splitlines()]
+    assert row["positive"] == DOCS[2] and len(row["negatives"]) == 2
+    assert main(["search", str(tmp_path), str(queries)]) == 2
+    assert "not an index" in capsys.readouterr().err
+    assert (
+        main(
+            [
+                "search",
+                str(out),
+                str(queries),
+                "--top-k",
+                "5",
+                "--rerank",
+                str(minilm_dir),
+                "--rerank-depth",
+                "2",
+            ]
+        )
+        == 2
+    )
+    assert "--rerank-depth 2 is below --top-k 5" in capsys.readouterr().err
+
+
+def test_server_search(built: Index, minilm_dir: Path) -> None:
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from bertforge.serve import create_app
+
+    with TestClient(create_app(minilm_dir, index=built.path, precision="fp32")) as client:
+        for mode in ("dense", "hybrid"):
+            r = client.post("/search", json={"queries": QUERIES, "top_k": 3, "mode": mode})
+            assert r.status_code == 200
+            assert r.json()["results"] == built.search(QUERIES, top_k=3, mode=mode)
+        r = client.post("/search", json={"queries": QUERIES[:1], "return_text": True})
+        assert r.json()["results"][0][0]["text"] == DOCS[2]
+        assert client.post("/search", json={"queries": [], "top_k": 3}).status_code == 422
+        assert client.post("/search", json={"queries": ["q"], "top_k": 0}).status_code == 422
+        assert "search" in client.get("/metadata").json()["endpoints"]
+    plain = TestClient(create_app(minilm_dir))
+    assert plain.post("/search", json={"queries": ["q"]}).status_code == 404
