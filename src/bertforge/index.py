@@ -88,22 +88,13 @@ def _line_documents(path: Path, fmt: CorpusFormat) -> Iterator[tuple[int, str, s
 
 
 def _jsonl_documents(path: Path, fmt: CorpusFormat) -> Iterator[tuple[int, str, str]]:
-    for lineno, line in read_lines(path, hint=""):
-        if not line.strip():
-            if fmt.skip_blank:
-                continue
-            raise DataError(f"{path}: line {lineno}: blank line (--skip-blank drops blank lines)")
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise DataError(f"{path}: line {lineno}: invalid JSON: {e.msg}") from None
-        if not isinstance(obj, dict):
-            raise DataError(f"{path}: line {lineno}: expected a JSON object")
-        yield (
-            lineno,
-            _id(obj.get(fmt.id_field), path, lineno, fmt.id_field),
-            _text(obj.get(fmt.text_field), path, lineno, fmt.text_field),
-        )
+    """JSONL objects (a blank line holds no document: skipped; ids come from the objects)."""
+    from .data.tasks.table import _jsonl_records
+
+    for r in _jsonl_records(path):
+        fields: dict[str, Any] = r.fields  # type: ignore[assignment]
+        doc_id = _id(fields.get(fmt.id_field), path, r.lineno, fmt.id_field)
+        yield r.lineno, doc_id, _text(fields.get(fmt.text_field), path, r.lineno, fmt.text_field)
 
 
 def _table_documents(path: Path, fmt: CorpusFormat) -> Iterator[tuple[int, str, str]]:
