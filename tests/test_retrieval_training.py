@@ -190,3 +190,72 @@ def test_gradcache_refuses_accumulation(
         == 2
     )
     assert "--cache-chunk) is for --task retrieval" in capsys.readouterr().err
+
+
+def test_matryoshka_sums_the_loss_over_leading_dimensions(tiny_model: Path) -> None:
+    """sentence-transformers' MatryoshkaLoss: the inner loss on each truncation, summed."""
+    try:
+        from sentence_transformers.sentence_transformer import losses
+    except ImportError:
+        from sentence_transformers import losses
+    from bertforge import Tokenizer
+    from bertforge.errors import ConfigError
+    from bertforge.tasks import TaskOptions
+    from bertforge.tasks.retrieval import RetrievalTask
+
+    torch.manual_seed(0)
+    vectors = torch.randn(6, 3, 16)  # query, positive, negative
+    digests = torch.arange(12).reshape(6, 2)
+    fam = RetrievalTask(
+        TaskOptions(task="retrieval", matryoshka="16,8,4"), Tokenizer.from_pretrained(tiny_model)
+    )
+    got, _ = fam._loss(vectors, digests)
+    mnrl = losses.MultipleNegativesRankingLoss(model=None)  # type: ignore[arg-type]
+    want = sum(
+        mnrl.compute_loss_from_embeddings([vectors[:, k, :d] for k in range(3)], None)
+        for d in (16, 8, 4)
+    )
+    assert float(got) / 6 == pytest.approx(float(want), rel=1e-5)
+    fam.options.matryoshka = "32"
+    with pytest.raises(ConfigError, match="--matryoshka 32: the vectors have 16"):
+        fam._loss(vectors, digests)
+    with pytest.raises(ConfigError, match="is for --task retrieval"):
+        TaskOptions(task="sst2", matryoshka="8")
+
+
+def test_cosent_is_sentence_transformers_cosent_loss() -> None:
+    try:
+        from sentence_transformers.sentence_transformer import losses
+    except ImportError:
+        from sentence_transformers import losses
+    from bertforge.tasks.retrieval import cosent_loss
+
+    torch.manual_seed(0)
+    a, b, scores = torch.randn(8, 16), torch.randn(8, 16), torch.rand(8)
+    scores[3] = scores[5]  # a tie: neither pair counts against the other
+    ref = losses.CoSENTLoss(model=None)  # type: ignore[arg-type]
+    want = ref.compute_loss_from_embeddings([a, b], scores)
+    assert float(cosent_loss(a, b, scores)) == pytest.approx(float(want), rel=1e-5)
+
+
+def test_scored_pairs_train_by_cosent(minilm_dir: Path, tmp_path: Path) -> None:
+    rows = [
+        {"text": f"a {t} fact", "text_pair": f"about {u}", "score": float(t == u)}
+        for t in TOPICS[:4]
+        for u in TOPICS[:4]
+    ]
+    train = tmp_path / "sts.jsonl"
+    train.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "out"
+    args = ["finetune", "--task", "retrieval", "--model", str(minilm_dir), "--train", str(train)]
+    args += ["--dev", str(train), "--out", str(out), "--epochs", "2", "--batch-size", "8"]
+    assert main([*args, "--precision", "fp32", "--no-progress", "--lr", "1e-4"]) == 0
+    results = json.loads((out / "eval_results.json").read_text())
+    assert results["spearman"] > 0.5 and "pearson" in results and "mrr@10" not in results
+    (first,) = [
+        json.loads(x) for x in (out / "predictions_retrieval.jsonl").read_text().splitlines()[:1]
+    ]
+    assert set(first) == {"text", "text_pair", "cosine"}
+    train.write_text(json.dumps({"text": "a", "text_pair": "b", "score": "high"}) + "\n")
+    with pytest.raises(DataError, match="line 1: field \"score\": 'high' is not a number"):
+        read_retrieval(train)

@@ -90,6 +90,11 @@ class TaskOptions:
         "chunk by chunk (GradCache): --batch-size in-batch negatives, one chunk's memory",
         min=1,
     )
+    matryoshka: str | None = option(
+        None,
+        "retrieval: e.g. 384,256,128,64: the loss summed over these leading dimensions, each "
+        "renormalised (Matryoshka), so the vectors can be cut to any of them",
+    )
     # rerank
     rerank_loss: str = option(
         "listwise",
@@ -100,8 +105,10 @@ class TaskOptions:
 
     def __post_init__(self) -> None:
         check_options(self)
-        if self.cache_chunk is not None and self.task != "retrieval":
-            raise ConfigError("cache_chunk (--cache-chunk) is for --task retrieval")
+        for name in ("cache_chunk", "matryoshka"):
+            if getattr(self, name) is not None and self.task != "retrieval":
+                flag = "--" + name.replace("_", "-")
+                raise ConfigError(f"{name} ({flag}) is for --task retrieval")
         if self.multi_label and (self.task != "csv" or self.regression):
             raise ConfigError("multi_label (--multi-label) is for --task csv classification")
         if self.max_seq_length is None:

@@ -7,11 +7,14 @@ cross-entropy over the cosine similarities (times `scale`, 20) of each query aga
 passage of the batch, its own positive the target; the other queries' positives and every
 hard negative are its negatives. A passage that is the query's own positive text elsewhere in
 the batch (the same passage answering two queries) is masked out of its negatives rather
-than taught as one. Sentences are pooled as the model directory says (tasks.embedding); the
-dev set is scored each epoch by retrieval metrics (evaluate.retrieval_scores: every dev query
-against all dev passages), MRR@10 first. The result is written in the sentence-transformers
-layout (modules.json, pooling, normalisation), so `SentenceTransformer(dir)`, `bertforge
-embed` and `bertforge index` give the same vectors.
+than taught as one. `cache_chunk` computes it GradCache's way (in-batch negatives beyond
+memory); `matryoshka` sums it over leading dimensions (each renormalised), so the vectors can
+be cut. Scored pairs (STS-B style) train by CoSENT instead and are scored by Spearman.
+Sentences are pooled as the model directory says (tasks.embedding); the dev set is scored
+each epoch by retrieval metrics (evaluate.retrieval_scores: every dev query against all dev
+passages), MRR@10 first. The result is written in the sentence-transformers layout
+(modules.json, pooling, normalisation), so `SentenceTransformer(dir)`, `bertforge embed` and
+`bertforge index` give the same vectors.
 """
 
 from __future__ import annotations
@@ -28,8 +31,8 @@ from torch import nn
 
 from ..config import BertConfig
 from ..data.tasks import RetrievalExample, read_retrieval
-from ..errors import DataError
-from ..evaluate import retrieval_scores
+from ..errors import ConfigError, DataError
+from ..evaluate import pearson, retrieval_scores, spearman
 from ..fileio import json_text, write_text
 from ..model import BertModel
 from ..runner import Runner
@@ -37,6 +40,15 @@ from . import embedding
 from .base import Batch, Features, TaskFamily, infer
 
 SCALE = 20.0  # sentence-transformers' MultipleNegativesRankingLoss: cosine x 20
+
+
+def cosent_loss(a: torch.Tensor, b: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+    """CoSENT (Su, 2022), as sentence-transformers' CoSENTLoss: log(1 + sum over pairs (i, j)
+    with scores[i] > scores[j] of exp(20 (cos_j - cos_i))), for a batch of pairs (a, b)."""
+    cos = SCALE * F.cosine_similarity(a.float(), b.float(), dim=-1)
+    diff = cos[None, :] - cos[:, None]  # [i, j] = cos_j - cos_i
+    diff = diff - (scores[:, None] <= scores[None, :]).float() * 1e12  # keep score_i > score_j
+    return torch.logsumexp(torch.cat([torch.zeros(1, device=cos.device), diff.flatten()]), 0)
 
 
 def ranking_loss(
@@ -87,6 +99,7 @@ def _digest(text: str) -> int:
 class RetrievalTask(TaskFamily):
     head = BertModel
     metric = "mrr@10"
+    scored = False  # scored pairs (CoSENT) rather than (query, positive) pairs
 
     source: str | None = None  # the model directory: its pooling (set_model)
     settings = embedding.Embedding()
@@ -94,8 +107,29 @@ class RetrievalTask(TaskFamily):
     def set_model(self, path: str) -> None:
         self.source, self.settings = path, embedding.settings(path)
 
+    @property
+    def dims(self) -> list[int | None]:
+        """The leading dimensions the loss is taken over (None: all of them)."""
+        text = getattr(self.options, "matryoshka", None)
+        if text is None:
+            return [None]
+        try:
+            dims = [int(x) for x in text.split(",")]
+        except ValueError:
+            dims = []
+        if not dims or min(dims) < 1:
+            raise ConfigError(
+                f"matryoshka={text!r} (--matryoshka): comma-separated positive dimensions"
+            )
+        return dims  # type: ignore[return-value]
+
     def read(self, path: str, labelled: bool = True) -> list[RetrievalExample]:
-        return read_retrieval(path)
+        """The file's examples; scored pairs make the task CoSENT's (Spearman on dev)."""
+        examples = read_retrieval(path)
+        self.scored = bool(examples) and examples[0].score is not None
+        self.metric = "spearman" if self.scored else "mrr@10"
+        self.reports_accuracy = not self.scored  # CoSENT ranks pairs: no accuracy to report
+        return examples
 
     def featurize(self, examples: Sequence[RetrievalExample], training: bool = False) -> Features:
         """Training: (C, T) rows of query, positive, negatives; labels: each passage's text
@@ -115,6 +149,8 @@ class RetrievalTask(TaskFamily):
             ids.append(block)
             types.append(np.zeros_like(block))
             digests.append([_digest(t) for t in row[1:]] or [0])
+        if self.scored:  # labels: the pairs' scores
+            return Features(ids, types, np.array([e.score for e in examples], np.float32))
         return Features(ids, types, np.asarray(digests, np.int64))
 
     def count(self, batch: Batch) -> int:
@@ -123,6 +159,10 @@ class RetrievalTask(TaskFamily):
     def loss_sum(self, model: nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         pooled = Pooled(model, self.settings.pooling)
         chunk = getattr(self.options, "cache_chunk", None)
+        if self.scored:  # a batch-level loss: times B, as the loop divides the sum by B
+            vectors = pooled(*batch.inputs())
+            loss = cosent_loss(vectors[:, 0], vectors[:, 1], batch.labels.to(vectors.device))
+            return loss * len(vectors), torch.zeros((), device=vectors.device)
         if chunk is None:
             return self._loss(pooled(*batch.inputs()), batch.labels)
         return self._cached(pooled, batch, chunk)
@@ -139,7 +179,12 @@ class RetrievalTask(TaskFamily):
         digests = digests.reshape(-1).to(vectors.device)  # (B * (C - 1),)
         same = digests[targets].unsqueeze(1) == digests.unsqueeze(0)
         same[torch.arange(B), targets] = False
-        loss = ranking_loss(vectors[:, 0], passages, targets, same)
+        width = vectors.shape[-1]
+        if any(d is not None and d > width for d in self.dims):
+            raise ConfigError(f"--matryoshka {self.options.matryoshka}: the vectors have {width}")
+        loss = sum(
+            ranking_loss(vectors[:, 0, :d], passages[:, :d], targets, same) for d in self.dims
+        )
         with torch.no_grad():
             q = F.normalize(vectors[:, 0], dim=-1) @ F.normalize(passages, dim=-1).T
             correct = (q.masked_fill(same, -torch.inf).argmax(-1) == targets).sum()
@@ -192,6 +237,12 @@ class RetrievalTask(TaskFamily):
     def evaluate(
         self, runner: Runner, model: nn.Module, examples: Sequence[Any], features: Features
     ) -> tuple[dict[str, float], Any]:
+        if self.scored:  # Spearman and Pearson of the pairs' cosines against their scores
+            a = self.embed(runner, model, [e.query for e in examples])
+            b = self.embed(runner, model, [e.positive for e in examples])
+            cos, gold = (a * b).sum(-1), [e.score for e in examples]
+            metrics = {"spearman": spearman(gold, cos), "pearson": pearson(gold, cos)}
+            return metrics, {str(i): {"cosine": float(c)} for i, c in enumerate(cos)}
         corpus = list(dict.fromkeys(t for e in examples for t in (e.positive, *e.negatives)))
         where = {t: str(i) for i, t in enumerate(corpus)}
         queries = self.embed(runner, model, [e.query for e in examples])
@@ -203,9 +254,14 @@ class RetrievalTask(TaskFamily):
         return retrieval_scores(qrels, run), run
 
     def write_predictions(self, out: Any, examples: Sequence[Any], preds: Any) -> list[Path]:
-        """predictions_retrieval.jsonl: per dev query its top 10 dev passages (index, score)."""
+        """predictions_retrieval.jsonl: per dev query its top 10 dev passages (index, score);
+        per scored pair, its cosine."""
         lines = [
-            json_text({"query": e.query, "top": list(preds[str(i)].items())[:10]})
+            json_text(
+                {"text": e.query, "text_pair": e.positive, **preds[str(i)]}
+                if self.scored
+                else {"query": e.query, "top": list(preds[str(i)].items())[:10]}
+            )
             for i, e in enumerate(examples)
         ]
         path = Path(out) / "predictions_retrieval.jsonl"

@@ -2,15 +2,19 @@
 
 JSONL: one object per line, {"query": str, "positive": str, "negatives": [str, ...]} (negatives
 optional). A table (TSV, or CSV when the file ends in .csv) with a header naming `query`,
-`positive` and any number of `negative...` columns. Every row of a file has the same number of
-negatives (a training row reads them side by side); an empty text is an error naming the line.
+`positive` and any number of `negative...` columns. Scored pairs (STS-B style, for CoSENT):
+{"text", "text_pair", "score"} objects, or a table with those columns. Every row of a file has
+the same number of negatives (a training row reads them side by side); an empty text or a
+score that is not a number is an error naming the line.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ...errors import DataError
 from .table import Record, _jsonl_records, header_error, open_table, text_field
@@ -18,44 +22,41 @@ from .table import Record, _jsonl_records, header_error, open_table, text_field
 
 @dataclass(frozen=True)
 class RetrievalExample:
-    query: str
-    positive: str
+    query: str  # a scored pair's first text
+    positive: str  # its second text
     negatives: tuple[str, ...] = ()
     source: str = ""  # file:line
+    score: float | None = None  # a scored pair's similarity (CoSENT); None: a (query, positive)
+
+
+PAIRS = ("query", "positive")
+SCORED = ("text", "text_pair", "score")
 
 
 def read_retrieval(path: str | os.PathLike[str]) -> list[RetrievalExample]:
     """The examples of a retrieval training or dev file (see the module docstring)."""
     path = Path(path)
-    examples: list[RetrievalExample] = []
     if path.suffix == ".jsonl":
-        for r in _jsonl_records(path):
-            negatives = r.fields.get("negatives", [])  # type: ignore[union-attr]
-            if not isinstance(negatives, list):
-                raise DataError(f'{r.where}: field "negatives": expected a list of texts')
-            examples.append(
-                RetrievalExample(
-                    r.text("query", "the query"),
-                    r.text("positive", "a relevant passage"),
-                    tuple(
-                        text_field(r.where, f"negatives[{i}]", n) for i, n in enumerate(negatives)
-                    ),
-                    r.source,
-                )
-            )
+        records = list(_jsonl_records(path))
+        first = records[0].fields
+        scored = "score" in first  # type: ignore[operator]
+        examples = [_example(r, scored, None) for r in records]
     else:
-        table = open_table(
-            path, "," if path.suffix == ".csv" else "\t", quoting=path.suffix == ".csv"
-        )
+        comma = path.suffix == ".csv"
+        table = open_table(path, "," if comma else "\t", quoting=comma)
         names = list(table.names or [])
-        negative_columns = [i for i, n in enumerate(names) if n.startswith("negative")]
-        if "query" not in names or "positive" not in names:
+        scored = "score" in names
+        need = SCORED if scored else PAIRS
+        if any(n not in names for n in need):
             raise header_error(
-                path, names, 'a retrieval table needs "query" and "positive" columns'
+                path,
+                names,
+                'a retrieval table needs "query" and "positive" columns (scored pairs: '
+                '"text", "text_pair" and "score")',
             )
-        q, p = names.index("query"), names.index("positive")
-        for r in table.records():
-            examples.append(_row(r, q, p, negative_columns))
+        columns: dict[str, Any] = {n: names.index(n) for n in need}
+        columns["negatives"] = [i for i, n in enumerate(names) if n.startswith("negative")]
+        examples = [_example(r, scored, columns) for r in table.records()]
     for e in examples[1:]:
         if len(e.negatives) != len(examples[0].negatives):
             raise DataError(
@@ -65,5 +66,31 @@ def read_retrieval(path: str | os.PathLike[str]) -> list[RetrievalExample]:
     return examples
 
 
-def _row(r: Record, q: int, p: int, negatives: list[int]) -> RetrievalExample:
-    return RetrievalExample(r.text(q), r.text(p), tuple(r.text(i) for i in negatives), r.source)
+def _example(r: Record, scored: bool, columns: dict[str, Any] | None) -> RetrievalExample:
+    """One row: JSONL fields by name (columns None) or a table's by index."""
+
+    def key(name: str) -> Any:
+        return name if columns is None else columns[name]
+
+    if scored:
+        value = r.value(key("score"), "the pair's similarity")
+        try:
+            score = float(value)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            score = math.nan
+        if isinstance(value, bool) or not math.isfinite(score):
+            raise DataError(f'{r.where}: field "score": {value!r} is not a number')
+        return RetrievalExample(r.text(key("text")), r.text(key("text_pair")), (), r.source, score)
+    if columns is None:
+        negatives = r.fields.get("negatives", [])  # type: ignore[union-attr]
+        if not isinstance(negatives, list):
+            raise DataError(f'{r.where}: field "negatives": expected a list of texts')
+        texts = tuple(text_field(r.where, f"negatives[{i}]", n) for i, n in enumerate(negatives))
+    else:
+        texts = tuple(r.text(i) for i in columns["negatives"])
+    return RetrievalExample(
+        r.text(key("query"), "the query"),
+        r.text(key("positive"), "a relevant passage"),
+        texts,
+        r.source,
+    )
