@@ -259,3 +259,37 @@ def test_blank_lines_of_a_text_corpus(minilm_dir: Path, tmp_path: Path) -> None:
         ("1", "first doc"),
         ("3", "third doc"),
     ]
+
+
+def test_an_approximate_index_finds_what_exact_search_finds(
+    built: Index, minilm_dir: Path, tmp_path: Path
+) -> None:
+    pytest.importorskip("faiss")
+    options = {"approximate": "hnsw", "progress": False, "precision": "fp32", "bm25": False}
+    hnsw = Index.build(minilm_dir, corpus(tmp_path), tmp_path / "h", **options)
+    assert (hnsw.path / "hnsw.faiss").is_file() and hnsw.meta["approximate"] == "hnsw"
+    got, want = hnsw.search(QUERIES, top_k=3), built.search(QUERIES, top_k=3)
+    assert [[h["id"] for h in r] for r in got] == [[h["id"] for h in r] for r in want]
+    np.testing.assert_allclose(
+        [[h["score"] for h in r] for r in got], [[h["score"] for h in r] for r in want], atol=1e-5
+    )
+    with pytest.raises(ConfigError, match="built without a BM25 index"):
+        hnsw.search(QUERIES, mode="bm25")
+
+
+def test_the_hnsw_graph_recalls_the_exact_neighbours(tmp_path: Path) -> None:
+    faiss = pytest.importorskip("faiss")
+    from bertforge.index import _write_hnsw
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((5000, 32)).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    np.save(tmp_path / "v.npy", x)
+    _write_hnsw(tmp_path / "v.npy", tmp_path / "g.faiss", block=1000)
+    graph = faiss.read_index(str(tmp_path / "g.faiss"))
+    graph.hnsw.efSearch = 64
+    q = x[:200] + 0.1 * rng.standard_normal((200, 32)).astype(np.float32)
+    _, found = graph.search(q, 10)
+    exact = np.argsort(-(q @ x.T), axis=1)[:, :10]
+    recall = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(found, exact)])
+    assert recall > 0.95

@@ -502,6 +502,9 @@ def args_index(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chunk", type=int, default=10_000, help="documents per part (resume unit)")
     p.add_argument("--stride", type=int, help="pieces between windows of a long document")
     p.add_argument("--no-bm25", action="store_true", help="no BM25 index beside the vectors")
+    p.add_argument(
+        "--approximate", choices=("hnsw",), help="an HNSW graph (faiss) for millions of vectors"
+    )
     p.add_argument("--batch-size", type=int, default=32, help="windows per batch")
     p.add_argument(
         "--precision", default="auto", choices=PRECISIONS, help=INFERENCE_HELP["precision"]
@@ -521,6 +524,7 @@ def cmd_index(args: argparse.Namespace) -> None:
         chunk=args.chunk,
         stride=args.stride,
         bm25=not args.no_bm25,
+        approximate=args.approximate,
         batch_size=args.batch_size,
         precision=args.precision,
         device=args.device,

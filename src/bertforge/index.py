@@ -18,10 +18,10 @@ JSON, no pickle) and, written last, index.json: the model's identity (a sha256 o
 config.json and weights), its embedding settings, the window settings and the counts. A search
 with another model is one error naming both.
 
-Search is exact: the queries' vectors times every window's, in blocks of queries, the best
-window per document, the top k. Hybrid search fuses the dense and BM25 top-100 lists by
-reciprocal rank (k = 60). There is no approximate index: exact search over 2,067 SQuAD
-paragraphs takes milliseconds; millions of vectors would want FAISS (not built).
+Dense search is exact by default: the queries' vectors times every window's, in blocks of
+queries, the best window per document, the top k. An index built with approximate="hnsw"
+(`--approximate hnsw`, faiss) searches an HNSW graph of the windows instead (for millions of
+vectors). Hybrid search fuses the dense and BM25 top-100 lists by reciprocal rank (k = 60).
 """
 
 from __future__ import annotations
@@ -196,6 +196,7 @@ class Index:
         self.starts = np.flatnonzero(np.r_[True, self.windows[1:] != self.windows[:-1]])
         self._pipe: Any = None
         self._bm25: Any = None
+        self._graph: Any = None  # the HNSW graph, read at the first approximate search
 
     # -- building ------------------------------------------------------------------------------
 
@@ -210,6 +211,7 @@ class Index:
         chunk: int = 10_000,
         stride: int | None = None,
         bm25: bool = True,
+        approximate: str | None = None,
         batch_size: int = 32,
         precision: str = "auto",
         device: str | None = None,
@@ -223,6 +225,10 @@ class Index:
             raise ConfigError(f"chunk={chunk} (--chunk): must be >= 1")
         if bm25:
             _need_bm25()
+        if approximate not in (None, "hnsw"):
+            raise ConfigError(f"approximate={approximate!r} (--approximate): only hnsw")
+        if approximate:
+            _need_faiss()
         out = Path(out)
         pipe = Pipeline(model, device=device, precision=precision, batch_size=batch_size)
         positions = pipe.config.max_position_embeddings
@@ -280,10 +286,17 @@ class Index:
         bar.close()
         if not done:
             raise DataError(f"{corpus}: no documents")
-        return cls._join(out, settings, done, bm25)
+        return cls._join(out, settings, done, bm25, approximate)
 
     @classmethod
-    def _join(cls, out: Path, settings: dict[str, Any], documents: int, bm25: bool) -> Index:
+    def _join(
+        cls,
+        out: Path,
+        settings: dict[str, Any],
+        documents: int,
+        bm25: bool,
+        approximate: str | None = None,
+    ) -> Index:
         """The parts joined into the index's files; index.json written last."""
         parts = sorted((out / "parts").glob("*[0-9].npy"))
         sizes = [np.load(p, mmap_mode="r").shape for p in parts]
@@ -311,8 +324,10 @@ class Index:
             retriever.save(str(tmp_dir))
             shutil.rmtree(out / "bm25", ignore_errors=True)
             tmp_dir.rename(out / "bm25")
+        if approximate:
+            _write_hnsw(out / "vectors.npy", out / "hnsw.faiss")
         meta = {**settings, "documents": documents, "vectors": int(total), "dimensions": int(dim)}
-        meta["bm25"] = bm25
+        meta["bm25"], meta["approximate"] = bm25, approximate
         write_json(out / "index.json", meta)
         shutil.rmtree(out / "parts")
         (out / "build.json").unlink()
@@ -356,10 +371,15 @@ class Index:
             self._pipe = Pipeline(path, **{"precision": self.meta["precision"], **pipeline})
         return self._pipe
 
-    def dense(self, queries: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
-        """(documents, scores) of each query's top k by its best window's inner product."""
+    def dense(
+        self, queries: Sequence[str], k: int, exact: bool = False
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(documents, scores) of each query's top k by its best window's inner product;
+        through the HNSW graph when the index has one, unless exact."""
         q = self.use_model().embed(list(queries))
         k = min(k, len(self.ids))
+        if self.meta.get("approximate") and not exact:
+            return self._hnsw(q, k)
         docs, scores = [], []
         for start in range(0, len(q), QUERY_BLOCK):
             sims = q[start : start + QUERY_BLOCK] @ np.asarray(self.vectors).T  # (b, windows)
@@ -370,6 +390,26 @@ class Index:
             docs.append(np.take_along_axis(top, order, 1))
             scores.append(np.take_along_axis(values, order, 1))
         return np.concatenate(docs), np.concatenate(scores)
+
+    def _hnsw(self, q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Approximate: the HNSW graph's nearest windows (4 k of them, at least 64 looked at),
+        each document scored by its best window among them."""
+        if self._graph is None:
+            self._graph = _need_faiss().read_index(str(self.path / "hnsw.faiss"))
+        n = min(len(self.windows), 4 * k)
+        self._graph.hnsw.efSearch = max(64, n)
+        sims, found = self._graph.search(np.ascontiguousarray(q, np.float32), n)
+        docs = np.full((len(q), k), -1, np.int64)
+        scores = np.zeros((len(q), k), np.float32)
+        for i, (row_s, row_w) in enumerate(zip(sims, found)):
+            best: dict[int, float] = {}
+            for s, w in zip(row_s.tolist(), row_w.tolist()):
+                if w >= 0 and int(self.windows[w]) not in best:  # windows come best first
+                    best[int(self.windows[w])] = s
+            top = list(best.items())[:k]
+            docs[i, : len(top)] = [d for d, _ in top]
+            scores[i, : len(top)] = [s for _, s in top]
+        return docs, scores
 
     def bm25(self, queries: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
         if not self.meta.get("bm25"):
@@ -491,6 +531,29 @@ def fuse(rankings: Sequence[np.ndarray], k: int = FUSED) -> tuple[np.ndarray, np
     width = max((len(d) for d in docs), default=0)
     pad = [d + [-1] * (width - len(d)) for d in docs]
     return np.array(pad, np.int64), np.array([s + [0.0] * (width - len(s)) for s in scores])
+
+
+def _need_faiss() -> Any:
+    try:
+        import faiss
+    except ImportError:
+        raise ConfigError(
+            "an approximate index needs faiss: pip install 'bertforge[search]' (or faiss-cpu)"
+        ) from None
+    return faiss
+
+
+def _write_hnsw(vectors: Path, out: Path, block: int = 65_536) -> None:
+    """An HNSW graph (32 links per node, efConstruction 200, inner product) over the vectors,
+    added a block at a time from the memory-mapped file; written atomically."""
+    faiss = _need_faiss()
+    data = np.load(vectors, mmap_mode="r")
+    graph = faiss.IndexHNSWFlat(data.shape[1], 32, faiss.METRIC_INNER_PRODUCT)
+    graph.hnsw.efConstruction = 200
+    for start in range(0, len(data), block):
+        graph.add(np.ascontiguousarray(data[start : start + block], np.float32))
+    with atomic_path(out) as tmp:
+        faiss.write_index(graph, str(tmp))
 
 
 def _embed_windows(
