@@ -259,3 +259,24 @@ def test_scored_pairs_train_by_cosent(minilm_dir: Path, tmp_path: Path) -> None:
     train.write_text(json.dumps({"text": "a", "text_pair": "b", "score": "high"}) + "\n")
     with pytest.raises(DataError, match="line 1: field \"score\": 'high' is not a number"):
         read_retrieval(train)
+
+
+def test_training_vectors_are_the_pipelines(minilm_dir: Path, tmp_path: Path) -> None:
+    """Pooled reads a (B, C, T) batch column by column, each cut to its own longest row: the
+    vectors are still what `embed` gives each text."""
+    from bertforge import Tokenizer
+    from bertforge.model import BertModel
+    from bertforge.tasks import TaskOptions
+    from bertforge.tasks.base import collate
+    from bertforge.tasks.retrieval import Pooled, RetrievalTask
+
+    examples = read_retrieval(toy(tmp_path / "t.jsonl", negatives=True))[:5]
+    tok = Tokenizer.from_pretrained(minilm_dir)
+    fam = RetrievalTask(TaskOptions(task="retrieval"), tok)
+    fam.set_model(str(minilm_dir))
+    batch = collate(fam.featurize(examples, training=True), np.arange(5), tok.pad_id)
+    with torch.no_grad():
+        got = Pooled(BertModel.from_pretrained(minilm_dir), fam.settings.pooling)(*batch.inputs())
+    texts = [t for e in examples for t in (e.query, e.positive, *e.negatives)]
+    want = Pipeline(minilm_dir, precision="fp32").embed(texts, normalize=False)
+    np.testing.assert_allclose(got.reshape(15, -1).numpy(), want, atol=1e-5)

@@ -63,7 +63,9 @@ def ranking_loss(
 
 
 class Pooled(nn.Module):
-    """An encoder whose output is each row's sentence vector, pooled as `modes` say."""
+    """An encoder whose output is each row's sentence vector, pooled as `modes` say. Rows are
+    cut to their batch's longest first, and a (B, C, T) batch is read a column at a time (the
+    queries apart from the passages), so a short query is not computed at a passage's length."""
 
     def __init__(self, encoder: nn.Module, modes: tuple[str, ...]) -> None:
         super().__init__()
@@ -72,10 +74,16 @@ class Pooled(nn.Module):
     def forward(
         self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, attention_mask: torch.Tensor
     ) -> torch.Tensor:
-        lead, T = input_ids.shape[:-1], input_ids.shape[-1]
-        ids, types, mask = (x.reshape(-1, T) for x in (input_ids, token_type_ids, attention_mask))
+        if input_ids.dim() == 3:  # (B, C, T) -> (B, C, H)
+            columns = [
+                self(input_ids[:, c], token_type_ids[:, c], attention_mask[:, c])
+                for c in range(input_ids.shape[1])
+            ]
+            return torch.stack(columns, 1)
+        T = max(int(attention_mask.sum(-1).max()), 1)
+        ids, types, mask = input_ids[:, :T], token_type_ids[:, :T], attention_mask[:, :T]
         h = self.encoder(ids, types, mask).last_hidden_state
-        return embedding.pool(h, mask, self.modes).reshape(*lead, -1)
+        return embedding.pool(h, mask, self.modes)
 
 
 def _rng_state() -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -201,14 +209,16 @@ class RetrievalTask(TaskFamily):
         divided by B, what the loop's own backward would give for a whole batch in one
         process; the returned loss is the value, joined to the graph by a zero."""
         B, C, T = batch.input_ids.shape
-        flat = [x.reshape(B * C, T) for x in batch.inputs()]
+        # column by column (every query, then every positive, ...): a chunk holds rows of
+        # like length, cut to its longest by Pooled
+        flat = [x.transpose(0, 1).reshape(C * B, T) for x in batch.inputs()]
         pieces, states = [], []
         with torch.no_grad():
             for start in range(0, B * C, chunk):
                 states.append(_rng_state())
                 pieces.append(pooled(*(x[start : start + chunk] for x in flat)).float())
-        vectors = torch.cat(pieces).requires_grad_()
-        loss, correct = self._loss(vectors.reshape(B, C, -1), batch.labels)
+        vectors = torch.cat(pieces).requires_grad_()  # (C * B, H), column by column
+        loss, correct = self._loss(vectors.reshape(C, B, -1).transpose(0, 1), batch.labels)
         (loss / B).backward()
         grad = vectors.grad
         for k, start in enumerate(range(0, B * C, chunk)):
