@@ -280,3 +280,23 @@ def test_training_vectors_are_the_pipelines(minilm_dir: Path, tmp_path: Path) ->
     texts = [t for e in examples for t in (e.query, e.positive, *e.negatives)]
     want = Pipeline(minilm_dir, precision="fp32").embed(texts, normalize=False)
     np.testing.assert_allclose(got.reshape(15, -1).numpy(), want, atol=1e-5)
+
+
+def test_batches_keep_the_same_positive_apart() -> None:
+    from bertforge.train.finetune import apart_by_key, epoch_batches
+
+    rng = np.random.default_rng(0)
+    keys = rng.integers(0, 300, 1000)  # about 3 queries per passage, as SQuAD has 5
+    lengths = rng.integers(5, 200, 1000)
+    batches = epoch_batches(lengths, 32, seed=0, epoch=0, keys=keys)
+    plain = epoch_batches(lengths, 32, seed=0, epoch=0)
+    assert [len(b) for b in batches] == [len(b) for b in plain]
+    assert sorted(np.concatenate(batches).tolist()) == list(range(1000))
+    assert all(len(set(keys[b].tolist())) == len(b) for b in batches)
+    assert any(len(set(keys[b].tolist())) < len(b) for b in plain)  # the plain ones do repeat
+    # one key everywhere cannot be helped: the rows still all come, in batches of the sizes
+    same = apart_by_key([np.arange(4), np.arange(4, 8)], np.zeros(8, np.int64), 4)
+    assert sorted(np.concatenate(same).tolist()) == list(range(8)) and [len(b) for b in same] == [
+        4,
+        4,
+    ]

@@ -229,6 +229,11 @@ class TaskFamily:
     def featurize(self, examples: Sequence[Any], training: bool = False) -> Features:
         raise NotImplementedError
 
+    def batch_keys(self, features: Features) -> np.ndarray | None:
+        """A key per training row: rows with the same key are kept out of the same batch
+        (retrieval: the positive passage); None for most families."""
+        return None
+
     def set_model(self, path: str) -> None:
         """The model directory trained or evaluated: settings it holds beyond config.json
         (retrieval: its pooling); nothing for most families."""

@@ -5,9 +5,10 @@ A training row is the query, its positive and its hard negatives, side by side: 
 as multiple choice has. The loss is sentence-transformers' MultipleNegativesRankingLoss:
 cross-entropy over the cosine similarities (times `scale`, 20) of each query against every
 passage of the batch, its own positive the target; the other queries' positives and every
-hard negative are its negatives. A passage that is the query's own positive text elsewhere in
-the batch (the same passage answering two queries) is masked out of its negatives rather
-than taught as one. `cache_chunk` computes it GradCache's way (in-batch negatives beyond
+hard negative are its negatives. Batches keep queries of the same positive apart (as
+sentence-transformers' no-duplicates sampler does); where that cannot be helped, a passage
+that is the query's own positive text elsewhere in the batch is masked out of its negatives
+rather than taught as one. `cache_chunk` computes it GradCache's way (in-batch negatives beyond
 memory); `matryoshka` sums it over leading dimensions (each renormalised), so the vectors can
 be cut. Scored pairs (STS-B style) train by CoSENT instead and are scored by Spearman.
 Sentences are pooled as the model directory says (tasks.embedding); the dev set is scored
@@ -160,6 +161,10 @@ class RetrievalTask(TaskFamily):
         if self.scored:  # labels: the pairs' scores
             return Features(ids, types, np.array([e.score for e in examples], np.float32))
         return Features(ids, types, np.asarray(digests, np.int64))
+
+    def batch_keys(self, features: Features) -> np.ndarray | None:
+        """The positive's digest: a passage is never in one batch twice (a false negative)."""
+        return None if self.scored else np.asarray(features.labels)[:, 0]
 
     def count(self, batch: Batch) -> int:
         return len(batch.labels)

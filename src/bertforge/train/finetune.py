@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import math
 import warnings
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -126,8 +126,15 @@ class FinetuneConfig(TrainingOptions):
     lr: float = option(3e-5, "peak AdamW learning rate; the paper tries 5e-5, 3e-5, 2e-5", above=0)
 
 
-def epoch_batches(lengths: np.ndarray, batch_size: int, seed: int, epoch: int) -> list[np.ndarray]:
-    """The epoch's batches (row indices): shuffled, length-grouped in windows, shuffled again."""
+def epoch_batches(
+    lengths: np.ndarray,
+    batch_size: int,
+    seed: int,
+    epoch: int,
+    keys: np.ndarray | None = None,
+) -> list[np.ndarray]:
+    """The epoch's batches (row indices): shuffled, length-grouped in windows, shuffled again;
+    with keys, no two rows of a batch share a key while that can be helped (apart_by_key)."""
     rng = np.random.default_rng([seed, epoch])
     order = rng.permutation(len(lengths))
     batches: list[np.ndarray] = []
@@ -136,7 +143,61 @@ def epoch_batches(lengths: np.ndarray, batch_size: int, seed: int, epoch: int) -
         rows = order[w : w + window]
         rows = rows[np.argsort(lengths[rows], kind="stable")]
         batches += [rows[i : i + batch_size] for i in range(0, len(rows), batch_size)]
-    return [batches[i] for i in rng.permutation(len(batches))]
+    batches = [batches[i] for i in rng.permutation(len(batches))]
+    return batches if keys is None else apart_by_key(batches, keys, batch_size)
+
+
+def apart_by_key(batches: list[np.ndarray], keys: np.ndarray, batch_size: int) -> list[np.ndarray]:
+    """The same rows in as many batches of the same sizes, in about the same order, with no two
+    rows of a batch sharing a key (retrieval: the same positive passage twice in a batch is a
+    false negative), as sentence-transformers' no-duplicates sampler: a row whose key its batch
+    already has waits for the next batch that has not; one still waiting at the end is swapped
+    into an earlier batch for a row the last places can take."""
+    sizes = [len(b) for b in batches]
+    waiting: list[int] = []
+    out: list[list[int]] = []
+    stream = iter([int(i) for b in batches for i in b])
+    for size in sizes:
+        batch: list[int] = []
+        seen: set[int] = set()
+        kept = []
+        for i in waiting:  # the rows put off before, first
+            if len(batch) < size and keys[i] not in seen:
+                batch.append(i)
+                seen.add(keys[i])
+            else:
+                kept.append(i)
+        waiting = kept
+        while len(batch) < size:
+            i = next(stream, None)
+            if i is None:
+                break
+            if keys[i] in seen:
+                waiting.append(i)
+            else:
+                batch.append(i)
+                seen.add(keys[i])
+        out.append(batch)
+    for t, size in enumerate(sizes):  # rows left over: into the places left
+        while len(out[t]) < size and waiting:
+            out[t].append(_swap_in(out, t, waiting.pop(0), keys))
+    return [np.asarray(b, np.int64) for b in out]
+
+
+def _swap_in(batches: list[list[int]], t: int, row: int, keys: np.ndarray) -> int:
+    """The row to add to batch t for `row`: `row` itself when t lacks its key, else a row of
+    another batch that lacks it, swapped for `row` there, whose key t lacks (else `row`)."""
+    have = {keys[i] for i in batches[t]}
+    if keys[row] not in have:
+        return row
+    for b, batch in enumerate(batches):
+        if b == t or keys[row] in {keys[i] for i in batch}:
+            continue
+        for j, other in enumerate(batch):
+            if keys[other] not in have:
+                batch[j] = row
+                return other
+    return row
 
 
 @dataclass
@@ -150,6 +211,8 @@ class LengthGroupedBatches:
     seed: int
     d: distributed.Dist
     pad_id: int
+    # a key per row: rows sharing one stay out of the same batch (TaskFamily.batch_keys)
+    keys: Callable[[Features], np.ndarray | None] | None = None
 
     def __post_init__(self) -> None:
         if self.batch_size % self.d.world_size:
@@ -161,7 +224,13 @@ class LengthGroupedBatches:
         epoch, b = (position["epoch"], position["batch"]) if position else (0, 0)
         r, w = self.d.rank, self.d.world_size
         while True:
-            batches = epoch_batches(features.lengths, self.batch_size, self.seed, epoch)
+            batches = epoch_batches(
+                features.lengths,
+                self.batch_size,
+                self.seed,
+                epoch,
+                self.keys(features) if self.keys else None,
+            )
             for i in range(b, len(batches)):
                 last = i + 1 == len(batches)
                 nxt = {"epoch": epoch + 1, "batch": 0} if last else {"epoch": epoch, "batch": i + 1}
@@ -191,7 +260,7 @@ class FinetuneTask:
     ) -> None:
         self.family, self.cfg, self.d = fam, cfg, d
         self.grouped = LengthGroupedBatches(
-            cfg.batch_size, cfg.micro_batch_size, cfg.seed, d, fam.tok.pad_id
+            cfg.batch_size, cfg.micro_batch_size, cfg.seed, d, fam.tok.pad_id, fam.batch_keys
         )
         self.runner = Runner.create(str(d.device), cfg.precision, 2 * cfg.batch_size)
         self.train: Any = None  # Features
