@@ -293,3 +293,20 @@ def test_the_hnsw_graph_recalls_the_exact_neighbours(tmp_path: Path) -> None:
     exact = np.argsort(-(q @ x.T), axis=1)[:, :10]
     recall = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(found, exact)])
     assert recall > 0.95
+
+
+@pytest.mark.parametrize("name", ["vectors.npy", "windows.npy", "documents.jsonl", "index.json"])
+def test_a_truncated_index_file_is_one_error(built: Index, tmp_path: Path, name: str) -> None:
+    broken = tmp_path / "broken"
+    shutil.copytree(built.path, broken)
+    data = (broken / name).read_bytes()
+    (broken / name).write_bytes(data[: len(data) // 2])
+    with pytest.raises(DataError, match="broken"):
+        Index.load(broken)
+
+
+def test_an_empty_corpus_is_one_error(minilm_dir: Path, tmp_path: Path) -> None:
+    for name in ("c.txt", "c.jsonl"):
+        (tmp_path / name).write_text("")
+        with pytest.raises(DataError, match="no documents|no rows"):
+            Index.build(minilm_dir, tmp_path / name, tmp_path / f"idx-{name}", progress=False)

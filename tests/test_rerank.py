@@ -307,3 +307,21 @@ def test_rerank_training_needs_negatives(
     args = ["finetune", "--task", "rerank", "--model", str(minilm_dir), "--train", str(train)]
     assert main([*args, "--out", str(tmp_path / "o")]) == 2
     assert "rerank training needs negatives" in capsys.readouterr().err
+
+
+def test_server_rerank_limits(tiny_ce: Path) -> None:
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from bertforge.serve import Limits, create_app
+
+    limits = Limits(max_texts=2, max_chars=50)
+    with TestClient(create_app(tiny_ce, limits)) as client:
+        r = client.post("/rerank", json={"query": "q", "texts": ["a", "b", "c"]})
+        assert r.status_code == 413 and "texts: 3 items" in r.json()["error"]
+        r = client.post("/v1/rerank", json={"query": "q" * 60, "documents": ["a"]})
+        assert r.status_code == 413 and "query[0]" in r.json()["error"]["message"]
+        r = client.post("/rerank", json={"query": "q"})
+        assert r.status_code == 422 and "error" in r.json()
+        json_type = {"content-type": "application/json"}
+        assert client.post("/rerank", content=b"{nope", headers=json_type).status_code == 400

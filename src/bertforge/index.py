@@ -185,13 +185,24 @@ class Index:
 
     def __init__(self, path: Path, meta: dict[str, Any]) -> None:
         self.path, self.meta = path, meta
-        self.vectors = np.load(path / "vectors.npy", mmap_mode="r", allow_pickle=False)
-        self.windows = np.load(path / "windows.npy", allow_pickle=False)
-        docs = [json.loads(line) for _, line in read_lines(path / "documents.jsonl")]
-        self.ids = [d["id"] for d in docs]
-        self.texts = [d["text"] for d in docs]
-        if len(self.vectors) != len(self.windows) or len(self.ids) != meta["documents"]:
-            raise DataError(f"{path}: its files disagree in size: rebuild the index")
+        try:
+            self.vectors = np.load(path / "vectors.npy", mmap_mode="r", allow_pickle=False)
+            self.windows = np.load(path / "windows.npy", allow_pickle=False)
+            docs = [json.loads(line) for _, line in read_lines(path / "documents.jsonl")]
+            self.ids = [d["id"] for d in docs]
+            self.texts = [d["text"] for d in docs]
+        except (ValueError, OSError, KeyError, TypeError, EOFError) as e:
+            raise DataError(
+                f"{path}: a corrupt or truncated index file ({e}): rebuild it"
+            ) from None
+        shape = (meta.get("vectors"), meta.get("dimensions"))
+        if self.vectors.shape != shape or len(self.windows) != shape[0]:
+            raise DataError(
+                f"{path}: vectors.npy or windows.npy is not the size index.json says "
+                f"({shape[0]} x {shape[1]}): a corrupt or truncated index; rebuild it"
+            )
+        if len(self.ids) != meta.get("documents"):
+            raise DataError(f"{path}: documents.jsonl is not the size index.json says: rebuild it")
         # each document's windows are contiguous: the first window of each
         self.starts = np.flatnonzero(np.r_[True, self.windows[1:] != self.windows[:-1]])
         self._pipe: Any = None
