@@ -310,3 +310,37 @@ def test_an_empty_corpus_is_one_error(minilm_dir: Path, tmp_path: Path) -> None:
         (tmp_path / name).write_text("")
         with pytest.raises(DataError, match="no documents|no rows"):
             Index.build(minilm_dir, tmp_path / name, tmp_path / f"idx-{name}", progress=False)
+
+
+def test_dense_search_in_blocks_is_exact_with_ties_in_document_order(
+    built: Index, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Windows scored a block at a time (a document's windows kept together) rank as the whole
+    corpus at once; scores tied at the k-th place go to the earlier document."""
+    import bertforge.index as index_module
+    from bertforge.index import best_columns
+
+    whole = built.ranked(QUERIES, 4, "dense")
+    monkeypatch.setattr(index_module, "WINDOW_BLOCK", 2)
+    monkeypatch.setattr(index_module, "QUERY_BLOCK", 3)
+    blocked = built.ranked(QUERIES, 4, "dense")
+    assert np.array_equal(blocked[0], whole[0])
+    np.testing.assert_allclose(blocked[1], whole[1], atol=1e-6)
+    tied = np.array([[0.0] * 1000 + [1.0], [2.0, 1.0, 1.0, 3.0] + [1.0] * 997])
+    assert best_columns(tied, 3).tolist() == [[1000, 0, 1], [3, 0, 1]]
+
+
+def test_bad_stride_and_corrupt_files_are_one_error(
+    built: Index, minilm_dir: Path, tmp_path: Path
+) -> None:
+    for stride in (0, -1, built.meta["window"] + 1):
+        with pytest.raises(ConfigError, match=f"stride={stride} "):
+            Index.build(minilm_dir, corpus(tmp_path), tmp_path / "s", stride=stride)
+    broken = tmp_path / "broken"
+    shutil.copytree(built.path, broken)
+    (broken / "bm25" / "params.index.json").write_text("{")
+    with pytest.raises(DataError, match="broken/bm25: a missing, corrupt or truncated BM25"):
+        Index.load(broken).search(QUERIES, mode="bm25")
+    np.save(broken / "windows.npy", np.sort(built.windows)[::-1])
+    with pytest.raises(DataError, match="windows.npy does not number the documents"):
+        Index.load(broken)

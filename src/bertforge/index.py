@@ -19,7 +19,8 @@ config.json and weights), its embedding settings, the window settings and the co
 with another model is one error naming both.
 
 Dense search is exact by default: the queries' vectors times every window's, in blocks of
-queries, the best window per document, the top k. An index built with approximate="hnsw"
+queries and of windows (memory bounded for any corpus), the best window per document, the top
+k (ties: the earlier document first). An index built with approximate="hnsw"
 (`--approximate hnsw`, faiss) searches an HNSW graph of the windows instead (for millions of
 vectors). Hybrid search fuses the dense and BM25 top-100 lists by reciprocal rank (k = 60).
 """
@@ -32,6 +33,7 @@ import shutil
 import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +47,7 @@ MODES = ("dense", "bm25", "hybrid")
 RRF_K = 60  # reciprocal-rank fusion: 1 / (k + rank)
 FUSED = 100  # documents per list that fusion reads
 QUERY_BLOCK = 1024  # queries scored against the corpus at once
+WINDOW_BLOCK = 16_384  # windows scored at once per query block: (1024, 16384) floats, 64 MB
 
 
 # -- the corpus ------------------------------------------------------------------------------------
@@ -203,6 +206,19 @@ class Index:
             )
         if len(self.ids) != meta.get("documents"):
             raise DataError(f"{path}: documents.jsonl is not the size index.json says: rebuild it")
+        # each document's windows, contiguous and in document order: 0 0 1 2 2 2 3 ...
+        steps = np.diff(self.windows)
+        if (len(self.windows) == 0) != (len(self.ids) == 0) or (
+            len(self.windows)
+            and (
+                self.windows[0] != 0
+                or self.windows[-1] != len(self.ids) - 1
+                or not ((steps == 0) | (steps == 1)).all()
+            )
+        ):
+            raise DataError(
+                f"{path}: windows.npy does not number the documents in order: rebuild it"
+            )
         # each document's windows are contiguous: the first window of each
         self.starts = np.flatnonzero(np.r_[True, self.windows[1:] != self.windows[:-1]])
         self._pipe: Any = None
@@ -244,9 +260,11 @@ class Index:
         pipe = Pipeline(model, device=device, precision=precision, batch_size=batch_size)
         positions = pipe.config.max_position_embeddings
         length = min(pipe.embedding_settings.max_length or positions, positions) - 2
-        stride = stride or max(1, length // 2)
-        if stride < 1:
-            raise ConfigError(f"stride={stride} (--stride): must be >= 1")
+        stride = max(1, length // 2) if stride is None else stride
+        if not 1 <= stride <= length:
+            raise ConfigError(
+                f"stride={stride} (--stride): must be between 1 and the window, {length} pieces"
+            )
         settings = {
             "format": FORMAT,
             "model": str(Path(pipe.path).resolve()),
@@ -391,15 +409,31 @@ class Index:
         k = min(k, len(self.ids))
         if self.meta.get("approximate") and not exact:
             return self._hnsw(q, k)
+        # documents in blocks of about WINDOW_BLOCK windows (a document's windows stay together)
+        ends = np.r_[self.starts[1:], len(self.windows)]
+        cuts = [0]
+        while cuts[-1] < len(self.starts):
+            fit = int(np.searchsorted(ends, self.starts[cuts[-1]] + WINDOW_BLOCK, "right"))
+            cuts.append(max(fit, cuts[-1] + 1))
         docs, scores = [], []
         for start in range(0, len(q), QUERY_BLOCK):
-            sims = q[start : start + QUERY_BLOCK] @ np.asarray(self.vectors).T  # (b, windows)
-            per_doc = np.maximum.reduceat(sims, self.starts, axis=1)  # (b, documents)
-            top = np.argpartition(-per_doc, k - 1, axis=1)[:, :k]
-            values = np.take_along_axis(per_doc, top, 1)
-            order = np.lexsort((top, -values), axis=1)  # by score, ties by document order
-            docs.append(np.take_along_axis(top, order, 1))
-            scores.append(np.take_along_axis(values, order, 1))
+            block = q[start : start + QUERY_BLOCK]
+            best_d = np.zeros((len(block), 0), np.int64)  # (b, <= k) the best documents so far
+            best_s = np.zeros((len(block), 0), np.float32)
+            for d0, d1 in pairwise(cuts):
+                w0, w1 = self.starts[d0], ends[d1 - 1]
+                sims = block @ np.asarray(self.vectors[w0:w1]).T  # (b, windows of the block)
+                per_doc = np.maximum.reduceat(sims, self.starts[d0:d1] - w0, axis=1)  # (b, docs)
+                # the best so far (earlier documents) first: column order is document order
+                cand_s = np.concatenate([best_s, per_doc], 1)
+                cand_d = np.concatenate(
+                    [best_d, np.broadcast_to(np.arange(d0, d1), per_doc.shape)], 1
+                )
+                keep = best_columns(cand_s, k)
+                best_d = np.take_along_axis(cand_d, keep, 1)
+                best_s = np.take_along_axis(cand_s, keep, 1)
+            docs.append(best_d)
+            scores.append(best_s)
         return np.concatenate(docs), np.concatenate(scores)
 
     def _hnsw(self, q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -426,7 +460,14 @@ class Index:
         if not self.meta.get("bm25"):
             raise ConfigError(f"{self.path}: built without a BM25 index (--no-bm25)")
         if self._bm25 is None:
-            self._bm25 = _need_bm25().BM25.load(str(self.path / "bm25"), mmap=True)
+            bm25s = _need_bm25()
+            try:
+                self._bm25 = bm25s.BM25.load(str(self.path / "bm25"), mmap=True)
+            except (ValueError, OSError, KeyError, TypeError, EOFError) as e:
+                raise DataError(
+                    f"{self.path}/bm25: a missing, corrupt or truncated BM25 file ({e}): "
+                    "rebuild the index"
+                ) from None
         k = min(k, len(self.ids))
         docs, scores = self._bm25.retrieve(bm25_tokens(queries), k=k, show_progress=False)
         return np.asarray(docs), np.asarray(scores)
@@ -525,6 +566,24 @@ def mine(
         ][:negatives]
         out.append(kept if len(kept) == negatives else None)
     return out
+
+
+def best_columns(values: np.ndarray, k: int) -> np.ndarray:
+    """Column indices of each row's k largest values (b, k), best first, ties by column order
+    (argpartition alone keeps an arbitrary subset of the values tied at the k-th place)."""
+    if np.isnan(values).any():  # a NaN would unbalance the count
+        values = np.where(np.isnan(values), -np.inf, values)
+    if values.shape[1] > k:
+        kth = -np.partition(-values, k - 1, axis=1)[:, k - 1 : k]  # (b, 1) the k-th largest
+        above = values > kth
+        tied = values == kth
+        room = k - above.sum(1, keepdims=True)  # places left for the tied, first come first
+        keep = above | (tied & (np.cumsum(tied, 1, dtype=np.int32) <= room))
+        cols = np.nonzero(keep)[1].reshape(len(values), k)  # in column order
+    else:
+        cols = np.broadcast_to(np.arange(values.shape[1]), values.shape)
+    order = np.lexsort((cols, -np.take_along_axis(values, cols, 1)), axis=1)
+    return np.take_along_axis(cols, order, 1)
 
 
 def fuse(rankings: Sequence[np.ndarray], k: int = FUSED) -> tuple[np.ndarray, np.ndarray]:
