@@ -121,8 +121,9 @@ def markdown(result: dict[str, Any]) -> str:
             f"Bi-encoders trained on the train half's {result['train_queries']:,} (question, "
             "paragraph) pairs from all-MiniLM-L6-v2, the same way in both libraries (in-batch "
             "negatives at scale 20, batch 32, 1 epoch = 178 steps, lr 2e-5, 10% warmup, bf16 "
-            "autocast, 256 pieces; sentence-transformers with its no-duplicates batch sampler, "
-            f"bertforge masking repeated passages), wall-clock seconds each: {shown}.",
+            "autocast, 256 pieces; both keep a passage out of a batch that has it: sentence-"
+            "transformers' no-duplicates sampler, bertforge's apart_by_key), wall-clock seconds "
+            f"each, as its own process: {shown}.",
         ]
     if "rerank" in result:
         r = result["rerank"]
@@ -133,6 +134,8 @@ def markdown(result: dict[str, Any]) -> str:
             "",
             *table(r["rows"]),
         ]
+    if result.get("notes"):
+        lines += ["", *result["notes"]]
     return "\n".join(lines) + "\n"
 
 
