@@ -7,9 +7,9 @@ by BM25, or both fused; hard negatives mined from it (`bertforge index`, `search
 
 The corpus is a text file (one document per line, its id the line number), JSONL objects with
 an id and a text field, or a CSV/TSV table with a header naming them. Documents are embedded
-in chunks of `chunk` documents, each chunk written as a part file when it is done, so memory
-is bounded by a chunk (plus the vectors themselves) and a killed build resumes at the first
-missing part; a part made with another model, corpus or settings is refused. A document longer
+in chunks of `chunk` documents, each chunk written as a part file when it is done (no more
+than a chunk's texts and vectors are held while embedding), and a killed build resumes at the
+first missing part; a part made with another model, corpus or settings is refused. A document longer
 than the model's window is cut into overlapping windows (`stride` pieces apart, default half a
 window), each embedded on its own; a document's score is its best window's (max inner product).
 The finished index holds vectors.npy (float32, the model's own normalisation), windows.npy
