@@ -240,13 +240,13 @@ ENTRIES: dict[str, Entry] = {
             lambda x, r, i: {"score": r},
             inputs=(Input("queries", "query"), Input("documents", "document")),
             needs="cross-encoder",
-            remedy="train one (bertforge finetune --task rerank), or use a sentence-transformers "
-            "CrossEncoder",
             options={"raw_scores": "the logits, without the model's activation"},
             labels=1,
-            tensors=("classifier.",),
-            head_label="classifier",
-            onnx=("logits",),
+            **{
+                **CLASSIFIER,
+                "remedy": "train one (bertforge finetune --task rerank), or use a "
+                "sentence-transformers CrossEncoder",
+            },
         ),
     )
 }

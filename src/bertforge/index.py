@@ -456,20 +456,23 @@ class Index:
             scores[i, : len(top)] = [s for _, s in top]
         return docs, scores
 
-    def bm25(self, queries: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
+    def _bm25_index(self) -> Any:
+        """The BM25 index (bm25s), loaded at its first use."""
         if not self.meta.get("bm25"):
             raise ConfigError(f"{self.path}: built without a BM25 index (--no-bm25)")
         if self._bm25 is None:
-            bm25s = _need_bm25()
             try:
-                self._bm25 = bm25s.BM25.load(str(self.path / "bm25"), mmap=True)
+                self._bm25 = _need_bm25().BM25.load(str(self.path / "bm25"), mmap=True)
             except (ValueError, OSError, KeyError, TypeError, EOFError) as e:
                 raise DataError(
                     f"{self.path}/bm25: a missing, corrupt or truncated BM25 file ({e}): "
                     "rebuild the index"
                 ) from None
-        k = min(k, len(self.ids))
-        docs, scores = self._bm25.retrieve(bm25_tokens(queries), k=k, show_progress=False)
+        return self._bm25
+
+    def bm25(self, queries: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
+        index, k = self._bm25_index(), min(k, len(self.ids))
+        docs, scores = index.retrieve(bm25_tokens(queries), k=k, show_progress=False)
         return np.asarray(docs), np.asarray(scores)
 
     def search(
@@ -506,10 +509,10 @@ class Index:
             ends = np.r_[self.starts[1:], len(self.windows)]
             spans = [(self.starts[d], ends[d]) for d in docs]
             return np.array([float((self.vectors[a:b] @ v).max()) for v, (a, b) in zip(q, spans)])
-        self.bm25(queries[:1], 1)  # loads the BM25 index
+        bm25 = self._bm25_index()
         tokenize = _need_bm25().tokenize
         words = tokenize(list(queries), stopwords="en", return_ids=False, show_progress=False)
-        return np.array([float(self._bm25.get_scores(w)[d]) for w, d in zip(words, docs)])
+        return np.array([float(bm25.get_scores(w)[d]) for w, d in zip(words, docs)])
 
     def ranked(self, queries: Sequence[str], k: int, mode: str) -> tuple[np.ndarray, np.ndarray]:
         """(document indices, scores) of each query's top k by `mode` (-1: none there)."""

@@ -143,6 +143,11 @@ class Pipeline:
         """How the model directory pools its sentence vectors (read once; tasks.embedding)."""
         return embedding.settings(self.path)
 
+    @functools.cached_property
+    def activation(self) -> str:
+        """A cross-encoder's activation, as its directory names it (read once; tasks.ranking)."""
+        return ranking.activation(self.path)
+
     @property
     def precision(self) -> str:
         return self.runner.precision
@@ -431,7 +436,7 @@ class Pipeline:
                 f"{self.path.name}: a classifier of {model.config.num_labels} labels; rerank "
                 "needs a cross-encoder (one output: bertforge finetune --task rerank)"
             )
-        name = "identity" if raw_scores else ranking.activation(self.path)
+        name = "identity" if raw_scores else self.activation
         if not queries:
             return []
         pieces = self.tok.encode_batch(

@@ -31,13 +31,16 @@ def multiple_choice_loss(
     return classification_loss(logits, labels, reduction)
 
 
-def pair_groups(
-    groups: Sequence[Sequence[tuple[str, str]]], tok: Any, max_seq_length: int
+def grouped_rows(
+    groups: Sequence[Sequence[Any]], tok: Any, max_seq_length: int
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Input and segment ids of groups of text pairs: one (C, T) row per group, each pair
-    [CLS] a [SEP] b [SEP] (truncated longest-first) padded to the group's longest."""
-    firsts = [a for g in groups for a, _ in g]
-    seconds = [b for g in groups for _, b in g]
+    """Input and segment ids of groups of inputs: one (C, T) row per group, padded to the
+    group's longest. An input is a text ([CLS] text [SEP]) or a pair of texts ([CLS] a [SEP] b
+    [SEP], truncated longest-first); the groups hold one kind or the other."""
+    flat = [x for g in groups for x in g]
+    pairs = bool(flat) and isinstance(flat[0], tuple)
+    firsts = [x[0] for x in flat] if pairs else flat
+    seconds = [x[1] for x in flat] if pairs else None
     encodings = iter(tok.encode_batch(firsts, seconds, max_length=max_seq_length))
     ids, types = [], []
     for g in groups:
@@ -56,7 +59,7 @@ def featurize(examples: Sequence[ChoiceExample], tok: Any, max_seq_length: int) 
     groups = [
         [(e.context, f"{e.start} {ending}".strip()) for ending in e.endings] for e in examples
     ]
-    ids, types = pair_groups(groups, tok, max_seq_length)
+    ids, types = grouped_rows(groups, tok, max_seq_length)
     labels = np.array([e.label if e.label is not None else 0 for e in examples], np.int64)
     return Features(ids, types, labels)
 

@@ -29,7 +29,7 @@ from ..fileio import json_text, read_json, write_json, write_text
 from ..heads import BertForSequenceClassification
 from ..runner import Runner
 from .base import Batch, Features, TaskFamily, infer
-from .choice import pair_groups
+from .choice import grouped_rows
 from .windows import windows_of
 
 # the activations sentence-transformers saves (torch.nn classes), by their class name
@@ -157,7 +157,7 @@ class RerankTask(TaskFamily):
 
     def featurize(self, examples: Sequence[RetrievalExample], training: bool = False) -> Features:
         groups = [[(e.query, p) for p in (e.positive, *e.negatives)] for e in examples]
-        ids, types = pair_groups(groups, self.tok, self.options.max_seq_length)
+        ids, types = grouped_rows(groups, self.tok, self.options.max_seq_length)
         return Features(ids, types, np.zeros(len(examples), np.int64))
 
     def loss_sum(self, model: nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:

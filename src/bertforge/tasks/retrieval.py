@@ -35,10 +35,12 @@ from ..data.tasks import RetrievalExample, read_retrieval
 from ..errors import ConfigError, DataError
 from ..evaluate import pearson, retrieval_scores, spearman
 from ..fileio import json_text, write_text
+from ..hub import resolve
 from ..model import BertModel
 from ..runner import Runner
 from . import embedding
 from .base import Batch, Features, TaskFamily, infer
+from .choice import grouped_rows
 
 SCALE = 20.0  # sentence-transformers' MultipleNegativesRankingLoss: cosine x 20
 
@@ -114,7 +116,8 @@ class RetrievalTask(TaskFamily):
     settings = embedding.Embedding()
 
     def set_model(self, path: str) -> None:
-        self.source, self.settings = path, embedding.settings(path)
+        self.source = str(resolve(path))  # a hub name: its local snapshot
+        self.settings = embedding.settings(self.source)
 
     @property
     def dims(self) -> list[int | None]:
@@ -146,18 +149,8 @@ class RetrievalTask(TaskFamily):
         texts = [[e.query, e.positive, *e.negatives] for e in examples]
         if not training:
             texts = [t[:1] for t in texts]
-        flat = [t for row in texts for t in row]
-        encodings = iter(self.tok.encode_batch(flat, max_length=self.options.max_seq_length))
-        ids, types, digests = [], [], []
-        for row in texts:
-            rows = [next(encodings).ids for _ in row]
-            T = max(len(r) for r in rows)
-            block = np.full((len(rows), T), self.tok.pad_id, np.int64)
-            for k, r in enumerate(rows):
-                block[k, : len(r)] = r
-            ids.append(block)
-            types.append(np.zeros_like(block))
-            digests.append([_digest(t) for t in row[1:]] or [0])
+        ids, types = grouped_rows(texts, self.tok, self.options.max_seq_length)
+        digests = [[_digest(t) for t in row[1:]] or [0] for row in texts]
         if self.scored:  # labels: the pairs' scores
             return Features(ids, types, np.array([e.score for e in examples], np.float32))
         return Features(ids, types, np.asarray(digests, np.int64))
