@@ -270,13 +270,40 @@ def test_the_losses() -> None:
     assert float(ranking.pointwise_loss(logits)) == pytest.approx(12 * float(bce), rel=1e-6)
 
 
-@pytest.mark.parametrize("loss", ["listwise", "pointwise"])
-def test_training_writes_a_crossencoder(minilm_dir: Path, tmp_path: Path, loss: str) -> None:
-    st = pytest.importorskip("sentence_transformers")
-    rows = [
-        {"query": q, "positive": DOCS[i], "negatives": [d for d in DOCS if d != DOCS[i]]}
+def test_the_distillation_losses() -> None:
+    torch.manual_seed(0)
+    logits, teacher = torch.randn(4, 3), 3 * torch.randn(4, 3)
+    # sentence-transformers' MarginMSELoss: MSE of the margins positive - negative, mean over
+    # (groups, negatives); ListNetLoss: cross-entropy against the teacher's softmax, mean
+    margins = (logits[:, :1] - logits[:, 1:], teacher[:, :1] - teacher[:, 1:])
+    want = torch.nn.MSELoss()(*margins)
+    got = ranking.margin_mse_loss(logits, teacher) / 4
+    assert float(got) == pytest.approx(float(want), rel=1e-6)
+    listnet = torch.nn.CrossEntropyLoss()(logits, teacher.softmax(1))
+    entropy = -(teacher.softmax(1) * teacher.log_softmax(1)).sum(1).mean()
+    got = ranking.listnet_loss(logits, teacher) / 4 + entropy
+    assert float(got) == pytest.approx(float(listnet), rel=1e-5)
+    assert float(ranking.margin_mse_loss(teacher + 7, teacher)) == pytest.approx(0, abs=1e-5)
+
+
+def groups(teacher: bool = False) -> list[dict]:
+    """Each query with its document first and the others as negatives (teacher: scores that
+    put the positive 4 above every negative)."""
+    return [
+        {
+            "query": q,
+            "positive": DOCS[i],
+            "negatives": [d for d in DOCS if d != DOCS[i]],
+            **({"scores": [4.0, 0.0, 0.0, 0.0]} if teacher else {}),
+        }
         for i, q in enumerate(QUERIES)
     ]
+
+
+@pytest.mark.parametrize("loss", ["listwise", "pointwise", "margin-mse"])
+def test_training_writes_a_crossencoder(minilm_dir: Path, tmp_path: Path, loss: str) -> None:
+    st = pytest.importorskip("sentence_transformers")
+    rows = groups(teacher=loss == "margin-mse")
     train = tmp_path / "groups.jsonl"
     train.write_text("".join(json.dumps(r) + "\n" for r in rows * 4))
     out = tmp_path / "ce"
@@ -307,6 +334,73 @@ def test_rerank_training_needs_negatives(
     args = ["finetune", "--task", "rerank", "--model", str(minilm_dir), "--train", str(train)]
     assert main([*args, "--out", str(tmp_path / "o")]) == 2
     assert "rerank training needs negatives" in capsys.readouterr().err
+
+
+def test_distillation_needs_teacher_scores_of_every_pair(
+    minilm_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    train = tmp_path / "groups.jsonl"
+    args = ["finetune", "--task", "rerank", "--model", str(minilm_dir), "--train", str(train)]
+    args += ["--out", str(tmp_path / "o"), "--rerank-loss", "listnet"]
+    train.write_text("".join(json.dumps(r) + "\n" for r in groups()))
+    assert main(args) == 2
+    assert 'its rows have no "scores"' in capsys.readouterr().err
+    bad = groups(teacher=True)
+    bad[1]["scores"] = [1.0, 2.0]
+    train.write_text("".join(json.dumps(r) + "\n" for r in bad))
+    assert main(args) == 2
+    assert 'line 2: field "scores": expected 4 numbers' in capsys.readouterr().err
+    bad[1] = groups()[1]
+    train.write_text("".join(json.dumps(r) + "\n" for r in bad))
+    assert main(args) == 2
+    assert "groups.jsonl:2: no teacher scores, but" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_mine_with_a_teacher_scores_each_group(
+    minilm_dir: Path, cross_encoder: Path, tmp_path: Path
+) -> None:
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(DOCS) + "\n")
+    index = tmp_path / "idx"
+    assert main(["index", str(minilm_dir), str(corpus), "--out", str(index), "--no-progress"]) == 0
+    train = tmp_path / "pairs.jsonl"
+    train.write_text(
+        "".join(json.dumps({"query": q, "positive": DOCS[i]}) + "\n" for i, q in enumerate(QUERIES))
+    )
+    mined = tmp_path / "mined.jsonl"
+    args = ["mine", str(index), str(train), "--out", str(mined), "--negatives", "2"]
+    assert main([*args, "--teacher", str(cross_encoder)]) == 0
+    rows = [json.loads(x) for x in mined.read_text().splitlines()]
+    assert len(rows) == 3
+    pipe = Pipeline(cross_encoder)
+    for r in rows:
+        texts = [r["positive"], *r["negatives"]]
+        want = pipe.score([r["query"]] * 3, texts, raw_scores=True)
+        np.testing.assert_allclose(r["scores"], want, atol=1e-6)
+
+
+def test_a_regression_model_is_a_crossencoder_of_raw_scores(
+    minilm_dir: Path, tmp_path: Path
+) -> None:
+    st = pytest.importorskip("sentence_transformers")
+    train = tmp_path / "train.tsv"
+    lines = ["sentence1\tsentence2\tscore"]
+    lines += [
+        f"{q}\t{d}\t{5.0 if i == j else 0.5}"
+        for i, q in enumerate(QUERIES)
+        for j, d in enumerate(DOCS)
+    ]
+    train.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "sts"
+    args = ["finetune", "--task", "stsb", "--model", str(minilm_dir), "--train", str(train)]
+    assert main([*args, "--out", str(out), "--epochs", "1", "--no-progress"]) == 0
+    assert ranking.activation(out) == "identity"
+    want = st.CrossEncoder(str(out)).predict(pairs())
+    got = Pipeline(out, precision="fp32").score([q for q, _ in pairs()], [d for _, d in pairs()])
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    raw = Pipeline(out, precision="fp32").score(QUERIES, DOCS[:3], raw_scores=True)
+    np.testing.assert_allclose(raw, want[[0, 5, 10]], atol=1e-5)
 
 
 def test_server_rerank_limits(tiny_ce: Path) -> None:

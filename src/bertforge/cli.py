@@ -608,6 +608,13 @@ def args_mine(p: argparse.ArgumentParser) -> None:
         help="leave out candidates scored above the positive's score minus this (likely false "
         "negatives; dense or bm25)",
     )
+    p.add_argument(
+        "--teacher",
+        metavar="CROSS_ENCODER",
+        help="score each group's pairs (the positive, then the negatives) by this cross-encoder's "
+        'raw output, as "scores": what finetune --task rerank --rerank-loss margin-mse or '
+        "listnet learns from",
+    )
 
 
 def cmd_mine(args: argparse.Namespace) -> None:
@@ -633,6 +640,15 @@ def cmd_mine(args: argparse.Namespace) -> None:
         for e, n in zip(examples, found)
         if n is not None
     ]
+    if args.teacher:
+        from .pipelines import Pipeline
+
+        width = args.negatives + 1
+        queries = [k["query"] for k in kept for _ in range(width)]
+        texts = [t for k in kept for t in (k["positive"], *k["negatives"])]
+        scores = Pipeline(args.teacher).score(queries, texts, raw_scores=True)
+        for i, k in enumerate(kept):
+            k["scores"] = scores[i * width : (i + 1) * width]
     write_text(args.out, "".join(json_text(k) + "\n" for k in kept))
     print(
         f"wrote {len(kept):,} of {len(examples):,} queries with {args.negatives} negatives each "

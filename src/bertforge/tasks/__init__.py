@@ -98,8 +98,9 @@ class TaskOptions:
     # rerank
     rerank_loss: str = option(
         "listwise",
-        "rerank: listwise (softmax over a query's group) or pointwise (binary cross-entropy "
-        "per pair)",
+        "rerank: listwise (softmax over a query's group), pointwise (binary cross-entropy "
+        "per pair), or from a teacher's scores (the rows' \"scores\": bertforge mine "
+        "--teacher): margin-mse (its margins positive - negative) or listnet (its softmax)",
         choices=tuple(LOSSES),
     )
 

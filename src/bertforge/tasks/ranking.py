@@ -28,7 +28,7 @@ from ..evaluate import retrieval_scores
 from ..fileio import json_text, read_json, write_json, write_text
 from ..heads import BertForSequenceClassification
 from ..runner import Runner
-from .base import Batch, Features, TaskFamily, infer
+from .base import Batch, Features, TaskFamily, infer, soft_cross_entropy
 from .choice import grouped_rows
 from .windows import windows_of
 
@@ -69,6 +69,21 @@ def activation(path: str | os.PathLike[str]) -> str:
             )
         return name.lower()
     return "sigmoid"
+
+
+def save_activation(out: str | os.PathLike[str], name: str) -> None:
+    """Name a saved cross-encoder's activation (one of ACTIVATIONS) where sentence-transformers
+    reads it: config_sentence_transformers.json (version 6's file) and config.json's
+    `sentence_transformers` entry, which versions 4 to 6 read for a model directory without
+    modules.json (version 6 ignores the first there)."""
+    value = f"torch.nn.modules.{'linear' if name == 'Identity' else 'activation'}.{name}"
+    out = Path(out)
+    write_json(
+        out / "config_sentence_transformers.json",
+        {"activation_fn": value, "model_type": "CrossEncoder"},
+    )
+    config = read_json(out / "config.json", CheckpointError)
+    write_json(out / "config.json", {**config, "sentence_transformers": {"activation_fn": value}})
 
 
 def activate(logits: torch.Tensor, name: str) -> torch.Tensor:
@@ -114,29 +129,57 @@ def ranked(scores: Sequence[float]) -> list[int]:
 # -- training: `bertforge finetune --task rerank` -------------------------------------------------
 
 
-def listwise_loss(logits: torch.Tensor, reduction: str = "sum") -> torch.Tensor:
-    """Softmax over each group's scores (B, C), the positive first: cross-entropy."""
+# Each loss: summed over the groups of (B, C) logits, the positive first; `teacher` (B, C) is a
+# teacher's scores of the same pairs (the distillation losses' targets, unused by the others).
+
+
+def listwise_loss(logits: torch.Tensor, teacher: torch.Tensor | None = None) -> torch.Tensor:
+    """Softmax over each group's scores, the positive first: cross-entropy."""
     targets = torch.zeros(len(logits), dtype=torch.long, device=logits.device)
-    return F.cross_entropy(logits.float(), targets, reduction=reduction)
+    return F.cross_entropy(logits.float(), targets, reduction="sum")
 
 
-def pointwise_loss(logits: torch.Tensor, reduction: str = "sum") -> torch.Tensor:
-    """Binary cross-entropy of every pair (B, C): the positive (first) 1, the negatives 0,
-    summed over a group's pairs (sentence-transformers' BinaryCrossEntropyLoss per pair)."""
+def pointwise_loss(logits: torch.Tensor, teacher: torch.Tensor | None = None) -> torch.Tensor:
+    """Binary cross-entropy of every pair: the positive (first) 1, the negatives 0, summed over
+    a group's pairs (sentence-transformers' BinaryCrossEntropyLoss per pair)."""
     targets = torch.zeros_like(logits, dtype=torch.float)
     targets[:, 0] = 1
-    per_group = F.binary_cross_entropy_with_logits(logits.float(), targets, reduction="none").sum(1)
-    return per_group.sum() if reduction == "sum" else per_group.mean()
+    return F.binary_cross_entropy_with_logits(logits.float(), targets, reduction="sum")
 
 
-LOSSES = {"listwise": listwise_loss, "pointwise": pointwise_loss}
+def margin_mse_loss(logits: torch.Tensor, teacher: torch.Tensor | None = None) -> torch.Tensor:
+    """Margin-MSE (Hofstaetter et al. 2020): the squared difference between the student's and
+    the teacher's margins, positive minus each negative, averaged over a group's negatives
+    (sentence-transformers' cross-encoder MarginMSELoss, per group)."""
+    assert teacher is not None
+    student = logits[:, :1].float() - logits[:, 1:].float()
+    target = teacher[:, :1].float() - teacher[:, 1:].float()
+    return ((student - target) ** 2).mean(1).sum()
+
+
+def listnet_loss(logits: torch.Tensor, teacher: torch.Tensor | None = None) -> torch.Tensor:
+    """ListNet (Cao et al. 2007): cross-entropy of the group's softmax against the teacher's
+    softmax over its scores (here as the KL divergence, which differs from it by the teacher's
+    entropy: the same gradient)."""
+    assert teacher is not None
+    return soft_cross_entropy(logits, teacher, 1.0)
+
+
+LOSSES = {
+    "listwise": listwise_loss,
+    "pointwise": pointwise_loss,
+    "margin-mse": margin_mse_loss,
+    "listnet": listnet_loss,
+}
+DISTILLED = ("margin-mse", "listnet")  # the losses that learn a teacher's scores
 
 
 class RerankTask(TaskFamily):
     """Cross-encoder training on (query, positive, negatives) groups, read as retrieval files
     are (data/tasks/retrieval.py): each group a (C, T) row of pairs [CLS] query [SEP] passage
-    [SEP], the positive first; `rerank_loss` listwise (softmax over the group) or pointwise
-    (binary cross-entropy per pair). Dev: the positive's rank among its group (MRR@10,
+    [SEP], the positive first; `rerank_loss` listwise (softmax over the group), pointwise
+    (binary cross-entropy per pair), or distilled from a teacher's scores of the group's pairs
+    (margin-mse, listnet). Dev: the positive's rank among its group (MRR@10,
     recall@1). Saved as sentence-transformers saves a CrossEncoder (one label; its activation
     in config_sentence_transformers.json: sigmoid)."""
 
@@ -150,7 +193,16 @@ class RerankTask(TaskFamily):
                 f"{path}: rerank training needs negatives beside each positive (mine them: "
                 "bertforge mine)"
             )
+        if labelled and examples and not examples[0].teacher and self.distilled:
+            raise DataError(
+                f"{path}: --rerank-loss {self.options.rerank_loss} learns a teacher's scores, "
+                'and its rows have no "scores" (add them: bertforge mine --teacher MODEL)'
+            )
         return examples
+
+    @property
+    def distilled(self) -> bool:
+        return self.options.rerank_loss in DISTILLED
 
     def head_kwargs(self) -> dict[str, Any]:
         return {"num_labels": 1}
@@ -158,11 +210,14 @@ class RerankTask(TaskFamily):
     def featurize(self, examples: Sequence[RetrievalExample], training: bool = False) -> Features:
         groups = [[(e.query, p) for p in (e.positive, *e.negatives)] for e in examples]
         ids, types = grouped_rows(groups, self.tok, self.options.max_seq_length)
+        if self.distilled and all(e.teacher for e in examples):  # the teacher's scores
+            return Features(ids, types, np.array([e.teacher for e in examples], np.float32))
         return Features(ids, types, np.zeros(len(examples), np.int64))
 
     def loss_sum(self, model: nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         logits = _Grouped(model)(*batch.inputs())
-        loss = LOSSES[self.options.rerank_loss](logits)
+        teacher = batch.labels.to(logits.device) if self.distilled else None
+        loss = LOSSES[self.options.rerank_loss](logits, teacher)
         return loss, (logits.argmax(-1) == 0).sum()
 
     def evaluate(
@@ -184,11 +239,7 @@ class RerankTask(TaskFamily):
         return [path]
 
     def save_files(self, out: Path) -> None:
-        """config_sentence_transformers.json as sentence-transformers 6 writes a CrossEncoder's."""
-        write_json(
-            Path(out) / "config_sentence_transformers.json",
-            {"activation_fn": "torch.nn.modules.activation.Sigmoid", "model_type": "CrossEncoder"},
-        )
+        save_activation(out, "Sigmoid")
 
 
 class _Grouped(nn.Module):

@@ -58,6 +58,7 @@ from .base import (
     soft_cross_entropy,
     softmax,
 )
+from .ranking import save_activation
 
 # ------------------------------------------------------------------------------------------------
 # Losses (checked against transformers' BertForSequenceClassification)
@@ -455,6 +456,12 @@ class SentenceTask(TaskFamily):
 
     def featurize(self, examples: Sequence[Example], training: bool = False) -> Features:
         return featurize(examples, self.tok, self.spec, self.options.max_seq_length)
+
+    def save_files(self, out: Any) -> None:
+        """A regression model is a cross-encoder too: its scores are its raw output, as
+        CrossEncoder(out).predict and bertforge rerank read them (tasks.ranking)."""
+        if self.spec.is_regression:
+            save_activation(out, "Identity")
 
     def head_kwargs(self) -> dict[str, Any]:
         return self.problem.head_kwargs()

@@ -1,7 +1,9 @@
 """Retrieval training files: (query, positive passage) pairs, optionally with hard negatives.
 
 JSONL: one object per line, {"query": str, "positive": str, "negatives": [str, ...]} (negatives
-optional). A table (TSV, or CSV when the file ends in .csv) with a header naming `query`,
+optional), and for distillation "scores": a teacher's score of the positive and of each negative,
+in that order (bertforge mine --teacher). A table (TSV, or CSV when the file ends in .csv) with a
+header naming `query`,
 `positive` and any number of `negative...` columns. Scored pairs (STS-B style, for CoSENT):
 {"text", "text_pair", "score"} objects, or a table with those columns. Every row of a file has
 the same number of negatives (a training row reads them side by side); an empty text or a
@@ -27,6 +29,7 @@ class RetrievalExample:
     negatives: tuple[str, ...] = ()
     source: str = ""  # file:line
     score: float | None = None  # a scored pair's similarity (CoSENT); None: a (query, positive)
+    teacher: tuple[float, ...] = ()  # a teacher's scores of the positive and the negatives
 
 
 PAIRS = ("query", "positive")
@@ -58,6 +61,12 @@ def read_retrieval(path: str | os.PathLike[str]) -> list[RetrievalExample]:
         columns["negatives"] = [i for i, n in enumerate(names) if n.startswith("negative")]
         examples = [_example(r, scored, columns) for r in table.records()]
     for e in examples[1:]:
+        if bool(e.teacher) != bool(examples[0].teacher):
+            raise DataError(
+                f"{(e if examples[0].teacher else examples[0]).source}: no teacher scores, but "
+                f"{(examples[0] if examples[0].teacher else e).source} has them: every row of a "
+                "file needs them or none"
+            )
         if len(e.negatives) != len(examples[0].negatives):
             raise DataError(
                 f"{e.source}: {len(e.negatives)} negatives, but {examples[0].source} has "
@@ -86,11 +95,33 @@ def _example(r: Record, scored: bool, columns: dict[str, Any] | None) -> Retriev
         if not isinstance(negatives, list):
             raise DataError(f'{r.where}: field "negatives": expected a list of texts')
         texts = tuple(text_field(r.where, f"negatives[{i}]", n) for i, n in enumerate(negatives))
+        teacher = _teacher(r, len(texts))
     else:
-        texts = tuple(r.text(i) for i in columns["negatives"])
+        texts, teacher = tuple(r.text(i) for i in columns["negatives"]), ()
     return RetrievalExample(
         r.text(key("query"), "the query"),
         r.text(key("positive"), "a relevant passage"),
         texts,
         r.source,
+        teacher=teacher,
     )
+
+
+def _teacher(r: Record, negatives: int) -> tuple[float, ...]:
+    """A JSONL row's teacher "scores": one number for the positive and one per negative."""
+    value = r.fields.get("scores")  # type: ignore[union-attr]
+    if value is None:
+        return ()
+    if (
+        not isinstance(value, list)
+        or len(value) != negatives + 1
+        or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            for v in value
+        )
+    ):
+        raise DataError(
+            f'{r.where}: field "scores": expected {negatives + 1} numbers (the teacher\'s score '
+            f"of the positive, then of each of its {negatives} negatives)"
+        )
+    return tuple(float(v) for v in value)
