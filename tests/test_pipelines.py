@@ -526,3 +526,35 @@ def test_output_rows_answer_input_lines(
     finally:
         sys.stdin = real
     assert "<stdin>: line 1: byte 3" in capsys.readouterr().err
+
+
+def test_low_precision_batches_are_padded_to_a_multiple(minilm_dir: Path) -> None:
+    """bf16 batches are padded to PAD_MULTIPLE pieces (a few shapes: the CPU's bf16 kernels
+    are kept per shape), fp32 ones to their longest row; the padding changes no vector."""
+    from bertforge.runner import PAD_MULTIPLE
+    from bertforge.tasks.base import Features, collate
+
+    features = Features([np.arange(1, 6), np.arange(1, 10)], [np.zeros(5), np.zeros(9)], [])
+    features.labels = [np.arange(5), np.arange(9)]  # token labels: padding ignored
+    batch = collate(features, [0, 1], 0, 16)
+    assert batch.input_ids.shape == (2, 16) and batch.attention_mask.sum() == 14
+    assert (batch.input_ids[0, 5:] == 0).all() and (batch.labels[1, 9:] == -100).all()
+    texts = ["a short one", "a somewhat longer sentence than the first one, with commas, too, and"]
+    out = {}
+    for precision in ("fp32", "bf16"):
+        pipe = Pipeline(minilm_dir, precision=precision)
+        shapes: list[int] = []
+        model = pipe.model_for("embed")
+        hook = model.register_forward_pre_hook(
+            lambda m, a, shapes=shapes: shapes.append(a[0].shape[-1])
+        )
+        out[precision] = pipe.embed(texts)
+        hook.remove()
+        longest = max(len(pipe.tok.encode(t).ids) for t in texts)
+        assert longest % PAD_MULTIPLE
+        if precision == "fp32":
+            assert shapes == [longest]
+        else:
+            assert shapes == [-(-longest // PAD_MULTIPLE) * PAD_MULTIPLE] and shapes[0] > longest
+    cos = (out["fp32"] * out["bf16"]).sum(-1)
+    assert cos.min() > 0.999

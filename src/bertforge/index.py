@@ -41,6 +41,7 @@ import numpy as np
 
 from .errors import ConfigError, DataError
 from .fileio import atomic_path, json_text, read_json, read_lines, write_json, write_text
+from .runner import release_memory
 
 FORMAT = 1
 MODES = ("dense", "bm25", "hybrid")
@@ -310,6 +311,7 @@ class Index:
                     np.save(f, owners + done)
                 with atomic_path(part.with_suffix(".npy")) as tmp, open(tmp, "wb") as f:
                     np.save(f, vectors)  # written last: its presence means the part is whole
+                release_memory()  # what the chunk's batches used, before the next one
             done += len(docs)
             bar.update(len(docs))
         bar.close()

@@ -161,7 +161,7 @@ class Pipeline:
         features = rows if isinstance(rows, Features) else Features.from_encodings(rows)
 
         def make(rows: np.ndarray) -> dict[str, torch.Tensor]:
-            b = collate(features, rows, self.tok.pad_id).to(self.device)
+            b = collate(features, rows, self.tok.pad_id, self.runner.pad_multiple).to(self.device)
             return {
                 "input_ids": b.input_ids,
                 "token_type_ids": b.token_type_ids,

@@ -10,12 +10,17 @@ Runner. Rows of any lengths are run in batches of similar length: sorted by leng
 `batch_size` rows, and cut earlier where the next row would make the batch more than half
 padding (a few long texts among many short ones: a server's micro-batch, a long table row),
 so short rows do not pay for the long ones' length. No gradients; results come back in the
-rows' own order.
+rows' own order. In bf16 and fp16 a batch is padded to a multiple of PAD_MULTIPLE pieces: the
+CPU's bf16 kernels are compiled and kept per input shape, so a long run over texts of every
+length grew by about 16 MB per 500 texts (benchmarks/results/retrieval.md, index memory); a few
+shapes keep it flat, and GPUs' tensor cores want such multiples anyway. fp32 keeps the exact
+lengths (the reference comparisons are bitwise there).
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +32,7 @@ import torch
 from .errors import ConfigError
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+PAD_MULTIPLE = 16  # bf16/fp16 batches: their length rounded up to a multiple of this
 
 
 def cpu_supports_bf16() -> bool:
@@ -58,6 +64,13 @@ def autocast(precision: str, device: torch.device) -> contextlib.AbstractContext
         return torch.autocast(device.type, enabled=False)
     dtype = torch.bfloat16 if precision == "bf16" else torch.float16
     return torch.autocast(device.type, dtype=dtype)
+
+
+def release_memory() -> None:
+    """Hand the C heap's free memory back to the system (glibc's malloc_trim; nothing
+    elsewhere): tensors of many sizes freed in a long run otherwise stay resident."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def device_of(name: str | None) -> torch.device:
@@ -94,6 +107,10 @@ class Runner:
     device: torch.device
     precision: str  # fp32, bf16 or fp16 (resolved)
     batch_size: int = 64
+
+    @property
+    def pad_multiple(self) -> int:
+        return 1 if self.precision == "fp32" else PAD_MULTIPLE
 
     @classmethod
     def create(cls, device: str | None, precision: str, batch_size: int = 64) -> Runner:

@@ -76,9 +76,13 @@ class Batch:
         return self.input_ids, self.token_type_ids, self.attention_mask
 
 
-def collate(features: Features, rows: Sequence[int] | np.ndarray, pad_id: int) -> Batch:
-    """The rows padded on the right to their longest ([PAD] ids, mask 0, token labels ignored)."""
+def collate(
+    features: Features, rows: Sequence[int] | np.ndarray, pad_id: int, multiple: int = 1
+) -> Batch:
+    """The rows padded on the right to their longest ([PAD] ids, mask 0, token labels ignored),
+    rounded up to a multiple of `multiple` pieces."""
     T = max(features.input_ids[i].shape[-1] for i in rows)
+    T = -(-T // multiple) * multiple
     lead = features.input_ids[rows[0]].shape[:-1]  # () or (C,)
     B = len(rows)
     ids = np.full((B, *lead, T), pad_id, np.int64)
@@ -121,7 +125,7 @@ def infer(
         return [values[j, : lengths[r]] if per_token else values[j] for j, r in enumerate(rows)]
 
     def make(rows: np.ndarray) -> tuple[np.ndarray, Batch]:
-        return rows, collate(features, rows, pad_id).to(runner.device)
+        return rows, collate(features, rows, pad_id, runner.pad_multiple).to(runner.device)
 
     return runner(lengths, make, fn)
 
