@@ -641,14 +641,19 @@ def cmd_mine(args: argparse.Namespace) -> None:
         if n is not None
     ]
     if args.teacher:
+        from tqdm import tqdm
+
         from .pipelines import Pipeline
 
-        width = args.negatives + 1
-        queries = [k["query"] for k in kept for _ in range(width)]
-        texts = [t for k in kept for t in (k["positive"], *k["negatives"])]
-        scores = Pipeline(args.teacher).score(queries, texts, raw_scores=True)
-        for i, k in enumerate(kept):
-            k["scores"] = scores[i * width : (i + 1) * width]
+        teacher, width, step = Pipeline(args.teacher), args.negatives + 1, 1024
+        chunks = range(0, len(kept), step)  # a bounded number of pairs in memory at once
+        for at in tqdm(chunks, desc="teacher", unit="chunk", disable=None, file=sys.stderr):
+            groups = kept[at : at + step]
+            queries = [k["query"] for k in groups for _ in range(width)]
+            texts = [t for k in groups for t in (k["positive"], *k["negatives"])]
+            scores = teacher.score(queries, texts, raw_scores=True)
+            for i, k in enumerate(groups):
+                k["scores"] = scores[i * width : (i + 1) * width]
     write_text(args.out, "".join(json_text(k) + "\n" for k in kept))
     print(
         f"wrote {len(kept):,} of {len(examples):,} queries with {args.negatives} negatives each "
