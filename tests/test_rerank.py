@@ -304,11 +304,12 @@ def groups(teacher: bool = False) -> list[dict]:
 def test_training_writes_a_crossencoder(minilm_dir: Path, tmp_path: Path, loss: str) -> None:
     st = pytest.importorskip("sentence_transformers")
     rows = groups(teacher=loss == "margin-mse")
-    train = tmp_path / "groups.jsonl"
+    train, dev = tmp_path / "groups.jsonl", tmp_path / "dev.jsonl"
     train.write_text("".join(json.dumps(r) + "\n" for r in rows * 4))
+    dev.write_text("".join(json.dumps(r) + "\n" for r in groups()))  # a dev file needs no scores
     out = tmp_path / "ce"
     args = ["finetune", "--task", "rerank", "--model", str(minilm_dir), "--train", str(train)]
-    args += ["--dev", str(train), "--out", str(out), "--epochs", "2", "--batch-size", "4"]
+    args += ["--dev", str(dev), "--out", str(out), "--epochs", "2", "--batch-size", "4"]
     assert (
         main([*args, "--rerank-loss", loss, "--lr", "1e-4", "--precision", "fp32", "--no-progress"])
         == 0
@@ -344,7 +345,10 @@ def test_distillation_needs_teacher_scores_of_every_pair(
     args += ["--out", str(tmp_path / "o"), "--rerank-loss", "listnet"]
     train.write_text("".join(json.dumps(r) + "\n" for r in groups()))
     assert main(args) == 2
-    assert 'its rows have no "scores"' in capsys.readouterr().err
+    assert (
+        'groups.jsonl:1: --rerank-loss listnet learns a teacher\'s scores, and the rows have no "scores"'
+        in capsys.readouterr().err
+    )
     bad = groups(teacher=True)
     bad[1]["scores"] = [1.0, 2.0]
     train.write_text("".join(json.dumps(r) + "\n" for r in bad))

@@ -180,8 +180,8 @@ class RerankTask(TaskFamily):
     [SEP], the positive first; `rerank_loss` listwise (softmax over the group), pointwise
     (binary cross-entropy per pair), or distilled from a teacher's scores of the group's pairs
     (margin-mse, listnet). Dev: the positive's rank among its group (MRR@10,
-    recall@1). Saved as sentence-transformers saves a CrossEncoder (one label; its activation
-    in config_sentence_transformers.json: sigmoid)."""
+    recall@1). Saved as sentence-transformers saves a CrossEncoder (one label; its activation,
+    sigmoid, named where each version reads it: save_activation)."""
 
     head = BertForSequenceClassification
     metric = "mrr@10"
@@ -192,11 +192,6 @@ class RerankTask(TaskFamily):
             raise DataError(
                 f"{path}: rerank training needs negatives beside each positive (mine them: "
                 "bertforge mine)"
-            )
-        if labelled and examples and not examples[0].teacher and self.distilled:
-            raise DataError(
-                f"{path}: --rerank-loss {self.options.rerank_loss} learns a teacher's scores, "
-                'and its rows have no "scores" (add them: bertforge mine --teacher MODEL)'
             )
         return examples
 
@@ -210,7 +205,13 @@ class RerankTask(TaskFamily):
     def featurize(self, examples: Sequence[RetrievalExample], training: bool = False) -> Features:
         groups = [[(e.query, p) for p in (e.positive, *e.negatives)] for e in examples]
         ids, types = grouped_rows(groups, self.tok, self.options.max_seq_length)
-        if self.distilled and all(e.teacher for e in examples):  # the teacher's scores
+        if training and self.distilled:  # the teacher's scores (a dev file needs none)
+            if examples and not examples[0].teacher:
+                raise DataError(
+                    f"{examples[0].source}: --rerank-loss {self.options.rerank_loss} learns a "
+                    'teacher\'s scores, and the rows have no "scores" (add them: bertforge mine '
+                    "--teacher MODEL)"
+                )
             return Features(ids, types, np.array([e.teacher for e in examples], np.float32))
         return Features(ids, types, np.zeros(len(examples), np.int64))
 
