@@ -346,8 +346,8 @@ def test_distillation_needs_teacher_scores_of_every_pair(
     train.write_text("".join(json.dumps(r) + "\n" for r in groups()))
     assert main(args) == 2
     assert (
-        'groups.jsonl:1: --rerank-loss listnet learns a teacher\'s scores, and the rows have no "scores"'
-        in capsys.readouterr().err
+        "groups.jsonl:1: --rerank-loss listnet learns a teacher's scores, and the rows have "
+        'no "scores"' in capsys.readouterr().err
     )
     bad = groups(teacher=True)
     bad[1]["scores"] = [1.0, 2.0]
