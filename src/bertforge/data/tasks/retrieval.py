@@ -3,8 +3,7 @@
 JSONL: one object per line, {"query": str, "positive": str, "negatives": [str, ...]} (negatives
 optional), and for distillation "scores": a teacher's score of the positive and of each negative,
 in that order (bertforge mine --teacher). A table (TSV, or CSV when the file ends in .csv) with a
-header naming `query`,
-`positive` and any number of `negative...` columns. Scored pairs (STS-B style, for CoSENT):
+header naming `query`, `positive` and any number of `negative...` columns. Scored pairs (STS-B style, for CoSENT):
 {"text", "text_pair", "score"} objects, or a table with those columns. Every row of a file has
 the same number of negatives (a training row reads them side by side); an empty text or a
 score that is not a number is an error naming the line.
@@ -62,9 +61,9 @@ def read_retrieval(path: str | os.PathLike[str]) -> list[RetrievalExample]:
         examples = [_example(r, scored, columns) for r in table.records()]
     for e in examples[1:]:
         if bool(e.teacher) != bool(examples[0].teacher):
+            scored, bare = (e, examples[0]) if e.teacher else (examples[0], e)
             raise DataError(
-                f"{(e if examples[0].teacher else examples[0]).source}: no teacher scores, but "
-                f"{(examples[0] if examples[0].teacher else e).source} has them: every row of a "
+                f"{bare.source}: no teacher scores, but {scored.source} has them: every row of a "
                 "file needs them or none"
             )
         if len(e.negatives) != len(examples[0].negatives):
