@@ -349,6 +349,42 @@ def test_micro_batches_accumulate_to_the_same_steps(tmp_path: Path, minilm_dir: 
     assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-5
 
 
+def test_bf16_training_batches_are_padded_to_a_multiple(tmp_path: Path, minilm_dir: Path) -> None:
+    """In bf16 each training micro-batch is padded to runner.PAD_MULTIPLE pieces (the CPU keeps
+    its bf16 kernels per shape, so every new length costs memory and time); fp32 stays unpadded
+    (its numbers are compared bit for bit with the reference)."""
+    from bertforge.runner import PAD_MULTIPLE
+    from bertforge.tasks import family
+    from bertforge.train.distributed import Dist
+    from bertforge.train.finetune import FinetuneTask, load_data
+
+    tok = Tokenizer.from_pretrained(minilm_dir)
+    train = keyword_table(tmp_path / "train.tsv", 40, seed=0)
+    shapes = {}
+    for precision in ("bf16", "fp32"):
+        cfg = FinetuneConfig(
+            model=str(minilm_dir),
+            task="sst2",
+            train=str(train),
+            out=str(tmp_path / precision),
+            batch_size=8,
+            micro_batch_size=3,
+            precision=precision,
+        )
+        task = FinetuneTask(family(cfg, tok), cfg, Dist(0, 1, 0, torch.device("cpu")))
+        load_data(task, cfg)
+        steps = iter(task.batches(None))
+        shapes[precision] = [
+            (m.input_ids.shape[1], int(m.attention_mask.sum(1).max()), m.num_tokens)
+            for _ in range(5)
+            for m in next(steps)[0]
+        ]
+    for (t16, longest16, n16), (t32, longest32, n32) in zip(shapes["bf16"], shapes["fp32"]):
+        assert (longest16, n16) == (longest32, n32) and t32 == longest32  # the same rows
+        assert t16 == -(-t32 // PAD_MULTIPLE) * PAD_MULTIPLE
+    assert any(t % PAD_MULTIPLE for t, _, _ in shapes["fp32"])  # padding did something
+
+
 # ------------------------------------------------------------------------------------------------
 # Beyond sentence tasks: CoNLL NER, SQuAD v1.1/v2.0, SWAG; dev splits, `predict`, the tasks'
 # prediction files, bad input through the command line

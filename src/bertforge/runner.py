@@ -59,6 +59,12 @@ def resolve_precision(precision: str, device: torch.device) -> str:
     return "bf16" if cpu_supports_bf16() else "fp32"
 
 
+def pad_multiple(precision: str) -> int:
+    """The multiple a batch's length is rounded up to in `precision` (resolved): PAD_MULTIPLE in
+    bf16/fp16, whose CPU kernels are kept per shape; none in fp32."""
+    return 1 if precision == "fp32" else PAD_MULTIPLE
+
+
 def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
     if precision == "fp32":
         return torch.autocast(device.type, enabled=False)
@@ -110,7 +116,7 @@ class Runner:
 
     @property
     def pad_multiple(self) -> int:
-        return 1 if self.precision == "fp32" else PAD_MULTIPLE
+        return pad_multiple(self.precision)
 
     @classmethod
     def create(cls, device: str | None, precision: str, batch_size: int = 64) -> Runner:

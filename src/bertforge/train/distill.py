@@ -61,6 +61,7 @@ from ..errors import CheckpointError, ConfigError, DataError
 from ..fileio import ENCODING_ERRORS
 from ..hub import resolve
 from ..model import BertModel, init_bert_weights, set_dropout
+from ..runner import pad_multiple, resolve_precision
 from ..tasks import embedding, family
 from ..tasks.base import Batch, Features, TaskFamily
 from ..tokenizer import Tokenizer
@@ -470,7 +471,12 @@ class DistillTask:
         own: embedding.Embedding,
     ) -> None:
         self.grouped = LengthGroupedBatches(
-            cfg.batch_size, cfg.micro_batch_size, cfg.seed, d, tok.pad_id
+            cfg.batch_size,
+            cfg.micro_batch_size,
+            cfg.seed,
+            d,
+            tok.pad_id,
+            multiple=pad_multiple(resolve_precision(cfg.precision, d.device)),
         )
         self.cfg, self.d, self.teacher, self.own = cfg, d, teacher, own
         self.train: Features | None = None

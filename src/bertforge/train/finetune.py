@@ -213,6 +213,7 @@ class LengthGroupedBatches:
     pad_id: int
     # a key per row: rows sharing one stay out of the same batch (TaskFamily.batch_keys)
     keys: Callable[[Features], np.ndarray | None] | None = None
+    multiple: int = 1  # each micro-batch's length rounded up to it (runner.pad_multiple)
 
     def __post_init__(self) -> None:
         if self.batch_size % self.d.world_size:
@@ -240,7 +241,7 @@ class LengthGroupedBatches:
                 m = self.micro_batch_size or len(rows)  # accumulated over micro-batches
                 yield (
                     [
-                        collate(features, rows[j : j + m], self.pad_id)
+                        collate(features, rows[j : j + m], self.pad_id, self.multiple)
                         for j in range(0, len(rows), m)
                     ],
                     nxt,
@@ -259,10 +260,16 @@ class FinetuneTask:
         self, fam: TaskFamily, cfg: FinetuneConfig | DistillConfig, d: distributed.Dist
     ) -> None:
         self.family, self.cfg, self.d = fam, cfg, d
-        self.grouped = LengthGroupedBatches(
-            cfg.batch_size, cfg.micro_batch_size, cfg.seed, d, fam.tok.pad_id, fam.batch_keys
-        )
         self.runner = Runner.create(str(d.device), cfg.precision, 2 * cfg.batch_size)
+        self.grouped = LengthGroupedBatches(
+            cfg.batch_size,
+            cfg.micro_batch_size,
+            cfg.seed,
+            d,
+            fam.tok.pad_id,
+            fam.batch_keys,
+            self.runner.pad_multiple,
+        )
         self.train: Any = None  # Features
         self.dev: tuple[Any, Any] | None = None  # (examples, features)
         self.dev_predictions: Any = None  # of the last `evaluate`, for the predictions file
