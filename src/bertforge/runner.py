@@ -13,8 +13,9 @@ so short rows do not pay for the long ones' length. No gradients; results come b
 rows' own order. In bf16 and fp16 a batch is padded to a multiple of PAD_MULTIPLE pieces: the
 CPU's bf16 kernels are compiled and kept per input shape, so a long run over texts of every
 length grew by about 16 MB per 500 texts (benchmarks/results/retrieval.md, index memory); a few
-shapes keep it flat, and GPUs' tensor cores want such multiples anyway. fp32 keeps the exact
-lengths (the reference comparisons are bitwise there).
+shapes keep it flat, and GPUs' tensor cores want such multiples anyway. Training batches follow
+the same rule (pad_multiple). fp32 keeps the exact lengths (the reference comparisons are
+bitwise there).
 """
 
 from __future__ import annotations
