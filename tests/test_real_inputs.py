@@ -310,7 +310,9 @@ def test_multi_label_end_to_end(tmp_path: Path, minilm_dir: Path) -> None:
             label_column="labels",
             multi_label=True,
             tune_threshold=True,
-            epochs=3,
+            # 4 epochs: after 3 the dev scores still hung on the dropout draw (micro F1 0.88 to
+            # 0.99 over seeds 0-4; bf16's padded batches draw other masks); after 4, 0.93 to 1.0
+            epochs=4,
             batch_size=16,
             lr=2e-4,
             progress=False,
