@@ -14,6 +14,12 @@ json (with the same settings) are skipped. A bar chart (probe_conll.png) when ma
 installed.
 
     nohup nice -n 19 python benchmarks/probe_conll.py > /tmp/probe_conll.log 2>&1 &
+
+Other settings go to their own files (--out): the tuned row, dropout 0.5 on the features and
+between the LSTMs for 8 epochs (benchmarks/results/probe_conll_dropout.md):
+
+    python benchmarks/probe_conll.py --layers "mix:-1,-2,-3,-4" --dropout 0.5 --epochs 8 \
+        --out benchmarks/results/probe_conll_dropout
 """
 
 from __future__ import annotations
@@ -68,6 +74,7 @@ def markdown(result: dict[str, Any]) -> str:
             if s["classifier"] == "bilstm"
             else "a linear layer per token, "
         )
+        + (f"dropout {s['dropout']:g}, " if s.get("dropout") else "")
         + f"Adam lr {s['lr']:g}, batch {s['train_batch_size']} sentences, {s['epochs']} epochs, "
         f"seed {s['seed']}; full training set ({result['train_sentences']:,} sentences), dev "
         f"entity F1 (conlleval) of the best epoch. `benchmarks/probe_conll.py`; "
@@ -134,6 +141,7 @@ def main() -> None:
     p.add_argument("--lstm-hidden", type=int, default=768)
     p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--dropout", type=float, default=0.0, help="on the features, between LSTMs")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-train", type=int, help="first N training sentences (a quick look)")
     p.add_argument("--cache", default="/tmp/bertforge-probe-conll-cache")
@@ -145,6 +153,7 @@ def main() -> None:
         lstm_hidden=args.lstm_hidden,
         epochs=args.epochs,
         lr=args.lr,
+        dropout=args.dropout,
         seed=args.seed,
         cache=args.cache,
     )
