@@ -282,6 +282,28 @@ def test_training_vectors_are_the_pipelines(minilm_dir: Path, tmp_path: Path) ->
     np.testing.assert_allclose(got.reshape(15, -1).numpy(), want, atol=1e-5)
 
 
+def test_batches_kept_apart_stay_grouped_by_length() -> None:
+    """The questions of one paragraph are as long as each other: a row put off by its key joins
+    a batch of about its length, not a random one. Measured here: 1.16x the pieces padded (1.68x
+    when rows were parted after the shuffle; 1.02x without keys; random batches 1.7x), and
+    still no batch holds a key twice."""
+    from bertforge.train.finetune import epoch_batches
+
+    rng = np.random.default_rng(0)
+    keys = rng.integers(0, 600, 3000)  # 5 rows a key, as SQuAD's paragraphs have questions
+    lengths = rng.integers(20, 256, 600)[keys]  # a row as long as its passage
+
+    def padding(batches: list[np.ndarray]) -> float:
+        return sum(len(b) * lengths[b].max() for b in batches) / lengths.sum()
+
+    batches = epoch_batches(lengths, 32, seed=0, epoch=0, keys=keys)
+    assert all(len(set(keys[b].tolist())) == len(b) for b in batches)
+    assert sorted(np.concatenate(batches).tolist()) == list(range(3000))
+    assert padding(epoch_batches(lengths, 32, seed=0, epoch=0)) < 1.05
+    shuffled = [rng.permutation(3000)[i : i + 32] for i in range(0, 3000, 32)]
+    assert padding(batches) < 1.25 < 1.5 < padding(shuffled)
+
+
 def test_batches_keep_the_same_positive_apart() -> None:
     from bertforge.train.finetune import apart_by_key, epoch_batches
 
