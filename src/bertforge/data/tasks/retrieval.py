@@ -2,11 +2,11 @@
 
 JSONL: one object per line, {"query": str, "positive": str, "negatives": [str, ...]} (negatives
 optional), and for distillation "scores": a teacher's score of the positive and of each negative,
-in that order (bertforge mine --teacher). A table (TSV, or CSV when the file ends in .csv) with a
-header naming `query`, `positive` and any number of `negative...` columns. Scored pairs (STS-B style, for CoSENT):
-{"text", "text_pair", "score"} objects, or a table with those columns. Every row of a file has
-the same number of negatives (a training row reads them side by side); an empty text or a
-score that is not a number is an error naming the line.
+in that order (bertforge mine --teacher). A table (TSV, or CSV when the file ends in .csv) with
+a header naming `query`, `positive` and any number of `negative...` columns. Scored pairs (STS-B
+style, for CoSENT): {"text", "text_pair", "score"} objects, or a table with those columns. Every
+row of a file has the same number of negatives (a training row reads them side by side); an
+empty text or a score that is not a number is an error naming the line.
 """
 
 from __future__ import annotations
