@@ -14,14 +14,18 @@ to choose anything). This script scores the evaluation half with:
     --runs DIR      all-MiniLM-L6-v2 trained on the train half's pairs by bertforge (finetune
                     --task retrieval) and by sentence-transformers' trainer the same way, each
                     timed as its own process; their rows and their fusions with BM25
+    --add NAME=DIR  one more bi-encoder's rows (alone and fused with BM25) added to the
+                    results already in --out
     --cross-encoder the best first stage's top --rerank-depth reranked, on the first
-                    --rerank-queries evaluation questions (CPU time: a subset)
+                    --rerank-queries evaluation questions (CPU time: a subset); with --add,
+                    the better of its two rows
 
 Metrics: evaluate.retrieval_scores (trec_eval's definitions, checked against pytrec_eval).
 Writes benchmarks/results/retrieval.{json,md}.
 
     pip install bm25s  # the BM25 reference (not a bertforge dependency)
     python benchmarks/retrieval.py [--data DIR] [--model DIR] [--runs DIR] [--cross-encoder DIR]
+    python benchmarks/retrieval.py --add NAME=DIR [--cross-encoder DIR --rerank-depth 50]
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bertforge.evaluate import retrieval_scores
@@ -127,9 +132,14 @@ def markdown(result: dict[str, Any]) -> str:
         ]
     if "rerank" in result:
         r = result["rerank"]
+        which = (
+            f"{r['queries']:,} evaluation questions spread evenly over the half"
+            if r.get("spread")
+            else f"the first {r['queries']} evaluation questions"
+        )
         lines += [
             "",
-            f"## Reranked: the first {r['queries']} evaluation questions, the top {r['depth']} of "
+            f"## Reranked: {which}, the top {r['depth']} of "
             f"{r['first_stage']} reordered by a bertforge cross-encoder",
             "",
             *table(r["rows"]),
@@ -202,42 +212,67 @@ def train_bi_encoders(model: str, pairs: Path, runs: Path) -> dict[str, float]:
     return seconds
 
 
+def spread(total: int, n: int) -> np.ndarray:
+    """n indices spread evenly over range(total) (all of them when n >= total)."""
+    return np.unique(np.linspace(0, total - 1, min(n, total)).round().astype(int))
+
+
 def rerank_rows(
     cross_encoder: str, corpus: list[str], queries: list, first: tuple, n: int, depth: int
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The first n evaluation queries: the first stage's top `depth` reranked by the
-    cross-encoder, and the first stage itself on the same queries."""
+    """n evaluation queries spread evenly over the half (every article has its share): the
+    first stage's top `depth` reranked by the cross-encoder, and the first stage itself on
+    the same queries."""
     from bertforge.pipelines import Pipeline
 
     ce = Pipeline(cross_encoder, precision="fp32")
-    docs, sims = first[0][:n, :depth], first[1][:n, :depth]
+    picked = spread(len(queries), n)
+    docs, sims = first[0][picked, :depth], first[1][picked, :depth]
+    chosen = [queries[i] for i in picked]
     start = time.perf_counter()
     reranked_docs, reranked = [], []
-    for (_, q, _), row in zip(queries[:n], docs):
+    for (_, q, _), row in zip(tqdm(chosen, desc="rerank", file=sys.stderr), docs):
         order = ce.rerank(q, [corpus[d] for d in row])
         reranked_docs.append([int(row[o["index"]]) for o in order])
         reranked.append([o["score"] for o in order])
     seconds = time.perf_counter() - start
-    after = score(queries[:n], np.array(reranked_docs), np.array(reranked))
-    return {**score(queries[:n], docs, sims), "seconds": 0.0}, {**after, "seconds": seconds}
+    after = score(chosen, np.array(reranked_docs), np.array(reranked))
+    return {**score(chosen, docs, sims), "seconds": 0.0}, {**after, "seconds": seconds}
 
 
-def add_rows(spec: str, stem: Path, corpus: list[str], queries: list) -> None:
-    """--add NAME=DIR: the bi-encoder's row and its fusion with BM25 added to the results."""
+def add_rows(spec: str, corpus: list[str], queries: list) -> tuple[dict, dict]:
+    """--add NAME=DIR: the bi-encoder's rows (alone and fused with BM25) and their rankings."""
     name, _, model = spec.partition("=")
     if not model:
         sys.exit(f"--add {spec}: expected NAME=DIR")
-    result = json.loads(stem.with_suffix(".json").read_text())
     questions = [q for _, q, _ in queries]
     start = time.perf_counter()
-    dense = dense_run(model, corpus, questions)
-    rows = {name: {**score(queries, *dense), "seconds": time.perf_counter() - start}}
+    runs = {name: dense_run(model, corpus, questions)}
+    rows = {name: {**score(queries, *runs[name]), "seconds": time.perf_counter() - start}}
     start = time.perf_counter()
-    fused = fuse([dense[0], bm25_run(corpus, questions)[0]])
+    runs[f"{name}+bm25 (RRF)"] = fused = fuse([runs[name][0], bm25_run(corpus, questions)[0]])
     rows[f"{name}+bm25 (RRF)"] = {**score(queries, *fused), "seconds": time.perf_counter() - start}
     for row_name, row in rows.items():
         print(row_name, {m: round(100 * row[m], 1) for m in SHOWN}, flush=True)
-    result["rows"].update(rows)
+    return rows, runs
+
+
+def reranked(args: argparse.Namespace, corpus: list, queries: list, rows: dict, runs: dict) -> dict:
+    """result["rerank"]: the best first stage among `runs`, its top --rerank-depth reranked."""
+    best = max(runs, key=lambda n: rows[n]["mrr@10"])
+    n, depth = args.rerank_queries, args.rerank_depth
+    before, after = rerank_rows(args.cross_encoder, corpus, queries, runs[best], n, depth)
+    print("reranked", {m: round(100 * after[m], 1) for m in SHOWN}, flush=True)
+    return {
+        "first_stage": best,
+        "queries": len(spread(len(queries), n)),
+        "spread": True,
+        "depth": depth,
+        "rows": {best: before, f"{best}, top {depth} reranked": after},
+    }
+
+
+def save(result: dict[str, Any], stem: Path) -> None:
     write_results("retrieval", result, str(stem.with_suffix(".json")))
     stem.with_suffix(".md").write_text(markdown(result), encoding="utf-8")
 
@@ -250,13 +285,19 @@ def main() -> None:
     p.add_argument("--runs", help="trained models go here: bi-bertforge, bi-st (trained if absent)")
     p.add_argument("--timings", help="JSON {bertforge, sentence-transformers}: training seconds")
     p.add_argument("--cross-encoder", help="a cross-encoder that reranks the best first stage")
-    p.add_argument("--rerank-queries", type=int, default=500, help="evaluation queries reranked")
+    p.add_argument(
+        "--rerank-queries",
+        type=int,
+        default=500,
+        help="evaluation queries reranked, spread evenly over the half",
+    )
     p.add_argument("--rerank-depth", type=int, default=20, help="first-stage hits reranked")
     p.add_argument(
         "--add",
         metavar="NAME=DIR",
         help="score one more bi-encoder (alone and fused with BM25) and add its rows to the "
-        "results already in --out's json, the rest kept as they are",
+        "results already in --out's json, the rest kept as they are (with --cross-encoder: "
+        "the better of the two reranked)",
     )
     p.add_argument(
         "--write-train",
@@ -281,8 +322,14 @@ def main() -> None:
             "".join(json.dumps({"id": str(d), "text": corpus[d]}) + "\n" for d in seen)
         )
         return
-    if args.add:
-        add_rows(args.add, Path(args.out), corpus, queries)
+    if args.add:  # rows added to the results already there, the rest kept as they are
+        stem = Path(args.out)
+        result = json.loads(stem.with_suffix(".json").read_text())
+        rows, runs = add_rows(args.add, corpus, queries)
+        result["rows"].update(rows)
+        if args.cross_encoder:
+            result["rerank"] = reranked(args, corpus, queries, rows, runs)
+        save(result, stem)
         return
     rows: dict[str, Any] = {}
     runs = {}
@@ -321,22 +368,12 @@ def main() -> None:
         "training_seconds": training,
     }
     if args.cross_encoder:
-        best = max(rows, key=lambda n: rows[n]["mrr@10"])
-        n, depth = args.rerank_queries, args.rerank_depth
-        before, after = rerank_rows(args.cross_encoder, corpus, queries, runs[best], n, depth)
-        result["rerank"] = {
-            "first_stage": best,
-            "queries": n,
-            "depth": depth,
-            "rows": {best: before, f"{best}, top {depth} reranked": after},
-        }
+        result["rerank"] = reranked(args, corpus, queries, rows, runs)
     import torch
 
     result["machine"] = machine()
     result["fp32_gflops"] = matmul_gflops(torch.float32, torch.device("cpu"))
-    stem = Path(args.out)
-    write_results("retrieval", result, str(stem.with_suffix(".json")))
-    stem.with_suffix(".md").write_text(markdown(result), encoding="utf-8")
+    save(result, Path(args.out))
     print(markdown(result))
 
 
