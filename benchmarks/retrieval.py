@@ -16,9 +16,9 @@ to choose anything). This script scores the evaluation half with:
                     timed as its own process; their rows and their fusions with BM25
     --add NAME=DIR  one more bi-encoder's rows (alone and fused with BM25) added to the
                     results already in --out
-    --cross-encoder the best first stage's top --rerank-depth reranked, on the first
-                    --rerank-queries evaluation questions (CPU time: a subset); with --add,
-                    the better of its two rows
+    --cross-encoder the best first stage's top --rerank-depth reranked, on --rerank-queries
+                    evaluation questions spread evenly over the half (CPU time: a subset);
+                    with --add, the better of its two rows
 
 Metrics: evaluate.retrieval_scores (trec_eval's definitions, checked against pytrec_eval).
 Writes benchmarks/results/retrieval.{json,md}.
@@ -132,14 +132,10 @@ def markdown(result: dict[str, Any]) -> str:
         ]
     if "rerank" in result:
         r = result["rerank"]
-        which = (
-            f"{r['queries']:,} evaluation questions spread evenly over the half"
-            if r.get("spread")
-            else f"the first {r['queries']} evaluation questions"
-        )
         lines += [
             "",
-            f"## Reranked: {which}, the top {r['depth']} of "
+            f"## Reranked: {r['queries']:,} evaluation questions spread evenly over the half, "
+            f"the top {r['depth']} of "
             f"{r['first_stage']} reordered by a bertforge cross-encoder",
             "",
             *table(r["rows"]),
@@ -218,15 +214,18 @@ def spread(total: int, n: int) -> np.ndarray:
 
 
 def rerank_rows(
-    cross_encoder: str, corpus: list[str], queries: list, first: tuple, n: int, depth: int
+    cross_encoder: str,
+    corpus: list[str],
+    queries: list,
+    first: tuple,
+    picked: np.ndarray,
+    depth: int,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """n evaluation queries spread evenly over the half (every article has its share): the
-    first stage's top `depth` reranked by the cross-encoder, and the first stage itself on
-    the same queries."""
+    """The evaluation queries `picked` (indices): the first stage's top `depth` reranked by
+    the cross-encoder, and the first stage itself on the same queries."""
     from bertforge.pipelines import Pipeline
 
     ce = Pipeline(cross_encoder, precision="fp32")
-    picked = spread(len(queries), n)
     docs, sims = first[0][picked, :depth], first[1][picked, :depth]
     chosen = [queries[i] for i in picked]
     start = time.perf_counter()
@@ -258,15 +257,15 @@ def add_rows(spec: str, corpus: list[str], queries: list) -> tuple[dict, dict]:
 
 
 def reranked(args: argparse.Namespace, corpus: list, queries: list, rows: dict, runs: dict) -> dict:
-    """result["rerank"]: the best first stage among `runs`, its top --rerank-depth reranked."""
+    """result["rerank"]: the best first stage among `runs`, its top --rerank-depth reranked on
+    --rerank-queries questions spread evenly over the half (every article has its share)."""
     best = max(runs, key=lambda n: rows[n]["mrr@10"])
-    n, depth = args.rerank_queries, args.rerank_depth
-    before, after = rerank_rows(args.cross_encoder, corpus, queries, runs[best], n, depth)
+    picked, depth = spread(len(queries), args.rerank_queries), args.rerank_depth
+    before, after = rerank_rows(args.cross_encoder, corpus, queries, runs[best], picked, depth)
     print("reranked", {m: round(100 * after[m], 1) for m in SHOWN}, flush=True)
     return {
         "first_stage": best,
-        "queries": len(spread(len(queries), n)),
-        "spread": True,
+        "queries": len(picked),
         "depth": depth,
         "rows": {best: before, f"{best}, top {depth} reranked": after},
     }
