@@ -80,9 +80,8 @@ class Entry:
         return not self.needs or bool(set(self.architectures) & set(architectures))
 
     def run(self, pipe: Any, inputs: dict[str, list[Any]], options: dict[str, Any]) -> Any:
-        """The pipeline's results for columns of inputs (an optional one None or absent)."""
-        given = {k: v for k, v in inputs.items() if v is not None}
-        return getattr(pipe, self.method)(**given, **options)
+        """The pipeline's results for columns of inputs (an optional one absent)."""
+        return getattr(pipe, self.method)(**inputs, **options)
 
 
 def _save_embeddings(out: str, vectors: np.ndarray) -> None:

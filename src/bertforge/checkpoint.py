@@ -16,6 +16,7 @@ corrupt files, a vocab.txt larger than the config's vocab_size.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import warnings
@@ -37,6 +38,7 @@ SAFETENSORS = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 PICKLE = "pytorch_model.bin"
 PICKLE_INDEX = "pytorch_model.bin.index.json"
+WEIGHTS = (SAFETENSORS, SAFETENSORS_INDEX, PICKLE, PICKLE_INDEX)  # in the order looked for
 
 # Our name (regex) -> HF name(s). Several HF names are concatenated along dim 0 (fused qkv).
 # Names under `bert.` in our task models map to `bert.` + the same HF name.
@@ -128,18 +130,10 @@ def hf_names(ours: str, model_type: str = "bert") -> tuple[str, ...]:
 
 
 def _weights_files(directory: Path) -> list[Path]:
-    if (directory / SAFETENSORS).is_file():
-        return [directory / SAFETENSORS]
-    if (directory / SAFETENSORS_INDEX).is_file():
-        return _shards(directory, SAFETENSORS_INDEX)
-    if (directory / PICKLE).is_file():
-        return [directory / PICKLE]
-    if (directory / PICKLE_INDEX).is_file():
-        return _shards(directory, PICKLE_INDEX)
-    raise CheckpointError(
-        f"{directory}: no weights found (looked for {SAFETENSORS}, {SAFETENSORS_INDEX}, {PICKLE}, "
-        f"{PICKLE_INDEX})"
-    )
+    for name in WEIGHTS:
+        if (directory / name).is_file():
+            return _shards(directory, name) if name.endswith(".index.json") else [directory / name]
+    raise CheckpointError(f"{directory}: no weights found (looked for {', '.join(WEIGHTS)})")
 
 
 def _shards(directory: Path, index_name: str) -> list[Path]:
@@ -202,7 +196,7 @@ def _canonical(name: str) -> str:
     return name
 
 
-def _find(name: str, tensors: dict[str, Any], prefix: str = _BODY_PREFIX) -> str | None:
+def _find(name: str, tensors: dict[str, Any], prefix: str) -> str | None:
     """The file's spelling of HF `name`: as is, with or without the encoder's prefix (`bert.`
     or `distilbert.`), or an alias."""
     candidates = [name]
@@ -526,12 +520,7 @@ def inspect(path: str | os.PathLike[str]) -> CheckpointInfo:
             for name, t in read_pickle(f).items():
                 shapes[_canonical(name)] = (tuple(t.shape), str(t.dtype).replace("torch.", ""))
     params = {n: s for n, s in shapes.items() if not _IGNORED.search(n)}
-    count = 0
-    for shape, _ in params.values():
-        size = 1
-        for d in shape:
-            size *= d
-        count += size
+    count = sum(math.prod(shape) for shape, _ in params.values())
     from .catalogue import available, head_labels  # the table of pipelines and their heads
 
     pooler = any(n.endswith(("pooler.dense.weight", "pre_classifier.weight")) for n in params)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import inspect
 import json
 import re
@@ -49,13 +50,13 @@ def options_of(args: argparse.Namespace, target: Any) -> dict[str, Any]:
     return {name: getattr(args, name) for name in getattr(args, _key(target))}
 
 
-def _device_and_precision(p: argparse.ArgumentParser) -> None:
+def _inference_options(p: argparse.ArgumentParser, *names: str) -> None:
+    """--device and --precision (help: INFERENCE_HELP), those named, in their order."""
     from .runner import PRECISIONS
 
-    p.add_argument("--device", help=INFERENCE_HELP["device"])
-    p.add_argument(
-        "--precision", choices=PRECISIONS, default="auto", help=INFERENCE_HELP["precision"]
-    )
+    extra: dict[str, Any] = {"device": {}, "precision": {"choices": PRECISIONS, "default": "auto"}}
+    for name in names:
+        p.add_argument(f"--{name}", **extra[name], help=INFERENCE_HELP[name])
 
 
 # ------------------------------------------------------------------------------------------------
@@ -203,56 +204,38 @@ def cmd_prepare(args: argparse.Namespace) -> None:
 # pretrain, finetune, distill, evaluate, predict
 
 
-def args_pretrain(p: argparse.ArgumentParser) -> None:
-    from .train.pretrain import PretrainConfig
-
-    add_options(p, PretrainConfig)
+# the training commands: each is train/<name>.py, its config class and its run(config)
+TRAINERS = {"pretrain": "PretrainConfig", "finetune": "FinetuneConfig", "distill": "DistillConfig"}
 
 
-def args_finetune(p: argparse.ArgumentParser) -> None:
-    from .train.finetune import FinetuneConfig
-
-    add_options(p, FinetuneConfig)
-
-
-def args_distill(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--data",
-        dest="files",
-        nargs="+",
-        default=[],
-        help="general distillation: text files, directories or globs (as prepare reads)",
-    )
-    from .train.distill import DistillConfig
-
-    add_options(p, DistillConfig)
+def _trainer(name: str) -> tuple[Any, Callable[[Any], dict[str, Any]]]:
+    """The config class and the run function of a training command."""
+    module = importlib.import_module(f".train.{name}", __package__)
+    return getattr(module, TRAINERS[name]), module.run
 
 
-def cmd_pretrain(args: argparse.Namespace) -> None:
-    from .train.pretrain import PretrainConfig, run
+def args_train(p: argparse.ArgumentParser, name: str) -> None:
+    if name == "distill":
+        p.add_argument(
+            "--data",
+            dest="files",
+            nargs="+",
+            default=[],
+            help="general distillation: text files, directories or globs (as prepare reads)",
+        )
+    add_options(p, _trainer(name)[0])
 
-    if run(PretrainConfig(**options_of(args, PretrainConfig))).get("interrupted"):
+
+def cmd_train(args: argparse.Namespace) -> None:
+    config, run = _trainer(args.command)
+    data = {"data": list(args.files)} if args.command == "distill" else {}
+    if run(config(**options_of(args, config), **data)).get("interrupted"):
         raise SystemExit(130)  # stopped by a signal, checkpoint saved: not finished
-
-
-def cmd_finetune(args: argparse.Namespace) -> None:
-    from .train.finetune import FinetuneConfig, run
-
-    if run(FinetuneConfig(**options_of(args, FinetuneConfig))).get("interrupted"):
-        raise SystemExit(130)
-
-
-def cmd_distill(args: argparse.Namespace) -> None:
-    from .train.distill import DistillConfig, run
-
-    if run(DistillConfig(**options_of(args, DistillConfig), data=list(args.files))).get(
-        "interrupted"
-    ):
-        raise SystemExit(130)
 
 
 def args_evaluate(p: argparse.ArgumentParser, predict: bool = False) -> None:
     from .data.tasks import TASK_NAMES
+    from .runner import PRECISIONS
     from .tasks import TaskOptions
     from .train import finetune
 
@@ -267,10 +250,10 @@ def args_evaluate(p: argparse.ArgumentParser, predict: bool = False) -> None:
     add_options(
         p,
         finetune.predict if predict else finetune.evaluate_model,
-        skip=("out", "device", "precision"),
-        help={"max_rows": "only the first N examples of --data, in file order"},
+        skip=("out",),
+        choices={"precision": PRECISIONS},
+        help={**INFERENCE_HELP, "max_rows": "only the first N examples of --data, in file order"},
     )
-    _device_and_precision(p)
     p.add_argument(
         "--task",
         choices=TASK_NAMES,
@@ -282,13 +265,15 @@ def args_evaluate(p: argparse.ArgumentParser, predict: bool = False) -> None:
         p.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
 
 
-def _given_task_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The task options given on the command line, those that differ from their defaults: the
-    others come from the model's run.json (finetune.run_task_options)."""
+def _run_task(args: argparse.Namespace, fn: Callable[..., Any]) -> Any:
+    """fn (finetune.evaluate_model or predict) on --model, --task, --data and --out, with the
+    task options given on the command line, those that differ from their defaults: the others
+    come from the model's run.json (finetune.run_task_options)."""
     from .tasks import TaskOptions
 
     defaults = {f.name: f.default for f in dataclasses.fields(TaskOptions)}
-    return {k: v for k, v in options_of(args, TaskOptions).items() if v != defaults[k]}
+    given = {k: v for k, v in options_of(args, TaskOptions).items() if v != defaults[k]}
+    return fn(args.model, args.task, args.data, out=args.out, **options_of(args, fn), **given)
 
 
 def cmd_evaluate(args: argparse.Namespace) -> None:
@@ -296,16 +281,7 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     from .fileio import json_text
     from .train.finetune import evaluate_model
 
-    metrics = evaluate_model(
-        args.model,
-        args.task,
-        args.data,
-        out=args.out,
-        device=args.device,
-        precision=args.precision,
-        **options_of(args, evaluate_model),
-        **_given_task_options(args),
-    )
+    metrics = _run_task(args, evaluate_model)
     if args.json:
         print(json_text(metrics))
     else:
@@ -321,16 +297,7 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
 def cmd_predict(args: argparse.Namespace) -> None:
     from .train.finetune import predict
 
-    for path in predict(
-        args.model,
-        args.task,
-        args.data,
-        args.out,
-        device=args.device,
-        precision=args.precision,
-        **options_of(args, predict),
-        **_given_task_options(args),
-    ):
+    for path in _run_task(args, predict):
         print(f"wrote {path}")
 
 
@@ -491,8 +458,6 @@ def cmd_pipeline(args: argparse.Namespace) -> None:
 
 
 def args_index(p: argparse.ArgumentParser) -> None:
-    from .runner import PRECISIONS
-
     p.add_argument("model", help="bi-encoder (embedding model) directory")
     p.add_argument("corpus", help="documents: text lines, .jsonl or .csv/.tsv with id and text")
     p.add_argument("--out", required=True, help="index directory (re-run to resume a build)")
@@ -506,10 +471,7 @@ def args_index(p: argparse.ArgumentParser) -> None:
         "--approximate", choices=("hnsw",), help="an HNSW graph (faiss) for millions of vectors"
     )
     p.add_argument("--batch-size", type=int, default=32, help="windows per batch")
-    p.add_argument(
-        "--precision", default="auto", choices=PRECISIONS, help=INFERENCE_HELP["precision"]
-    )
-    p.add_argument("--device", help=INFERENCE_HELP["device"])
+    _inference_options(p, "precision", "device")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -673,7 +635,7 @@ def args_serve(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=_port, default=8000, help="TCP port, 1-65535")
     p.add_argument("--index", help="an index directory (bertforge index): POST /search")
-    _device_and_precision(p)
+    _inference_options(p, "device", "precision")
     add_options(p, Limits)
 
 
@@ -705,7 +667,6 @@ def args_attention(p: argparse.ArgumentParser) -> None:
 def args_probe(p: argparse.ArgumentParser) -> None:
     from .data.tasks import GLUE_TASKS
     from .probe_tokens import TokenProbeOptions
-    from .runner import PRECISIONS
     from .tasks import TaskOptions
     from .tasks.embedding import POOLINGS
 
@@ -724,9 +685,7 @@ def args_probe(p: argparse.ArgumentParser) -> None:
         help="sentence tasks: cls is seed 004's recipe ([CLS] + logistic regression)",
     )
     p.add_argument("--max-train", type=int, help="use the first N training sentences")
-    p.add_argument(
-        "--precision", choices=PRECISIONS, default="auto", help=INFERENCE_HELP["precision"]
-    )
+    _inference_options(p, "precision")
     p.add_argument("--json", help="also write the table as JSON here")
     tasks = (*(name for name, spec in GLUE_TASKS.items() if not spec.is_pair), "csv", "conll2003")
 
@@ -814,16 +773,11 @@ def cmd_attention(args: argparse.Namespace) -> None:
 def cmd_probe(args: argparse.Namespace) -> None:
     from .probe import DEFAULT_CHOICES, probe
     from .tasks import TaskOptions, family
-    from .tasks.sentence import SentenceTask
     from .tasks.tagging import TaggingTask
     from .tokenizer import Tokenizer
 
     options = TaskOptions(task=args.task, **options_of(args, TaskOptions))
     fam = family(options, Tokenizer.from_pretrained(args.model))
-    if not isinstance(fam, TaggingTask) and (not isinstance(fam, SentenceTask) or fam.spec.is_pair):
-        raise DataError(
-            f"--task {args.task}: probe takes single-sentence tasks (GLUE or csv) and conll2003"
-        )
     train = fam.read(args.train)[: args.max_train] if args.max_train else fam.read(args.train)
     dev = fam.read(args.dev)
     if isinstance(fam, TaggingTask):
@@ -927,11 +881,11 @@ def commands() -> list[Command]:
         ("vocab", "WordPiece vocabularies", args_vocab, cmd_vocab_train),
         ("prepare", "tokenize a corpus into shards for pre-training", args_prepare, cmd_prepare),
         ("pretrain", "pre-train: masked LM + next sentence prediction, or masked LM alone",
-         args_pretrain, cmd_pretrain),
+         partial(args_train, name="pretrain"), cmd_train),
         ("finetune", "fine-tune: GLUE, tables, CoNLL NER, SQuAD, SWAG, retrieval, rerank",
-         args_finetune, cmd_finetune),
+         partial(args_train, name="finetune"), cmd_train),
         ("distill", "a smaller student taught by a teacher: on unlabelled text, or on a task",
-         args_distill, cmd_distill),
+         partial(args_train, name="distill"), cmd_train),
         ("evaluate", "metrics of a fine-tuned model on a labelled task file",
          args_evaluate, cmd_evaluate),
         ("predict", "a fine-tuned model's predictions for new inputs",
@@ -1096,14 +1050,11 @@ def _join_layer_lists(argv: list[str]) -> list[str]:
     """`--layers -1,-2` (or `-1;-2`) as `--layers=-1,-2`: argparse reads "-1,-2" as an option
     (only a plain "-1" looks like a negative number to it)."""
     out: list[str] = []
-    i = 0
-    while i < len(argv):
-        if argv[i] == "--layers" and i + 1 < len(argv) and re.match(r"-\d", argv[i + 1]):
-            out.append(f"--layers={argv[i + 1]}")
-            i += 2
+    for arg in argv:
+        if out and out[-1] == "--layers" and re.match(r"-\d", arg):
+            out[-1] = f"--layers={arg}"
         else:
-            out.append(argv[i])
-            i += 1
+            out.append(arg)
     return out
 
 

@@ -221,16 +221,9 @@ class BertConfig:
 
     def _validate_label_maps(self) -> None:
         if self.id2label is None:
-            assert self.label2id is not None
-            if not isinstance(self.label2id, dict):
-                raise ConfigError(f"label2id={self.label2id!r}: must be a mapping name -> id")
-            try:
-                self.id2label = {int(i): str(name) for name, i in self.label2id.items()}
-            except (TypeError, ValueError) as e:
-                raise ConfigError(
-                    f"label2id={self.label2id!r}: ids must be integers ({e})"
-                ) from None
-            if len(self.id2label) != len(self.label2id):
+            pairs = _label_pairs(self.label2id)
+            self.id2label = {i: name for name, i in pairs}
+            if len(self.id2label) != len(pairs):
                 raise ConfigError(f"label2id={self.label2id!r}: two labels share one id")
         if not isinstance(self.id2label, dict):
             raise ConfigError(f"id2label={self.id2label!r}: must be a mapping id -> name")
@@ -249,20 +242,11 @@ class BertConfig:
         expected = {name: i for i, name in id2label.items()}
         if len(expected) != len(id2label):
             raise ConfigError(f"id2label={id2label!r}: label names must be unique")
-        if self.label2id is not None:
-            if not isinstance(self.label2id, dict):
-                raise ConfigError(f"label2id={self.label2id!r}: must be a mapping name -> id")
-            try:
-                given = {str(k): int(v) for k, v in self.label2id.items()}
-            except (TypeError, ValueError) as e:
-                raise ConfigError(
-                    f"label2id={self.label2id!r}: ids must be integers ({e})"
-                ) from None
-            if given != expected:
-                raise ConfigError(
-                    f"label2id={self.label2id!r} does not invert id2label={id2label!r}: "
-                    "they must name the same labels with the same ids"
-                )
+        if self.label2id is not None and dict(_label_pairs(self.label2id)) != expected:
+            raise ConfigError(
+                f"label2id={self.label2id!r} does not invert id2label={id2label!r}: "
+                "they must name the same labels with the same ids"
+            )
         self.label2id = expected
 
     # ----------------------------------------------------------------------------------------
@@ -388,6 +372,16 @@ class BertConfig:
         d = self.to_dict(google=google)
         d.update(extra)
         write_json(path, d)
+
+
+def _label_pairs(label2id: object) -> list[tuple[str, int]]:
+    """label2id's (name, id) pairs as strings and integers, else a ConfigError."""
+    if not isinstance(label2id, dict):
+        raise ConfigError(f"label2id={label2id!r}: must be a mapping name -> id")
+    try:
+        return [(str(name), int(i)) for name, i in label2id.items()]
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"label2id={label2id!r}: ids must be integers ({e})") from None
 
 
 def _resolve_num_labels(config: BertConfig | None, changes: dict[str, Any]) -> dict[str, Any]:

@@ -68,12 +68,8 @@ def f1(references: ArrayLike, predictions: ArrayLike, positive_label: Any = 1) -
         raise InputError(
             f"positive_label {positive_label!r} is not of the labels' type ({_kind(ref)})"
         )
-    is_ref, is_pred = ref == positive_label, pred == positive_label
-    tp = int(np.sum(is_ref & is_pred))
-    fp = int(np.sum(~is_ref & is_pred))
-    fn = int(np.sum(is_ref & ~is_pred))
-    denominator = 2 * tp + fp + fn
-    return 0.0 if denominator == 0 else 2 * tp / denominator
+    c = _per_class((ref == positive_label)[:, None], (pred == positive_label)[:, None])
+    return float(c["f1"][0])
 
 
 def matthews_corrcoef(references: ArrayLike, predictions: ArrayLike) -> float:
@@ -530,25 +526,12 @@ def entity_scores(
         pred.update((s, *span) for span in entity_spans(pred_tags, f"predictions, sentence {s}"))
     correct = gold & pred
     p, r, f = _prf(len(correct), len(gold), len(pred))
-    out: dict[str, float] = {
-        "precision": p,
-        "recall": r,
-        "f1": f,
-        "n_gold": len(gold),
-        "n_pred": len(pred),
-        "n_correct": len(correct),
-    }
+    out: dict[str, float] = dict(zip(CLASS_SCORES, (p, r, f, len(gold), len(pred))))
+    out["n_correct"] = len(correct)
     for type_ in sorted({e[1] for e in gold | pred}):
         counts = [sum(1 for e in group if e[1] == type_) for group in (correct, gold, pred)]
-        p, r, f = _prf(*counts)
-        out.update(
-            {
-                f"{type_}_precision": p,
-                f"{type_}_recall": r,
-                f"{type_}_f1": f,
-                f"{type_}_n_gold": counts[1],
-            }
-        )
+        values = (*_prf(*counts), counts[1])
+        out.update({f"{type_}_{s}": v for s, v in zip(CLASS_SCORES[:4], values)})
     return out
 
 

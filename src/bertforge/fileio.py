@@ -175,11 +175,10 @@ def inside(
     name: object,
     source: str | os.PathLike[str],
     what: str = "entry",
-    error: type[Exception] = CheckpointError,
 ) -> Path:
     """`directory / name` for a `name` read from one of the directory's own files (`source`:
     a shard in model.safetensors.index.json, a module's folder in modules.json), when it stays
-    inside `directory` with every symlink followed; else `error` naming `source` and the name.
+    inside `directory` with every symlink followed; else a CheckpointError naming source and name.
 
     A crafted file could otherwise make a load read, or a copy of the layout write, anywhere
     ("../../x", "/etc/x", or a link inside the directory that leads out). The one exception is
@@ -188,10 +187,10 @@ def inside(
     model kept elsewhere is a layout people use on purpose.
     """
     if not isinstance(name, str) or "\x00" in name:
-        raise error(f"{source}: {what} {name!r} is not a file name")
+        raise CheckpointError(f"{source}: {what} {name!r} is not a file name")
     relative = os.path.normpath(name)
     if os.path.isabs(name) or relative == ".." or relative.startswith(".." + os.sep):
-        raise error(
+        raise CheckpointError(
             f"{source}: {what} {name!r} is outside {directory}: a model's files must lie "
             "inside its directory"
         )
@@ -201,7 +200,7 @@ def inside(
     if root.parent.name == "snapshots" and (root.parent.parent / "blobs").is_dir():
         allowed.append(root.parent.parent / "blobs")  # the hub's cache: links into blobs/
     if not any(target.is_relative_to(a) for a in allowed):
-        raise error(
+        raise CheckpointError(
             f"{source}: {what} {name!r} leads outside {directory} (a link to {target}): a "
             "model's files must lie inside its directory"
         )

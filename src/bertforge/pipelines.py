@@ -203,14 +203,11 @@ class Pipeline:
         return SimpleNamespace(ids=[cls_id, *ids, sep_id])
 
     def per_token(
-        self,
-        texts: Sequence[str],
-        fn: Callable[[dict[str, torch.Tensor]], list[np.ndarray]],
-        max_length: int | None = None,
+        self, texts: Sequence[str], fn: Callable[[dict[str, torch.Tensor]], list[np.ndarray]]
     ) -> tuple[list[Any], list[Any]]:
         """Whole texts' encodings (cut to what was read, with truncate) and fn's per-token
         results of each text (n + 2 rows, or a dict of such), stitched from its windows."""
-        encodings, features, windows = self.windows(texts, max_length)
+        encodings, features, windows = self.windows(texts)
         layout = Layout(windows, len(texts))
         stitchers: dict[Any, Stitcher] = {}  # per key of fn's dicts (None: fn gives arrays)
 
@@ -318,6 +315,11 @@ class Pipeline:
             lengths = b["attention_mask"].sum(1).tolist()
             return [{k: v[j, : lengths[j]] for k, v in states.items()} for j in range(len(lengths))]
 
+        combined = {  # the layers' (T, H) arrays as one
+            "concat": lambda stack: np.concatenate(stack, -1),
+            "sum": lambda stack: np.sum(stack, 0),
+            "mean": lambda stack: np.mean(stack, 0),
+        }
         results = []
         for enc, per_layer in zip(*self.per_token(texts, fn)):
             item: dict[str, Any] = {
@@ -329,15 +331,7 @@ class Pipeline:
                 stack = [per_layer[k] for k in layers]
                 # one layer: its own array (concat, sum and mean of one give its very values; a
                 # copy would double the memory of a long text's answer)
-                item["values"] = (
-                    stack[0]
-                    if len(stack) == 1
-                    else np.concatenate(stack, -1)
-                    if combine == "concat"
-                    else np.sum(stack, 0)
-                    if combine == "sum"
-                    else np.mean(stack, 0)
-                )
+                item["values"] = stack[0] if len(stack) == 1 else combined[combine](stack)
             results.append(item)
         return results
 

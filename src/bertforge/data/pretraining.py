@@ -8,7 +8,7 @@ shard's instances planned and shuffled with a generator seeded by (seed, version
 modulo `dupe_factor` (static masking, as Google's pipeline with dupe_factor copies).
 
 Global batches are consecutive runs of `batch_size` instances; within windows of
-`group_batches` batches, instances are sorted by length so that little is padded, and the
+GROUP_BATCHES batches, instances are sorted by length so that little is padded, and the
 window's batches are then shuffled. Rank r of W takes rows r, r+W, ... of every global batch,
 so the union over ranks is the same global batch whatever the number of processes, and each
 rank reads only the tokens of its own rows. A position (epoch, window start, batches done)
@@ -18,7 +18,7 @@ says where the stream is; resuming from it gives the same batches as never stopp
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -34,6 +34,8 @@ from .instances import (
 )
 from .shards import Shard, ShardSet
 
+GROUP_BATCHES = 32  # batches per window of length-sorted instances (see the module docstring)
+
 
 @dataclass
 class Position:
@@ -45,11 +47,7 @@ class Position:
     batches_done: int = 0
 
     def to_dict(self) -> dict[str, int]:
-        return {
-            "epoch": self.epoch,
-            "window_start": self.window_start,
-            "batches_done": self.batches_done,
-        }
+        return asdict(self)
 
 
 @dataclass
@@ -63,7 +61,6 @@ class Batch:
     mlm_labels: torch.Tensor  # (b, P) original ids, IGNORE_INDEX where padded
     nsp_labels: torch.Tensor  # (b,) 0 = IsNext, 1 = NotNext
     num_tokens: int = 0  # real (unpadded) tokens
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def to(self, device: torch.device | str) -> Batch:
         moved = {
@@ -71,7 +68,7 @@ class Batch:
             for k, v in self.__dict__.items()
             if isinstance(v, torch.Tensor)
         }
-        return Batch(**moved, num_tokens=self.num_tokens, extra=self.extra)
+        return Batch(**moved, num_tokens=self.num_tokens)
 
     def model_inputs(self) -> dict[str, torch.Tensor]:
         return {
@@ -98,7 +95,6 @@ class PretrainingStream:
         short_seq_prob: float = 0.1,
         seed: int = 0,
         dupe_factor: int | None = None,
-        group_batches: int = 32,
         packed: bool = False,
     ) -> None:
         self.shards = shards
@@ -111,7 +107,6 @@ class PretrainingStream:
         self.short_seq_prob = short_seq_prob
         self.seed = seed
         self.dupe_factor = dupe_factor
-        self.group_batches = group_batches
         self.packed = packed
         self._shard_cache: dict[str, Shard] = {}
         self._packed_cache: dict[str, np.ndarray] = {}
@@ -149,18 +144,13 @@ class PretrainingStream:
         for k in order:
             rng = np.random.default_rng([self.seed, version, 1, int(k)])
             if self.packed:
-                yield (
-                    int(k),
-                    plan_packed(len(self._tokens(self.names[k])), rng, self.max_seq_length),
-                )
-                continue
-            shard = self._shard(self.names[k])
-            yield (
-                int(k),
-                plan_shard(
+                plans = plan_packed(len(self._tokens(self.names[k])), rng, self.max_seq_length)
+            else:
+                shard = self._shard(self.names[k])
+                plans = plan_shard(
                     shard.sentences, shard.documents, rng, self.max_seq_length, self.short_seq_prob
-                ),
-            )
+                )
+            yield int(k), plans
 
     def _instances_from(self, epoch: int, start: int) -> Iterator[tuple[int, int, int, np.ndarray]]:
         """(epoch, index in epoch, shard number, plan row) from a position onwards, forever."""
@@ -189,21 +179,17 @@ class PretrainingStream:
             raise ValueError(f"batch size {batch_size} is not divisible by {world_size} processes")
         pos = position or Position()
         stream = self._instances_from(pos.epoch, pos.window_start)
-        window_size = batch_size * self.group_batches
+        window_size = batch_size * GROUP_BATCHES
         while True:
             window = [next(stream) for _ in range(window_size)]
             epoch, start = window[0][0], window[0][1]
             order = self._window_order(window, epoch, start, batch_size)
+            after = Position(window[-1][0], window[-1][1] + 1, 0)
             for b in range(pos.batches_done, len(order)):
                 rows = [window[i] for i in order[b][rank::world_size]]
-                last = b + 1 == len(order)
-                nxt = (
-                    Position(window[-1][0], window[-1][1] + 1, 0)
-                    if last
-                    else Position(epoch, start, b + 1)
-                )
+                nxt = after if b + 1 == len(order) else Position(epoch, start, b + 1)
                 yield self._collate(rows), nxt
-            pos = Position(window[-1][0], window[-1][1] + 1, 0)
+            pos = after
 
     def _window_order(
         self, window: list[Any], epoch: int, start: int, batch_size: int
@@ -242,26 +228,21 @@ class PretrainingStream:
             positions.append(pos)
             labels.append(lab)
             nsp.append(int(p[4]))
-        T = max(len(s) for s in sequences)
-        P = max(len(p) for p in positions)
-        B = len(rows)
-        input_ids = np.full((B, T), self.pad_id, np.int64)
-        token_type_ids = np.zeros((B, T), np.int64)
-        attention_mask = np.zeros((B, T), np.int64)
-        mlm_positions = np.zeros((B, P), np.int64)
-        mlm_labels = np.full((B, P), IGNORE_INDEX, np.int64)
-        for i, (s, t, p, lab) in enumerate(zip(sequences, types, positions, labels)):
-            input_ids[i, : len(s)] = s
-            token_type_ids[i, : len(t)] = t
-            attention_mask[i, : len(s)] = 1
-            mlm_positions[i, : len(p)] = p
-            mlm_labels[i, : len(lab)] = lab
+        attention_mask = _pad([np.ones(len(s), np.int64) for s in sequences], 0)
         return Batch(
-            input_ids=torch.from_numpy(input_ids),
-            token_type_ids=torch.from_numpy(token_type_ids),
+            input_ids=torch.from_numpy(_pad(sequences, self.pad_id)),
+            token_type_ids=torch.from_numpy(_pad(types, 0)),
             attention_mask=torch.from_numpy(attention_mask),
-            mlm_positions=torch.from_numpy(mlm_positions),
-            mlm_labels=torch.from_numpy(mlm_labels),
+            mlm_positions=torch.from_numpy(_pad(positions, 0)),
+            mlm_labels=torch.from_numpy(_pad(labels, IGNORE_INDEX)),
             nsp_labels=torch.tensor(nsp, dtype=torch.long),
             num_tokens=int(attention_mask.sum()),
         )
+
+
+def _pad(rows: list[np.ndarray], fill: int) -> np.ndarray:
+    """The rows as one int64 (len(rows), longest row) array, padded at the end with `fill`."""
+    out = np.full((len(rows), max(len(r) for r in rows)), fill, np.int64)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = r
+    return out

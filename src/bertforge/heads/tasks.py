@@ -71,14 +71,16 @@ class BertForSequenceClassification(Pretrained, nn.Module):
 
     hf_architecture = "BertForSequenceClassification"
     per_token = False  # the classifier reads the pooled [CLS] (token classification: each token)
+    outputs: int | None = None  # the classifier's rows; None: one per label (multiple choice: 1)
 
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
         self.config = config
-        self.num_labels = config.num_labels
+        if self.outputs is None:  # named by the error on a checkpoint classifier of another size
+            self.num_labels = config.num_labels
         self.bert = BertModel(config, add_pooling_layer=not self.per_token)
         self.p = classifier_dropout(config)
-        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.classifier = nn.Linear(config.hidden_size, self.outputs or config.num_labels)
         _init_head(self.classifier, config)
 
     def forward(
@@ -143,21 +145,14 @@ class BertForQuestionAnswering(Pretrained, nn.Module):
         )
 
 
-class BertForMultipleChoice(Pretrained, nn.Module):
+class BertForMultipleChoice(BertForSequenceClassification):
     """One score per (context, ending) pair, compared across choices (SWAG).
 
     HF `BertForMultipleChoice` layout: `bert.*` (with pooler), `classifier.*` of 1 row.
     """
 
     hf_architecture = "BertForMultipleChoice"
-
-    def __init__(self, config: BertConfig) -> None:
-        super().__init__()
-        self.config = config
-        self.bert = BertModel(config, add_pooling_layer=True)
-        self.p = classifier_dropout(config)
-        self.classifier = nn.Linear(config.hidden_size, 1)
-        _init_head(self.classifier, config)
+    outputs = 1  # the sequence classifier's score of each pair
 
     def forward(
         self,
@@ -184,14 +179,11 @@ class BertForMultipleChoice(Pretrained, nn.Module):
                 )
             return x.reshape(B * C, T)
 
-        out = self.bert(
+        out = super().forward(
             input_ids.reshape(B * C, T),  # every (context, ending) pair is one sequence
             flat(token_type_ids, "token_type_ids"),
             flat(attention_mask, "attention_mask"),
             position_ids=flat(position_ids, "position_ids"),
             **encoder_kwargs,
         )
-        assert out.pooler_output is not None
-        pooled = dropout(out.pooler_output, self.p, self.training)  # (B*C, H)
-        logits = self.classifier(pooled).view(B, C)  # (B*C, 1) -> (B, C)
-        return ClassifierOutput(logits=logits, encoder=out)
+        return ClassifierOutput(out.logits.view(B, C), out.encoder)  # (B*C, 1) -> (B, C)

@@ -159,9 +159,6 @@ class RetrievalTask(TaskFamily):
         """The positive's digest: a passage is never in one batch twice (a false negative)."""
         return None if self.scored else np.asarray(features.labels)[:, 0]
 
-    def count(self, batch: Batch) -> int:
-        return len(batch.labels)
-
     def loss_sum(self, model: nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         pooled = Pooled(model, self.settings.pooling)
         chunk = getattr(self.options, "cache_chunk", None)

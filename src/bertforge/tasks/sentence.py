@@ -119,12 +119,10 @@ class SingleLabel:
     problem_type: ClassVar[str] = "single_label_classification"
     loss = staticmethod(classification_loss)
     probabilities = staticmethod(softmax)
+    soft_loss = staticmethod(soft_cross_entropy)  # the soft-target KL of every family
 
     def correct(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return (logits.argmax(-1) == labels).sum()
-
-    def soft_loss(self, student: torch.Tensor, teacher: torch.Tensor, t: float) -> torch.Tensor:
-        return soft_cross_entropy(student, teacher, t)  # the soft-target KL of every family
 
     def head_kwargs(self) -> dict[str, Any]:
         return {"id2label": dict(enumerate(self.names))}

@@ -207,13 +207,7 @@ def postprocess(
                 break
         if version_2 and math.isfinite(null_score):
             best.append(
-                {
-                    "text": "",
-                    "score": null_score,
-                    "start_logit": math.nan,
-                    "end_logit": math.nan,
-                    "start": -1,
-                }
+                dict(text="", score=null_score, start_logit=math.nan, end_logit=math.nan, start=-1)
             )
             best.sort(key=lambda c: -c["score"])
         if not best:
@@ -223,16 +217,12 @@ def postprocess(
         probs /= probs.sum()
         for c, p in zip(best, probs):
             c["probability"] = float(p)
-        spans = [c for c in best if c["text"]]
-        top = spans[0] if spans else None
+        top = next((c for c in best if c["text"]), None)
+        diff = null_score - top["score"] if top is not None else math.inf
         if version_2:
-            diff = null_score - top["score"] if top is not None else math.inf
             out.null_odds[e.qid] = float(diff) if math.isfinite(diff) else 1e9
-            out.predictions[e.qid] = (
-                top["text"] if top is not None and diff <= null_score_diff_threshold else ""
-            )
-        else:
-            out.predictions[e.qid] = top["text"] if top is not None else ""
+        answer = top is not None and (not version_2 or diff <= null_score_diff_threshold)
+        out.predictions[e.qid] = top["text"] if answer else ""
         out.nbest[e.qid] = best
     return out
 

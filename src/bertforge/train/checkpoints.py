@@ -187,7 +187,7 @@ def save(
 
 
 def load(
-    path: Path, model: nn.Module, optimizer: torch.optim.Optimizer | None, scaler: Any
+    path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, scaler: Any
 ) -> dict[str, Any]:
     """Restore model, optimizer, scaler and RNG states from a checkpoint; returns its info."""
     try:
@@ -200,8 +200,7 @@ def load(
     else:
         tensors, origin = read_tensors(path)
         load_state(model, tensors, origin)
-    if optimizer is not None:
-        optimizer.load_state_dict(state["optimizer"])
+    optimizer.load_state_dict(state["optimizer"])
     if scaler is not None and state.get("scaler") is not None:
         scaler.load_state_dict(state["scaler"])
     torch.set_rng_state(state["rng"]["torch"])

@@ -86,7 +86,6 @@ def build_optimizer(
     name: str = "adamw",
     lr: float = 1e-4,
     weight_decay: float = 0.01,
-    betas: tuple[float, float] = (0.9, 0.999),
     eps: float = 1e-6,
 ) -> torch.optim.Optimizer:
     groups = param_groups(model, weight_decay)
@@ -94,9 +93,9 @@ def build_optimizer(
         device = next(model.parameters()).device
         # The fused kernel is the fastest on CPU and CUDA alike.
         fused = device.type in ("cpu", "cuda")
-        return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, fused=fused)
+        return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.999), eps=eps, fused=fused)
     if name == "lamb":
-        return Lamb(groups, lr=lr, betas=betas, eps=eps)
+        return Lamb(groups, lr=lr, eps=eps)
     raise ValueError(f"optimizer {name!r}: must be one of {', '.join(OPTIMIZERS)}")
 
 

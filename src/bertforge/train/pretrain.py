@@ -185,16 +185,11 @@ class PretrainingTask:
 
     def summarize(self, s: torch.Tensor) -> dict[str, float]:
         mlm_loss = float(s[0] / s[1])
-        if not self.cfg.nsp:
-            return {"loss": mlm_loss, "mlm_loss": mlm_loss, "mlm_acc": float(s[2] / s[1])}
-        nsp_loss = float(s[3] / s[4])
-        return {
-            "loss": mlm_loss + nsp_loss,
-            "mlm_loss": mlm_loss,
-            "mlm_acc": float(s[2] / s[1]),
-            "nsp_loss": nsp_loss,
-            "nsp_acc": float(s[5] / s[4]),
-        }
+        out = {"loss": mlm_loss, "mlm_loss": mlm_loss, "mlm_acc": float(s[2] / s[1])}
+        if self.cfg.nsp:
+            nsp_loss = float(s[3] / s[4])
+            out.update(loss=mlm_loss + nsp_loss, nsp_loss=nsp_loss, nsp_acc=float(s[5] / s[4]))
+        return out
 
     def _heldout_stats(self, model: nn.Module, stream: PretrainingStream) -> torch.Tensor:
         total = torch.zeros(6, device=self.d.device)
@@ -216,11 +211,9 @@ class PretrainingTask:
         out: dict[str, float] = {}
         if "mlm" in self.heldout:
             s = self._heldout_stats(model, self.heldout["mlm"])
-            mlm_loss = float(s[0] / s[1])
+            loss = float(s[0] / s[1])
             out.update(
-                mlm_loss=mlm_loss,
-                mlm_acc=float(s[2] / s[1]),
-                perplexity=math.exp(min(mlm_loss, 50.0)),
+                mlm_loss=loss, mlm_acc=float(s[2] / s[1]), perplexity=math.exp(min(loss, 50.0))
             )
         if "nsp" in self.heldout:
             s = self._heldout_stats(model, self.heldout["nsp"])
@@ -232,21 +225,15 @@ def _split(batch: Batch, size: int) -> list[Batch]:
     """Micro-batches of `size` rows (each trimmed to its own longest row)."""
     if len(batch.nsp_labels) <= size:
         return [batch]
+    inputs = (batch.input_ids, batch.token_type_ids, batch.attention_mask)
+    targets = (batch.mlm_positions, batch.mlm_labels, batch.nsp_labels)
     parts = []
     for i in range(0, len(batch.nsp_labels), size):
         rows = slice(i, i + size)
-        T = int(batch.attention_mask[rows].sum(1).max())
-        parts.append(
-            Batch(
-                input_ids=batch.input_ids[rows, :T],
-                token_type_ids=batch.token_type_ids[rows, :T],
-                attention_mask=batch.attention_mask[rows, :T],
-                mlm_positions=batch.mlm_positions[rows],
-                mlm_labels=batch.mlm_labels[rows],
-                nsp_labels=batch.nsp_labels[rows],
-                num_tokens=int(batch.attention_mask[rows].sum()),
-            )
-        )
+        mask = batch.attention_mask[rows]
+        T = int(mask.sum(1).max())
+        cut = [x[rows, :T] for x in inputs] + [x[rows] for x in targets]
+        parts.append(Batch(*cut, num_tokens=int(mask.sum())))
     return parts
 
 

@@ -72,16 +72,13 @@ def read_conll(
 
     for lineno, line in text_lines(path):
         fields = line.split()
-        if not fields:
+        if not fields or fields[0] == DOCSTART:
             flush()
             continue
-        if fields[0] == DOCSTART:
-            flush()
-            continue
+        if not tokens:
+            start = lineno
+        tokens.append(fields[0])  # a line that raises below ends the read: no need to undo
         if not labelled:
-            if not tokens:
-                start = lineno
-            tokens.append(fields[0])
             continue
         if expected is None:
             expected, first_line = len(fields), lineno
@@ -110,9 +107,6 @@ def read_conll(
                 f'{path}: line {lineno}: field "tag" (column {tag_i}): {tag!r} is not one of '
                 f"the allowed tags: {', '.join(labels or ())}"
             )
-        if not tokens:
-            start = lineno
-        tokens.append(fields[0])
         tags.append(tag)
     flush()
     if not sentences:

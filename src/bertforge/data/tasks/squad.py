@@ -25,9 +25,13 @@ import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from ...errors import DataError, InputError
 from ...fileio import read_json
+from .table import text_field
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -42,25 +46,21 @@ class SquadExample:
     title: str
 
 
-def _get(obj: object, key: str, kind: type | tuple[type, ...], where: str) -> object:
+def _get(obj: object, key: str, kind: type[T], where: str) -> T:
     if not isinstance(obj, dict):
         raise DataError(f"{where}: expected a JSON object, got {type(obj).__name__}")
     if key not in obj:
         raise DataError(f'{where}: field "{key}" missing')
     value = obj[key]
     # bool is an int in Python; no SQuAD field is meant to accept both.
-    if not isinstance(value, kind) or (isinstance(value, bool) and bool not in _as_tuple(kind)):
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
         raise DataError(
             f'{where}: field "{key}": expected {_kind_name(kind)}, got {type(value).__name__}'
         )
     return value
 
 
-def _as_tuple(kind: type | tuple[type, ...]) -> tuple[type, ...]:
-    return kind if isinstance(kind, tuple) else (kind,)
-
-
-def _kind_name(kind: type | tuple[type, ...]) -> str:
+def _kind_name(kind: type) -> str:
     names = {
         str: "a string",
         int: "an integer",
@@ -68,7 +68,7 @@ def _kind_name(kind: type | tuple[type, ...]) -> str:
         bool: "true/false",
         dict: "an object",
     }
-    return " or ".join(names.get(k, k.__name__) for k in _as_tuple(kind))
+    return names.get(kind, kind.__name__)
 
 
 def read_squad(
@@ -84,7 +84,6 @@ def read_squad(
     path = Path(path)
     root = read_json(path, obj=False)
     articles = _get(root, "data", list, f"{path}: top level")
-    assert isinstance(articles, list)
     v2 = version == "2.0" or (
         version is None
         and any(
@@ -104,32 +103,22 @@ def read_squad(
         where_a = f"{path}: data[{i}]"
         title = article.get("title", "") if isinstance(article, dict) else ""
         paragraphs = _get(article, "paragraphs", list, where_a)
-        assert isinstance(paragraphs, list)
         for j, para in enumerate(paragraphs):
             where_p = f"{where_a}.paragraphs[{j}]"
-            context = _get(para, "context", str, where_p)
-            assert isinstance(context, str)
-            if not context.strip():
-                raise DataError(f'{where_p}: field "context": empty text')
+            context = text_field(where_p, "context", _get(para, "context", str, where_p))
             qas = _get(para, "qas", list, where_p)
-            assert isinstance(qas, list)
             for k, qa in enumerate(qas):
                 where_q = f"{where_p}.qas[{k}]"
                 qid = _get(qa, "id", str, where_q)
-                assert isinstance(qid, str) and isinstance(qa, dict)
                 where_q = f"{where_q} (id {qid})"
                 if qid in seen:
                     raise DataError(f'{where_q}: field "id": duplicate, first at {seen[qid]}')
                 seen[qid] = where_q
-                question = _get(qa, "question", str, where_q)
-                assert isinstance(question, str)
-                if not question.strip():
-                    raise DataError(f'{where_q}: field "question": empty text')
+                question = text_field(where_q, "question", _get(qa, "question", str, where_q))
                 impossible = False
                 if v2:
-                    impossible = bool(_get(qa, "is_impossible", bool, where_q))
+                    impossible = _get(qa, "is_impossible", bool, where_q)
                 raw_answers = _get(qa, "answers", list, where_q)
-                assert isinstance(raw_answers, list)
                 if impossible and raw_answers:
                     raise DataError(
                         f'{where_q}: field "answers": is_impossible is true but there are '
@@ -145,7 +134,6 @@ def read_squad(
                     where_n = f"{where_q}: answers[{n}]"
                     text = _get(ans, "text", str, where_n)
                     start = _get(ans, "answer_start", int, where_n)
-                    assert isinstance(text, str) and isinstance(start, int)
                     if not text.strip():
                         raise DataError(f'{where_n}: field "text": empty answer text')
                     if start >= 0 and context[start : start + len(text)] == text:
