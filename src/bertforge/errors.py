@@ -7,7 +7,9 @@ exits with status 2 instead of showing a stack trace. Messages name the file, li
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Sequence
+from typing import Any
 
 
 class BertforgeError(Exception):
@@ -36,6 +38,14 @@ class DataError(BertforgeError):
 
 class TrainingError(BertforgeError):
     """Training cannot go on: its loss or gradient norm stopped being finite (it diverged)."""
+
+
+def need_extra(module: str, message: str, error: type[Exception] = ConfigError) -> Any:
+    """`module` of an optional extra, imported; without it, `error(message)`: what to install."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise error(message) from None
 
 
 class CheckpointWarning(UserWarning):

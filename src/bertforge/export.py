@@ -22,7 +22,7 @@ from torch import nn
 
 from .catalogue import ENTRIES
 from .checkpoint import architectures
-from .errors import ConfigError
+from .errors import ConfigError, need_extra
 from .fileio import atomic_path
 from .tokenizer import Tokenizer
 
@@ -45,10 +45,9 @@ def export_onnx(
     model_dir: str | os.PathLike[str], out: str | os.PathLike[str], atol: float = 1e-4
 ) -> dict[str, Any]:
     """Export and check; returns {"outputs": [...], "max_abs_diff": {...}}."""
-    try:
-        import onnxruntime
-    except ImportError:
-        raise ConfigError("ONNX export needs: pip install onnx onnxscript onnxruntime") from None
+    onnxruntime = need_extra(
+        "onnxruntime", "ONNX export needs: pip install onnx onnxscript onnxruntime"
+    )
     if not atol > 0:
         raise ConfigError(f"atol={atol} (--atol): must be > 0")
     model_dir = Path(model_dir)

@@ -11,7 +11,7 @@ import os
 import re
 from pathlib import Path
 
-from .errors import CheckpointError
+from .errors import CheckpointError, need_extra
 
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 _FILES = [
@@ -41,13 +41,12 @@ def resolve(path: str | os.PathLike[str]) -> Path:
     )
     if looks_local:
         raise CheckpointError(f"{name}: no such file or directory")
-    try:
-        from huggingface_hub import snapshot_download
-    except ImportError:
-        raise CheckpointError(
-            f"{name}: no such local directory; to download it from the Hugging Face hub, "
-            "install the hub extra (pip install 'bertforge[hub]')"
-        ) from None
+    snapshot_download = need_extra(
+        "huggingface_hub",
+        f"{name}: no such local directory; to download it from the Hugging Face hub, "
+        "install the hub extra (pip install 'bertforge[hub]')",
+        CheckpointError,
+    ).snapshot_download
     try:
         local = Path(snapshot_download(repo_id=name, allow_patterns=_FILES))
         if not any(local.glob("*.safetensors")):  # older repositories have only the pickle

@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import ConfigError, DataError
+from .errors import ConfigError, DataError, need_extra
 from .fileio import atomic_path, json_text, read_json, read_lines, write_json, write_text
 from .runner import release_memory
 
@@ -49,6 +49,8 @@ RRF_K = 60  # reciprocal-rank fusion: 1 / (k + rank)
 FUSED = 100  # documents per list that fusion reads
 QUERY_BLOCK = 1024  # queries scored against the corpus at once
 WINDOW_BLOCK = 16_384  # windows scored at once per query block: (1024, 16384) floats, 64 MB
+_BM25_EXTRA = "a BM25 index needs bm25s: pip install 'bertforge[search]' (or --no-bm25)"
+_FAISS_EXTRA = "an approximate index needs faiss: pip install 'bertforge[search]' (or faiss-cpu)"
 
 
 # -- the corpus ------------------------------------------------------------------------------------
@@ -112,17 +114,9 @@ def _table_documents(path: Path, fmt: CorpusFormat) -> Iterator[tuple[int, str, 
             raise header_error(path, names, f'column "{name}" missing from the header')
     i, t = names.index(fmt.id_field), names.index(fmt.text_field)
     for r in table.records():
-        fields = r.fields
-        yield (
-            r.lineno,
-            _id(fields[i], path, r.lineno, fmt.id_field),
-            _text(  # type: ignore[index]
-                fields[t],  # type: ignore[index]
-                path,
-                r.lineno,
-                fmt.text_field,
-            ),
-        )
+        fields: Sequence[str] = r.fields  # type: ignore[assignment]
+        doc_id = _id(fields[i], path, r.lineno, fmt.id_field)
+        yield r.lineno, doc_id, _text(fields[t], path, r.lineno, fmt.text_field)
 
 
 def _id(value: object, path: Path, lineno: int, name: str) -> str:
@@ -172,16 +166,6 @@ def bm25_tokens(texts: Sequence[str]) -> Any:
     import bm25s
 
     return bm25s.tokenize(list(texts), stopwords="en", show_progress=False)
-
-
-def _need_bm25() -> Any:
-    try:
-        import bm25s
-    except ImportError:
-        raise ConfigError(
-            "a BM25 index needs bm25s: pip install 'bertforge[search]' (or --no-bm25)"
-        ) from None
-    return bm25s
 
 
 class Index:
@@ -252,11 +236,11 @@ class Index:
         if chunk < 1:
             raise ConfigError(f"chunk={chunk} (--chunk): must be >= 1")
         if bm25:
-            _need_bm25()
+            need_extra("bm25s", _BM25_EXTRA)
         if approximate not in (None, "hnsw"):
             raise ConfigError(f"approximate={approximate!r} (--approximate): only hnsw")
         if approximate:
-            _need_faiss()
+            need_extra("faiss", _FAISS_EXTRA)
         out = Path(out)
         pipe = Pipeline(model, device=device, precision=precision, batch_size=batch_size)
         positions = pipe.config.max_position_embeddings
@@ -348,7 +332,7 @@ class Index:
                 f.write(p.with_suffix(".jsonl").read_text(encoding="utf-8"))
         if bm25:
             texts = [json.loads(line)["text"] for _, line in read_lines(out / "documents.jsonl")]
-            retriever = _need_bm25().BM25()
+            retriever = need_extra("bm25s", _BM25_EXTRA).BM25()
             retriever.index(bm25_tokens(texts), show_progress=False)
             tmp_dir = out / ".bm25.tmp"
             shutil.rmtree(tmp_dir, ignore_errors=True)
@@ -402,14 +386,12 @@ class Index:
             self._pipe = Pipeline(path, **{"precision": self.meta["precision"], **pipeline})
         return self._pipe
 
-    def dense(
-        self, queries: Sequence[str], k: int, exact: bool = False
-    ) -> tuple[np.ndarray, np.ndarray]:
+    def dense(self, queries: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
         """(documents, scores) of each query's top k by its best window's inner product;
-        through the HNSW graph when the index has one, unless exact."""
+        through the HNSW graph when the index has one."""
         q = self.use_model().embed(list(queries))
         k = min(k, len(self.ids))
-        if self.meta.get("approximate") and not exact:
+        if self.meta.get("approximate"):
             return self._hnsw(q, k)
         # documents in blocks of about WINDOW_BLOCK windows (a document's windows stay together)
         ends = np.r_[self.starts[1:], len(self.windows)]
@@ -442,7 +424,8 @@ class Index:
         """Approximate: the HNSW graph's nearest windows (4 k of them, at least 64 looked at),
         each document scored by its best window among them."""
         if self._graph is None:
-            self._graph = _need_faiss().read_index(str(self.path / "hnsw.faiss"))
+            faiss = need_extra("faiss", _FAISS_EXTRA)
+            self._graph = faiss.read_index(str(self.path / "hnsw.faiss"))
         n = min(len(self.windows), 4 * k)
         self._graph.hnsw.efSearch = max(64, n)
         sims, found = self._graph.search(np.ascontiguousarray(q, np.float32), n)
@@ -464,7 +447,8 @@ class Index:
             raise ConfigError(f"{self.path}: built without a BM25 index (--no-bm25)")
         if self._bm25 is None:
             try:
-                self._bm25 = _need_bm25().BM25.load(str(self.path / "bm25"), mmap=True)
+                bm25s = need_extra("bm25s", _BM25_EXTRA)
+                self._bm25 = bm25s.BM25.load(str(self.path / "bm25"), mmap=True)
             except (ValueError, OSError, KeyError, TypeError, EOFError) as e:
                 raise DataError(
                     f"{self.path}/bm25: a missing, corrupt or truncated BM25 file ({e}): "
@@ -512,7 +496,7 @@ class Index:
             spans = [(self.starts[d], ends[d]) for d in docs]
             return np.array([float((self.vectors[a:b] @ v).max()) for v, (a, b) in zip(q, spans)])
         bm25 = self._bm25_index()
-        tokenize = _need_bm25().tokenize
+        tokenize = need_extra("bm25s", _BM25_EXTRA).tokenize
         words = tokenize(list(queries), stopwords="en", return_ids=False, show_progress=False)
         return np.array([float(bm25.get_scores(w)[d]) for w, d in zip(words, docs)])
 
@@ -608,20 +592,10 @@ def fuse(rankings: Sequence[np.ndarray], k: int = FUSED) -> tuple[np.ndarray, np
     return np.array(pad, np.int64), np.array([s + [0.0] * (width - len(s)) for s in scores])
 
 
-def _need_faiss() -> Any:
-    try:
-        import faiss
-    except ImportError:
-        raise ConfigError(
-            "an approximate index needs faiss: pip install 'bertforge[search]' (or faiss-cpu)"
-        ) from None
-    return faiss
-
-
 def _write_hnsw(vectors: Path, out: Path, block: int = 65_536) -> None:
     """An HNSW graph (32 links per node, efConstruction 200, inner product) over the vectors,
     added a block at a time from the memory-mapped file; written atomically."""
-    faiss = _need_faiss()
+    faiss = need_extra("faiss", _FAISS_EXTRA)
     data = np.load(vectors, mmap_mode="r")
     graph = faiss.IndexHNSWFlat(data.shape[1], 32, faiss.METRIC_INNER_PRODUCT)
     graph.hnsw.efConstruction = 200

@@ -67,7 +67,7 @@ except ImportError:  # create_app says what to install
 from .catalogue import ENTRIES, Entry
 from .checkpoint import architectures
 from .config import BertConfig, check_options, option
-from .errors import BertforgeError, ConfigError
+from .errors import BertforgeError, need_extra
 from .hub import resolve
 from .model import BertModel
 from .pipelines import Pipeline
@@ -75,6 +75,7 @@ from .tasks import ranking
 from .tasks.embedding import POOLINGS
 
 log = logging.getLogger(__name__)
+_SERVE_EXTRA = "bertforge serve needs the serve extra: pip install 'bertforge[serve]'"
 
 
 @dataclass
@@ -344,31 +345,24 @@ class Metrics:
         self.queue_depth = waiting
 
     def text(self) -> str:
-        out = [
-            "# HELP bertforge_requests_total HTTP requests by endpoint and status.",
-            "# TYPE bertforge_requests_total counter",
-        ]
+        out = _header("requests_total", "counter", "HTTP requests by endpoint and status.")
         out += [
             f'bertforge_requests_total{{endpoint="{e}",status="{s}"}} {n}'
             for (e, s), n in sorted(self.requests.items())
         ]
-        out += [
-            "# HELP bertforge_request_seconds Request latency.",
-            "# TYPE bertforge_request_seconds histogram",
-        ]
+        out += _header("request_seconds", "histogram", "Request latency.")
         for e, counts in sorted(self.latency.items()):
             out += _histogram("bertforge_request_seconds", f'endpoint="{e}",', self.LATENCY, counts)
-        out += [
-            "# HELP bertforge_batch_texts Texts per model call.",
-            "# TYPE bertforge_batch_texts histogram",
-        ]
+        out += _header("batch_texts", "histogram", "Texts per model call.")
         out += _histogram("bertforge_batch_texts", "", self.BATCH, self.batches)
-        out += [
-            "# HELP bertforge_queue_depth Requests waiting after the last batch was formed.",
-            "# TYPE bertforge_queue_depth gauge",
-            f"bertforge_queue_depth {self.queue_depth}",
-        ]
+        out += _header("queue_depth", "gauge", "Requests waiting after the last batch was formed.")
+        out.append(f"bertforge_queue_depth {self.queue_depth}")
         return "\n".join(out) + "\n"
+
+
+def _header(name: str, kind: str, text: str) -> list[str]:
+    """The HELP and TYPE lines of the metric bertforge_<name>."""
+    return [f"# HELP bertforge_{name} {text}", f"# TYPE bertforge_{name} {kind}"]
 
 
 def _histogram(
@@ -517,16 +511,11 @@ def create_app(
     embedding endpoints, health, metadata and metrics, and POST /search over `index` (an
     index.Index directory) when given. The model and its heads load here: a checkpoint that
     cannot be read raises its CheckpointError now, not at the first request."""
-    try:
-        from fastapi import FastAPI
-    except ImportError:
-        raise ConfigError(
-            "bertforge serve needs the serve extra: pip install 'bertforge[serve]'"
-        ) from None
+    fastapi = need_extra("fastapi", _SERVE_EXTRA)
     server = Server(model, limits or Limits(), pipeline_options)
     # no /docs or /redoc: their pages load scripts from a CDN, blank offline; /openapi.json is
     # the API (any OpenAPI viewer reads it)
-    app = FastAPI(
+    app = fastapi.FastAPI(
         title="bertforge",
         description=f"BERT pipelines for {server.name}",
         docs_url=None,
@@ -790,12 +779,7 @@ def serve(
 ) -> None:
     """Load and check the model (a CheckpointError ends it here), then run the server
     (uvicorn) until stopped."""
-    try:
-        import uvicorn
-    except ImportError:
-        raise ConfigError(
-            "bertforge serve needs the serve extra: pip install 'bertforge[serve]'"
-        ) from None
+    uvicorn = need_extra("uvicorn", _SERVE_EXTRA)
     app = create_app(model, limits, index, **pipeline_options)
     print(f"serving {model} on http://{host}:{port} (its API: /openapi.json)", flush=True)
     uvicorn.run(app, host=host, port=port, log_level="warning")

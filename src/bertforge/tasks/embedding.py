@@ -22,24 +22,18 @@ from ..errors import CheckpointError
 from ..fileio import inside, read_json, write_json
 
 POOLINGS = ("cls", "mean", "max", "mean_sqrt_len", "weightedmean", "lasttoken")
-# sentence-transformers' names: 1_Pooling/config.json's pooling_mode (v5+) and its older flags
-_ST_MODES = {
-    "cls": "cls",
-    "max": "max",
-    "mean": "mean",
-    "mean_sqrt_len_tokens": "mean_sqrt_len",
-    "weightedmean": "weightedmean",
-    "lasttoken": "lasttoken",
+# sentence-transformers' names for ours: 1_Pooling/config.json's pooling_mode (v5+) and its
+# older flag, in the order sentence-transformers concatenates the modes
+_ST_NAMES = {
+    "cls": ("cls", "pooling_mode_cls_token"),
+    "max": ("max", "pooling_mode_max_tokens"),
+    "mean": ("mean", "pooling_mode_mean_tokens"),
+    "mean_sqrt_len": ("mean_sqrt_len_tokens", "pooling_mode_mean_sqrt_len_tokens"),
+    "weightedmean": ("weightedmean", "pooling_mode_weightedmean_tokens"),
+    "lasttoken": ("lasttoken", "pooling_mode_lasttoken"),
 }
-_ST_FLAGS = {
-    "pooling_mode_cls_token": "cls",
-    "pooling_mode_max_tokens": "max",
-    "pooling_mode_mean_tokens": "mean",
-    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len",
-    "pooling_mode_weightedmean_tokens": "weightedmean",
-    "pooling_mode_lasttoken": "lasttoken",
-}
-_ORDER = ("cls", "max", "mean", "mean_sqrt_len", "weightedmean", "lasttoken")  # concatenation
+_ST_MODES = {mode: ours for ours, (mode, _) in _ST_NAMES.items()}
+_ST_FLAGS = {flag: ours for ours, (_, flag) in _ST_NAMES.items()}
 
 
 @dataclass(frozen=True)
@@ -173,7 +167,7 @@ def _pooling(config_file: Path) -> tuple[str, ...]:
         found = {_ST_MODES[m] for m in modes}
     else:
         found = {ours for key, ours in _ST_FLAGS.items() if config.get(key)}
-    return tuple(m for m in _ORDER if m in found) or ("mean",)
+    return tuple(m for m in _ST_NAMES if m in found) or ("mean",)
 
 
 def pool(h: torch.Tensor, mask: torch.Tensor, modes: tuple[str, ...]) -> torch.Tensor:

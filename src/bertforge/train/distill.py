@@ -333,19 +333,18 @@ class Trainee(nn.Module):
 def make_trainee(cfg: DistillConfig, teacher: nn.Module, **head_kwargs: Any) -> Trainee:
     """The student the options name, as a Trainee of this teacher."""
     if cfg.student_layers:
-        layers = cfg.layers
-        student = make_student(teacher, layers)
+        student = make_student(teacher, cfg.layers)
+    elif cfg.student_size:
+        student = fresh_student(teacher, cfg.student_size)
     else:
-        if cfg.student_size:
-            student = fresh_student(teacher, cfg.student_size)
-        else:
-            student = load_with_fresh(type(teacher), resolve(str(cfg.model)), **head_kwargs)[0]
-            if student.config.vocab_size != teacher.config.vocab_size:
-                raise ConfigError(
-                    f"--student {cfg.model}: vocabulary of {student.config.vocab_size:,} pieces, "
-                    f"the teacher's has {teacher.config.vocab_size:,}: they must share one"
-                )
-        layers = layer_map(student.config.num_hidden_layers, teacher.config.num_hidden_layers)
+        student = load_with_fresh(type(teacher), resolve(str(cfg.model)), **head_kwargs)[0]
+        if student.config.vocab_size != teacher.config.vocab_size:
+            raise ConfigError(
+                f"--student {cfg.model}: vocabulary of {student.config.vocab_size:,} pieces, "
+                f"the teacher's has {teacher.config.vocab_size:,}: they must share one"
+            )
+    n = student.config.num_hidden_layers
+    layers = cfg.layers if cfg.student_layers else layer_map(n, teacher.config.num_hidden_layers)
     if (
         cfg.attention_weight
         and student.config.num_attention_heads != teacher.config.num_attention_heads
@@ -384,7 +383,8 @@ def representation_loss(
     """Per row (B,): hidden_weight x the MSE of the mapped hidden states over the real tokens
     (embeddings and each student layer vs its teacher layer, projected when narrower), plus
     attention_weight x KL(teacher || student) of the mapped layers' attention distributions,
-    averaged over heads and real query tokens; each averaged over its mapped layers."""
+    averaged over heads and real query tokens; each averaged over its mapped layers. Zeros
+    when both weights are 0 (nothing read from the outputs)."""
     layers = trainee.layers if isinstance(trainee, Trainee) else trainee
     project = trainee.project if isinstance(trainee, Trainee) else (lambda i, h: h)
     s, t = _encoder(student), _encoder(teacher)
@@ -439,10 +439,9 @@ def distillation_loss(
         m = mask.float()
         per_token = ((project(last, hs) - ht) ** 2).mean(-1) * m
         per_row = per_row + token_weight * per_token.sum(1) / m.sum(1).clamp(min=1)
-    if hidden_weight or attention_weight:
-        per_row = per_row + representation_loss(
-            student, teacher, mask, trainee, hidden_weight, attention_weight
-        )
+    per_row = per_row + representation_loss(
+        student, teacher, mask, trainee, hidden_weight, attention_weight
+    )
     return per_row.sum(), emb.detach()
 
 
@@ -471,12 +470,7 @@ class DistillTask:
         own: embedding.Embedding,
     ) -> None:
         self.grouped = LengthGroupedBatches(
-            cfg.batch_size,
-            cfg.micro_batch_size,
-            cfg.seed,
-            d,
-            tok.pad_id,
-            multiple=pad_multiple(resolve_precision(cfg.precision, d.device)),
+            cfg, d, tok.pad_id, multiple=pad_multiple(resolve_precision(cfg.precision, d.device))
         )
         self.cfg, self.d, self.teacher, self.own = cfg, d, teacher, own
         self.train: Features | None = None
@@ -536,19 +530,9 @@ class TaskDistillTask(FinetuneTask):
         ours = model(*micro.inputs(), **_outputs(cfg))
         hard, correct = fam.loss_of(ours, micro)
         soft = fam.soft_loss_sum(ours, theirs, micro, cfg.temperature)
-        total = (1 - cfg.alpha) * hard + cfg.alpha * soft
-        if cfg.hidden_weight or cfg.attention_weight:
-            total = (
-                total
-                + representation_loss(
-                    ours,
-                    theirs,
-                    micro.attention_mask,
-                    _unwrapped(model),
-                    cfg.hidden_weight,
-                    cfg.attention_weight,
-                ).sum()
-            )
+        weights = cfg.hidden_weight, cfg.attention_weight
+        rep = representation_loss(ours, theirs, micro.attention_mask, _unwrapped(model), *weights)
+        total = (1 - cfg.alpha) * hard + cfg.alpha * soft + rep.sum()
         n = torch.tensor(float(fam.count(micro)), device=total.device)
         stats = torch.stack([total.detach(), n, correct.float(), hard.detach(), soft.detach()])
         return total / totals[0] * self.d.world_size, stats

@@ -212,9 +212,7 @@ class LengthGroupedBatches:
     each epoch's batches from epoch_batches, each one's rows dealt over the processes and cut
     into micro-batches; the position after a step ({"epoch", "batch"}) resumes exactly."""
 
-    batch_size: int
-    micro_batch_size: int | None
-    seed: int
+    cfg: FinetuneConfig | DistillConfig  # the options holding batch_size, micro_batch_size, seed
     d: distributed.Dist
     pad_id: int
     # a key per row: rows sharing one stay out of the same batch (TaskFamily.batch_keys)
@@ -222,10 +220,9 @@ class LengthGroupedBatches:
     multiple: int = 1  # each micro-batch's length rounded up to it (runner.pad_multiple)
 
     def __post_init__(self) -> None:
-        if self.batch_size % self.d.world_size:
-            raise ConfigError(
-                f"batch_size={self.batch_size} must split evenly into {self.d.world_size} processes"
-            )
+        size, w = self.cfg.batch_size, self.d.world_size
+        if size % w:
+            raise ConfigError(f"batch_size={size} must split evenly into {w} processes")
 
     def batches(self, features: Features, position: Any) -> Iterator[tuple[list[Batch], Any]]:
         epoch, b = (position["epoch"], position["batch"]) if position else (0, 0)
@@ -233,8 +230,8 @@ class LengthGroupedBatches:
         while True:
             batches = epoch_batches(
                 features.lengths,
-                self.batch_size,
-                self.seed,
+                self.cfg.batch_size,
+                self.cfg.seed,
                 epoch,
                 self.keys(features) if self.keys else None,
             )
@@ -244,7 +241,7 @@ class LengthGroupedBatches:
                 rows = batches[i][r::w]
                 if len(rows) == 0:  # a last batch smaller than the number of processes
                     continue
-                m = self.micro_batch_size or len(rows)  # accumulated over micro-batches
+                m = self.cfg.micro_batch_size or len(rows)  # accumulated over micro-batches
                 yield (
                     [
                         collate(features, rows[j : j + m], self.pad_id, self.multiple)
@@ -268,13 +265,7 @@ class FinetuneTask:
         self.family, self.cfg, self.d = fam, cfg, d
         self.runner = Runner.create(str(d.device), cfg.precision, 2 * cfg.batch_size)
         self.grouped = LengthGroupedBatches(
-            cfg.batch_size,
-            cfg.micro_batch_size,
-            cfg.seed,
-            d,
-            fam.tok.pad_id,
-            fam.batch_keys,
-            self.runner.pad_multiple,
+            cfg, d, fam.tok.pad_id, fam.batch_keys, self.runner.pad_multiple
         )
         self.train: Any = None  # Features
         self.dev: tuple[Any, Any] | None = None  # (examples, features)
@@ -282,7 +273,7 @@ class FinetuneTask:
 
     @property
     def steps_per_epoch(self) -> int:
-        return math.ceil(len(self.train) / self.grouped.batch_size)
+        return math.ceil(len(self.train) / self.cfg.batch_size)
 
     def batches(self, position: Any) -> Iterator[tuple[list[Batch], Any]]:
         return self.grouped.batches(self.train, position)
@@ -337,12 +328,6 @@ class FinetuneTask:
             )
 
 
-def first_rows(examples: list[Any], n: int | None) -> list[Any]:
-    """The first n examples in the file's order (all of them for None): row limits are a
-    prefix, not a sample, so that the same n gives the same rows."""
-    return examples if n is None else examples[:n]
-
-
 def load_data(
     task: FinetuneTask, cfg: FinetuneConfig | DistillConfig
 ) -> tuple[list[Any], list[Any] | None]:
@@ -358,11 +343,12 @@ def load_data(
         train_examples, dev_examples = split_train_test(train_examples, cfg.dev_split)
     # the labels of all the training rows: a try on a few rows has the full run's head
     fam.set_labels(train_examples)
-    train_examples = first_rows(train_examples, cfg.max_train_rows)
+    # row limits are a prefix in the file's order, not a sample: the same n, the same rows
+    train_examples = train_examples[: cfg.max_train_rows]
     if cfg.dev:
         dev_examples = fam.read(cfg.dev)
     if dev_examples is not None:
-        dev_examples = first_rows(dev_examples, cfg.max_dev_rows)
+        dev_examples = dev_examples[: cfg.max_dev_rows]
     task.train = fam.featurize(train_examples, training=True)
     if dev_examples:
         task.dev = (dev_examples, fam.featurize(dev_examples))
@@ -437,6 +423,7 @@ def fit(
     and lr."""
     cfg, d, out = run.cfg, run.d, run.path
     kept = model if kept is None else kept
+    savers = (kept.save_pretrained, tok.save_pretrained, task.family.save_files)
     model.train()
     steps = max(1, math.ceil(cfg.epochs * task.steps_per_epoch))
     main_metric = task.metric
@@ -461,9 +448,8 @@ def fit(
             return
         best.clear()
         best.update(metrics, step=step, epoch=round(step / task.steps_per_epoch, 2))
-        kept.save_pretrained(out)  # type: ignore[operator]
-        tok.save_pretrained(out)
-        task.family.save_files(out)
+        for save in savers:
+            save(out)
         task.family.write_predictions(out, task.dev[0], task.dev_predictions)  # of this evaluation
         write_json(out / "eval_results.json", {"task": cfg.task, **best})
 
@@ -498,11 +484,7 @@ def fit(
     if table := class_table(best):
         done += "\n" + table
     # without dev there is nothing to choose by: the last model
-    last = (
-        ()
-        if task.dev is not None
-        else (kept.save_pretrained, tok.save_pretrained, task.family.save_files)
-    )
+    last = () if task.dev is not None else savers
     if not run.finish(result, done, *last, best=best):
         return {"interrupted": True, "step": result["step"]}
     if d.is_main and (one := single_class(best)) is not None:
@@ -556,7 +538,7 @@ def _read(fam: TaskFamily, data: str, max_rows: int | None, labelled: bool = Tru
     """The first max_rows examples of `data` (all of them for None)."""
     if max_rows is not None and max_rows < 1:
         raise ConfigError(f"max_rows={max_rows} (--max-rows): must be >= 1")
-    return first_rows(fam.read(data, labelled=labelled), max_rows)
+    return fam.read(data, labelled=labelled)[:max_rows]
 
 
 def evaluate_model(
