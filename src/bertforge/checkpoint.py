@@ -29,10 +29,11 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from .config import BertConfig
+from .config import CONFIG_FILES, BertConfig
 from .errors import CheckpointError, CheckpointWarning, FreshWeightsWarning, VocabError
 from .fileio import atomic_path, inside, read_json
 from .hub import resolve
+from .tokenizer import VOCAB_FILES
 
 SAFETENSORS = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -380,19 +381,10 @@ def load_pretrained(
         config = BertConfig.from_pretrained(directory)
     if overrides:
         config = config.replace(**overrides)
-    config_file = next(
-        (
-            str(directory / n)
-            for n in ("config.json", "bert_config.json")
-            if (directory / n).exists()
-        ),
-        str(directory),
-    )
-    vocab_file = next(
-        (directory / n for n in ("vocab.txt", "tokenizer.json") if (directory / n).is_file()), None
-    )
+    config_file = next((directory / n for n in CONFIG_FILES if (directory / n).exists()), directory)
+    vocab_file = next((directory / n for n in VOCAB_FILES if (directory / n).is_file()), None)
     if vocab_file is not None:
-        check_vocab_file(vocab_file, config, config_file)
+        check_vocab_file(vocab_file, config, str(config_file))
     tensors, origin = read_tensors(directory)
     model = cls(config, **kwargs)  # type: ignore[call-arg]
     load_state(model, tensors, origin)

@@ -50,6 +50,11 @@ def options_of(args: argparse.Namespace, target: Any) -> dict[str, Any]:
     return {name: getattr(args, name) for name in getattr(args, _key(target))}
 
 
+def _given(args: argparse.Namespace, *names: str) -> dict[str, Any]:
+    """The values of options added by hand (add_argument: their dest is the parameter's name)."""
+    return {name: getattr(args, name) for name in names}
+
+
 def _inference_options(p: argparse.ArgumentParser, *names: str) -> None:
     """--device and --precision (help: INFERENCE_HELP), those named, in their order."""
     from .runner import PRECISIONS
@@ -411,15 +416,17 @@ def _read_inputs(
     return rows
 
 
-def _write_jsonl(out: str | None, items: Sequence[Any]) -> None:
-    from .fileio import json_text
+def _write_jsonl(out: str | None, rows: Sequence[InputLine], items: Sequence[Any]) -> None:
+    """Output rows, each after its input's line number (and id, if the JSONL input had one)."""
+    from .fileio import json_text, write_text
 
-    text = "".join(json_text(x) + "\n" for x in items)
+    text = "".join(
+        json_text({"line": r.line, **({"id": r.id} if r.id is not None else {}), **x}) + "\n"
+        for r, x in zip(rows, items)
+    )
     if out is None:
         sys.stdout.write(text)
     else:
-        from .fileio import write_text
-
         write_text(out, text)
         print(f"wrote {len(items):,} lines to {out}", file=sys.stderr)
 
@@ -445,12 +452,8 @@ def cmd_pipeline(args: argparse.Namespace) -> None:
             more = ", ..." if len(rows) > 10 else ""
             print(f"its rows are input lines {kept}{more} (blank lines skipped)", file=sys.stderr)
         return
-    items = []
-    for n, (row, result) in enumerate(zip(rows, results)):
-        given = {k: v[n] for k, v in columns.items()}
-        ids = {"id": row.id} if row.id is not None else {}
-        items.append({"line": row.line, **ids, **entry.row(given, result, n)})
-    _write_jsonl(args.out, items)
+    items = [entry.row({k: v[n] for k, v in columns.items()}, r, n) for n, r in enumerate(results)]
+    _write_jsonl(args.out, rows, items)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -483,14 +486,9 @@ def cmd_index(args: argparse.Namespace) -> None:
         args.corpus,
         args.out,
         fmt=CorpusFormat(args.id_field, args.text_field, args.skip_blank),
-        chunk=args.chunk,
-        stride=args.stride,
         bm25=not args.no_bm25,
-        approximate=args.approximate,
-        batch_size=args.batch_size,
-        precision=args.precision,
-        device=args.device,
         progress=not args.no_progress,
+        **_given(args, "chunk", "stride", "approximate", "batch_size", "precision", "device"),
     )
     m = index.meta
     print(
@@ -550,11 +548,7 @@ def cmd_search(args: argparse.Namespace) -> None:
             if not args.text:
                 for h in hits:
                     h.pop("text")
-    items = [
-        {"line": r.line, **({"id": r.id} if r.id is not None else {}), "results": hits}
-        for r, hits in zip(rows, results)
-    ]
-    _write_jsonl(args.out, items)
+    _write_jsonl(args.out, rows, [{"results": hits} for hits in results])
 
 
 def args_mine(p: argparse.ArgumentParser) -> None:
@@ -591,11 +585,7 @@ def cmd_mine(args: argparse.Namespace) -> None:
         index,
         [e.query for e in examples],
         [e.positive for e in examples],
-        negatives=args.negatives,
-        skip=args.skip,
-        depth=args.depth,
-        mode=args.mode,
-        margin=args.margin,
+        **_given(args, "negatives", "skip", "depth", "mode", "margin"),
     )
     kept = [
         {"query": e.query, "positive": e.positive, "negatives": n}
@@ -743,12 +733,8 @@ def cmd_serve(args: argparse.Namespace) -> None:
     # serve() says where it serves once the model has loaded (a corrupt one ends it first)
     serve(
         args.model,
-        host=args.host,
-        port=args.port,
         limits=Limits(**options_of(args, Limits)),
-        index=args.index,
-        precision=args.precision,
-        device=args.device,
+        **_given(args, "host", "port", "index", "precision", "device"),
     )
 
 
@@ -927,6 +913,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 _REQUIRED = inspect.Parameter.empty  # a parameter without a default: a required option
+_BOOL_ACTIONS = {None: argparse.BooleanOptionalAction, True: "store_false", False: "store_true"}
 
 
 def _parameters(target: Any) -> list[tuple[str, Any, Any, dict[str, Any]]]:
@@ -971,13 +958,7 @@ def add_options(
         flag = m.get("flag") or (flags or {}).get(name) or "--" + name.replace("_", "-")
         text = m.get("help") or (help or {}).get(name)
         if kind is bool:  # a flag; with default None (the model's own): --x / --no-x
-            action = (
-                argparse.BooleanOptionalAction
-                if default is None
-                else "store_false"
-                if default
-                else "store_true"
-            )
+            action = _BOOL_ACTIONS[default]
             p.add_argument(flag, dest=name, action=action, default=default, help=text)
         elif "Sequence[int]" in str(annotation):  # "-1,-2,-3" -> (-1, -2, -3)
             p.add_argument(flag, dest=name, type=_int_list, default=default, help=text)

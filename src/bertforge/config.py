@@ -30,6 +30,7 @@ SIZES: dict[str, tuple[int, int, int]] = {
     "large": (24, 1024, 16),
 }
 
+CONFIG_FILES = ("config.json", "bert_config.json")  # a checkpoint's config, in the order looked for
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu", "swish")
 
 # The keys of Google's bert_config.json, in the order its files use.
@@ -334,7 +335,7 @@ class BertConfig:
         """From a checkpoint directory (config.json, else bert_config.json) or a JSON file."""
         path = Path(path)
         if path.is_dir():
-            for name in ("config.json", "bert_config.json"):
+            for name in CONFIG_FILES:
                 if (path / name).is_file():
                     return cls.from_json_file(path / name)
             raise ConfigError(f"{path}: no config.json or bert_config.json in this directory")

@@ -60,17 +60,8 @@ def parse_choice(
     hidden-state outputs (its layers + the embeddings): one ConfigError line if it is not one."""
     how, _, spec = choice.partition(":") if ":" in choice else ("one", "", choice)
     if how not in kinds:
-        spelled = {
-            "one": "N",
-            "sum": "sum:N,M,...",
-            "concat": "concat:N,M,...",
-            "mix": "mix:N,M,...",
-        }
-        raise ConfigError(
-            f"layer choice {choice!r}: use "
-            + ", ".join(spelled[k] for k in kinds)
-            + " or <how>:all"
-        )
+        spelled = ", ".join("N" if k == "one" else f"{k}:N,M,..." for k in kinds)
+        raise ConfigError(f"layer choice {choice!r}: use {spelled} or <how>:all")
     try:
         layers = list(range(n_layers)) if spec == "all" else [int(x) for x in spec.split(",")]
     except ValueError:

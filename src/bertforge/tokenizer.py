@@ -24,7 +24,6 @@ writes vocab.txt and tokenizer_config.json.
 
 from __future__ import annotations
 
-import copy
 import functools
 import os
 import warnings
@@ -114,12 +113,6 @@ class Encoding:
             if index is not None:
                 offsets[j] = (index[start], index[end - 1] + 1)
         return offsets
-
-    def padded(self, length: int, pad_id: int) -> Encoding:
-        """A copy padded on the right with [PAD] to `length` tokens."""
-        e = copy.deepcopy(self._e)
-        e.pad(length, pad_id=pad_id, pad_type_id=0, pad_token=PAD)
-        return Encoding(e, self._maps, self._split)
 
 
 class BatchEncoding(dict):
@@ -379,10 +372,6 @@ class Tokenizer:
     def convert_ids_to_tokens(self, ids: Iterable[int]) -> list[str]:
         return [self.tokens[i] for i in ids]
 
-    @property
-    def special_ids(self) -> frozenset[int]:
-        return frozenset((self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id))
-
     # -- encoding ----------------------------------------------------------------------------
 
     def _engine_for(self, max_length: int | None) -> Engine:
@@ -571,10 +560,6 @@ class Tokenizer:
         )
         batch._raw, batch._maps, batch._split = raw, maps, split_into_words
         return batch
-
-    def pad(self, enc: Encoding, length: int) -> Encoding:
-        """`enc` padded on the right with [PAD] to `length` tokens (no-op if already as long)."""
-        return enc if len(enc) >= length else enc.padded(length, self.pad_id)
 
     def tokenize(self, text: str) -> list[str]:
         """WordPiece tokens of `text`, without [CLS]/[SEP]."""

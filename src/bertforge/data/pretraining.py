@@ -17,8 +17,8 @@ says where the stream is; resuming from it gives the same batches as never stopp
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from collections.abc import Iterator, Sequence
+from dataclasses import KW_ONLY, asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -79,35 +79,27 @@ class Batch:
         }
 
 
+@dataclass(eq=False)
 class PretrainingStream:
     """Batches for pre-training from a prepared directory (see the module docstring)."""
 
-    def __init__(
-        self,
-        shards: ShardSet,
-        spec: MaskingSpec,
-        cls_id: int,
-        sep_id: int,
-        pad_id: int,
-        *,
-        split: str = "train",
-        max_seq_length: int = 128,
-        short_seq_prob: float = 0.1,
-        seed: int = 0,
-        dupe_factor: int | None = None,
-        packed: bool = False,
-    ) -> None:
-        self.shards = shards
-        self.names = shards.names(split)
+    shards: ShardSet
+    spec: MaskingSpec
+    cls_id: int
+    sep_id: int
+    pad_id: int
+    _: KW_ONLY
+    split: str = "train"
+    max_seq_length: int = 128
+    short_seq_prob: float = 0.1
+    seed: int = 0
+    dupe_factor: int | None = None
+    packed: bool = False
+
+    def __post_init__(self) -> None:
+        self.names = self.shards.names(self.split)
         if not self.names:
-            raise ValueError(f"{shards.directory}: no {split} shards")
-        self.spec = spec
-        self.cls_id, self.sep_id, self.pad_id = cls_id, sep_id, pad_id
-        self.max_seq_length = max_seq_length
-        self.short_seq_prob = short_seq_prob
-        self.seed = seed
-        self.dupe_factor = dupe_factor
-        self.packed = packed
+            raise ValueError(f"{self.shards.directory}: no {self.split} shards")
         self._shard_cache: dict[str, Shard] = {}
         self._packed_cache: dict[str, np.ndarray] = {}
 
@@ -228,19 +220,19 @@ class PretrainingStream:
             positions.append(pos)
             labels.append(lab)
             nsp.append(int(p[4]))
-        attention_mask = _pad([np.ones(len(s), np.int64) for s in sequences], 0)
+        attention_mask = pad_rows([np.ones(len(s), np.int64) for s in sequences], 0)
         return Batch(
-            input_ids=torch.from_numpy(_pad(sequences, self.pad_id)),
-            token_type_ids=torch.from_numpy(_pad(types, 0)),
+            input_ids=torch.from_numpy(pad_rows(sequences, self.pad_id)),
+            token_type_ids=torch.from_numpy(pad_rows(types, 0)),
             attention_mask=torch.from_numpy(attention_mask),
-            mlm_positions=torch.from_numpy(_pad(positions, 0)),
-            mlm_labels=torch.from_numpy(_pad(labels, IGNORE_INDEX)),
+            mlm_positions=torch.from_numpy(pad_rows(positions, 0)),
+            mlm_labels=torch.from_numpy(pad_rows(labels, IGNORE_INDEX)),
             nsp_labels=torch.tensor(nsp, dtype=torch.long),
             num_tokens=int(attention_mask.sum()),
         )
 
 
-def _pad(rows: list[np.ndarray], fill: int) -> np.ndarray:
+def pad_rows(rows: Sequence[Sequence[int] | np.ndarray], fill: int) -> np.ndarray:
     """The rows as one int64 (len(rows), longest row) array, padded at the end with `fill`."""
     out = np.full((len(rows), max(len(r) for r in rows)), fill, np.int64)
     for i, r in enumerate(rows):

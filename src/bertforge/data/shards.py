@@ -82,16 +82,11 @@ class _Buffer:
 
 
 def _write_shard(out: Path, name: str, buf: _Buffer, dtype: np.dtype) -> dict[str, Any]:
-    tokens = (
-        np.concatenate(buf.tokens).astype(dtype, copy=False) if buf.tokens else np.zeros(0, dtype)
-    )
-    lengths = (
-        np.concatenate(buf.sentence_lengths) if buf.sentence_lengths else np.zeros(0, np.int64)
-    )
-    sentences = np.zeros(len(lengths) + 1, np.int64)
-    np.cumsum(lengths, out=sentences[1:])
-    docs = np.zeros(len(buf.doc_sentences) + 1, np.int64)
-    np.cumsum(buf.doc_sentences, out=docs[1:])
+    """A buffer of at least one document (flush_shards writes no empty one) as a shard."""
+    tokens = np.concatenate(buf.tokens).astype(dtype, copy=False)
+    lengths = np.concatenate(buf.sentence_lengths)
+    sentences = np.r_[0, np.cumsum(lengths, dtype=np.int64)]  # (S+1,) start offsets
+    docs = np.r_[0, np.cumsum(buf.doc_sentences, dtype=np.int64)]  # (D+1,)
     with atomic_path(out / f"{name}.tokens.npy") as tmp, open(tmp, "wb") as f:
         np.save(f, tokens)
     with atomic_path(out / f"{name}.index.npz") as tmp, open(tmp, "wb") as f:
@@ -220,8 +215,7 @@ def prepare(
             ids = tokenizer.encode_ids(sentences)
             lengths = np.fromiter(map(len, ids), np.int64, count=len(ids))
             flat = np.fromiter(itertools.chain.from_iterable(ids), dtype, count=int(lengths.sum()))
-            starts = np.zeros(len(lengths) + 1, np.int64)
-            np.cumsum(lengths, out=starts[1:])
+            starts = np.r_[0, np.cumsum(lengths)]
             s = 0
             for ordinal, doc in pending:
                 n = len(doc.sentences)

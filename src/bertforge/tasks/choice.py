@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..data.pretraining import pad_rows
 from ..data.tasks import ChoiceExample, read_swag
 from ..fileio import write_text
 from ..heads import BertForMultipleChoice
@@ -42,17 +43,9 @@ def grouped_rows(
     firsts = [x[0] for x in flat] if pairs else flat
     seconds = [x[1] for x in flat] if pairs else None
     encodings = iter(tok.encode_batch(firsts, seconds, max_length=max_seq_length))
-    ids, types = [], []
-    for g in groups:
-        choices = [next(encodings) for _ in g]
-        T = max(len(c.ids) for c in choices)
-        row = np.full((len(choices), T), tok.pad_id, np.int64)
-        seg = np.zeros((len(choices), T), np.int64)
-        for k, c in enumerate(choices):
-            row[k, : len(c.ids)], seg[k, : len(c.ids)] = c.ids, c.token_type_ids
-        ids.append(row)
-        types.append(seg)
-    return ids, types
+    choices = [[next(encodings) for _ in g] for g in groups]
+    ids = [pad_rows([c.ids for c in group], tok.pad_id) for group in choices]
+    return ids, [pad_rows([c.token_type_ids for c in group], 0) for group in choices]
 
 
 def featurize(examples: Sequence[ChoiceExample], tok: Any, max_seq_length: int) -> Features:

@@ -39,32 +39,23 @@ ACTIVATIONS = ("Sigmoid", "Identity", "Tanh")
 def activation(path: str | os.PathLike[str]) -> str:
     """The activation a cross-encoder directory names (one of ACTIVATIONS), sigmoid if none."""
     path = Path(path)
-    config_file = path / "config.json"
+    config_file, st_file = path / "config.json", path / "config_sentence_transformers.json"
     config = read_json(config_file, CheckpointError)
-    st = config.get("sentence_transformers")
-    found = [
-        (
-            config_file,
-            "sentence_transformers.activation_fn",
-            isinstance(st, dict) and st.get("activation_fn"),
-        ),
-        (
-            config_file,
-            "sbert_ce_default_activation_function",
-            config.get("sbert_ce_default_activation_function"),
-        ),
+    st_config = read_json(st_file, CheckpointError) if st_file.is_file() else {}
+    places = [  # version 6's place comes first; each a file, its JSON and the keys to the name
+        (st_file, st_config, ("activation_fn",)),
+        (config_file, config, ("sentence_transformers", "activation_fn")),
+        (config_file, config, ("sbert_ce_default_activation_function",)),
     ]
-    st_config = path / "config_sentence_transformers.json"
-    if st_config.is_file():  # version 6's place comes first
-        value = read_json(st_config, CheckpointError).get("activation_fn")
-        found.insert(0, (st_config, "activation_fn", value))
-    for file, field, value in found:
+    for file, value, keys in places:
+        for key in keys:
+            value = value.get(key) if isinstance(value, dict) else None
         if not value:
             continue
         name = str(value).rsplit(".", 1)[-1]
         if not str(value).startswith("torch.") or name not in ACTIVATIONS:
             raise CheckpointError(
-                f"{file}: {field} = {value!r}: bertforge applies torch.nn's "
+                f"{file}: {'.'.join(keys)} = {value!r}: bertforge applies torch.nn's "
                 f"{', '.join(ACTIVATIONS)} (pass raw scores and apply your own)"
             )
         return name.lower()

@@ -16,17 +16,11 @@ OPTIMIZERS = ("adamw", "lamb")
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     """Two groups: decayed (weight matrices, embeddings) and not (LayerNorm, biases)."""
-    no_decay_ids = set()
-    for module in model.modules():
-        if isinstance(module, nn.LayerNorm):
-            no_decay_ids.update(id(p) for p in module.parameters(recurse=False))
     decay, no_decay = [], []
-    seen = set()
-    for name, p in model.named_parameters():
-        if not p.requires_grad or id(p) in seen:
+    for name, p in model.named_parameters():  # a shared parameter once
+        if not p.requires_grad:
             continue
-        seen.add(id(p))
-        if id(p) in no_decay_ids or name.endswith("bias") or p.ndim == 1:
+        if name.endswith("bias") or p.ndim == 1:  # LayerNorm's (H,) weights and biases
             no_decay.append(p)
         else:
             decay.append(p)

@@ -27,11 +27,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from ...errors import DataError, InputError
+from ...errors import DataError
 from ...fileio import read_json
 from .table import text_field
 
 T = TypeVar("T")
+# how _get's errors name the kinds of value it reads
+_KINDS = {str: "a string", int: "an integer", list: "a list", bool: "true/false"}
 
 
 @dataclass(frozen=True)
@@ -55,45 +57,27 @@ def _get(obj: object, key: str, kind: type[T], where: str) -> T:
     # bool is an int in Python; no SQuAD field is meant to accept both.
     if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
         raise DataError(
-            f'{where}: field "{key}": expected {_kind_name(kind)}, got {type(value).__name__}'
+            f'{where}: field "{key}": expected {_KINDS[kind]}, got {type(value).__name__}'
         )
     return value
 
 
-def _kind_name(kind: type) -> str:
-    names = {
-        str: "a string",
-        int: "an integer",
-        list: "a list",
-        bool: "true/false",
-        dict: "an object",
-    }
-    return names.get(kind, kind.__name__)
-
-
-def read_squad(
-    path: str | os.PathLike[str], *, strict: bool = True, version: str | None = None
-) -> list[SquadExample]:
+def read_squad(path: str | os.PathLike[str], *, strict: bool = True) -> list[SquadExample]:
     """Questions of a SQuAD JSON file, in file order.
 
-    version "1.1", "2.0" or None (detect: 2.0 iff a question has "is_impossible"). See the
-    module docstring for strict. Question ids must be unique (they key predictions).
+    Read as v2.0 iff a question has "is_impossible". See the module docstring for strict.
+    Question ids must be unique (they key predictions).
     """
-    if version not in (None, "1.1", "2.0"):
-        raise InputError(f"version {version!r}: must be '1.1', '2.0' or None (detect)")
     path = Path(path)
     root = read_json(path, obj=False)
     articles = _get(root, "data", list, f"{path}: top level")
-    v2 = version == "2.0" or (
-        version is None
-        and any(
-            isinstance(qa, dict) and "is_impossible" in qa
-            for a in articles
-            if isinstance(a, dict)
-            for p in a.get("paragraphs", ()) or ()
-            if isinstance(p, dict)
-            for qa in p.get("qas", ()) or ()
-        )
+    v2 = any(
+        isinstance(qa, dict) and "is_impossible" in qa
+        for a in articles
+        if isinstance(a, dict)
+        for p in a.get("paragraphs", ()) or ()
+        if isinstance(p, dict)
+        for qa in p.get("qas", ()) or ()
     )
     out: list[SquadExample] = []
     seen: dict[str, str] = {}
