@@ -18,7 +18,8 @@ to choose anything). This script scores the evaluation half with:
                     results already in --out
     --cross-encoder the best first stage's top --rerank-depth reranked, on --rerank-queries
                     evaluation questions spread evenly over the half (CPU time: a subset);
-                    with --add, the better of its two rows
+                    with --add, the better of its two rows; and the reranked order fused
+                    with the first stage's (RRF, as minilm+bm25)
 
 Metrics: evaluate.retrieval_scores (trec_eval's definitions, checked against pytrec_eval).
 Writes benchmarks/results/retrieval.{json,md}.
@@ -221,8 +222,8 @@ def rerank_rows(
     picked: np.ndarray,
     depth: int,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The evaluation queries `picked` (indices): the first stage's top `depth` reranked by
-    the cross-encoder, and the first stage itself on the same queries."""
+    """The evaluation queries `picked` (indices): the first stage itself, its top `depth`
+    reranked by the cross-encoder, and that order fused with the first stage's (RRF)."""
     from bertforge.pipelines import Pipeline
 
     ce = Pipeline(cross_encoder, precision="fp32")
@@ -236,7 +237,12 @@ def rerank_rows(
         reranked.append([o["score"] for o in order])
     seconds = time.perf_counter() - start
     after = score(chosen, np.array(reranked_docs), np.array(reranked))
-    return {**score(chosen, docs, sims), "seconds": 0.0}, {**after, "seconds": seconds}
+    fused = score(chosen, *fuse([docs, np.array(reranked_docs)]))
+    return (
+        {**score(chosen, docs, sims), "seconds": 0.0},
+        {**after, "seconds": seconds},
+        {**fused, "seconds": seconds},
+    )
 
 
 def add_rows(spec: str, corpus: list[str], queries: list) -> tuple[dict, dict]:
@@ -261,13 +267,19 @@ def reranked(args: argparse.Namespace, corpus: list, queries: list, rows: dict, 
     --rerank-queries questions spread evenly over the half (every article has its share)."""
     best = max(runs, key=lambda n: rows[n]["mrr@10"])
     picked, depth = spread(len(queries), args.rerank_queries), args.rerank_depth
-    before, after = rerank_rows(args.cross_encoder, corpus, queries, runs[best], picked, depth)
+    first = runs[best]
+    before, after, fused = rerank_rows(args.cross_encoder, corpus, queries, first, picked, depth)
     print("reranked", {m: round(100 * after[m], 1) for m in SHOWN}, flush=True)
+    print("reranked+first stage (RRF)", {m: round(100 * fused[m], 1) for m in SHOWN}, flush=True)
     return {
         "first_stage": best,
         "queries": len(picked),
         "depth": depth,
-        "rows": {best: before, f"{best}, top {depth} reranked": after},
+        "rows": {
+            best: before,
+            f"{best}, top {depth} reranked": after,
+            f"{best}, top {depth} reranked + first stage (RRF)": fused,
+        },
     }
 
 
