@@ -33,7 +33,7 @@ import shutil
 import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from itertools import pairwise
+from itertools import islice, pairwise
 from pathlib import Path
 from typing import Any
 
@@ -69,14 +69,8 @@ def read_corpus(path: str | Path, fmt: CorpusFormat = CorpusFormat()) -> Iterato
     DataError naming the file, line and field."""
     path = Path(path)
     seen: dict[str, int] = {}
-    suffix = path.suffix.lower()
-    rows: Iterator[tuple[int, str, str]]
-    if suffix == ".jsonl":
-        rows = _jsonl_documents(path, fmt)
-    elif suffix in (".csv", ".tsv"):
-        rows = _table_documents(path, fmt)
-    else:
-        rows = _line_documents(path, fmt)
+    readers = {".jsonl": _jsonl_documents, ".csv": _table_documents, ".tsv": _table_documents}
+    rows = readers.get(path.suffix.lower(), _line_documents)(path, fmt)
     for lineno, doc_id, text in rows:
         if doc_id in seen:
             raise DataError(f"{path}: line {lineno}: id {doc_id!r} repeats line {seen[doc_id]}")
@@ -152,13 +146,7 @@ def model_identity(path: str | Path) -> str:
 
 
 def _chunks(items: Iterator[tuple[str, str]], size: int) -> Iterator[list[tuple[str, str]]]:
-    chunk: list[tuple[str, str]] = []
-    for item in items:
-        chunk.append(item)
-        if len(chunk) == size:
-            yield chunk
-            chunk = []
-    if chunk:
+    while chunk := list(islice(items, size)):
         yield chunk
 
 

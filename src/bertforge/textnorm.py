@@ -151,28 +151,24 @@ class EngineFix:
     def _reference(self, text: str) -> list[str]:
         return basic_tokenize(text, self.lowercase, self.strip_accents, self.tokenize_chinese_chars)
 
-    def _engine_words(self, text: str) -> list[str]:
-        normalized = self._normalizer.normalize_str(text)
+    def _engine_words(self, s: str) -> list[str]:
+        """The engine's words of the probe "ab?cd ?" with `s` at both places."""
+        normalized = self._normalizer.normalize_str(f"ab{s}cd {s}")
         return [w for w, _ in self._pre_tokenizer.pre_tokenize_str(normalized)]
 
     def _decide(self, ch: str) -> str:
         if _removed(ch):
             return NULL  # always right, and the engine cannot even take lone surrogates
-        probe = "ab{}cd {}"
-        want = self._reference(probe.format(ch, ch))
-        if self._engine_words(probe.format(ch, ch)) == want:
+        want = self._reference(f"ab{ch}cd {ch}")
+        if self._engine_words(ch) == want:
             return KEEP
         if is_whitespace(ch) or ch.isspace():
             return SPACE
         for action in (NULL, ISOLATE):
-            replaced = f" {ch} " if action == ISOLATE else action
-            if self._engine_words(probe.format(replaced, replaced)) == want:
+            if self._engine_words(f" {ch} " if action == ISOLATE else action) == want:
                 return action
         # The reference keeps `ch` inside its word: the stand-in must stay there verbatim.
-        if len(want) == 2 and self._engine_words(probe.format(OPAQUE, OPAQUE)) == [
-            f"ab{OPAQUE}cd",
-            OPAQUE,
-        ]:
+        if len(want) == 2 and self._engine_words(OPAQUE) == [f"ab{OPAQUE}cd", OPAQUE]:
             return OPAQUE
         return KEEP  # no repair found: leave the character to the engine
 

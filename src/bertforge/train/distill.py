@@ -183,15 +183,12 @@ class DistillConfig(TrainingOptions):
                 "with --task, --hidden-weight weighs the hidden states"
             )
         super().__post_init__()
-        given = [
-            f
-            for f, v in (
-                ("--student-layers", self.student_layers),
-                ("--student-size", self.student_size),
-                ("--student", self.model),
-            )
-            if v
-        ]
+        students = {
+            "--student-layers": self.student_layers,
+            "--student-size": self.student_size,
+            "--student": self.model,
+        }
+        given = [flag for flag, value in students.items() if value]
         if len(given) != 1:
             raise ConfigError(
                 "give the student once: --student-layers 0,2,5 (teacher layers), --student-size "
@@ -484,19 +481,14 @@ class DistillTask:
     def loss(
         self, model: nn.Module, micro: Batch, totals: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        kw = _outputs(self.cfg)  # the sentence embedding pools last_hidden_state
+        cfg = self.cfg
+        kw = _outputs(cfg)  # the sentence embedding pools last_hidden_state
         with torch.no_grad():
             theirs = self.teacher(*micro.inputs(), **kw)
         ours = model(*micro.inputs(), **kw)
+        weights = cfg.hidden_weight, cfg.attention_weight, cfg.token_weight
         total, emb = distillation_loss(
-            ours,
-            theirs,
-            micro.attention_mask,
-            _unwrapped(model),
-            self.own,
-            self.cfg.hidden_weight,
-            self.cfg.attention_weight,
-            self.cfg.token_weight,
+            ours, theirs, micro.attention_mask, _unwrapped(model), self.own, *weights
         )
         n = torch.tensor(float(len(micro.input_ids)), device=total.device)
         return total / totals[0] * self.d.world_size, torch.stack([total.detach(), n, emb])

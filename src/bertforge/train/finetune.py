@@ -22,6 +22,7 @@ OUT/
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import warnings
@@ -166,23 +167,16 @@ def apart_by_key(batches: list[np.ndarray], keys: np.ndarray, batch_size: int) -
     for size in sizes:
         batch: list[int] = []
         seen: set[int] = set()
-        kept = []
-        for i in waiting:  # the rows put off before, first
+        pending, waiting = waiting, []
+        # the rows put off before, every one of them first; then new rows until the batch is full
+        for n, i in enumerate(itertools.chain(pending, stream), 1):
             if len(batch) < size and keys[i] not in seen:
                 batch.append(i)
                 seen.add(keys[i])
             else:
-                kept.append(i)
-        waiting = kept
-        while len(batch) < size:
-            i = next(stream, None)
-            if i is None:
-                break
-            if keys[i] in seen:
                 waiting.append(i)
-            else:
-                batch.append(i)
-                seen.add(keys[i])
+            if len(batch) == size and n >= len(pending):
+                break
         out.append(batch)
     for t, size in enumerate(sizes):  # rows left over: into the places left
         while len(out[t]) < size and waiting:

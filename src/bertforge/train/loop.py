@@ -164,19 +164,6 @@ def train(
         """The learning rate of step s (1 = the first)."""
         return cfg.lr * lr_factor(s - 1, cfg.warmup_steps, cfg.steps, cfg.decay_steps)
 
-    def save_checkpoint() -> None:
-        if d.is_main:
-            checkpoints.save(
-                run_dir,
-                step,
-                model,
-                optimizer,
-                scaler,
-                {"position": position, "precision": precision, "train_seconds": train_seconds},
-                keep=cfg.keep_checkpoints,
-                extra_files=save_extra,
-            )
-
     from tqdm.auto import tqdm
 
     bar = tqdm(
@@ -283,8 +270,17 @@ def train(
                         f"step {step:,}: " + ", ".join(f"{k} {v:.4g}" for k, v in last_eval.items())
                     )
 
-            if saving:
-                save_checkpoint()
+            if saving and d.is_main:
+                checkpoints.save(
+                    run_dir,
+                    step,
+                    model,
+                    optimizer,
+                    scaler,
+                    {"position": position, "precision": precision, "train_seconds": train_seconds},
+                    keep=cfg.keep_checkpoints,
+                    extra_files=save_extra,
+                )
             if evaluating or saving:
                 segment_start = time.perf_counter()
             if stopping:
