@@ -226,6 +226,56 @@ def test_cli(minilm_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) ->
     assert "--rerank-depth 2 is below --top-k 5" in capsys.readouterr().err
 
 
+def test_search_reranked_and_fused_by_hand(
+    built: Index, tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """search --rerank: the first stage's top hits in the cross-encoder's order; with
+    --rerank-fuse, in the reciprocal-rank fusion of both orders, computed here by hand."""
+    import torch
+
+    from bertforge import BertConfig, Tokenizer
+    from bertforge.heads import BertForSequenceClassification
+    from tests.conftest import TINY
+
+    ce = tmp_path / "ce"
+    tok = Tokenizer.from_pretrained(tiny_model)
+    torch.manual_seed(0)
+    config = BertConfig(**{**TINY, "vocab_size": tok.vocab_size}).replace(num_labels=1)
+    BertForSequenceClassification(config).save_pretrained(ce)
+    tok.save_pretrained(ce)
+    queries = tmp_path / "q.txt"
+    queries.write_text("\n".join(QUERIES) + "\n")
+    first = built.search(QUERIES, top_k=4, text=True)
+    pipe = Pipeline(ce)
+    common = ["search", str(built.path), str(queries), "--top-k", "3", "--rerank", str(ce)]
+    for fused in (False, True):
+        capsys.readouterr()
+        assert main([*common, "--rerank-depth", "4", *(["--rerank-fuse"] if fused else [])]) == 0
+        rows = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+        for query, hits, row in zip(QUERIES, first, rows):
+            order = pipe.rerank(query, [h["text"] for h in hits])  # all 4, best first
+            ce_rank = {o["index"]: r for r, o in enumerate(order, 1)}
+            ce_score = {o["index"]: o["score"] for o in order}
+            if fused:
+                rrf = {i: 1 / (RRF_K + i + 1) + 1 / (RRF_K + ce_rank[i]) for i in range(4)}
+                want = sorted(range(4), key=lambda i: -rrf[i])[:3]
+            else:
+                want = [o["index"] for o in order[:3]]
+            got = row["results"]
+            assert [h["first_stage_rank"] - 1 for h in got] == want
+            assert [h["id"] for h in got] == [hits[i]["id"] for i in want]
+            assert [h["rank"] for h in got] == [1, 2, 3] and "text" not in got[0]
+            for h, i in zip(got, want):
+                if fused:
+                    assert h["score"] == pytest.approx(rrf[i], abs=1e-12)
+                    assert h["rerank_score"] == pytest.approx(ce_score[i], abs=1e-6)
+                else:
+                    assert h["score"] == pytest.approx(ce_score[i], abs=1e-6)
+                    assert "rerank_score" not in h
+    assert main(["search", str(built.path), str(queries), "--rerank-fuse"]) == 2
+    assert "--rerank-fuse: needs --rerank" in capsys.readouterr().err
+
+
 def test_server_search(built: Index, minilm_dir: Path) -> None:
     pytest.importorskip("fastapi")
     from fastapi.testclient import TestClient

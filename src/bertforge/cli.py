@@ -512,18 +512,28 @@ def args_search(p: argparse.ArgumentParser) -> None:
     p.add_argument("--text", action="store_true", help="each hit with its document's text")
     p.add_argument("--rerank", metavar="CROSS_ENCODER", help="rerank the first stage's top hits")
     p.add_argument("--rerank-depth", type=int, default=50, help="first-stage hits reranked")
+    p.add_argument(
+        "--rerank-fuse",
+        action="store_true",
+        help="with --rerank: the cross-encoder's order fused with the first stage's by "
+        "reciprocal rank (as hybrid fuses BM25 and dense); score: the fused one",
+    )
     p.add_argument("--skip-blank", action="store_true", help="drop blank lines (default: error)")
     p.add_argument("--out", help="JSONL output file (default: stdout)")
 
 
 def cmd_search(args: argparse.Namespace) -> None:
     """Per query line: {"line", "id"?, "results": [{id, score, rank, text?}]}; with --rerank,
-    the first stage's top --rerank-depth reordered by the cross-encoder's score."""
+    the first stage's top --rerank-depth reordered by the cross-encoder's score (with
+    --rerank-fuse: by the reciprocal-rank fusion of that order and the first stage's, each hit
+    with its cross-encoder score as rerank_score)."""
     from .catalogue import TEXTS
-    from .index import Index
+    from .index import Index, fuse
 
     if args.rerank and args.rerank_depth < args.top_k:
         raise ConfigError(f"--rerank-depth {args.rerank_depth} is below --top-k {args.top_k}")
+    if args.rerank_fuse and not args.rerank:
+        raise ConfigError("--rerank-fuse: needs --rerank CROSS_ENCODER")
     index = Index.load(args.index)
     index.use_model(args.model)
     rows = _read_inputs(args.queries, TEXTS, args.skip_blank)
@@ -531,15 +541,26 @@ def cmd_search(args: argparse.Namespace) -> None:
     depth = args.rerank_depth if args.rerank else args.top_k
     results = index.search(queries, depth, args.mode, text=bool(args.rerank or args.text))
     if args.rerank:
+        import numpy as np
+
         from .pipelines import Pipeline
 
         ce = Pipeline(args.rerank)
         for query, hits in zip(queries, results):
-            order = ce.rerank(query, [h["text"] for h in hits], top_k=args.top_k)
+            top_k = None if args.rerank_fuse else args.top_k
+            order = ce.rerank(query, [h["text"] for h in hits], top_k=top_k)
+            if args.rerank_fuse:  # the first stage's order (0, 1, ...) and the reranked one
+                by_ce = np.array([[o["index"] for o in order]])
+                (picked,), (fused,) = fuse([np.arange(len(hits))[None], by_ce], args.top_k)
+                ce_score = {o["index"]: o["score"] for o in order}
+                order = [
+                    {"index": int(i), "score": float(f), "rerank_score": ce_score[int(i)]}
+                    for i, f in zip(picked, fused)
+                ]
             hits[:] = [
                 {
                     **hits[o["index"]],
-                    "score": o["score"],
+                    **{k: o[k] for k in ("score", "rerank_score") if k in o},
                     "rank": r,
                     "first_stage_rank": o["index"] + 1,
                 }
