@@ -546,8 +546,8 @@ def cmd_search(args: argparse.Namespace) -> None:
         from .pipelines import Pipeline
 
         ce = Pipeline(args.rerank)
+        top_k = None if args.rerank_fuse else args.top_k  # fusion needs every hit's CE rank
         for query, hits in zip(queries, results):
-            top_k = None if args.rerank_fuse else args.top_k
             order = ce.rerank(query, [h["text"] for h in hits], top_k=top_k)
             if args.rerank_fuse:  # the first stage's order (0, 1, ...) and the reranked one
                 by_ce = np.array([[o["index"] for o in order]])
