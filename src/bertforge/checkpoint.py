@@ -98,6 +98,7 @@ _COMPILED = {
     for kind, table in (("bert", KEY_TABLE), ("distilbert", DISTILBERT_TABLE))
 }
 _HEADS = ("cls.", "classifier.", "qa_outputs.", "pre_classifier.", "vocab_")
+_KNOWN_HEADS = (*_HEADS, "bert.pooler.", "pooler.")  # file tensors not warned about if unused
 
 # Alternative spellings found in files, tried when the canonical HF name is absent.
 _ALIASES = {"cls.predictions.bias": "cls.predictions.decoder.bias"}
@@ -107,6 +108,8 @@ _IGNORED = re.compile(
     r"|^vocab_projector\.weight$"
 )
 _BODY_PREFIX = "bert."
+# Parameters (after _BODY_PREFIX) a checkpoint must have; the pooler and task heads may be fresh.
+_REQUIRED = ("embeddings.", "layers.")
 _PREFIXES = {"bert": "bert.", "distilbert": "distilbert."}  # the encoder's name in task models
 
 
@@ -286,7 +289,9 @@ def load_state(model: nn.Module, tensors: dict[str, torch.Tensor], origin: dict[
             used.add(f)
         loaded[ours] = (torch.cat(parts) if len(parts) > 1 else parts[0]).to(dtype)
 
-    body_missing = [hf for ours, hf in missing if not _is_fresh_ok(ours)]
+    body_missing = [
+        hf for ours, hf in missing if ours.removeprefix(_BODY_PREFIX).startswith(_REQUIRED)
+    ]
     if body_missing:
         files = sorted({str(p) for p in origin.values()})
         raise CheckpointError(
@@ -305,7 +310,7 @@ def load_state(model: nn.Module, tensors: dict[str, torch.Tensor], origin: dict[
         )
     _check_tied_decoder(tensors, loaded, model)
     unknown = sorted(
-        n for n in tensors if n not in used and not _IGNORED.search(n) and not _is_known_head(n)
+        n for n in tensors if not (n in used or _IGNORED.search(n) or n.startswith(_KNOWN_HEADS))
     )
     if unknown:
         warnings.warn(
@@ -314,15 +319,6 @@ def load_state(model: nn.Module, tensors: dict[str, torch.Tensor], origin: dict[
             stacklevel=3,
         )
     model.load_state_dict(loaded, strict=False)
-
-
-def _is_fresh_ok(ours: str) -> bool:
-    """Parameters that may be absent from a checkpoint (pooler and task heads)."""
-    return not ours.removeprefix(_BODY_PREFIX).startswith(("embeddings.", "layers."))
-
-
-def _is_known_head(name: str) -> bool:
-    return name.startswith((*_HEADS, "bert.pooler.", "pooler."))
 
 
 def _mismatch_hint(ours: str, found: tuple[int, ...], model: nn.Module) -> str:

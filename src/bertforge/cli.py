@@ -114,14 +114,10 @@ def cmd_info(args: argparse.Namespace) -> None:
     print(f"pipelines    {', '.join(info.pipelines)}")
     if c.id2label:
         print(f"labels       {', '.join(c.id2label[i] for i in sorted(c.id2label))}")
+    have = "no vocab.txt or tokenizer.json"
     if vocab:
-        casing = "cased" if vocab["cased"] else "uncased"
-        print(
-            f"vocabulary   {vocab['size']:,} tokens, {casing} (config vocab_size {c.vocab_size:,})"
-        )
-    else:
-        where = "no vocab.txt or tokenizer.json"
-        print(f"vocabulary   {where} (config vocab_size {c.vocab_size:,})")
+        have = f"{vocab['size']:,} tokens, {'cased' if vocab['cased'] else 'uncased'}"
+    print(f"vocabulary   {have} (config vocab_size {c.vocab_size:,})")
     print(f"weights      {', '.join(p.name for p in info.weights_files)}")
 
 
@@ -334,9 +330,10 @@ def args_pipeline(p: argparse.ArgumentParser, name: str) -> None:
             "quantize": "int8: dynamic int8 quantisation (CPU)",
         },
     )
+    columns = "lines are " + "<TAB>".join(i.field.upper() for i in entry.inputs)
     for i in entry.inputs:
         if i.optional:
-            p.add_argument(f"--{i.param}", action="store_true", help=_columns(entry.inputs))
+            p.add_argument(f"--{i.param}", action="store_true", help=columns)
     p.add_argument(
         "--skip-blank",
         action="store_true",
@@ -350,10 +347,6 @@ def args_pipeline(p: argparse.ArgumentParser, name: str) -> None:
     hidden = [name for name, *_ in _parameters(method) if name not in entry.options]
     add_options(p, method, skip=hidden, choices=entry.choices, help=entry.options)
     p.set_defaults(pipeline=name)
-
-
-def _columns(inputs: Sequence[Any]) -> str:
-    return "lines are " + "<TAB>".join(i.field.upper() for i in inputs)
 
 
 @dataclasses.dataclass
@@ -949,8 +942,8 @@ def _parameters(target: Any) -> list[tuple[str, Any, Any, dict[str, Any]]]:
     for name, param in inspect.signature(target).parameters.items():
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD) or name == "self":
             continue
-        m = meta.get(name, {})
-        if (meta and not m.get("cli", False)) or (not meta and param.default is param.empty):
+        m = meta.get(name, {})  # empty for a field not made by config.option
+        if (meta and not m) or (not meta and param.default is param.empty):
             continue
         out.append((name, param.default, param.annotation, m))
     return out
@@ -1060,10 +1053,6 @@ def _join_layer_lists(argv: list[str]) -> list[str]:
     return out
 
 
-def _one_line_warning(message: Warning | str, *args: Any, **kwargs: Any) -> str:
-    return f"bertforge: warning: {message}\n"
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(_join_layer_lists(list(sys.argv[1:] if argv is None else argv)))
@@ -1071,7 +1060,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0
     warnings.simplefilter("default")
-    warnings.formatwarning = _one_line_warning  # type: ignore[assignment]
+    warnings.formatwarning = lambda message, *_, **__: f"bertforge: warning: {message}\n"
     try:
         args.func(args)
     except BertforgeError as e:

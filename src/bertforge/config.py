@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
+from .errors import ConfigError, check_choice
 from .fileio import read_json, write_json
 
 # The paper's and Google's released sizes: name -> (layers L, hidden H, heads A).
@@ -169,10 +169,7 @@ class BertConfig:
             raise ConfigError(f"initializer_range={self.initializer_range}: must be > 0")
         if not (0 < self.layer_norm_eps < 1):
             raise ConfigError(f"layer_norm_eps={self.layer_norm_eps}: must be in (0, 1)")
-        if self.hidden_act not in ACTIVATIONS:
-            raise ConfigError(
-                f"hidden_act={self.hidden_act!r}: must be one of {', '.join(ACTIVATIONS)}"
-            )
+        check_choice("hidden_act", self.hidden_act, ACTIVATIONS)
         if self.position_embedding_type != "absolute":
             raise ConfigError(
                 f"position_embedding_type={self.position_embedding_type!r}: only 'absolute' "
@@ -434,21 +431,11 @@ def option(
     above: float | None = None,
     below: float | None = None,
     flag: str | None = None,
-    cli: bool = True,
 ) -> Any:
     """A config field: default, help, allowed values (choices, or a range: min/max inclusive,
-    above/below exclusive), its CLI flag when not --field-name, cli=False to keep it off the
-    command line."""
-    meta = {
-        "help": help,
-        "choices": choices,
-        "min": min,
-        "max": max,
-        "above": above,
-        "below": below,
-        "flag": flag,
-        "cli": cli,
-    }
+    above/below exclusive), its CLI flag when not --field-name. Fields made otherwise have no
+    metadata: they are neither checked nor on the command line."""
+    meta = dict(help=help, choices=choices, min=min, max=max, above=above, below=below, flag=flag)
     return dataclasses.field(default=default, metadata=meta)
 
 

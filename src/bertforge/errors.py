@@ -40,6 +40,13 @@ class TrainingError(BertforgeError):
     """Training cannot go on: its loss or gradient norm stopped being finite (it diverged)."""
 
 
+def check_choice(name: str, value: Any, choices: Sequence[str], flag: str = "") -> None:
+    """A ConfigError unless value is one of choices: "name='value' (flag): must be one of ..."."""
+    if value not in choices:
+        where = f"{name}={value!r}" + (f" ({flag})" if flag else "")
+        raise ConfigError(f"{where}: must be one of {', '.join(choices)}")
+
+
 def need_extra(module: str, message: str, error: type[Exception] = ConfigError) -> Any:
     """`module` of an optional extra, imported; without it, `error(message)`: what to install."""
     try:

@@ -317,10 +317,7 @@ def _token_f1(prediction: list[str], gold: list[str], empty_matches_empty: bool)
         # v1.1 has no such rule: with no tokens in common the score is 0.
         return float(prediction == gold) if empty_matches_empty else 0.0
     common = sum((Counter(prediction) & Counter(gold)).values())
-    if common == 0:
-        return 0.0
-    precision, recall = common / len(prediction), common / len(gold)
-    return 2 * precision * recall / (precision + recall)
+    return _prf(common, len(gold), len(prediction))[2]
 
 
 def squad_question_scores(

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from .errors import CheckpointError, ConfigError, DataError
+from .errors import CheckpointError, DataError, check_choice
 
 ENCODING_ERRORS = ("strict", "replace", "ignore")  # what to do with bytes that are not UTF-8
 _UMASK = os.umask(0o022)
@@ -47,10 +47,7 @@ def text_lines(
     a NUL byte is an error (a binary file). on_bytes(n) gets the size of each line read.
     """
     path = Path(path)
-    if encoding_errors not in ENCODING_ERRORS:
-        raise ConfigError(
-            f"encoding_errors={encoding_errors!r}: must be one of {', '.join(ENCODING_ERRORS)}"
-        )
+    check_choice("encoding_errors", encoding_errors, ENCODING_ERRORS)
     stdin = str(path) == "-"
     if stdin:
         path = Path("<stdin>")

@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import ConfigError, DataError, need_extra
+from .errors import ConfigError, DataError, check_choice, need_extra
 from .fileio import atomic_path, json_text, read_json, read_lines, write_json, write_text
 from .runner import release_memory
 
@@ -133,9 +133,16 @@ def model_identity(path: str | Path) -> str:
     from .checkpoint import _weights_files
 
     path = Path(path)
+    return _sha256([path / "config.json", *_weights_files(path)], names=True)
+
+
+def _sha256(files: Sequence[Path], names: bool = False) -> str:
+    """sha256 over the files' bytes, read 1 MB at a time; with `names`, each file's name and a
+    NUL byte before its bytes."""
     h = hashlib.sha256()
-    for f in [path / "config.json", *_weights_files(path)]:
-        h.update(f.name.encode() + b"\0")
+    for f in files:
+        if names:
+            h.update(f.name.encode() + b"\0")
         with open(f, "rb") as stream:
             while block := stream.read(1 << 20):
                 h.update(block)
@@ -180,15 +187,9 @@ class Index:
         if len(self.ids) != meta.get("documents"):
             raise DataError(f"{path}: documents.jsonl is not the size index.json says: rebuild it")
         # each document's windows, contiguous and in document order: 0 0 1 2 2 2 3 ...
-        steps = np.diff(self.windows)
-        if (len(self.windows) == 0) != (len(self.ids) == 0) or (
-            len(self.windows)
-            and (
-                self.windows[0] != 0
-                or self.windows[-1] != len(self.ids) - 1
-                or not ((steps == 0) | (steps == 1)).all()
-            )
-        ):
+        w = self.windows
+        ranks = np.cumsum(np.diff(w, prepend=w[:1]) != 0)  # 0, then +1 wherever w changes
+        if not np.array_equal(w, ranks) or len(self.ids) != (w[-1] + 1 if len(w) else 0):
             raise DataError(
                 f"{path}: windows.npy does not number the documents in order: rebuild it"
             )
@@ -238,6 +239,8 @@ class Index:
             raise ConfigError(
                 f"stride={stride} (--stride): must be between 1 and the window, {length} pieces"
             )
+        if not Path(corpus).is_file():
+            raise DataError(f"{Path(corpus)}: file not found")
         settings = {
             "format": FORMAT,
             "model": str(Path(pipe.path).resolve()),
@@ -250,7 +253,7 @@ class Index:
             "chunk": chunk,
             "precision": precision,  # queries are embedded as the documents were
             "corpus": str(Path(corpus).resolve()),
-            "corpus_sha256": _file_sha256(Path(corpus)),
+            "corpus_sha256": _sha256([Path(corpus)]),
             "fields": [fmt.id_field, fmt.text_field, fmt.skip_blank],
         }
         if (out / "index.json").is_file():
@@ -455,8 +458,7 @@ class Index:
         """Per query, its top_k documents: [{"id", "score", "rank"} (+ "text")]."""
         if isinstance(queries, str):
             raise ConfigError("pass a list of queries (a single string is not a list)")
-        if mode not in MODES:
-            raise ConfigError(f"mode={mode!r} (--mode): must be one of {', '.join(MODES)}")
+        check_choice("mode", mode, MODES, "--mode")
         if top_k < 1:
             raise ConfigError(f"top_k={top_k} (--top-k): must be >= 1")
         if not queries:
@@ -517,8 +519,7 @@ def mine(
             f"negatives={negatives}, skip={skip}, depth={depth}: need negatives >= 1 and "
             "0 <= skip < depth (--negatives, --skip, --depth)"
         )
-    if mode not in MODES:
-        raise ConfigError(f"mode={mode!r} (--mode): must be one of {', '.join(MODES)}")
+    check_choice("mode", mode, MODES, "--mode")
     if margin is not None and mode == "hybrid":
         raise ConfigError("margin (--margin) compares scores: use it with --mode dense or bm25")
     if not queries:
@@ -607,13 +608,3 @@ def _embed_windows(
             rows.append(ids[start : start + n])
             owners.append(i)
     return pipe.embed(rows).astype(np.float32), np.asarray(owners, np.int64)
-
-
-def _file_sha256(path: Path) -> str:
-    if not path.is_file():
-        raise DataError(f"{path}: file not found")
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 20):
-            h.update(block)
-    return h.hexdigest()

@@ -35,7 +35,7 @@ from .catalogue import COMBINES, ENTRIES
 from .checkpoint import load_trained, load_with_fresh
 from .config import BertConfig
 from .data.tasks import SquadExample
-from .errors import ConfigError, InputError
+from .errors import ConfigError, InputError, check_choice
 from .hub import resolve
 from .runner import Runner
 from .tasks import TaskOptions, embedding, family, ranking, sentence, tagging
@@ -152,17 +152,17 @@ class Pipeline:
     def precision(self) -> str:
         return self.runner.precision
 
-    def run(
-        self, rows: Sequence[Any] | Features, fn: Callable[[dict[str, torch.Tensor]], Any]
-    ) -> list[Any]:
+    def run(self, rows: Sequence[Any] | Features, fn: Callable[[dict[str, Any]], Any]) -> list[Any]:
         """fn(batch) for the runner's batches of rows (encodings or Features); fn returns one
         item per row (its batch's order; batch["rows"]: their indices); the items come back in
-        the rows' order."""
+        the rows' order. batch["inputs"]: input_ids, token_type_ids, attention_mask, the model's
+        positional inputs, also under their own names."""
         features = rows if isinstance(rows, Features) else Features.from_encodings(rows)
 
-        def make(rows: np.ndarray) -> dict[str, torch.Tensor]:
+        def make(rows: np.ndarray) -> dict[str, Any]:
             b = collate(features, rows, self.tok.pad_id, self.runner.pad_multiple).to(self.device)
             return {
+                "inputs": (b.input_ids, b.token_type_ids, b.attention_mask),
                 "input_ids": b.input_ids,
                 "token_type_ids": b.token_type_ids,
                 "attention_mask": b.attention_mask,
@@ -203,7 +203,7 @@ class Pipeline:
         return SimpleNamespace(ids=[cls_id, *ids, sep_id])
 
     def per_token(
-        self, texts: Sequence[str], fn: Callable[[dict[str, torch.Tensor]], list[np.ndarray]]
+        self, texts: Sequence[str], fn: Callable[[dict[str, Any]], list[np.ndarray]]
     ) -> tuple[list[Any], list[Any]]:
         """Whole texts' encodings (cut to what was read, with truncate) and fn's per-token
         results of each text (n + 2 rows, or a dict of such), stitched from its windows."""
@@ -211,7 +211,7 @@ class Pipeline:
         layout = Layout(windows, len(texts))
         stitchers: dict[Any, Stitcher] = {}  # per key of fn's dicts (None: fn gives arrays)
 
-        def stitched(b: dict[str, torch.Tensor]) -> list[None]:
+        def stitched(b: dict[str, Any]) -> list[None]:
             # Each row goes into its text's results as its batch comes: holding every window's
             # rows until the end would take twice the answer's memory (the windows overlap).
             items = fn(b)
@@ -252,8 +252,8 @@ class Pipeline:
         POOLINGS) or normalize say otherwise. A text longer than the window is pooled over all
         its pieces, each from its max-context window (cls: the first window's [CLS]). An input
         may be given as its piece ids instead (without [CLS] and [SEP])."""
-        if pooling is not None and pooling not in POOLINGS:
-            raise ConfigError(f"pooling={pooling!r}: must be one of {', '.join(POOLINGS)}")
+        if pooling is not None:
+            check_choice("pooling", pooling, POOLINGS)
         own = self.embedding_settings
         modes = (pooling,) if pooling else own.pooling
         model = self.model_for("embed")
@@ -263,8 +263,8 @@ class Pipeline:
         layout = Layout(windows, len(texts))
         running: dict[int, embedding.RunningPool] = {}  # per long text: its pool so far
 
-        def fn(b: dict[str, torch.Tensor]) -> list[np.ndarray | None]:
-            h = model(b["input_ids"], b["token_type_ids"], b["attention_mask"]).last_hidden_state
+        def fn(b: dict[str, Any]) -> list[np.ndarray | None]:
+            h = model(*b["inputs"]).last_hidden_state
             vectors, rows = embedding.pool(h, b["attention_mask"], modes).cpu().numpy(), b["rows"]
             lengths = b["attention_mask"].sum(1).tolist()
             # A long text's windows are pooled as they come (each piece from its max-context
@@ -299,18 +299,16 @@ class Pipeline:
         """Per text: tokens, their character offsets, and the hidden states of `layers`
         (0 = embeddings, -1 = last): "layers" {index: (T, H)}, and with combine "values"
         (T, H * k) or (T, H). Every piece of a long text, each from its max-context window."""
-        if combine is not None and combine not in COMBINES:
-            raise ConfigError(f"combine={combine!r}: must be one of {', '.join(COMBINES)}")
+        if combine is not None:
+            check_choice("combine", combine, COMBINES)
         model = self.model_for("features")
         n = model.config.num_hidden_layers + 1
         for layer in layers:
             if not -n <= layer < n:
                 raise ConfigError(f"layer {layer}: this model has layers -{n}..{n - 1}")
 
-        def fn(b: dict[str, torch.Tensor]) -> list[dict[int, np.ndarray]]:
-            out = model(
-                b["input_ids"], b["token_type_ids"], b["attention_mask"], output_hidden_states=True
-            )
+        def fn(b: dict[str, Any]) -> list[dict[int, np.ndarray]]:
+            out = model(*b["inputs"], output_hidden_states=True)
             states = {k: out.hidden_states[k].float().cpu().numpy() for k in layers}
             lengths = b["attention_mask"].sum(1).tolist()
             return [{k: v[j, : lengths[j]] for k, v in states.items()} for j in range(len(lengths))]
@@ -346,8 +344,8 @@ class Pipeline:
             if mask_id not in e.ids:
                 raise InputError(f"text {i}: no [MASK] token in {texts[i][:80]!r}")
 
-        def fn(b: dict[str, torch.Tensor]) -> list[list[dict[str, Any]]]:
-            logits = model(b["input_ids"], b["token_type_ids"], b["attention_mask"]).mlm_logits
+        def fn(b: dict[str, Any]) -> list[list[dict[str, Any]]]:
+            logits = model(*b["inputs"]).mlm_logits
             probs = logits.float().softmax(-1)
             out = []
             for j in range(len(b["input_ids"])):
@@ -373,8 +371,8 @@ class Pipeline:
             raise InputError(f"{len(texts)} texts but {len(pairs)} pairs")
         model = self.model_for("nsp")
 
-        def fn(b: dict[str, torch.Tensor]) -> list[float]:
-            logits = model(b["input_ids"], b["token_type_ids"], b["attention_mask"]).nsp_logits
+        def fn(b: dict[str, Any]) -> list[float]:
+            logits = model(*b["inputs"]).nsp_logits
             return logits.float().softmax(-1)[:, 0].tolist()  # index 0 = IsNext (Google's)
 
         return self.run(self.encode(texts, pairs), fn)
@@ -477,8 +475,8 @@ class Pipeline:
         model = self.model_for("ner")
         names = model.config.labels
 
-        def fn(b: dict[str, torch.Tensor]) -> list[np.ndarray]:
-            logits = model(b["input_ids"], b["token_type_ids"], b["attention_mask"]).logits
+        def fn(b: dict[str, Any]) -> list[np.ndarray]:
+            logits = model(*b["inputs"]).logits
             values, lengths = logits.float().cpu().numpy(), b["attention_mask"].sum(1).tolist()
             return [values[j, :n] for j, n in enumerate(lengths)]
 

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .errors import ConfigError
+from .errors import ConfigError, check_choice
 from .model import BertModel
 from .pipelines import Pipeline
 from .tasks import embedding
@@ -36,14 +36,11 @@ DEFAULT_CHOICES = ("0", "-1", "-2", "-3", "-4", "sum:-1,-2,-3,-4", "concat:-1,-2
 def pooled_layers(pipe: Pipeline, texts: Sequence[str], pooling: str = "mean") -> np.ndarray:
     """(N, L + 1, H): every layer's hidden states (0 = embeddings) pooled per text (one of
     tasks.embedding's poolings)."""
-    if pooling not in POOLINGS:
-        raise ConfigError(f"pooling={pooling!r}: must be one of {', '.join(POOLINGS)}")
+    check_choice("pooling", pooling, POOLINGS)
     model = pipe.model(BertModel)
 
-    def fn(b: dict[str, torch.Tensor]) -> np.ndarray:
-        out = model(
-            b["input_ids"], b["token_type_ids"], b["attention_mask"], output_hidden_states=True
-        )
+    def fn(b: dict[str, Any]) -> np.ndarray:
+        out = model(*b["inputs"], output_hidden_states=True)
         h = torch.stack(out.hidden_states, 1)  # (B, L+1, T, H)
         B, n, T, H = h.shape
         mask = b["attention_mask"].repeat_interleave(n, 0)  # (B * (L+1), T)

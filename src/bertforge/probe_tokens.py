@@ -142,10 +142,8 @@ def cache_features(
         [s.tokens for s in sentences], truncation=False, split_into_words=True
     )
 
-    def fn(b: dict[str, torch.Tensor]) -> list[np.ndarray]:
-        out = model(
-            b["input_ids"], b["token_type_ids"], b["attention_mask"], output_hidden_states=True
-        )
+    def fn(b: dict[str, Any]) -> list[np.ndarray]:
+        out = model(*b["inputs"], output_hidden_states=True)
         h = torch.stack(out.hidden_states, 2).float().cpu().numpy().astype(dtype)  # (B,T,L+1,H)
         lengths = b["attention_mask"].sum(1).tolist()
         return [h[j, :n] for j, n in enumerate(lengths)]

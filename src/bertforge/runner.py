@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .errors import ConfigError
+from .errors import ConfigError, check_choice
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 PAD_MULTIPLE = 16  # bf16/fp16 batches: their length rounded up to a multiple of this
@@ -47,8 +47,7 @@ def cpu_supports_bf16() -> bool:
 
 def resolve_precision(precision: str, device: torch.device) -> str:
     """fp32, bf16 or fp16 for `precision` (one of PRECISIONS) on `device` (see above)."""
-    if precision not in PRECISIONS:
-        raise ConfigError(f"precision={precision!r}: must be one of {', '.join(PRECISIONS)}")
+    check_choice("precision", precision, PRECISIONS)
     if precision == "fp16" and device.type != "cuda":
         raise ConfigError(
             "precision=fp16 (with loss scaling) is for CUDA GPUs; use bf16 or fp32 on the CPU"

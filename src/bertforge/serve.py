@@ -211,8 +211,7 @@ class Batcher:
     ) -> None:
         self.run, self.limits, self.pieces, self.metrics = run, limits, pieces, metrics
         self.queue: asyncio.Queue[Pending] = asyncio.Queue(limits.max_queue)
-        self.lock = asyncio.Lock()  # one model call at a time (torch uses every core already)
-        self.task: asyncio.Task | None = None
+        self.task: asyncio.Task | None = None  # the one worker: one model call at a time
 
     async def submit(
         self,
@@ -225,7 +224,8 @@ class Batcher:
         if self.task is None or self.task.done():
             self.task = asyncio.create_task(self._work())
         future: asyncio.Future = asyncio.get_running_loop().create_future()
-        longest = self._longest(items)  # here, so that an item it cannot read fails its request
+        # measured here, so that an item it cannot read fails its request
+        longest = max((self.pieces(x) for x in items), default=0)
         try:
             self.queue.put_nowait((items, options, longest, future))
         except asyncio.QueueFull:
@@ -242,9 +242,6 @@ class Batcher:
             future.cancel()
             if watch:
                 watch.cancel()
-
-    def _longest(self, items: list[Any]) -> int:
-        return max((self.pieces(x) for x in items), default=0)
 
     async def _next(self) -> Pending:
         """The next queued request whose client still waits."""

@@ -69,10 +69,6 @@ def _removed(ch: str) -> bool:
     return ch == "\x00" or ch == "\ufffd" or is_control(ch)
 
 
-def _strip_accents(text: str) -> str:
-    return "".join(c for c in unicodedata.normalize("NFD", text) if unicodedata.category(c) != "Mn")
-
-
 def basic_tokenize(
     text: str, lowercase: bool, strip_accents: bool, tokenize_chinese_chars: bool = True
 ) -> list[str]:
@@ -96,7 +92,8 @@ def basic_tokenize(
         if lowercase:
             token = token.lower()
         if strip_accents:
-            token = _strip_accents(token)
+            nfd = unicodedata.normalize("NFD", token)
+            token = "".join(c for c in nfd if unicodedata.category(c) != "Mn")
         current: list[str] = []
         for ch in token:
             if is_punctuation(ch):

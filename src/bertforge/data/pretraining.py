@@ -70,14 +70,6 @@ class Batch:
         }
         return Batch(**moved, num_tokens=self.num_tokens)
 
-    def model_inputs(self) -> dict[str, torch.Tensor]:
-        return {
-            "input_ids": self.input_ids,
-            "token_type_ids": self.token_type_ids,
-            "attention_mask": self.attention_mask,
-            "mlm_positions": self.mlm_positions,
-        }
-
 
 @dataclass(eq=False)
 class PretrainingStream:

@@ -247,15 +247,13 @@ def prepare(
         finally:
             bar.close()  # before any error message, so that message is the last line
 
-        counts = {
-            split: {
-                key: sum(s[key] for s in state["shards"] if s["split"] == split)
-                for key in ("documents", "sentences", "tokens")
-            }
-            for split in SPLITS
-        }
-        for split in SPLITS:
-            counts[split]["shards"] = sum(1 for s in state["shards"] if s["split"] == split)
+        summed = ("documents", "sentences", "tokens")
+        counts = {split: dict.fromkeys((*summed, "shards"), 0) for split in SPLITS}
+        for shard in state["shards"]:
+            c = counts[shard["split"]]
+            for key in summed:
+                c[key] += shard[key]
+            c["shards"] += 1
         if counts["train"]["tokens"] == 0:
             raise DataError(f"no training text in {', '.join(str(f) for f in files[:3])}")
         meta = {

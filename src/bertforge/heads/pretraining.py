@@ -66,7 +66,6 @@ class BertForPreTraining(Pretrained, nn.Module):
             heads.append(self.nsp)
         for m in heads:
             m.apply(lambda mod: init_bert_weights(mod, config.initializer_range))
-        nn.init.zeros_(self.mlm.bias)
 
     def forward(
         self,

@@ -85,7 +85,9 @@ def batch_statistics(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(summed MLM loss, summed NSP loss (0 without NSP), statistics) of one batch;
     statistics: MLM loss sum, masked count, MLM correct, NSP loss sum, sequences, NSP correct."""
-    out: PreTrainingOutput = model(**batch.model_inputs())
+    out: PreTrainingOutput = model(
+        batch.input_ids, batch.token_type_ids, batch.attention_mask, batch.mlm_positions
+    )
     logits, labels = out.mlm_logits, batch.mlm_labels
     mlm_sum = cross_entropy_sum(logits, labels)
     nsp_sum = nsp_correct = torch.zeros((), device=logits.device)

@@ -89,20 +89,6 @@ class Pooled(nn.Module):
         return embedding.pool(h, mask, self.modes)
 
 
-def _rng_state() -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """CPU and CUDA random states (dropout's), to replay a forward pass exactly."""
-    return (
-        torch.get_rng_state(),
-        torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-    )
-
-
-def _set_rng_state(state: tuple[torch.Tensor, list[torch.Tensor]]) -> None:
-    torch.set_rng_state(state[0])
-    if state[1]:
-        torch.cuda.set_rng_state_all(state[1])
-
-
 def _digest(text: str) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") >> 1
 
@@ -210,14 +196,18 @@ class RetrievalTask(TaskFamily):
         pieces, states = [], []
         with torch.no_grad():
             for start in range(0, B * C, chunk):
-                states.append(_rng_state())
+                # CPU and CUDA random states (dropout's), to replay this pass exactly below
+                cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []
+                states.append((torch.get_rng_state(), cuda))
                 pieces.append(pooled(*(x[start : start + chunk] for x in flat)).float())
         vectors = torch.cat(pieces).requires_grad_()  # (C * B, H), column by column
         loss, correct = self._loss(vectors.reshape(C, B, -1).transpose(0, 1), batch.labels)
         (loss / B).backward()
         grad = vectors.grad
-        for k, start in enumerate(range(0, B * C, chunk)):
-            _set_rng_state(states[k])
+        for (cpu, cuda), start in zip(states, range(0, B * C, chunk)):
+            torch.set_rng_state(cpu)
+            if cuda:
+                torch.cuda.set_rng_state_all(cuda)
             again = pooled(*(x[start : start + chunk] for x in flat)).float()
             again.backward(grad[start : start + chunk])
         anchor = next(p for p in pooled.parameters() if p.requires_grad)

@@ -244,15 +244,9 @@ class SquadTask(TaskFamily):
         return read_squad(path, strict=labelled)
 
     def featurize(self, examples: Sequence[SquadExample], training: bool = False) -> Features:
-        o = self.options
-        return featurize(
-            examples,
-            self.tok,
-            max_seq_length=o.max_seq_length,
-            doc_stride=o.doc_stride,
-            max_query_length=o.max_query_length,
-            training=training,
-        )
+        names = ("max_seq_length", "doc_stride", "max_query_length")
+        options = {k: getattr(self.options, k) for k in names}
+        return featurize(examples, self.tok, training=training, **options)
 
     def loss_of(self, out: Any, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         s, e = batch.labels[:, 0], batch.labels[:, 1]
@@ -268,17 +262,10 @@ class SquadTask(TaskFamily):
     def decode(
         self, examples: Sequence[Any], features: Features, rows: list[np.ndarray]
     ) -> Answers:
-        o = self.options
-        return postprocess(
-            examples,
-            features,
-            [x[:, 0] for x in rows],
-            [x[:, 1] for x in rows],
-            version_2=self.version_2,
-            n_best_size=o.n_best_size,
-            max_answer_length=o.max_answer_length,
-            null_score_diff_threshold=o.null_score_diff_threshold,
-        )
+        names = ("n_best_size", "max_answer_length", "null_score_diff_threshold")
+        options = {k: getattr(self.options, k) for k in names}
+        starts, ends = [x[:, 0] for x in rows], [x[:, 1] for x in rows]
+        return postprocess(examples, features, starts, ends, version_2=self.version_2, **options)
 
     def score(
         self,

@@ -365,10 +365,6 @@ def make_trainee(cfg: DistillConfig, teacher: nn.Module, **head_kwargs: Any) -> 
 # Losses
 
 
-def _encoder(out: Any) -> Any:
-    return getattr(out, "encoder", out)  # a head's output holds the encoder's
-
-
 def representation_loss(
     student: Any,
     teacher: Any,
@@ -384,7 +380,7 @@ def representation_loss(
     when both weights are 0 (nothing read from the outputs)."""
     layers = trainee.layers if isinstance(trainee, Trainee) else trainee
     project = trainee.project if isinstance(trainee, Trainee) else (lambda i, h: h)
-    s, t = _encoder(student), _encoder(teacher)
+    s, t = (getattr(o, "encoder", o) for o in (student, teacher))  # head outputs hold the encoder's
     m = mask.reshape(-1, mask.shape[-1]).float()  # (B', T): multiple choice runs B x C rows
     tokens = m.sum(1).clamp(min=1)
     total = m.new_zeros(m.shape[0])

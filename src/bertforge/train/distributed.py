@@ -21,7 +21,6 @@ from ..runner import device_of
 class Dist:
     rank: int = 0
     world_size: int = 1
-    local_rank: int = 0
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
 
     @property
@@ -45,7 +44,7 @@ def init(requested_device: str | None = None) -> Dist:
         torch.cuda.set_device(device)
     if world_size > 1 and not dist.is_initialized():
         dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
-    return Dist(rank, world_size, local_rank, device)
+    return Dist(rank, world_size, device)
 
 
 def launched(fn: Callable[[Any, Dist], Any], cfg: Any) -> Any:
@@ -54,7 +53,8 @@ def launched(fn: Callable[[Any, Dist], Any], cfg: Any) -> Any:
     try:
         return fn(cfg, d)
     finally:
-        shutdown(d)
+        if d.enabled and dist.is_initialized():
+            dist.destroy_process_group()
 
 
 def all_reduce_sum(t: torch.Tensor, d: Dist) -> torch.Tensor:
@@ -67,8 +67,3 @@ def all_reduce_sum(t: torch.Tensor, d: Dist) -> torch.Tensor:
 def barrier(d: Dist) -> None:
     if d.enabled:
         dist.barrier()
-
-
-def shutdown(d: Dist) -> None:
-    if d.enabled and dist.is_initialized():
-        dist.destroy_process_group()

@@ -27,15 +27,12 @@ for _n in range(256):
     _CRC_TABLE.append(_c)
 
 
-def crc32c(data: bytes) -> int:
+def _masked_crc(data: bytes) -> int:
+    """The masked CRC-32C of data, as TFRecord frames carry."""
     crc = 0xFFFFFFFF
     for byte in data:
         crc = _CRC_TABLE[(crc ^ byte) & 0xFF] ^ (crc >> 8)
-    return crc ^ 0xFFFFFFFF
-
-
-def _masked_crc(data: bytes) -> int:
-    crc = crc32c(data)
+    crc ^= 0xFFFFFFFF
     return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
 
