@@ -21,6 +21,7 @@ from ..runner import device_of
 class Dist:
     rank: int = 0
     world_size: int = 1
+    local_rank: int = 0
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
 
     @property
@@ -44,7 +45,7 @@ def init(requested_device: str | None = None) -> Dist:
         torch.cuda.set_device(device)
     if world_size > 1 and not dist.is_initialized():
         dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
-    return Dist(rank, world_size, device)
+    return Dist(rank, world_size, local_rank, device)
 
 
 def launched(fn: Callable[[Any, Dist], Any], cfg: Any) -> Any:
