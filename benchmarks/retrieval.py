@@ -10,7 +10,9 @@ to choose anything). This script scores the evaluation half with:
     minilm          all-MiniLM-L6-v2 zero-shot through bertforge's embed (the model's own
                     pooling and normalisation, fp32, texts cut at its 256 pieces as
                     sentence-transformers cuts them), exact inner product
-    minilm+bm25     reciprocal-rank fusion of the two top-100 lists (k = 60, bertforge.index.fuse)
+    minilm+bm25     reciprocal-rank fusion of the two top-100 lists (k = 60, bertforge.index.fuse),
+                    and their fusion by standardised scores (z-scores per query, equal weights:
+                    bertforge.index.fuse_scores, `search --mode hybrid --fusion zscore`)
     --runs DIR      all-MiniLM-L6-v2 trained on the train half's pairs by bertforge (finetune
                     --task retrieval) and by sentence-transformers' trainer the same way, each
                     timed as its own process; their rows and their fusions with BM25
@@ -44,7 +46,7 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bertforge.evaluate import retrieval_scores
-from bertforge.index import fuse
+from bertforge.index import fuse, fuse_scores
 from common import RESULTS, machine, matmul_gflops, write_results
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "squad"
@@ -245,6 +247,19 @@ def rerank_rows(
     )
 
 
+def hybrids(name: str, dense: tuple, bm25: tuple) -> dict[str, tuple[tuple, float]]:
+    """The dense run fused with BM25's, by reciprocal rank and by z-scores (equal weights),
+    each with the seconds its fusion took."""
+    out = {}
+    for label, fn in (
+        (f"{name}+bm25 (RRF)", lambda: fuse([dense[0], bm25[0]])),
+        (f"{name}+bm25 (z-score)", lambda: fuse_scores([dense, bm25], (0.5, 0.5))),
+    ):
+        start = time.perf_counter()
+        out[label] = (fn(), time.perf_counter() - start)
+    return out
+
+
 def add_rows(spec: str, corpus: list[str], queries: list) -> tuple[dict, dict]:
     """--add NAME=DIR: the bi-encoder's rows (alone and fused with BM25) and their rankings."""
     name, _, model = spec.partition("=")
@@ -254,9 +269,10 @@ def add_rows(spec: str, corpus: list[str], queries: list) -> tuple[dict, dict]:
     start = time.perf_counter()
     runs = {name: dense_run(model, corpus, questions)}
     rows = {name: {**score(queries, *runs[name]), "seconds": time.perf_counter() - start}}
-    start = time.perf_counter()
-    runs[f"{name}+bm25 (RRF)"] = fused = fuse([runs[name][0], bm25_run(corpus, questions)[0]])
-    rows[f"{name}+bm25 (RRF)"] = {**score(queries, *fused), "seconds": time.perf_counter() - start}
+    bm25 = bm25_run(corpus, questions)
+    for label, (fused, seconds) in hybrids(name, runs[name], bm25).items():
+        runs[label] = fused
+        rows[label] = {**score(queries, *fused), "seconds": seconds}
     for row_name, row in rows.items():
         print(row_name, {m: round(100 * row[m], 1) for m in SHOWN}, flush=True)
     return rows, runs
@@ -367,10 +383,9 @@ def main() -> None:
         rows[name] = {**score(queries, *runs[name]), "seconds": time.perf_counter() - start}
         print(name, {m: round(100 * rows[name][m], 1) for m in SHOWN}, flush=True)
     for dense in [n for n in runs if n not in ("bm25", "sentence-transformers bi-encoder")]:
-        start = time.perf_counter()
-        runs[f"{dense}+bm25 (RRF)"] = fused = fuse([runs[dense][0], runs["bm25"][0]])
-        seconds = time.perf_counter() - start
-        rows[f"{dense}+bm25 (RRF)"] = {**score(queries, *fused), "seconds": seconds}
+        for label, (fused, seconds) in hybrids(dense, runs[dense], runs["bm25"]).items():
+            runs[label] = fused
+            rows[label] = {**score(queries, *fused), "seconds": seconds}
     result: dict[str, Any] = {
         "documents": len(corpus),
         "queries": len(queries),

@@ -1,6 +1,7 @@
 """Index, search and mining (index.py, `bertforge index/search/mine`): exact dense search as
 brute force over Pipeline.embed, long documents by their best window, BM25 as bm25s gives it,
-hybrid as reciprocal-rank fusion by hand, resumable builds, the model's identity checked."""
+hybrid as reciprocal-rank or standardised-score fusion by hand, resumable builds, the model's
+identity checked."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 
 from bertforge.cli import main
 from bertforge.errors import ConfigError, DataError
-from bertforge.index import RRF_K, Index, mine
+from bertforge.index import RRF_K, Index, fuse_scores, mine
 from bertforge.pipelines import Pipeline
 
 bm25s = pytest.importorskip("bm25s")
@@ -129,6 +130,49 @@ def test_a_killed_build_resumes_without_redoing_parts(
     assert not (tmp_path / "idx" / "parts").exists()
 
 
+def test_hybrid_weighted_and_by_standardised_scores(built: Index) -> None:
+    """alpha weighs the dense list against BM25's in both fusions: reciprocal rank (2 alpha and
+    2 (1 - alpha), so 0.5 is the plain sum) and z-scores (each list's scores standardised per
+    query, a weighted sum), computed here by hand from the two searches."""
+    dense = built.search(QUERIES, top_k=6)
+    sparse = built.search(QUERIES, top_k=6, mode="bm25")
+    for fusion, alpha in (("rrf", 0.8), ("zscore", 0.5), ("zscore", 0.2)):
+        hybrid = built.search(QUERIES, top_k=6, mode="hybrid", fusion=fusion, alpha=alpha)
+        for d_row, s_row, h_row in zip(dense, sparse, hybrid):
+            want: dict[str, float] = {}
+            for w, row in ((alpha, d_row), (1 - alpha, s_row)):
+                s = np.array([h["score"] for h in row])
+                z = (s - s.mean()) / s.std()
+                for h, value in zip(row, z):
+                    part = 2 * w / (RRF_K + h["rank"]) if fusion == "rrf" else w * value
+                    want[h["id"]] = want.get(h["id"], 0.0) + part
+            assert [h["id"] for h in h_row] == sorted(want, key=lambda i: -want[i])
+            np.testing.assert_allclose([h["score"] for h in h_row], sorted(want.values())[::-1])
+
+
+def test_score_fusion_of_lists_that_differ(built: Index) -> None:
+    """A document one list leaves out counts as that list's lowest; -1 pads a short list."""
+    a = (np.array([[3, 1, 2]]), np.array([[0.9, 0.5, 0.1]]))
+    b = (np.array([[1, 4, -1]]), np.array([[7.0, 3.0, 0.0]]))
+    docs, scores = fuse_scores([a, b], (0.25, 0.75), k=4)
+    za = (a[1][0] - a[1][0].mean()) / a[1][0].std()
+    zb = {1: 1.0, 4: -1.0}  # 7 and 3 standardised
+    want = {
+        d: 0.25 * dict(zip([3, 1, 2], za)).get(d, za.min()) + 0.75 * zb.get(d, -1.0)
+        for d in (3, 1, 2, 4)
+    }
+    order = sorted(want, key=lambda d: -want[d])
+    assert docs.tolist() == [order]
+    np.testing.assert_allclose(scores[0], [want[d] for d in order])
+    fused = {"mode": "hybrid", "fusion": "zscore", "alpha": 0.3}
+    (negs,) = mine(built, QUERIES[:1], DOCS[2:3], negatives=2, depth=6, **fused)  # type: ignore
+    hits = built.search(QUERIES[:1], top_k=6, **fused)[0]  # type: ignore[arg-type]
+    assert negs == [DOCS[int(h["id"][1:])] for h in hits if h["id"] != "d2"][:2]
+    for bad in ({"fusion": "mean"}, {"alpha": 1.5}, {"alpha": -0.1}):
+        with pytest.raises(ConfigError, match="fusion|alpha"):
+            built.search(["q"], mode="hybrid", **bad)  # type: ignore[arg-type]
+
+
 def test_refusals(built: Index, minilm_dir: Path, tiny_model: Path, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="not the model this index was built with"):
         built.use_model(tiny_model)
@@ -207,6 +251,8 @@ def test_cli(minilm_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) ->
     assert row["positive"] == DOCS[2] and len(row["negatives"]) == 2
     assert main(["search", str(tmp_path), str(queries)]) == 2
     assert "not an index" in capsys.readouterr().err
+    assert main(["search", str(out), str(queries), "--mode", "hybrid", "--alpha", "2"]) == 2
+    assert "alpha=2.0 (--alpha): must be between 0 and 1" in capsys.readouterr().err
     assert (
         main(
             [
@@ -287,6 +333,12 @@ def test_server_search(built: Index, minilm_dir: Path) -> None:
             r = client.post("/search", json={"queries": QUERIES, "top_k": 3, "mode": mode})
             assert r.status_code == 200
             assert r.json()["results"] == built.search(QUERIES, top_k=3, mode=mode)
+        fused = {"mode": "hybrid", "fusion": "zscore", "alpha": 0.7}
+        r = client.post("/search", json={"queries": QUERIES, "top_k": 3, **fused})
+        want = built.search(QUERIES, top_k=3, **fused)  # type: ignore[arg-type]
+        assert r.json()["results"] == want
+        for bad in ({"fusion": "mean"}, {"alpha": 2}):
+            assert client.post("/search", json={"queries": ["q"], **bad}).status_code == 422
         r = client.post("/search", json={"queries": QUERIES[:1], "return_text": True})
         assert r.json()["results"][0][0]["text"] == DOCS[2]
         assert client.post("/search", json={"queries": [], "top_k": 3}).status_code == 422

@@ -491,10 +491,23 @@ def cmd_index(args: argparse.Namespace) -> None:
 
 
 def _search_args(p: argparse.ArgumentParser) -> None:
-    from .index import MODES
+    from .index import FUSIONS, MODES
 
     p.add_argument("index", help="index directory (bertforge index)")
     p.add_argument("--mode", default="dense", choices=MODES, help="first stage (default: dense)")
+    p.add_argument(
+        "--fusion",
+        default="rrf",
+        choices=FUSIONS,
+        help="hybrid: by reciprocal rank (rrf), or by each list's scores standardised per query "
+        "and summed (zscore) (default: rrf)",
+    )
+    p.add_argument(
+        "--alpha",
+        type=float,
+        default=0.5,
+        help="hybrid: the dense list's weight, BM25's 1 - it (default: 0.5, equal)",
+    )
     p.add_argument("--model", help="the index's model at another path (checked to be the same)")
 
 
@@ -532,7 +545,8 @@ def cmd_search(args: argparse.Namespace) -> None:
     rows = _read_inputs(args.queries, TEXTS, args.skip_blank)
     queries = [r.texts[0] for r in rows]
     depth = args.rerank_depth if args.rerank else args.top_k
-    results = index.search(queries, depth, args.mode, text=bool(args.rerank or args.text))
+    text = bool(args.rerank or args.text)
+    results = index.search(queries, depth, args.mode, text, args.fusion, args.alpha)
     if args.rerank:
         import numpy as np
 
@@ -599,7 +613,7 @@ def cmd_mine(args: argparse.Namespace) -> None:
         index,
         [e.query for e in examples],
         [e.positive for e in examples],
-        **_given(args, "negatives", "skip", "depth", "mode", "margin"),
+        **_given(args, "negatives", "skip", "depth", "mode", "margin", "fusion", "alpha"),
     )
     kept = [
         {"query": e.query, "positive": e.positive, "negatives": n}

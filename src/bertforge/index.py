@@ -22,7 +22,10 @@ Dense search is exact by default: the queries' vectors times every window's, in 
 queries and of windows (memory bounded for any corpus), the best window per document, the top
 k (ties: the earlier document first). An index built with approximate="hnsw"
 (`--approximate hnsw`, faiss) searches an HNSW graph of the windows instead (for millions of
-vectors). Hybrid search fuses the dense and BM25 top-100 lists by reciprocal rank (k = 60).
+vectors). Hybrid search fuses the dense and BM25 top-100 lists: by reciprocal rank (k = 60;
+`fusion="rrf"`, the default) or by their scores standardised per query (`fusion="zscore"`: each
+list's z-scores, a document it leaves out given its lowest, summed); `alpha` weighs the dense
+list against BM25's (0.5: equal).
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from .runner import release_memory
 
 FORMAT = 1
 MODES = ("dense", "bm25", "hybrid")
+FUSIONS = ("rrf", "zscore")  # hybrid: by reciprocal rank, or by standardised scores
 RRF_K = 60  # reciprocal-rank fusion: 1 / (k + rank)
 FUSED = 100  # documents per list that fusion reads
 QUERY_BLOCK = 1024  # queries scored against the corpus at once
@@ -453,9 +457,16 @@ class Index:
         return np.asarray(docs), np.asarray(scores)
 
     def search(
-        self, queries: Sequence[str], top_k: int = 10, mode: str = "dense", text: bool = False
+        self,
+        queries: Sequence[str],
+        top_k: int = 10,
+        mode: str = "dense",
+        text: bool = False,
+        fusion: str = "rrf",
+        alpha: float = 0.5,
     ) -> list[list[dict[str, Any]]]:
-        """Per query, its top_k documents: [{"id", "score", "rank"} (+ "text")]."""
+        """Per query, its top_k documents: [{"id", "score", "rank"} (+ "text")]; hybrid fused
+        by `fusion`, the dense list weighed `alpha` and BM25's 1 - alpha."""
         if isinstance(queries, str):
             raise ConfigError("pass a list of queries (a single string is not a list)")
         check_choice("mode", mode, MODES, "--mode")
@@ -463,7 +474,7 @@ class Index:
             raise ConfigError(f"top_k={top_k} (--top-k): must be >= 1")
         if not queries:
             return []
-        docs, scores = self.ranked(queries, top_k, mode)
+        docs, scores = self.ranked(queries, top_k, mode, fusion, alpha)
         return [
             [
                 {
@@ -490,13 +501,21 @@ class Index:
         words = tokenize(list(queries), stopwords="en", return_ids=False, show_progress=False)
         return np.array([float(bm25.get_scores(w)[d]) for w, d in zip(words, docs)])
 
-    def ranked(self, queries: Sequence[str], k: int, mode: str) -> tuple[np.ndarray, np.ndarray]:
+    def ranked(
+        self, queries: Sequence[str], k: int, mode: str, fusion: str = "rrf", alpha: float = 0.5
+    ) -> tuple[np.ndarray, np.ndarray]:
         """(document indices, scores) of each query's top k by `mode` (-1: none there)."""
+        check_choice("fusion", fusion, FUSIONS, "--fusion")
+        if not 0.0 <= alpha <= 1.0:
+            raise ConfigError(f"alpha={alpha} (--alpha): must be between 0 and 1")
         if mode == "dense":
             return self.dense(queries, k)
         if mode == "bm25":
             return self.bm25(queries, k)
-        return fuse([self.dense(queries, FUSED)[0], self.bm25(queries, FUSED)[0]], k)
+        runs, weights = [self.dense(queries, FUSED), self.bm25(queries, FUSED)], (alpha, 1 - alpha)
+        if fusion == "zscore":
+            return fuse_scores(runs, weights, k)
+        return fuse([d for d, _ in runs], k, (2 * alpha, 2 * (1 - alpha)))
 
 
 def mine(
@@ -509,6 +528,8 @@ def mine(
     depth: int = 50,
     mode: str = "dense",
     margin: float | None = None,
+    fusion: str = "rrf",
+    alpha: float = 0.5,
 ) -> list[list[str] | None]:
     """Hard negatives per (query, positive): the query's candidates at ranks skip+1..depth of
     `mode`'s search, leaving out its positive (by text) and, with margin, any candidate scored
@@ -525,7 +546,7 @@ def mine(
     if not queries:
         return []
     where = {t: i for i, t in enumerate(index.texts)}
-    docs, scores = index.ranked(list(queries), depth, mode)
+    docs, scores = index.ranked(list(queries), depth, mode, fusion, alpha)
     floor = np.full(len(queries), np.inf)
     if margin is not None:
         missing = [i for i, p in enumerate(positives) if p not in where]
@@ -564,15 +585,51 @@ def best_columns(values: np.ndarray, k: int) -> np.ndarray:
     return np.take_along_axis(cols, order, 1)
 
 
-def fuse(rankings: Sequence[np.ndarray], k: int = FUSED) -> tuple[np.ndarray, np.ndarray]:
+def fuse(
+    rankings: Sequence[np.ndarray], k: int = FUSED, weights: Sequence[float] | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """Reciprocal-rank fusion of per-query ranked lists (each (Q, n) document indices): each
-    document's sum of 1 / (RRF_K + rank) over the lists; the top k (ties: first seen)."""
-    docs, scores = [], []
+    document's sum of w / (RRF_K + rank) over the lists (w: the list's weight, 1 unless given);
+    the top k (ties: first seen)."""
+    weights = weights or [1.0] * len(rankings)
+    totals = []
     for rows in zip(*rankings):
         total: dict[int, float] = {}
-        for ranked in rows:
+        for w, ranked in zip(weights, rows):
             for r, doc in enumerate(ranked.tolist(), 1):
-                total[doc] = total.get(doc, 0.0) + 1.0 / (RRF_K + r)
+                total[doc] = total.get(doc, 0.0) + w / (RRF_K + r)
+        totals.append(total)
+    return _best(totals, k)
+
+
+def fuse_scores(
+    runs: Sequence[tuple[np.ndarray, np.ndarray]], weights: Sequence[float], k: int = FUSED
+) -> tuple[np.ndarray, np.ndarray]:
+    """Score fusion of per-query ranked lists (each (document indices, scores), (Q, n); -1:
+    none): each list's scores standardised over the documents it holds for the query (z-scores),
+    a document it does not hold given its lowest; each document's weighted sum; the top k (ties:
+    first seen)."""
+    totals = []
+    for q in range(len(runs[0][0])):
+        lists = []
+        for docs, scores in runs:
+            held = docs[q] >= 0
+            z = scores[q][held].astype(np.float64)
+            if len(z):
+                z = (z - z.mean()) / (z.std() or 1.0)
+            low = float(z.min()) if len(z) else 0.0
+            lists.append((dict(zip(docs[q][held].tolist(), z.tolist())), low))
+        seen = dict.fromkeys(d for table, _ in lists for d in table)  # first seen first
+        totals.append(
+            {d: sum(w * t.get(d, low) for w, (t, low) in zip(weights, lists)) for d in seen}
+        )
+    return _best(totals, k)
+
+
+def _best(totals: Sequence[dict[int, float]], k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each query's k best-scored documents (ties: first seen), padded with -1 and 0."""
+    docs, scores = [], []
+    for total in totals:
         best = sorted(total.items(), key=lambda x: -x[1])[:k]
         docs.append([d for d, _ in best])
         scores.append([s for _, s in best])

@@ -138,6 +138,8 @@ class SearchRequest(BaseModel):  # POST /search, with --index
     queries: list[str]
     top_k: int = Field(10, ge=1, le=1000)
     mode: str = Field("dense", pattern="^(dense|bm25|hybrid)$")
+    fusion: str = Field("rrf", pattern="^(rrf|zscore)$")
+    alpha: float = Field(0.5, ge=0.0, le=1.0)
     return_text: bool = False
 
 
@@ -642,6 +644,7 @@ def add_search(app: Any, server: Server, path: str | Path) -> None:
     async def search(req: SearchRequest, request: Request) -> dict[str, Any]:
         server.check(req.queries, "queries")
         options = {"top_k": req.top_k, "mode": req.mode, "text": req.return_text}
+        options |= {"fusion": req.fusion, "alpha": req.alpha}
         b = server.batcher("search", lambda items, o: index.search(items, **o))
         rows = await b.submit(req.queries, options, functools.partial(client_gone, request))
         return {"results": rows}
