@@ -213,7 +213,7 @@ class Batcher:
     ) -> None:
         self.run, self.limits, self.pieces, self.metrics = run, limits, pieces, metrics
         self.queue: asyncio.Queue[Pending] = asyncio.Queue(limits.max_queue)
-        self.task: asyncio.Task | None = None  # the one worker: one model call at a time
+        self.task: asyncio.Task | None = None  # its worker: one model call at a time per endpoint
 
     async def submit(
         self,
