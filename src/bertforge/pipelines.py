@@ -156,7 +156,7 @@ class Pipeline:
         """fn(batch) for the runner's batches of rows (encodings or Features); fn returns one
         item per row (its batch's order; batch["rows"]: their indices); the items come back in
         the rows' order. batch["inputs"]: input_ids, token_type_ids, attention_mask, the model's
-        positional inputs, also under their own names."""
+        positional inputs; input_ids and attention_mask also under their own names."""
         features = rows if isinstance(rows, Features) else Features.from_encodings(rows)
 
         def make(rows: np.ndarray) -> dict[str, Any]:
@@ -164,7 +164,6 @@ class Pipeline:
             return {
                 "inputs": (b.input_ids, b.token_type_ids, b.attention_mask),
                 "input_ids": b.input_ids,
-                "token_type_ids": b.token_type_ids,
                 "attention_mask": b.attention_mask,
                 "rows": torch.from_numpy(rows),
             }
