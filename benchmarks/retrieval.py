@@ -21,7 +21,8 @@ to choose anything). This script scores the evaluation half with:
     --cross-encoder the best first stage's top --rerank-depth reranked, on --rerank-queries
                     evaluation questions spread evenly over the half (CPU time: a subset);
                     with --add, the better of its two rows; and the reranked order fused
-                    with the first stage's (RRF, as minilm+bm25)
+                    with the first stage's (RRF, and z-scores of the cross-encoder's raw
+                    scores and the first stage's: search --rerank-fuse rrf|zscore)
 
 Metrics: evaluate.retrieval_scores (trec_eval's definitions, checked against pytrec_eval).
 Writes benchmarks/results/retrieval.{json,md}.
@@ -223,9 +224,10 @@ def rerank_rows(
     first: tuple,
     picked: np.ndarray,
     depth: int,
-) -> tuple[dict[str, Any], dict[str, Any]]:
+) -> tuple[dict[str, Any], ...]:
     """The evaluation queries `picked` (indices): the first stage itself, its top `depth`
-    reranked by the cross-encoder, and that order fused with the first stage's (RRF)."""
+    reranked by the cross-encoder, and that order fused with the first stage's by reciprocal
+    rank and by z-scores (the cross-encoder's raw scores; `search --rerank-fuse rrf|zscore`)."""
     from bertforge.pipelines import Pipeline
 
     ce = Pipeline(cross_encoder, precision="fp32")
@@ -234,16 +236,16 @@ def rerank_rows(
     start = time.perf_counter()
     reranked_docs, reranked = [], []
     for (_, q, _), row in zip(tqdm(chosen, desc="rerank", file=sys.stderr), docs):
-        order = ce.rerank(q, [corpus[d] for d in row])
+        order = ce.rerank(q, [corpus[d] for d in row], raw_scores=True)
         reranked_docs.append([int(row[o["index"]]) for o in order])
         reranked.append([o["score"] for o in order])
     seconds = time.perf_counter() - start
-    after = score(chosen, np.array(reranked_docs), np.array(reranked))
-    fused = score(chosen, *fuse([docs, np.array(reranked_docs)]))
+    ce_run = (np.array(reranked_docs), np.array(reranked))
     return (
         {**score(chosen, docs, sims), "seconds": 0.0},
-        {**after, "seconds": seconds},
-        {**fused, "seconds": seconds},
+        {**score(chosen, *ce_run), "seconds": seconds},
+        {**score(chosen, *fuse([docs, ce_run[0]])), "seconds": seconds},
+        {**score(chosen, *fuse_scores([(docs, sims), ce_run], (0.5, 0.5))), "seconds": seconds},
     )
 
 
@@ -284,18 +286,16 @@ def reranked(args: argparse.Namespace, corpus: list, queries: list, rows: dict, 
     best = max(runs, key=lambda n: rows[n]["mrr@10"])
     picked, depth = spread(len(queries), args.rerank_queries), args.rerank_depth
     first = runs[best]
-    before, after, fused = rerank_rows(args.cross_encoder, corpus, queries, first, picked, depth)
-    print("reranked", {m: round(100 * after[m], 1) for m in SHOWN}, flush=True)
-    print("reranked+first stage (RRF)", {m: round(100 * fused[m], 1) for m in SHOWN}, flush=True)
+    before, *reordered = rerank_rows(args.cross_encoder, corpus, queries, first, picked, depth)
+    how = ("", " + first stage (RRF)", " + first stage (z-score)")
+    names = [f"{best}, top {depth} reranked{h}" for h in how]
+    for name, row in zip(names, reordered):
+        print(name, {m: round(100 * row[m], 1) for m in SHOWN}, flush=True)
     return {
         "first_stage": best,
         "queries": len(picked),
         "depth": depth,
-        "rows": {
-            best: before,
-            f"{best}, top {depth} reranked": after,
-            f"{best}, top {depth} reranked + first stage (RRF)": fused,
-        },
+        "rows": {best: before, **dict(zip(names, reordered))},
     }
 
 

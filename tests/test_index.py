@@ -276,7 +276,9 @@ def test_search_reranked_and_fused_by_hand(
     built: Index, tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
     """search --rerank: the first stage's top hits in the cross-encoder's order; with
-    --rerank-fuse, in the reciprocal-rank fusion of both orders, computed here by hand."""
+    --rerank-fuse, in the reciprocal-rank fusion of both orders, and with --rerank-fuse zscore,
+    in the equal-weight sum of both lists' z-scores (the CE's raw logits), computed here by
+    hand."""
     import torch
 
     from bertforge import BertConfig, Tokenizer
@@ -287,24 +289,34 @@ def test_search_reranked_and_fused_by_hand(
     tok = Tokenizer.from_pretrained(tiny_model)
     torch.manual_seed(0)
     config = BertConfig(**{**TINY, "vocab_size": tok.vocab_size}).replace(num_labels=1)
-    BertForSequenceClassification(config).save_pretrained(ce)
+    model = BertForSequenceClassification(config)
+    with torch.no_grad():  # logits of several units: its sigmoid saturates, so raw scores matter
+        model.classifier.weight.mul_(300)
+    model.save_pretrained(ce)
     tok.save_pretrained(ce)
     queries = tmp_path / "q.txt"
     queries.write_text("\n".join(QUERIES) + "\n")
     first = built.search(QUERIES, top_k=4, text=True)
     pipe = Pipeline(ce)
     common = ["search", str(built.path), str(queries), "--top-k", "3", "--rerank", str(ce)]
-    for fused in (False, True):
+    for fusion in (None, "rrf", "zscore"):
         capsys.readouterr()
-        assert main([*common, "--rerank-depth", "4", *(["--rerank-fuse"] if fused else [])]) == 0
+        flags = ["--rerank-fuse", *([fusion] if fusion == "zscore" else [])] if fusion else []
+        assert main([*common, "--rerank-depth", "4", *flags]) == 0
         rows = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
         for query, hits, row in zip(QUERIES, first, rows):
             order = pipe.rerank(query, [h["text"] for h in hits])  # all 4, best first
             ce_rank = {o["index"]: r for r, o in enumerate(order, 1)}
             ce_score = {o["index"]: o["score"] for o in order}
-            if fused:
-                rrf = {i: 1 / (RRF_K + i + 1) + 1 / (RRF_K + ce_rank[i]) for i in range(4)}
-                want = sorted(range(4), key=lambda i: -rrf[i])[:3]
+            if fusion == "rrf":
+                fused = {i: 1 / (RRF_K + i + 1) + 1 / (RRF_K + ce_rank[i]) for i in range(4)}
+            elif fusion == "zscore":  # first-stage scores and the raw logits, standardised
+                logits = np.array(pipe.score([query] * 4, [h["text"] for h in hits], True))
+                dense = np.array([h["score"] for h in hits])
+                z = [(x - x.mean()) / x.std() for x in (dense, logits)]
+                fused = {i: 0.5 * z[0][i] + 0.5 * z[1][i] for i in range(4)}
+            if fusion:
+                want = sorted(range(4), key=lambda i: -fused[i])[:3]
             else:
                 want = [o["index"] for o in order[:3]]
             got = row["results"]
@@ -312,8 +324,8 @@ def test_search_reranked_and_fused_by_hand(
             assert [h["id"] for h in got] == [hits[i]["id"] for i in want]
             assert [h["rank"] for h in got] == [1, 2, 3] and "text" not in got[0]
             for h, i in zip(got, want):
-                if fused:
-                    assert h["score"] == pytest.approx(rrf[i], abs=1e-12)
+                if fusion:
+                    assert h["score"] == pytest.approx(fused[i], abs=1e-6)
                     assert h["rerank_score"] == pytest.approx(ce_score[i], abs=1e-6)
                 else:
                     assert h["score"] == pytest.approx(ce_score[i], abs=1e-6)

@@ -512,6 +512,8 @@ def _search_args(p: argparse.ArgumentParser) -> None:
 
 
 def args_search(p: argparse.ArgumentParser) -> None:
+    from .index import FUSIONS
+
     _search_args(p)
     p.add_argument("queries", nargs="?", default="-", help="text lines, .jsonl {text, id?}, or -")
     p.add_argument("--top-k", type=int, default=10, help="documents per query")
@@ -520,9 +522,12 @@ def args_search(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rerank-depth", type=int, default=50, help="first-stage hits reranked")
     p.add_argument(
         "--rerank-fuse",
-        action="store_true",
-        help="with --rerank: the cross-encoder's order fused with the first stage's by "
-        "reciprocal rank (as hybrid fuses BM25 and dense); score: the fused one",
+        nargs="?",
+        const="rrf",
+        choices=FUSIONS,
+        help="with --rerank: the cross-encoder's order fused with the first stage's, by "
+        "reciprocal rank (rrf, the default) or by z-scores of the first stage's scores and the "
+        "cross-encoder's raw ones, equal weights (zscore); score: the fused one",
     )
     p.add_argument("--skip-blank", action="store_true", help="drop blank lines (default: error)")
     p.add_argument("--out", help="JSONL output file (default: stdout)")
@@ -531,10 +536,10 @@ def args_search(p: argparse.ArgumentParser) -> None:
 def cmd_search(args: argparse.Namespace) -> None:
     """Per query line: {"line", "id"?, "results": [{id, score, rank, text?}]}; with --rerank,
     the first stage's top --rerank-depth reordered by the cross-encoder's score (with
-    --rerank-fuse: by the reciprocal-rank fusion of that order and the first stage's, each hit
-    with its cross-encoder score as rerank_score)."""
+    --rerank-fuse: by the fusion of that order and the first stage's, each hit with its
+    cross-encoder score as rerank_score)."""
     from .catalogue import TEXTS
-    from .index import Index, fuse
+    from .index import Index
 
     if args.rerank and args.rerank_depth < args.top_k:
         raise ConfigError(f"--rerank-depth {args.rerank_depth} is below --top-k {args.top_k}")
@@ -548,22 +553,11 @@ def cmd_search(args: argparse.Namespace) -> None:
     text = bool(args.rerank or args.text)
     results = index.search(queries, depth, args.mode, text, args.fusion, args.alpha)
     if args.rerank:
-        import numpy as np
-
         from .pipelines import Pipeline
 
         ce = Pipeline(args.rerank)
-        top_k = None if args.rerank_fuse else args.top_k  # fusion needs every hit's CE rank
         for query, hits in zip(queries, results):
-            order = ce.rerank(query, [h["text"] for h in hits], top_k=top_k)
-            if args.rerank_fuse:  # the first stage's order (0, 1, ...) and the reranked one
-                by_ce = np.array([[o["index"] for o in order]])
-                (picked,), (fused,) = fuse([np.arange(len(hits))[None], by_ce], args.top_k)
-                ce_score = {o["index"]: o["score"] for o in order}
-                order = [
-                    {"index": int(i), "score": float(f), "rerank_score": ce_score[int(i)]}
-                    for i, f in zip(picked, fused)
-                ]
+            order = _reranked(ce, query, hits, args.top_k, args.rerank_fuse)
             hits[:] = [
                 {
                     **hits[o["index"]],
@@ -577,6 +571,37 @@ def cmd_search(args: argparse.Namespace) -> None:
                 for h in hits:
                     h.pop("text")
     _write_jsonl(args.out, rows, [{"results": hits} for hits in results])
+
+
+def _reranked(ce: Any, query: str, hits: list[dict], top_k: int, fusion: str | None) -> list:
+    """The hits' new order, [{index, score, rerank_score?}] (index: into hits, by first-stage
+    rank): by the cross-encoder's score, or that order fused with the first stage's (rrf), or
+    the z-scores of both lists' scores, the cross-encoder's raw (an activation saturates), fused
+    with equal weights (zscore); with a fusion, rerank_score is the cross-encoder's score."""
+    import numpy as np
+    import torch
+
+    from .index import fuse, fuse_scores
+    from .tasks.ranking import activate
+
+    raw = fusion == "zscore"
+    texts = [h["text"] for h in hits]
+    order = ce.rerank(query, texts, top_k=None if fusion else top_k, raw_scores=raw)
+    if not fusion:
+        return order
+    first, by_ce = np.arange(len(hits))[None], np.array([[o["index"] for o in order]])
+    scores = np.array([[o["score"] for o in order]])
+    if raw:
+        lists = [(first, np.array([[h["score"] for h in hits]])), (by_ce, scores)]
+        (picked,), (fused,) = fuse_scores(lists, (0.5, 0.5), top_k)
+        scores = activate(torch.from_numpy(scores), ce.activation).numpy()
+    else:
+        (picked,), (fused,) = fuse([first, by_ce], top_k)
+    ce_score = dict(zip(by_ce[0].tolist(), scores[0].tolist()))
+    return [
+        {"index": int(i), "score": float(f), "rerank_score": ce_score[int(i)]}
+        for i, f in zip(picked, fused)
+    ]
 
 
 def args_mine(p: argparse.ArgumentParser) -> None:
