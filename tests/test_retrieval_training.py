@@ -116,7 +116,18 @@ def test_reader_errors(tmp_path: Path) -> None:
     assert (e.query, e.positive, e.negatives) == ("q", "p", ("n1", "n2"))
 
 
-def gradcache_case(tiny_model: Path, chunk: int | None, train_mode: bool) -> tuple:
+def with_teacher(path: Path) -> Path:
+    """The rows of `path` with a teacher's "scores" of their positive and negatives."""
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    for i, r in enumerate(rows):
+        r["scores"] = [3.0 - i % 3, -1.0 + 0.5 * i, *([0.25] * (len(r["negatives"]) - 1))]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def gradcache_case(
+    tiny_model: Path, chunk: int | None, train_mode: bool, teacher: float | None = None
+) -> tuple:
     from bertforge import Tokenizer
     from bertforge.model import BertModel
     from bertforge.tasks import TaskOptions
@@ -124,8 +135,11 @@ def gradcache_case(tiny_model: Path, chunk: int | None, train_mode: bool) -> tup
     from bertforge.tasks.retrieval import RetrievalTask
 
     tok = Tokenizer.from_pretrained(tiny_model)
-    examples = read_retrieval(toy(Path(tiny_model).parent / "gc.jsonl", negatives=True))
-    fam = RetrievalTask(TaskOptions(task="retrieval", cache_chunk=chunk), tok)
+    examples = read_retrieval(
+        with_teacher(toy(Path(tiny_model).parent / "gc.jsonl", negatives=True))
+    )
+    options = TaskOptions(task="retrieval", cache_chunk=chunk, teacher_weight=teacher)
+    fam = RetrievalTask(options, tok)
     fam.set_model(str(tiny_model))
     batch = collate(fam.featurize(examples, training=True), np.arange(len(examples)), tok.pad_id)
     model = BertModel.from_pretrained(tiny_model).train(train_mode)
@@ -136,13 +150,62 @@ def gradcache_case(tiny_model: Path, chunk: int | None, train_mode: bool) -> tup
     return float(loss.detach()), torch.cat(grads)
 
 
-def test_gradcache_gives_the_whole_batch_gradients(tiny_model: Path) -> None:
-    """--cache-chunk: the parameters' gradients of the whole batch's loss, chunk by chunk."""
+@pytest.mark.parametrize("teacher", [None, 2.0])
+def test_gradcache_gives_the_whole_batch_gradients(tiny_model: Path, teacher: float | None) -> None:
+    """--cache-chunk: the parameters' gradients of the whole batch's loss, chunk by chunk (with
+    --teacher-weight too: the teacher's term is part of that loss)."""
     (loss, grad), (cached_loss, cached_grad) = (
-        gradcache_case(tiny_model, chunk, train_mode=False) for chunk in (None, 5)
+        gradcache_case(tiny_model, chunk, False, teacher) for chunk in (None, 5)
     )
     assert cached_loss == pytest.approx(loss, rel=1e-5)
     assert torch.allclose(cached_grad, grad, atol=1e-6, rtol=1e-4) and grad.abs().sum() > 0
+    if teacher:  # the teacher's term changes the loss
+        assert loss != pytest.approx(gradcache_case(tiny_model, None, False)[0], rel=1e-3)
+
+
+def test_teacher_weight_adds_listnet_over_each_querys_own_passages(tiny_model: Path) -> None:
+    """--teacher-weight W: the in-batch loss plus W x KL(softmax(teacher) || softmax(20 cos))
+    over each query's own positive and negatives, computed here by hand."""
+    from bertforge import Tokenizer
+    from bertforge.tasks import TaskOptions
+    from bertforge.tasks.retrieval import RetrievalTask
+
+    torch.manual_seed(0)
+    vectors = torch.randn(6, 3, 16)  # query, positive, negative
+    digests = torch.arange(12).reshape(6, 2)
+    teacher = torch.randn(6, 2, dtype=torch.float64) * 3
+    tok = Tokenizer.from_pretrained(tiny_model)
+    plain = RetrievalTask(TaskOptions(task="retrieval"), tok)
+    fam = RetrievalTask(TaskOptions(task="retrieval", teacher_weight=0.5), tok)
+    got, correct = fam._loss(vectors, torch.cat([digests, teacher.view(torch.int64)], 1))
+    base, base_correct = plain._loss(vectors, digests)
+    student = 20 * torch.nn.functional.cosine_similarity(vectors[:, :1], vectors[:, 1:], dim=-1)
+    p = torch.softmax(teacher, -1)
+    kl = (p * (torch.log_softmax(teacher, -1) - torch.log_softmax(student.double(), -1))).sum()
+    assert float(got) == pytest.approx(float(base) + 0.5 * float(kl), rel=1e-5)
+    assert float(kl) > 0.1 and int(correct) == int(base_correct)
+
+
+def test_teacher_weight_needs_teacher_scores(
+    minilm_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    train = toy(tmp_path / "t.jsonl", negatives=True)
+    args = ["finetune", "--task", "retrieval", "--model", str(minilm_dir), "--train", str(train)]
+    args += ["--out", str(tmp_path / "o"), "--teacher-weight", "1", "--no-progress"]
+    assert main(args) == 2
+    assert (
+        't.jsonl:1: --teacher-weight learns a teacher\'s scores, and the rows have no "scores"'
+        in capsys.readouterr().err
+    )
+    assert not (tmp_path / "o").exists()
+    sst = ["finetune", "--task", "sst2", "--model", str(minilm_dir), "--train", str(train)]
+    assert main([*sst, "--out", str(tmp_path / "p"), "--teacher-weight", "1"]) == 2
+    assert "teacher_weight (--teacher-weight) is for --task retrieval" in capsys.readouterr().err
+    assert main([*args[:-3], "--teacher-weight", "-1"]) == 2
+    assert "--teacher-weight" in capsys.readouterr().err
+    with_teacher(train)
+    assert main([*args, "--epochs", "1", "--batch-size", "8"]) == 0
+    assert (tmp_path / "o" / "model.safetensors").is_file()
 
 
 def test_gradcache_replays_dropout(tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -95,6 +95,13 @@ class TaskOptions:
         "retrieval: e.g. 384,256,128,64: the loss summed over these leading dimensions, each "
         "renormalised (Matryoshka), so the vectors can be cut to any of them",
     )
+    teacher_weight: float | None = option(
+        None,
+        'retrieval: rows with a teacher\'s "scores" (bertforge mine --teacher) add this times '
+        "the KL divergence of each query's softmax over its own passages (cosine x 20) from the "
+        "teacher's softmax over their scores (ListNet) to the in-batch loss",
+        min=0,
+    )
     # rerank
     rerank_loss: str = option(
         "listwise",
@@ -106,7 +113,7 @@ class TaskOptions:
 
     def __post_init__(self) -> None:
         check_options(self)
-        for name in ("cache_chunk", "matryoshka"):
+        for name in ("cache_chunk", "matryoshka", "teacher_weight"):
             if getattr(self, name) is not None and self.task != "retrieval":
                 flag = "--" + name.replace("_", "-")
                 raise ConfigError(f"{name} ({flag}) is for --task retrieval")

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..data.tasks import RetrievalExample, read_retrieval
+from ..data.tasks import RetrievalExample, read_retrieval, teacher_scores
 from ..errors import CheckpointError, DataError
 from ..evaluate import retrieval_scores
 from ..fileio import json_text, read_json, write_json, write_text
@@ -197,13 +197,8 @@ class RerankTask(TaskFamily):
         groups = [[(e.query, p) for p in (e.positive, *e.negatives)] for e in examples]
         ids, types = grouped_rows(groups, self.tok, self.options.max_seq_length)
         if training and self.distilled:  # the teacher's scores (a dev file needs none)
-            if examples and not examples[0].teacher:
-                raise DataError(
-                    f"{examples[0].source}: --rerank-loss {self.options.rerank_loss} learns a "
-                    'teacher\'s scores, and the rows have no "scores" (add them: bertforge mine '
-                    "--teacher MODEL)"
-                )
-            return Features(ids, types, np.array([e.teacher for e in examples], np.float32))
+            teacher = teacher_scores(examples, f"--rerank-loss {self.options.rerank_loss}")
+            return Features(ids, types, np.array(teacher, np.float32))
         return Features(ids, types, np.zeros(len(examples), np.int64))
 
     def loss_sum(self, model: nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:

@@ -10,7 +10,9 @@ sentence-transformers' no-duplicates sampler does); where that cannot be helped,
 that is the query's own positive text elsewhere in the batch is masked out of its negatives
 rather than taught as one. `cache_chunk` computes it GradCache's way (in-batch negatives beyond
 memory); `matryoshka` sums it over leading dimensions (each renormalised), so the vectors can
-be cut. Scored pairs (STS-B style) train by CoSENT instead and are scored by Spearman.
+be cut; `teacher_weight` adds a cross-encoder's knowledge (rows of `bertforge mine --teacher`):
+that weight times ListNet over each query's own passages, the KL divergence of its softmax over
+their scaled cosines from the teacher's softmax over its scores. Scored pairs (STS-B style) train by CoSENT instead and are scored by Spearman.
 Sentences are pooled as the model directory says (tasks.embedding); the dev set is scored
 each epoch by retrieval metrics (evaluate.retrieval_scores: every dev query against all dev
 passages), MRR@10 first. The result is written in the sentence-transformers layout
@@ -31,7 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import BertConfig
-from ..data.tasks import RetrievalExample, read_retrieval
+from ..data.tasks import RetrievalExample, read_retrieval, teacher_scores
 from ..errors import ConfigError, DataError
 from ..evaluate import pearson, retrieval_scores, spearman
 from ..fileio import json_text, write_text
@@ -39,7 +41,7 @@ from ..hub import resolve
 from ..model import BertModel
 from ..runner import Runner
 from . import embedding
-from .base import Batch, Features, TaskFamily, infer
+from .base import Batch, Features, TaskFamily, infer, soft_cross_entropy
 from .choice import grouped_rows
 
 SCALE = 20.0  # sentence-transformers' MultipleNegativesRankingLoss: cosine x 20
@@ -129,17 +131,28 @@ class RetrievalTask(TaskFamily):
         self.reports_accuracy = not self.scored  # CoSENT ranks pairs: no accuracy to report
         return examples
 
+    @property
+    def teacher_weight(self) -> float | None:
+        return getattr(self.options, "teacher_weight", None)
+
     def featurize(self, examples: Sequence[RetrievalExample], training: bool = False) -> Features:
         """Training: (C, T) rows of query, positive, negatives; labels: each passage's text
-        digest (to find the same passage twice in a batch). Else: the queries alone."""
+        digest (to find the same passage twice in a batch), then, with teacher_weight, the
+        teacher's scores of the passages (float64 bits in the int64 array). Else: the queries
+        alone."""
         texts = [[e.query, e.positive, *e.negatives] for e in examples]
         if not training:
             texts = [t[:1] for t in texts]
         ids, types = grouped_rows(texts, self.tok, self.options.max_seq_length)
-        digests = [[_digest(t) for t in row[1:]] or [0] for row in texts]
+        digests = np.asarray([[_digest(t) for t in row[1:]] or [0] for row in texts], np.int64)
         if self.scored:  # labels: the pairs' scores
+            if self.teacher_weight is not None:
+                raise ConfigError("--teacher-weight: scored pairs (CoSENT) have no teacher")
             return Features(ids, types, np.array([e.score for e in examples], np.float32))
-        return Features(ids, types, np.asarray(digests, np.int64))
+        if training and self.teacher_weight is not None:
+            teacher = np.array(teacher_scores(examples, "--teacher-weight"), np.float64)
+            digests = np.concatenate([digests, teacher.view(np.int64)], 1)
+        return Features(ids, types, digests)
 
     def batch_keys(self, features: Features) -> np.ndarray | None:
         """The positive's digest: a passage is never in one batch twice (a false negative)."""
@@ -165,7 +178,9 @@ class RetrievalTask(TaskFamily):
             raise DataError("retrieval training rows need a query and a positive")
         passages = vectors[:, 1:].reshape(B * (C - 1), -1)
         targets = torch.arange(B, device=vectors.device) * (C - 1)
-        digests = digests.reshape(-1).to(vectors.device)  # (B * (C - 1),)
+        digests = digests.to(vectors.device)
+        teacher = digests[:, C - 1 :].view(torch.float64)  # (B, C - 1), or (B, 0): none
+        digests = digests[:, : C - 1].reshape(-1)  # (B * (C - 1),)
         same = digests[targets].unsqueeze(1) == digests.unsqueeze(0)
         same[torch.arange(B), targets] = False
         width = vectors.shape[-1]
@@ -174,6 +189,9 @@ class RetrievalTask(TaskFamily):
         loss = sum(
             ranking_loss(vectors[:, 0, :d], passages[:, :d], targets, same) for d in self.dims
         )
+        if self.teacher_weight:  # each query against its own passages, as the teacher saw them
+            own = F.cosine_similarity(vectors[:, :1].float(), vectors[:, 1:].float(), dim=-1)
+            loss = loss + self.teacher_weight * soft_cross_entropy(SCALE * own, teacher, 1.0)
         with torch.no_grad():
             q = F.normalize(vectors[:, 0], dim=-1) @ F.normalize(passages, dim=-1).T
             correct = (q.masked_fill(same, -torch.inf).argmax(-1) == targets).sum()

@@ -9,7 +9,7 @@ dataclasses, or end in one `DataError` naming file, line and field:
     squad   SquadExample, read_squad (v1.1 and v2.0, answer offsets verified)
     conll   TaggedSentence, read_conll (CoNLL-2003 column files), to_iob2
     swag    ChoiceExample, read_swag (multiple choice)
-    retrieval  RetrievalExample, read_retrieval (query, positive, hard negatives)
+    retrieval  RetrievalExample, read_retrieval (query, positive, hard negatives), teacher_scores
 
 Turning examples into features (token ids, spans, first-piece labels) is the heads' and
 the training loop's business, kept out of here so readers stay testable on plain files.
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from .conll import TaggedSentence, read_conll, to_iob2
 from .glue import GLUE_TASKS, TaskSpec, glue_task, read_glue
-from .retrieval import RetrievalExample, read_retrieval
+from .retrieval import RetrievalExample, read_retrieval, teacher_scores
 from .squad import SquadExample, gold_answers, read_squad
 from .swag import ChoiceExample, read_swag
 from .table import Example, label_set, read_examples, split_train_test
@@ -47,5 +47,6 @@ __all__ = [
     "read_squad",
     "read_swag",
     "split_train_test",
+    "teacher_scores",
     "to_iob2",
 ]

@@ -74,6 +74,17 @@ def read_retrieval(path: str | os.PathLike[str]) -> list[RetrievalExample]:
     return examples
 
 
+def teacher_scores(examples: list[RetrievalExample], why: str) -> list[tuple[float, ...]]:
+    """Each example's teacher scores (positive first), or one error: the option `why` learns a
+    teacher's scores and the file's rows have none."""
+    if examples and not examples[0].teacher:
+        raise DataError(
+            f"{examples[0].source}: {why} learns a teacher's scores, and the rows have no "
+            '"scores" (add them: bertforge mine --teacher MODEL)'
+        )
+    return [e.teacher for e in examples]
+
+
 def _example(r: Record, scored: bool, columns: dict[str, Any] | None) -> RetrievalExample:
     """One row: JSONL fields by name (columns None) or a table's by index."""
 
