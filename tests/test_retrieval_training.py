@@ -203,6 +203,10 @@ def test_teacher_weight_needs_teacher_scores(
     assert "teacher_weight (--teacher-weight) is for --task retrieval" in capsys.readouterr().err
     assert main([*args[:-3], "--teacher-weight", "-1"]) == 2
     assert "--teacher-weight" in capsys.readouterr().err
+    scored = tmp_path / "scored.jsonl"
+    scored.write_text(json.dumps({"text": "a", "text_pair": "b", "score": 0.5}) + "\n")
+    assert main([*args[:6], str(scored), *args[7:]]) == 2
+    assert "--teacher-weight: scored pairs (CoSENT) have no teacher" in capsys.readouterr().err
     with_teacher(train)
     assert main([*args, "--epochs", "1", "--batch-size", "8"]) == 0
     assert (tmp_path / "o" / "model.safetensors").is_file()

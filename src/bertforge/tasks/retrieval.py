@@ -12,7 +12,8 @@ rather than taught as one. `cache_chunk` computes it GradCache's way (in-batch n
 memory); `matryoshka` sums it over leading dimensions (each renormalised), so the vectors can
 be cut; `teacher_weight` adds a cross-encoder's knowledge (rows of `bertforge mine --teacher`):
 that weight times ListNet over each query's own passages, the KL divergence of its softmax over
-their scaled cosines from the teacher's softmax over its scores. Scored pairs (STS-B style) train by CoSENT instead and are scored by Spearman.
+their scaled cosines from the teacher's softmax over its scores. Scored pairs (STS-B style)
+train by CoSENT instead and are scored by Spearman.
 Sentences are pooled as the model directory says (tasks.embedding); the dev set is scored
 each epoch by retrieval metrics (evaluate.retrieval_scores: every dev query against all dev
 passages), MRR@10 first. The result is written in the sentence-transformers layout
@@ -170,17 +171,18 @@ class RetrievalTask(TaskFamily):
         return self._cached(pooled, batch, chunk)
 
     def _loss(
-        self, vectors: torch.Tensor, digests: torch.Tensor
+        self, vectors: torch.Tensor, labels: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(summed loss, queries whose positive scores best) of (B, C, H) row vectors."""
+        """(summed loss, queries whose positive scores best) of (B, C, H) row vectors and their
+        (B, C - 1) passage digests, then any teacher scores (featurize's labels)."""
         B, C = vectors.shape[:2]
         if C < 2:
             raise DataError("retrieval training rows need a query and a positive")
         passages = vectors[:, 1:].reshape(B * (C - 1), -1)
         targets = torch.arange(B, device=vectors.device) * (C - 1)
-        digests = digests.to(vectors.device)
-        teacher = digests[:, C - 1 :].view(torch.float64)  # (B, C - 1), or (B, 0): none
-        digests = digests[:, : C - 1].reshape(-1)  # (B * (C - 1),)
+        labels = labels.to(vectors.device)
+        teacher = labels[:, C - 1 :].view(torch.float64)  # (B, C - 1), or (B, 0): none
+        digests = labels[:, : C - 1].reshape(-1)  # (B * (C - 1),)
         same = digests[targets].unsqueeze(1) == digests.unsqueeze(0)
         same[torch.arange(B), targets] = False
         width = vectors.shape[-1]
