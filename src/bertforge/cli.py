@@ -622,7 +622,7 @@ def args_mine(p: argparse.ArgumentParser) -> None:
         metavar="CROSS_ENCODER",
         help="score each group's pairs (the positive, then the negatives) by this cross-encoder's "
         'raw output, as "scores": what finetune --task rerank --rerank-loss margin-mse or '
-        "listnet learns from",
+        "listnet, or --task retrieval --teacher-weight W, learns from",
     )
 
 
