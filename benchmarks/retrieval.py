@@ -47,7 +47,7 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bertforge.evaluate import retrieval_scores
-from bertforge.index import fuse, fuse_scores
+from bertforge.index import fuse_runs
 from common import RESULTS, machine, matmul_gflops, write_results
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "squad"
@@ -244,8 +244,10 @@ def rerank_rows(
     return (
         {**score(chosen, docs, sims), "seconds": 0.0},
         {**score(chosen, *ce_run), "seconds": seconds},
-        {**score(chosen, *fuse([docs, ce_run[0]])), "seconds": seconds},
-        {**score(chosen, *fuse_scores([(docs, sims), ce_run], (0.5, 0.5))), "seconds": seconds},
+        *(
+            {**score(chosen, *fuse_runs([(docs, sims), ce_run], f)), "seconds": seconds}
+            for f in ("rrf", "zscore")
+        ),
     )
 
 
@@ -254,8 +256,8 @@ def hybrids(name: str, dense: tuple, bm25: tuple) -> dict[str, tuple[tuple, floa
     each with the seconds its fusion took."""
     out = {}
     for label, fn in (
-        (f"{name}+bm25 (RRF)", lambda: fuse([dense[0], bm25[0]])),
-        (f"{name}+bm25 (z-score)", lambda: fuse_scores([dense, bm25], (0.5, 0.5))),
+        (f"{name}+bm25 (RRF)", lambda: fuse_runs([dense, bm25], "rrf")),
+        (f"{name}+bm25 (z-score)", lambda: fuse_runs([dense, bm25], "zscore")),
     ):
         start = time.perf_counter()
         out[label] = (fn(), time.perf_counter() - start)

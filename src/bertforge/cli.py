@@ -581,7 +581,7 @@ def _reranked(ce: Any, query: str, hits: list[dict], top_k: int, fusion: str | N
     import numpy as np
     import torch
 
-    from .index import fuse, fuse_scores
+    from .index import fuse_runs
     from .tasks.ranking import activate
 
     raw = fusion == "zscore"
@@ -589,14 +589,12 @@ def _reranked(ce: Any, query: str, hits: list[dict], top_k: int, fusion: str | N
     order = ce.rerank(query, texts, top_k=None if fusion else top_k, raw_scores=raw)
     if not fusion:
         return order
-    first, by_ce = np.arange(len(hits))[None], np.array([[o["index"] for o in order]])
+    by_ce = np.array([[o["index"] for o in order]])
     scores = np.array([[o["score"] for o in order]])
+    first = (np.arange(len(hits))[None], np.array([[h["score"] for h in hits]]))
+    (picked,), (fused,) = fuse_runs([first, (by_ce, scores)], fusion, 0.5, top_k)
     if raw:
-        lists = [(first, np.array([[h["score"] for h in hits]])), (by_ce, scores)]
-        (picked,), (fused,) = fuse_scores(lists, (0.5, 0.5), top_k)
         scores = activate(torch.from_numpy(scores), ce.activation).numpy()
-    else:
-        (picked,), (fused,) = fuse([first, by_ce], top_k)
     ce_score = dict(zip(by_ce[0].tolist(), scores[0].tolist()))
     return [
         {"index": int(i), "score": float(f), "rerank_score": ce_score[int(i)]}

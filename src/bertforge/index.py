@@ -512,10 +512,7 @@ class Index:
             return self.dense(queries, k)
         if mode == "bm25":
             return self.bm25(queries, k)
-        runs, weights = [self.dense(queries, FUSED), self.bm25(queries, FUSED)], (alpha, 1 - alpha)
-        if fusion == "zscore":
-            return fuse_scores(runs, weights, k)
-        return fuse([d for d, _ in runs], k, (2 * alpha, 2 * (1 - alpha)))
+        return fuse_runs([self.dense(queries, FUSED), self.bm25(queries, FUSED)], fusion, alpha, k)
 
 
 def mine(
@@ -583,6 +580,18 @@ def best_columns(values: np.ndarray, k: int) -> np.ndarray:
         cols = np.broadcast_to(np.arange(values.shape[1]), values.shape)
     order = np.lexsort((cols, -np.take_along_axis(values, cols, 1)), axis=1)
     return np.take_along_axis(cols, order, 1)
+
+
+def fuse_runs(
+    runs: Sequence[tuple[np.ndarray, np.ndarray]], fusion: str, alpha: float = 0.5, k: int = FUSED
+) -> tuple[np.ndarray, np.ndarray]:
+    """Two runs ((document indices, scores), each (Q, n)) fused by reciprocal rank (rrf) or by
+    z-scores (zscore), the first weighed alpha and the second 1 - alpha (0.5: equal, the weight
+    1 each in reciprocal rank)."""
+    weights = (alpha, 1 - alpha)
+    if fusion == "zscore":
+        return fuse_scores(runs, weights, k)
+    return fuse([docs for docs, _ in runs], k, [2 * w for w in weights])
 
 
 def fuse(
