@@ -688,6 +688,16 @@ def args_export(p: argparse.ArgumentParser) -> None:
     add_options(p, export_onnx, help={"atol": "allowed max |difference|"})
 
 
+def args_merge(p: argparse.ArgumentParser) -> None:
+    p.add_argument("models", nargs="+", metavar="MODEL", help="two or more model directories")
+    p.add_argument("--out", required=True, help="the new model directory")
+    p.add_argument(
+        "--weights",
+        type=_float_list,
+        help="one weight per model, e.g. 0.9,0.1 (scaled to sum to 1; default: equal)",
+    )
+
+
 def args_attention(p: argparse.ArgumentParser) -> None:
     from .attention import render
 
@@ -798,6 +808,14 @@ def cmd_export(args: argparse.Namespace) -> None:
         f"wrote {args.onnx} ({result['architecture']}: {', '.join(result['outputs'])}); "
         f"onnxruntime vs PyTorch max |difference|: {diffs}"
     )
+
+
+def cmd_merge(args: argparse.Namespace) -> None:
+    from .merge import merge
+
+    record = merge(args.models, args.out, args.weights)
+    parts = ", ".join(f"{w:.3g} x {m}" for m, w in zip(record["models"], record["weights"]))
+    print(f"wrote {args.out}: {parts}")
 
 
 def cmd_attention(args: argparse.Namespace) -> None:
@@ -936,6 +954,8 @@ def commands() -> list[Command]:
         ("mine", "hard negatives for retrieval training, from an index", args_mine, cmd_mine),
         ("serve", "HTTP server: the pipelines the model has a head for, and /v1/embeddings",
          args_serve, cmd_serve),
+        ("merge", "a weighted average of models fine-tuned from one base (soups, WiSE-FT)",
+         args_merge, cmd_merge),
         ("export", "the model as ONNX, checked against PyTorch", args_export, cmd_export),
         ("attention", "attention views: an HTML head view or a PNG heatmap",
          args_attention, cmd_attention),
@@ -1035,16 +1055,19 @@ def _port(text: str) -> int:
     return port
 
 
-def _int_list(text: str) -> tuple[int, ...]:
+def _numbers(kind: type, text: str) -> tuple[Any, ...]:
+    """ "1,2,3" (or "1;2;3") as a tuple of `kind` (int or float), else argparse's usage error."""
     try:
-        values = tuple(int(x) for x in text.replace(";", ",").split(",") if x.strip())
+        values = tuple(kind(x) for x in text.replace(";", ",").split(",") if x.strip())
         if not values:
             raise ValueError
         return values
     except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r}: expected integers separated by commas"
-        ) from None
+        what = "integers" if kind is int else "numbers"
+        raise argparse.ArgumentTypeError(f"{text!r}: expected {what} separated by commas") from None
+
+
+_int_list, _float_list = partial(_numbers, int), partial(_numbers, float)
 
 
 def _key(target: Any) -> str:

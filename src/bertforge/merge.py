@@ -1,0 +1,205 @@
+"""`bertforge merge MODEL MODEL... --out DIR`: a weighted average of checkpoints' weights.
+
+Models fine-tuned from one base can be averaged tensor by tensor into one model of the same
+size and speed: a "model soup" (Wortsman et al., 2022) of several fine-tunings, or WiSE-FT
+(Wortsman et al., 2022), a fine-tuned model averaged with the base it started from (say
+weights 0.9 and 0.1), which keeps some of the base's robustness on data unlike the training
+set. Whether it helps is for a dev set to say; merge only does the arithmetic, in float64,
+each tensor written back in the first model's dtype.
+
+The models must have one architecture (config.json's sizes, activation and position
+settings), one vocabulary (the same pieces and casing) and the same tensors with the same
+shapes; each mismatch is one error naming the file and the tensor or field. Buffers that
+loading ignores (position_ids) are not needed in every model. OUT gets the first model's
+files (config, tokenizer, sentence-transformers modules, any README), its training records
+(run.json, metrics.jsonl, ...) left out, merge.json naming the models and weights, and
+model.safetensors; it is built beside OUT and renamed into place, so a failed merge leaves
+nothing, and an OUT that already has files is refused.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+from .checkpoint import _IGNORED, _PREFIXES, _find, read_tensors
+from .config import CONFIG_FILES, BertConfig
+from .errors import CheckpointError, ConfigError
+from .fileio import inside, write_json
+from .hub import resolve
+from .tasks.embedding import write_layout
+from .tokenizer import VOCAB_FILES, Tokenizer
+
+# config.json fields that must agree: the ones that change what the weights compute.
+ARCHITECTURE = (
+    "model_type",
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "intermediate_size",
+    "hidden_act",
+    "max_position_embeddings",
+    "type_vocab_size",
+    "position_embedding_type",
+    "sinusoidal_pos_embds",
+    "layer_norm_eps",
+)
+# Files of the first model not copied: a training run's records (they describe another model)
+# and weights in any format (model.safetensors is written anew).
+_RECORDS = {"run.json", "metrics.jsonl", "eval_results.json", "merge.json", "trainer_state.json"}
+_FIXED = ("tokenizer_config.json", "special_tokens_map.json", "modules.json")
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".onnx")
+
+
+def check_weights(weights: Sequence[float] | None, n: int) -> list[float]:
+    """The merge's weights, scaled to sum to 1 (None: equal); a ConfigError naming --weights
+    unless there is one finite, non-negative weight per model and not all are zero."""
+    if weights is None:
+        return [1.0 / n] * n
+    weights = [float(w) for w in weights]
+    if len(weights) != n:
+        raise ConfigError(f"--weights: {len(weights)} weights for {n} models: give one per model")
+    if not all(math.isfinite(w) and w >= 0 for w in weights) or sum(weights) <= 0:
+        raise ConfigError(
+            f"--weights {','.join(f'{w:g}' for w in weights)}: must be finite, non-negative "
+            "and not all zero"
+        )
+    total = sum(weights)
+    return [w / total for w in weights]
+
+
+def _check_alike(first: Path, other: Path) -> None:
+    """A CheckpointError unless `other` has `first`'s architecture and vocabulary."""
+    a, b = BertConfig.from_pretrained(first), BertConfig.from_pretrained(other)
+    for name in ARCHITECTURE:
+        if getattr(a, name) != getattr(b, name):
+            raise CheckpointError(
+                f"{other}: config {name} = {getattr(b, name)!r}, but {first} has "
+                f"{getattr(a, name)!r}: only models of one architecture can be merged"
+            )
+    ta, tb = Tokenizer.from_pretrained(first), Tokenizer.from_pretrained(other)
+    if ta.tokens != tb.tokens or ta.lowercase != tb.lowercase:
+        at = next((i for i, (x, y) in enumerate(zip(ta.tokens, tb.tokens)) if x != y), None)
+        what = (
+            f"piece {at} is {tb.tokens[at]!r} there, {ta.tokens[at]!r} in {first}"
+            if at is not None
+            else f"{len(tb.tokens)} pieces, lowercase {tb.lowercase}; {first}: "
+            f"{len(ta.tokens)}, lowercase {ta.lowercase}"
+        )
+        raise CheckpointError(
+            f"{tb.source}: not the vocabulary of {first} ({what}): only models that read text "
+            "the same way can be merged"
+        )
+
+
+def average(models: Sequence[Path], weights: Sequence[float]) -> dict[str, torch.Tensor]:
+    """The weighted average of the models' tensors, under the first model's names (the others'
+    found with or without the encoder's prefix), each in the first model's dtype; integer
+    tensors are the first model's. Models are read one at a time."""
+    first, origin = read_tensors(models[0])
+    prefix = _PREFIXES[BertConfig.from_pretrained(models[0]).model_type]
+    sums = {n: t.double() * weights[0] for n, t in first.items() if t.is_floating_point()}
+    keep = set(first)
+    for path, weight in zip(models[1:], weights[1:]):
+        tensors, where = read_tensors(path)
+        used = set()
+        for name, t in first.items():
+            found = _find(name, tensors, prefix)
+            if found is None:
+                if not _IGNORED.search(name):
+                    raise CheckpointError(
+                        f"{path}: has no tensor {name} (it is in {origin[name]}): only models "
+                        "with the same tensors can be merged"
+                    )
+                keep.discard(name)  # a buffer the loader ignores: not needed in the output
+                continue
+            used.add(found)
+            other = tensors[found]
+            if other.shape != t.shape:
+                raise CheckpointError(
+                    f"{where[found]}: tensor {found} has shape {tuple(other.shape)}, "
+                    f"{tuple(t.shape)} in {origin[name]}"
+                )
+            if name in sums:
+                sums[name] += other.double() * weight
+        extra = sorted(n for n in set(tensors) - used if not _IGNORED.search(n))
+        if extra:
+            raise CheckpointError(
+                f"{where[extra[0]]}: tensor {extra[0]} has no counterpart in {models[0]}"
+                + (f" (nor {len(extra) - 1} more)" if len(extra) > 1 else "")
+                + ": only models with the same tensors can be merged"
+            )
+    return {
+        n: (sums[n].to(t.dtype) if n in sums else t).contiguous()
+        for n, t in first.items()
+        if n in keep
+    }
+
+
+def merge(
+    models: Sequence[str | os.PathLike[str]],
+    out: str | os.PathLike[str],
+    weights: Sequence[float] | None = None,
+) -> dict[str, Any]:
+    """Write the weighted average of `models` (weights: one per model, scaled to sum to 1;
+    None: equal) to the new directory `out` (the module docstring); returns what merge.json
+    records."""
+    if len(models) < 2:
+        raise ConfigError(f"merge: {len(models)} model given: merging needs two or more")
+    scaled = check_weights(weights, len(models))
+    out = Path(out)
+    if out.is_file() or (out.is_dir() and any(out.iterdir())):
+        raise ConfigError(f"--out {out}: already exists and is not empty: merge writes a new one")
+    paths = [resolve(m) for m in models]
+    for path in paths[1:]:
+        _check_alike(paths[0], path)
+    tensors = average(paths, scaled)
+    record = {"models": [str(m) for m in models], "weights": scaled}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"  # renamed to out when complete
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        for f in sorted(paths[0].iterdir()):
+            if f.is_file() and f.name not in _RECORDS and not _weights_file(f.name):
+                if _leads_out(paths[0], f):
+                    warnings.warn(f"{f}: a link out of {paths[0]}: not copied", stacklevel=2)
+                    continue
+                shutil.copyfile(f, tmp / f.name)
+        config = BertConfig.from_pretrained(paths[0])
+        write_layout(paths[0], tmp, config.hidden_size)  # sentence-transformers module folders
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        write_json(tmp / "merge.json", record)
+        if out.is_dir():
+            out.rmdir()  # empty (checked above)
+        os.rename(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return record
+
+
+def _leads_out(directory: Path, f: Path) -> bool:
+    """Whether `f`, a file of the first model that is not one of the files every model has
+    (config, vocabulary, tokenizer settings), is a link that leads out of its directory: such
+    a file is not copied into the merged model (fileio.inside's rule for a model's own files)."""
+    if f.name in (*CONFIG_FILES, *VOCAB_FILES, *_FIXED) or not f.is_symlink():
+        return False
+    try:
+        inside(directory, f.name, directory, "file")
+        return False
+    except CheckpointError:
+        return True
+
+
+def _weights_file(name: str) -> bool:
+    return name.endswith((*_WEIGHT_SUFFIXES, ".bin.index.json", ".safetensors.index.json"))
