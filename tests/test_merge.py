@@ -142,3 +142,19 @@ def test_mismatches_are_one_error_and_leave_nothing(
     (out / "keep.txt").write_text("mine")
     _refused(["merge", str(a), str(b), "--out", str(out)], capsys, "not empty")
     assert [p.name for p in out.iterdir()] == ["keep.txt"]
+
+
+def test_a_killed_merge_leaves_no_half_model(two: tuple[Path, Path], tmp_path: Path) -> None:
+    """A merge killed mid-write leaves its hidden folder, never OUT; the next merge to OUT
+    removes that folder (its process is gone) and writes OUT whole."""
+    import subprocess
+
+    a, b = two
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = tmp_path / f".m.tmp-{dead.pid}"
+    stale.mkdir()
+    (stale / "model.safetensors").write_bytes(b"half")
+    merge([a, b], tmp_path / "m")
+    assert not stale.exists()
+    assert set(load_file(tmp_path / "m" / "model.safetensors")) == set(load_file(a / "model.safetensors"))  # fmt: skip

@@ -13,12 +13,14 @@ shapes; each mismatch is one error naming the file and the tensor or field. Buff
 loading ignores (position_ids) are not needed in every model. OUT gets the first model's
 files (config, tokenizer, sentence-transformers modules, any README), its training records
 (run.json, metrics.jsonl, ...) left out, merge.json naming the models and weights, and
-model.safetensors; it is built beside OUT and renamed into place, so a failed merge leaves
-nothing, and an OUT that already has files is refused.
+model.safetensors; it is built in a hidden folder beside OUT and renamed into place, so a
+failed merge leaves nothing (a killed one's folder is removed by the next merge to OUT), and an
+OUT that already has files is refused.
 """
 
 from __future__ import annotations
 
+import glob
 import math
 import os
 import shutil
@@ -165,8 +167,10 @@ def merge(
     tensors = average(paths, scaled)
     record = {"models": [str(m) for m in models], "weights": scaled}
     out.parent.mkdir(parents=True, exist_ok=True)
+    for old in out.parent.glob(f".{glob.escape(out.name)}.tmp-*"):
+        if not _running(old.name.rsplit("-", 1)[-1]):  # left by a merge that was killed
+            shutil.rmtree(old, ignore_errors=True)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"  # renamed to out when complete
-    shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
         for f in sorted(paths[0].iterdir()):
@@ -199,6 +203,17 @@ def _leads_out(directory: Path, f: Path) -> bool:
         return False
     except CheckpointError:
         return True
+
+
+def _running(pid: str) -> bool:
+    """Whether a process `pid` (a folder name's suffix) is alive (another user's counts)."""
+    try:
+        os.kill(int(pid), 0)
+    except (ValueError, ProcessLookupError):
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _weights_file(name: str) -> bool:
