@@ -213,6 +213,17 @@ def _find(name: str, tensors: dict[str, Any], prefix: str) -> str | None:
     return next((c for c in candidates if c in tensors), None)
 
 
+def counterpart(name: str, tensors: dict[str, Any], model_type: str = "bert") -> str | None:
+    """The name under which `tensors` (another file's, read by read_tensors) holds HF `name`
+    of a `model_type` checkpoint, or None: what load_state matches a name by."""
+    return _find(name, tensors, _PREFIXES[model_type])
+
+
+def ignored(name: str) -> bool:
+    """Whether loading ignores a file's tensor of this name (a buffer, a tied decoder)."""
+    return bool(_IGNORED.search(name))
+
+
 # ------------------------------------------------------------------------------------------------
 # Loading into a model
 

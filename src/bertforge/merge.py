@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from .checkpoint import _IGNORED, _PREFIXES, _find, read_tensors
+from .checkpoint import counterpart, ignored, read_tensors
 from .config import CONFIG_FILES, BertConfig
 from .errors import CheckpointError, ConfigError
 from .fileio import inside, write_json
@@ -108,16 +108,16 @@ def average(models: Sequence[Path], weights: Sequence[float]) -> dict[str, torch
     found with or without the encoder's prefix), each in the first model's dtype; integer
     tensors are the first model's. Models are read one at a time."""
     first, origin = read_tensors(models[0])
-    prefix = _PREFIXES[BertConfig.from_pretrained(models[0]).model_type]
+    kind = BertConfig.from_pretrained(models[0]).model_type
     sums = {n: t.double() * weights[0] for n, t in first.items() if t.is_floating_point()}
     keep = set(first)
     for path, weight in zip(models[1:], weights[1:]):
         tensors, where = read_tensors(path)
         used = set()
         for name, t in first.items():
-            found = _find(name, tensors, prefix)
+            found = counterpart(name, tensors, kind)
             if found is None:
-                if not _IGNORED.search(name):
+                if not ignored(name):
                     raise CheckpointError(
                         f"{path}: has no tensor {name} (it is in {origin[name]}): only models "
                         "with the same tensors can be merged"
@@ -133,7 +133,7 @@ def average(models: Sequence[Path], weights: Sequence[float]) -> dict[str, torch
                 )
             if name in sums:
                 sums[name] += other.double() * weight
-        extra = sorted(n for n in set(tensors) - used if not _IGNORED.search(n))
+        extra = sorted(n for n in set(tensors) - used if not ignored(n))
         if extra:
             raise CheckpointError(
                 f"{where[extra[0]]}: tensor {extra[0]} has no counterpart in {models[0]}"
