@@ -11,7 +11,13 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from bertforge import BertConfig, BertForPreTraining, BertModel, Tokenizer
+from bertforge import (
+    BertConfig,
+    BertForPreTraining,
+    BertForSequenceClassification,
+    BertModel,
+    Tokenizer,
+)
 from bertforge.cli import main
 from bertforge.merge import merge
 
@@ -118,6 +124,15 @@ def test_mismatches_are_one_error_and_leave_nothing(
     out = tmp_path / "out"
     wider = _tiny(tmp_path / "wider", tok, 2, intermediate_size=256)
     _refused(["merge", str(a), str(wider), "--out", str(out)], capsys, "intermediate_size", "256")
+    labels = [tmp_path / "ab", tmp_path / "ba"]
+    for path, names in zip(labels, (["neg", "pos"], ["pos", "neg"])):
+        torch.manual_seed(4)
+        config = BertConfig(
+            **{**TINY, "vocab_size": tok.vocab_size}, id2label=dict(enumerate(names))
+        )
+        BertForSequenceClassification(config).save_pretrained(path)
+        tok.save_pretrained(path)
+    _refused(["merge", *map(str, labels), "--out", str(out)], capsys, "id2label", "'pos'")
     encoder = _tiny(tmp_path / "encoder", tok, 3, cls=BertModel)  # no pre-training heads
     _refused(["merge", str(a), str(encoder), "--out", str(out)], capsys, "has no tensor", "cls.")
     _refused(["merge", str(encoder), str(a), "--out", str(out)], capsys, "no counterpart", "cls.")

@@ -88,6 +88,11 @@ def _check_alike(first: Path, other: Path) -> None:
                 f"{other}: config {name} = {getattr(b, name)!r}, but {first} has "
                 f"{getattr(a, name)!r}: only models of one architecture can be merged"
             )
+    if a.id2label and b.id2label and a.id2label != b.id2label:  # heads' rows mean other labels
+        raise CheckpointError(
+            f"{other}: config id2label = {b.id2label}, but {first} has {a.id2label}: only heads "
+            "with the same labels in the same order can be merged"
+        )
     ta, tb = Tokenizer.from_pretrained(first), Tokenizer.from_pretrained(other)
     if ta.tokens != tb.tokens or ta.lowercase != tb.lowercase:
         at = next((i for i, (x, y) in enumerate(zip(ta.tokens, tb.tokens)) if x != y), None)
