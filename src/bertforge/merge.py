@@ -79,9 +79,10 @@ def check_weights(weights: Sequence[float] | None, n: int) -> list[float]:
     return [w / total for w in weights]
 
 
-def _check_alike(first: Path, other: Path) -> None:
-    """A CheckpointError unless `other` has `first`'s architecture and vocabulary."""
-    a, b = BertConfig.from_pretrained(first), BertConfig.from_pretrained(other)
+def _check_alike(first: Path, a: BertConfig, ta: Tokenizer, other: Path) -> None:
+    """A CheckpointError unless `other` has the architecture and vocabulary of `first` (its
+    config `a` and tokenizer `ta`, read once for all the others)."""
+    b = BertConfig.from_pretrained(other)
     for name in ARCHITECTURE:
         if getattr(a, name) != getattr(b, name):
             raise CheckpointError(
@@ -93,7 +94,7 @@ def _check_alike(first: Path, other: Path) -> None:
             f"{other}: config id2label = {b.id2label}, but {first} has {a.id2label}: only heads "
             "with the same labels in the same order can be merged"
         )
-    ta, tb = Tokenizer.from_pretrained(first), Tokenizer.from_pretrained(other)
+    tb = Tokenizer.from_pretrained(other)
     if ta.tokens != tb.tokens or ta.lowercase != tb.lowercase:
         at = next((i for i, (x, y) in enumerate(zip(ta.tokens, tb.tokens)) if x != y), None)
         what = (
@@ -108,12 +109,14 @@ def _check_alike(first: Path, other: Path) -> None:
         )
 
 
-def average(models: Sequence[Path], weights: Sequence[float]) -> dict[str, torch.Tensor]:
+def average(
+    models: Sequence[Path], weights: Sequence[float], kind: str = "bert"
+) -> dict[str, torch.Tensor]:
     """The weighted average of the models' tensors, under the first model's names (the others'
     found with or without the encoder's prefix), each in the first model's dtype; integer
-    tensors are the first model's. Models are read one at a time."""
+    tensors are the first model's. Models are read one at a time. `kind`: the models'
+    model_type (config.json), which names the encoder's prefix."""
     first, origin = read_tensors(models[0])
-    kind = BertConfig.from_pretrained(models[0]).model_type
     sums = {n: t.double() * weights[0] for n, t in first.items() if t.is_floating_point()}
     keep = set(first)
     for path, weight in zip(models[1:], weights[1:]):
@@ -167,9 +170,10 @@ def merge(
     if out.is_file() or (out.is_dir() and any(out.iterdir())):
         raise ConfigError(f"--out {out}: already exists and is not empty: merge writes a new one")
     paths = [resolve(m) for m in models]
+    config, tok = BertConfig.from_pretrained(paths[0]), Tokenizer.from_pretrained(paths[0])
     for path in paths[1:]:
-        _check_alike(paths[0], path)
-    tensors = average(paths, scaled)
+        _check_alike(paths[0], config, tok, path)
+    tensors = average(paths, scaled, config.model_type)
     record = {"models": [str(m) for m in models], "weights": scaled}
     out.parent.mkdir(parents=True, exist_ok=True)
     for old in out.parent.glob(f".{glob.escape(out.name)}.tmp-*"):
@@ -184,7 +188,6 @@ def merge(
                     warnings.warn(f"{f}: a link out of {paths[0]}: not copied", stacklevel=2)
                     continue
                 shutil.copyfile(f, tmp / f.name)
-        config = BertConfig.from_pretrained(paths[0])
         write_layout(paths[0], tmp, config.hidden_size)  # sentence-transformers module folders
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         write_json(tmp / "merge.json", record)
