@@ -49,6 +49,42 @@ def test_the_loss_is_multiple_negatives_ranking_loss() -> None:
     assert float(got) == pytest.approx(float(want), rel=1e-5)
 
 
+def test_symmetric_is_multiple_negatives_ranking_loss_both_ways() -> None:
+    """--symmetric: sentence-transformers' MultipleNegativesRankingLoss with directions
+    query_to_doc and doc_to_query (per_direction); with a shared positive, the other query of
+    that positive is not taught as the positive's negative."""
+    pytest.importorskip("sentence_transformers")
+    from sentence_transformers.sentence_transformer import losses
+
+    torch.manual_seed(0)
+    q, p, n = torch.randn(6, 16), torch.randn(6, 16), torch.randn(6, 16)
+    both = ("query_to_doc", "doc_to_query")
+    mnsrl = losses.MultipleNegativesRankingLoss(
+        model=None,  # type: ignore[arg-type]
+        directions=both,  # type: ignore[arg-type]
+        partition_mode="per_direction",
+    )
+    want = mnsrl.compute_loss_from_embeddings([q, p, n], None)
+    passages = torch.stack([p, n], 1).reshape(12, 16)
+    same = torch.zeros(6, 12, dtype=torch.bool)
+    got = ranking_loss(q, passages, torch.arange(6) * 2, same, symmetric=True) / 6
+    assert float(got) == pytest.approx(float(want), rel=1e-5)
+    assert float(got) != pytest.approx(
+        float(ranking_loss(q, passages, torch.arange(6) * 2, same) / 6)
+    )
+
+    q, p = q[:3], p[:3].clone()
+    p[1] = p[0]
+    same = torch.zeros(3, 3, dtype=torch.bool)
+    same[0, 1] = same[1, 0] = True
+    s = 20 * torch.nn.functional.normalize(q, dim=-1) @ torch.nn.functional.normalize(p, dim=-1).T
+    keep = [[0, 2], [1, 2], [0, 1, 2]]  # of each query's passages / each positive's queries
+    forward = sum(-torch.log_softmax(s[i, k], 0)[k.index(i)] for i, k in enumerate(keep))
+    backward = sum(-torch.log_softmax(s[k, j], 0)[k.index(j)] for j, k in enumerate(keep))
+    got = ranking_loss(q, p, torch.arange(3), same, symmetric=True)
+    assert float(got) == pytest.approx(float(forward + backward) / 2, rel=1e-5)
+
+
 def test_the_same_passage_twice_is_not_a_negative() -> None:
     """Queries 0 and 1 share their positive: neither learns it as the other's negative."""
     torch.manual_seed(0)
@@ -207,6 +243,11 @@ def test_teacher_weight_needs_teacher_scores(
     scored.write_text(json.dumps({"text": "a", "text_pair": "b", "score": 0.5}) + "\n")
     assert main([*args[:6], str(scored), *args[7:]]) == 2
     assert "--teacher-weight: scored pairs (CoSENT) have no teacher" in capsys.readouterr().err
+    sym = [*args[:6], str(scored), *args[7:-3], "--symmetric", "--no-progress"]
+    assert main(sym) == 2
+    assert "--symmetric: scored pairs train by CoSENT" in capsys.readouterr().err
+    assert main([*sst, "--out", str(tmp_path / "p"), "--symmetric"]) == 2
+    assert "symmetric (--symmetric) is for --task retrieval" in capsys.readouterr().err
     with_teacher(train)
     assert main([*args, "--epochs", "1", "--batch-size", "8"]) == 0
     assert (tmp_path / "o" / "model.safetensors").is_file()

@@ -95,6 +95,11 @@ class TaskOptions:
         "retrieval: e.g. 384,256,128,64: the loss summed over these leading dimensions, each "
         "renormalised (Matryoshka), so the vectors can be cut to any of them",
     )
+    symmetric: bool = option(
+        False,
+        "retrieval: the mean of the query -> passages loss and each positive's over the batch's "
+        "queries (sentence-transformers' doc_to_query direction)",
+    )
     teacher_weight: float | None = option(
         None,
         'retrieval: rows with a teacher\'s "scores" (bertforge mine --teacher) add this times '
@@ -113,8 +118,8 @@ class TaskOptions:
 
     def __post_init__(self) -> None:
         check_options(self)
-        for name in ("cache_chunk", "matryoshka", "teacher_weight"):
-            if getattr(self, name) is not None and self.task != "retrieval":
+        for name in ("cache_chunk", "matryoshka", "teacher_weight", "symmetric"):
+            if getattr(self, name) not in (None, False) and self.task != "retrieval":
                 flag = "--" + name.replace("_", "-")
                 raise ConfigError(f"{name} ({flag}) is for --task retrieval")
         if self.multi_label and (self.task != "csv" or self.regression):

@@ -9,7 +9,8 @@ hard negative are its negatives. Batches keep queries of the same positive apart
 sentence-transformers' no-duplicates sampler does); where that cannot be helped, a passage
 that is the query's own positive text elsewhere in the batch is masked out of its negatives
 rather than taught as one. `cache_chunk` computes it GradCache's way (in-batch negatives beyond
-memory); `matryoshka` sums it over leading dimensions (each renormalised), so the vectors can
+memory); `symmetric` adds the other direction (each positive against the batch's queries);
+`matryoshka` sums it over leading dimensions (each renormalised), so the vectors can
 be cut; `teacher_weight` adds a cross-encoder's knowledge (rows of `bertforge mine --teacher`):
 that weight times ListNet over each query's own passages, the KL divergence of its softmax over
 their scaled cosines from the teacher's softmax over its scores. Scored pairs (STS-B style)
@@ -58,14 +59,26 @@ def cosent_loss(a: torch.Tensor, b: torch.Tensor, scores: torch.Tensor) -> torch
 
 
 def ranking_loss(
-    queries: torch.Tensor, passages: torch.Tensor, targets: torch.Tensor, same: torch.Tensor
+    queries: torch.Tensor,
+    passages: torch.Tensor,
+    targets: torch.Tensor,
+    same: torch.Tensor,
+    symmetric: bool = False,
 ) -> torch.Tensor:
     """Summed in-batch negatives loss: queries (B, H), passages (P, H), targets (B,) the index
     of each query's positive among the passages, same (B, P) True where a passage other than
-    the target is the target's very text (left out of the softmax)."""
+    the target is the target's very text (left out of the softmax). Symmetric: the mean of
+    that and each positive's cross-entropy over the batch's queries (a query whose positive
+    is the same text left out), as sentence-transformers' MultipleNegativesRankingLoss with
+    directions query_to_doc and doc_to_query, partition_mode per_direction."""
     scores = SCALE * F.normalize(queries, dim=-1) @ F.normalize(passages, dim=-1).T
     scores = scores.masked_fill(same, -torch.inf)
-    return F.cross_entropy(scores, targets, reduction="sum")
+    loss = F.cross_entropy(scores, targets, reduction="sum")
+    if not symmetric:
+        return loss
+    back = scores[:, targets].T  # [j, i]: positive j against query i
+    mine = torch.arange(len(targets), device=back.device)
+    return (loss + F.cross_entropy(back, mine, reduction="sum")) / 2
 
 
 class Pooled(nn.Module):
@@ -149,6 +162,8 @@ class RetrievalTask(TaskFamily):
         if self.scored:  # labels: the pairs' scores
             if self.teacher_weight is not None:
                 raise ConfigError("--teacher-weight: scored pairs (CoSENT) have no teacher")
+            if getattr(self.options, "symmetric", False):
+                raise ConfigError("--symmetric: scored pairs train by CoSENT, not in-batch")
             return Features(ids, types, np.array([e.score for e in examples], np.float32))
         if training and self.teacher_weight is not None:
             teacher = np.array(teacher_scores(examples, "--teacher-weight"), np.float64)
@@ -188,8 +203,10 @@ class RetrievalTask(TaskFamily):
         width = vectors.shape[-1]
         if any(d is not None and d > width for d in self.dims):
             raise ConfigError(f"--matryoshka {self.options.matryoshka}: the vectors have {width}")
+        symmetric = bool(getattr(self.options, "symmetric", False))
         loss = sum(
-            ranking_loss(vectors[:, 0, :d], passages[:, :d], targets, same) for d in self.dims
+            ranking_loss(vectors[:, 0, :d], passages[:, :d], targets, same, symmetric)
+            for d in self.dims
         )
         if self.teacher_weight:  # each query against its own passages, as the teacher saw them
             own = F.cosine_similarity(vectors[:, :1].float(), vectors[:, 1:].float(), dim=-1)
