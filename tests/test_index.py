@@ -243,12 +243,13 @@ def test_cli(minilm_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) ->
     assert [r["line"] for r in rows] == [1, 2, 3, 4]
     assert rows[0]["results"][0]["id"] == "d2" and len(rows[0]["results"]) == 2
     train = tmp_path / "train.jsonl"
-    train.write_text(json.dumps({"query": QUERIES[0], "positive": DOCS[2]}) + "\n")
+    train.write_text(json.dumps({"query": QUERIES[0], "positive": DOCS[2], "group": 7}) + "\n")
     mined = tmp_path / "mined.jsonl"
     args = ["mine", str(out), str(train), "--out", str(mined), "--negatives", "2", "--mode", "bm25"]
     assert main(args) == 0
     (row,) = [json.loads(x) for x in mined.read_text().splitlines()]
     assert row["positive"] == DOCS[2] and len(row["negatives"]) == 2
+    assert row["group"] == "7"  # kept for --group-batches
     assert main(["search", str(tmp_path), str(queries)]) == 2
     assert "not an index" in capsys.readouterr().err
     assert main(["search", str(out), str(queries), "--mode", "hybrid", "--alpha", "2"]) == 2

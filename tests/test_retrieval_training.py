@@ -430,3 +430,68 @@ def test_batches_keep_the_same_positive_apart() -> None:
         4,
         4,
     ]
+
+
+def test_group_batches_are_cut_from_one_group() -> None:
+    """--group-batches: rows in group order (groups and rows shuffled per epoch) cut into the
+    same number of batches as without; a batch spans one group or the seam of two; with keys
+    (the positive passage), no batch holds a key twice and the rows put off stay near their
+    group (SQuAD-like: 24 articles of about 240 questions on 43 paragraphs)."""
+    from bertforge.train.finetune import epoch_batches
+
+    rng = np.random.default_rng(0)
+    groups = np.repeat(np.arange(10), 40)  # 10 groups of 40 rows
+    lengths = rng.integers(5, 200, 400)
+    batches = epoch_batches(lengths, 16, seed=0, epoch=0, groups=groups)
+    assert len(batches) == len(epoch_batches(lengths, 16, seed=0, epoch=0)) == 25
+    assert sorted(np.concatenate(batches).tolist()) == list(range(400))
+    assert all(len(set(groups[b].tolist())) <= 2 for b in batches)
+    assert sum(len(set(groups[b].tolist())) == 1 for b in batches) >= 15
+    again = epoch_batches(lengths, 16, seed=0, epoch=0, groups=groups)
+    assert [b.tolist() for b in again] == [b.tolist() for b in batches]  # resumable
+    other = epoch_batches(lengths, 16, seed=0, epoch=1, groups=groups)
+    assert [b.tolist() for b in other] != [b.tolist() for b in batches]
+
+    articles = np.repeat(np.arange(24), 240)
+    keys = articles * 100 + rng.integers(0, 43, len(articles))  # a paragraph of the article
+    lengths = rng.integers(5, 200, len(articles))
+    batches = epoch_batches(lengths, 64, seed=0, epoch=0, keys=keys, groups=articles)
+    plain = epoch_batches(lengths, 64, seed=0, epoch=0, keys=keys)
+    assert [len(b) for b in batches] == [len(b) for b in plain]
+    assert sorted(np.concatenate(batches).tolist()) == list(range(len(articles)))
+    assert all(len(set(keys[b].tolist())) == len(b) for b in batches)
+
+    def most(b: np.ndarray) -> float:  # the share of a batch's rows from its largest group
+        return np.bincount(articles[b]).max() / len(b)
+
+    # at most 43 of a batch's 64 rows can come from one article (its paragraphs): 0.57 on average
+    assert np.mean([most(b) for b in batches]) > 0.5 > 0.2 > np.mean([most(b) for b in plain])
+
+
+def test_group_batches_read_the_rows_group(
+    minilm_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    rows = [json.loads(line) for line in toy(tmp_path / "t.jsonl").read_text().splitlines()]
+    grouped = tmp_path / "g.jsonl"
+    grouped.write_text(
+        "".join(json.dumps(r | {"group": i // 4}) + "\n" for i, r in enumerate(rows))
+    )
+    assert [e.group for e in read_retrieval(grouped)][:5] == ["0", "0", "0", "0", "1"]
+    table = tmp_path / "g.csv"
+    table.write_text("query,positive,group\nq1,p1,a\nq2,p2,b\n")
+    assert [e.group for e in read_retrieval(table)] == ["a", "b"]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps(rows[0] | {"group": [1]}) + "\n")
+    with pytest.raises(DataError, match='bad.jsonl: line 1: field "group": expected a string'):
+        read_retrieval(bad)
+
+    args = ["finetune", "--task", "retrieval", "--model", str(minilm_dir), "--train"]
+    tail = ["--group-batches", "--epochs", "1", "--batch-size", "4", "--no-progress"]
+    assert main([*args, str(tmp_path / "t.jsonl"), "--out", str(tmp_path / "o"), *tail]) == 2
+    assert 't.jsonl:1: --group-batches fills each batch from one "group"' in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+    sst = ["finetune", "--task", "sst2", "--model", str(minilm_dir), "--train", str(grouped)]
+    assert main([*sst, "--out", str(tmp_path / "p"), "--group-batches"]) == 2
+    assert "group_batches (--group-batches) is for --task retrieval" in capsys.readouterr().err
+    assert main([*args, str(grouped), "--out", str(tmp_path / "o"), *tail]) == 0
+    assert (tmp_path / "o" / "model.safetensors").is_file()

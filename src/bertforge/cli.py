@@ -638,8 +638,9 @@ def cmd_mine(args: argparse.Namespace) -> None:
         [e.positive for e in examples],
         **_given(args, "negatives", "skip", "depth", "mode", "margin", "fusion", "alpha"),
     )
-    kept = [
+    kept = [  # a row's "group" kept for --group-batches
         {"query": e.query, "positive": e.positive, "negatives": n}
+        | ({} if e.group is None else {"group": e.group})
         for e, n in zip(examples, found)
         if n is not None
     ]

@@ -100,6 +100,12 @@ class TaskOptions:
         "retrieval: the mean of the query -> passages loss and each positive's over the batch's "
         "queries (sentence-transformers' doc_to_query direction)",
     )
+    group_batches: bool = option(
+        False,
+        'retrieval: rows in the order of their "group" (a document or topic; groups shuffled, '
+        "rows shuffled within them) cut into batches, so a batch's in-batch negatives come from "
+        "one group, harder than random ones (TAS-Balanced's topic-aware batches)",
+    )
     teacher_weight: float | None = option(
         None,
         'retrieval: rows with a teacher\'s "scores" (bertforge mine --teacher) add this times '
@@ -118,7 +124,7 @@ class TaskOptions:
 
     def __post_init__(self) -> None:
         check_options(self)
-        for name in ("cache_chunk", "matryoshka", "teacher_weight", "symmetric"):
+        for name in ("cache_chunk", "matryoshka", "teacher_weight", "symmetric", "group_batches"):
             if getattr(self, name) not in (None, False) and self.task != "retrieval":
                 flag = "--" + name.replace("_", "-")
                 raise ConfigError(f"{name} ({flag}) is for --task retrieval")

@@ -238,6 +238,11 @@ class TaskFamily:
         (retrieval: the positive passage); None for most families."""
         return None
 
+    def batch_groups(self, features: Features) -> np.ndarray | None:
+        """A group per training row: each batch is cut from one group's rows where it can be
+        (retrieval with --group-batches: the rows' "group"); None for most families."""
+        return None
+
     def set_model(self, path: str) -> None:
         """The model directory trained or evaluated: settings it holds beyond config.json
         (retrieval: its pooling); nothing for most families."""

@@ -10,6 +10,7 @@ sentence-transformers' no-duplicates sampler does); where that cannot be helped,
 that is the query's own positive text elsewhere in the batch is masked out of its negatives
 rather than taught as one. `cache_chunk` computes it GradCache's way (in-batch negatives beyond
 memory); `symmetric` adds the other direction (each positive against the batch's queries);
+`group_batches` cuts batches from the rows in "group" order (harder in-batch negatives);
 `matryoshka` sums it over leading dimensions (each renormalised), so the vectors can
 be cut; `teacher_weight` adds a cross-encoder's knowledge (rows of `bertforge mine --teacher`):
 that weight times ListNet over each query's own passages, the KL divergence of its softmax over
@@ -162,17 +163,34 @@ class RetrievalTask(TaskFamily):
         if self.scored:  # labels: the pairs' scores
             if self.teacher_weight is not None:
                 raise ConfigError("--teacher-weight: scored pairs (CoSENT) have no teacher")
-            if getattr(self.options, "symmetric", False):
-                raise ConfigError("--symmetric: scored pairs train by CoSENT, not in-batch")
+            for flag in ("symmetric", "group_batches"):
+                if getattr(self.options, flag, False):
+                    name = "--" + flag.replace("_", "-")
+                    raise ConfigError(f"{name}: scored pairs train by CoSENT, not in-batch")
             return Features(ids, types, np.array([e.score for e in examples], np.float32))
         if training and self.teacher_weight is not None:
             teacher = np.array(teacher_scores(examples, "--teacher-weight"), np.float64)
             digests = np.concatenate([digests, teacher.view(np.int64)], 1)
-        return Features(ids, types, digests)
+        groups = None  # meta: each row's group as a number (--group-batches)
+        if training and getattr(self.options, "group_batches", False):
+            names: dict[str, int] = {}
+            for e in examples:
+                if e.group is None:
+                    raise DataError(
+                        f'{e.source}: --group-batches fills each batch from one "group", and '
+                        "the row has none"
+                    )
+                names.setdefault(e.group, len(names))
+            groups = np.array([names[e.group] for e in examples], np.int64)  # type: ignore[index]
+        return Features(ids, types, digests, groups)
 
     def batch_keys(self, features: Features) -> np.ndarray | None:
         """The positive's digest: a passage is never in one batch twice (a false negative)."""
         return None if self.scored else np.asarray(features.labels)[:, 0]
+
+    def batch_groups(self, features: Features) -> np.ndarray | None:
+        """The rows' groups, with --group-batches (featurize keeps them in meta)."""
+        return features.meta if isinstance(features.meta, np.ndarray) else None
 
     def loss_sum(self, model: nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         pooled = Pooled(model, self.settings.pooling)

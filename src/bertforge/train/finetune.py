@@ -133,8 +133,12 @@ def epoch_batches(
     seed: int,
     epoch: int,
     keys: np.ndarray | None = None,
+    groups: np.ndarray | None = None,
 ) -> list[np.ndarray]:
     """The epoch's batches (row indices): shuffled, length-grouped in windows, shuffled again;
+    with groups, the rows in group order instead (the groups shuffled, and the rows within
+    each), cut into batches as they come, so a batch holds one group, or the end of one and
+    the start of the next, and the batches shuffled (the same number of batches either way);
     with keys, no two rows of a batch share a key while that can be helped (apart_by_key),
     first within each window, whose batches are in length order there, so a row put off joins
     a batch of about its length (rows sharing a key, e.g. the questions of one paragraph, are
@@ -144,6 +148,13 @@ def epoch_batches(
     rng = np.random.default_rng([seed, epoch])
     order = rng.permutation(len(lengths))
     batches: list[np.ndarray] = []
+    if groups is not None:
+        by_group = [order[groups[order] == g] for g in rng.permutation(np.unique(groups))]
+        order = np.concatenate(by_group) if by_group else order
+        batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+        if keys is not None:
+            batches = apart_by_key(batches, keys, batch_size)
+        return [batches[i] for i in rng.permutation(len(batches))]
     window = batch_size * GROUP_BATCHES
     for w in range(0, len(order), window):
         rows = order[w : w + window]
@@ -211,6 +222,8 @@ class LengthGroupedBatches:
     pad_id: int
     # a key per row: rows sharing one stay out of the same batch (TaskFamily.batch_keys)
     keys: Callable[[Features], np.ndarray | None] | None = None
+    # a group per row: batches cut from one group's rows (TaskFamily.batch_groups)
+    groups: Callable[[Features], np.ndarray | None] | None = None
     multiple: int = 1  # each micro-batch's length rounded up to it (runner.pad_multiple)
 
     def __post_init__(self) -> None:
@@ -228,6 +241,7 @@ class LengthGroupedBatches:
                 self.cfg.seed,
                 epoch,
                 self.keys(features) if self.keys else None,
+                self.groups(features) if self.groups else None,
             )
             for i in range(b, len(batches)):
                 last = i + 1 == len(batches)
@@ -259,7 +273,7 @@ class FinetuneTask:
         self.family, self.cfg, self.d = fam, cfg, d
         self.runner = Runner.create(str(d.device), cfg.precision, 2 * cfg.batch_size)
         self.grouped = LengthGroupedBatches(
-            cfg, d, fam.tok.pad_id, fam.batch_keys, self.runner.pad_multiple
+            cfg, d, fam.tok.pad_id, fam.batch_keys, fam.batch_groups, self.runner.pad_multiple
         )
         self.train: Any = None  # Features
         self.dev: tuple[Any, Any] | None = None  # (examples, features)

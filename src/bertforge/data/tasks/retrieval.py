@@ -2,8 +2,10 @@
 
 JSONL: one object per line, {"query": str, "positive": str, "negatives": [str, ...]} (negatives
 optional), and for distillation "scores": a teacher's score of the positive and of each negative,
-in that order (bertforge mine --teacher). A table (TSV, or CSV when the file ends in .csv) with
-a header naming `query`, `positive` and any number of `negative...` columns. Scored pairs (STS-B
+in that order (bertforge mine --teacher); "group" (a string or number: the document or topic the
+row comes from) lets `--group-batches` fill each batch from one group. A table (TSV, or CSV when
+the file ends in .csv) with a header naming `query`, `positive`, any number of `negative...`
+columns and optionally `group`. Scored pairs (STS-B
 style, for CoSENT): {"text", "text_pair", "score"} objects, or a table with those columns. Every
 row of a file has the same number of negatives (a training row reads them side by side); an
 empty text or a score that is not a number is an error naming the line.
@@ -29,6 +31,7 @@ class RetrievalExample:
     source: str = ""  # file:line
     score: float | None = None  # a scored pair's similarity (CoSENT); None: a (query, positive)
     teacher: tuple[float, ...] = ()  # a teacher's scores of the positive and the negatives
+    group: str | None = None  # the document or topic the row comes from (--group-batches)
 
 
 PAIRS = ("query", "positive")
@@ -58,6 +61,7 @@ def read_retrieval(path: str | os.PathLike[str]) -> list[RetrievalExample]:
             )
         columns: dict[str, Any] = {n: names.index(n) for n in need}
         columns["negatives"] = [i for i, n in enumerate(names) if n.startswith("negative")]
+        columns["group"] = names.index("group") if "group" in names else None
         examples = [_example(r, scored, columns) for r in table.records()]
     for e in examples[1:]:
         if bool(e.teacher) != bool(examples[0].teacher):
@@ -106,14 +110,19 @@ def _example(r: Record, scored: bool, columns: dict[str, Any] | None) -> Retriev
             raise DataError(f'{r.where}: field "negatives": expected a list of texts')
         texts = tuple(text_field(r.where, f"negatives[{i}]", n) for i, n in enumerate(negatives))
         teacher = _teacher(r, len(texts))
+        group = r.fields.get("group")  # type: ignore[union-attr]
+        if group is not None and (isinstance(group, bool) or not isinstance(group, (str, int))):
+            raise DataError(f'{r.where}: field "group": expected a string or an integer')
     else:
         texts, teacher = tuple(r.text(i) for i in columns["negatives"]), ()
+        group = None if columns["group"] is None else r.text(columns["group"], "the row's group")
     return RetrievalExample(
         r.text(key("query"), "the query"),
         r.text(key("positive"), "a relevant passage"),
         texts,
         r.source,
         teacher=teacher,
+        group=None if group is None else str(group),
     )
 
 
