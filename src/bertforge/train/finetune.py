@@ -138,7 +138,8 @@ def epoch_batches(
     """The epoch's batches (row indices): shuffled, length-grouped in windows, shuffled again;
     with groups, the rows in group order instead (the groups shuffled, and the rows within
     each), cut into batches as they come, so a batch holds one group, or the end of one and
-    the start of the next, and the batches shuffled (the same number of batches either way);
+    the start of the next (with keys, rows put off join the next batches), and the batches
+    shuffled (as many batches either way; not grouped by length);
     with keys, no two rows of a batch share a key while that can be helped (apart_by_key),
     first within each window, whose batches are in length order there, so a row put off joins
     a batch of about its length (rows sharing a key, e.g. the questions of one paragraph, are
@@ -148,9 +149,10 @@ def epoch_batches(
     rng = np.random.default_rng([seed, epoch])
     order = rng.permutation(len(lengths))
     batches: list[np.ndarray] = []
-    if groups is not None:
-        by_group = [order[groups[order] == g] for g in rng.permutation(np.unique(groups))]
-        order = np.concatenate(by_group) if by_group else order
+    if groups is not None:  # each group's place drawn at random; rows keep their shuffle
+        codes = np.unique(groups, return_inverse=True)[1].reshape(-1)
+        place = rng.permutation(int(codes.max()) + 1 if len(codes) else 0)
+        order = order[np.argsort(place[codes[order]], kind="stable")]
         batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
         if keys is not None:
             batches = apart_by_key(batches, keys, batch_size)

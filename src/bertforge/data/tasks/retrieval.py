@@ -2,13 +2,13 @@
 
 JSONL: one object per line, {"query": str, "positive": str, "negatives": [str, ...]} (negatives
 optional), and for distillation "scores": a teacher's score of the positive and of each negative,
-in that order (bertforge mine --teacher); "group" (a string or number: the document or topic the
+in that order (bertforge mine --teacher); "group" (a string or integer: the document or topic the
 row comes from) lets `--group-batches` fill each batch from one group. A table (TSV, or CSV when
 the file ends in .csv) with a header naming `query`, `positive`, any number of `negative...`
-columns and optionally `group`. Scored pairs (STS-B
-style, for CoSENT): {"text", "text_pair", "score"} objects, or a table with those columns. Every
-row of a file has the same number of negatives (a training row reads them side by side); an
-empty text or a score that is not a number is an error naming the line.
+columns and optionally `group`. Scored pairs (STS-B style, for CoSENT): {"text", "text_pair",
+"score"} objects, or a table with those columns. Every row of a file has the same number of
+negatives (a training row reads them side by side); an empty text or a score that is not a
+number is an error naming the line.
 """
 
 from __future__ import annotations
