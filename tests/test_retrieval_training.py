@@ -162,7 +162,11 @@ def with_teacher(path: Path) -> Path:
 
 
 def gradcache_case(
-    tiny_model: Path, chunk: int | None, train_mode: bool, teacher: float | None = None
+    tiny_model: Path,
+    chunk: int | None,
+    train_mode: bool,
+    teacher: float | None = None,
+    symmetric: bool = False,
 ) -> tuple:
     from bertforge import Tokenizer
     from bertforge.model import BertModel
@@ -174,7 +178,9 @@ def gradcache_case(
     examples = read_retrieval(
         with_teacher(toy(Path(tiny_model).parent / "gc.jsonl", negatives=True))
     )
-    options = TaskOptions(task="retrieval", cache_chunk=chunk, teacher_weight=teacher)
+    options = TaskOptions(
+        task="retrieval", cache_chunk=chunk, teacher_weight=teacher, symmetric=symmetric
+    )
     fam = RetrievalTask(options, tok)
     fam.set_model(str(tiny_model))
     batch = collate(fam.featurize(examples, training=True), np.arange(len(examples)), tok.pad_id)
@@ -186,16 +192,18 @@ def gradcache_case(
     return float(loss.detach()), torch.cat(grads)
 
 
-@pytest.mark.parametrize("teacher", [None, 2.0])
-def test_gradcache_gives_the_whole_batch_gradients(tiny_model: Path, teacher: float | None) -> None:
+@pytest.mark.parametrize(("teacher", "symmetric"), [(None, False), (2.0, False), (None, True)])
+def test_gradcache_gives_the_whole_batch_gradients(
+    tiny_model: Path, teacher: float | None, symmetric: bool
+) -> None:
     """--cache-chunk: the parameters' gradients of the whole batch's loss, chunk by chunk (with
-    --teacher-weight too: the teacher's term is part of that loss)."""
+    --teacher-weight or --symmetric too: their terms are part of that loss)."""
     (loss, grad), (cached_loss, cached_grad) = (
-        gradcache_case(tiny_model, chunk, False, teacher) for chunk in (None, 5)
+        gradcache_case(tiny_model, chunk, False, teacher, symmetric) for chunk in (None, 5)
     )
     assert cached_loss == pytest.approx(loss, rel=1e-5)
     assert torch.allclose(cached_grad, grad, atol=1e-6, rtol=1e-4) and grad.abs().sum() > 0
-    if teacher:  # the teacher's term changes the loss
+    if teacher or symmetric:  # the term changes the loss
         assert loss != pytest.approx(gradcache_case(tiny_model, None, False)[0], rel=1e-3)
 
 
