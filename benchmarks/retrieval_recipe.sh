@@ -5,11 +5,16 @@
 #      3 by BM25 for the bi-encoder, 7 by hybrid search for the cross-encoder
 #   2. bi-encoder settings compared on the split, the best retrained on all 24 articles
 #   3. cross-encoder settings compared on the split (best epoch by dev), the best kept
-#   4. benchmarks/retrieval.py --add: the bi-encoder alone and fused with BM25 (RRF, z-score),
-#      the best first stage's top 50 reranked for --rerank-queries evaluation questions
-# Meant for a GPU (on the H200 of 2026-11-26 the whole run took about 5 minutes); on a CPU each
-# training run takes 30-90 minutes per thread. Writes into WORK; results in
-# WORK/retrieval.{json,md}.
+#   4. the bi-encoder distilled from that cross-encoder: the hybrid rows scored by it (mine
+#      --teacher), --teacher-weight 1, batch 64, lr 5e-5, 1 epoch, seeds 0-3 on all 24 articles,
+#      averaged with MiniLM at 0.15 (bertforge merge; weight, settings and mix chosen on the dev
+#      split in the sessions of 2026-11-26: 79.7 MRR@10 on the evaluation half, H100)
+#   5. benchmarks/retrieval.py --add: each bi-encoder alone and fused with BM25 (RRF, z-score);
+#      with the merged one, the best first stage's top 50 reranked for --rerank-queries
+#      evaluation questions
+# Meant for a GPU (on the H200 of 2026-11-26 steps 1-3 and 5 took about 5 minutes; step 4 adds
+# about 3); on a CPU each training run takes 30-90 minutes per thread. Writes into WORK; results
+# in WORK/retrieval.{json,md}.
 #
 #   bash benchmarks/retrieval_recipe.sh MINILM_DIR WORK [SQUAD_DIR] [RERANK_QUERIES]
 #   EXTRA="--max-train-rows 48 --max-seq-length 48" bash ...   # a smoke run of the commands
@@ -70,6 +75,17 @@ read -r _ BS LR EP < <(best bi_b)
 bertforge finetune --task retrieval --model "$M" --train bi.jsonl --out bi-final \
     --batch-size "$BS" --lr "$LR" --epochs "$EP" "${common[@]}"
 read -r CE _ < <(best ce_)
+bertforge mine idx-train squad_train_pairs.jsonl --out bt.jsonl --mode hybrid --negatives 7 \
+    --depth 30 --teacher "$CE"
+for seed in 0 1 2 3; do
+    bertforge finetune --task retrieval --model "$M" --train bt.jsonl --out "bt_s$seed" \
+        --teacher-weight 1 --batch-size 64 --lr 5e-5 --epochs 1 --seed $seed "${common[@]}"
+done
+bertforge merge bt_s0 bt_s1 bt_s2 bt_s3 "$M" --weights 0.2125,0.2125,0.2125,0.2125,0.15 \
+    --out bt-soup
 cp "$HERE/results/retrieval.json" retrieval.json
 python "$HERE/retrieval.py" --data "$DATA" --model "$M" --add "recipe bi-encoder=bi-final" \
+    --out retrieval
+python "$HERE/retrieval.py" --data "$DATA" --model "$M" \
+    --add "recipe bi-encoder, distilled, 4 seeds + MiniLM merged=bt-soup" \
     --cross-encoder "$CE" --rerank-depth 50 --rerank-queries "$Q" --out retrieval
