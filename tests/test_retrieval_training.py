@@ -85,6 +85,35 @@ def test_symmetric_is_multiple_negatives_ranking_loss_both_ways() -> None:
     assert float(got) == pytest.approx(float(forward + backward) / 2, rel=1e-5)
 
 
+@pytest.mark.parametrize("mode", ["all_negatives", "in_batch_negatives", "hard_negatives"])
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_hardness_is_sentence_transformers_hardness(mode: str, symmetric: bool) -> None:
+    """--hardness-mode M --hardness-strength A: sentence-transformers' MultipleNegativesRankingLoss
+    with hardness_mode M and hardness_strength A (two hard negatives per query; our passages are
+    query by query, theirs negative by negative), alone and with the doc_to_query direction."""
+    pytest.importorskip("sentence_transformers")
+    from sentence_transformers.sentence_transformer import losses
+
+    torch.manual_seed(0)
+    q, p, n1, n2 = (torch.randn(5, 16) for _ in range(4))
+    directions = ("query_to_doc", "doc_to_query") if symmetric else ("query_to_doc",)
+    reference = losses.MultipleNegativesRankingLoss(
+        model=None,  # type: ignore[arg-type]
+        directions=directions,  # type: ignore[arg-type]
+        partition_mode="per_direction",
+        hardness_mode=mode,  # type: ignore[arg-type]
+        hardness_strength=5.0,
+    )
+    want = reference.compute_loss_from_embeddings([q, p, n1, n2], None)
+    passages = torch.stack([p, n1, n2], 1).reshape(15, 16)
+    same = torch.zeros(5, 15, dtype=torch.bool)
+    targets = torch.arange(5) * 3
+    got = ranking_loss(q, passages, targets, same, symmetric, (mode, 5.0)) / 5
+    assert float(got) == pytest.approx(float(want), rel=1e-5)
+    plain = ranking_loss(q, passages, targets, same, symmetric) / 5
+    assert float(got) > float(plain)  # harder negatives weigh more
+
+
 def test_the_same_passage_twice_is_not_a_negative() -> None:
     """Queries 0 and 1 share their positive: neither learns it as the other's negative."""
     torch.manual_seed(0)
@@ -167,6 +196,7 @@ def gradcache_case(
     train_mode: bool,
     teacher: float | None = None,
     symmetric: bool = False,
+    hardness: str | None = None,
 ) -> tuple:
     from bertforge import Tokenizer
     from bertforge.model import BertModel
@@ -179,7 +209,12 @@ def gradcache_case(
         with_teacher(toy(Path(tiny_model).parent / "gc.jsonl", negatives=True))
     )
     options = TaskOptions(
-        task="retrieval", cache_chunk=chunk, teacher_weight=teacher, symmetric=symmetric
+        task="retrieval",
+        cache_chunk=chunk,
+        teacher_weight=teacher,
+        symmetric=symmetric,
+        hardness_mode=hardness,
+        hardness_strength=5.0 if hardness else 0.0,
     )
     fam = RetrievalTask(options, tok)
     fam.set_model(str(tiny_model))
@@ -192,18 +227,22 @@ def gradcache_case(
     return float(loss.detach()), torch.cat(grads)
 
 
-@pytest.mark.parametrize(("teacher", "symmetric"), [(None, False), (2.0, False), (None, True)])
+@pytest.mark.parametrize(
+    ("teacher", "symmetric", "hardness"),
+    [(None, False, None), (2.0, False, None), (None, True, None), (None, False, "all_negatives")],
+)
 def test_gradcache_gives_the_whole_batch_gradients(
-    tiny_model: Path, teacher: float | None, symmetric: bool
+    tiny_model: Path, teacher: float | None, symmetric: bool, hardness: str | None
 ) -> None:
     """--cache-chunk: the parameters' gradients of the whole batch's loss, chunk by chunk (with
-    --teacher-weight or --symmetric too: their terms are part of that loss)."""
+    --teacher-weight, --symmetric or --hardness-mode too: their terms are part of that loss)."""
     (loss, grad), (cached_loss, cached_grad) = (
-        gradcache_case(tiny_model, chunk, False, teacher, symmetric) for chunk in (None, 5)
+        gradcache_case(tiny_model, chunk, False, teacher, symmetric, hardness)
+        for chunk in (None, 5)
     )
     assert cached_loss == pytest.approx(loss, rel=1e-5)
     assert torch.allclose(cached_grad, grad, atol=1e-6, rtol=1e-4) and grad.abs().sum() > 0
-    if teacher or symmetric:  # the term changes the loss
+    if teacher or symmetric or hardness:  # the term changes the loss
         assert loss != pytest.approx(gradcache_case(tiny_model, None, False)[0], rel=1e-3)
 
 
@@ -256,6 +295,14 @@ def test_teacher_weight_needs_teacher_scores(
     assert "--symmetric: scored pairs train by CoSENT" in capsys.readouterr().err
     assert main([*sst, "--out", str(tmp_path / "p"), "--symmetric"]) == 2
     assert "symmetric (--symmetric) is for --task retrieval" in capsys.readouterr().err
+    assert main([*sst, "--out", str(tmp_path / "p"), "--hardness-mode", "all_negatives"]) == 2
+    assert "hardness_mode (--hardness-mode) is for --task retrieval" in capsys.readouterr().err
+    assert main([*args[:-3], "--hardness-strength", "5", "--no-progress"]) == 2
+    assert "--hardness-strength 5.0: needs --hardness-mode" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:  # argparse's own error for a choice
+        main([*args[:-3], "--hardness-mode", "some", "--no-progress"])
+    assert exit_.value.code == 2 and "--hardness-mode: invalid choice" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
     with_teacher(train)
     assert main([*args, "--epochs", "1", "--batch-size", "8"]) == 0
     assert (tmp_path / "o" / "model.safetensors").is_file()

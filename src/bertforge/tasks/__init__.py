@@ -27,7 +27,7 @@ from ..errors import ConfigError
 from .base import Features, TaskFamily
 from .choice import ChoiceTask
 from .ranking import LOSSES, RerankTask
-from .retrieval import RetrievalTask
+from .retrieval import HARDNESS, RetrievalTask
 from .sentence import SentenceTask
 from .squad import SquadTask
 from .tagging import TaggingTask
@@ -100,6 +100,16 @@ class TaskOptions:
         "retrieval: the mean of the query -> passages loss and each positive's over the batch's "
         "queries (sentence-transformers' doc_to_query direction)",
     )
+    hardness_mode: str | None = option(
+        None,
+        "retrieval: add --hardness-strength x the cosine (no gradient) to the logits of "
+        "all_negatives, in_batch_negatives (the other queries' passages) or hard_negatives (the "
+        "query's own), as sentence-transformers' hardness_mode (Lan et al. 2025)",
+        choices=HARDNESS,
+    )
+    hardness_strength: float = option(
+        0.0, "retrieval: alpha of --hardness-mode (Lan et al. use 9; EmbeddingGemma 5)", min=0
+    )
     group_batches: bool = option(
         False,
         'retrieval: rows in the order of their "group" (a document or topic; groups shuffled, '
@@ -124,10 +134,21 @@ class TaskOptions:
 
     def __post_init__(self) -> None:
         check_options(self)
-        for name in ("cache_chunk", "matryoshka", "teacher_weight", "symmetric", "group_batches"):
+        for name in (
+            "cache_chunk",
+            "matryoshka",
+            "teacher_weight",
+            "symmetric",
+            "group_batches",
+            "hardness_mode",
+        ):
             if getattr(self, name) not in (None, False) and self.task != "retrieval":
                 flag = "--" + name.replace("_", "-")
                 raise ConfigError(f"{name} ({flag}) is for --task retrieval")
+        if self.hardness_strength and self.hardness_mode is None:
+            raise ConfigError(
+                f"--hardness-strength {self.hardness_strength}: needs --hardness-mode"
+            )
         if self.multi_label and (self.task != "csv" or self.regression):
             raise ConfigError("multi_label (--multi-label) is for --task csv classification")
         if self.max_seq_length is None:

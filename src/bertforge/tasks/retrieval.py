@@ -10,6 +10,7 @@ sentence-transformers' no-duplicates sampler does); where that cannot be helped,
 that is the query's own positive text elsewhere in the batch is masked out of its negatives
 rather than taught as one. `cache_chunk` computes it GradCache's way (in-batch negatives beyond
 memory); `symmetric` adds the other direction (each positive against the batch's queries);
+`hardness_mode`/`hardness_strength` weight harder negatives up (Lan et al. 2025);
 `group_batches` cuts batches from the rows in "group" order (harder in-batch negatives);
 `matryoshka` sums it over leading dimensions (each renormalised), so the vectors can
 be cut; `teacher_weight` adds a cross-encoder's knowledge (rows of `bertforge mine --teacher`):
@@ -59,22 +60,43 @@ def cosent_loss(a: torch.Tensor, b: torch.Tensor, scores: torch.Tensor) -> torch
     return torch.logsumexp(torch.cat([torch.zeros(1, device=cos.device), diff.flatten()]), 0)
 
 
+HARDNESS = ("all_negatives", "in_batch_negatives", "hard_negatives")  # sentence-transformers'
+
+
 def ranking_loss(
     queries: torch.Tensor,
     passages: torch.Tensor,
     targets: torch.Tensor,
     same: torch.Tensor,
     symmetric: bool = False,
+    hardness: tuple[str, float] | None = None,
 ) -> torch.Tensor:
-    """Summed in-batch negatives loss: queries (B, H), passages (P, H), targets (B,) the index
-    of each query's positive among the passages, same (B, P) True where a passage other than
-    the target is the target's very text (left out of the softmax). Symmetric: the mean of
-    that and each positive's cross-entropy over the batch's queries (a query whose positive
-    is the same text left out), as sentence-transformers' MultipleNegativesRankingLoss with
-    directions query_to_doc and doc_to_query, partition_mode per_direction."""
-    scores = SCALE * F.normalize(queries, dim=-1) @ F.normalize(passages, dim=-1).T
-    scores = scores.masked_fill(same, -torch.inf)
-    loss = F.cross_entropy(scores, targets, reduction="sum")
+    """Summed in-batch negatives loss: queries (B, H), passages (P, H; each query's positive
+    then its hard negatives, query by query), targets (B,) the index of each query's positive
+    among the passages, same (B, P) True where a passage other than the target is the target's
+    very text (left out of the softmax). Symmetric: the mean of that and each positive's
+    cross-entropy over the batch's queries (a query whose positive is the same text left out),
+    as sentence-transformers' MultipleNegativesRankingLoss with directions query_to_doc and
+    doc_to_query, partition_mode per_direction. Hardness (mode, alpha): alpha x the cosine,
+    without its gradient, added to the logits of the query's negatives that the mode names
+    (all of them, the other queries' passages, or its own hard negatives), as that loss's
+    hardness_mode and hardness_strength (Lan et al. 2025), in the query -> passages direction."""
+    cos = F.normalize(queries, dim=-1) @ F.normalize(passages, dim=-1).T
+    scores = (SCALE * cos).masked_fill(same, -torch.inf)
+    forward = scores
+    if hardness is not None:
+        mode, alpha = hardness
+        B, P = cos.shape
+        column = torch.arange(P, device=cos.device)
+        own = (column // (P // B))[None, :] == torch.arange(B, device=cos.device)[:, None]
+        positive = (column % (P // B) == 0)[None, :]
+        apply = {
+            "all_negatives": ~(own & positive),
+            "in_batch_negatives": ~own,
+            "hard_negatives": own & ~positive,
+        }[mode]
+        forward = scores + alpha * cos.detach() * apply
+    loss = F.cross_entropy(forward, targets, reduction="sum")
     if not symmetric:
         return loss
     back = scores[:, targets].T  # [j, i]: positive j against query i
@@ -147,6 +169,12 @@ class RetrievalTask(TaskFamily):
         return examples
 
     @property
+    def hardness(self) -> tuple[str, float] | None:
+        """(--hardness-mode, --hardness-strength), or None: no hardness weighting."""
+        mode = getattr(self.options, "hardness_mode", None)
+        return None if mode is None else (mode, getattr(self.options, "hardness_strength", 0.0))
+
+    @property
     def teacher_weight(self) -> float | None:
         return getattr(self.options, "teacher_weight", None)
 
@@ -163,7 +191,7 @@ class RetrievalTask(TaskFamily):
         if self.scored:  # labels: the pairs' scores
             if self.teacher_weight is not None:
                 raise ConfigError("--teacher-weight: scored pairs (CoSENT) have no teacher")
-            for flag in ("symmetric", "group_batches"):
+            for flag in ("symmetric", "group_batches", "hardness_mode"):
                 if getattr(self.options, flag, False):
                     name = "--" + flag.replace("_", "-")
                     raise ConfigError(f"{name}: scored pairs train by CoSENT, not in-batch")
@@ -223,7 +251,9 @@ class RetrievalTask(TaskFamily):
             raise ConfigError(f"--matryoshka {self.options.matryoshka}: the vectors have {width}")
         symmetric = bool(getattr(self.options, "symmetric", False))
         loss = sum(
-            ranking_loss(vectors[:, 0, :d], passages[:, :d], targets, same, symmetric)
+            ranking_loss(
+                vectors[:, 0, :d], passages[:, :d], targets, same, symmetric, self.hardness
+            )
             for d in self.dims
         )
         if self.teacher_weight:  # each query against its own passages, as the teacher saw them
