@@ -47,7 +47,7 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bertforge.evaluate import retrieval_scores
-from bertforge.index import fuse_runs
+from bertforge.index import bm25_matches, fuse_runs
 from common import RESULTS, machine, matmul_gflops, write_results
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "squad"
@@ -78,7 +78,7 @@ def bm25_run(corpus: list[str], questions: list[str]) -> tuple[np.ndarray, np.nd
     docs, scores = index.retrieve(
         bm25s.tokenize(questions, stopwords="en", show_progress=False), k=TOP, show_progress=False
     )
-    return docs, scores
+    return bm25_matches(docs, scores)  # as bertforge's index: only documents sharing a word
 
 
 def dense_run(model: str, corpus: list[str], questions: list[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -94,7 +94,7 @@ def dense_run(model: str, corpus: list[str], questions: list[str]) -> tuple[np.n
 def score(queries: list[tuple[str, str, int]], docs: np.ndarray, sims: np.ndarray) -> dict:
     qrels = {qid: {str(doc): 1} for qid, _, doc in queries}
     run = {
-        qid: {str(d): float(s) for d, s in zip(ds.tolist(), ss.tolist())}
+        qid: {str(d): float(s) for d, s in zip(ds.tolist(), ss.tolist()) if d >= 0}
         for (qid, _, _), ds, ss in zip(queries, docs, sims)
     }
     return retrieval_scores(qrels, run)

@@ -80,8 +80,11 @@ def test_bm25_and_hybrid(built: Index) -> None:
         bm25s.tokenize(QUERIES, stopwords="en", show_progress=False), k=3, show_progress=False
     )
     got = built.search(QUERIES, top_k=3, mode="bm25")
-    assert [[h["id"] for h in row] for row in got] == [[f"d{j}" for j in r] for r in docs]
-    np.testing.assert_allclose([[h["score"] for h in row] for row in got], scores, rtol=1e-6)
+    for row, want_d, want_s in zip(got, docs, scores):  # bm25s pads k with unmatched ones (0)
+        matched = want_s > 0
+        assert 0 < matched.sum() < 3 and not want_s[~matched].any()
+        assert [h["id"] for h in row] == [f"d{j}" for j in want_d[matched]]
+        np.testing.assert_allclose([h["score"] for h in row], want_s[matched], rtol=1e-6)
     dense = built.search(QUERIES, top_k=6)
     sparse = built.search(QUERIES, top_k=6, mode="bm25")
     hybrid = built.search(QUERIES, top_k=6, mode="hybrid", text=True)
@@ -94,6 +97,27 @@ def test_bm25_and_hybrid(built: Index) -> None:
         assert [h["id"] for h in h_row] == [i for i, _ in want]
         np.testing.assert_allclose([h["score"] for h in h_row], [s for _, s in want])
         assert all(h["text"] == DOCS[int(h["id"][1:])] for h in h_row)
+
+
+def test_a_query_that_shares_no_word_with_the_corpus(built: Index) -> None:
+    """BM25 answers only documents that share a word with the query: none for a query of
+    unknown words or stopwords (bm25s itself pads its k with score-0 documents in index order),
+    so its hybrid is the dense list alone, and mining from BM25 finds nothing to keep."""
+    queries = ["zyxwv qwerty", "what is it of the", "日本語の質問"]
+    assert built.search(queries, top_k=6, mode="bm25") == [[], [], []]
+    dense = built.search(queries, top_k=6)
+    for fusion in ("rrf", "zscore"):
+        hybrid = built.search(queries, top_k=6, mode="hybrid", fusion=fusion)
+        for d_row, h_row in zip(dense, hybrid):
+            assert [h["id"] for h in h_row] == [h["id"] for h in d_row]
+        if fusion == "rrf":
+            np.testing.assert_allclose(
+                [[h["score"] for h in row] for row in hybrid],
+                [[1 / (RRF_K + r) for r in range(1, 7)]] * 3,
+            )
+    assert mine(built, queries[:1], DOCS[:1], negatives=1, depth=6, mode="bm25") == [None]
+    (one,) = built.search(["hamlet"], top_k=6, mode="bm25")
+    assert [h["id"] for h in one] == ["d2"]
 
 
 def test_a_killed_build_resumes_without_redoing_parts(
@@ -142,7 +166,7 @@ def test_hybrid_weighted_and_by_standardised_scores(built: Index) -> None:
             want: dict[str, float] = {}
             for w, row in ((alpha, d_row), (1 - alpha, s_row)):
                 s = np.array([h["score"] for h in row])
-                z = (s - s.mean()) / s.std()
+                z = (s - s.mean()) / (s.std() or 1.0)  # BM25's lists here: one document
                 for h, value in zip(row, z):
                     part = 2 * w / (RRF_K + h["rank"]) if fusion == "rrf" else w * value
                     want[h["id"]] = want.get(h["id"], 0.0) + part
@@ -213,10 +237,13 @@ def test_malformed_corpus(minilm_dir: Path, tmp_path: Path, lines: list[str], me
 
 
 def test_mining(built: Index) -> None:
-    positives = [DOCS[2], DOCS[0]]
-    found = mine(built, QUERIES[:2], positives, negatives=2, depth=6, mode="bm25")
-    for negs, positive in zip(found, positives):
-        assert negs is not None and len(negs) == 2 and positive not in negs
+    queries = ["cats eat fish, and tea leaves in paris", "shakespeare, paris and tea"]
+    positives = [DOCS[1], DOCS[2]]
+    found = mine(built, queries, positives, negatives=2, depth=6, mode="bm25")
+    for negs, positive, hits in zip(found, positives, built.search(queries, 6, mode="bm25")):
+        assert len(hits) == 3  # the three documents that share a word with the query
+        want = [DOCS[int(h["id"][1:])] for h in hits]
+        assert negs == [t for t in want if t != positive]
     # a margin above every candidate's score leaves too few: the row is dropped
     assert mine(built, QUERIES[:1], DOCS[2:3], negatives=2, depth=6, margin=10.0) == [None]
     hits = built.search(QUERIES[:1], top_k=6)[0]
@@ -245,7 +272,17 @@ def test_cli(minilm_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) ->
     train = tmp_path / "train.jsonl"
     train.write_text(json.dumps({"query": QUERIES[0], "positive": DOCS[2], "group": 7}) + "\n")
     mined = tmp_path / "mined.jsonl"
-    args = ["mine", str(out), str(train), "--out", str(mined), "--negatives", "2", "--mode", "bm25"]
+    args = [
+        "mine",
+        str(out),
+        str(train),
+        "--out",
+        str(mined),
+        "--negatives",
+        "2",
+        "--mode",
+        "hybrid",
+    ]
     assert main(args) == 0
     (row,) = [json.loads(x) for x in mined.read_text().splitlines()]
     assert row["positive"] == DOCS[2] and len(row["negatives"]) == 2

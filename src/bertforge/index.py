@@ -167,6 +167,14 @@ def bm25_tokens(texts: Sequence[str]) -> Any:
     return bm25s.tokenize(list(texts), stopwords="en", show_progress=False)
 
 
+def bm25_matches(docs: np.ndarray, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """bm25s' top k with the documents that share no word with the query (score 0: bm25s fills
+    its k with them in index order) marked -1, none: they are not BM25's answers, and fused
+    with a dense list they would add arbitrary documents."""
+    unmatched = scores <= 0
+    return np.where(unmatched, -1, docs), np.where(unmatched, 0.0, scores)
+
+
 class Index:
     """A built index directory (see the module docstring)."""
 
@@ -454,7 +462,7 @@ class Index:
     def bm25(self, queries: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
         index, k = self._bm25_index(), min(k, len(self.ids))
         docs, scores = index.retrieve(bm25_tokens(queries), k=k, show_progress=False)
-        return np.asarray(docs), np.asarray(scores)
+        return bm25_matches(np.asarray(docs), np.asarray(scores))
 
     def search(
         self,
@@ -606,7 +614,8 @@ def fuse(
         total: dict[int, float] = {}
         for w, ranked in zip(weights, rows):
             for r, doc in enumerate(ranked.tolist(), 1):
-                total[doc] = total.get(doc, 0.0) + w / (RRF_K + r)
+                if doc >= 0:  # -1: none (a shorter list)
+                    total[doc] = total.get(doc, 0.0) + w / (RRF_K + r)
         totals.append(total)
     return _best(totals, k)
 
