@@ -17,7 +17,9 @@ to choose anything). This script scores the evaluation half with:
                     --task retrieval) and by sentence-transformers' trainer the same way, each
                     timed as its own process; their rows and their fusions with BM25
     --add NAME=DIR  one more bi-encoder's rows (alone and fused with BM25) added to the
-                    results already in --out
+                    results already in --out; with --windows [N] its paragraphs read as
+                    `bertforge index --window N` reads them (one longer than N pieces, default
+                    the model's 256, in overlapping windows, scored by its best window)
     --cross-encoder the best first stage's top --rerank-depth reranked, on --rerank-queries
                     evaluation questions spread evenly over the half (CPU time: a subset);
                     with --add, the better of its two rows; and the reranked order fused
@@ -29,7 +31,8 @@ Writes benchmarks/results/retrieval.{json,md}.
 
     pip install bm25s  # the BM25 reference (not a bertforge dependency)
     python benchmarks/retrieval.py [--data DIR] [--model DIR] [--runs DIR] [--cross-encoder DIR]
-    python benchmarks/retrieval.py --add NAME=DIR [--cross-encoder DIR --rerank-depth 50]
+    python benchmarks/retrieval.py --add NAME=DIR [--windows [N]]
+        [--cross-encoder DIR --rerank-depth 50]
 """
 
 from __future__ import annotations
@@ -81,7 +84,49 @@ def bm25_run(corpus: list[str], questions: list[str]) -> tuple[np.ndarray, np.nd
     return bm25_matches(docs, scores)  # as bertforge's index: only documents sharing a word
 
 
-def dense_run(model: str, corpus: list[str], questions: list[str]) -> tuple[np.ndarray, np.ndarray]:
+def bm25_windows_run(
+    model: str, corpus: list[str], questions: list[str], window: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """BM25 over the windows `bertforge index --window` cuts (the model's word pieces, joined
+    back into text), each paragraph scored by its best window: the reference for dense rows
+    read in windows."""
+    import bm25s
+
+    from bertforge.pipelines import Pipeline
+    from bertforge.tasks.windows import windows_of
+
+    tok = Pipeline(model).tok
+    texts, owners = [], []
+    for i, enc in enumerate(tok.encode_batch(corpus, add_special_tokens=False, truncation=False)):
+        for start, n in windows_of(len(enc.ids), window, max(1, window // 2)):
+            texts.append(tok.decode(enc.ids[start : start + n]))
+            owners.append(i)
+    index = bm25s.BM25()
+    index.index(bm25s.tokenize(texts, stopwords="en", show_progress=False), show_progress=False)
+    hits, scores = index.retrieve(
+        bm25s.tokenize(questions, stopwords="en", show_progress=False),
+        k=min(len(texts), 20 * TOP),
+        show_progress=False,
+    )
+    docs = np.full((len(questions), TOP), -1)
+    best = np.zeros((len(questions), TOP))
+    for q, (row, row_s) in enumerate(zip(hits.tolist(), scores.tolist())):
+        seen: dict[int, float] = {}  # each paragraph's best window, best first
+        for w, value in zip(row, row_s):
+            if value > 0 and len(seen) < TOP:
+                seen.setdefault(owners[w], value)
+        docs[q, : len(seen)], best[q, : len(seen)] = list(seen), list(seen.values())
+    return docs, best
+
+
+def dense_run(
+    model: str, corpus: list[str], questions: list[str], windows: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each question's top 100 by inner product: the paragraphs cut at the model's length, or
+    with `windows` read as `bertforge index --window` reads them (one longer than a window in
+    overlapping windows, scored by its best; 0: the model's length)."""
+    if windows is not None:
+        return indexed_run(model, corpus, questions, windows or None)
     from bertforge.pipelines import Pipeline
 
     pipe = Pipeline(model, precision="fp32", truncate=True)
@@ -89,6 +134,32 @@ def dense_run(model: str, corpus: list[str], questions: list[str]) -> tuple[np.n
     sims = q @ d.T
     docs = np.argsort(-sims, axis=1, kind="stable")[:, :TOP]
     return docs, np.take_along_axis(sims, docs, 1)
+
+
+def indexed_run(
+    model: str, corpus: list[str], questions: list[str], window: int | None
+) -> tuple[np.ndarray, np.ndarray]:
+    import tempfile
+
+    from bertforge.index import Index
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "corpus.jsonl"
+        path.write_text(
+            "".join(json.dumps({"id": str(i), "text": t}) + "\n" for i, t in enumerate(corpus))
+        )
+        index = Index.build(
+            model,
+            path,
+            Path(tmp) / "index",
+            window=window,
+            bm25=False,
+            progress=False,
+            precision="fp32",
+        )
+        docs, scores = index.dense(questions, TOP)
+    ids = np.array([int(i) for i in index.ids])  # the index's documents are the corpus's, in order
+    return np.where(docs >= 0, ids[docs], -1), scores
 
 
 def score(queries: list[tuple[str, str, int]], docs: np.ndarray, sims: np.ndarray) -> dict:
@@ -264,15 +335,20 @@ def hybrids(name: str, dense: tuple, bm25: tuple) -> dict[str, tuple[tuple, floa
     return out
 
 
-def add_rows(spec: str, corpus: list[str], queries: list) -> tuple[dict, dict]:
+def add_rows(spec: str, corpus: list[str], queries: list, windows: int | None) -> tuple[dict, dict]:
     """--add NAME=DIR: the bi-encoder's rows (alone and fused with BM25) and their rankings."""
     name, _, model = spec.partition("=")
     if not model:
         sys.exit(f"--add {spec}: expected NAME=DIR")
     questions = [q for _, q, _ in queries]
     start = time.perf_counter()
-    runs = {name: dense_run(model, corpus, questions)}
+    runs = {name: dense_run(model, corpus, questions, windows)}
     rows = {name: {**score(queries, *runs[name]), "seconds": time.perf_counter() - start}}
+    if windows:  # BM25 over the same windows, for reference
+        label = f"bm25, read in windows of {windows} pieces"
+        start = time.perf_counter()
+        runs[label] = bm25_windows_run(model, corpus, questions, windows)
+        rows[label] = {**score(queries, *runs[label]), "seconds": time.perf_counter() - start}
     bm25 = bm25_run(corpus, questions)
     for label, (fused, seconds) in hybrids(name, runs[name], bm25).items():
         runs[label] = fused
@@ -329,6 +405,16 @@ def main() -> None:
         "the better of the two reranked)",
     )
     p.add_argument(
+        "--windows",
+        type=int,
+        nargs="?",
+        const=0,
+        metavar="N",
+        help="with --add: read the paragraphs as `bertforge index --window N` does (one longer "
+        "than N pieces in overlapping windows, scored by its best; no N: the model's length) "
+        "instead of cut at the model's length",
+    )
+    p.add_argument(
         "--write-train",
         metavar="DIR",
         help="write the train half's pairs (squad_train_pairs.jsonl) and paragraphs "
@@ -354,7 +440,7 @@ def main() -> None:
     if args.add:  # rows added to the results already there, the rest kept as they are
         stem = Path(args.out)
         result = json.loads(stem.with_suffix(".json").read_text())
-        rows, runs = add_rows(args.add, corpus, queries)
+        rows, runs = add_rows(args.add, corpus, queries, args.windows)
         result["rows"].update(rows)
         if args.cross_encoder:
             result["rerank"] = reranked(args, corpus, queries, rows, runs)

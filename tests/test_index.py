@@ -73,6 +73,44 @@ def test_a_long_document_scores_its_best_window(built: Index, minilm_dir: Path) 
     assert (built.windows == 5).sum() == len(rows)
 
 
+def test_shorter_windows_and_queries_read_whole(minilm_dir: Path, tmp_path: Path) -> None:
+    """window=N cuts every document into windows of N pieces (stride N // 2), each scored on
+    its own, a document by its best; the queries are still read at the model's length."""
+    index = Index.build(
+        minilm_dir,
+        corpus(tmp_path),
+        tmp_path / "idx",
+        window=12,
+        bm25=False,
+        progress=False,
+        precision="fp32",
+    )
+    assert (index.meta["window"], index.meta["stride"]) == (12, 6)
+    pipe = Pipeline(minilm_dir, precision="fp32")
+    query = "which long wall, built over centuries by many dynasties, crosses northern china?"
+    assert len(pipe.tok.encode(query, add_special_tokens=False).ids) > 12
+    q = pipe.embed([query])[0]
+    want = {}
+    for i, text in enumerate(DOCS):
+        pieces = pipe.tok.encode(text, add_special_tokens=False, truncation=False).ids
+        starts = range(0, max(len(pieces) - 6, 1), 6)
+        rows = [pieces[s : s + 12] for s in starts]
+        assert (index.windows == i).sum() == len(rows)
+        want[f"d{i}"] = float((pipe.embed(rows) @ q).max())
+    (hits,) = index.search([query], top_k=6)
+    assert [h["id"] for h in hits] == sorted(want, key=lambda d: -want[d])
+    np.testing.assert_allclose([h["score"] for h in hits], sorted(want.values())[::-1], atol=1e-5)
+    assert hits[0]["id"] == "d5"  # its last window holds the wall
+    for bad, message in (
+        ({"window": 0}, "window=0"),
+        ({"window": 255}, "254 pieces"),
+        ({"window": 8, "stride": 9}, "stride=9"),
+    ):
+        with pytest.raises(ConfigError, match=message):
+            Index.build(minilm_dir, corpus(tmp_path), tmp_path / "no", progress=False, **bad)
+    assert not (tmp_path / "no").exists()
+
+
 def test_bm25_and_hybrid(built: Index) -> None:
     ref = bm25s.BM25()
     ref.index(bm25s.tokenize(DOCS, stopwords="en", show_progress=False), show_progress=False)
@@ -308,6 +346,11 @@ def test_cli(minilm_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) ->
         == 2
     )
     assert "--rerank-depth 2 is below --top-k 5" in capsys.readouterr().err
+    shorter = ["index", str(minilm_dir), str(path), "--out", str(tmp_path / "w"), "--no-bm25"]
+    assert main([*shorter, "--window", "300"]) == 2
+    assert "window=300 (--window): must be between 1 and the model's 254" in capsys.readouterr().err
+    assert main([*shorter, "--window", "16", "--no-progress"]) == 0
+    assert Index.load(tmp_path / "w").meta["window"] == 16
 
 
 def test_search_reranked_and_fused_by_hand(

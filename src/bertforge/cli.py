@@ -461,7 +461,15 @@ def args_index(p: argparse.ArgumentParser) -> None:
     p.add_argument("--text-field", default="text", help="JSONL field / table column of the text")
     p.add_argument("--skip-blank", action="store_true", help="drop blank lines (default: error)")
     p.add_argument("--chunk", type=int, default=10_000, help="documents per part (resume unit)")
-    p.add_argument("--stride", type=int, help="pieces between windows of a long document")
+    p.add_argument(
+        "--window",
+        type=int,
+        help="pieces per window: a longer document is cut into overlapping windows and scores "
+        "as its best (default: the model's length; shorter windows find a sentence better)",
+    )
+    p.add_argument(
+        "--stride", type=int, help="pieces between windows of a long document (default: half one)"
+    )
     p.add_argument("--no-bm25", action="store_true", help="no BM25 index beside the vectors")
     p.add_argument(
         "--approximate", choices=("hnsw",), help="an HNSW graph (faiss) for millions of vectors"
@@ -481,7 +489,9 @@ def cmd_index(args: argparse.Namespace) -> None:
         fmt=CorpusFormat(args.id_field, args.text_field, args.skip_blank),
         bm25=not args.no_bm25,
         progress=not args.no_progress,
-        **_given(args, "chunk", "stride", "approximate", "batch_size", "precision", "device"),
+        **_given(
+            args, "chunk", "window", "stride", "approximate", "batch_size", "precision", "device"
+        ),
     )
     m = index.meta
     print(

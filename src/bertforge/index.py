@@ -10,8 +10,11 @@ an id and a text field, or a CSV/TSV table with a header naming them. Documents 
 in chunks of `chunk` documents, each chunk written as a part file when it is done (no more
 than a chunk's texts and vectors are held while embedding), and a killed build resumes at the
 first missing part; a part made with another model, corpus or settings is refused. A document longer
-than the model's window is cut into overlapping windows (`stride` pieces apart, default half a
-window), each embedded on its own; a document's score is its best window's (max inner product).
+than a window (`window` pieces, default the model's length) is cut into overlapping windows
+(`stride` pieces apart, default half a window), each embedded on its own; a document's score is
+its best window's (max inner product). Queries are read at the model's length whatever the
+window. Windows shorter than the model's find a sentence in a long document better (SQuAD's
+paragraphs: README, "Search and rerank").
 The finished index holds vectors.npy (float32, the model's own normalisation), windows.npy
 (each window's document), documents.jsonl (ids and texts), bm25/ (bm25s' files: arrays and
 JSON, no pickle) and, written last, index.json: the model's identity (a sha256 of its
@@ -222,6 +225,7 @@ class Index:
         *,
         fmt: CorpusFormat = CorpusFormat(),
         chunk: int = 10_000,
+        window: int | None = None,
         stride: int | None = None,
         bm25: bool = True,
         approximate: str | None = None,
@@ -245,7 +249,12 @@ class Index:
         out = Path(out)
         pipe = Pipeline(model, device=device, precision=precision, batch_size=batch_size)
         positions = pipe.config.max_position_embeddings
-        length = min(pipe.embedding_settings.max_length or positions, positions) - 2
+        longest = min(pipe.embedding_settings.max_length or positions, positions) - 2
+        length = longest if window is None else window
+        if not 1 <= length <= longest:
+            raise ConfigError(
+                f"window={window} (--window): must be between 1 and the model's {longest} pieces"
+            )
         stride = max(1, length // 2) if stride is None else stride
         if not 1 <= stride <= length:
             raise ConfigError(
