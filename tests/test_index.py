@@ -75,13 +75,13 @@ def test_a_long_document_scores_its_best_window(built: Index, minilm_dir: Path) 
 
 def test_shorter_windows_and_queries_read_whole(minilm_dir: Path, tmp_path: Path) -> None:
     """window=N cuts every document into windows of N pieces (stride N // 2), each scored on
-    its own, a document by its best; the queries are still read at the model's length."""
+    its own, a document by its best; the queries are still read at the model's length. With
+    passage=True each hit carries its best window's characters, whatever the first stage."""
     index = Index.build(
         minilm_dir,
         corpus(tmp_path),
         tmp_path / "idx",
         window=12,
-        bm25=False,
         progress=False,
         precision="fp32",
     )
@@ -90,17 +90,34 @@ def test_shorter_windows_and_queries_read_whole(minilm_dir: Path, tmp_path: Path
     query = "which long wall, built over centuries by many dynasties, crosses northern china?"
     assert len(pipe.tok.encode(query, add_special_tokens=False).ids) > 12
     q = pipe.embed([query])[0]
-    want = {}
+    want, passage = {}, {}
     for i, text in enumerate(DOCS):
-        pieces = pipe.tok.encode(text, add_special_tokens=False, truncation=False).ids
-        starts = range(0, max(len(pieces) - 6, 1), 6)
-        rows = [pieces[s : s + 12] for s in starts]
+        enc = pipe.tok.encode(text, add_special_tokens=False, truncation=False)
+        starts = range(0, max(len(enc.ids) - 6, 1), 6)
+        rows = [enc.ids[s : s + 12] for s in starts]
         assert (index.windows == i).sum() == len(rows)
-        want[f"d{i}"] = float((pipe.embed(rows) @ q).max())
-    (hits,) = index.search([query], top_k=6)
+        sims = pipe.embed(rows) @ q
+        want[f"d{i}"] = float(sims.max())
+        first = starts[int(sims.argmax())]  # the best window's characters
+        last = min(first + 12, len(enc.ids)) - 1
+        passage[f"d{i}"] = text[enc.offsets[first][0] : enc.offsets[last][1]]
+    (hits,) = index.search([query], top_k=6, passage=True)
     assert [h["id"] for h in hits] == sorted(want, key=lambda d: -want[d])
     np.testing.assert_allclose([h["score"] for h in hits], sorted(want.values())[::-1], atol=1e-5)
     assert hits[0]["id"] == "d5"  # its last window holds the wall
+    assert [h["passage"] for h in hits] == [passage[h["id"]] for h in hits]
+    assert "Great Wall of China" in hits[0]["passage"] and len(hits[0]["passage"]) < 80
+    for i, text in enumerate(DOCS):  # a document of one window: all of it
+        assert (passage[f"d{i}"] == text) == ((index.windows == i).sum() == 1)
+        assert passage[f"d{i}"] in text
+    for mode in ("bm25", "hybrid"):  # any first stage's hits: their nearest windows
+        for h in index.search([query], top_k=6, mode=mode, passage=True)[0]:
+            assert h["passage"] == passage[h["id"]]
+    index.meta["stride"] = 3  # as if the tokenizer now cut the documents otherwise
+    with pytest.raises(
+        DataError, match="cuts document .d5. into 188 windows where the index holds 95: rebuild"
+    ):
+        index.search([query], top_k=6, passage=True)
     for bad, message in (
         ({"window": 0}, "window=0"),
         ({"window": 255}, "254 pieces"),
@@ -307,6 +324,9 @@ def test_cli(minilm_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) ->
     rows = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
     assert [r["line"] for r in rows] == [1, 2, 3, 4]
     assert rows[0]["results"][0]["id"] == "d2" and len(rows[0]["results"]) == 2
+    assert main(["search", str(out), str(queries), "--top-k", "6", "--passage"]) == 0
+    rows = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert [r["results"] for r in rows] == Index.load(out).search(QUERIES, 6, passage=True)
     train = tmp_path / "train.jsonl"
     train.write_text(json.dumps({"query": QUERIES[0], "positive": DOCS[2], "group": 7}) + "\n")
     mined = tmp_path / "mined.jsonl"
@@ -434,6 +454,11 @@ def test_server_search(built: Index, minilm_dir: Path) -> None:
             assert client.post("/search", json={"queries": ["q"], **bad}).status_code == 422
         r = client.post("/search", json={"queries": QUERIES[:1], "return_text": True})
         assert r.json()["results"][0][0]["text"] == DOCS[2]
+        r = client.post("/search", json={"queries": QUERIES, "top_k": 6, "return_passage": True})
+        want = built.search(QUERIES, top_k=6, passage=True)
+        assert r.json()["results"] == want
+        long = [h["passage"] for row in want for h in row if h["id"] == "d5"]
+        assert len(long) == 4 and all(p in DOCS[5] and p != DOCS[5] for p in long)
         assert client.post("/search", json={"queries": [], "top_k": 3}).status_code == 422
         assert client.post("/search", json={"queries": ["q"], "top_k": 0}).status_code == 422
         assert "search" in client.get("/metadata").json()["endpoints"]

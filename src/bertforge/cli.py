@@ -528,6 +528,12 @@ def args_search(p: argparse.ArgumentParser) -> None:
     p.add_argument("queries", nargs="?", default="-", help="text lines, .jsonl {text, id?}, or -")
     p.add_argument("--top-k", type=int, default=10, help="documents per query")
     p.add_argument("--text", action="store_true", help="each hit with its document's text")
+    p.add_argument(
+        "--passage",
+        action="store_true",
+        help="each hit with its window nearest the query (its text span; index --window sets "
+        "the windows' size)",
+    )
     p.add_argument("--rerank", metavar="CROSS_ENCODER", help="rerank the first stage's top hits")
     p.add_argument("--rerank-depth", type=int, default=50, help="first-stage hits reranked")
     p.add_argument(
@@ -544,8 +550,8 @@ def args_search(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_search(args: argparse.Namespace) -> None:
-    """Per query line: {"line", "id"?, "results": [{id, score, rank, text?}]}; with --rerank,
-    the first stage's top --rerank-depth reordered by the cross-encoder's score (with
+    """Per query line: {"line", "id"?, "results": [{id, score, rank, text?, passage?}]}; with
+    --rerank, the first stage's top --rerank-depth reordered by the cross-encoder's score (with
     --rerank-fuse: by the fusion of that order and the first stage's, each hit with its
     cross-encoder score as rerank_score)."""
     from .catalogue import TEXTS
@@ -561,7 +567,9 @@ def cmd_search(args: argparse.Namespace) -> None:
     queries = [r.texts[0] for r in rows]
     depth = args.rerank_depth if args.rerank else args.top_k
     text = bool(args.rerank or args.text)
-    results = index.search(queries, depth, args.mode, text, args.fusion, args.alpha)
+    results = index.search(
+        queries, depth, args.mode, text, args.fusion, args.alpha, passage=args.passage
+    )
     if args.rerank:
         from .pipelines import Pipeline
 

@@ -481,9 +481,11 @@ class Index:
         text: bool = False,
         fusion: str = "rrf",
         alpha: float = 0.5,
+        passage: bool = False,
     ) -> list[list[dict[str, Any]]]:
-        """Per query, its top_k documents: [{"id", "score", "rank"} (+ "text")]; hybrid fused
-        by `fusion`, the dense list weighed `alpha` and BM25's 1 - alpha."""
+        """Per query, its top_k documents: [{"id", "score", "rank"} (+ "text", + "passage")];
+        hybrid fused by `fusion`, the dense list weighed `alpha` and BM25's 1 - alpha; with
+        `passage`, each hit's window nearest the query (see passages)."""
         if isinstance(queries, str):
             raise ConfigError("pass a list of queries (a single string is not a list)")
         check_choice("mode", mode, MODES, "--mode")
@@ -492,6 +494,12 @@ class Index:
         if not queries:
             return []
         docs, scores = self.ranked(queries, top_k, mode, fusion, alpha)
+        hits = [  # (document, score) of each query, -1 (none) left out
+            [(d, s) for d, s in zip(row_d.tolist(), row_s.tolist()) if d >= 0]
+            for row_d, row_s in zip(docs, scores)
+        ]
+        if passage:
+            spans = self.passages(queries, [[d for d, _ in row] for row in hits])
         return [
             [
                 {
@@ -499,12 +507,45 @@ class Index:
                     "score": float(s),
                     "rank": r,
                     **({"text": self.texts[d]} if text else {}),
+                    **({"passage": spans[q][r - 1]} if passage else {}),
                 }
-                for r, (d, s) in enumerate(zip(row_d.tolist(), row_s.tolist()), 1)
-                if d >= 0
+                for r, (d, s) in enumerate(row, 1)
             ]
-            for row_d, row_s in zip(docs, scores)
+            for q, row in enumerate(hits)
         ]
+
+    def passages(self, queries: Sequence[str], docs: Sequence[Sequence[int]]) -> list[list[str]]:
+        """For each query, the text of each of its documents' window whose vector is nearest the
+        query's (the one that scored the document in dense search): the document's own
+        characters from the window's first piece to its last (the whole text when it is one
+        window)."""
+        from .tasks.windows import windows_of
+
+        pipe = self.use_model()
+        q = pipe.embed(list(queries))
+        ends = np.r_[self.starts[1:], len(self.windows)]
+        window, stride = self.meta["window"], self.meta["stride"]
+        out = []
+        for vector, row in zip(q, docs):
+            found = []
+            for d in row:
+                a, b = self.starts[d], ends[d]
+                text = self.texts[d]
+                if b - a == 1:
+                    found.append(text)
+                    continue
+                best = int(np.argmax(np.asarray(self.vectors[a:b]) @ vector))
+                enc = pipe.tok.encode(text, add_special_tokens=False, truncation=False)
+                spans = windows_of(len(enc.ids), window, stride)
+                if len(spans) != b - a:
+                    raise DataError(
+                        f"{self.path}: the model's tokenizer cuts document {self.ids[d]!r} into "
+                        f"{len(spans)} windows where the index holds {b - a}: rebuild the index"
+                    )
+                start, n = spans[best]
+                found.append(text[enc.offsets[start][0] : enc.offsets[start + n - 1][1]])
+            out.append(found)
+        return out
 
     def scores_of(self, queries: Sequence[str], docs: Sequence[int], mode: str) -> np.ndarray:
         """Each query's score of one document (docs[i] for queries[i]) as `mode` scores it."""

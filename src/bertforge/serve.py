@@ -11,8 +11,9 @@
         /ner         {"texts": [...]}                   -> [[{entity, text, start, end, score}]]
         /qa          {"questions", "contexts", "max_seq_length"?, ...} -> [{answer, score, ...}]
         /nsp         {"texts": [...], "pairs": [...]}   -> [P(IsNext)]
-    POST /search     with --index DIR: {"queries", "top_k"?, "mode"?, "return_text"?} ->
-                     {"results": [[{id, score, rank, text?}]]} (index.py)
+    POST /search     with --index DIR: {"queries", "top_k"?, "mode"?, "return_text"?,
+                     "return_passage"?} -> {"results": [[{id, score, rank, text?, passage?}]]}
+                     (index.py)
     POST /rerank     text-embeddings-inference's: {"query", "texts", "raw_scores"?, "return_text"?,
                      "truncate"?} -> [{index, score, text?}], best first (a cross-encoder)
     POST /v1/rerank  Cohere's and Jina's: {"query", "documents": [str | {"text"}], "top_n"?,
@@ -141,6 +142,7 @@ class SearchRequest(BaseModel):  # POST /search, with --index
     fusion: str = Field("rrf", pattern="^(rrf|zscore)$")
     alpha: float = Field(0.5, ge=0.0, le=1.0)
     return_text: bool = False
+    return_passage: bool = False
 
 
 def request_model(entry: Entry) -> type:
@@ -631,9 +633,10 @@ def add_rerank(app: Any, server: Server) -> None:
 
 
 def add_search(app: Any, server: Server, path: str | Path) -> None:
-    """POST /search: {"queries", "top_k"?, "mode"?: dense | bm25 | hybrid, "return_text"?} ->
-    {"results": [[{id, score, rank, text?}]]}, over the index (its own model embeds the
-    queries; loaded now, so a broken index stops `serve` before it listens)."""
+    """POST /search: {"queries", "top_k"?, "mode"?: dense | bm25 | hybrid, "return_text"?,
+    "return_passage"?} -> {"results": [[{id, score, rank, text?, passage?}]]}, over the index
+    (its own model embeds the queries; loaded now, so a broken index stops `serve` before it
+    listens)."""
     from .index import Index
 
     index = Index.load(path)
@@ -644,6 +647,7 @@ def add_search(app: Any, server: Server, path: str | Path) -> None:
     async def search(req: SearchRequest, request: Request) -> dict[str, Any]:
         server.check(req.queries, "queries")
         options = {"top_k": req.top_k, "mode": req.mode, "text": req.return_text}
+        options["passage"] = req.return_passage
         options |= {"fusion": req.fusion, "alpha": req.alpha}
         b = server.batcher("search", lambda items, o: index.search(items, **o))
         rows = await b.submit(req.queries, options, functools.partial(client_gone, request))
