@@ -98,8 +98,11 @@ def test_shorter_windows_and_queries_read_whole(minilm_dir: Path, tmp_path: Path
         assert (index.windows == i).sum() == len(rows)
         sims = pipe.embed(rows) @ q
         want[f"d{i}"] = float(sims.max())
-        first = starts[int(sims.argmax())]  # the best window's characters
+        first = starts[int(sims.argmax())]  # the best window's characters, its words whole
         last = min(first + 12, len(enc.ids)) - 1
+        words = enc.word_ids
+        first = words.index(words[first])
+        last = len(words) - 1 - words[::-1].index(words[last])
         passage[f"d{i}"] = text[enc.offsets[first][0] : enc.offsets[last][1]]
     (hits,) = index.search([query], top_k=6, passage=True)
     assert [h["id"] for h in hits] == sorted(want, key=lambda d: -want[d])

@@ -517,8 +517,8 @@ class Index:
     def passages(self, queries: Sequence[str], docs: Sequence[Sequence[int]]) -> list[list[str]]:
         """For each query, the text of each of its documents' window whose vector is nearest the
         query's (the one that scored the document in dense search): the document's own
-        characters from the window's first piece to its last (the whole text when it is one
-        window)."""
+        characters from the window's first word to its last, a word cut by the window's edge
+        given whole (the whole text when it is one window)."""
         from .tasks.windows import windows_of
 
         pipe = self.use_model()
@@ -543,7 +543,12 @@ class Index:
                         f"{len(spans)} windows where the index holds {b - a}: rebuild the index"
                     )
                 start, n = spans[best]
-                found.append(text[enc.offsets[start][0] : enc.offsets[start + n - 1][1]])
+                first, last, words = start, start + n - 1, enc.word_ids
+                while first > 0 and words[first - 1] == words[start]:
+                    first -= 1  # the window's first word whole
+                while last + 1 < len(words) and words[last + 1] == words[start + n - 1]:
+                    last += 1  # and its last
+                found.append(text[enc.offsets[first][0] : enc.offsets[last][1]])
             out.append(found)
         return out
 
