@@ -50,7 +50,7 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bertforge.evaluate import retrieval_scores
-from bertforge.index import bm25_matches, fuse_runs
+from bertforge.index import bm25_matches, default_stride, fuse_runs
 from common import RESULTS, machine, matmul_gflops, write_results
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "squad"
@@ -98,7 +98,7 @@ def bm25_windows_run(
     tok = Pipeline(model).tok
     texts, owners = [], []
     for i, enc in enumerate(tok.encode_batch(corpus, add_special_tokens=False, truncation=False)):
-        for start, n in windows_of(len(enc.ids), window, max(1, window // 2)):
+        for start, n in windows_of(len(enc.ids), window, default_stride(window)):
             texts.append(tok.decode(enc.ids[start : start + n]))
             owners.append(i)
     index = bm25s.BM25()

@@ -468,7 +468,9 @@ def args_index(p: argparse.ArgumentParser) -> None:
         "as its best (default: the model's length; shorter windows find a sentence better)",
     )
     p.add_argument(
-        "--stride", type=int, help="pieces between windows of a long document (default: half one)"
+        "--stride",
+        type=int,
+        help="pieces between windows of a long document (default: half a window)",
     )
     p.add_argument("--no-bm25", action="store_true", help="no BM25 index beside the vectors")
     p.add_argument(

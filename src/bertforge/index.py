@@ -170,6 +170,11 @@ def bm25_tokens(texts: Sequence[str]) -> Any:
     return bm25s.tokenize(list(texts), stopwords="en", show_progress=False)
 
 
+def default_stride(window: int) -> int:
+    """Pieces between a long document's windows unless given: half a window."""
+    return max(1, window // 2)
+
+
 def bm25_matches(docs: np.ndarray, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """bm25s' top k with the documents that share no word with the query (score 0: bm25s fills
     its k with them in index order) marked -1, none: they are not BM25's answers, and fused
@@ -255,7 +260,7 @@ class Index:
             raise ConfigError(
                 f"window={window} (--window): must be between 1 and the model's {longest} pieces"
             )
-        stride = max(1, length // 2) if stride is None else stride
+        stride = default_stride(length) if stride is None else stride
         if not 1 <= stride <= length:
             raise ConfigError(
                 f"stride={stride} (--stride): must be between 1 and the window, {length} pieces"

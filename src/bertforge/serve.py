@@ -647,8 +647,7 @@ def add_search(app: Any, server: Server, path: str | Path) -> None:
     async def search(req: SearchRequest, request: Request) -> dict[str, Any]:
         server.check(req.queries, "queries")
         options = {"top_k": req.top_k, "mode": req.mode, "text": req.return_text}
-        options["passage"] = req.return_passage
-        options |= {"fusion": req.fusion, "alpha": req.alpha}
+        options |= {"fusion": req.fusion, "alpha": req.alpha, "passage": req.return_passage}
         b = server.batcher("search", lambda items, o: index.search(items, **o))
         rows = await b.submit(req.queries, options, functools.partial(client_gone, request))
         return {"results": rows}
