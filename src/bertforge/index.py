@@ -530,30 +530,38 @@ class Index:
         q = pipe.embed(list(queries))
         ends = np.r_[self.starts[1:], len(self.windows)]
         window, stride = self.meta["window"], self.meta["stride"]
-        out = []
-        for vector, row in zip(q, docs):
-            found = []
-            for d in row:
-                a, b = self.starts[d], ends[d]
-                text = self.texts[d]
-                if b - a == 1:
-                    found.append(text)
-                    continue
-                best = int(np.argmax(np.asarray(self.vectors[a:b]) @ vector))
-                enc = pipe.tok.encode(text, add_special_tokens=False, truncation=False)
-                spans = windows_of(len(enc.ids), window, stride)
-                if len(spans) != b - a:
-                    raise DataError(
-                        f"{self.path}: the model's tokenizer cuts document {self.ids[d]!r} into "
-                        f"{len(spans)} windows where the index holds {b - a}: rebuild the index"
-                    )
-                start, n = spans[best]
-                first, last, words = start, start + n - 1, enc.word_ids
+        cut = sorted({d for row in docs for d in row if ends[d] - self.starts[d] > 1})
+        encodings = pipe.tok.encode_batch(
+            [self.texts[d] for d in cut], add_special_tokens=False, truncation=False
+        )
+        spans: dict[int, list[tuple[int, int]]] = {}  # each cut document's windows' characters
+        for d, enc in zip(cut, encodings):
+            windows = windows_of(len(enc.ids), window, stride)
+            if len(windows) != ends[d] - self.starts[d]:
+                raise DataError(
+                    f"{self.path}: the model's tokenizer cuts document {self.ids[d]!r} into "
+                    f"{len(windows)} windows where the index holds {ends[d] - self.starts[d]}: "
+                    "rebuild the index"
+                )
+            words, offsets = enc.word_ids, enc.offsets
+            spans[d] = []
+            for start, n in windows:
+                first, last = start, start + n - 1
                 while first > 0 and words[first - 1] == words[start]:
                     first -= 1  # the window's first word whole
                 while last + 1 < len(words) and words[last + 1] == words[start + n - 1]:
                     last += 1  # and its last
-                found.append(text[enc.offsets[first][0] : enc.offsets[last][1]])
+                spans[d].append((offsets[first][0], offsets[last][1]))
+        out = []
+        for vector, row in zip(q, docs):
+            found = []
+            for d in row:
+                if d not in spans:  # one window: the whole text
+                    found.append(self.texts[d])
+                    continue
+                best = int(np.argmax(np.asarray(self.vectors[self.starts[d] : ends[d]]) @ vector))
+                a, b = spans[d][best]
+                found.append(self.texts[d][a:b])
             out.append(found)
         return out
 
