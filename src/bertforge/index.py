@@ -403,10 +403,12 @@ class Index:
             self._pipe = Pipeline(path, **{"precision": self.meta["precision"], **pipeline})
         return self._pipe
 
-    def dense(self, queries: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
+    def dense(
+        self, queries: Sequence[str], k: int, vectors: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """(documents, scores) of each query's top k by its best window's inner product;
-        through the HNSW graph when the index has one."""
-        q = self.use_model().embed(list(queries))
+        through the HNSW graph when the index has one (`vectors`: the queries' already)."""
+        q = self.use_model().embed(list(queries)) if vectors is None else vectors
         k = min(k, len(self.ids))
         if self.meta.get("approximate"):
             return self._hnsw(q, k)
@@ -498,13 +500,14 @@ class Index:
             raise ConfigError(f"top_k={top_k} (--top-k): must be >= 1")
         if not queries:
             return []
-        docs, scores = self.ranked(queries, top_k, mode, fusion, alpha)
+        vectors = self.use_model().embed(list(queries)) if passage else None  # embedded once
+        docs, scores = self.ranked(queries, top_k, mode, fusion, alpha, vectors)
         hits = [  # (document, score) of each query, -1 (none) left out
             [(d, s) for d, s in zip(row_d.tolist(), row_s.tolist()) if d >= 0]
             for row_d, row_s in zip(docs, scores)
         ]
         if passage:
-            spans = self.passages(queries, [[d for d, _ in row] for row in hits])
+            spans = self.passages(queries, [[d for d, _ in row] for row in hits], vectors)
         return [
             [
                 {
@@ -519,15 +522,20 @@ class Index:
             for q, row in enumerate(hits)
         ]
 
-    def passages(self, queries: Sequence[str], docs: Sequence[Sequence[int]]) -> list[list[str]]:
+    def passages(
+        self,
+        queries: Sequence[str],
+        docs: Sequence[Sequence[int]],
+        vectors: np.ndarray | None = None,
+    ) -> list[list[str]]:
         """For each query, the text of each of its documents' window whose vector is nearest the
         query's (the one that scored the document in dense search): the document's own
         characters from the window's first word to its last, a word cut by the window's edge
-        given whole (the whole text when it is one window)."""
+        given whole (the whole text when it is one window). `vectors`: the queries' already."""
         from .tasks.windows import windows_of
 
         pipe = self.use_model()
-        q = pipe.embed(list(queries))
+        q = pipe.embed(list(queries)) if vectors is None else vectors
         ends = np.r_[self.starts[1:], len(self.windows)]
         window, stride = self.meta["window"], self.meta["stride"]
         cut = sorted({d for row in docs for d in row if ends[d] - self.starts[d] > 1})
@@ -578,17 +586,25 @@ class Index:
         return np.array([float(bm25.get_scores(w)[d]) for w, d in zip(words, docs)])
 
     def ranked(
-        self, queries: Sequence[str], k: int, mode: str, fusion: str = "rrf", alpha: float = 0.5
+        self,
+        queries: Sequence[str],
+        k: int,
+        mode: str,
+        fusion: str = "rrf",
+        alpha: float = 0.5,
+        vectors: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
-        """(document indices, scores) of each query's top k by `mode` (-1: none there)."""
+        """(document indices, scores) of each query's top k by `mode` (-1: none there;
+        `vectors`: the queries' already, for dense search)."""
         check_choice("fusion", fusion, FUSIONS, "--fusion")
         if not 0.0 <= alpha <= 1.0:
             raise ConfigError(f"alpha={alpha} (--alpha): must be between 0 and 1")
         if mode == "dense":
-            return self.dense(queries, k)
+            return self.dense(queries, k, vectors)
         if mode == "bm25":
             return self.bm25(queries, k)
-        return fuse_runs([self.dense(queries, FUSED), self.bm25(queries, FUSED)], fusion, alpha, k)
+        runs = [self.dense(queries, FUSED, vectors), self.bm25(queries, FUSED)]
+        return fuse_runs(runs, fusion, alpha, k)
 
 
 def mine(
