@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 import unicodedata
 import warnings
@@ -261,3 +262,35 @@ def test_train_vocab_rejects_non_utf8_with_file_and_line(tmp_path: Path) -> None
         warnings.simplefilter("error")
         tok = train_vocab([bad], 100, encoding_errors="replace", show_progress=False)
     assert "caf" in tok.decode(tok.encode("café").ids)
+
+
+def test_a_long_text_encoded_in_segments_is_the_whole(minilm_vocab: Path) -> None:
+    """encode_long cuts a text where no word crosses (after whitespace, else after punctuation
+    or a CJK ideograph, never after the punctuation lower-casing looks through: "ΣΟΦΟΣ.Α" keeps
+    its medial σ) and gives the pieces, offsets and word boundaries of encoding it whole, at
+    any segment size; a run longer than the look-ahead with none of those is cut anyway."""
+    from bertforge.tokenizer import segment_cuts
+
+    tok = Tokenizer.from_pretrained(minilm_vocab)
+    parts = [*HARD_CASES, "ΣΟΦΟΣ.Α", "x" * 150, "日本語テキスト", "a.b,c", "\u00a0", "\u200b", "😀"]
+    rng = random.Random(0)
+    texts = [
+        "".join(rng.choice(parts) + rng.choice(["", " ", "  ", "\n", "\t"]) for _ in range(40))
+        for _ in range(60)
+    ]
+    wholes = tok.encode_batch(texts, add_special_tokens=False, truncation=False)
+    for size in (1, 5, 33, 10**6):
+        for whole, long in zip(wholes, tok.encode_long(texts, size)):
+            assert long.ids.tolist() == whole.ids
+            assert [tuple(o) for o in long.offsets.tolist()] == [tuple(o) for o in whole.offsets]
+            w = whole.word_ids
+            assert [w[i] == w[i + 1] for i in range(len(w) - 1)] == [
+                bool(long.words[i] == long.words[i + 1]) for i in range(len(w) - 1)
+            ]
+        cuts = segment_cuts(texts[0], size)
+        assert cuts[0][0] == 0 and cuts[-1][1] == len(texts[0])
+        assert all(a[1] == b[0] for a, b in itertools.pairwise(cuts))
+    # no place to cut within the look-ahead: cut where it is, until the end is within reach
+    assert segment_cuts("y" * 50, 10, look=20) == [(0, 10), (10, 20), (20, 50)]
+    with pytest.raises(InputError, match="list of texts"):
+        tok.encode_long("one string")

@@ -28,9 +28,11 @@ import functools
 import os
 import warnings
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from tokenizers import AddedToken, normalizers, pre_tokenizers, processors, trainers
 from tokenizers import Tokenizer as Engine
@@ -39,7 +41,7 @@ from tokenizers.models import WordPiece
 from .errors import InputError, VocabError
 from .fileio import read_json, read_lines, write_json, write_text
 from .hub import resolve
-from .textnorm import EngineFix
+from .textnorm import EngineFix, is_chinese_char, is_punctuation, is_whitespace
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)
@@ -47,6 +49,7 @@ MAX_INPUT_CHARS_PER_WORD = 100  # Google: longer words become [UNK]
 PREFIX = "##"  # WordPiece's mark of a piece that continues a word
 VOCAB_FILES = ("vocab.txt", "tokenizer.json")  # where a directory's vocabulary is, in that order
 _UNLIMITED = 10**9
+SEGMENT_CHARS = 1 << 16  # encode_long: characters encoded at once
 # transformers' clean_up_tokenization, applied by decode (in this order)
 _CLEANUP = [
     (" .", "."),
@@ -113,6 +116,59 @@ class Encoding:
             if index is not None:
                 offsets[j] = (index[start], index[end - 1] + 1)
         return offsets
+
+
+@dataclass(frozen=True)
+class Pieces:
+    """A long text's pieces (Tokenizer.encode_long): ids (n,), offsets (n, 2) character spans
+    in the text, words (n,) the word of each piece (non-decreasing)."""
+
+    ids: np.ndarray
+    offsets: np.ndarray
+    words: np.ndarray
+
+    def span(self, start: int, stop: int) -> tuple[int, int]:
+        """The characters of pieces [start, stop), the words cut at either edge given whole."""
+        first = int(np.searchsorted(self.words, self.words[start], "left"))
+        last = int(np.searchsorted(self.words, self.words[stop - 1], "right")) - 1
+        return int(self.offsets[first, 0]), int(self.offsets[last, 1])
+
+
+def segment_cuts(text: str, size: int, look: int = 4096) -> list[tuple[int, int]]:
+    """(start, end) of segments of about `size` characters covering `text`, each cut just after
+    a whitespace character (else after punctuation or a CJK ideograph, which are words of their
+    own), looked for in the segment backwards from its end, then up to `look` characters past
+    it: no word crosses a cut, so encoding the segments one by one gives the pieces of the
+    whole. Only a run of `look` characters without any of those is cut where it is: such a word
+    is [UNK] whole (over 100 characters), and cut it gives two."""
+    cuts, start = [], 0
+    while len(text) - start > size:
+        end = start + size
+        ahead = range(end + 1, min(len(text), end + look) + 1)
+        for good in (is_whitespace, _own_word):
+            at = next(
+                (i for r in (range(end, start, -1), ahead) for i in r if good(text[i - 1])), 0
+            )
+            if at:
+                break
+        if at >= len(text) or (not at and ahead.stop > len(text)):
+            break  # the rest is one segment: its end is a word's
+        end = at or end
+        cuts.append((start, end))
+        start = end
+    return [*cuts, (start, len(text))]
+
+
+# punctuation that Unicode's lower-casing looks through (Case_Ignorable: "ΣΟΦΟΣ.Α" keeps a
+# medial σ where "ΣΟΦΟΣ." ends in ς): no segment is cut after it
+_CASE_IGNORABLE = set(
+    "'.:\u00b7\u0387\u05f4\u2018\u2019\u2024\u2027\ufe13\ufe52\ufe55\uff07\uff0e\uff1a"
+)
+
+
+def _own_word(ch: str) -> bool:
+    """Punctuation and CJK ideographs: words of their own, whatever is around them."""
+    return (is_punctuation(ch) and ch not in _CASE_IGNORABLE) or is_chinese_char(ord(ch))
 
 
 class BatchEncoding(dict):
@@ -569,6 +625,35 @@ class Tokenizer:
         """Token ids of each text, no special tokens, no truncation: the lean path for corpora."""
         prepared = [self._fix.prepare(t)[0] for t in texts]
         return [e.ids for e in self._engine.encode_batch(prepared, add_special_tokens=False)]
+
+    def encode_long(self, texts: Sequence[str], segment: int | None = None) -> list[Pieces]:
+        """The pieces of texts of any length (no special tokens, no truncation) as arrays, in
+        the memory of those arrays and of the engine's encodings of about `segment` characters
+        (default SEGMENT_CHARS): a long text is encoded in segments cut where no word crosses
+        (segment_cuts), short ones together, so each text's pieces, offsets and words are
+        those of encoding it whole (a 5 MB text's whole encoding would take about a GB)."""
+        if isinstance(texts, str):
+            raise InputError("encode_long takes a list of texts")
+        segment = segment or SEGMENT_CHARS
+        jobs = [(i, a, b) for i, t in enumerate(texts) for a, b in segment_cuts(t, segment)]
+        parts: list[list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = [[] for _ in texts]
+        words = [0] * len(texts)  # each text's words so far
+        start = size = 0
+        for end, (_, a, b) in enumerate(jobs, 1):
+            size += b - a
+            if size < segment and end < len(jobs):
+                continue
+            batch = jobs[start:end]
+            encoded = self.encode_batch(
+                [texts[i][a:b] for i, a, b in batch], add_special_tokens=False, truncation=False
+            )
+            for (i, a, _), enc in zip(batch, encoded):
+                w = np.asarray(enc.word_ids, np.int64) + words[i]
+                words[i] = int(w[-1]) + 1 if len(w) else words[i]
+                offsets = np.asarray(enc.offsets, np.int64).reshape(-1, 2) + a
+                parts[i].append((np.asarray(enc.ids, np.int64), offsets, w))
+            start, size = end, 0
+        return [Pieces(*(np.concatenate(x) for x in zip(*p))) for p in parts]
 
     # -- decoding ----------------------------------------------------------------------------
 
