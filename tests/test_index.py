@@ -116,6 +116,11 @@ def test_shorter_windows_and_queries_read_whole(minilm_dir: Path, tmp_path: Path
     for mode in ("bm25", "hybrid"):  # any first stage's hits: their nearest windows
         for h in index.search([query], top_k=6, mode=mode, passage=True)[0]:
             assert h["passage"] == passage[h["id"]]
+    # an index built before spans.npy: its documents cut again, to the same passages
+    index.spans = None
+    for mode in ("dense", "bm25"):
+        for h in index.search([query], top_k=6, mode=mode, passage=True)[0]:
+            assert h["passage"] == passage[h["id"]]
     index.meta["stride"] = 3  # as if the tokenizer now cut the documents otherwise
     with pytest.raises(
         DataError, match="cuts document .d5. into 188 windows where the index holds 95: rebuild"
@@ -173,7 +178,7 @@ def test_a_query_that_shares_no_word_with_the_corpus(built: Index) -> None:
                 [[h["score"] for h in row] for row in hybrid],
                 [[1 / (RRF_K + r) for r in range(1, 7)]] * 3,
             )
-    assert mine(built, queries[:1], DOCS[:1], negatives=1, depth=6, mode="bm25") == [None]
+    assert mine(built, queries[:1], DOCS[:1], negatives=1, depth=6, mode="bm25").negatives == [None]
     (one,) = built.search(["hamlet"], top_k=6, mode="bm25")
     assert [h["id"] for h in one] == ["d2"]
 
@@ -181,27 +186,26 @@ def test_a_query_that_shares_no_word_with_the_corpus(built: Index) -> None:
 def test_a_killed_build_resumes_without_redoing_parts(
     built: Index, minilm_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import bertforge.index as index_module
-
     path = corpus(tmp_path)
     embedded: list[int] = []
-    real = index_module._embed_windows
+    from bertforge.pipelines import Pipeline
 
-    def counting(pipe, texts, length, stride):  # type: ignore[no-untyped-def]
-        embedded.append(len(texts))
+    real = Pipeline.embed
+
+    def counting(self, rows, *a, **k):  # type: ignore[no-untyped-def]
+        embedded.append(len(rows))
         if len(embedded) == 2:
             raise KeyboardInterrupt  # killed in the second part
-        return real(pipe, texts, length, stride)
+        return real(self, rows, *a, **k)
 
-    monkeypatch.setattr(index_module, "_embed_windows", counting)
+    monkeypatch.setattr(Pipeline, "embed", counting)
     with pytest.raises(KeyboardInterrupt):
         Index.build(minilm_dir, path, tmp_path / "idx", chunk=2, progress=False, precision="fp32")
     with pytest.raises(DataError, match="unfinished index"):
         Index.load(tmp_path / "idx")
     embedded.clear()
-    monkeypatch.setattr(index_module, "_embed_windows", real)
     monkeypatch.setattr(
-        index_module, "_embed_windows", lambda *a: (embedded.append(1), real(*a))[1]
+        Pipeline, "embed", lambda self, *a, **k: (embedded.append(1), real(self, *a, **k))[1]
     )
     again = Index.build(
         minilm_dir, path, tmp_path / "idx", chunk=2, progress=False, precision="fp32"
@@ -209,6 +213,7 @@ def test_a_killed_build_resumes_without_redoing_parts(
     assert len(embedded) == 2  # parts 2 and 3; part 1 was kept
     assert np.array_equal(np.asarray(again.vectors), np.asarray(built.vectors))
     assert again.ids == built.ids and np.array_equal(again.windows, built.windows)
+    assert np.array_equal(again.spans, built.spans)
     assert not (tmp_path / "idx" / "parts").exists()
 
 
@@ -247,7 +252,7 @@ def test_score_fusion_of_lists_that_differ(built: Index) -> None:
     assert docs.tolist() == [order]
     np.testing.assert_allclose(scores[0], [want[d] for d in order])
     fused = {"mode": "hybrid", "fusion": "zscore", "alpha": 0.3}
-    (negs,) = mine(built, QUERIES[:1], DOCS[2:3], negatives=2, depth=6, **fused)  # type: ignore
+    (negs,) = mine(built, QUERIES[:1], DOCS[2:3], negatives=2, depth=6, **fused).negatives  # type: ignore
     hits = built.search(QUERIES[:1], top_k=6, **fused)[0]  # type: ignore[arg-type]
     assert negs == [DOCS[int(h["id"][1:])] for h in hits if h["id"] != "d2"][:2]
     for bad in ({"fusion": "mean"}, {"alpha": 1.5}, {"alpha": -0.1}):
@@ -297,21 +302,25 @@ def test_malformed_corpus(minilm_dir: Path, tmp_path: Path, lines: list[str], me
 def test_mining(built: Index) -> None:
     queries = ["cats eat fish, and tea leaves in paris", "shakespeare, paris and tea"]
     positives = [DOCS[1], DOCS[2]]
-    found = mine(built, queries, positives, negatives=2, depth=6, mode="bm25")
+    found = mine(built, queries, positives, negatives=2, depth=6, mode="bm25").negatives
     for negs, positive, hits in zip(found, positives, built.search(queries, 6, mode="bm25")):
         assert len(hits) == 3  # the three documents that share a word with the query
         want = [DOCS[int(h["id"][1:])] for h in hits]
         assert negs == [t for t in want if t != positive]
     # a margin above every candidate's score leaves too few: the row is dropped
-    assert mine(built, QUERIES[:1], DOCS[2:3], negatives=2, depth=6, margin=10.0) == [None]
+    assert mine(built, QUERIES[:1], DOCS[2:3], negatives=2, depth=6, margin=10.0).negatives == [
+        None
+    ]
     hits = built.search(QUERIES[:1], top_k=6)[0]
     pos = next(h["score"] for h in hits if h["id"] == "d2")
-    (negs,) = mine(built, QUERIES[:1], DOCS[2:3], negatives=1, depth=6, margin=0.0)
+    (negs,) = mine(built, QUERIES[:1], DOCS[2:3], negatives=1, depth=6, margin=0.0).negatives
     assert negs is not None
     (chosen,) = [h for h in hits if DOCS[int(h["id"][1:])] == negs[0]]
     assert chosen["score"] < pos
-    with pytest.raises(ConfigError, match="0 <= skip < depth"):
+    with pytest.raises(ConfigError, match="depth - skip >= negatives"):
         mine(built, QUERIES[:1], DOCS[:1], skip=5, depth=5)
+    with pytest.raises(ConfigError, match="depth - skip >= negatives"):  # 40 of 30: never
+        mine(built, QUERIES[:1], DOCS[:1], negatives=40, depth=30)
 
 
 def test_cli(minilm_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -567,3 +576,274 @@ def test_bad_stride_and_corrupt_files_are_one_error(
     np.save(broken / "windows.npy", np.sort(built.windows)[::-1])
     with pytest.raises(DataError, match="windows.npy does not number the documents"):
         Index.load(broken)
+
+
+# -- what a tester found: each case as it was met ---------------------------------------------
+
+
+def test_mining_never_takes_the_positive_for_a_negative(built: Index) -> None:
+    """The positive is found by id when the row gives one, else by its text with spacing and
+    case aside (a trailing or doubled space once made the query's own paragraph a "hard
+    negative"); a near-copy of it is never a negative either; a positive that is not in the
+    corpus stops mining unless the rows are skipped or kept (guarded by likeness alone)."""
+    from bertforge.index import likeness
+
+    queries = [QUERIES[0], QUERIES[2], "which tragedy is by shakespeare"]
+    positives = [DOCS[2] + " ", DOCS[1].replace(" ", "  "), DOCS[2].upper()]
+    found = mine(built, queries, positives, negatives=2, depth=6)
+    assert (found.by_text, found.by_id, found.missing) == (3, 0, [])
+    assert found.positives == [2, 1, 2]
+    for negs, d in zip(found.negatives, found.positives):
+        assert negs is not None and DOCS[d] not in negs  # type: ignore[index]
+    # by id: the row's text can be anything, its document is still never a negative
+    by_id = mine(built, [QUERIES[0]], ["a summary of the play"], positive_ids=["d2"], depth=6)
+    assert by_id.by_id == 1 and DOCS[2] not in (by_id.negatives[0] or [])
+    # not in the corpus: the rows named, nothing mined
+    edited = "Hamlet is a tragedy, written by William Shakespeare!"  # a near-copy of d2
+    with pytest.raises(DataError, match=r"1 of 2 positives are not documents .* row 2"):
+        mine(built, [QUERIES[1], QUERIES[0]], [DOCS[0], edited], negatives=1, depth=6)
+    with pytest.raises(DataError, match="not documents"):
+        mine(built, [QUERIES[0]], ["nowhere"], positive_ids=["d99"], depth=6)
+    skipped = mine(built, [QUERIES[0]], [edited], negatives=1, depth=6, missing="skip")
+    assert skipped.negatives == [None] and skipped.missing == [0]
+    kept = mine(built, [QUERIES[0]], [edited], negatives=1, depth=6, missing="keep")
+    assert kept.near_duplicates == 1 and DOCS[2] not in kept.negatives[0]  # type: ignore[operator]
+    assert likeness(frozenset("ab"), frozenset("ab")) == 1.0
+    for bad in ({"near_duplicate": 0.0}, {"missing": "ignore"}):
+        with pytest.raises(ConfigError, match="near_duplicate|missing"):
+            mine(built, [QUERIES[0]], [DOCS[2]], **bad)  # type: ignore[arg-type]
+
+
+def test_mine_command_reports_and_refuses(
+    built: Index, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    train = tmp_path / "train.jsonl"
+    rows = [
+        {"query": QUERIES[0], "positive": DOCS[2] + "  "},
+        {
+            "query": QUERIES[2],
+            "positive": "cats are  carnivores and eat meat such as fish and mice.",
+        },
+        {"query": QUERIES[1], "positive": "anything", "positive_id": "d0"},
+    ]
+    train.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "mined.jsonl"
+    base = ["mine", str(built.path), str(train), "--negatives", "2", "--depth", "6"]
+    assert main([*base, "--out", str(out)]) == 0
+    said = capsys.readouterr().out
+    assert "wrote 3 of 3 rows" in said and "by id 1, by text 2" in said
+    mined = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [DOCS[i] in m["negatives"] for m, i in zip(mined, (2, 1, 0))] == [False] * 3
+    assert mined[2]["positive_id"] == "d0"
+    before = train.read_bytes()
+    assert main([*base, "--out", str(train)]) == 2  # the input itself
+    assert "is the train file" in capsys.readouterr().err and train.read_bytes() == before
+    assert (
+        main([*base[:3], "--negatives", "40", "--depth", "30", "--out", str(tmp_path / "x")]) == 2
+    )
+    assert "depth - skip >= negatives" in capsys.readouterr().err
+    lost = tmp_path / "lost.jsonl"
+    lost.write_text(json.dumps({"query": "q", "positive": "not a document here"}) + "\n")
+    assert main(["mine", str(built.path), str(lost), "--out", str(tmp_path / "y")]) == 2
+    assert f"{lost}:1" in capsys.readouterr().err and not (tmp_path / "y").exists()
+    assert (
+        main(
+            ["mine", str(built.path), str(lost), "--out", str(tmp_path / "y"), "--missing", "skip"]
+        )
+        == 2
+    )
+    assert "no row kept" in capsys.readouterr().err and not (tmp_path / "y").exists()
+    # JSONL without its suffix: named as such, not a table error quoting the JSON
+    misnamed = tmp_path / "train.txt"
+    misnamed.write_text(train.read_text())
+    assert main([*base[:2], str(misnamed), "--out", str(tmp_path / "z")]) == 2
+    assert "must end in .jsonl" in capsys.readouterr().err
+
+
+def test_an_index_is_bound_to_its_model(
+    built: Index,
+    minilm_dir: Path,
+    tiny_model: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every search checks that the model it embeds queries with is the index's: the one
+    index.json records (a relative path read from the index's directory) or --model; an edited
+    index.json or weights replaced in place are one error, never other hits."""
+    from safetensors.torch import load_file, save_file
+
+    model = tmp_path / "model"
+    shutil.copytree(minilm_dir, model)
+    index = Index.build(model, corpus(tmp_path), tmp_path / "idx", progress=False, precision="fp32")
+    want = index.search(QUERIES, top_k=3)
+    meta = json.loads((index.path / "index.json").read_text())
+    for path in ("../model", str(model)):  # relative to the index, from anywhere
+        (index.path / "index.json").write_text(json.dumps({**meta, "model": path}))
+        monkeypatch.chdir(tiny_model)
+        assert Index.load(index.path).search(QUERIES, top_k=3) == want
+    (index.path / "index.json").write_text(json.dumps({**meta, "model": str(tiny_model)}))
+    with pytest.raises(ConfigError, match="not the model this index was built with"):
+        Index.load(index.path).search(QUERIES, top_k=3)
+    (index.path / "index.json").write_text(json.dumps(meta))
+    weights = load_file(model / "model.safetensors")
+    first = next(iter(weights))
+    weights[first] = weights[first] + 0.01  # retrained in place
+    save_file(weights, model / "model.safetensors")
+    with pytest.raises(ConfigError, match="changed since"):
+        Index.load(index.path).search(QUERIES, top_k=3)
+    assert Index.load(index.path).use_model(minilm_dir) is not None  # the original, given
+    shutil.rmtree(model)
+    with pytest.raises(ConfigError, match="is gone; pass the same model"):
+        Index.load(index.path).search(QUERIES, top_k=3)
+
+
+def test_an_index_refuses_a_cross_encoder(tmp_path: Path, tiny_model: Path) -> None:
+    from bertforge import BertConfig, BertForSequenceClassification, Tokenizer
+
+    ce = tmp_path / "ce"
+    config = BertConfig.from_pretrained(tiny_model).replace(num_labels=1)
+    BertForSequenceClassification(config).save_pretrained(ce)
+    Tokenizer.from_pretrained(tiny_model).save_pretrained(ce)
+    with pytest.raises(ConfigError, match="a cross-encoder .* needs a bi-encoder"):
+        Index.build(ce, corpus(tmp_path), tmp_path / "idx", progress=False)
+    assert not (tmp_path / "idx").exists()
+
+
+def _killed_build(minilm_dir: Path, path: Path, out: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An unfinished build: killed in its second part's embedding."""
+    from bertforge.pipelines import Pipeline
+
+    real, calls = Pipeline.embed, []
+
+    def killed(self, rows, *a, **k):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(self, rows, *a, **k)
+
+    with monkeypatch.context() as m:
+        m.setattr(Pipeline, "embed", killed)
+        with pytest.raises(KeyboardInterrupt):
+            Index.build(minilm_dir, path, out, chunk=2, progress=False, precision="fp32")
+
+
+def test_a_planted_link_is_never_written_through(
+    built: Index, minilm_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out, elsewhere = tmp_path / "idx", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    _killed_build(minilm_dir, corpus(tmp_path), out, monkeypatch)
+    (out / ".bm25.tmp").symlink_to(elsewhere)  # where a build once saved BM25 before renaming
+    (out / "bm25").symlink_to(elsewhere)
+    index = Index.build(
+        minilm_dir, corpus(tmp_path), out, chunk=2, progress=False, precision="fp32"
+    )
+    assert list(elsewhere.iterdir()) == [] and not (out / "bm25").is_symlink()
+    assert index.search(QUERIES, 3, mode="bm25") == built.search(QUERIES, 3, mode="bm25")
+    assert not list(out.glob(".bm25*"))
+    half = tmp_path / "half"
+    _killed_build(minilm_dir, corpus(tmp_path), half, monkeypatch)
+    shutil.rmtree(half / "parts")
+    (half / "parts").symlink_to(elsewhere)
+    with pytest.raises(DataError, match="parts: a link"):
+        Index.build(minilm_dir, corpus(tmp_path), half, chunk=2, progress=False, precision="fp32")
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_a_late_bad_row_is_found_before_any_work_and_a_fixed_corpus_resumes(
+    built: Index, minilm_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from bertforge.pipelines import Pipeline
+
+    path = corpus(tmp_path)
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join([*lines, lines[0]]) + "\n")  # d0 again, on the last line
+    embedded: list[int] = []
+    real = Pipeline.embed
+    monkeypatch.setattr(
+        Pipeline, "embed", lambda s, *a, **k: (embedded.append(1), real(s, *a, **k))[1]
+    )
+    with pytest.raises(DataError, match="line 7: id 'd0' repeats line 1"):
+        Index.build(minilm_dir, path, tmp_path / "idx", chunk=2, progress=False)
+    assert embedded == [] and not (tmp_path / "idx").exists()
+    monkeypatch.setattr(Pipeline, "embed", real)
+    # a build killed, its corpus then edited in a later part: the parts before are kept
+    path.write_text("\n".join(lines) + "\n")
+    _killed_build(minilm_dir, path, tmp_path / "idx", monkeypatch)
+    edited = [*lines[:4], json.dumps({"id": "d4", "text": "Green tea is brewed."}), lines[5]]
+    path.write_text("\n".join(edited) + "\n")
+    embedded.clear()
+    monkeypatch.setattr(
+        Pipeline, "embed", lambda s, *a, **k: (embedded.append(1), real(s, *a, **k))[1]
+    )
+    index = Index.build(
+        minilm_dir, path, tmp_path / "idx", chunk=2, progress=False, precision="fp32"
+    )
+    assert len(embedded) == 2  # parts 2 and 3; part 1 (d0, d1) unchanged and kept
+    assert index.texts[4] == "Green tea is brewed."
+    fresh = Index.build(minilm_dir, path, tmp_path / "fresh", progress=False, precision="fp32")
+    np.testing.assert_allclose(np.asarray(index.vectors), np.asarray(fresh.vectors), atol=1e-6)
+    assert index.meta["corpus_sha256"] == fresh.meta["corpus_sha256"]
+
+
+def test_corrupt_bm25_and_graph_files_are_one_error(
+    built: Index, minilm_dir: Path, tmp_path: Path
+) -> None:
+    copy = tmp_path / "copy"
+    shutil.copytree(built.path, copy)
+    indices = next((copy / "bm25").glob("indices*.npy"))
+    values = np.load(indices)
+    np.save(indices, values + 1000)  # document numbers past the corpus
+    with pytest.raises(DataError, match="bm25: a missing, corrupt or truncated BM25 file"):
+        Index.load(copy).search(QUERIES, 3, mode="bm25")
+    graph = Index.build(
+        minilm_dir, corpus(tmp_path), tmp_path / "hnsw", approximate="hnsw", progress=False
+    )
+    data = (graph.path / "hnsw.faiss").read_bytes()
+    for broken in (data[: len(data) // 2], b"not a graph"):
+        (graph.path / "hnsw.faiss").write_bytes(broken)
+        with pytest.raises(DataError, match="hnsw.faiss: a missing, corrupt or truncated graph"):
+            Index.load(graph.path).search(QUERIES, 3)
+
+
+def test_a_huge_document_is_indexed_a_block_at_a_time(
+    minilm_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A document is tokenized a segment at a time and its windows embedded a block at a time
+    (memory bounded by those, progress counted in windows); the index is the one built whole,
+    and its passages come from the spans the build recorded."""
+    import bertforge.index as index_module
+    import bertforge.tokenizer as tokenizer_module
+
+    path = corpus(tmp_path)
+    whole = Index.build(
+        minilm_dir, path, tmp_path / "whole", window=16, progress=False, precision="fp32"
+    )
+    monkeypatch.setattr(tokenizer_module, "SEGMENT_CHARS", 50)
+    monkeypatch.setattr(index_module, "EMBED_BLOCK", 7)
+    parts = Index.build(
+        minilm_dir, path, tmp_path / "parts", window=16, progress=False, precision="fp32"
+    )
+    np.testing.assert_allclose(np.asarray(parts.vectors), np.asarray(whole.vectors), atol=1e-5)
+    assert np.array_equal(parts.windows, whole.windows) and np.array_equal(parts.spans, whole.spans)
+    query = ["great wall of china"]
+    got, want = parts.search(query, 3, passage=True)[0], whole.search(query, 3, passage=True)[0]
+    assert [(h["id"], h["passage"]) for h in got] == [(h["id"], h["passage"]) for h in want]
+    assert got[0]["passage"] == DOCS[5][len(FILLER) :]
+
+
+def test_search_output_names_its_query_and_keeps_its_input(
+    built: Index, minilm_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    queries = tmp_path / "q.txt"
+    queries.write_text("\n".join(QUERIES) + "\n")
+    assert main(["search", str(built.path), str(queries), "--top-k", "1"]) == 0
+    rows = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert [r["query"] for r in rows] == QUERIES
+    assert main(["search", str(built.path), str(queries), "--out", str(queries)]) == 2
+    assert "is the queries file" in capsys.readouterr().err
+    assert queries.read_text() == "\n".join(QUERIES) + "\n"
+    misnamed = tmp_path / "corpus.json"
+    misnamed.write_text(corpus(tmp_path).read_text())
+    with pytest.raises(DataError, match="must end in .jsonl"):
+        Index.build(minilm_dir, misnamed, tmp_path / "x", progress=False)

@@ -552,17 +552,20 @@ def args_search(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_search(args: argparse.Namespace) -> None:
-    """Per query line: {"line", "id"?, "results": [{id, score, rank, text?, passage?}]}; with
-    --rerank, the first stage's top --rerank-depth reordered by the cross-encoder's score (with
-    --rerank-fuse: by the fusion of that order and the first stage's, each hit with its
-    cross-encoder score as rerank_score)."""
+    """Per query line: {"line", "id"?, "query", "results": [{id, score, rank, text?,
+    passage?}]}; with --rerank, the first stage's top --rerank-depth reordered by the
+    cross-encoder's score (with --rerank-fuse: by the fusion of that order and the first
+    stage's, each hit with its cross-encoder score as rerank_score)."""
     from .catalogue import TEXTS
+    from .fileio import refuse_overwrite
     from .index import Index
 
     if args.rerank and args.rerank_depth < args.top_k:
         raise ConfigError(f"--rerank-depth {args.rerank_depth} is below --top-k {args.top_k}")
     if args.rerank_fuse and not args.rerank:
         raise ConfigError("--rerank-fuse: needs --rerank CROSS_ENCODER")
+    if args.out:
+        refuse_overwrite(args.out, {"queries": args.queries}, "--out")
     index = Index.load(args.index)
     index.use_model(args.model)
     rows = _read_inputs(args.queries, TEXTS, args.skip_blank)
@@ -573,10 +576,13 @@ def cmd_search(args: argparse.Namespace) -> None:
         queries, depth, args.mode, text, args.fusion, args.alpha, passage=args.passage
     )
     if args.rerank:
+        from tqdm import tqdm
+
         from .pipelines import Pipeline
 
         ce = Pipeline(args.rerank)
-        for query, hits in zip(queries, results):
+        ranked = zip(queries, results)
+        for query, hits in tqdm(ranked, "rerank", len(queries), disable=None, file=sys.stderr):
             order = _reranked(ce, query, hits, args.top_k, args.rerank_fuse)
             hits[:] = [
                 {
@@ -590,7 +596,7 @@ def cmd_search(args: argparse.Namespace) -> None:
             if not args.text:
                 for h in hits:
                     h.pop("text")
-    _write_jsonl(args.out, rows, [{"results": hits} for hits in results])
+    _write_jsonl(args.out, rows, [{"query": q, "results": h} for q, h in zip(queries, results)])
 
 
 def _reranked(ce: Any, query: str, hits: list[dict], top_k: int, fusion: str | None) -> list:
@@ -623,8 +629,15 @@ def _reranked(ce: Any, query: str, hits: list[dict], top_k: int, fusion: str | N
 
 
 def args_mine(p: argparse.ArgumentParser) -> None:
+    from .index import MISSING, NEAR_DUPLICATE
+
     _search_args(p)
-    p.add_argument("train", help="retrieval training file: JSONL {query, positive} or a table")
+    p.add_argument(
+        "train",
+        help="retrieval training file: JSONL {query, positive, positive_id?} or a table; "
+        "positive_id (the positive's document id in the index) is matched by id, else the "
+        "positive's text (spacing and case aside)",
+    )
     p.add_argument("--out", required=True, help="JSONL {query, positive, negatives}")
     p.add_argument("--negatives", type=int, default=4, help="hard negatives per query")
     p.add_argument("--skip", type=int, default=0, help="candidates skipped at the top")
@@ -634,6 +647,20 @@ def args_mine(p: argparse.ArgumentParser) -> None:
         type=float,
         help="leave out candidates scored above the positive's score minus this (likely false "
         "negatives; dense or bm25)",
+    )
+    p.add_argument(
+        "--near-duplicate",
+        type=float,
+        default=NEAR_DUPLICATE,
+        help="leave out candidates whose word sets are this alike the positive's (Jaccard; a "
+        "copy of it with small edits is no negative)",
+    )
+    p.add_argument(
+        "--missing",
+        choices=MISSING,
+        default="error",
+        help="positives that are not documents of the index: stop (error), write no row for "
+        "them (skip), or mine them guarded by --near-duplicate alone (keep)",
     )
     p.add_argument(
         "--teacher",
@@ -646,44 +673,79 @@ def args_mine(p: argparse.ArgumentParser) -> None:
 
 def cmd_mine(args: argparse.Namespace) -> None:
     from .data.tasks import read_retrieval
-    from .fileio import json_text, write_text
+    from .fileio import json_text, refuse_overwrite, write_text
     from .index import Index, mine
 
+    refuse_overwrite(args.out, {"train": args.train}, "--out")
     index = Index.load(args.index)
     index.use_model(args.model)
     examples = read_retrieval(args.train)
+    given = any(e.positive_id is not None for e in examples)
     found = mine(
         index,
         [e.query for e in examples],
         [e.positive for e in examples],
+        positive_ids=[e.positive_id for e in examples] if given else None,
+        sources=[e.source for e in examples],
         **_given(args, "negatives", "skip", "depth", "mode", "margin", "fusion", "alpha"),
+        **_given(args, "near_duplicate", "missing"),
     )
-    kept = [  # a row's "group" kept for --group-batches
+    kept = [  # a row's "group" kept for --group-batches, its "positive_id" for the next mine
         {"query": e.query, "positive": e.positive, "negatives": n}
         | ({} if e.group is None else {"group": e.group})
-        for e, n in zip(examples, found)
+        | ({} if e.positive_id is None else {"positive_id": e.positive_id})
+        for e, n in zip(examples, found.negatives)
         if n is not None
     ]
+    if not kept:
+        raise DataError(
+            f"{args.train}: no row kept its {args.negatives} negatives; {_mined(found, examples, args)}"
+        )
     if args.teacher:
-        from tqdm import tqdm
-
-        from .pipelines import Pipeline
-
-        teacher, width, step = Pipeline(args.teacher), args.negatives + 1, 1024
-        chunks = range(0, len(kept), step)  # a bounded number of pairs in memory at once
-        for at in tqdm(chunks, desc="teacher", unit="chunk", disable=None, file=sys.stderr):
-            groups = kept[at : at + step]
-            queries = [k["query"] for k in groups for _ in range(width)]
-            texts = [t for k in groups for t in (k["positive"], *k["negatives"])]
-            scores = teacher.score(queries, texts, raw_scores=True)
-            for i, k in enumerate(groups):
-                k["scores"] = scores[i * width : (i + 1) * width]
+        _teacher_scores(kept, args.teacher, args.negatives + 1)
     write_text(args.out, "".join(json_text(k) + "\n" for k in kept))
     print(
-        f"wrote {len(kept):,} of {len(examples):,} queries with {args.negatives} negatives each "
-        f"to {args.out}"
-        + (f" ({len(examples) - len(kept):,} had fewer left)" if len(kept) < len(examples) else "")
+        f"wrote {len(kept):,} of {len(examples):,} rows to {args.out}: {_mined(found, examples, args)}"
     )
+
+
+def _mined(found: Any, examples: Sequence[Any], args: argparse.Namespace) -> str:
+    """What mining found, in words: how the positives were matched, what was left out."""
+    lost, short = found.missing, [i for i, n in enumerate(found.negatives) if n is None]
+    short = [i for i in short if i not in set(lost) or args.missing != "skip"]
+    parts = [f"positives found by id {found.by_id:,}, by text {found.by_text:,}"]
+    if lost:
+        first = ", ".join(examples[i].source for i in lost[:3])
+        parts.append(
+            f"{len(lost):,} not in the index ({args.missing}: {first}{', ...' if len(lost) > 3 else ''})"
+        )
+    parts.append(
+        f"{found.near_duplicates:,} candidates left out as near-duplicates of their positive"
+    )
+    if short:
+        parts.append(
+            f"{len(short):,} rows had fewer than {args.negatives} negatives left (first: {examples[short[0]].source})"
+        )
+    return "; ".join(parts)
+
+
+def _teacher_scores(kept: list[dict[str, Any]], teacher: str, width: int) -> None:
+    """Each group's "scores": the teacher cross-encoder's raw scores of (query, positive), then
+    of each negative, computed a bounded number of groups at a time."""
+    from tqdm import tqdm
+
+    from .pipelines import Pipeline
+
+    model, step = Pipeline(teacher), 1024
+    for at in tqdm(
+        range(0, len(kept), step), desc="teacher", unit="chunk", disable=None, file=sys.stderr
+    ):
+        groups = kept[at : at + step]
+        queries = [k["query"] for k in groups for _ in range(width)]
+        texts = [t for k in groups for t in (k["positive"], *k["negatives"])]
+        scores = model.score(queries, texts, raw_scores=True)
+        for i, k in enumerate(groups):
+            k["scores"] = scores[i * width : (i + 1) * width]
 
 
 # ------------------------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from .errors import CheckpointError, DataError, check_choice
+from .errors import CheckpointError, ConfigError, DataError, check_choice
 
 ENCODING_ERRORS = ("strict", "replace", "ignore")  # what to do with bytes that are not UTF-8
 _UMASK = os.umask(0o022)
@@ -99,6 +99,24 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
         with contextlib.suppress(FileNotFoundError):
             tmp_path.unlink()
         raise
+
+
+def refuse_overwrite(out: str | os.PathLike[str], inputs: dict[str, Any], option: str) -> None:
+    """One ConfigError, before any work, when the output `out` (given as `option`) is one of the
+    command's input files ({what: path}): writing it would lose the input."""
+    target = Path(out)
+    for what, given in inputs.items():
+        if given is None or str(given) == "-":
+            continue
+        source = Path(given)
+        same = target.resolve() == source.resolve()
+        with contextlib.suppress(OSError):
+            same = same or os.path.samefile(target, source)
+        if same:
+            raise ConfigError(
+                f"{option} {out} is the {what} file: writing it would lose the input; give "
+                "another path"
+            )
 
 
 def write_text(path: str | os.PathLike[str], text: str) -> None:

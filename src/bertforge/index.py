@@ -35,8 +35,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 import sys
+import unicodedata
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from itertools import islice, pairwise
@@ -48,6 +50,7 @@ import numpy as np
 from .errors import ConfigError, DataError, check_choice, need_extra
 from .fileio import atomic_path, json_text, read_json, read_lines, write_json, write_text
 from .runner import release_memory
+from .tasks.windows import windows_of
 
 FORMAT = 1
 MODES = ("dense", "bm25", "hybrid")
@@ -87,11 +90,28 @@ def read_corpus(path: str | Path, fmt: CorpusFormat = CorpusFormat()) -> Iterato
 
 def _line_documents(path: Path, fmt: CorpusFormat) -> Iterator[tuple[int, str, str]]:
     for lineno, line in read_lines(path, hint=""):
+        if lineno == 1 and _json_document(line, fmt):
+            raise DataError(
+                f"{path}: line 1 is a JSON object with a {fmt.text_field!r} field: a JSONL corpus "
+                "must end in .jsonl (files are read by their suffix; each line here would be a "
+                "document's text)"
+            )
         if not line.strip():
             if fmt.skip_blank:
                 continue
             raise DataError(f"{path}: line {lineno}: blank line (--skip-blank drops blank lines)")
         yield lineno, str(lineno), line
+
+
+def _json_document(line: str, fmt: CorpusFormat) -> bool:
+    """Whether a line is a JSON object with the corpus's text field (a JSONL line)."""
+    if not line.lstrip().startswith("{"):
+        return False
+    try:
+        obj = json.loads(line)
+    except ValueError:
+        return False
+    return isinstance(obj, dict) and fmt.text_field in obj
 
 
 def _jsonl_documents(path: Path, fmt: CorpusFormat) -> Iterator[tuple[int, str, str]]:
@@ -191,6 +211,8 @@ class Index:
         try:
             self.vectors = np.load(path / "vectors.npy", mmap_mode="r", allow_pickle=False)
             self.windows = np.load(path / "windows.npy", allow_pickle=False)
+            spans = path / "spans.npy"  # an index built before spans were kept has none
+            self.spans = np.load(spans, mmap_mode="r") if spans.is_file() else None
             docs = [json.loads(line) for _, line in read_lines(path / "documents.jsonl")]
             self.ids = [d["id"] for d in docs]
             self.texts = [d["text"] for d in docs]
@@ -204,6 +226,8 @@ class Index:
                 f"{path}: vectors.npy or windows.npy is not the size index.json says "
                 f"({shape[0]} x {shape[1]}): a corrupt or truncated index; rebuild it"
             )
+        if self.spans is not None and self.spans.shape != (shape[0], 2):
+            raise DataError(f"{path}: spans.npy is not the size index.json says: rebuild it")
         if len(self.ids) != meta.get("documents"):
             raise DataError(f"{path}: documents.jsonl is not the size index.json says: rebuild it")
         # each document's windows, contiguous and in document order: 0 0 1 2 2 2 3 ...
@@ -239,85 +263,45 @@ class Index:
         device: str | None = None,
         progress: bool = True,
     ) -> Index:
+        """Build an index of `corpus` in `out` with the bi-encoder `model` (see the module
+        docstring), resuming an unfinished build of the same settings there."""
         from tqdm import tqdm
 
         from .pipelines import Pipeline
 
-        if chunk < 1:
-            raise ConfigError(f"chunk={chunk} (--chunk): must be >= 1")
-        if bm25:
-            need_extra("bm25s", _BM25_EXTRA)
-        if approximate not in (None, "hnsw"):
-            raise ConfigError(f"approximate={approximate!r} (--approximate): only hnsw")
-        if approximate:
-            need_extra("faiss", _FAISS_EXTRA)
-        out = Path(out)
+        _check_build_options(chunk, bm25, approximate)
+        out, corpus = Path(out), Path(corpus)
+        refuse_cross_encoder(model)
         pipe = Pipeline(model, device=device, precision=precision, batch_size=batch_size)
-        positions = pipe.config.max_position_embeddings
-        longest = min(pipe.embedding_settings.max_length or positions, positions) - 2
-        length = longest if window is None else window
-        if not 1 <= length <= longest:
-            raise ConfigError(
-                f"window={window} (--window): must be between 1 and the model's {longest} pieces"
-            )
-        stride = default_stride(length) if stride is None else stride
-        if not 1 <= stride <= length:
-            raise ConfigError(
-                f"stride={stride} (--stride): must be between 1 and the window, {length} pieces"
-            )
-        if not Path(corpus).is_file():
-            raise DataError(f"{Path(corpus)}: file not found")
+        length, stride = _window_settings(pipe, window, stride)
+        if not corpus.is_file():
+            raise DataError(f"{corpus}: file not found")
+        documents = sum(1 for _ in read_corpus(corpus, fmt))  # every row checked before work
+        if not documents:
+            raise DataError(f"{corpus}: no documents")
         settings = {
             "format": FORMAT,
-            "model": str(Path(pipe.path).resolve()),
-            "model_name": Path(pipe.path).resolve().name,
-            "model_sha256": model_identity(pipe.path),
-            "pooling": list(pipe.embedding_settings.pooling),
-            "normalize": pipe.embedding_settings.normalize,
+            **model_record(pipe),
             "window": length,
             "stride": stride,
             "chunk": chunk,
             "precision": precision,  # queries are embedded as the documents were
-            "corpus": str(Path(corpus).resolve()),
-            "corpus_sha256": _sha256([Path(corpus)]),
+            "corpus": str(corpus.resolve()),
+            "corpus_sha256": _sha256([corpus]),
             "fields": [fmt.id_field, fmt.text_field, fmt.skip_blank],
         }
-        if (out / "index.json").is_file():
-            raise ConfigError(f"{out}: already holds a finished index; give a new --out")
-        parts = out / "parts"
-        started = out / "build.json"
-        if started.is_file():
-            before = read_json(started, DataError)
-            if before != settings:
-                changed = [k for k in settings if before.get(k) != settings[k]]
-                raise ConfigError(
-                    f"{out}: an unfinished index of another build ({', '.join(changed)} differ); "
-                    "give a new --out, or remove it"
-                )
-        elif out.exists() and any(out.iterdir()):
-            raise ConfigError(f"{out}: exists and is not an index being built; give a new --out")
-        write_json(started, settings)
-        parts.mkdir(parents=True, exist_ok=True)
-        done = 0
-        bar = tqdm(desc="index", unit="doc", disable=not progress, file=sys.stderr)
+        _start_build(out, settings)
+        bar = tqdm(desc="index", unit="window", disable=not progress, file=sys.stderr)
+        done = k = 0
         for k, docs in enumerate(_chunks(read_corpus(corpus, fmt), chunk)):
-            part = parts / f"{k:06d}"
-            if not (part.with_suffix(".npy")).is_file():
-                vectors, owners = _embed_windows(pipe, [t for _, t in docs], length, stride)
-                write_text(
-                    part.with_suffix(".jsonl"),
-                    "".join(json_text({"id": i, "text": t}) + "\n" for i, t in docs),
-                )
-                with atomic_path(part.with_suffix(".owners.npy")) as tmp, open(tmp, "wb") as f:
-                    np.save(f, owners + done)
-                with atomic_path(part.with_suffix(".npy")) as tmp, open(tmp, "wb") as f:
-                    np.save(f, vectors)  # written last: its presence means the part is whole
-                release_memory()  # what the chunk's batches used, before the next one
+            _build_part(out / "parts" / f"{k:06d}", pipe, docs, done, (length, stride), bar)
             done += len(docs)
-            bar.update(len(docs))
+            bar.set_postfix_str(f"{done:,}/{documents:,} documents", refresh=True)
         bar.close()
-        if not done:
-            raise DataError(f"{corpus}: no documents")
+        for stale in (out / "parts").glob("*[0-9].npy"):  # parts of a longer corpus before
+            if int(stale.stem) > k:
+                for f in stale.parent.glob(f"{stale.stem}.*"):
+                    f.unlink()
         return cls._join(out, settings, done, bm25, approximate)
 
     @classmethod
@@ -341,21 +325,16 @@ class Index:
                 at += n
             joined.flush()
             del joined
-        owners = np.concatenate([np.load(p.with_suffix(".owners.npy")) for p in parts])
-        with atomic_path(out / "windows.npy") as tmp, open(tmp, "wb") as f:
-            np.save(f, owners)
+        for name in ("owners", "spans"):  # windows.npy: each window's document; spans.npy
+            joined = np.concatenate([np.load(p.with_suffix(f".{name}.npy")) for p in parts])
+            target = out / ("windows.npy" if name == "owners" else "spans.npy")
+            with atomic_path(target) as tmp, open(tmp, "wb") as f:
+                np.save(f, joined)
         with atomic_path(out / "documents.jsonl") as tmp, open(tmp, "w", encoding="utf-8") as f:
             for p in parts:
                 f.write(p.with_suffix(".jsonl").read_text(encoding="utf-8"))
         if bm25:
-            texts = [json.loads(line)["text"] for _, line in read_lines(out / "documents.jsonl")]
-            retriever = need_extra("bm25s", _BM25_EXTRA).BM25()
-            retriever.index(bm25_tokens(texts), show_progress=False)
-            tmp_dir = out / ".bm25.tmp"
-            shutil.rmtree(tmp_dir, ignore_errors=True)
-            retriever.save(str(tmp_dir))
-            shutil.rmtree(out / "bm25", ignore_errors=True)
-            tmp_dir.rename(out / "bm25")
+            _write_bm25(out)
         if approximate:
             _write_hnsw(out / "vectors.npy", out / "hnsw.faiss")
         meta = {**settings, "documents": documents, "vectors": int(total), "dimensions": int(dim)}
@@ -384,24 +363,41 @@ class Index:
     # -- searching -----------------------------------------------------------------------------
 
     def use_model(self, model: str | Path | None = None, **pipeline: Any) -> Any:
-        """The pipeline that embeds queries: the index's model, or `model` when its identity is
-        the index's (else a ConfigError naming both)."""
+        """The pipeline that embeds queries: `model`, or the model index.json records (a
+        relative path read from the index's directory), checked to be the one the index was
+        built with (its config.json and weights' sha256), else one ConfigError naming both: a
+        model retrained or replaced in place would give other hits without a word."""
+        from .hub import resolve
         from .pipelines import Pipeline
 
         if self._pipe is None or model is not None:
-            path = model if model is not None else self.meta["model"]
-            if model is not None and model_identity(Path(model)) != self.meta["model_sha256"]:
-                raise ConfigError(
-                    f"{model}: not the model this index was built with ({self.meta['model_name']}, "
-                    f"sha256 {self.meta['model_sha256'][:12]}...): search with that model, or "
-                    "build an index with this one"
-                )
+            given = model is not None
+            path = resolve(model) if given else self.path / self.meta["model"]  # type: ignore[arg-type]
             if not Path(path).is_dir():
                 raise ConfigError(
                     f"{self.path}: its model {path} is gone; pass the same model (--model)"
                 )
+            if model_identity(path) != self.meta["model_sha256"]:
+                what = "" if given else "the model at the path index.json records, "
+                raise ConfigError(
+                    f"{model if given else path}: {what}not the model this index was built with "
+                    f"({self.meta['model_name']}, sha256 {self.meta['model_sha256'][:12]}...; "
+                    "changed since?): search with that model (--model), or build an index with "
+                    "this one"
+                )
             self._pipe = Pipeline(path, **{"precision": self.meta["precision"], **pipeline})
         return self._pipe
+
+    def adopt(self, pipe: Any) -> bool:
+        """Embed queries with `pipe` (a Pipeline already loaded: the server's), if it is the
+        index's model in the index's precision; whether it was."""
+        from .runner import resolve_precision
+
+        same = model_identity(pipe.path) == self.meta["model_sha256"]
+        if same and resolve_precision(self.meta["precision"], pipe.device) == pipe.precision:
+            self._pipe = pipe
+            return True
+        return False
 
     def dense(
         self, queries: Sequence[str], k: int, vectors: np.ndarray | None = None
@@ -443,8 +439,7 @@ class Index:
         """Approximate: the HNSW graph's nearest windows (4 k of them, at least 64 looked at),
         each document scored by its best window among them."""
         if self._graph is None:
-            faiss = need_extra("faiss", _FAISS_EXTRA)
-            self._graph = faiss.read_index(str(self.path / "hnsw.faiss"))
+            self._graph = self._read_graph()
         n = min(len(self.windows), 4 * k)
         self._graph.hnsw.efSearch = max(64, n)
         sims, found = self._graph.search(np.ascontiguousarray(q, np.float32), n)
@@ -460,6 +455,24 @@ class Index:
             scores[i, : len(top)] = [s for _, s in top]
         return docs, scores
 
+    def _read_graph(self) -> Any:
+        """The HNSW graph (faiss), checked to hold one node per window."""
+        faiss = need_extra("faiss", _FAISS_EXTRA)
+        where = self.path / "hnsw.faiss"
+        try:
+            graph = faiss.read_index(str(where))
+        except RuntimeError as e:  # faiss's every error: a missing, truncated or foreign file
+            first = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+            raise DataError(
+                f"{where}: a missing, corrupt or truncated graph ({first}): rebuild the index"
+            ) from None
+        if graph.ntotal != len(self.windows) or not hasattr(graph, "hnsw"):
+            raise DataError(
+                f"{where}: not an HNSW graph of this index's {len(self.windows):,} windows: "
+                "rebuild the index"
+            )
+        return graph
+
     def _bm25_index(self) -> Any:
         """The BM25 index (bm25s), loaded at its first use."""
         if not self.meta.get("bm25"):
@@ -467,12 +480,16 @@ class Index:
         if self._bm25 is None:
             try:
                 bm25s = need_extra("bm25s", _BM25_EXTRA)
-                self._bm25 = bm25s.BM25.load(str(self.path / "bm25"), mmap=True)
-            except (ValueError, OSError, KeyError, TypeError, EOFError) as e:
+                index = bm25s.BM25.load(str(self.path / "bm25"), mmap=True)
+                why = "" if _bm25_fits(index.scores, len(self.ids)) else "its numbers do not fit"
+            except (ValueError, OSError, KeyError, TypeError, EOFError, IndexError) as e:
+                why = str(e) or type(e).__name__
+            if why:
                 raise DataError(
-                    f"{self.path}/bm25: a missing, corrupt or truncated BM25 file ({e}): "
+                    f"{self.path}/bm25: a missing, corrupt or truncated BM25 file ({why}): "
                     "rebuild the index"
-                ) from None
+                )
+            self._bm25 = index
         return self._bm25
 
     def bm25(self, queries: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -531,47 +548,38 @@ class Index:
         """For each query, the text of each of its documents' window whose vector is nearest the
         query's (the one that scored the document in dense search): the document's own
         characters from the window's first word to its last, a word cut by the window's edge
-        given whole (the whole text when it is one window). `vectors`: the queries' already."""
-        from .tasks.windows import windows_of
-
-        pipe = self.use_model()
-        q = pipe.embed(list(queries)) if vectors is None else vectors
+        given whole (the whole text when it is one window), as the build recorded them
+        (spans.npy; an index built before it had them cuts its documents again).
+        `vectors`: the queries' already."""
+        q = self.use_model().embed(list(queries)) if vectors is None else vectors
         ends = np.r_[self.starts[1:], len(self.windows)]
-        window, stride = self.meta["window"], self.meta["stride"]
-        cut = sorted({d for row in docs for d in row if ends[d] - self.starts[d] > 1})
-        encodings = pipe.tok.encode_batch(
-            [self.texts[d] for d in cut], add_special_tokens=False, truncation=False
-        )
-        spans: dict[int, list[tuple[int, int]]] = {}  # each cut document's windows' characters
-        for d, enc in zip(cut, encodings):
-            windows = windows_of(len(enc.ids), window, stride)
-            if len(windows) != ends[d] - self.starts[d]:
-                raise DataError(
-                    f"{self.path}: the model's tokenizer cuts document {self.ids[d]!r} into "
-                    f"{len(windows)} windows where the index holds {ends[d] - self.starts[d]}: "
-                    "rebuild the index"
-                )
-            words, offsets = enc.word_ids, enc.offsets
-            spans[d] = []
-            for start, n in windows:
-                first, last = start, start + n - 1
-                while first > 0 and words[first - 1] == words[start]:
-                    first -= 1  # the window's first word whole
-                while last + 1 < len(words) and words[last + 1] == words[start + n - 1]:
-                    last += 1  # and its last
-                spans[d].append((offsets[first][0], offsets[last][1]))
         out = []
         for vector, row in zip(q, docs):
             found = []
             for d in row:
-                if d not in spans:  # one window: the whole text
+                if ends[d] - self.starts[d] == 1:  # one window: the whole text
                     found.append(self.texts[d])
                     continue
                 best = int(np.argmax(np.asarray(self.vectors[self.starts[d] : ends[d]]) @ vector))
-                a, b = spans[d][best]
+                a, b = self._spans(d)[best]
                 found.append(self.texts[d][a:b])
             out.append(found)
         return out
+
+    def _spans(self, d: int) -> np.ndarray:
+        """(windows, 2): the characters of document d's windows, its words whole."""
+        ends = np.r_[self.starts[1:], len(self.windows)]
+        if self.spans is not None:
+            return np.asarray(self.spans[self.starts[d] : ends[d]])
+        (pieces,) = self.use_model().tok.encode_long([self.texts[d]])
+        windows = windows_of(len(pieces.ids), self.meta["window"], self.meta["stride"])
+        if len(windows) != ends[d] - self.starts[d]:
+            raise DataError(
+                f"{self.path}: the model's tokenizer cuts document {self.ids[d]!r} into "
+                f"{len(windows)} windows where the index holds {ends[d] - self.starts[d]}: "
+                "rebuild the index"
+            )
+        return np.array([pieces.span(a, a + n) for a, n in windows], np.int64)
 
     def scores_of(self, queries: Sequence[str], docs: Sequence[int], mode: str) -> np.ndarray:
         """Each query's score of one document (docs[i] for queries[i]) as `mode` scores it."""
@@ -607,11 +615,69 @@ class Index:
         return fuse_runs(runs, fusion, alpha, k)
 
 
+NEAR_DUPLICATE = 0.8  # mining: a candidate whose words are this like its positive's is no negative
+MISSING = ("error", "skip", "keep")  # mining: what to do with positives not in the corpus
+
+
+@dataclass
+class Mined:
+    """What mine found: per row its negatives (None: fewer left than asked) and the document
+    its positive is (None: not in the corpus); how the positives were found; candidates left
+    out as near-duplicates of their positive."""
+
+    negatives: list[list[str] | None]
+    positives: list[int | None]
+    by_id: int = 0
+    by_text: int = 0
+    near_duplicates: int = 0
+
+    @property
+    def missing(self) -> list[int]:
+        """The rows whose positive is not a document of the corpus."""
+        return [i for i, d in enumerate(self.positives) if d is None]
+
+
+def normalized(text: str) -> str:
+    """A text as mining compares texts: Unicode NFKC, case folded, whitespace runs as one
+    space, no space at either end (a trailing or doubled space is the same text)."""
+    return " ".join(unicodedata.normalize("NFKC", text).casefold().split())
+
+
+def _words(text: str) -> frozenset[str]:
+    return frozenset(re.findall(r"\w+", normalized(text)))
+
+
+def likeness(a: frozenset[str], b: frozenset[str]) -> float:
+    """Jaccard similarity of two texts' word sets (1: the same words)."""
+    return len(a & b) / len(a | b) if a or b else 1.0
+
+
+def find_positives(
+    index: Index, positives: Sequence[str], ids: Sequence[str | None] | None = None
+) -> tuple[list[int | None], int, int]:
+    """The document of each positive: by its id where `ids` gives one (an unknown id: not
+    found), else by its normalized text; (documents, found by id, found by text)."""
+    by_id = {doc_id: d for d, doc_id in enumerate(index.ids)}
+    by_text: dict[str, int] = {}
+    for d, t in enumerate(index.texts):
+        by_text.setdefault(normalized(t), d)
+    found: list[int | None] = []
+    n_id = n_text = 0
+    for i, positive in enumerate(positives):
+        doc_id = ids[i] if ids is not None else None
+        d = by_id.get(str(doc_id)) if doc_id is not None else by_text.get(normalized(positive))
+        found.append(d)
+        n_id += d is not None and doc_id is not None
+        n_text += d is not None and doc_id is None
+    return found, n_id, n_text
+
+
 def mine(
     index: Index,
     queries: Sequence[str],
     positives: Sequence[str],
     *,
+    positive_ids: Sequence[str | None] | None = None,
     negatives: int = 4,
     skip: int = 0,
     depth: int = 50,
@@ -619,41 +685,86 @@ def mine(
     margin: float | None = None,
     fusion: str = "rrf",
     alpha: float = 0.5,
-) -> list[list[str] | None]:
+    near_duplicate: float = NEAR_DUPLICATE,
+    missing: str = "error",
+    sources: Sequence[str] | None = None,
+) -> Mined:
     """Hard negatives per (query, positive): the query's candidates at ranks skip+1..depth of
-    `mode`'s search, leaving out its positive (by text) and, with margin, any candidate scored
-    above the positive's score minus margin (likely relevant though unlabelled: a false
-    negative); the first `negatives` left, or None where fewer are left."""
-    if negatives < 1 or skip < 0 or depth <= skip:
-        raise ConfigError(
-            f"negatives={negatives}, skip={skip}, depth={depth}: need negatives >= 1 and "
-            "0 <= skip < depth (--negatives, --skip, --depth)"
+    `mode`'s search, leaving out its positive's document (found by id, else by normalized
+    text: find_positives), any candidate whose words are `near_duplicate` or more like the
+    positive's (likeness: a copy with other spacing or a small edit is no negative) and, with
+    margin, any candidate scored above the positive's score minus margin (likely relevant
+    though unlabelled); the first `negatives` left, or None where fewer are left. A positive
+    not in the corpus is one DataError naming the rows (`sources`: each row's file:line)
+    unless `missing` is "skip" (no negatives for the row) or "keep" (mined all the same,
+    guarded by likeness alone)."""
+    _check_mining(negatives, skip, depth, mode, margin, near_duplicate, missing)
+    found, n_id, n_text = find_positives(index, positives, positive_ids)
+    result = Mined([], found, n_id, n_text)
+    lost = result.missing
+    if lost and (missing == "error" or margin is not None):
+        where = [sources[i] if sources else f"row {i + 1}" for i in lost[:3]]
+        why = (
+            "--margin scores the positives in the index"
+            if margin is not None
+            else ("--missing skip or keep mines them anyway")
         )
-    check_choice("mode", mode, MODES, "--mode")
-    if margin is not None and mode == "hybrid":
-        raise ConfigError("margin (--margin) compares scores: use it with --mode dense or bm25")
+        raise DataError(
+            f"{len(lost):,} of {len(positives):,} positives are not documents of {index.path} "
+            f"(by {'id' if positive_ids is not None else 'text, spacing and case aside'}; "
+            f"{', '.join(where)}{', ...' if len(lost) > 3 else ''}): mining could pick them as "
+            f"negatives; {why}"
+        )
     if not queries:
-        return []
-    where = {t: i for i, t in enumerate(index.texts)}
+        return result
     docs, scores = index.ranked(list(queries), depth, mode, fusion, alpha)
     floor = np.full(len(queries), np.inf)
     if margin is not None:
-        missing = [i for i, p in enumerate(positives) if p not in where]
-        if missing:
-            raise DataError(
-                f"row {missing[0] + 1}: its positive is not a document of {index.path}; "
-                "--margin needs the positives in the indexed corpus"
-            )
-        floor = index.scores_of(queries, [where[p] for p in positives], mode) - margin
-    out: list[list[str] | None] = []
-    for row_d, row_s, positive, limit in zip(docs, scores, positives, floor):
-        kept = [
-            index.texts[d]
-            for d, s in zip(row_d[skip:].tolist(), row_s[skip:].tolist())
-            if d >= 0 and index.texts[d] != positive and s < limit
-        ][:negatives]
-        out.append(kept if len(kept) == negatives else None)
-    return out
+        floor = index.scores_of(queries, found, mode) - margin  # type: ignore[arg-type]
+    words: dict[int, frozenset[str]] = {}  # each candidate document's, once
+    for q, (row_d, row_s) in enumerate(zip(docs, scores)):
+        if found[q] is None and missing == "skip":
+            result.negatives.append(None)
+            continue
+        own = _words(positives[q])
+        kept = []
+        for d, s in zip(row_d[skip:].tolist(), row_s[skip:].tolist()):
+            if d < 0 or d == found[q] or s >= floor[q] or len(kept) == negatives:
+                continue
+            if d not in words:
+                words[d] = _words(index.texts[d])
+            if likeness(words[d], own) >= near_duplicate:
+                result.near_duplicates += 1
+                continue
+            kept.append(index.texts[d])
+        result.negatives.append(kept if len(kept) == negatives else None)
+    return result
+
+
+def _check_mining(
+    negatives: int,
+    skip: int,
+    depth: int,
+    mode: str,
+    margin: float | None,
+    near_duplicate: float,
+    missing: str,
+) -> None:
+    if negatives < 1 or skip < 0 or depth - skip < negatives:
+        raise ConfigError(
+            f"negatives={negatives}, skip={skip}, depth={depth}: need negatives >= 1, skip >= 0 "
+            "and depth - skip >= negatives (--negatives, --skip, --depth: the candidates looked "
+            "at must hold that many)"
+        )
+    check_choice("mode", mode, MODES, "--mode")
+    check_choice("missing", missing, MISSING, "--missing")
+    if margin is not None and mode == "hybrid":
+        raise ConfigError("margin (--margin) compares scores: use it with --mode dense or bm25")
+    if not 0.0 < near_duplicate <= 1.0:
+        raise ConfigError(
+            f"near_duplicate={near_duplicate} (--near-duplicate): must be in (0, 1] (1: only "
+            "copies with other spacing or case)"
+        )
 
 
 def best_columns(values: np.ndarray, k: int) -> np.ndarray:
@@ -740,6 +851,19 @@ def _best(totals: Sequence[dict[int, float]], k: int) -> tuple[np.ndarray, np.nd
     return np.array(pad, np.int64), np.array([s + [0.0] * (width - len(s)) for s in scores])
 
 
+def _bm25_fits(scores: dict[str, Any], documents: int) -> bool:
+    """Whether bm25s' sparse matrix (CSC: per word, its documents and scores) is whole and
+    numbers `documents` documents: a document number past them would be an IndexError at
+    search time."""
+    indptr, indices, data = scores["indptr"], scores["indices"], scores["data"]
+    return (
+        int(scores["num_docs"]) == documents
+        and len(indices) == len(data) == (int(indptr[-1]) if len(indptr) else 0)
+        and bool(np.all(np.diff(indptr) >= 0))
+        and (not len(indices) or (int(np.min(indices)) >= 0 and int(np.max(indices)) < documents))
+    )
+
+
 def _write_hnsw(vectors: Path, out: Path, block: int = 65_536) -> None:
     """An HNSW graph (32 links per node, efConstruction 200, inner product) over the vectors,
     added a block at a time from the memory-mapped file; written atomically."""
@@ -753,17 +877,153 @@ def _write_hnsw(vectors: Path, out: Path, block: int = 65_536) -> None:
         faiss.write_index(graph, str(tmp))
 
 
-def _embed_windows(
-    pipe: Any, texts: Sequence[str], length: int, stride: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """(vectors (W, D), the document of each window (W,)) of texts cut into windows."""
-    from .tasks.windows import windows_of
+# -- building: the parts ---------------------------------------------------------------------------
 
-    pieces = pipe.tok.encode_batch(list(texts), add_special_tokens=False, truncation=False)
-    rows, owners = [], []
-    for i, enc in enumerate(pieces):
-        ids = enc.ids
-        for start, n in windows_of(len(ids), length, stride):
-            rows.append(ids[start : start + n])
-            owners.append(i)
-    return pipe.embed(rows).astype(np.float32), np.asarray(owners, np.int64)
+EMBED_BLOCK = 2048  # windows embedded per call while building: memory bounded for any document
+
+
+def _check_build_options(chunk: int, bm25: bool, approximate: str | None) -> None:
+    if chunk < 1:
+        raise ConfigError(f"chunk={chunk} (--chunk): must be >= 1")
+    if bm25:
+        need_extra("bm25s", _BM25_EXTRA)
+    if approximate not in (None, "hnsw"):
+        raise ConfigError(f"approximate={approximate!r} (--approximate): only hnsw")
+    if approximate:
+        need_extra("faiss", _FAISS_EXTRA)
+
+
+def refuse_cross_encoder(model: str | Path) -> None:
+    """A cross-encoder (a one-output sequence-classification head, no sentence-transformers
+    modules) scores pairs; its encoder's pooled states are not trained to be compared, so
+    indexing with it would give arbitrary hits: one ConfigError."""
+    from .catalogue import ENTRIES
+    from .checkpoint import architectures
+    from .config import BertConfig
+    from .hub import resolve
+
+    path = resolve(model)
+    if (path / "modules.json").is_file():
+        return
+    labels = BertConfig.from_pretrained(path).num_labels
+    if ENTRIES["rerank"].needs and ENTRIES["rerank"].available(architectures(path), labels):
+        raise ConfigError(
+            f"{model}: a cross-encoder (it scores query-document pairs); an index needs a "
+            "bi-encoder (an embedding model): rerank with this one (search --rerank)"
+        )
+
+
+def _window_settings(pipe: Any, window: int | None, stride: int | None) -> tuple[int, int]:
+    """(pieces per window, pieces between windows), checked against the model's length."""
+    positions = pipe.config.max_position_embeddings
+    longest = min(pipe.embedding_settings.max_length or positions, positions) - 2
+    length = longest if window is None else window
+    if not 1 <= length <= longest:
+        raise ConfigError(
+            f"window={window} (--window): must be between 1 and the model's {longest} pieces"
+        )
+    stride = default_stride(length) if stride is None else stride
+    if not 1 <= stride <= length:
+        raise ConfigError(
+            f"stride={stride} (--stride): must be between 1 and the window, {length} pieces"
+        )
+    return length, stride
+
+
+def model_record(pipe: Any) -> dict[str, Any]:
+    """What an index keeps of its model: where it was, its name, its identity, its pooling."""
+    path = Path(pipe.path).resolve()
+    return {
+        "model": str(path),
+        "model_name": path.name,
+        "model_sha256": model_identity(path),
+        "pooling": list(pipe.embedding_settings.pooling),
+        "normalize": pipe.embedding_settings.normalize,
+    }
+
+
+# settings a resumed build may change: the corpus's bytes (each kept part is checked against
+# its documents, and redone if they changed)
+_RESUMABLE = ("corpus_sha256",)
+
+
+def _start_build(out: Path, settings: dict[str, Any]) -> None:
+    """Start or resume a build in `out`: a finished index, another build's unfinished one, a
+    directory of other files or parts that are a link elsewhere are refused."""
+    if (out / "index.json").is_file():
+        raise ConfigError(f"{out}: already holds a finished index; give a new --out")
+    started = out / "build.json"
+    if started.is_file():
+        before = read_json(started, DataError)
+        changed = [k for k in settings if k not in _RESUMABLE and before.get(k) != settings[k]]
+        if changed:
+            raise ConfigError(
+                f"{out}: an unfinished index of another build ({', '.join(changed)} differ); "
+                "give a new --out, or remove it"
+            )
+    elif out.exists() and any(out.iterdir()):
+        raise ConfigError(f"{out}: exists and is not an index being built; give a new --out")
+    if (out / "parts").is_symlink():
+        raise DataError(f"{out / 'parts'}: a link; an index writes its parts in itself")
+    write_json(started, settings)
+    (out / "parts").mkdir(parents=True, exist_ok=True)
+
+
+def _build_part(
+    part: Path, pipe: Any, docs: list[tuple[str, str]], first: int, cut: tuple[int, int], bar: Any
+) -> None:
+    """One chunk's part: documents (.jsonl), each window's document (.owners.npy, numbered from
+    `first`) and characters (.spans.npy), and vectors (.npy, written last: its presence means
+    the part is whole). A part already there for the same documents is kept."""
+    listing = "".join(json_text({"id": i, "text": t}) + "\n" for i, t in docs)
+    vectors = part.with_suffix(".npy")
+    if vectors.is_file() and part.with_suffix(".jsonl").read_text(encoding="utf-8") == listing:
+        bar.update(np.load(vectors, mmap_mode="r").shape[0])
+        return
+    pieces = pipe.tok.encode_long([t for _, t in docs])
+    owners, starts, lengths, spans = [], [], [], []
+    for d, p in enumerate(pieces):
+        windows = windows_of(len(p.ids), *cut)
+        owners += [d] * len(windows)
+        starts += [a for a, _ in windows]
+        lengths += [n for _, n in windows]
+        spans += [p.span(a, a + n) if len(p.ids) else (0, len(docs[d][1])) for a, n in windows]
+    write_text(part.with_suffix(".jsonl"), listing)
+    arrays = {"owners": np.asarray(owners, np.int64) + first, "spans": np.array(spans, np.int64)}
+    for name, array in arrays.items():
+        with atomic_path(part.with_suffix(f".{name}.npy")) as tmp, open(tmp, "wb") as f:
+            np.save(f, array.reshape(len(owners), *(() if name == "owners" else (2,))))
+    with atomic_path(vectors) as tmp:
+        table = None
+        for a in range(0, len(owners), EMBED_BLOCK):
+            rows = [
+                pieces[owners[w]].ids[starts[w] : starts[w] + lengths[w]].tolist()
+                for w in range(a, min(a + EMBED_BLOCK, len(owners)))
+            ]
+            block = pipe.embed(rows).astype(np.float32)
+            if table is None:
+                shape = (len(owners), block.shape[1])
+                table = np.lib.format.open_memmap(tmp, "w+", np.float32, shape)
+            table[a : a + len(rows)] = block
+            bar.update(len(rows))
+        table.flush()  # type: ignore[union-attr]
+        del table
+    release_memory()  # what the chunk's batches used, before the next one
+
+
+def _write_bm25(out: Path) -> None:
+    """bm25/: the documents' BM25 index (bm25s), saved in a new hidden directory and renamed
+    (a leftover or a planted link from a killed build is never written through)."""
+    import tempfile
+
+    texts = [json.loads(line)["text"] for _, line in read_lines(out / "documents.jsonl")]
+    retriever = need_extra("bm25s", _BM25_EXTRA).BM25()
+    retriever.index(bm25_tokens(texts), show_progress=False)
+    for old in out.glob(".bm25.*"):  # a killed build's: remove the link or the directory
+        old.unlink() if old.is_symlink() or not old.is_dir() else shutil.rmtree(old)
+    tmp_dir = Path(tempfile.mkdtemp(prefix=".bm25.", dir=out))
+    retriever.save(str(tmp_dir))
+    if (out / "bm25").is_symlink() or (out / "bm25").is_file():
+        (out / "bm25").unlink()
+    shutil.rmtree(out / "bm25", ignore_errors=True)
+    tmp_dir.rename(out / "bm25")

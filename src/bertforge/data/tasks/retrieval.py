@@ -3,9 +3,11 @@
 JSONL: one object per line, {"query": str, "positive": str, "negatives": [str, ...]} (negatives
 optional), and for distillation "scores": a teacher's score of the positive and of each negative,
 in that order (bertforge mine --teacher); "group" (a string or integer: the document or topic the
-row comes from) lets `--group-batches` fill each batch from one group. A table (TSV, or CSV when
+row comes from) lets `--group-batches` fill each batch from one group; "positive_id" (a string or
+integer) names the positive's document in a corpus, which `bertforge mine` then matches by id
+rather than by text. A table (TSV, or CSV when
 the file ends in .csv) with a header naming `query`, `positive`, any number of `negative...`
-columns and optionally `group`. Scored pairs (STS-B style, for CoSENT): {"text", "text_pair",
+columns and optionally `group` and `positive_id`. Scored pairs (STS-B style, for CoSENT): {"text", "text_pair",
 "score"} objects, or a table with those columns. Every row of a file has the same number of
 negatives (a training row reads them side by side); an empty text or a score that is not a
 number is an error naming the line.
@@ -32,6 +34,7 @@ class RetrievalExample:
     score: float | None = None  # a scored pair's similarity (CoSENT); None: a (query, positive)
     teacher: tuple[float, ...] = ()  # a teacher's scores of the positive and the negatives
     group: str | None = None  # the document or topic the row comes from (--group-batches)
+    positive_id: str | None = None  # the positive's id in a corpus (bertforge mine matches it)
 
 
 PAIRS = ("query", "positive")
@@ -61,7 +64,8 @@ def read_retrieval(path: str | os.PathLike[str]) -> list[RetrievalExample]:
             )
         columns: dict[str, Any] = {n: names.index(n) for n in need}
         columns["negatives"] = [i for i, n in enumerate(names) if n.startswith("negative")]
-        columns["group"] = names.index("group") if "group" in names else None
+        for name in ("group", "positive_id"):
+            columns[name] = names.index(name) if name in names else None
         examples = [_example(r, scored, columns) for r in table.records()]
     for e in examples[1:]:
         if bool(e.teacher) != bool(examples[0].teacher):
@@ -110,20 +114,29 @@ def _example(r: Record, scored: bool, columns: dict[str, Any] | None) -> Retriev
             raise DataError(f'{r.where}: field "negatives": expected a list of texts')
         texts = tuple(text_field(r.where, f"negatives[{i}]", n) for i, n in enumerate(negatives))
         teacher = _teacher(r, len(texts))
-        group = r.fields.get("group")  # type: ignore[union-attr]
-        if group is not None and (isinstance(group, bool) or not isinstance(group, (str, int))):
-            raise DataError(f'{r.where}: field "group": expected a string or an integer')
+        group, positive_id = (_name(r, field) for field in ("group", "positive_id"))
     else:
         texts, teacher = tuple(r.text(i) for i in columns["negatives"]), ()
         group = None if columns["group"] is None else r.text(columns["group"], "the row's group")
+        at = columns["positive_id"]
+        positive_id = None if at is None else r.text(at, "the positive's document id")
     return RetrievalExample(
         r.text(key("query"), "the query"),
         r.text(key("positive"), "a relevant passage"),
         texts,
         r.source,
         teacher=teacher,
-        group=None if group is None else str(group),
+        group=group,
+        positive_id=positive_id,
     )
+
+
+def _name(r: Record, field: str) -> str | None:
+    """A JSONL row's optional name field (a group, a document id): a string or an integer."""
+    value = r.fields.get(field)  # type: ignore[union-attr]
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (str, int))):
+        raise DataError(f'{r.where}: field "{field}": expected a string or an integer')
+    return None if value is None else str(value)
 
 
 def _teacher(r: Record, negatives: int) -> tuple[float, ...]:

@@ -89,7 +89,14 @@ def iter_rows(
 
 
 def header_error(path: str | os.PathLike[str], header: Sequence[str], problem: str) -> DataError:
-    """The error for a header that lacks what a reader needs; it lists what the header has."""
+    """The error for a header that lacks what a reader needs; it lists what the header has (a
+    JSON object where the header should be: the file is JSONL, named otherwise)."""
+    line = ",".join(header).strip()
+    if line.startswith("{") and line.endswith("}"):
+        return DataError(
+            f"{path}: line 1 is a JSON object, not a table header: a JSONL file must end in "
+            ".jsonl (files are read by their suffix)"
+        )
     return DataError(f"{path}: line 1: {problem}; the header has: {', '.join(map(repr, header))}")
 
 
