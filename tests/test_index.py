@@ -478,6 +478,38 @@ def test_server_search(built: Index, minilm_dir: Path) -> None:
     assert plain.post("/search", json={"queries": ["q"]}).status_code == 404
 
 
+def test_serve_refuses_an_index_of_another_model(
+    built: Index, minilm_dir: Path, tiny_model: Path, tmp_path: Path
+) -> None:
+    """`serve OTHER --index DIR` once answered /embed with one model and /search with another,
+    silently; now one model serves both, or the index's own is named with --index-model (and
+    checked); an index whose recorded model moved is served by the model given."""
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from bertforge.serve import create_app
+
+    with pytest.raises(ConfigError, match="built with the model .*--index-model"):
+        create_app(tiny_model, index=built.path, precision="fp32")
+    with pytest.raises(ConfigError, match="not the model this index was built with"):
+        create_app(tiny_model, index=built.path, index_model=tiny_model, precision="fp32")
+    app = create_app(tiny_model, index=built.path, index_model=str(minilm_dir), precision="fp32")
+    with TestClient(app) as client:
+        r = client.post("/search", json={"queries": QUERIES, "top_k": 3})
+        assert r.json()["results"] == built.search(QUERIES, top_k=3)
+        width = len(client.post("/embed", json={"texts": ["a"]}).json()["embeddings"][0])
+        assert width == 128  # the served model's, not the index's 384
+    moved = tmp_path / "moved"
+    shutil.copytree(built.path, moved)
+    meta = json.loads((moved / "index.json").read_text())
+    (moved / "index.json").write_text(json.dumps({**meta, "model": "/nowhere/model"}))
+    with TestClient(create_app(minilm_dir, index=moved, precision="fp32")) as client:
+        r = client.post("/search", json={"queries": QUERIES, "top_k": 3})
+        assert r.json()["results"] == built.search(QUERIES, top_k=3)
+    with pytest.raises(ConfigError, match="needs an index"):
+        create_app(minilm_dir, index_model=str(minilm_dir))
+
+
 def test_blank_lines_of_a_text_corpus(minilm_dir: Path, tmp_path: Path) -> None:
     """A text corpus's ids are line numbers: a blank line is an error, or skipped with
     --skip-blank (the ids stay the lines')."""

@@ -758,7 +758,15 @@ def args_serve(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="model directory")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=_port, default=8000, help="TCP port, 1-65535")
-    p.add_argument("--index", help="an index directory (bertforge index): POST /search")
+    p.add_argument(
+        "--index",
+        help="an index directory (bertforge index) of this model: POST /search",
+    )
+    p.add_argument(
+        "--index-model",
+        help="the index's own model, when the one served is another (a cross-encoder for "
+        "/rerank, say): it embeds /search's queries (checked to be the index's)",
+    )
     _inference_options(p, "device", "precision")
     add_options(p, Limits)
 
@@ -878,7 +886,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
     serve(
         args.model,
         limits=Limits(**options_of(args, Limits)),
-        **_given(args, "host", "port", "index", "precision", "device"),
+        **_given(args, "host", "port", "index", "index_model", "precision", "device"),
     )
 
 

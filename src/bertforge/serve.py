@@ -68,7 +68,7 @@ except ImportError:  # create_app says what to install
 from .catalogue import ENTRIES, Entry
 from .checkpoint import architectures
 from .config import BertConfig, check_options, option
-from .errors import BertforgeError, need_extra
+from .errors import BertforgeError, ConfigError, need_extra
 from .hub import resolve
 from .model import BertModel
 from .pipelines import Pipeline
@@ -506,6 +506,7 @@ def create_app(
     model: str | Path,
     limits: Limits | None = None,
     index: str | Path | None = None,
+    index_model: str | None = None,
     **pipeline_options: Any,
 ) -> Any:
     """The FastAPI application serving `model`: the catalogue's served pipelines, the
@@ -529,7 +530,9 @@ def create_app(
     add_error_handlers(app, server)
     add_status(app, server)
     if index is not None:
-        add_search(app, server, index)
+        add_search(app, server, index, index_model)
+    elif index_model is not None:
+        raise ConfigError("index_model (--index-model): needs an index (--index)")
     shaped = {"embed": add_embeddings, "rerank": add_rerank}  # endpoints of their own shape
     for entry in ENTRIES.values():
         if entry.served:
@@ -632,15 +635,24 @@ def add_rerank(app: Any, server: Server) -> None:
         }
 
 
-def add_search(app: Any, server: Server, path: str | Path) -> None:
+def add_search(app: Any, server: Server, path: str | Path, index_model: str | None = None) -> None:
     """POST /search: {"queries", "top_k"?, "mode"?: dense | bm25 | hybrid, "return_text"?,
     "return_passage"?} -> {"results": [[{id, score, rank, text?, passage?}]]}, over the index
-    (its own model embeds the queries; loaded now, so a broken index stops `serve` before it
-    listens)."""
+    (loaded now, so a broken index stops `serve` before it listens). The served model embeds
+    the queries, and must be the index's (its sha256 and precision): one model answers
+    /embed and /search; an index of another model is refused unless `index_model` names it
+    (checked to be the index's), which then embeds the queries beside the served model."""
     from .index import Index
 
     index = Index.load(path)
-    index.use_model(None, device=server.pipe.device.type)
+    if index_model is not None:  # the index's model beside the served one, checked
+        index.use_model(index_model, device=server.pipe.device.type)
+    elif not index.adopt(server.pipe):
+        raise ConfigError(
+            f"{path}: built with the model {index.meta['model_name']}, not the one served "
+            f"({server.name}, or not in its precision): serve that model, or name the index's "
+            "own with --index-model to search with it beside the served one"
+        )
     server.endpoints.append("search")
 
     @app.post("/search", summary="search the index given with --index")
@@ -778,11 +790,12 @@ def serve(
     port: int = 8000,
     limits: Limits | None = None,
     index: str | None = None,
+    index_model: str | None = None,
     **pipeline_options: Any,
 ) -> None:
     """Load and check the model (a CheckpointError ends it here), then run the server
     (uvicorn) until stopped."""
     uvicorn = need_extra("uvicorn", _SERVE_EXTRA)
-    app = create_app(model, limits, index, **pipeline_options)
+    app = create_app(model, limits, index, index_model, **pipeline_options)
     print(f"serving {model} on http://{host}:{port} (its API: /openapi.json)", flush=True)
     uvicorn.run(app, host=host, port=port, log_level="warning")
