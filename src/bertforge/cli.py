@@ -691,7 +691,7 @@ def cmd_mine(args: argparse.Namespace) -> None:
 
 
 def args_serve(p: argparse.ArgumentParser) -> None:
-    from .serve import Limits
+    from .serve import Access, Limits
 
     p.add_argument("model", help="model directory")
     p.add_argument("--host", default="127.0.0.1")
@@ -699,6 +699,7 @@ def args_serve(p: argparse.ArgumentParser) -> None:
     p.add_argument("--index", help="an index directory (bertforge index): POST /search")
     _inference_options(p, "device", "precision")
     add_options(p, Limits)
+    add_options(p, Access)
 
 
 def args_export(p: argparse.ArgumentParser) -> None:
@@ -810,12 +811,13 @@ def args_demo(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
-    from .serve import Limits, serve
+    from .serve import Access, Limits, serve
 
     # serve() says where it serves once the model has loaded (a corrupt one ends it first)
     serve(
         args.model,
         limits=Limits(**options_of(args, Limits)),
+        access=Access(**options_of(args, Access)),
         **_given(args, "host", "port", "index", "precision", "device"),
     )
 
