@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+import os
+import re
 import shutil
 import socket
 import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -46,35 +50,35 @@ def classifier(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Pa
     return d
 
 
+@pytest.fixture(scope="module")
+def cross_encoder(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Path:
+    tok = Tokenizer.from_pretrained(tiny_model)
+    d = tmp_path_factory.mktemp("ce")
+    torch.manual_seed(0)
+    config = BertConfig(**{**TINY, "vocab_size": tok.vocab_size}).replace(num_labels=1)
+    BertForSequenceClassification(config).save_pretrained(d)
+    tok.save_pretrained(d)
+    return d
+
+
 LOGS: dict[str, Path] = {}  # a served url: its server's output
 
 
-@pytest.fixture(scope="module")
-def server(classifier: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+@contextlib.contextmanager
+def running(
+    model: Path, log_path: Path, *options: str, env: dict[str, str] | None = None
+) -> Iterator[str]:
+    """`bertforge serve MODEL OPTIONS` on a free loopback port (its output in log_path) until
+    the block ends; its url."""
     port = free_port()
-    log_path = tmp_path_factory.mktemp("serve") / "server.log"
     log = log_path.open("w")
+    command = [sys.executable, "-m", "bertforge", "serve", str(model), "--port", str(port)]
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "bertforge",
-            "serve",
-            str(classifier),
-            "--port",
-            str(port),
-            "--max-texts",
-            "8",
-            "--max-chars",
-            "200",
-            "--precision",
-            "fp32",
-            "--max-body-bytes",
-            "100000",
-        ],
+        [*command, "--precision", "fp32", *options],
         stdout=log,  # a file, not a pipe: a full pipe would block the server
         stderr=subprocess.STDOUT,
         text=True,
+        env={**os.environ, **(env or {})},
     )
     url = f"http://127.0.0.1:{port}"
     LOGS[url] = log_path
@@ -95,6 +99,15 @@ def server(classifier: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         proc.terminate()
         proc.wait(10)
         log.close()
+
+
+@pytest.fixture(scope="module")
+def server(classifier: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    log_path = tmp_path_factory.mktemp("serve") / "server.log"
+    limits = ("--max-texts", "8", "--max-chars", "200", "--max-body-bytes", "100000")
+    # no key, whatever the environment holds
+    with running(classifier, log_path, *limits, env={"BERTFORGE_API_KEY": ""}) as url:
+        yield url
 
 
 def test_endpoints(server: str, classifier: Path) -> None:
@@ -182,11 +195,29 @@ def test_openai_embeddings_api(server: str, classifier: Path) -> None:
     )
     r = httpx.post(f"{server}/v1/embeddings", json={"input": [[1, 10**9]]})
     assert r.status_code == 422 and "piece ids" in r.json()["error"]["message"]
+
+
+def test_the_openai_client_gets_base64_equal_to_embed(server: str, classifier: Path) -> None:
+    """The openai client asks for base64 unless told otherwise and decodes it itself: its
+    vectors are /embed's floats (within 1e-6), and base64 is what went over the wire."""
     openai = pytest.importorskip("openai")
-    client = openai.OpenAI(base_url=f"{server}/v1", api_key="unused")
-    got = client.embeddings.create(input=texts, model="mine")  # the client asks for base64
+    texts = ["a fine film", "a dull, long and tiresome one", "ok"]
+    want = np.array(httpx.post(f"{server}/embed", json={"texts": texts}).json()["embeddings"])
+    sent, answered = [], []
+
+    def response(r: Any) -> None:
+        r.read()
+        answered.append(r.json())
+
+    hooks = {"request": [lambda r: sent.append(json.loads(r.content))], "response": [response]}
+    http = openai.DefaultHttpxClient(event_hooks=hooks)
+    client = openai.OpenAI(base_url=f"{server}/v1", api_key="unused", http_client=http)
+    got = client.embeddings.create(input=texts, model="mine")
+    assert sent[0]["encoding_format"] == "base64"
+    assert all(isinstance(d["embedding"], str) for d in answered[0]["data"])
     assert np.abs(np.array([d.embedding for d in got.data]) - want).max() < 1e-6
-    assert got.usage.prompt_tokens == sum(pieces)
+    tok = Tokenizer.from_pretrained(classifier)
+    assert got.usage.prompt_tokens == sum(len(e.ids) for e in tok.encode_batch(texts))
 
 
 def test_metrics_in_prometheus_text(server: str) -> None:
@@ -379,15 +410,23 @@ class Recorder:
 
 @pytest.fixture
 def local(classifier: Path) -> Iterator[tuple[str, Any, Recorder]]:
-    """The app in this process (uvicorn in a thread, logging to the root logger), its Server,
-    and its pipeline's embed wrapped in a Recorder."""
-    import uvicorn
-
+    """The app in this process (in_thread), its Server, and its pipeline's embed wrapped in a
+    Recorder."""
     from bertforge.serve import Limits, create_app
 
     app = create_app(classifier, Limits(max_wait_ms=20), precision="fp32")
     served = app.state.server
     served.pipe.embed = recorder = Recorder(served.pipe)
+    with in_thread(app, recorder.gate) as url:
+        yield url, served, recorder
+
+
+@contextlib.contextmanager
+def in_thread(app: Any, gate: threading.Event) -> Iterator[str]:
+    """The app served by uvicorn in a thread (logging to the root logger) until the block
+    ends, when `gate` is opened first; its url."""
+    import uvicorn
+
     port = free_port()
     config = uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, log_level="info")
     server = uvicorn.Server(config)
@@ -398,9 +437,9 @@ def local(classifier: Path) -> Iterator[tuple[str, Any, Recorder]]:
             break
         time.sleep(0.05)
     try:
-        yield f"http://127.0.0.1:{port}", served, recorder
+        yield f"http://127.0.0.1:{port}"
     finally:
-        recorder.gate.set()
+        gate.set()
         server.should_exit = True
         thread.join(30)
 
@@ -490,3 +529,268 @@ def test_a_bug_is_a_500_logged_once_and_the_connection_serves_on(
     # a request is counted once its answer has gone out: the client may see it first
     want = {("/embed", 500): 1, ("/embed", 200): 1}
     asyncio.run(until(lambda: served.metrics.requests == want))
+
+
+# -- what API clients expect: a key, an access log, Cohere's v2 rerank, only what is served ---
+
+KEY = "k3y-that-must-not-leak"
+ACCESS_LOG = "bertforge.serve.access"  # the access log's logger
+AUTH = {"Authorization": f"Bearer {KEY}"}
+
+
+@pytest.fixture(scope="module")
+def keyed(cross_encoder: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A cross-encoder served with the API key from the environment (not in its command line)."""
+    log_path = tmp_path_factory.mktemp("keyed") / "server.log"
+    with running(cross_encoder, log_path, env={"BERTFORGE_API_KEY": KEY}) as url:
+        yield url
+
+
+def test_every_endpoint_but_health_needs_the_key(keyed: str) -> None:
+    assert httpx.get(f"{keyed}/health").status_code == 200
+    calls = [
+        ("POST", "/embed", {"texts": ["a"]}),
+        ("POST", "/rerank", {"query": "q", "texts": ["a"]}),
+        ("POST", "/v1/embeddings", {"input": "a"}),
+        ("POST", "/v1/rerank", {"query": "q", "documents": ["a"]}),
+        ("POST", "/v2/rerank", {"model": "m", "query": "q", "documents": ["a"]}),
+        ("GET", "/metrics", None),
+        ("GET", "/metadata", None),
+        ("GET", "/openapi.json", None),
+        ("GET", "/nope", None),  # unknown paths too: nothing is learnt without the key
+    ]
+    for method, path, body in calls:
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {KEY}"}):
+            r = httpx.request(method, f"{keyed}{path}", json=body, headers=headers)
+            assert r.status_code == 401 and r.headers["www-authenticate"].startswith("Bearer")
+            error = r.json()
+            if path.startswith("/v1/"):  # OpenAI's error object
+                error = error["error"]
+                assert error["code"] == "invalid_api_key" and error["message"]
+            elif path.startswith("/v2/"):  # Cohere's
+                assert list(error) == ["id", "message"] and error["message"]
+            else:
+                assert list(error) == ["error"] and error["error"]
+        r = httpx.request(method, f"{keyed}{path}", json=body, headers=AUTH)
+        assert r.status_code == (404 if path == "/nope" else 200), (path, r.text)
+    r = httpx.get(f"{keyed}/metrics", headers={"authorization": f"bearer {KEY}"})
+    assert r.status_code == 200  # the scheme's case does not matter (RFC 7235)
+    api = httpx.get(f"{keyed}/openapi.json", headers=AUTH).json()
+    assert api["components"]["securitySchemes"]["bearer"] == {"type": "http", "scheme": "bearer"}
+    assert "security" not in api["paths"]["/health"]["get"]
+    assert api["paths"]["/v2/rerank"]["post"]["security"] == [{"bearer": []}]
+    log = LOGS[keyed].read_text()
+    assert KEY not in log and "wrong" not in log and "Authorization" not in log, log
+
+
+def test_the_openai_client_sees_a_wrong_key(keyed: str) -> None:
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=f"{keyed}/v1", api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError) as caught:
+        client.embeddings.create(input=["a"], model="m")
+    assert "invalid API key" in caught.value.message and caught.value.code == "invalid_api_key"
+    client = openai.OpenAI(base_url=f"{keyed}/v1", api_key=KEY, max_retries=0)
+    assert len(client.embeddings.create(input=["a"], model="m").data[0].embedding) == 128
+
+
+def test_a_key_that_cannot_be_sent_is_refused_without_showing_it() -> None:
+    from bertforge.errors import ConfigError
+    from bertforge.serve import Access
+
+    for bad in ("", "has space", "caf\u00e9"):
+        with pytest.raises(ConfigError, match="api_key") as caught:
+            Access(api_key=bad)
+        assert not bad or bad not in str(caught.value)
+    assert "secret" not in repr(Access(api_key="secret"))
+
+
+def test_cohere_v2_rerank(keyed: str, cross_encoder: Path) -> None:
+    """Cohere's v2 answer, the pipeline's scores; max_tokens_per_doc cuts each document to
+    its first pieces; /v1/rerank has Cohere's id and meta too; errors in Cohere's shape."""
+    query, docs = "where is the cat", ["the cat sat on the mat", "a dog ran", "the mat", "rain"]
+    pipe = Pipeline(cross_encoder, precision="fp32")
+    want = pipe.rerank(query, docs)
+    body = {"model": "rerank-v3.5", "query": query, "documents": docs, "top_n": 3}
+    r = httpx.post(f"{keyed}/v2/rerank", json=body, headers=AUTH).json()
+    assert set(r) == {"id", "results", "meta"} and str(uuid.UUID(r["id"])) == r["id"]
+    assert r["meta"] == {"api_version": {"version": "2"}, "billed_units": {"search_units": 1}}
+    assert [x["index"] for x in r["results"]] == [x["index"] for x in want[:3]]
+    got = [x["relevance_score"] for x in r["results"]]
+    assert np.allclose(got, [x["score"] for x in want[:3]], atol=1e-6)
+    assert all(set(x) == {"index", "relevance_score"} for x in r["results"])
+    cut = {**body, "max_tokens_per_doc": 2, "top_n": None, "return_documents": True}
+    r = httpx.post(f"{keyed}/v2/rerank", json=cut, headers=AUTH).json()
+    scores = pipe.score([query] * 4, ["the cat", "a dog", "the mat", "rain"])
+    assert np.allclose(
+        [scores[x["index"]] for x in r["results"]],
+        [x["relevance_score"] for x in r["results"]],
+        atol=1e-6,
+    )
+    assert [x["document"]["text"] for x in r["results"]] == [docs[x["index"]] for x in r["results"]]
+    second = httpx.post(f"{keyed}/v2/rerank", json=body, headers=AUTH).json()["id"]
+    assert second != r["id"]
+    v1 = httpx.post(f"{keyed}/v1/rerank", json=body, headers=AUTH).json()
+    assert v1["meta"]["api_version"] == {"version": "1"} and uuid.UUID(v1["id"])
+    assert v1["model"] == "rerank-v3.5" and v1["usage"]["total_tokens"] > 0
+    assert [x["index"] for x in v1["results"]] == [x["index"] for x in want[:3]]
+    many = {**body, "documents": ["d"] * 201}
+    r = httpx.post(f"{keyed}/v2/rerank", json=many, headers=AUTH)
+    assert r.status_code == 413 and list(r.json()) == ["id", "message"]  # --max-texts 64
+    for bad in ({**body, "documents": [{"text": "v2 takes strings"}]}, {**body, "top_n": 0}):
+        r = httpx.post(f"{keyed}/v2/rerank", json=bad, headers=AUTH)
+        assert r.status_code == 422 and list(r.json()) == ["id", "message"]
+
+
+def test_cohere_bills_a_search_unit_per_100_documents() -> None:
+    from bertforge.serve import cohere_answer
+
+    for n, units in ((1, 1), (100, 1), (101, 2), (250, 3)):
+        answer = cohere_answer([0.5] * n, ["d"] * n, None, False, "2")
+        assert answer["meta"]["billed_units"] == {"search_units": units}
+
+
+def test_openapi_lists_only_what_the_model_serves(server: str, keyed: str) -> None:
+    """The classifier has no cross-encoder, QA, NER, masked-LM or NSP head: none of their
+    paths is a route; their paths answer 404 naming the missing head, in each shape."""
+    paths = set(httpx.get(f"{server}/openapi.json").json()["paths"])
+    assert paths == {"/embed", "/v1/embeddings", "/classify", "/health", "/metadata", "/metrics"}
+    paths = set(httpx.get(f"{keyed}/openapi.json", headers=AUTH).json()["paths"])
+    rerank = {"/rerank", "/v1/rerank", "/v2/rerank"}  # a one-label classifier: classify too
+    assert (
+        paths
+        == {"/embed", "/v1/embeddings", "/classify", "/health", "/metadata", "/metrics"} | rerank
+    )
+    r = httpx.post(f"{server}/ner", json={"texts": ["a"]})
+    assert r.status_code == 404
+    assert r.json() == {
+        "error": "ner: this model has no token classifier (BertForTokenClassification)"
+    }
+    r = httpx.post(f"{server}/v2/rerank", json={"query": "q", "documents": ["a"]})
+    assert r.status_code == 404 and "no cross-encoder" in r.json()["message"]
+    r = httpx.post(f"{server}/v1/rerank", json={"query": "q", "documents": ["a"]})
+    assert r.status_code == 404 and "no cross-encoder" in r.json()["error"]["message"]
+    r = httpx.post(f"{server}/search", json={"queries": ["q"]})
+    assert r.status_code == 404 and "--index" in r.json()["error"]
+    r = httpx.get(f"{server}/no/such/path")
+    assert r.status_code == 404 and r.json() == {"error": "Not Found: GET /no/such/path"}
+
+
+def test_json_sent_without_its_content_type_is_a_415_that_says_so(server: str) -> None:
+    """curl -d sends application/x-www-form-urlencoded; a body without a Content-Type is not
+    read as JSON either (a browser can send both cross-site without asking)."""
+    body = b'{"texts": ["a"]}'
+    for content_type in ("application/x-www-form-urlencoded", "text/plain", None):
+        headers = {"content-type": content_type} if content_type else {}
+        r = httpx.post(f"{server}/embed", content=body, headers=headers)
+        assert r.status_code == 415, r.text
+        message = r.json()["error"]
+        assert (content_type or "no Content-Type") in message and "application/json" in message
+    r = httpx.post(f"{server}/v1/embeddings", content=b'{"input": "a"}')
+    assert r.status_code == 415 and "Content-Type" in r.json()["error"]["message"]
+    for content_type in ("application/json; charset=utf-8", "application/vnd.api+json"):
+        r = httpx.post(f"{server}/embed", content=body, headers={"content-type": content_type})
+        assert r.status_code == 200
+
+
+def access(line: str) -> tuple[str, ...]:
+    """(method, path, status, what follows the milliseconds) of an access-log line."""
+    m = re.fullmatch(r"([A-Z]+) (\S+) (\d{3}) \d+\.\d ms(.*)", line)
+    assert m is not None, line
+    return m.groups()
+
+
+def test_the_access_log(server: str) -> None:
+    """One line per request: method, path, status, ms, texts and batch size; no body."""
+    before = len(LOGS[server].read_text().splitlines())
+    httpx.post(f"{server}/embed", json={"texts": ["secret words", "more", "x"]})
+    httpx.post(f"{server}/classify", json={"texts": ["secret words"], "pairs": ["b"]})
+    httpx.post(f"{server}/embed", json={"texts": []})
+    httpx.get(f"{server}/a%0Afake")  # a newline in the path: still one line
+    httpx.get(f"{server}/health")
+    for _ in range(100):  # a line is written once its answer has gone out
+        lines = LOGS[server].read_text().splitlines()[before:]
+        if len(lines) == 5:
+            break
+        time.sleep(0.05)
+    stamps = [line.split(" ", 1)[0] for line in lines]  # the time: 2026-01-31T12:00:00
+    assert all(re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d", t) for t in stamps), lines
+    assert [access(line.split(" ", 1)[1]) for line in lines] == [
+        ("POST", "/embed", "200", " texts=3 batch=3"),
+        ("POST", "/classify", "200", " texts=1 batch=1"),
+        ("POST", "/embed", "422", ""),  # refused before it joined a batch
+        ("GET", "/a\\nfake", "404", ""),
+        ("GET", "/health", "200", ""),
+    ]
+    assert "secret" not in "\n".join(lines)
+
+
+def test_the_three_rerank_apis_share_one_batcher(
+    cross_encoder: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """/rerank, /v1/rerank and /v2/rerank requests queued together run in one model call; the
+    access log gives each its own texts and that call's size; each gets its own scores."""
+    from bertforge.serve import Limits, create_app
+
+    app = create_app(cross_encoder, Limits(max_wait_ms=20), precision="fp32")
+    served = app.state.server
+    score, calls, gate = served.pipe.score, [], threading.Event()
+
+    def held(queries: list[str], documents: list[str], **options: Any) -> list[float]:
+        calls.append(list(documents))
+        if "hold" in documents:
+            gate.wait(30)
+        return score(queries, documents, **options)
+
+    served.pipe.score = held
+    docs = ["the cat sat on the mat", "a dog ran", "the mat", "rain"]
+    bodies = [
+        ("/rerank", {"query": "where is the cat", "texts": docs[:2]}),
+        ("/v1/rerank", {"query": "a dog", "documents": docs[:3]}),
+        ("/v2/rerank", {"model": "m", "query": "rain", "documents": docs}),
+    ]
+
+    async def go(url: str) -> list[Any]:
+        async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+            first = {"query": "q", "texts": ["hold"]}
+            held_one = asyncio.create_task(client.post("/rerank", json=first))
+            await until(lambda: bool(calls))  # the worker is busy: the rest queue
+            posts = [asyncio.create_task(client.post(p, json=b)) for p, b in bodies]
+            await until(lambda: served.batchers["rerank"].queue.qsize() == 3)
+            gate.set()
+            return [await held_one, *await asyncio.gather(*posts)]
+
+    with caplog.at_level(logging.INFO, ACCESS_LOG), in_thread(app, gate) as url:
+        rs = asyncio.run(go(url))
+        asyncio.run(until(lambda: sum(r.name == ACCESS_LOG for r in caplog.records) == 4))
+    assert [r.status_code for r in rs] == [200] * 4 and [len(c) for c in calls] == [1, 9]
+    pipe = Pipeline(cross_encoder, precision="fp32")
+    for (_, body), r in zip(bodies, rs[1:]):
+        texts = body.get("texts") or body["documents"]
+        want = pipe.rerank(body["query"], texts)
+        got = r.json() if isinstance(r.json(), list) else r.json()["results"]
+        assert [x["index"] for x in got] == [x["index"] for x in want]
+        scores = [x.get("score", x.get("relevance_score")) for x in got]
+        assert np.allclose(scores, [x["score"] for x in want], atol=1e-6)
+    logged = [access(r.getMessage()) for r in caplog.records if r.name == ACCESS_LOG]
+    assert sorted((path, rest) for _, path, _, rest in logged) == [
+        ("/rerank", " texts=1 batch=1"),
+        ("/rerank", " texts=2 batch=9"),
+        ("/v1/rerank", " texts=3 batch=9"),
+        ("/v2/rerank", " texts=4 batch=9"),
+    ]
+
+
+def test_no_access_log(classifier: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from fastapi.testclient import TestClient
+
+    from bertforge.cli import build_parser, options_of
+    from bertforge.serve import Access, create_app
+
+    args = build_parser().parse_args(["serve", "m", "--no-access-log", "--api-key", "k"])
+    assert vars(Access(**options_of(args, Access))) == {"api_key": "k", "access_log": False}
+    for options, lines in (({}, 1), ({"access_log": False}, 0)):
+        caplog.clear()
+        app = create_app(classifier, access=Access(**options))
+        with caplog.at_level(logging.INFO, ACCESS_LOG), TestClient(app) as client:
+            assert client.post("/embed", json={"texts": ["a"]}).status_code == 200
+        assert sum(r.name == ACCESS_LOG for r in caplog.records) == lines

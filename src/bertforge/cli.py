@@ -698,15 +698,13 @@ def cmd_mine(args: argparse.Namespace) -> None:
         if n is not None
     ]
     if not kept:
-        raise DataError(
-            f"{args.train}: no row kept its {args.negatives} negatives; {_mined(found, examples, args)}"
-        )
+        said = _mined(found, examples, args)
+        raise DataError(f"{args.train}: no row kept its {args.negatives} negatives; {said}")
     if args.teacher:
         _teacher_scores(kept, args.teacher, args.negatives + 1)
     write_text(args.out, "".join(json_text(k) + "\n" for k in kept))
-    print(
-        f"wrote {len(kept):,} of {len(examples):,} rows to {args.out}: {_mined(found, examples, args)}"
-    )
+    said = _mined(found, examples, args)
+    print(f"wrote {len(kept):,} of {len(examples):,} rows to {args.out}: {said}")
 
 
 def _mined(found: Any, examples: Sequence[Any], args: argparse.Namespace) -> str:
@@ -715,16 +713,15 @@ def _mined(found: Any, examples: Sequence[Any], args: argparse.Namespace) -> str
     short = [i for i in short if i not in set(lost) or args.missing != "skip"]
     parts = [f"positives found by id {found.by_id:,}, by text {found.by_text:,}"]
     if lost:
-        first = ", ".join(examples[i].source for i in lost[:3])
-        parts.append(
-            f"{len(lost):,} not in the index ({args.missing}: {first}{', ...' if len(lost) > 3 else ''})"
-        )
+        first = ", ".join(examples[i].source for i in lost[:3]) + (", ..." if len(lost) > 3 else "")
+        parts.append(f"{len(lost):,} not in the index ({args.missing}: {first})")
     parts.append(
         f"{found.near_duplicates:,} candidates left out as near-duplicates of their positive"
     )
     if short:
+        first = examples[short[0]].source
         parts.append(
-            f"{len(short):,} rows had fewer than {args.negatives} negatives left (first: {examples[short[0]].source})"
+            f"{len(short):,} rows had fewer than {args.negatives} negatives left ({first})"
         )
     return "; ".join(parts)
 
@@ -753,7 +750,7 @@ def _teacher_scores(kept: list[dict[str, Any]], teacher: str, width: int) -> Non
 
 
 def args_serve(p: argparse.ArgumentParser) -> None:
-    from .serve import Limits
+    from .serve import Access, Limits
 
     p.add_argument("model", help="model directory")
     p.add_argument("--host", default="127.0.0.1")
@@ -769,6 +766,7 @@ def args_serve(p: argparse.ArgumentParser) -> None:
     )
     _inference_options(p, "device", "precision")
     add_options(p, Limits)
+    add_options(p, Access)
 
 
 def args_export(p: argparse.ArgumentParser) -> None:
@@ -880,12 +878,13 @@ def args_demo(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
-    from .serve import Limits, serve
+    from .serve import Access, Limits, serve
 
     # serve() says where it serves once the model has loaded (a corrupt one ends it first)
     serve(
         args.model,
         limits=Limits(**options_of(args, Limits)),
+        access=Access(**options_of(args, Access)),
         **_given(args, "host", "port", "index", "index_model", "precision", "device"),
     )
 

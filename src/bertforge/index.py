@@ -372,7 +372,7 @@ class Index:
 
         if self._pipe is None or model is not None:
             given = model is not None
-            path = resolve(model) if given else self.path / self.meta["model"]  # type: ignore[arg-type]
+            path = resolve(model) if model is not None else self.path / self.meta["model"]
             if not Path(path).is_dir():
                 raise ConfigError(
                     f"{self.path}: its model {path} is gone; pass the same model (--model)"

@@ -16,15 +16,20 @@
                      (index.py)
     POST /rerank     text-embeddings-inference's: {"query", "texts", "raw_scores"?, "return_text"?,
                      "truncate"?} -> [{index, score, text?}], best first (a cross-encoder)
-    POST /v1/rerank  Cohere's and Jina's: {"query", "documents": [str | {"text"}], "top_n"?,
-                     "return_documents"?, "model"?} -> {"results": [{index, relevance_score,
-                     document?}], "model", "usage"}; both share one batcher
+    POST /v1/rerank  Cohere's (v1) and Jina's: {"query", "documents": [str | {"text"}], "top_n"?,
+                     "return_documents"?, "model"?} -> {"id", "results": [{index,
+                     relevance_score, document?}], "meta", "model", "usage"}
+    POST /v2/rerank  Cohere's v2: {"query", "documents": [str], "top_n"?, "max_tokens_per_doc"?
+                     (4096), "model"?} -> {"id", "results": [{index, relevance_score}], "meta":
+                     {"api_version": {"version": "2"}, "billed_units": {"search_units"}}};
+                     the three rerank endpoints share one batcher
     GET  /health, GET /metadata, GET /metrics (Prometheus text), GET /openapi.json (the API)
 
 The model is fixed, loaded and checked at start-up: the encoder and every head its config.json
 "architectures" claim, so a corrupt checkpoint stops `serve` before it listens, and nothing in
-a request names a file. Every served pipeline has its endpoint; one whose head the checkpoint
-lacks answers 404. Concurrent requests are micro-batched: each endpoint has a bounded queue and
+a request names a file. Only the pipelines it has the heads for are routes (and so in
+/openapi.json); the path of one it lacks answers 404 saying which head is missing.
+Concurrent requests are micro-batched: each endpoint has a bounded queue and
 one worker that takes up to max_batch texts and max_batch_tokens padded pieces (so one long
 text does not hold back a batch of short ones), waiting at most max_wait_ms for more, runs them
 length-sorted in a thread (the inference runner: a long text does not pad the short ones), and
@@ -32,11 +37,17 @@ answers each request with its own rows. A request's inputs are checked before it
 a batch that fails anyway is run again one request at a time, so a bad input fails only its
 own request. A request whose client has gone is dropped from the queue, not computed.
 
+With an API key (--api-key, or the environment's BERTFORGE_API_KEY) every request but GET
+/health must send `Authorization: Bearer KEY`, else 401 (Auth). Each request is one line of
+the access log on stderr (access_line: method, path, status, ms, texts, batch size; no body,
+no header), unless --no-access-log.
+
 Errors are answered, never re-raised (the connection stays usable), as JSON {"error": "..."};
 on /v1/ as OpenAI's error object {"error": {"message", "type", "param", "code"}}, which its
-client shows. A body over max_body_bytes answers 413 as it arrives, before it is parsed; texts
-per request and characters per text over their limits 413; a full queue 503; a body that is
-not JSON 400; one of the wrong shape, or an input the pipeline refuses (a BertforgeError), 422;
+client shows; on /v2/ as Cohere's {"id", "message"}. A body over max_body_bytes answers 413 as
+it arrives, before it is parsed; texts per request and characters per text over their limits
+413; a full queue 503; a body that is not JSON 400, one not sent as JSON (its Content-Type) 415;
+one of the wrong shape, or an input the pipeline refuses (a BertforgeError), 422;
 an unknown path 404, a wrong method 405; a client gone before its answer is counted as 499.
 Anything else is a bug: 500 {"error": "internal error: <Type>"} and one line in the server's
 log. No answer shows a path of the server's: the model is named by its directory's name.
@@ -47,12 +58,16 @@ from __future__ import annotations
 import asyncio
 import base64
 import functools
+import hmac
 import inspect
 import json
 import logging
+import math
+import os
 import time
 import traceback
 import typing
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,6 +91,8 @@ from .tasks import ranking
 from .tasks.embedding import POOLINGS
 
 log = logging.getLogger(__name__)
+access_log = logging.getLogger(f"{__name__}.access")  # one line per request (Guard); serve()
+# sends it to stderr
 _SERVE_EXTRA = "bertforge serve needs the serve extra: pip install 'bertforge[serve]'"
 
 
@@ -99,6 +116,43 @@ class Limits:
 
     def __post_init__(self) -> None:
         check_options(self)
+
+
+API_KEY_ENV = "BERTFORGE_API_KEY"
+
+
+@dataclass
+class Access:
+    """Who may call the server, and the access log. The key is never logged, echoed or shown
+    (not in /metadata, not in this object's repr, not in an error message); serve() reads it
+    from the environment's BERTFORGE_API_KEY when none is given (create_app does not: an
+    application made in a test or a library does not depend on the environment)."""
+
+    api_key: str | None = option(
+        None,
+        f"the key every request but GET /health must send as 'Authorization: Bearer KEY' "
+        f"(else 401); default: the environment's {API_KEY_ENV}, which, unlike this option, "
+        "does not show in ps",
+    )
+    access_log: bool = option(
+        True,
+        "no line per request on stderr (method, path, status, ms, texts, batch size)",
+        flag="--no-access-log",
+    )
+
+    def __post_init__(self) -> None:
+        key = self.api_key
+        where = f"api_key (--api-key or {API_KEY_ENV})"
+        if key is not None and not isinstance(key, str):
+            raise ConfigError(f"{where}: must be str")  # the value unshown: it is a secret
+        # what an HTTP header carries and a client can type: visible ASCII, no spaces
+        if key is not None and not (key and all("!" <= c <= "~" for c in key)):
+            raise ConfigError(f"{where}: must be 1 or more visible ASCII characters (no spaces)")
+        check_options(self)
+
+    def __repr__(self) -> str:
+        key = None if self.api_key is None else "***"
+        return f"Access(api_key={key}, access_log={self.access_log})"
 
 
 class EmbedRequest(BaseModel):  # pooling, normalize: the model's own unless given
@@ -133,6 +187,15 @@ class CohereRerankRequest(BaseModel):  # Cohere's and Jina's /v1/rerank
     model: str | None = None
     top_n: int | None = Field(None, ge=1)
     return_documents: bool = False
+
+
+class CohereV2RerankRequest(BaseModel):  # Cohere's /v2/rerank: documents are strings
+    query: str
+    documents: list[str]
+    model: str | None = None  # Cohere requires it; the server has one model
+    top_n: int | None = Field(None, ge=1)
+    max_tokens_per_doc: int = Field(4096, ge=1)  # Cohere's default
+    return_documents: bool = False  # dropped from Cohere's v2 in 2025; older clients send it
 
 
 class SearchRequest(BaseModel):  # POST /search, with --index
@@ -179,15 +242,19 @@ def error_response(
     message: str,
     param: str | None = None,
     headers: dict[str, str] | None = None,
+    code: str | None = None,
 ) -> Any:
     """The JSON answer of an error: {"error": message}; under /v1/ OpenAI's error object, the
-    shape its client reads the message from."""
+    shape its client reads the message from (`code` its machine-readable code, e.g.
+    "invalid_api_key"); under /v2/ Cohere's, {"id", "message"}."""
     from fastapi.responses import JSONResponse
 
     body: dict[str, Any] = {"error": message}
     if path.startswith("/v1/"):
         kind = "invalid_request_error" if status < 500 else "server_error"
-        body = {"error": {"message": message, "type": kind, "param": param, "code": None}}
+        body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    elif path.startswith("/v2/"):
+        body = {"id": str(uuid.uuid4()), "message": message}
     return JSONResponse(body, status_code=status, headers=headers)
 
 
@@ -433,7 +500,19 @@ class Server:
 
     def need(self, entry: Entry) -> None:
         if entry.name not in self.endpoints:
-            raise HTTPError(404, f"{entry.name}: this model has no {entry.architectures[0]} head")
+            raise HTTPError(404, self.absent(f"/{entry.name}") or entry.name)
+
+    def absent(self, path: str) -> str | None:
+        """Why this model does not serve a path the server can serve (the 404's message), or
+        None for a path it never serves."""
+        name = "rerank" if path in RERANK_PATHS else path.removeprefix("/")
+        if name == "search" and name not in self.endpoints:
+            return "search: start the server with --index DIR to search an index"
+        entry = ENTRIES.get(name)
+        if entry is None or not entry.served or name in self.endpoints:
+            return None
+        head = entry.architectures[0] + (f" of {entry.labels} label" if entry.labels else "")
+        return f"{name}: this model has no {entry.needs} ({head})"
 
     def pieces(self, item: Any) -> int:
         """Pieces of one input with [CLS] and [SEP]: a text, piece ids, or a tuple of texts."""
@@ -452,6 +531,36 @@ class Server:
         if key not in self.batchers:
             self.batchers[key] = Batcher(run, self.limits, self.pieces, self.metrics)
         return self.batchers[key]
+
+    async def submit(
+        self,
+        key: str,
+        run: Callable[[list[Any], dict[str, Any]], list[Any]],
+        items: list[Any],
+        options: dict[str, Any],
+        request: Any,
+    ) -> list[Any]:
+        """The rows of a request's items from the batcher `key` (made with `run`), noting for
+        the access log how many items it had and the model call's batch size they ran in
+        (each row comes back from the worker beside that size)."""
+
+        def sized(batch: list[Any], o: dict[str, Any]) -> list[tuple[Any, int]]:
+            return [(row, len(batch)) for row in run(batch, o)]
+
+        note(request, texts=len(items))
+        b = self.batcher(key, sized)
+        rows = await b.submit(items, options, functools.partial(client_gone, request))
+        note(request, batch=max((n for _, n in rows), default=None))
+        return [row for row, _ in rows]
+
+    def clip(self, texts: list[str], pieces: int) -> list[str]:
+        """Each text cut after its first `pieces` pieces (Cohere's max_tokens_per_doc): at the
+        end of that piece's characters, so the cut text reads as those pieces again."""
+        encoded = self.pipe.tok.encode_batch(texts, add_special_tokens=False, truncation=False)
+        return [
+            t if len(e.offsets) <= pieces else t[: e.offsets[pieces - 1][1]]
+            for t, e in zip(texts, encoded)
+        ]
 
     async def results(self, entry: Entry, req: Any, request: Any) -> list[Any]:
         """A catalogue entry's results for a request: its inputs checked, batched with other
@@ -472,9 +581,8 @@ class Server:
 
         key = "+".join(i.param for i in given)  # classify with and without pairs: two queues
         options = {name: getattr(req, name) for name in entry.options}
-        return await self.batcher(f"{entry.name}:{key}", run).submit(
-            list(zip(*columns.values())), options, functools.partial(client_gone, request)
-        )
+        items = list(zip(*columns.values()))
+        return await self.submit(f"{entry.name}:{key}", run, items, options, request)
 
     async def scores(
         self, query: str, texts: list[str], field: str, options: dict[str, Any], request: Any
@@ -490,9 +598,7 @@ class Server:
             inputs = {"queries": [q for q, _ in items], "documents": [d for _, d in items]}
             return entry.run(self.pipe, inputs, options)
 
-        return await self.batcher("rerank", run).submit(
-            [(query, t) for t in texts], options, functools.partial(client_gone, request)
-        )
+        return await self.submit("rerank", run, [(query, t) for t in texts], options, request)
 
 
 async def client_gone(request: Any) -> None:
@@ -502,18 +608,32 @@ async def client_gone(request: Any) -> None:
         pass
 
 
+# the request's entry in its ASGI scope (the same dict in Guard and in the handler's Request):
+# what the handler knows for the access log: {"texts": items, "batch": the model call's size}
+NOTE = "bertforge.access"
+
+
+def note(request: Any, **fields: Any) -> None:
+    """Record facts about a request for its access-log line."""
+    request.scope.setdefault(NOTE, {}).update(fields)
+
+
 def create_app(
     model: str | Path,
     limits: Limits | None = None,
     index: str | Path | None = None,
     index_model: str | None = None,
+    access: Access | None = None,
     **pipeline_options: Any,
 ) -> Any:
-    """The FastAPI application serving `model`: the catalogue's served pipelines, the
-    embedding endpoints, health, metadata and metrics, and POST /search over `index` (an
-    index.Index directory) when given. The model and its heads load here: a checkpoint that
-    cannot be read raises its CheckpointError now, not at the first request."""
+    """The FastAPI application serving `model`: the pipelines its checkpoint has the heads for
+    (only those: /openapi.json lists what this model serves), the embedding endpoints,
+    health, metadata and metrics, and POST /search over `index` (an index.Index directory)
+    when given; behind `access`'s API key, with its access log. The model and its heads load
+    here: a checkpoint that cannot be read raises its CheckpointError now, not at the first
+    request."""
     fastapi = need_extra("fastapi", _SERVE_EXTRA)
+    access = access or Access()
     server = Server(model, limits or Limits(), pipeline_options)
     # no /docs or /redoc: their pages load scripts from a CDN, blank offline; /openapi.json is
     # the API (any OpenAPI viewer reads it)
@@ -524,8 +644,14 @@ def create_app(
         redoc_url=None,
     )
     app.state.server = server
+    if access.api_key is not None:  # inside Guard (added last: outermost), which counts its 401s
+        app.add_middleware(Auth, key=access.api_key)
     app.add_middleware(
-        Guard, metrics=server.metrics, max_body=server.limits.max_body_bytes, routes=app.routes
+        Guard,
+        metrics=server.metrics,
+        max_body=server.limits.max_body_bytes,
+        routes=app.routes,
+        access_log=access.access_log,
     )
     add_error_handlers(app, server)
     add_status(app, server)
@@ -535,9 +661,23 @@ def create_app(
         raise ConfigError("index_model (--index-model): needs an index (--index)")
     shaped = {"embed": add_embeddings, "rerank": add_rerank}  # endpoints of their own shape
     for entry in ENTRIES.values():
-        if entry.served:
+        if entry.name in server.endpoints:
             shaped.get(entry.name, functools.partial(add_pipeline, entry=entry))(app, server)
+    if access.api_key is not None:
+        declare_bearer(app)
     return app
+
+
+def declare_bearer(app: Any) -> None:
+    """/openapi.json says that every operation but GET /health needs the bearer key (clients
+    generated from it send it)."""
+    schema = app.openapi()  # built once and kept: changed here, it is what is served
+    schemes = schema.setdefault("components", {}).setdefault("securitySchemes", {})
+    schemes["bearer"] = {"type": "http", "scheme": "bearer"}
+    for path, operations in schema["paths"].items():
+        for operation in operations.values():
+            if path not in OPEN_PATHS:
+                operation["security"] = [{"bearer": []}]
 
 
 def add_pipeline(app: Any, server: Server, entry: Entry) -> None:
@@ -560,8 +700,10 @@ def add_embeddings(app: Any, server: Server) -> None:
 
     async def vectors(inputs: list[Any], what: str, options: dict[str, Any], request: Any) -> list:
         server.check(inputs, what)
-        b = server.batcher("embed", lambda items, o: list(pipe.embed(items, **o)))
-        return await b.submit(inputs, options, functools.partial(client_gone, request))
+        return await server.submit("embed", run, inputs, options, request)
+
+    def run(items: list[Any], options: dict[str, Any]) -> list[Any]:
+        return list(pipe.embed(items, **options))
 
     @app.post("/embed", summary=ENTRIES["embed"].help)
     async def embed(req: EmbedRequest, request: Request) -> dict[str, Any]:
@@ -601,11 +743,16 @@ def add_embeddings(app: Any, server: Server) -> None:
         }
 
 
-def add_rerank(app: Any, server: Server) -> None:
-    """POST /rerank (text-embeddings-inference's shape) and POST /v1/rerank (Cohere's and
-    Jina's): the texts ordered by a cross-encoder's score for the query, one batcher for both."""
+RERANK_PATHS = ("/rerank", "/v1/rerank", "/v2/rerank")  # served with a cross-encoder
 
-    @app.post("/rerank", summary=ENTRIES["rerank"].help)
+
+def add_rerank(app: Any, server: Server) -> None:
+    """POST /rerank (text-embeddings-inference's shape), /v1/rerank (Cohere's v1 and Jina's)
+    and /v2/rerank (Cohere's v2): the texts ordered by a cross-encoder's score for the query,
+    one batcher for all three."""
+    tei, v1, v2 = RERANK_PATHS
+
+    @app.post(tei, summary=ENTRIES["rerank"].help)
     async def rerank(req: RerankRequest, request: Request) -> list[dict[str, Any]]:
         options = {"raw_scores": req.raw_scores, "truncate": req.truncate}
         scores = await server.scores(req.query, req.texts, "texts", options, request)
@@ -614,25 +761,49 @@ def add_rerank(app: Any, server: Server) -> None:
             for i in ranking.ranked(scores)
         ]
 
-    @app.post("/v1/rerank", summary="Cohere's and Jina's rerank API")
+    @app.post(v1, summary="Cohere's (v1) and Jina's rerank API")
     async def cohere_rerank(req: CohereRerankRequest, request: Request) -> dict[str, Any]:
         texts = [d if isinstance(d, str) else d.text for d in req.documents]
-        options = {"raw_scores": False, "truncate": False}
-        scores = await server.scores(req.query, texts, "documents", options, request)
+        scores = await server.scores(req.query, texts, "documents", COHERE_OPTIONS, request)
         used = sum(server.pieces((req.query, t)) for t in texts)
-        results = [
-            {
-                "index": i,
-                "relevance_score": scores[i],
-                **({"document": {"text": texts[i]}} if req.return_documents else {}),
-            }
-            for i in ranking.ranked(scores)[: req.top_n]
-        ]
         return {
+            **cohere_answer(scores, texts, req.top_n, req.return_documents, "1"),
             "model": req.model or server.name,
-            "results": results,
             "usage": {"total_tokens": used},
         }
+
+    @app.post(v2, summary="Cohere's v2 rerank API")
+    async def cohere_v2_rerank(req: CohereV2RerankRequest, request: Request) -> dict[str, Any]:
+        server.check(req.documents, "documents")  # before they are read to be cut
+        texts = server.clip(req.documents, req.max_tokens_per_doc)
+        scores = await server.scores(req.query, texts, "documents", COHERE_OPTIONS, request)
+        return cohere_answer(scores, req.documents, req.top_n, req.return_documents, "2")
+
+
+# both Cohere endpoints: the model's activation and the pipeline's own rule for a document
+# longer than the model reads; the same options, so their requests share model calls (and
+# share them with /rerank's requests that keep its defaults)
+COHERE_OPTIONS: dict[str, Any] = {"raw_scores": False, "truncate": False}
+
+
+def cohere_answer(
+    scores: list[float], texts: list[str], top_n: int | None, documents: bool, version: str
+) -> dict[str, Any]:
+    """Cohere's rerank answer: a uuid per answer, the top_n results best first, and its meta
+    (a search unit is one query with up to 100 documents, as Cohere bills them)."""
+    results = [
+        {
+            "index": i,
+            "relevance_score": scores[i],
+            **({"document": {"text": texts[i]}} if documents else {}),
+        }
+        for i in ranking.ranked(scores)[:top_n]
+    ]
+    meta = {
+        "api_version": {"version": version},
+        "billed_units": {"search_units": math.ceil(len(texts) / 100)},
+    }
+    return {"id": str(uuid.uuid4()), "results": results, "meta": meta}
 
 
 def add_search(app: Any, server: Server, path: str | Path, index_model: str | None = None) -> None:
@@ -660,9 +831,8 @@ def add_search(app: Any, server: Server, path: str | Path, index_model: str | No
         server.check(req.queries, "queries")
         options = {"top_k": req.top_k, "mode": req.mode, "text": req.return_text}
         options |= {"fusion": req.fusion, "alpha": req.alpha, "passage": req.return_passage}
-        b = server.batcher("search", lambda items, o: index.search(items, **o))
-        rows = await b.submit(req.queries, options, functools.partial(client_gone, request))
-        return {"results": rows}
+        run = lambda items, o: index.search(items, **o)  # noqa: E731
+        return {"results": await server.submit("search", run, req.queries, options, request)}
 
 
 def add_status(app: Any, server: Server) -> None:
@@ -691,16 +861,73 @@ def add_status(app: Any, server: Server) -> None:
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
 
+OPEN_PATHS = ("/health",)  # answered without the API key: a liveness probe sends none
+
+
+class Auth:
+    """ASGI middleware: a request to any path but OPEN_PATHS must carry the key as
+    `Authorization: Bearer KEY`, else 401 in the path's error shape (OpenAI's code
+    "invalid_api_key" under /v1/) with a `WWW-Authenticate: Bearer` challenge; unknown paths
+    too, so that a client without the key learns nothing of the API. GET /metrics and
+    /openapi.json need it as well: the metrics tell how the server is used, and a Prometheus
+    scrape job sends the key with its `authorization` setting (`credentials_file`). The key
+    is compared in constant time, and no answer or log line shows what a client sent."""
+
+    def __init__(self, app: Any, key: str) -> None:
+        self.app, self.key = app, key.encode()
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+            await self.app(scope, receive, send)
+            return
+        value = dict(scope["headers"]).get(b"authorization", b"")
+        scheme, _, token = value.partition(b" ")
+        if scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.key):
+            await self.app(scope, receive, send)
+            return
+        if scheme.lower() == b"bearer":
+            message, challenge = "invalid API key", 'Bearer error="invalid_token"'
+        else:
+            message, challenge = "an API key is required: 'Authorization: Bearer KEY'", "Bearer"
+        response = error_response(
+            scope["path"],
+            401,
+            message,
+            headers={"www-authenticate": challenge},
+            code="invalid_api_key",
+        )
+        await response(scope, receive, send)
+
+
+def access_line(method: str, path: str, status: int, seconds: float, notes: dict) -> str:
+    """A request's access-log line: method, path, status, milliseconds, and where the handler
+    noted them its texts and the model call's batch size; never a body or a header. A path's
+    unprintable characters (it arrives percent-decoded) are escaped: one request, one line."""
+    if not path.isprintable():
+        path = path.encode("unicode_escape").decode()
+    line = f"{method} {path} {status} {seconds * 1000:.1f} ms"
+    return line + "".join(f" {k}={notes[k]}" for k in ("texts", "batch") if k in notes)
+
+
 class Guard:
     """ASGI middleware just inside Starlette's ServerErrorMiddleware (which answers an exception
     and then re-raises it: uvicorn logs its traceback and drops the keep-alive connection).
-    It counts every request by endpoint and status with its latency, refuses a body over
-    max_body as it arrives (413, before anything parses it), and answers an exception that no
-    handler took with a 500 instead of letting it through."""
+    It counts every request by endpoint and status with its latency and logs its access line
+    (access_line, unless access_log is off), refuses a body over max_body as it arrives (413,
+    before anything parses it), and answers an exception that no handler took with a 500
+    instead of letting it through."""
 
-    def __init__(self, app: Any, metrics: Metrics, max_body: int, routes: list[Any]) -> None:
+    def __init__(
+        self,
+        app: Any,
+        metrics: Metrics,
+        max_body: int,
+        routes: list[Any],
+        access_log: bool = False,
+    ) -> None:
         self.app, self.metrics, self.max_body, self.routes = app, metrics, max_body, routes
         self.paths: set[str] | None = None
+        self.access_log = access_log
 
     @staticmethod
     def declared(scope: dict[str, Any]) -> int:
@@ -716,6 +943,7 @@ class Guard:
             self.paths = {getattr(r, "path", "") for r in self.routes}
         start, path, status, read = time.perf_counter(), scope["path"], 0, 0
         over = self.declared(scope) > self.max_body
+        notes = scope.setdefault(NOTE, {})  # filled by the handler (note())
 
         async def receive_counted() -> Any:
             nonlocal read, over
@@ -747,15 +975,18 @@ class Guard:
             text = f"the body is larger than the limit of {self.max_body:,} bytes"
             response = error_response(path, 413, text, headers={"connection": "close"})
             await response(scope, receive, send)
-        endpoint = path if path in self.paths else "other"
-        self.metrics.request(endpoint, status or 500, time.perf_counter() - start)
+        endpoint, seconds = path if path in self.paths else "other", time.perf_counter() - start
+        self.metrics.request(endpoint, status or 500, seconds)
+        if self.access_log:
+            access_log.info(access_line(scope["method"], path, status or 500, seconds, notes))
 
 
 def add_error_handlers(app: Any, server: Server) -> None:
     """Every error answered, never re-raised, as error_response: HTTPError with its status,
-    Starlette's own (404, 405, a body it could not read) with theirs, a body that is not JSON
-    400, a body of the wrong shape 422, a BertforgeError (an input the pipeline refuses) 422
-    with the server's paths shown as the model's name. The rest: Guard's 500."""
+    Starlette's own (404, 405, a body it could not read) with theirs (a 404 for a pipeline
+    this model lacks says why), a body that is not JSON 400, one not sent as JSON 415
+    (not_json), a body of the wrong shape 422, a BertforgeError (an input the pipeline
+    refuses) 422 with the server's paths shown as the model's name. The rest: Guard's 500."""
     from fastapi.exceptions import RequestValidationError
     from starlette.exceptions import HTTPException
 
@@ -767,6 +998,8 @@ def add_error_handlers(app: Any, server: Server) -> None:
     async def starlette_error(request: Any, e: HTTPException) -> Any:
         path = request.url.path
         message = f"{e.detail}: {request.method} {path}"
+        if e.status_code == 404:  # a pipeline this model has no head for says so
+            message = server.absent(path) or message
         return error_response(path, e.status_code, message, headers=e.headers)
 
     @app.exception_handler(RequestValidationError)
@@ -774,6 +1007,8 @@ def add_error_handlers(app: Any, server: Server) -> None:
         errors, path = e.errors(), request.url.path
         if any(err.get("type") == "json_invalid" for err in errors):
             return error_response(path, 400, "the body is not valid JSON")
+        if isinstance(e.body, bytes) and e.body:  # a body FastAPI did not read as JSON
+            return error_response(path, 415, not_json(request.headers.get("content-type")))
         first = errors[0] if errors else {}
         where = [str(x) for x in first.get("loc", ()) if x != "body"]
         message = f"{'.'.join(where) or 'body'}: {first.get('msg', 'invalid request')}"
@@ -784,6 +1019,19 @@ def add_error_handlers(app: Any, server: Server) -> None:
         return error_response(request.url.path, 422, server.scrub(str(e)))
 
 
+def not_json(content_type: str | None) -> str:
+    """The 415's message for a body not sent as JSON. Bodies are read as JSON only when their
+    Content-Type says so (application/json or */*+json), as FastAPI does and for its reason:
+    a web page can make a browser send a text/plain or form body, or one without a
+    Content-Type, to a server on localhost without asking first (cross-site request forgery);
+    it cannot send application/json so. curl -d sends application/x-www-form-urlencoded."""
+    given = f"Content-Type {content_type}" if content_type else "no Content-Type"
+    return (
+        f"the body was sent with {given}; send JSON as 'Content-Type: application/json' "
+        "(curl: --json BODY, or -H 'Content-Type: application/json' -d BODY)"
+    )
+
+
 def serve(
     model: str,
     host: str = "127.0.0.1",
@@ -791,11 +1039,22 @@ def serve(
     limits: Limits | None = None,
     index: str | None = None,
     index_model: str | None = None,
+    access: Access | None = None,
     **pipeline_options: Any,
 ) -> None:
     """Load and check the model (a CheckpointError ends it here), then run the server
-    (uvicorn) until stopped."""
+    (uvicorn, its own access log off: ours says more) until stopped, the access log on
+    stderr."""
     uvicorn = need_extra("uvicorn", _SERVE_EXTRA)
-    app = create_app(model, limits, index, index_model, **pipeline_options)
-    print(f"serving {model} on http://{host}:{port} (its API: /openapi.json)", flush=True)
+    access = access or Access()
+    if access.api_key is None and os.environ.get(API_KEY_ENV):
+        access = Access(os.environ[API_KEY_ENV], access.access_log)
+    app = create_app(model, limits, index, index_model, access, **pipeline_options)
+    if access.access_log and not access_log.handlers:
+        handler = logging.StreamHandler()  # stderr
+        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%Y-%m-%dT%H:%M:%S"))
+        access_log.addHandler(handler)
+        access_log.setLevel(logging.INFO)
+    keyed = "; requests need the API key" if access.api_key else ""
+    print(f"serving {model} on http://{host}:{port} (its API: /openapi.json{keyed})", flush=True)
     uvicorn.run(app, host=host, port=port, log_level="warning")
