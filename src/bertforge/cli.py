@@ -710,7 +710,15 @@ def args_export(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("model", help="model directory")
     p.add_argument("--onnx", required=True, help="output .onnx file")
-    add_options(p, export_onnx, help={"atol": "allowed max |difference|"})
+    add_options(
+        p,
+        export_onnx,
+        help={
+            "atol": "allowed max |difference|",
+            "sentence_embedding": "add the output sentence_embedding, pooled and normalised as "
+            "the directory says (default: for a sentence-transformers directory)",
+        },
+    )
 
 
 def args_merge(p: argparse.ArgumentParser) -> None:
