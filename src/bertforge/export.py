@@ -129,20 +129,26 @@ def export_onnx(
             external_data=False,  # one self-contained file
         )
         session = onnxruntime.InferenceSession(str(tmp), providers=["CPUExecutionProvider"])
-        check = tok(
-            [
-                "x",
-                "a different batch: three inputs, and one much longer than the others "
-                "so that the sequence axis changes too",
-                "third",
-            ]
-        )
-        got = session.run(outputs, {k: check[k].numpy() for k in INPUTS})
-        with torch.no_grad():
-            want = graph(*(check[k] for k in INPUTS))
-        diffs = {n: float(np.abs(g - w.numpy()).max()) for n, g, w in zip(outputs, got, want)}
+        diffs = _differences(session, graph, tok, outputs)
         worst = max(diffs.values())
         if not worst <= atol:
             raise ConfigError(f"{out}: onnxruntime differs from PyTorch by {worst:.2e} (> {atol})")
     arch = entry.model.hf_architecture
     return {"architecture": arch, "outputs": outputs, "max_abs_diff": diffs}
+
+
+def _differences(session: Any, graph: nn.Module, tok: Tokenizer, outputs: list[str]) -> dict:
+    """Each output's max |onnxruntime - PyTorch| on a batch of another size and length than
+    the one traced."""
+    check = tok(
+        [
+            "x",
+            "a different batch: three inputs, and one much longer than the others "
+            "so that the sequence axis changes too",
+            "third",
+        ]
+    )
+    got = session.run(outputs, {k: check[k].numpy() for k in INPUTS})
+    with torch.no_grad():
+        want = graph(*(check[k] for k in INPUTS))
+    return {n: float(np.abs(g - w.numpy()).max()) for n, g, w in zip(outputs, got, want)}
