@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from .errors import ConfigError, DataError
 from .fileio import atomic_path
 from .heads import (
     BertForMaskedLM,
@@ -28,7 +29,7 @@ from .heads import (
     BertForTokenClassification,
 )
 from .model import BertModel
-from .tasks.embedding import POOLINGS
+from .tasks.embedding import EMBEDDING_PRECISIONS, POOLINGS, quantize
 
 COMBINES = ("concat", "sum", "mean")  # how `features` combines several layers
 
@@ -63,6 +64,11 @@ class Entry:
     choices: dict[str, Sequence[Any]] = field(default_factory=dict)
     arrays: tuple[str, ...] = ()  # --out suffixes written by `save` instead of JSONL
     save: Callable[[str, Any], None] | None = None
+    # the CLI's step between the method's results and the output: a function of the results
+    # whose keyword parameters are options of the verb (help: post_options), e.g. embed's
+    # quantisation, kept out of the method so that it returns what the server and index use
+    post: Callable[..., Any] | None = None
+    post_options: dict[str, str] = field(default_factory=dict)
     served: bool = True  # POST /<name> (with {"results": [...]}; /embed has its own shape)
     onnx: tuple[str, ...] = ()  # graph outputs of `export --onnx` for a checkpoint with the head
     labels: int | None = None  # the outputs its head must have (rerank: 1; None: any)
@@ -87,7 +93,33 @@ class Entry:
 def _save_embeddings(out: str, vectors: np.ndarray) -> None:
     with atomic_path(out) as tmp, open(tmp, "wb") as f:
         np.save(f, vectors)
-    print(f"wrote {vectors.shape} to {out}", file=sys.stderr)
+    print(f"wrote {vectors.shape} {vectors.dtype} to {out}", file=sys.stderr)
+
+
+def _quantized(
+    vectors: np.ndarray, embedding_precision: str = "float32", calibration: str | None = None
+) -> np.ndarray:
+    """embed's vectors at an output precision (tasks.embedding.quantize, sentence-transformers'
+    quantize_embeddings); int8/uint8 buckets from `calibration`, a .npy of float embeddings
+    (N, D) like these (a corpus's, from `bertforge embed --out corpus.npy`), else from the
+    vectors written."""
+    if calibration is not None and not embedding_precision.endswith("int8"):
+        raise ConfigError("--calibration is for --embedding-precision int8 or uint8")
+    if calibration is None:
+        return quantize(vectors, embedding_precision)
+    try:
+        reference = np.load(calibration, allow_pickle=False)
+    except (OSError, ValueError) as e:  # missing, not a .npy, or a pickled object array
+        raise DataError(f"{calibration}: not a readable .npy array ({e})") from None
+    width = vectors.shape[-1]
+    floats = isinstance(reference, np.ndarray) and reference.dtype.kind == "f"
+    if not floats or reference.ndim != 2 or len(reference) < 2 or reference.shape[1] != width:
+        held = f"{reference.dtype} {reference.shape}" if isinstance(reference, np.ndarray) else ""
+        raise DataError(
+            f"{calibration}: calibration embeddings must be floats of shape (N >= 2, {width}), "
+            f"the width written; it holds {held or 'no single array'}"
+        )
+    return quantize(vectors, embedding_precision, calibration=reference)
 
 
 def _save_features(out: str, results: list[dict[str, Any]]) -> None:
@@ -149,10 +181,22 @@ ENTRIES: dict[str, Entry] = {
             options={
                 "pooling": "default: the model's",
                 "normalize": "unit length (default: the model's)",
+                "prompt_name": "a prompt of the model's config_sentence_transformers.json "
+                "(default: its default_prompt_name)",
+                "prompt": 'a literal prompt put before every text ("": none)',
+                "dimensions": "keep the first N dimensions (Matryoshka), renormalised when "
+                "the vectors are normalised",
             },
-            choices={"pooling": POOLINGS},
+            choices={"pooling": POOLINGS, "embedding_precision": EMBEDDING_PRECISIONS},
             arrays=(".npy",),
             save=_save_embeddings,
+            post=_quantized,
+            post_options={
+                "embedding_precision": "the vectors written: int8/uint8 (255 buckets per "
+                "dimension), binary/ubinary (packed bits), as sentence-transformers quantises",
+                "calibration": "int8/uint8: a .npy of float embeddings whose per-dimension "
+                "min and max set the buckets (default: the embeddings written)",
+            },
             onnx=("last_hidden_state", "pooler_output"),
         ),
         Entry(

@@ -346,6 +346,8 @@ def args_pipeline(p: argparse.ArgumentParser, name: str) -> None:
     method = getattr(Pipeline, entry.method)
     hidden = [name for name, *_ in _parameters(method) if name not in entry.options]
     add_options(p, method, skip=hidden, choices=entry.choices, help=entry.options)
+    if entry.post:  # e.g. embed's --embedding-precision
+        add_options(p, entry.post, choices=entry.choices, help=entry.post_options)
     p.set_defaults(pipeline=name)
 
 
@@ -438,6 +440,8 @@ def cmd_pipeline(args: argparse.Namespace) -> None:
     columns = {i.param: [r.texts[k] for r in rows] for k, i in enumerate(inputs)}
     pipe = Pipeline(args.model, **options_of(args, Pipeline))
     results = entry.run(pipe, columns, options_of(args, getattr(Pipeline, entry.method)))
+    if entry.post:
+        results = entry.post(results, **options_of(args, entry.post))
     if args.out and entry.save and args.out.endswith(entry.arrays):
         entry.save(args.out, results)
         if rows and rows[-1].line != len(rows):
@@ -774,7 +778,15 @@ def args_export(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("model", help="model directory")
     p.add_argument("--onnx", required=True, help="output .onnx file")
-    add_options(p, export_onnx, help={"atol": "allowed max |difference|"})
+    add_options(
+        p,
+        export_onnx,
+        help={
+            "atol": "allowed max |difference|",
+            "sentence_embedding": "add the output sentence_embedding, pooled and normalised as "
+            "the directory says (default: for a sentence-transformers directory)",
+        },
+    )
 
 
 def args_merge(p: argparse.ArgumentParser) -> None:

@@ -2,6 +2,7 @@
 
     pipe = Pipeline("path/to/model")
     pipe.embed(["a sentence", "another"], pooling="mean", normalize=True)   # (N, H) numpy
+    pipe.embed(["a query"], prompt_name="query", dimensions=128)             # (N, 128)
     pipe.fill_mask(["the capital of france is [MASK]."])                     # top-k per [MASK]
     pipe.classify(["a fine film"]); pipe.ner(["Alice lives in Paris."])
     pipe.qa(["Where?"], ["Alice lives in Paris."]); pipe.nsp(["A."], ["B."])
@@ -245,18 +246,57 @@ class Pipeline:
         texts: Sequence[str] | Sequence[Sequence[int]],
         pooling: str | None = None,
         normalize: bool | None = None,
+        *,
+        prompt_name: str | None = None,
+        prompt: str | None = None,
+        dimensions: int | None = None,
     ) -> np.ndarray:
-        """(N, H) sentence embeddings, pooled as the model directory says (tasks.embedding:
-        its sentence-transformers modules; else mean, not normalised) unless pooling (one of
-        POOLINGS) or normalize say otherwise. A text longer than the window is pooled over all
-        its pieces, each from its max-context window (cls: the first window's [CLS]). An input
-        may be given as its piece ids instead (without [CLS] and [SEP])."""
+        """(N, D) float32 sentence embeddings, pooled as the model directory says
+        (tasks.embedding: its sentence-transformers modules; else mean, not normalised) unless
+        pooling (one of POOLINGS) or normalize say otherwise. A text longer than the window is
+        pooled over all its pieces, each from its max-context window (cls: the first window's
+        [CLS]). An input may be given as its piece ids instead (without [CLS] and [SEP]).
+
+        prompt_name: one of the model's prompts (config_sentence_transformers.json, and
+        sentence-transformers' own "query" and "document", empty unless the model gives them);
+        prompt: a literal text instead; neither: the model's default_prompt_name, if any. The
+        prompt goes before every text (its pieces before piece ids), and pooling leaves its
+        tokens out where the Pooling says include_prompt: false, as
+        SentenceTransformer.encode(prompt_name=..., prompt=...) does.
+
+        dimensions: the first D of the pooled dimensions (Matryoshka), renormalised when the
+        vectors are normalised (the model's Normalize, or normalize=True). That is
+        SentenceTransformer(dir, truncate_dim=D).encode(normalize_embeddings=True) for
+        normalised vectors, and with normalize_embeddings=False for the others; unlike
+        sentence-transformers' default, the first D of a unit vector are made unit length
+        again, so dot products stay cosines."""
         if pooling is not None:
             check_choice("pooling", pooling, POOLINGS)
         own = self.embedding_settings
         modes = (pooling,) if pooling else own.pooling
+        embedding.check_dimensions(dimensions, self.config.hidden_size * len(modes))
+        texts, skip = self._prompted(texts, embedding.prompt_text(own, prompt_name, prompt))
+        out = self._pooled(texts, modes, skip)[:, :dimensions]
+        if own.normalize if normalize is None else normalize:
+            out /= np.maximum(np.linalg.norm(out, axis=-1, keepdims=True), 1e-12)
+        return np.ascontiguousarray(out)
+
+    def _prompted(self, texts: Any, prompt: str) -> tuple[Any, int]:
+        """The inputs with the prompt before each (text, or its pieces before piece ids), and
+        the tokens pooling leaves out: none, or (include_prompt false) [CLS] and the prompt's
+        pieces, counted as sentence-transformers counts them (the prompt encoded alone, less
+        its [SEP]). An empty prompt is none."""
+        if not prompt or isinstance(texts, str):  # a single string: windows() refuses it
+            return texts, 0
+        ids = self.tok.encode(prompt, truncation=False).ids  # [CLS] prompt [SEP]
+        pieces = ids[1:-1]
+        prompted = [prompt + t if isinstance(t, str) else [*pieces, *t] for t in texts]
+        return prompted, 0 if self.embedding_settings.include_prompt else len(ids) - 1
+
+    def _pooled(self, texts: Any, modes: tuple[str, ...], skip: int) -> np.ndarray:
+        """(N, H * len(modes)) float32: the texts' pooled states, not normalised."""
         model = self.model_for("embed")
-        encodings, features, windows = self.windows(texts, own.max_length)
+        encodings, features, windows = self.windows(texts, self.embedding_settings.max_length)
         pieces = [len(e.ids) - 2 for e in encodings]  # once per text: e.ids builds a list
         whole = [len(w.best) == pieces[w.text] for w in windows]
         layout = Layout(windows, len(texts))
@@ -264,15 +304,16 @@ class Pipeline:
 
         def fn(b: dict[str, Any]) -> list[np.ndarray | None]:
             h = model(*b["inputs"]).last_hidden_state
-            vectors, rows = embedding.pool(h, b["attention_mask"], modes).cpu().numpy(), b["rows"]
-            lengths = b["attention_mask"].sum(1).tolist()
+            vectors = embedding.pool(h, b["attention_mask"], modes, skip).cpu().numpy()
+            lengths, rows = b["attention_mask"].sum(1).tolist(), b["rows"]
             # A long text's windows are pooled as they come (each piece from its max-context
             # window), so its states are never all held at once.
             for j, k in enumerate(rows.tolist()):
                 if not whole[k]:
                     text, keep, positions = layout.place(k, lengths[j])
                     if text not in running:
-                        running[text] = embedding.RunningPool(modes, layout.sizes[text])
+                        size = layout.sizes[text]
+                        running[text] = embedding.RunningPool(modes, size, skip)
                     # index_select: torch's h[j, index] takes milliseconds on a busy CPU
                     states = h[j].index_select(0, torch.from_numpy(keep).to(h.device))
                     running[text].add(states, torch.from_numpy(positions).to(h.device))
@@ -285,8 +326,6 @@ class Pipeline:
                 out[w.text] = row
         for i, pooled in running.items():
             out[i] = pooled.vector().cpu().numpy()
-        if own.normalize if normalize is None else normalize:
-            out /= np.maximum(np.linalg.norm(out, axis=-1, keepdims=True), 1e-12)
         return out
 
     def features(

@@ -8,22 +8,29 @@ path is confined to the directory (fileio.inside). `settings` reads them, so `be
 gives the vectors `SentenceTransformer(MODEL).encode` gives; a plain BERT directory gets mean
 pooling, not normalised, the model's own length. `pool` is sentence-transformers' Pooling for
 right-padded rows: several modes are concatenated in sentence-transformers' order.
+
+The rest of what `SentenceTransformer.encode` does with a directory lives here too, for the
+pipeline, the CLI, and later the server and the index: the prompts of
+config_sentence_transformers.json (`prompt_text`; the Pooling's include_prompt: `pool`'s
+`skip`), Matryoshka truncation (`check_dimensions`), and `quantize`, bit for bit
+sentence-transformers' quantize_embeddings on numpy arrays.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, ConfigError, InputError, check_choice
 from ..fileio import inside, read_json, write_json
 
 POOLINGS = ("cls", "mean", "max", "mean_sqrt_len", "weightedmean", "lasttoken")
 # sentence-transformers' names for ours: 1_Pooling/config.json's pooling_mode (v5+) and its
-# older flag, in the order sentence-transformers concatenates the modes
+# older flag, in the order sentence-transformers concatenates the flags' modes
 _ST_NAMES = {
     "cls": ("cls", "pooling_mode_cls_token"),
     "max": ("max", "pooling_mode_max_tokens"),
@@ -34,6 +41,11 @@ _ST_NAMES = {
 }
 _ST_MODES = {mode: ours for ours, (mode, _) in _ST_NAMES.items()}
 _ST_FLAGS = {flag: ours for ours, (_, flag) in _ST_NAMES.items()}
+# SentenceTransformer's own prompt names, empty unless the model gives them (sentence-transformers
+# 6), so that prompt_name="query" / "document" is valid for every model
+ST_PROMPTS = {"query": "", "document": ""}
+# quantize's precisions: sentence-transformers' names (encode(precision=...))
+EMBEDDING_PRECISIONS = ("float32", "int8", "uint8", "binary", "ubinary")
 
 
 @dataclass(frozen=True)
@@ -44,6 +56,11 @@ class Embedding:
     normalize: bool = False
     max_length: int | None = None  # pieces per window (None: the model's)
     source: str = "no sentence-transformers modules.json: mean pooling, not normalised"
+    # config_sentence_transformers.json's prompts (name -> text put before every input), with
+    # ST_PROMPTS; the one applied when none is asked for; whether pooling counts its tokens
+    prompts: dict[str, str] = field(default_factory=lambda: dict(ST_PROMPTS))
+    default_prompt_name: str | None = None
+    include_prompt: bool = True
 
 
 def settings(path: str | os.PathLike[str]) -> Embedding:
@@ -53,7 +70,7 @@ def settings(path: str | os.PathLike[str]) -> Embedding:
     if not modules_file.is_file():
         return Embedding()
     modules = _modules(path)
-    pooling, normalize = ("mean",), False
+    (pooling, include_prompt), normalize = (("mean",), True), False
     for m in modules:
         kind = str(m.get("type", "")).rsplit(".", 1)[-1]
         if kind == "Transformer" and m.get("path", "") not in ("", "."):
@@ -62,7 +79,7 @@ def settings(path: str | os.PathLike[str]) -> Embedding:
                 f"pass {path / str(m['path'])} as the model"
             )
         if kind == "Pooling":
-            pooling = _pooling(_module_file(path, m, "config.json"))
+            pooling, include_prompt = _pooling(_module_file(path, m, "config.json"))
         elif kind == "Normalize":
             normalize = True
         elif kind != "Transformer":
@@ -70,7 +87,32 @@ def settings(path: str | os.PathLike[str]) -> Embedding:
                 f"{modules_file}: module {m.get('type')!r} is not supported (bertforge embeds with "
                 "Transformer, Pooling and Normalize modules only)"
             )
-    return Embedding(pooling, normalize, _max_seq_length(path), f"{modules_file}")
+    prompts, default = _prompts(path / "config_sentence_transformers.json")
+    max_length = _max_seq_length(path)
+    return Embedding(
+        pooling, normalize, max_length, f"{modules_file}", prompts, default, include_prompt
+    )
+
+
+def _prompts(config_file: Path) -> tuple[dict[str, str], str | None]:
+    """config_sentence_transformers.json's prompts (with ST_PROMPTS) and default_prompt_name,
+    as SentenceTransformer reads them: a null prompt is an empty one (its None placeholder);
+    any other text that is not a string, or a default that names no prompt, is refused."""
+    config = read_json(config_file, CheckpointError) if config_file.is_file() else {}
+    given = config.get("prompts") or {}
+    if not isinstance(given, dict):
+        raise CheckpointError(f"{config_file}: prompts must be an object of name: text")
+    bad = [name for name, text in given.items() if text is not None and not isinstance(text, str)]
+    if bad:
+        raise CheckpointError(f"{config_file}: prompt {bad[0]!r} is not a string")
+    prompts = {**ST_PROMPTS, **{name: text or "" for name, text in given.items()}}
+    default = config.get("default_prompt_name")
+    if default is not None and default not in prompts:
+        raise CheckpointError(
+            f"{config_file}: default_prompt_name {default!r} is not one of its prompts "
+            f"({', '.join(prompts)})"
+        )
+    return prompts, default
 
 
 def _modules(path: Path) -> list[dict[str, object]]:
@@ -154,8 +196,13 @@ def write_default_layout(out: str | os.PathLike[str], width: int) -> None:
     )
 
 
-def _pooling(config_file: Path) -> tuple[str, ...]:
+def _pooling(config_file: Path) -> tuple[tuple[str, ...], bool]:
+    """The Pooling's modes, in the order sentence-transformers concatenates them (pooling_mode's
+    own; the older flags' fixed order), and its include_prompt."""
     config = read_json(config_file, CheckpointError)
+    include_prompt = config.get("include_prompt", True)
+    if not isinstance(include_prompt, bool):
+        raise CheckpointError(f"{config_file}: include_prompt {include_prompt!r} is not true/false")
     mode = config.get("pooling_mode")
     if mode is not None:
         modes = [mode] if isinstance(mode, str) else list(mode)
@@ -164,22 +211,31 @@ def _pooling(config_file: Path) -> tuple[str, ...]:
             raise CheckpointError(
                 f"{config_file}: pooling_mode {mode!r} is not one of {', '.join(_ST_MODES)}"
             )
-        found = {_ST_MODES[m] for m in modes}
-    else:
-        found = {ours for key, ours in _ST_FLAGS.items() if config.get(key)}
-    return tuple(m for m in _ST_NAMES if m in found) or ("mean",)
+        # sentence-transformers 6 concatenates a list's modes in the list's order
+        return tuple(_ST_MODES[m] for m in modes), include_prompt
+    found = {ours for key, ours in _ST_FLAGS.items() if config.get(key)}
+    return tuple(m for m in _ST_NAMES if m in found) or ("mean",), include_prompt
 
 
-def pool(h: torch.Tensor, mask: torch.Tensor, modes: tuple[str, ...]) -> torch.Tensor:
+def pool(
+    h: torch.Tensor, mask: torch.Tensor, modes: tuple[str, ...], skip: int = 0
+) -> torch.Tensor:
     """h (B, T, H) token states of right-padded rows, mask (B, T) 1 = real token ->
-    (B, H * len(modes)) in fp32: each mode's vector, concatenated in the given order."""
+    (B, H * len(modes)) in fp32: each mode's vector, concatenated in the given order.
+    skip: the rows' first `skip` tokens are left out ([CLS] and a prompt's pieces, where the
+    Pooling says include_prompt: false), as sentence-transformers masks them: cls is then the
+    first token after them; weightedmean keeps the others' weights (position + 1)."""
     h = h.float()
+    last = (mask.sum(1) - 1).clamp(min=0)  # (B,) right padding: the last real token
+    if skip:
+        mask = mask.clone()
+        mask[:, :skip] = 0
     m = mask.unsqueeze(-1).to(h.dtype)  # (B, T, 1)
     count = m.sum(1).clamp(min=1e-9)  # (B, 1)
     out = []
     for mode in modes:
         if mode == "cls":
-            out.append(h[:, 0])
+            out.append(h[:, min(skip, h.shape[1] - 1)])
         elif mode == "max":
             out.append(h.masked_fill(m == 0, -torch.inf).amax(1))
         elif mode in ("mean", "mean_sqrt_len"):
@@ -188,7 +244,6 @@ def pool(h: torch.Tensor, mask: torch.Tensor, modes: tuple[str, ...]) -> torch.T
             w = m * torch.arange(1, h.shape[1] + 1, dtype=h.dtype, device=h.device).view(1, -1, 1)
             out.append((h * w).sum(1) / w.sum(1).clamp(min=1e-9))
         elif mode == "lasttoken":
-            last = (mask.sum(1) - 1).clamp(min=0)  # right padding: the last real token
             out.append(h[torch.arange(h.shape[0], device=h.device), last])
         else:
             raise ValueError(f"unknown pooling {mode!r}")  # callers check against POOLINGS
@@ -199,15 +254,23 @@ class RunningPool:
     """`pool` of one sequence whose token states come in parts, in any order, each token once
     with its position: a long text's windows, pooled as they come (Pipeline.embed) instead of
     stitched first, so memory is O(H) however long the text. Sums run in float64, so the vector
-    is `pool`'s of the whole sequence up to `pool`'s own fp32 rounding."""
+    is `pool`'s of the whole sequence up to `pool`'s own fp32 rounding. skip: as `pool`'s."""
 
-    def __init__(self, modes: tuple[str, ...], length: int) -> None:
+    def __init__(self, modes: tuple[str, ...], length: int, skip: int = 0) -> None:
         self.modes, self.length = modes, length  # length: tokens in the whole sequence
+        self.skip = min(skip, length - 1)  # (pool's index for cls, clamped the same way)
         self.parts: dict[str, torch.Tensor] = {}  # running sum, weighted sum, max; cls, last
         self.weights = 0.0  # weightedmean's denominator: the sum of (position + 1)
 
     def add(self, h: torch.Tensor, positions: torch.Tensor) -> None:
         """h (t, H): the states of the tokens at `positions` (t,) of the sequence (from 0)."""
+        for key, at in (("cls", self.skip), ("last", self.length - 1)):
+            hit = (positions == at).nonzero().flatten().tolist()
+            if hit:
+                self.parts[key] = h[hit[0]].float()
+        if skip := self.skip:
+            kept = positions >= skip
+            h, positions = h[kept], positions[kept]
         if not len(h):
             return
         h = h.float()
@@ -220,15 +283,11 @@ class RunningPool:
             else:
                 self.parts[key] = torch.maximum(old, value) if key == "max" else old + value
         self.weights += float(w.sum())
-        for key, at in (("cls", 0), ("last", self.length - 1)):
-            hit = (positions == at).nonzero().flatten().tolist()
-            if hit:
-                self.parts[key] = h[hit[0]]
 
     def vector(self) -> torch.Tensor:
         """(H * len(modes),) fp32, the modes concatenated as `pool` does; once every token of
         the sequence is in."""
-        p, n = self.parts, self.length
+        p, n = self.parts, self.length - self.skip
         by_mode = {
             "cls": p["cls"],
             "max": p["max"],
@@ -238,3 +297,85 @@ class RunningPool:
             "lasttoken": p["last"],
         }
         return torch.cat([by_mode[mode].float() for mode in self.modes])
+
+
+def prompt_text(own: Embedding, prompt_name: str | None = None, prompt: str | None = None) -> str:
+    """The text put before every input, as SentenceTransformer.encode resolves it: `prompt`
+    itself (a literal; "" for none), else the model's prompt `prompt_name`, else its
+    default_prompt_name's, else none (""). Giving both is an error (sentence-transformers
+    would ignore prompt_name with a warning)."""
+    if prompt is not None and prompt_name is not None:
+        raise ConfigError("give prompt (--prompt) or prompt_name (--prompt-name), not both")
+    if prompt is not None:
+        return prompt
+    name = own.default_prompt_name if prompt_name is None else prompt_name
+    if name is None:
+        return ""
+    if name not in own.prompts:
+        raise ConfigError(
+            f"prompt_name={name!r} (--prompt-name): this model's prompts are "
+            f"{', '.join(own.prompts)} ({own.source})"
+        )
+    return own.prompts[name]
+
+
+def check_dimensions(dimensions: int | None, width: int) -> None:
+    """A ConfigError unless dimensions (a Matryoshka truncation) is None or in 1..width."""
+    ok = isinstance(dimensions, int) and not isinstance(dimensions, bool) and dimensions >= 1
+    if dimensions is not None and not (ok and dimensions <= width):
+        raise ConfigError(
+            f"dimensions={dimensions!r} (--dimensions): must be 1..{width}, the width of this "
+            "model's embeddings"
+        )
+
+
+def quantization_ranges(calibration: np.ndarray) -> np.ndarray:
+    """(2, D): the per-dimension minimum and maximum of calibration embeddings (N, D), the
+    int8/uint8 buckets' ends (sentence-transformers' _get_quantization_ranges)."""
+    calibration = np.asarray(calibration)
+    if calibration.ndim != 2 or len(calibration) < 2:
+        raise InputError(
+            f"int8/uint8 quantisation takes its buckets from several embeddings, got an array "
+            f"of shape {calibration.shape}: pass ranges or calibration embeddings (bertforge "
+            "embed: --calibration FILE.npy)"
+        )
+    return np.vstack((np.min(calibration, axis=0), np.max(calibration, axis=0)))
+
+
+def quantize(
+    vectors: np.ndarray,
+    precision: str,
+    ranges: np.ndarray | None = None,
+    calibration: np.ndarray | None = None,
+) -> np.ndarray:
+    """Embeddings (..., D) at `precision` (EMBEDDING_PRECISIONS), equal bit for bit to
+    sentence_transformers.quantize_embeddings (util.quantization, sentence-transformers 6.2):
+    float32 as they are; int8/uint8 each dimension cut into 255 equal buckets between `ranges`
+    (2, D) min and max, from `calibration` embeddings (N, D) when not given, else from the
+    vectors themselves (floor, clipped to 0..255; int8 offset by -128); binary/ubinary one
+    bit per dimension (> 0), packed 8 to a byte (..., ceil(D / 8)), binary offset by -128."""
+    check_choice("precision", precision, EMBEDDING_PRECISIONS)
+    vectors = np.asarray(vectors)
+    if vectors.dtype in (np.int8, np.uint8):
+        raise InputError(f"embeddings to quantise must be floats, not {vectors.dtype}")
+    if precision == "float32":
+        return vectors.astype(np.float32)
+    if vectors.ndim == 2 and vectors.shape[0] == 0:  # nothing to calibrate or pack
+        dim = vectors.shape[1] if precision.endswith("int8") else (vectors.shape[1] + 7) // 8
+        return np.zeros((0, dim), np.int8 if precision in ("int8", "binary") else np.uint8)
+    if precision.endswith("binary"):
+        bits = np.packbits(vectors > 0, axis=-1)  # (..., ceil(D / 8)) uint8
+        return bits if precision == "ubinary" else (bits - 128).astype(np.int8)
+    if ranges is None:
+        ranges = quantization_ranges(vectors if calibration is None else calibration)
+    ranges = np.asarray(ranges).astype(np.float32, copy=False)
+    if ranges.shape != (2, vectors.shape[-1]):
+        raise InputError(
+            f"quantisation ranges of shape {ranges.shape} do not fit embeddings of "
+            f"{vectors.shape[-1]} dimensions (expected (2, {vectors.shape[-1]}))"
+        )
+    starts = ranges[0, :]
+    steps = (ranges[1, :] - starts) / 255
+    steps = np.where(steps == 0, 1, steps)  # a constant dimension: bucket 0
+    q = np.clip(np.floor((vectors - starts) / steps), 0, 255)
+    return q.astype(np.uint8) if precision == "uint8" else (q - 128).astype(np.int8)
