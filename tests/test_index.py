@@ -879,3 +879,41 @@ def test_search_output_names_its_query_and_keeps_its_input(
     misnamed.write_text(corpus(tmp_path).read_text())
     with pytest.raises(DataError, match="must end in .jsonl"):
         Index.build(minilm_dir, misnamed, tmp_path / "x", progress=False)
+
+
+def test_an_index_reads_documents_and_queries_with_their_prompts(
+    minilm_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """A model with E5's prompts: the documents are embedded after its "passage: " (never the
+    default, the query's), the queries after "query: ", as recorded in index.json; the windows
+    leave room for the prompt; --prompt / --prompt-name change either."""
+    model = tmp_path / "model"
+    shutil.copytree(minilm_dir, model)
+    config = json.loads((model / "config_sentence_transformers.json").read_text())
+    config |= {
+        "prompts": {"query": "query: ", "passage": "passage: "},
+        "default_prompt_name": "query",
+    }
+    (model / "config_sentence_transformers.json").write_text(json.dumps(config))
+    index = Index.build(model, corpus(tmp_path), tmp_path / "idx", progress=False, precision="fp32")
+    assert (index.meta["document_prompt"], index.meta["query_prompt"]) == ("passage: ", "query: ")
+    assert index.meta["window"] == 254 - 2  # "passage: " is two pieces
+    pipe = Pipeline(model, precision="fp32")
+    docs, q = pipe.embed(DOCS[:5], prompt="passage: "), pipe.embed(QUERIES, prompt="query: ")
+    for row, v in zip(index.search(QUERIES, top_k=6), q):
+        short = {h["id"]: h["score"] for h in row if h["id"] != "d5"}
+        np.testing.assert_allclose([short[f"d{i}"] for i in range(5)], docs @ v, atol=1e-5)
+    bare = Index.build(
+        model, corpus(tmp_path), tmp_path / "bare", prompt="", progress=False, precision="fp32"
+    )
+    assert bare.meta["document_prompt"] == "" and not np.allclose(bare.vectors, index.vectors)
+    queries = tmp_path / "q.txt"
+    queries.write_text(QUERIES[0] + "\n")
+    capsys.readouterr()
+    assert main(["search", str(index.path), str(queries), "--prompt", "", "--top-k", "6"]) == 0
+    (row,) = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    plain = pipe.embed(QUERIES[:1], prompt="")[0]
+    got = {h["id"]: h["score"] for h in row["results"]}
+    assert got["d2"] == pytest.approx(float(docs[2] @ plain), abs=1e-5)
+    assert main(["search", str(index.path), str(queries), "--prompt-name", "nope"]) == 2
+    assert "this model's prompts are" in capsys.readouterr().err

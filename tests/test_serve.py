@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from bertforge import BertConfig, Tokenizer
-from bertforge.errors import InputError
+from bertforge.errors import DataError, InputError
 from bertforge.heads import BertForSequenceClassification
 from bertforge.pipelines import Pipeline
 from tests.conftest import TINY
@@ -187,12 +187,12 @@ def test_openai_embeddings_api(server: str, classifier: Path) -> None:
     r = httpx.post(f"{server}/v1/embeddings", json={"input": texts, "encoding_format": "base64"})
     decoded = np.frombuffer(__import__("base64").b64decode(r.json()["data"][1]["embedding"]), "<f4")
     assert np.abs(decoded - want[1]).max() < 1e-6
-    r = httpx.post(f"{server}/v1/embeddings", json={"input": texts, "dimensions": 64})
-    assert r.status_code == 400 and "dimensions=64" in r.json()["error"]["message"]
-    assert (
-        httpx.post(f"{server}/v1/embeddings", json={"input": texts, "dimensions": 128}).status_code
-        == 200
-    )
+    r = httpx.post(f"{server}/v1/embeddings", json={"input": texts, "dimensions": 129})
+    assert r.status_code == 400 and "dimensions=129" in r.json()["error"]["message"]
+    for d in (1, 64, 128):  # Matryoshka: the first d, as Pipeline.embed cuts them
+        r = httpx.post(f"{server}/v1/embeddings", json={"input": texts, "dimensions": d})
+        cut = Pipeline(classifier, precision="fp32").embed(texts, dimensions=d)
+        assert np.abs(np.array([x["embedding"] for x in r.json()["data"]]) - cut).max() < 1e-5
     r = httpx.post(f"{server}/v1/embeddings", json={"input": [[1, 10**9]]})
     assert r.status_code == 422 and "piece ids" in r.json()["error"]["message"]
 
@@ -321,9 +321,9 @@ def test_the_openai_client_sees_the_message(server: str) -> None:
     openai = pytest.importorskip("openai")
     client = openai.OpenAI(base_url=f"{server}/v1", api_key="unused", max_retries=0)
     with pytest.raises(openai.BadRequestError) as caught:
-        client.embeddings.create(input=["a fine film"], model="mine", dimensions=64)
+        client.embeddings.create(input=["a fine film"], model="mine", dimensions=999)
     e = caught.value
-    assert "dimensions=64: this model's embeddings have 128 dimensions" in e.message
+    assert "dimensions=999: must be 1..128, the width of this model's embeddings" in e.message
     assert e.type == "invalid_request_error" and e.param == "dimensions"
 
 
@@ -794,3 +794,65 @@ def test_no_access_log(classifier: Path, caplog: pytest.LogCaptureFixture) -> No
         with caplog.at_level(logging.INFO, ACCESS_LOG), TestClient(app) as client:
             assert client.post("/embed", json={"texts": ["a"]}).status_code == 200
         assert sum(r.name == ACCESS_LOG for r in caplog.records) == lines
+
+
+def test_embed_prompts_dimensions_and_quantised_output(minilm_dir: Path, tmp_path: Path) -> None:
+    """/embed takes a prompt (the model's by name, or a text), Matryoshka dimensions and an
+    output precision: vectors as Pipeline.embed gives them, quantised as
+    sentence-transformers' quantize_embeddings does; int8/uint8 take their buckets from the
+    calibration embeddings the server started with (never from the request's own vectors);
+    the openai client gets shortened vectors that are unit length again."""
+    from fastapi.testclient import TestClient
+
+    from bertforge.serve import create_app
+
+    pytest.importorskip("sentence_transformers")
+    from sentence_transformers.util.quantization import quantize_embeddings as quantize
+
+    model = tmp_path / "model"
+    shutil.copytree(minilm_dir, model)
+    config = json.loads((model / "config_sentence_transformers.json").read_text())
+    config["prompts"] = {"query": "query: ", "passage": "passage: "}
+    (model / "config_sentence_transformers.json").write_text(json.dumps(config))
+    pipe = Pipeline(model, precision="fp32")
+    texts = ["what do cats eat", "the eiffel tower is in paris", "ok"]
+    calibration = pipe.embed([f"sentence {i} about things" for i in range(20)])
+    np.save(tmp_path / "cal.npy", calibration)
+    with TestClient(create_app(model, precision="fp32")) as plain:
+        r = plain.post("/embed", json={"texts": texts, "embedding_precision": "int8"})
+        assert r.status_code == 422 and "--calibration" in r.json()["error"]
+    app = create_app(model, calibration=str(tmp_path / "cal.npy"), precision="fp32")
+    with TestClient(app) as client:
+
+        def embed(**body: Any) -> np.ndarray:
+            r = client.post("/embed", json={"texts": texts, **body})
+            assert r.status_code == 200, r.text
+            return np.array(r.json()["embeddings"])
+
+        want = pipe.embed(texts, prompt_name="query", dimensions=64)
+        assert np.abs(embed(prompt_name="query", dimensions=64) - want).max() < 1e-5
+        assert (
+            np.abs(embed(prompt="passage: ") - pipe.embed(texts, prompt="passage: ")).max() < 1e-5
+        )
+        assert np.abs(embed() - embed(prompt="query: ")).max() > 0.05  # a prompt changes them
+        for precision in ("binary", "ubinary"):
+            got = embed(embedding_precision=precision)
+            assert np.array_equal(got, quantize(pipe.embed(texts), precision))
+        cal = pipe.embed([f"sentence {i} about things" for i in range(20)], dimensions=32)
+        for precision in ("int8", "uint8"):
+            got = embed(embedding_precision=precision, dimensions=32)
+            want = quantize(pipe.embed(texts, dimensions=32), precision, calibration_embeddings=cal)
+            assert np.array_equal(got, want)
+        r = client.post("/embed", json={"texts": texts, "prompt_name": "nope"})
+        assert r.status_code == 422 and "query, document, passage" in r.json()["error"]
+        r = client.post("/embed", json={"texts": texts, "dimensions": 385})
+        assert r.status_code == 400 and "1..384" in r.json()["error"]
+        openai = pytest.importorskip("openai")
+        api = openai.OpenAI(base_url=f"{client.base_url}/v1", api_key="x", http_client=client)
+        got = api.embeddings.create(input=texts, model="m", dimensions=48)
+        vectors = np.array([d.embedding for d in got.data])
+        np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+        assert np.abs(vectors - pipe.embed(texts, dimensions=48)).max() < 1e-5
+    with pytest.raises(DataError, match="calibration embeddings must be floats"):
+        np.save(tmp_path / "bad.npy", np.zeros((3, 5), np.float32))
+        create_app(model, calibration=str(tmp_path / "bad.npy"))

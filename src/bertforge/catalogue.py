@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import ConfigError, DataError
+from .errors import ConfigError
 from .fileio import atomic_path
 from .heads import (
     BertForMaskedLM,
@@ -29,7 +29,7 @@ from .heads import (
     BertForTokenClassification,
 )
 from .model import BertModel
-from .tasks.embedding import EMBEDDING_PRECISIONS, POOLINGS, quantize
+from .tasks.embedding import EMBEDDING_PRECISIONS, POOLINGS, quantize, read_calibration
 
 COMBINES = ("concat", "sum", "mean")  # how `features` combines several layers
 
@@ -107,18 +107,7 @@ def _quantized(
         raise ConfigError("--calibration is for --embedding-precision int8 or uint8")
     if calibration is None:
         return quantize(vectors, embedding_precision)
-    try:
-        reference = np.load(calibration, allow_pickle=False)
-    except (OSError, ValueError) as e:  # missing, not a .npy, or a pickled object array
-        raise DataError(f"{calibration}: not a readable .npy array ({e})") from None
-    width = vectors.shape[-1]
-    floats = isinstance(reference, np.ndarray) and reference.dtype.kind == "f"
-    if not floats or reference.ndim != 2 or len(reference) < 2 or reference.shape[1] != width:
-        held = f"{reference.dtype} {reference.shape}" if isinstance(reference, np.ndarray) else ""
-        raise DataError(
-            f"{calibration}: calibration embeddings must be floats of shape (N >= 2, {width}), "
-            f"the width written; it holds {held or 'no single array'}"
-        )
+    reference = read_calibration(calibration, vectors.shape[-1])
     return quantize(vectors, embedding_precision, calibration=reference)
 
 

@@ -476,6 +476,7 @@ def args_index(p: argparse.ArgumentParser) -> None:
         type=int,
         help="pieces between windows of a long document (default: half a window)",
     )
+    _prompt_options(p, "the documents", "the model's document prompt (document, passage or corpus)")
     p.add_argument("--no-bm25", action="store_true", help="no BM25 index beside the vectors")
     p.add_argument(
         "--approximate", choices=("hnsw",), help="an HNSW graph (faiss) for millions of vectors"
@@ -483,6 +484,15 @@ def args_index(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=32, help="windows per batch")
     _inference_options(p, "precision", "device")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _prompt_options(p: argparse.ArgumentParser, what: str, default: str) -> None:
+    """--prompt-name and --prompt: the text put before each of `what` (a sentence-transformers
+    model's prompts, config_sentence_transformers.json)."""
+    p.add_argument(
+        "--prompt-name", help=f"the model's prompt of that name before {what} (default: {default})"
+    )
+    p.add_argument("--prompt", help=f'this text before {what} instead ("": none)')
 
 
 def cmd_index(args: argparse.Namespace) -> None:
@@ -498,6 +508,7 @@ def cmd_index(args: argparse.Namespace) -> None:
         **_given(
             args, "chunk", "window", "stride", "approximate", "batch_size", "precision", "device"
         ),
+        **_given(args, "prompt_name", "prompt"),
     )
     m = index.meta
     print(
@@ -525,6 +536,20 @@ def _search_args(p: argparse.ArgumentParser) -> None:
         help="hybrid: the dense list's weight, BM25's 1 - it (default: 0.5, equal)",
     )
     p.add_argument("--model", help="the index's model at another path (checked to be the same)")
+    _prompt_options(p, "each query", "the prompt the index recorded: the model's query prompt")
+
+
+def _open_index(args: argparse.Namespace) -> Any:
+    """The index of search and mine, its model checked (--model), its queries' prompt as
+    --prompt-name / --prompt say."""
+    from .index import Index
+    from .tasks.embedding import prompt_text
+
+    index = Index.load(args.index)
+    pipe = index.use_model(args.model)
+    if args.prompt_name is not None or args.prompt is not None:
+        index.query_prompt = prompt_text(pipe.embedding_settings, args.prompt_name, args.prompt)
+    return index
 
 
 def args_search(p: argparse.ArgumentParser) -> None:
@@ -562,7 +587,6 @@ def cmd_search(args: argparse.Namespace) -> None:
     stage's, each hit with its cross-encoder score as rerank_score)."""
     from .catalogue import TEXTS
     from .fileio import refuse_overwrite
-    from .index import Index
 
     if args.rerank and args.rerank_depth < args.top_k:
         raise ConfigError(f"--rerank-depth {args.rerank_depth} is below --top-k {args.top_k}")
@@ -570,8 +594,7 @@ def cmd_search(args: argparse.Namespace) -> None:
         raise ConfigError("--rerank-fuse: needs --rerank CROSS_ENCODER")
     if args.out:
         refuse_overwrite(args.out, {"queries": args.queries}, "--out")
-    index = Index.load(args.index)
-    index.use_model(args.model)
+    index = _open_index(args)
     rows = _read_inputs(args.queries, TEXTS, args.skip_blank)
     queries = [r.texts[0] for r in rows]
     depth = args.rerank_depth if args.rerank else args.top_k
@@ -678,11 +701,10 @@ def args_mine(p: argparse.ArgumentParser) -> None:
 def cmd_mine(args: argparse.Namespace) -> None:
     from .data.tasks import read_retrieval
     from .fileio import json_text, refuse_overwrite, write_text
-    from .index import Index, mine
+    from .index import mine
 
     refuse_overwrite(args.out, {"train": args.train}, "--out")
-    index = Index.load(args.index)
-    index.use_model(args.model)
+    index = _open_index(args)
     examples = read_retrieval(args.train)
     given = any(e.positive_id is not None for e in examples)
     found = mine(
@@ -767,6 +789,11 @@ def args_serve(p: argparse.ArgumentParser) -> None:
         "--index-model",
         help="the index's own model, when the one served is another (a cross-encoder for "
         "/rerank, say): it embeds /search's queries (checked to be the index's)",
+    )
+    p.add_argument(
+        "--calibration",
+        help="a .npy of the model's float embeddings of a corpus (bertforge embed --out F.npy): "
+        'the buckets of /embed\'s "embedding_precision": int8 and uint8',
     )
     _inference_options(p, "device", "precision")
     add_options(p, Limits)
@@ -897,7 +924,8 @@ def cmd_serve(args: argparse.Namespace) -> None:
         args.model,
         limits=Limits(**options_of(args, Limits)),
         access=Access(**options_of(args, Access)),
-        **_given(args, "host", "port", "index", "index_model", "precision", "device"),
+        **_given(args, "host", "port", "index", "index_model", "calibration"),
+        **_given(args, "precision", "device"),
     )
 
 

@@ -240,6 +240,8 @@ class Index:
         # each document's windows are contiguous: the first window of each
         self.starts = np.flatnonzero(np.r_[True, self.windows[1:] != self.windows[:-1]])
         self._pipe: Any = None
+        # the text before each query (an index built before prompts: the model's default)
+        self.query_prompt: str | None = meta.get("query_prompt")
         self._bm25: Any = None
         self._graph: Any = None  # the HNSW graph, read at the first approximate search
 
@@ -262,9 +264,13 @@ class Index:
         precision: str = "auto",
         device: str | None = None,
         progress: bool = True,
+        prompt_name: str | None = None,
+        prompt: str | None = None,
     ) -> Index:
         """Build an index of `corpus` in `out` with the bi-encoder `model` (see the module
-        docstring), resuming an unfinished build of the same settings there."""
+        docstring), resuming an unfinished build of the same settings there. The documents
+        get the prompt `prompt_name` or `prompt` names, else the model's document prompt
+        (embedding.role_prompt); the queries will get its query prompt."""
         from tqdm import tqdm
 
         from .pipelines import Pipeline
@@ -273,7 +279,8 @@ class Index:
         out, corpus = Path(out), Path(corpus)
         refuse_cross_encoder(model)
         pipe = Pipeline(model, device=device, precision=precision, batch_size=batch_size)
-        length, stride = _window_settings(pipe, window, stride)
+        prompts = _prompts(pipe, prompt_name, prompt)
+        length, stride = _window_settings(pipe, window, stride, prompts["document_prompt"])
         if not corpus.is_file():
             raise DataError(f"{corpus}: file not found")
         documents = sum(1 for _ in read_corpus(corpus, fmt))  # every row checked before work
@@ -282,6 +289,7 @@ class Index:
         settings = {
             "format": FORMAT,
             **model_record(pipe),
+            **prompts,
             "window": length,
             "stride": stride,
             "chunk": chunk,
@@ -294,7 +302,8 @@ class Index:
         bar = tqdm(desc="index", unit="window", disable=not progress, file=sys.stderr)
         done = k = 0
         for k, docs in enumerate(_chunks(read_corpus(corpus, fmt), chunk)):
-            _build_part(out / "parts" / f"{k:06d}", pipe, docs, done, (length, stride), bar)
+            part = out / "parts" / f"{k:06d}"
+            _build_part(part, pipe, docs, done, (length, stride, prompts["document_prompt"]), bar)
             done += len(docs)
             bar.set_postfix_str(f"{done:,}/{documents:,} documents", refresh=True)
         bar.close()
@@ -388,6 +397,11 @@ class Index:
             self._pipe = Pipeline(path, **{"precision": self.meta["precision"], **pipeline})
         return self._pipe
 
+    def queries(self, queries: Sequence[str]) -> np.ndarray:
+        """The queries' vectors: the index's model, with the queries' prompt (query_prompt:
+        the model's, as the index recorded it, unless changed)."""
+        return self.use_model().embed(list(queries), prompt=self.query_prompt)
+
     def adopt(self, pipe: Any) -> bool:
         """Embed queries with `pipe` (a Pipeline already loaded: the server's), if it is the
         index's model in the index's precision; whether it was."""
@@ -404,7 +418,7 @@ class Index:
     ) -> tuple[np.ndarray, np.ndarray]:
         """(documents, scores) of each query's top k by its best window's inner product;
         through the HNSW graph when the index has one (`vectors`: the queries' already)."""
-        q = self.use_model().embed(list(queries)) if vectors is None else vectors
+        q = self.queries(queries) if vectors is None else vectors
         k = min(k, len(self.ids))
         if self.meta.get("approximate"):
             return self._hnsw(q, k)
@@ -517,7 +531,7 @@ class Index:
             raise ConfigError(f"top_k={top_k} (--top-k): must be >= 1")
         if not queries:
             return []
-        vectors = self.use_model().embed(list(queries)) if passage else None  # embedded once
+        vectors = self.queries(queries) if passage else None  # embedded once
         docs, scores = self.ranked(queries, top_k, mode, fusion, alpha, vectors)
         hits = [  # (document, score) of each query, -1 (none) left out
             [(d, s) for d, s in zip(row_d.tolist(), row_s.tolist()) if d >= 0]
@@ -551,7 +565,7 @@ class Index:
         given whole (the whole text when it is one window), as the build recorded them
         (spans.npy; an index built before it had them cuts its documents again).
         `vectors`: the queries' already."""
-        q = self.use_model().embed(list(queries)) if vectors is None else vectors
+        q = self.queries(queries) if vectors is None else vectors
         ends = np.r_[self.starts[1:], len(self.windows)]
         out = []
         for vector, row in zip(q, docs):
@@ -584,7 +598,7 @@ class Index:
     def scores_of(self, queries: Sequence[str], docs: Sequence[int], mode: str) -> np.ndarray:
         """Each query's score of one document (docs[i] for queries[i]) as `mode` scores it."""
         if mode == "dense":
-            q = self.use_model().embed(list(queries))
+            q = self.queries(queries)
             ends = np.r_[self.starts[1:], len(self.windows)]
             spans = [(self.starts[d], ends[d]) for d in docs]
             return np.array([float((self.vectors[a:b] @ v).max()) for v, (a, b) in zip(q, spans)])
@@ -913,10 +927,27 @@ def refuse_cross_encoder(model: str | Path) -> None:
         )
 
 
-def _window_settings(pipe: Any, window: int | None, stride: int | None) -> tuple[int, int]:
-    """(pieces per window, pieces between windows), checked against the model's length."""
+def _prompts(pipe: Any, prompt_name: str | None, prompt: str | None) -> dict[str, str]:
+    """The documents' prompt (given, else the model's document prompt) and the queries'."""
+    from .tasks.embedding import prompt_text, role_prompt
+
+    own = pipe.embedding_settings
+    given = prompt_name is not None or prompt is not None
+    document = prompt_text(own, prompt_name, prompt) if given else role_prompt(own, "document")
+    return {"document_prompt": document, "query_prompt": role_prompt(own, "query")}
+
+
+def _window_settings(
+    pipe: Any, window: int | None, stride: int | None, prompt: str = ""
+) -> tuple[int, int]:
+    """(pieces per window, pieces between windows), checked against the model's length less
+    the prompt each window is read after."""
     positions = pipe.config.max_position_embeddings
     longest = min(pipe.embedding_settings.max_length or positions, positions) - 2
+    if prompt:
+        longest -= len(pipe.tok.encode(prompt, add_special_tokens=False, truncation=False).ids)
+    if longest < 1:
+        raise ConfigError(f"the prompt {prompt!r} leaves no room for a document in a window")
     length = longest if window is None else window
     if not 1 <= length <= longest:
         raise ConfigError(
@@ -970,7 +1001,12 @@ def _start_build(out: Path, settings: dict[str, Any]) -> None:
 
 
 def _build_part(
-    part: Path, pipe: Any, docs: list[tuple[str, str]], first: int, cut: tuple[int, int], bar: Any
+    part: Path,
+    pipe: Any,
+    docs: list[tuple[str, str]],
+    first: int,
+    cut: tuple[int, int, str],
+    bar: Any,
 ) -> None:
     """One chunk's part: documents (.jsonl), each window's document (.owners.npy, numbered from
     `first`) and characters (.spans.npy), and vectors (.npy, written last: its presence means
@@ -983,7 +1019,7 @@ def _build_part(
     pieces = pipe.tok.encode_long([t for _, t in docs])
     owners, starts, lengths, spans = [], [], [], []
     for d, p in enumerate(pieces):
-        windows = windows_of(len(p.ids), *cut)
+        windows = windows_of(len(p.ids), *cut[:2])
         owners += [d] * len(windows)
         starts += [a for a, _ in windows]
         lengths += [n for _, n in windows]
@@ -1000,7 +1036,7 @@ def _build_part(
                 pieces[owners[w]].ids[starts[w] : starts[w] + lengths[w]].tolist()
                 for w in range(a, min(a + EMBED_BLOCK, len(owners)))
             ]
-            block = pipe.embed(rows).astype(np.float32)
+            block = pipe.embed(rows, prompt=cut[2]).astype(np.float32)
             if table is None:
                 shape = (len(owners), block.shape[1])
                 table = np.lib.format.open_memmap(tmp, "w+", np.float32, shape)

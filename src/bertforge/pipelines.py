@@ -276,10 +276,10 @@ class Pipeline:
         modes = (pooling,) if pooling else own.pooling
         embedding.check_dimensions(dimensions, self.config.hidden_size * len(modes))
         texts, skip = self._prompted(texts, embedding.prompt_text(own, prompt_name, prompt))
-        out = self._pooled(texts, modes, skip)[:, :dimensions]
-        if own.normalize if normalize is None else normalize:
-            out /= np.maximum(np.linalg.norm(out, axis=-1, keepdims=True), 1e-12)
-        return np.ascontiguousarray(out)
+        out = self._pooled(texts, modes, skip)
+        return embedding.shortened(
+            out, dimensions, own.normalize if normalize is None else normalize
+        )
 
     def _prompted(self, texts: Any, prompt: str) -> tuple[Any, int]:
         """The inputs with the prompt before each (text, or its pieces before piece ids), and

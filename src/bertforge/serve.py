@@ -73,6 +73,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 try:  # the serve extra; without it the module still imports (the CLI reads Limits' options)
     from fastapi import Request
     from pydantic import BaseModel, Field, create_model
@@ -87,7 +89,7 @@ from .errors import BertforgeError, ConfigError, need_extra
 from .hub import resolve
 from .model import BertModel
 from .pipelines import Pipeline
-from .tasks import ranking
+from .tasks import embedding, ranking
 from .tasks.embedding import POOLINGS
 
 log = logging.getLogger(__name__)
@@ -155,10 +157,16 @@ class Access:
         return f"Access(api_key={key}, access_log={self.access_log})"
 
 
-class EmbedRequest(BaseModel):  # pooling, normalize: the model's own unless given
+class EmbedRequest(BaseModel):  # pooling, normalize, prompt: the model's own unless given
     texts: list[str]
     pooling: str | None = Field(None, pattern=f"^({'|'.join(POOLINGS)})$")
     normalize: bool | None = None
+    prompt_name: str | None = None
+    prompt: str | None = None
+    dimensions: int | None = None
+    embedding_precision: str = Field(
+        "float32", pattern=f"^({'|'.join(embedding.EMBEDDING_PRECISIONS)})$"
+    )
 
 
 class OpenAIEmbeddingRequest(BaseModel):
@@ -463,10 +471,31 @@ class Server:
         for name in self.endpoints:
             self.pipe.model_for(name)
         self.width = self.pipe.config.hidden_size * len(self.pipe.embedding_settings.pooling)
+        self.calibration: np.ndarray | None = None  # int8/uint8 embeddings' buckets (--calibration)
         self.name = Path(str(model)).resolve().name  # answers name the model, never its path
         given = (Path(str(model)).resolve(), self.pipe.path, self.pipe.path.resolve())
         self.paths = sorted({str(p) for p in given if p.is_absolute()}, key=len, reverse=True)
         self.batchers: dict[str, Batcher] = {}
+
+    def quantized(self, rows: np.ndarray, precision: str, options: dict[str, Any]) -> np.ndarray:
+        """A request's vectors at its embedding_precision (embedding.quantize, as
+        sentence-transformers' quantize_embeddings); int8/uint8 buckets from the calibration
+        embeddings the server was started with, cut as the request's vectors were (a request's
+        own vectors would make each answer depend on the others in it)."""
+        if precision not in ("int8", "uint8"):
+            return embedding.quantize(rows, precision)
+        own = self.pipe.embedding_settings
+        if self.calibration is None or options["pooling"] not in (None, *own.pooling[:1]):
+            raise HTTPError(
+                422,
+                f"embedding_precision {precision} needs calibration embeddings of the model's "
+                "own pooling: start serve with --calibration FILE.npy (bertforge embed MODEL "
+                "CORPUS --out FILE.npy), or ask for binary or ubinary",
+                "embedding_precision",
+            )
+        normalized = own.normalize if options["normalize"] is None else options["normalize"]
+        cal = embedding.shortened(self.calibration, options["dimensions"], normalized)
+        return embedding.quantize(rows, precision, calibration=cal)
 
     def scrub(self, message: str) -> str:
         """A pipeline's message for a client: the model's directory named, not its path."""
@@ -624,6 +653,7 @@ def create_app(
     index: str | Path | None = None,
     index_model: str | None = None,
     access: Access | None = None,
+    calibration: str | None = None,
     **pipeline_options: Any,
 ) -> Any:
     """The FastAPI application serving `model`: the pipelines its checkpoint has the heads for
@@ -635,6 +665,8 @@ def create_app(
     fastapi = need_extra("fastapi", _SERVE_EXTRA)
     access = access or Access()
     server = Server(model, limits or Limits(), pipeline_options)
+    if calibration is not None:  # read now: a bad file stops `serve` before it listens
+        server.calibration = embedding.read_calibration(calibration, server.width)
     # no /docs or /redoc: their pages load scripts from a CDN, blank offline; /openapi.json is
     # the API (any OpenAPI viewer reads it)
     app = fastapi.FastAPI(
@@ -695,35 +727,44 @@ def add_pipeline(app: Any, server: Server, entry: Entry) -> None:
 
 
 def add_embeddings(app: Any, server: Server) -> None:
-    """POST /embed and POST /v1/embeddings (OpenAI's shape): one batcher for both."""
+    """POST /embed and POST /v1/embeddings (OpenAI's shape): one batcher for both. A request's
+    prompt is part of its batch's options; its dimensions and output precision are applied to
+    its own rows after the batch (embedding.shortened, embedding.quantize), so requests that
+    differ only in those share model calls."""
     pipe = server.pipe
 
     async def vectors(inputs: list[Any], what: str, options: dict[str, Any], request: Any) -> list:
         server.check(inputs, what)
-        return await server.submit("embed", run, inputs, options, request)
+        own, options = pipe.embedding_settings, dict(options)
+        prompt = embedding.prompt_text(own, options.pop("prompt_name"), options.pop("prompt"))
+        dimensions, normalize = options.pop("dimensions"), options["normalize"]
+        modes = 1 if options["pooling"] else len(own.pooling)
+        try:
+            embedding.check_dimensions(dimensions, pipe.config.hidden_size * modes)
+        except ConfigError as e:
+            raise HTTPError(400, str(e).replace(" (--dimensions)", ""), "dimensions") from None
+        rows = await server.submit("embed", run, inputs, {**options, "prompt": prompt}, request)
+        normalized = own.normalize if normalize is None else normalize
+        return list(embedding.shortened(np.stack(rows), dimensions, normalized))
 
     def run(items: list[Any], options: dict[str, Any]) -> list[Any]:
         return list(pipe.embed(items, **options))
 
     @app.post("/embed", summary=ENTRIES["embed"].help)
     async def embed(req: EmbedRequest, request: Request) -> dict[str, Any]:
-        options = {"pooling": req.pooling, "normalize": req.normalize}
-        rows = await vectors(req.texts, "texts", options, request)
-        return {"embeddings": [r.tolist() for r in rows]}
+        options = {"pooling": req.pooling, "normalize": req.normalize, "dimensions": req.dimensions}
+        options |= {"prompt_name": req.prompt_name, "prompt": req.prompt}
+        rows = np.stack(await vectors(req.texts, "texts", options, request))
+        return {"embeddings": server.quantized(rows, req.embedding_precision, options).tolist()}
 
     @app.post("/v1/embeddings", summary="OpenAI's embeddings API")
     async def openai_embeddings(req: OpenAIEmbeddingRequest, request: Request) -> dict[str, Any]:
         inputs: list[Any] = req.input if isinstance(req.input, list) else [req.input]
         if inputs and isinstance(inputs[0], int):  # one input given as piece ids
             inputs = [inputs]
-        if req.dimensions is not None and req.dimensions != server.width:
-            raise HTTPError(
-                400,
-                f"dimensions={req.dimensions}: this model's embeddings have "
-                f"{server.width} dimensions (it cannot shorten them)",
-                "dimensions",
-            )
-        rows = await vectors(inputs, "input", {"pooling": None, "normalize": None}, request)
+        options = {"pooling": None, "normalize": None, "dimensions": req.dimensions}
+        options |= {"prompt_name": None, "prompt": None}  # the model's default prompt, if any
+        rows = await vectors(inputs, "input", options, request)
         used = sum(server.pieces(x) for x in inputs)
         as_base64 = req.encoding_format == "base64"
         return {
@@ -1040,6 +1081,7 @@ def serve(
     index: str | None = None,
     index_model: str | None = None,
     access: Access | None = None,
+    calibration: str | None = None,
     **pipeline_options: Any,
 ) -> None:
     """Load and check the model (a CheckpointError ends it here), then run the server
@@ -1049,7 +1091,7 @@ def serve(
     access = access or Access()
     if access.api_key is None and os.environ.get(API_KEY_ENV):
         access = Access(os.environ[API_KEY_ENV], access.access_log)
-    app = create_app(model, limits, index, index_model, access, **pipeline_options)
+    app = create_app(model, limits, index, index_model, access, calibration, **pipeline_options)
     if access.access_log and not access_log.handlers:
         handler = logging.StreamHandler()  # stderr
         handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%Y-%m-%dT%H:%M:%S"))

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..errors import CheckpointError, ConfigError, InputError, check_choice
+from ..errors import CheckpointError, ConfigError, DataError, InputError, check_choice
 from ..fileio import inside, read_json, write_json
 
 POOLINGS = ("cls", "mean", "max", "mean_sqrt_len", "weightedmean", "lasttoken")
@@ -319,6 +319,22 @@ def prompt_text(own: Embedding, prompt_name: str | None = None, prompt: str | No
     return own.prompts[name]
 
 
+DOCUMENT_PROMPTS = ("document", "passage", "corpus")  # encode_document's names, in its order
+
+
+def role_prompt(own: Embedding, role: str) -> str:
+    """The prompt of a search's queries ("query") or documents ("document"), as
+    sentence-transformers' encode_query / encode_document choose it, except that an empty
+    prompt is passed over: queries take the model's "query" prompt, else its default one;
+    documents the first of "document", "passage", "corpus" that the model gives, else none
+    (never the default, which is a query's prompt in models that have both: E5's "query: ").
+    sentence-transformers 6 stops at its own empty "document" and so gives a model's
+    "passage: " prompt to nobody."""
+    if role == "query":
+        return own.prompts.get("query") or prompt_text(own)
+    return next((own.prompts[n] for n in DOCUMENT_PROMPTS if own.prompts.get(n)), "")
+
+
 def check_dimensions(dimensions: int | None, width: int) -> None:
     """A ConfigError unless dimensions (a Matryoshka truncation) is None or in 1..width."""
     ok = isinstance(dimensions, int) and not isinstance(dimensions, bool) and dimensions >= 1
@@ -327,6 +343,34 @@ def check_dimensions(dimensions: int | None, width: int) -> None:
             f"dimensions={dimensions!r} (--dimensions): must be 1..{width}, the width of this "
             "model's embeddings"
         )
+
+
+def shortened(vectors: np.ndarray, dimensions: int | None, normalized: bool) -> np.ndarray:
+    """The first `dimensions` of each vector (Matryoshka; None: all), made unit length again
+    when the vectors are normalised (the same whether they were normalised before the cut or
+    after it), so that dot products stay cosines."""
+    out = np.ascontiguousarray(vectors[..., :dimensions], np.float32)
+    if normalized:
+        out = out / np.maximum(np.linalg.norm(out, axis=-1, keepdims=True), 1e-12)
+    return out
+
+
+def read_calibration(path: str | os.PathLike[str], width: int) -> np.ndarray:
+    """Calibration embeddings (N >= 2, width) float, from a .npy file (no pickle): the
+    int8/uint8 buckets' ends are their per-dimension min and max; a file of anything else is
+    one DataError naming it."""
+    try:
+        reference = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as e:  # missing, not a .npy, or a pickled object array
+        raise DataError(f"{path}: not a readable .npy array ({e})") from None
+    floats = isinstance(reference, np.ndarray) and reference.dtype.kind == "f"
+    if not floats or reference.ndim != 2 or len(reference) < 2 or reference.shape[1] != width:
+        held = f"{reference.dtype} {reference.shape}" if isinstance(reference, np.ndarray) else ""
+        raise DataError(
+            f"{path}: calibration embeddings must be floats of shape (N >= 2, {width}), the "
+            f"width written; it holds {held or 'no single array'}"
+        )
+    return reference
 
 
 def quantization_ranges(calibration: np.ndarray) -> np.ndarray:
