@@ -46,8 +46,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import functools
 import inspect
+import itertools
 import json
 import logging
 import time
@@ -68,12 +70,14 @@ except ImportError:  # create_app says what to install
 from .catalogue import ENTRIES, Entry
 from .checkpoint import architectures
 from .config import BertConfig, check_options, option
+from .data.tasks import SquadExample
 from .errors import BertforgeError, need_extra
 from .hub import resolve
 from .model import BertModel
 from .pipelines import Pipeline
 from .tasks import ranking
 from .tasks.embedding import POOLINGS
+from .tasks.squad import featurize as squad_featurize
 
 log = logging.getLogger(__name__)
 _SERVE_EXTRA = "bertforge serve needs the serve extra: pip install 'bertforge[serve]'"
@@ -85,9 +89,17 @@ class Limits:
 
     max_texts: int = option(64, "texts per request (else 413)", min=1)
     max_chars: int = option(10_000, "characters per text (else 413)", min=1)
+    max_request_tokens: int = option(
+        65_536,
+        "pieces per request as the model reads them: every window, [CLS] and [SEP] included "
+        "(else 413)",
+        min=1,
+    )
     max_batch: int = option(64, "texts per model call", min=1)
     max_batch_tokens: int = option(
-        16_384, "padded pieces per model call (a longer text runs alone)", min=1
+        16_384,
+        "pieces per model call as the model reads them (an input longer than that runs alone)",
+        min=1,
     )
     max_wait_ms: float = option(5.0, "how long a batch waits for more requests", min=0)
     max_queue: int = option(1024, "requests waiting per endpoint (else 503)", min=1)
@@ -95,6 +107,9 @@ class Limits:
     # 6-byte \u escapes, and as many piece ids; raise it with those two limits
     max_body_bytes: int = option(
         16 * 2**20, "bytes per request body, counted as it arrives (else 413)", min=1
+    )
+    return_chars: int = option(
+        10_000, "characters of a document's text in a /search answer (more: cut, flagged)", min=1
     )
 
     def __post_init__(self) -> None:
@@ -199,41 +214,87 @@ def internal(where: str, e: BaseException) -> str:
     return f"internal error: {type(e).__name__}"
 
 
-# a request waiting in a queue: its items, its options, its longest item in pieces, its answer
-Pending = tuple[list[Any], dict[str, Any], int, asyncio.Future]
+# pieces each input of a list is read as (every window's row, [CLS] and [SEP] included), given
+# the request's options
+Cost = Callable[[list[Any], dict[str, Any]], list[int]]
+
+
+@dataclass(eq=False)
+class Job:
+    """A request in its endpoint's batcher: its items and the pieces each is read as, its
+    options (requests with the same `key` share model calls), its rows as slices come back."""
+
+    items: list[Any]
+    costs: list[int]
+    options: dict[str, Any]
+    key: str
+    future: asyncio.Future
+    arrived: float  # the event loop's clock
+    order: int  # arrival order in its batcher
+    rows: list[Any]
+    taken: int = 0  # items handed to model calls so far
+    turns: int = 0  # model calls it has had a slice in
+
+    @property
+    def waiting(self) -> bool:
+        """Items not yet handed to a model call, for a client still waiting for them."""
+        return self.taken < len(self.items) and not self.future.done()
 
 
 class Batcher:
-    """One endpoint's queue and worker: requests (items, options) in, rows out."""
+    """One endpoint's requests: (items, options) in, each request's own rows out. Its model
+    calls are made by the server's Scheduler, in turn with the other endpoints' (see there)."""
 
     def __init__(
         self,
         run: Callable[[list[Any], dict[str, Any]], list[Any]],
         limits: Limits,
-        pieces: Callable[[Any], int],
+        cost: Cost,
         metrics: Metrics,
+        scheduler: Scheduler | None = None,
     ) -> None:
-        self.run, self.limits, self.pieces, self.metrics = run, limits, pieces, metrics
-        self.queue: asyncio.Queue[Pending] = asyncio.Queue(limits.max_queue)
-        self.task: asyncio.Task | None = None  # its worker: one model call at a time per endpoint
+        self.run, self.limits, self.cost, self.metrics = run, limits, cost, metrics
+        self.scheduler = scheduler or Scheduler(metrics)
+        self.jobs: list[Job] = []
+        self.arrivals = itertools.count()
+
+    @property
+    def waiting(self) -> int:
+        """Requests with items not yet handed to a model call."""
+        return sum(j.waiting for j in self.jobs)
 
     async def submit(
         self,
         items: list[Any],
         options: dict[str, Any],
         gone: Callable[[], Awaitable[Any]] | None = None,
+        field: str = "texts",
     ) -> list[Any]:
-        """The rows of `items`, computed in a batch with other requests' items; `gone` returns
-        when the client has left: the request then leaves the queue uncomputed (499)."""
-        if self.task is None or self.task.done():
-            self.task = asyncio.create_task(self._work())
-        future: asyncio.Future = asyncio.get_running_loop().create_future()
-        # measured here, so that an item it cannot read fails its request
-        longest = max((self.pieces(x) for x in items), default=0)
-        try:
-            self.queue.put_nowait((items, options, longest, future))
-        except asyncio.QueueFull:
-            raise HTTPError(503, "server busy: the request queue is full; retry later") from None
+        """The rows of `items`, computed in slices that share model calls with other requests;
+        413 before any model work if the items are read as more than max_request_tokens pieces
+        (`field`: the request's field the message names); `gone` returns when the client has
+        left: the request then leaves uncomputed (499), even half done."""
+        if not items:
+            return []
+        # counted in a thread (it tokenizes): the event loop serves the other clients meanwhile
+        costs = await asyncio.to_thread(self.cost, items, options)
+        total, limit = sum(costs), self.limits.max_request_tokens
+        if total > limit:
+            raise HTTPError(
+                413,
+                f"{field}: read as {total:,} pieces (every window, [CLS] and [SEP] "
+                f"included), more than the limit of {limit:,} per request (max_request_tokens)",
+                field,
+            )
+        if self.waiting >= self.limits.max_queue:
+            raise HTTPError(503, "server busy: the request queue is full; retry later")
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future = loop.create_future()
+        key = json.dumps(options, sort_keys=True, default=repr)
+        order = next(self.arrivals)
+        job = Job(items, costs, options, key, future, loop.time(), order, [None] * len(items))
+        self.jobs.append(job)
+        self.scheduler.add(self)
         watch = asyncio.ensure_future(gone()) if gone else None
         try:
             if watch is not None:
@@ -242,79 +303,128 @@ class Batcher:
                 if not future.done() and watch.exception() is None:
                     raise HTTPError(GONE, "the client closed the connection")
             return await future
-        finally:  # answered, the client gone or this handler cancelled: the worker skips it
+        finally:  # answered, the client gone or this handler cancelled: no more slices of it
             future.cancel()
             if watch:
                 watch.cancel()
 
-    async def _next(self) -> Pending:
-        """The next queued request whose client still waits."""
-        while True:
-            pending = await self.queue.get()
-            if not pending[3].done():
-                return pending
+    def delay(self, now: float) -> float | None:
+        """Seconds before this endpoint's next model call should start (None: nothing waits):
+        none once its waiting items fill a call or its oldest request has waited max_wait_ms."""
+        self.jobs = [j for j in self.jobs if not j.future.done()]
+        jobs, limits = [j for j in self.jobs if j.waiting], self.limits
+        if not jobs:
+            return None
+        items = sum(len(j.items) - j.taken for j in jobs)
+        pieces = sum(sum(j.costs[j.taken :]) for j in jobs)
+        if items >= limits.max_batch or pieces >= limits.max_batch_tokens:
+            return 0.0
+        return max(0.0, min(j.arrived for j in jobs) + limits.max_wait_ms / 1000 - now)
 
-    async def _work(self) -> None:
-        held: Pending | None = None
-        while True:
-            pending, held = await self._gather(held)
-            groups: dict[str, list[Pending]] = {}  # requests with the same options: one batch
-            for p in pending:
-                groups.setdefault(json.dumps(p[1], sort_keys=True, default=repr), []).append(p)
-            for group in groups.values():
-                try:
-                    await self._answer(group)
-                except Exception as e:  # a bug here must not stop the worker: a 500 each
-                    for p in group:
-                        if not p[3].done():
-                            p[3].set_exception(e)
+    def take(self) -> list[tuple[Job, int, int]]:
+        """The next model call's slices (request, start, end): requests with fewer turns first
+        (a new one before those already served in part), in arrival order among equals, each
+        giving its next items while the call stays within max_batch items and max_batch_tokens
+        pieces (its first item always: an input longer than that runs alone). Only requests
+        with the options of the first share the call."""
+        queue = sorted((j for j in self.jobs if j.waiting), key=lambda j: (j.turns, j.order))
+        limits, slices, n, pieces = self.limits, [], 0, 0
+        for job in queue:
+            if job.key != queue[0].key:
+                continue
+            start = end = job.taken
+            while end < len(job.items) and n < limits.max_batch:
+                if n and pieces + job.costs[end] > limits.max_batch_tokens:
+                    break
+                pieces, n, end = pieces + job.costs[end], n + 1, end + 1
+            if end > start:
+                slices.append((job, start, end))
+                job.taken, job.turns = end, job.turns + 1
+        return slices
 
-    async def _gather(self, held: Pending | None) -> tuple[list[Pending], Pending | None]:
-        """The next batch, and the request that did not fit in it (it leads the next)."""
-        loop, limits = asyncio.get_running_loop(), self.limits
-        first = held if held is not None and not held[3].done() else await self._next()
-        pending, size, longest = [first], len(first[0]), first[2]
-        deadline = loop.time() + limits.max_wait_ms / 1000
-        held = None
-        while size < limits.max_batch:
-            timeout = deadline - loop.time()
-            if timeout <= 0:
-                break
-            try:
-                nxt = await asyncio.wait_for(self._next(), timeout)
-            except asyncio.TimeoutError:
-                break
-            n, m = size + len(nxt[0]), max(longest, nxt[2])
-            if n * m > limits.max_batch_tokens:  # padded pieces: it waits for the next batch
-                held = nxt
-                break
-            pending.append(nxt)
-            size, longest = n, m
-        self.metrics.batch(size, self.queue.qsize() + (held is not None))
-        return pending, held
-
-    async def _answer(self, group: list[Pending]) -> None:
-        """One model call for the group's requests, each answered with its own rows; if it
-        fails, each request runs alone, so that one bad input fails only its own request."""
-        group = [p for p in group if not p[3].done()]  # clients gone while the batch formed
-        if not group:
+    async def answer(self, slices: list[tuple[Job, int, int]]) -> None:
+        """One model call for the slices, each request given its own rows (answered once all
+        its rows are in); if it fails, each slice runs alone, so that one bad input fails only
+        its own request."""
+        slices = [s for s in slices if not s[0].future.done()]  # clients gone meanwhile
+        if not slices:
             return
-        items = [x for p in group for x in p[0]]
+        items = [x for job, start, end in slices for x in job.items[start:end]]
         loop = asyncio.get_running_loop()
         try:
-            rows = await loop.run_in_executor(None, self.run, items, group[0][1])
+            rows = await loop.run_in_executor(None, self.run, items, slices[0][0].options)
         except Exception as e:
-            if len(group) > 1:
-                for p in group:
-                    await self._answer([p])
-            elif not group[0][3].done():
-                group[0][3].set_exception(e)
+            if len(slices) > 1:
+                for s in slices:
+                    await self.answer([s])
+            elif not slices[0][0].future.done():
+                slices[0][0].future.set_exception(e)
             return
         i = 0
-        for its, _, _, f in group:
-            if not f.done():
-                f.set_result(rows[i : i + len(its)])
-            i += len(its)
+        for job, start, end in slices:
+            job.rows[start:end] = rows[i : i + end - start]
+            i += end - start
+            if end == len(job.items) and not job.future.done():
+                job.future.set_result(job.rows)
+
+
+class Scheduler:
+    """Every endpoint's model calls, one at a time, the endpoints with waiting requests taking
+    turns (round robin); within an endpoint, each call takes slices of its waiting requests
+    (Batcher.take: new requests first). A big request is thus answered in several calls, and
+    a request that comes meanwhile waits for at most the call in progress, not for the whole
+    of the big one. See the module docstring for why one call at a time and the call's size."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+        self.batchers: list[Batcher] = []  # every batcher a request has come to
+        self.turns: dict[Batcher, int] = {}  # the last turn each had (0: none yet)
+        self.wake: asyncio.Event | None = None  # set when a request comes
+        self.task: asyncio.Task | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    def add(self, batcher: Batcher) -> None:
+        """A request has joined `batcher`: it takes its turn."""
+        loop = asyncio.get_running_loop()
+        if self.task is None or self.task.done() or self.loop is not loop:
+            self.loop, self.wake = loop, asyncio.Event()
+            self.task = loop.create_task(self._work())
+        if batcher not in self.turns:
+            self.batchers.append(batcher)
+            self.turns[batcher] = 0
+        assert self.wake is not None
+        self.wake.set()
+
+    def _next(self, now: float) -> tuple[Batcher | None, float | None]:
+        """The batcher whose turn it is (of those with waiting requests, the one served least
+        recently) and how long its call should wait (None: no request waits)."""
+        turn: tuple[Batcher | None, float | None] = (None, None)
+        for b in self.batchers:
+            delay = b.delay(now)
+            if delay is not None and (turn[0] is None or self.turns[b] < self.turns[turn[0]]):
+                turn = (b, delay)
+        return turn
+
+    async def _work(self) -> None:
+        loop, wake = asyncio.get_running_loop(), self.wake
+        assert wake is not None
+        while True:
+            batcher, delay = self._next(loop.time())
+            if batcher is None or delay:
+                wake.clear()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(wake.wait(), delay)
+                continue
+            self.turns[batcher] = max(self.turns.values()) + 1
+            slices = batcher.take()
+            waiting = sum(b.waiting for b in self.batchers)
+            self.metrics.batch(sum(end - start for _, start, end in slices), waiting)
+            try:
+                await batcher.answer(slices)
+            except Exception as e:  # a bug here must not stop the worker: a 500 each
+                for job, _, _ in slices:
+                    if not job.future.done():
+                        job.future.set_exception(e)
 
 
 class Metrics:
@@ -400,6 +510,7 @@ class Server:
         given = (Path(str(model)).resolve(), self.pipe.path, self.pipe.path.resolve())
         self.paths = sorted({str(p) for p in given if p.is_absolute()}, key=len, reverse=True)
         self.batchers: dict[str, Batcher] = {}
+        self.scheduler = Scheduler(self.metrics)  # one model call at a time, all endpoints'
 
     def scrub(self, message: str) -> str:
         """A pipeline's message for a client: the model's directory named, not its path."""
@@ -448,10 +559,63 @@ class Server:
                 n += len(part)
         return n
 
-    def batcher(self, key: str, run: Callable[[list[Any], dict[str, Any]], list[Any]]) -> Batcher:
+    def batcher(
+        self, key: str, run: Callable[[list[Any], dict[str, Any]], list[Any]], cost: Cost
+    ) -> Batcher:
         if key not in self.batchers:
-            self.batchers[key] = Batcher(run, self.limits, self.pieces, self.metrics)
+            self.batchers[key] = Batcher(run, self.limits, cost, self.metrics, self.scheduler)
         return self.batchers[key]
+
+    @staticmethod
+    def windows_read(pipe: Pipeline, max_length: int | None = None) -> Cost:
+        """Pieces each text (or list of piece ids) is read as: the rows of its windows, as
+        `pipe` lays them out (Pipeline.windows: embed, classify, ner)."""
+
+        def cost(items: list[Any], options: dict[str, Any]) -> list[int]:
+            _, features, windows = pipe.windows(items, max_length)
+            out = [0] * len(items)
+            for w, n in zip(windows, features.lengths.tolist()):
+                out[w.text] += n
+            return out
+
+        return cost
+
+    def reading(self, entry: Entry, given: int) -> Cost:
+        """How one of the catalogue's pipelines reads its inputs (of `given` columns): rerank
+        and qa a long document or context in windows beside the query or question; fill-mask,
+        nsp and classify's pairs one row each, cut to the model's length; the rest windows."""
+        pipe = self.pipe
+
+        def owned(owners: Any, lengths: Any, n: int) -> list[int]:
+            out = [0] * n
+            for k, length in zip(owners, lengths.tolist()):
+                out[int(k)] += length
+            return out
+
+        def pairs(items: list[Any], options: dict[str, Any]) -> list[int]:
+            queries, documents = [x[0] for x in items], [x[1] for x in items]
+            features, owners = pipe.pair_rows(queries, documents, options.get("truncate"))
+            return owned(owners, features.lengths, len(items))
+
+        def squad(items: list[Any], options: dict[str, Any]) -> list[int]:
+            examples = [SquadExample(str(i), q, c, [], False, "") for i, (q, c) in enumerate(items)]
+            window = {k: options[k] for k in ("max_seq_length", "doc_stride")}
+            features = squad_featurize(examples, pipe.tok, **window)
+            return owned([w.example for w in features.meta], features.lengths, len(items))
+
+        def cut(items: list[Any], options: dict[str, Any]) -> list[int]:
+            columns = list(zip(*items))
+            encoded = pipe.encode(list(columns[0]), list(columns[1]) if given > 1 else None)
+            return [len(e.ids) for e in encoded]
+
+        if entry.name == "rerank":
+            return pairs
+        if entry.name == "qa":
+            return squad
+        if given > 1 or entry.name == "fill-mask":
+            return cut
+        windows = self.windows_read(pipe)
+        return lambda items, options: windows([x[0] for x in items], options)
 
     async def results(self, entry: Entry, req: Any, request: Any) -> list[Any]:
         """A catalogue entry's results for a request: its inputs checked, batched with other
@@ -472,9 +636,9 @@ class Server:
 
         key = "+".join(i.param for i in given)  # classify with and without pairs: two queues
         options = {name: getattr(req, name) for name in entry.options}
-        return await self.batcher(f"{entry.name}:{key}", run).submit(
-            list(zip(*columns.values())), options, functools.partial(client_gone, request)
-        )
+        b = self.batcher(f"{entry.name}:{key}", run, self.reading(entry, len(given)))
+        items = list(zip(*columns.values()))
+        return await b.submit(items, options, functools.partial(client_gone, request), first)
 
     async def scores(
         self, query: str, texts: list[str], field: str, options: dict[str, Any], request: Any
@@ -490,9 +654,9 @@ class Server:
             inputs = {"queries": [q for q, _ in items], "documents": [d for _, d in items]}
             return entry.run(self.pipe, inputs, options)
 
-        return await self.batcher("rerank", run).submit(
-            [(query, t) for t in texts], options, functools.partial(client_gone, request)
-        )
+        b = self.batcher("rerank", run, self.reading(entry, 2))
+        items = [(query, t) for t in texts]
+        return await b.submit(items, options, functools.partial(client_gone, request), field)
 
 
 async def client_gone(request: Any) -> None:
@@ -557,8 +721,9 @@ def add_embeddings(app: Any, server: Server) -> None:
 
     async def vectors(inputs: list[Any], what: str, options: dict[str, Any], request: Any) -> list:
         server.check(inputs, what)
-        b = server.batcher("embed", lambda items, o: list(pipe.embed(items, **o)))
-        return await b.submit(inputs, options, functools.partial(client_gone, request))
+        read = server.windows_read(pipe, pipe.embedding_settings.max_length)
+        b = server.batcher("embed", lambda items, o: list(pipe.embed(items, **o)), read)
+        return await b.submit(inputs, options, functools.partial(client_gone, request), what)
 
     @app.post("/embed", summary=ENTRIES["embed"].help)
     async def embed(req: EmbedRequest, request: Request) -> dict[str, Any]:
@@ -640,7 +805,8 @@ def add_search(app: Any, server: Server, path: str | Path) -> None:
     from .index import Index
 
     index = Index.load(path)
-    index.use_model(None, device=server.pipe.device.type)
+    pipe = index.use_model(None, device=server.pipe.device.type)
+    read = server.windows_read(pipe, pipe.embedding_settings.max_length)  # the queries
     server.endpoints.append("search")
 
     @app.post("/search", summary="search the index given with --index")
@@ -648,8 +814,14 @@ def add_search(app: Any, server: Server, path: str | Path) -> None:
         server.check(req.queries, "queries")
         options = {"top_k": req.top_k, "mode": req.mode, "text": req.return_text}
         options |= {"fusion": req.fusion, "alpha": req.alpha, "passage": req.return_passage}
-        b = server.batcher("search", lambda items, o: index.search(items, **o))
-        rows = await b.submit(req.queries, options, functools.partial(client_gone, request))
+        b = server.batcher("search", lambda items, o: index.search(items, **o), read)
+        gone = functools.partial(client_gone, request)
+        rows = await b.submit(req.queries, options, gone, "queries")
+        if req.return_text:  # a document's text cut at return_chars: the answer stays bounded
+            cut = server.limits.return_chars
+            for hit in (h for row in rows for h in row):
+                hit["text_truncated"] = len(hit["text"]) > cut
+                hit["text"] = hit["text"][:cut]
         return {"results": rows}
 
 
