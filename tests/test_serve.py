@@ -564,15 +564,15 @@ def test_a_request_over_the_token_budget_is_413_before_any_model_call(
 
 
 def stub_batchers(
-    limits: Any, names: tuple[str, ...] = ("a",)
-) -> tuple[dict[str, Any], list[tuple[str, list[str]]], threading.Event]:
+    limits: Any, names: tuple[str, ...] = ("a",), held: int = 1
+) -> tuple[dict[str, Any], list[tuple[str, list[str]]], list[threading.Event]]:
     """Batchers sharing one Scheduler over a stub run: each item's row is its text upper-cased,
-    its cost the number in its text after ':'; calls (batcher, items) recorded; the first call
-    waits for `gate`; a call while another runs fails the test."""
+    its cost the number in its text after ':'; calls (batcher, items) recorded; call k < held
+    waits for gates[k]; a call while another runs fails the test."""
     from bertforge.serve import Batcher, Metrics, Scheduler
 
     calls: list[tuple[str, list[str]]] = []
-    gate, running = threading.Event(), threading.Lock()
+    gates, running = [threading.Event() for _ in range(held)], threading.Lock()
     scheduler = Scheduler(Metrics())
 
     def runner(name: str) -> Callable[[list[str], dict], list[str]]:
@@ -580,7 +580,8 @@ def stub_batchers(
             assert running.acquire(blocking=False), "two model calls at once"
             try:
                 calls.append((name, list(items)))
-                gate.wait(30)
+                if len(calls) <= held:
+                    gates[len(calls) - 1].wait(30)
                 return [x.upper() for x in items]
             finally:
                 running.release()
@@ -591,7 +592,7 @@ def stub_batchers(
         return [int(x.split(":")[1]) for x in items]
 
     batchers = {n: Batcher(runner(n), limits, cost, Metrics(), scheduler) for n in names}
-    return batchers, calls, gate
+    return batchers, calls, gates
 
 
 def test_a_big_request_is_answered_in_slices_and_a_small_one_goes_between() -> None:
@@ -601,7 +602,7 @@ def test_a_big_request_is_answered_in_slices_and_a_small_one_goes_between() -> N
     from bertforge.serve import Limits
 
     limits = Limits(max_batch=64, max_batch_tokens=20, max_wait_ms=0)
-    batchers, calls, gate = stub_batchers(limits)
+    batchers, calls, (gate,) = stub_batchers(limits)
     big = [f"big{i}:10" for i in range(10)]
     done: list[str] = []
 
@@ -641,7 +642,7 @@ def test_endpoints_take_turns_one_model_call_at_a_time() -> None:
     from bertforge.serve import Limits
 
     limits = Limits(max_batch=64, max_batch_tokens=20, max_wait_ms=0)
-    batchers, calls, gate = stub_batchers(limits, ("rerank", "embed"))
+    batchers, calls, (gate,) = stub_batchers(limits, ("rerank", "embed"))
     big = [f"big{i}:10" for i in range(6)]
 
     async def go() -> list[list[str]]:
@@ -672,8 +673,7 @@ def test_slices_of_many_requests_each_get_their_own_rows_in_order() -> None:
     from bertforge.serve import Limits
 
     limits = Limits(max_batch=5, max_batch_tokens=30, max_wait_ms=1)
-    batchers, calls, gate = stub_batchers(limits)
-    gate.set()
+    batchers, calls, _ = stub_batchers(limits, held=0)
     rng = np.random.default_rng(0)
     requests = [
         [f"r{r}i{i}:{rng.integers(1, 40)}" for i in range(rng.integers(1, 15))] for r in range(12)
@@ -698,7 +698,7 @@ def test_a_big_request_whose_client_left_is_not_computed_further() -> None:
     from bertforge.serve import Limits
 
     limits = Limits(max_batch=64, max_batch_tokens=20, max_wait_ms=0)
-    batchers, calls, gate = stub_batchers(limits)
+    batchers, calls, (gate,) = stub_batchers(limits)
     big = [f"big{i}:10" for i in range(10)]
 
     async def go() -> list[str]:
@@ -735,3 +735,34 @@ def test_search_texts_are_cut_at_return_chars(classifier: Path, tmp_path: Path) 
         assert hits["d1"]["text"] == docs[1][:40] and hits["d1"]["text_truncated"] is True
         r = client.post("/search", json={"queries": ["document"]})
         assert all("text" not in h and "text_truncated" not in h for h in r.json()["results"][0])
+
+
+def test_a_big_request_is_not_starved_by_a_stream_of_small_ones() -> None:
+    """Small requests of other options keep coming, one during each call: they go before the
+    big one's next slice once, not for ever (round robin: a new request goes before those in
+    the last call only)."""
+    from bertforge.serve import Limits
+
+    limits = Limits(max_batch=64, max_batch_tokens=20, max_wait_ms=0)
+    batchers, calls, gates = stub_batchers(limits, held=4)
+    b = batchers["a"]
+
+    async def go() -> None:
+        big = asyncio.create_task(b.submit([f"big{i}:10" for i in range(6)], {"o": "big"}))
+        small = []
+        for k in range(4):
+            await until(lambda k=k: len(calls) == k + 1)
+            small.append(asyncio.create_task(b.submit([f"s{k}:1"], {"o": "small"})))
+            await until(lambda k=k: any(j.items == [f"s{k}:1"] for j in b.jobs))
+            gates[k].set()
+        await asyncio.gather(big, *small)
+
+    asyncio.run(go())
+    assert [items for _, items in calls] == [
+        ["big0:10", "big1:10"],
+        ["s0:1"],  # came during the first call: before the big one's next slice
+        ["big2:10", "big3:10"],  # s1 came during s0's call: the big one, served earlier, first
+        ["s1:1", "s2:1"],
+        ["big4:10", "big5:10"],
+        ["s3:1"],
+    ]

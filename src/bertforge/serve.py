@@ -12,8 +12,9 @@
         /qa          {"questions", "contexts", "max_seq_length"?, ...} -> [{answer, score, ...}]
         /nsp         {"texts": [...], "pairs": [...]}   -> [P(IsNext)]
     POST /search     with --index DIR: {"queries", "top_k"?, "mode"?, "return_text"?,
-                     "return_passage"?} -> {"results": [[{id, score, rank, text?, passage?}]]}
-                     (index.py)
+                     "return_passage"?} -> {"results": [[{id, score, rank, text?,
+                     text_truncated?, passage?}]]} (index.py); a document's text is cut at
+                     return_chars characters (text_truncated says whether it was)
     POST /rerank     text-embeddings-inference's: {"query", "texts", "raw_scores"?, "return_text"?,
                      "truncate"?} -> [{index, score, text?}], best first (a cross-encoder)
     POST /v1/rerank  Cohere's and Jina's: {"query", "documents": [str | {"text"}], "top_n"?,
@@ -24,13 +25,25 @@
 The model is fixed, loaded and checked at start-up: the encoder and every head its config.json
 "architectures" claim, so a corrupt checkpoint stops `serve` before it listens, and nothing in
 a request names a file. Every served pipeline has its endpoint; one whose head the checkpoint
-lacks answers 404. Concurrent requests are micro-batched: each endpoint has a bounded queue and
-one worker that takes up to max_batch texts and max_batch_tokens padded pieces (so one long
-text does not hold back a batch of short ones), waiting at most max_wait_ms for more, runs them
-length-sorted in a thread (the inference runner: a long text does not pad the short ones), and
-answers each request with its own rows. A request's inputs are checked before it joins a batch;
-a batch that fails anyway is run again one request at a time, so a bad input fails only its
-own request. A request whose client has gone is dropped from the queue, not computed.
+lacks answers 404.
+
+Work per request is bounded by what the model will read. A request's inputs are checked before
+it joins a batch: then its pieces are counted as the model reads them (a long text, or a
+(query, document) pair, read in windows costs every window's row, [CLS] and [SEP] included),
+and a request over max_request_tokens answers 413 before any model work. The default, 65,536,
+passes max_texts inputs of a full 512-piece row twice over.
+
+Concurrent requests are micro-batched and take turns. Each endpoint has a batcher; one
+scheduler makes all the model calls, one at a time, the endpoints with waiting requests taking
+turns (the one served least recently first). A call takes slices of its endpoint's waiting
+requests, new ones before those already served in part: at most max_batch texts and
+max_batch_tokens pieces as read (one input longer than that runs alone), waiting at most
+max_wait_ms for company; it runs length-sorted in a thread (the inference runner: a long text
+does not pad the short ones), and a request is answered with its own rows, in order, once all
+its slices are in. So a big request is answered in several calls, and one that comes meanwhile
+waits for the call in progress, not for the whole big one. MEASURED
+A call that fails is run again one request's slice at a time, so a bad input fails only its own
+request. A request whose client has gone leaves uncomputed, even half done.
 
 Errors are answered, never re-raised (the connection stays usable), as JSON {"error": "..."};
 on /v1/ as OpenAI's error object {"error": {"message", "type", "param", "code"}}, which its
@@ -232,8 +245,8 @@ class Job:
     arrived: float  # the event loop's clock
     order: int  # arrival order in its batcher
     rows: list[Any]
+    turn: float  # its place in the batcher's round (Batcher.take)
     taken: int = 0  # items handed to model calls so far
-    turns: int = 0  # model calls it has had a slice in
 
     @property
     def waiting(self) -> bool:
@@ -257,6 +270,7 @@ class Batcher:
         self.scheduler = scheduler or Scheduler(metrics)
         self.jobs: list[Job] = []
         self.arrivals = itertools.count()
+        self.calls = 0  # model calls made so far
 
     @property
     def waiting(self) -> int:
@@ -291,8 +305,8 @@ class Batcher:
         loop = asyncio.get_running_loop()
         future: asyncio.Future = loop.create_future()
         key = json.dumps(options, sort_keys=True, default=repr)
-        order = next(self.arrivals)
-        job = Job(items, costs, options, key, future, loop.time(), order, [None] * len(items))
+        order, turn = next(self.arrivals), self.calls - 0.5  # before those in the last call
+        job = Job(items, costs, options, key, future, loop.time(), order, [None] * len(items), turn)
         self.jobs.append(job)
         self.scheduler.add(self)
         watch = asyncio.ensure_future(gone()) if gone else None
@@ -322,12 +336,14 @@ class Batcher:
         return max(0.0, min(j.arrived for j in jobs) + limits.max_wait_ms / 1000 - now)
 
     def take(self) -> list[tuple[Job, int, int]]:
-        """The next model call's slices (request, start, end): requests with fewer turns first
-        (a new one before those already served in part), in arrival order among equals, each
-        giving its next items while the call stays within max_batch items and max_batch_tokens
-        pieces (its first item always: an input longer than that runs alone). Only requests
-        with the options of the first share the call."""
-        queue = sorted((j for j in self.jobs if j.waiting), key=lambda j: (j.turns, j.order))
+        """The next model call's slices (request, start, end), the requests in turn (round
+        robin: the one served least recently first; a new one before those in the last call,
+        so it need not wait for a big one's next slice), each giving its next items while the
+        call stays within max_batch items and max_batch_tokens pieces (its first item always:
+        an input longer than that runs alone). Only requests with the options of the first
+        share the call."""
+        queue = sorted((j for j in self.jobs if j.waiting), key=lambda j: (j.turn, j.order))
+        self.calls += 1
         limits, slices, n, pieces = self.limits, [], 0, 0
         for job in queue:
             if job.key != queue[0].key:
@@ -339,7 +355,7 @@ class Batcher:
                 pieces, n, end = pieces + job.costs[end], n + 1, end + 1
             if end > start:
                 slices.append((job, start, end))
-                job.taken, job.turns = end, job.turns + 1
+                job.taken, job.turn = end, self.calls
         return slices
 
     async def answer(self, slices: list[tuple[Job, int, int]]) -> None:
