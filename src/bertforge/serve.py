@@ -821,8 +821,7 @@ def add_search(app: Any, server: Server, path: str | Path) -> None:
     from .index import Index
 
     index = Index.load(path)
-    pipe = index.use_model(None, device=server.pipe.device.type)
-    read = server.windows_read(pipe, pipe.embedding_settings.max_length)  # the queries
+    index.use_model(None, device=server.pipe.device.type)
     server.endpoints.append("search")
 
     @app.post("/search", summary="search the index given with --index")
@@ -830,6 +829,8 @@ def add_search(app: Any, server: Server, path: str | Path) -> None:
         server.check(req.queries, "queries")
         options = {"top_k": req.top_k, "mode": req.mode, "text": req.return_text}
         options |= {"fusion": req.fusion, "alpha": req.alpha, "passage": req.return_passage}
+        pipe = index.use_model()  # the queries are read as its embed reads them
+        read = server.windows_read(pipe, pipe.embedding_settings.max_length)
         b = server.batcher("search", lambda items, o: index.search(items, **o), read)
         gone = functools.partial(client_gone, request)
         rows = await b.submit(req.queries, options, gone, "queries")
