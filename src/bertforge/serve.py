@@ -31,17 +31,28 @@ Work per request is bounded by what the model will read. A request's inputs are 
 it joins a batch: then its pieces are counted as the model reads them (a long text, or a
 (query, document) pair, read in windows costs every window's row, [CLS] and [SEP] included),
 and a request over max_request_tokens answers 413 before any model work. The default, 65,536,
-passes max_texts inputs of a full 512-piece row twice over.
+passes max_texts inputs of a full 512-piece row twice over, and refuses a /rerank of 64 texts
+of 10,000 characters (about 245,000 pieces in windows: 57 s on 2 cores, which held every other
+/rerank behind it when a request was one model call).
 
-Concurrent requests are micro-batched and take turns. Each endpoint has a batcher; one
-scheduler makes all the model calls, one at a time, the endpoints with waiting requests taking
-turns (the one served least recently first). A call takes slices of its endpoint's waiting
-requests, new ones before those already served in part: at most max_batch texts and
-max_batch_tokens pieces as read (one input longer than that runs alone), waiting at most
-max_wait_ms for company; it runs length-sorted in a thread (the inference runner: a long text
-does not pad the short ones), and a request is answered with its own rows, in order, once all
-its slices are in. So a big request is answered in several calls, and one that comes meanwhile
-waits for the call in progress, not for the whole big one. MEASURED
+Concurrent requests are micro-batched, and a big request is answered in slices. Each endpoint
+has a batcher whose worker makes its model calls one at a time, in a thread (the inference
+runner: length-sorted, so a long text does not pad the short ones). A call takes slices of the
+endpoint's waiting requests in turn (round robin; a new request goes before those in the last
+call, so it need not wait for a big one's next slice): at most max_batch texts and
+max_batch_tokens pieces as read (one input longer than that runs alone), after waiting at most
+max_wait_ms for company. A request is answered with its own rows, in order, once all its slices
+are in. So one that comes while a big one is answered waits for about one call, not the whole.
+Measured (benchmarks/serve_load.py --mixed: 2 cores, all-MiniLM-L6-v2 as a cross-encoder, 20
+clients of one-sentence requests beside the largest /rerank these limits admit, 17 texts of
+10,000 characters): a one-text /rerank waits p99 0.84 s, against 9.8 s (the whole big one)
+when a request was one call. max_batch_tokens is 4,096 there because a small request may wait
+for two calls (the one running and the one it shares): p99 7.3 s with calls of 16,384 pieces
+(four such texts, read in about 3,700 pieces each), 2.5 s with 8,192, 0.88 s with 4,096; raise
+it on a GPU. The endpoints' workers run side by side, as two threads on the cores: making one
+model call at a time for the whole server instead made the small /embed requests beside that
+/rerank wait for its calls (p99 0.8 s against 0.3 s side by side; the big one took 11 s against
+16.5 s).
 A call that fails is run again one request's slice at a time, so a bad input fails only its own
 request. A request whose client has gone leaves uncomputed, even half done.
 
@@ -109,8 +120,8 @@ class Limits:
         min=1,
     )
     max_batch: int = option(64, "texts per model call", min=1)
-    max_batch_tokens: int = option(
-        16_384,
+    max_batch_tokens: int = option(  # measured: see the module docstring
+        4_096,
         "pieces per model call as the model reads them (an input longer than that runs alone)",
         min=1,
     )
@@ -255,8 +266,8 @@ class Job:
 
 
 class Batcher:
-    """One endpoint's requests: (items, options) in, each request's own rows out. Its model
-    calls are made by the server's Scheduler, in turn with the other endpoints' (see there)."""
+    """One endpoint's requests and worker: (items, options) in, each request's own rows out,
+    one model call at a time, each call slices of the waiting requests in turn (see `take`)."""
 
     def __init__(
         self,
@@ -264,13 +275,13 @@ class Batcher:
         limits: Limits,
         cost: Cost,
         metrics: Metrics,
-        scheduler: Scheduler | None = None,
     ) -> None:
         self.run, self.limits, self.cost, self.metrics = run, limits, cost, metrics
-        self.scheduler = scheduler or Scheduler(metrics)
         self.jobs: list[Job] = []
         self.arrivals = itertools.count()
         self.calls = 0  # model calls made so far
+        self.task: asyncio.Task | None = None  # its worker, in the event loop it started in
+        self.wake: asyncio.Event | None = None  # set when a request comes
 
     @property
     def waiting(self) -> int:
@@ -308,7 +319,7 @@ class Batcher:
         order, turn = next(self.arrivals), self.calls - 0.5  # before those in the last call
         job = Job(items, costs, options, key, future, loop.time(), order, [None] * len(items), turn)
         self.jobs.append(job)
-        self.scheduler.add(self)
+        self._wake(loop)
         watch = asyncio.ensure_future(gone()) if gone else None
         try:
             if watch is not None:
@@ -321,6 +332,32 @@ class Batcher:
             future.cancel()
             if watch:
                 watch.cancel()
+
+    def _wake(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Tell the worker a request has come (started in this event loop if need be)."""
+        if self.task is None or self.task.done() or self.task.get_loop() is not loop:
+            self.wake = asyncio.Event()
+            self.task = loop.create_task(self._work(self.wake))
+        assert self.wake is not None
+        self.wake.set()
+
+    async def _work(self, wake: asyncio.Event) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            delay = self.delay(loop.time())
+            if delay is None or delay:  # none waits, or the first waits for company
+                wake.clear()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(wake.wait(), delay)
+                continue
+            slices = self.take()
+            self.metrics.batch(sum(end - start for _, start, end in slices), self.waiting)
+            try:
+                await self.answer(slices)
+            except Exception as e:  # a bug here must not stop the worker: a 500 each
+                for job, _, _ in slices:
+                    if not job.future.done():
+                        job.future.set_exception(e)
 
     def delay(self, now: float) -> float | None:
         """Seconds before this endpoint's next model call should start (None: nothing waits):
@@ -382,65 +419,6 @@ class Batcher:
             i += end - start
             if end == len(job.items) and not job.future.done():
                 job.future.set_result(job.rows)
-
-
-class Scheduler:
-    """Every endpoint's model calls, one at a time, the endpoints with waiting requests taking
-    turns (round robin); within an endpoint, each call takes slices of its waiting requests
-    (Batcher.take: new requests first). A big request is thus answered in several calls, and
-    a request that comes meanwhile waits for at most the call in progress, not for the whole
-    of the big one. See the module docstring for why one call at a time and the call's size."""
-
-    def __init__(self, metrics: Metrics) -> None:
-        self.metrics = metrics
-        self.batchers: list[Batcher] = []  # every batcher a request has come to
-        self.turns: dict[Batcher, int] = {}  # the last turn each had (0: none yet)
-        self.wake: asyncio.Event | None = None  # set when a request comes
-        self.task: asyncio.Task | None = None
-        self.loop: asyncio.AbstractEventLoop | None = None
-
-    def add(self, batcher: Batcher) -> None:
-        """A request has joined `batcher`: it takes its turn."""
-        loop = asyncio.get_running_loop()
-        if self.task is None or self.task.done() or self.loop is not loop:
-            self.loop, self.wake = loop, asyncio.Event()
-            self.task = loop.create_task(self._work())
-        if batcher not in self.turns:
-            self.batchers.append(batcher)
-            self.turns[batcher] = 0
-        assert self.wake is not None
-        self.wake.set()
-
-    def _next(self, now: float) -> tuple[Batcher | None, float | None]:
-        """The batcher whose turn it is (of those with waiting requests, the one served least
-        recently) and how long its call should wait (None: no request waits)."""
-        turn: tuple[Batcher | None, float | None] = (None, None)
-        for b in self.batchers:
-            delay = b.delay(now)
-            if delay is not None and (turn[0] is None or self.turns[b] < self.turns[turn[0]]):
-                turn = (b, delay)
-        return turn
-
-    async def _work(self) -> None:
-        loop, wake = asyncio.get_running_loop(), self.wake
-        assert wake is not None
-        while True:
-            batcher, delay = self._next(loop.time())
-            if batcher is None or delay:
-                wake.clear()
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(wake.wait(), delay)
-                continue
-            self.turns[batcher] = max(self.turns.values()) + 1
-            slices = batcher.take()
-            waiting = sum(b.waiting for b in self.batchers)
-            self.metrics.batch(sum(end - start for _, start, end in slices), waiting)
-            try:
-                await batcher.answer(slices)
-            except Exception as e:  # a bug here must not stop the worker: a 500 each
-                for job, _, _ in slices:
-                    if not job.future.done():
-                        job.future.set_exception(e)
 
 
 class Metrics:
@@ -526,7 +504,6 @@ class Server:
         given = (Path(str(model)).resolve(), self.pipe.path, self.pipe.path.resolve())
         self.paths = sorted({str(p) for p in given if p.is_absolute()}, key=len, reverse=True)
         self.batchers: dict[str, Batcher] = {}
-        self.scheduler = Scheduler(self.metrics)  # one model call at a time, all endpoints'
 
     def scrub(self, message: str) -> str:
         """A pipeline's message for a client: the model's directory named, not its path."""
@@ -579,7 +556,7 @@ class Server:
         self, key: str, run: Callable[[list[Any], dict[str, Any]], list[Any]], cost: Cost
     ) -> Batcher:
         if key not in self.batchers:
-            self.batchers[key] = Batcher(run, self.limits, cost, self.metrics, self.scheduler)
+            self.batchers[key] = Batcher(run, self.limits, cost, self.metrics)
         return self.batchers[key]
 
     @staticmethod
