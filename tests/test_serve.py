@@ -242,13 +242,15 @@ def test_a_long_text_does_not_share_a_batch_beyond_the_token_cap() -> None:
         return [len(x) for x in items]
 
     limits = Limits(max_batch=64, max_batch_tokens=100, max_wait_ms=200)
-    b = Batcher(run, limits, pieces=len, metrics=Metrics())
+    b = Batcher(run, limits, lambda items, o: [len(x) for x in items], Metrics())
 
     async def go() -> list[list[int]]:
-        return await asyncio.gather(*(b.submit([t], {}) for t in ["ab", "cd", "x" * 90, "ef"]))
+        texts = ["ab", "cd", "x" * 90, "ef", "y" * 120]
+        return await asyncio.gather(*(b.submit([t], {}) for t in texts))
 
-    assert asyncio.run(go()) == [[2], [2], [90], [2]]
-    assert ["x" * 90] in calls and all(len(c) * max(map(len, c)) <= 100 for c in calls)
+    assert asyncio.run(go()) == [[2], [2], [90], [2], [120]]
+    assert ["y" * 120] in calls  # longer than the cap: alone
+    assert all(sum(map(len, c)) <= 100 for c in calls if len(c) > 1)
 
 
 # -- hardening: a bad request, a gone client, a big body, a bug, a broken checkpoint -----------
@@ -467,7 +469,7 @@ def test_a_batch_that_fails_is_run_one_request_at_a_time(
             held = asyncio.create_task(client.post("/embed", json={"texts": ["hold"]}))
             await until(lambda: bool(recorder.calls))  # the worker is busy: the rest queue
             posts = [asyncio.create_task(client.post("/embed", json=b)) for b in bodies]
-            await until(lambda: served.batchers["embed"].queue.qsize() == 21)
+            await until(lambda: served.batchers["embed"].waiting == 21)
             recorder.gate.set()
             return [await held, *await asyncio.gather(*posts)]
 
@@ -501,7 +503,7 @@ def test_a_request_whose_client_left_is_not_computed(local: tuple[str, Any, Reco
                 _, writer = await asyncio.open_connection(host, int(port))
                 writer.write(request)
                 writers.append(writer)
-            await until(lambda: served.batchers["embed"].queue.qsize() == 3)
+            await until(lambda: served.batchers["embed"].waiting == 3)
             for writer in writers:  # the clients leave before their turn
                 writer.close()
             await until(lambda: served.metrics.requests.get(("/embed", 499)) == 3)
@@ -755,7 +757,7 @@ def test_the_three_rerank_apis_share_one_batcher(
             held_one = asyncio.create_task(client.post("/rerank", json=first))
             await until(lambda: bool(calls))  # the worker is busy: the rest queue
             posts = [asyncio.create_task(client.post(p, json=b)) for p, b in bodies]
-            await until(lambda: served.batchers["rerank"].queue.qsize() == 3)
+            await until(lambda: served.batchers["rerank"].waiting == 3)
             gate.set()
             return [await held_one, *await asyncio.gather(*posts)]
 
@@ -856,3 +858,269 @@ def test_embed_prompts_dimensions_and_quantised_output(minilm_dir: Path, tmp_pat
     with pytest.raises(DataError, match="calibration embeddings must be floats"):
         np.save(tmp_path / "bad.npy", np.zeros((3, 5), np.float32))
         create_app(model, calibration=str(tmp_path / "bad.npy"))
+
+
+# -- bounded work: the token budget, slices of big requests in turn, /search's texts cut -------
+
+
+@pytest.fixture(scope="module")
+def classifier_ce(tmp_path_factory: pytest.TempPathFactory, classifier: Path) -> Path:
+    """The tiny classifier's encoder with a fresh one-output head: a cross-encoder (rerank)."""
+    d = tmp_path_factory.mktemp("ce")
+    torch.manual_seed(0)
+    config = BertConfig.from_pretrained(classifier).replace(num_labels=1, id2label=None)
+    BertForSequenceClassification(config).save_pretrained(d)
+    Tokenizer.from_pretrained(classifier).save_pretrained(d)
+    return d
+
+
+def windows_read(pieces: int, window: int, query: int = 0) -> int:
+    """Pieces the model reads for a text of `pieces` (no [CLS]/[SEP]), in rows of `window` at
+    the default stride (half a window), beside a query of `query` pieces when given."""
+    from bertforge.tasks.windows import windows_of
+
+    room = window - (3 + query if query else 2)  # [CLS] (query [SEP]) ... [SEP]
+    spans = windows_of(pieces, room, room // 2)
+    return sum(window - room + length for _, length in spans)
+
+
+def test_a_request_over_the_token_budget_is_413_before_any_model_call(
+    classifier: Path, classifier_ce: Path
+) -> None:
+    """Counted as read: a 700-piece text is two windows of the model's 512 (959 pieces with
+    [CLS] and [SEP]); two of them pass max_texts and max_chars but not max_request_tokens."""
+    from fastapi.testclient import TestClient
+
+    from bertforge.serve import Limits, create_app
+
+    text = "word " * 700  # one piece per word
+    read = windows_read(700, 512)
+    assert read == 512 + 447
+    limits = Limits(max_request_tokens=1000)
+    with TestClient(create_app(classifier, limits, precision="fp32")) as client:
+        served = client.app.state.server  # type: ignore[attr-defined]
+        served.pipe.embed = recorder = Recorder(served.pipe)
+        assert client.post("/embed", json={"texts": [text]}).status_code == 200
+        assert len(recorder.calls) == 1
+        r = client.post("/embed", json={"texts": [text, text]})
+        assert r.status_code == 413 and r.json() == {
+            "error": f"texts: read as {2 * read:,} pieces (every window, [CLS] and [SEP] "
+            "included), more than the limit of 1,000 per request (max_request_tokens)"
+        }
+        r = client.post("/v1/embeddings", json={"input": [text, text]})
+        error = r.json()["error"]
+        assert r.status_code == 413 and error["param"] == "input"
+        assert f"{2 * read:,} pieces" in error["message"] and "1,000" in error["message"]
+        assert len(recorder.calls) == 1  # neither reached the model
+    with TestClient(create_app(classifier_ce, limits, precision="fp32")) as client:
+        pipe = client.app.state.server.pipe  # type: ignore[attr-defined]
+        calls: list[Any] = []
+        score = pipe.score
+        pipe.score = lambda *a, **k: calls.append(a) or score(*a, **k)
+        body = {"query": "word", "texts": [text]}
+        assert client.post("/rerank", json=body).status_code == 200 and len(calls) == 1
+        body = {"query": "word", "documents": [text, text, "word"]}
+        r = client.post("/v1/rerank", json=body)
+        pair = windows_read(700, 512, query=1)  # [CLS] word [SEP] a window [SEP], twice
+        assert pair == 512 + 450
+        read = 2 * pair + 1 + 3 + 1  # and the short document
+        assert r.status_code == 413 and r.json()["error"]["param"] == "documents"
+        assert f"read as {read:,} pieces" in r.json()["error"]["message"]
+        assert len(calls) == 1
+
+
+def stub_batchers(
+    limits: Any, names: tuple[str, ...] = ("a",), held: int = 1
+) -> tuple[dict[str, Any], list[tuple[str, list[str]]], list[threading.Event]]:
+    """Batchers over a stub run: each item's row is its text upper-cased, its cost the number
+    in its text after ':'; calls (batcher, items) recorded; call k < held waits for gates[k];
+    two calls of one batcher at once fail the test."""
+    from bertforge.serve import Batcher, Metrics
+
+    calls: list[tuple[str, list[str]]] = []
+    gates = [threading.Event() for _ in range(held)]
+
+    def runner(name: str) -> Callable[[list[str], dict], list[str]]:
+        running = threading.Lock()
+
+        def run(items: list[str], options: dict) -> list[str]:
+            assert running.acquire(blocking=False), "two model calls of one endpoint at once"
+            try:
+                calls.append((name, list(items)))
+                if len(calls) <= held:
+                    gates[len(calls) - 1].wait(30)
+                return [x.upper() for x in items]
+            finally:
+                running.release()
+
+        return run
+
+    def cost(items: list[str], options: dict) -> list[int]:
+        return [int(x.split(":")[1]) for x in items]
+
+    batchers = {n: Batcher(runner(n), limits, cost, Metrics()) for n in names}
+    return batchers, calls, gates
+
+
+def test_a_big_request_is_answered_in_slices_and_a_small_one_goes_between() -> None:
+    """A request of 10 items of 10 pieces, with max_batch_tokens 20: five calls of two. A
+    small one that comes during the first call is in the second, and answered then, long
+    before the big one; each gets exactly its own rows, in order."""
+    from bertforge.serve import Limits
+
+    limits = Limits(max_batch=64, max_batch_tokens=20, max_wait_ms=0)
+    batchers, calls, (gate,) = stub_batchers(limits)
+    big = [f"big{i}:10" for i in range(10)]
+    done: list[str] = []
+
+    async def go() -> tuple[list[str], list[str]]:
+        async def ask(name: str, items: list[str]) -> list[str]:
+            rows = await batchers["a"].submit(items, {})
+            done.append(name)
+            return rows
+
+        first = asyncio.create_task(ask("big", big))
+        await until(lambda: len(calls) == 1)
+        second = asyncio.create_task(ask("small", ["small:1"]))
+        await until(lambda: batchers["a"].waiting == 2)
+        gate.set()
+        return await first, await second
+
+    got_big, got_small = asyncio.run(go())
+    assert got_big == [x.upper() for x in big] and got_small == ["SMALL:1"]
+    assert (
+        [items for _, items in calls]
+        == [
+            big[0:2],
+            ["small:1", big[2]],  # the new request first; the big one fills the call to 20 pieces
+            big[3:5],
+            big[5:7],
+            big[7:9],
+            big[9:10],
+        ]
+    )
+    assert done == ["small", "big"]
+
+
+def test_another_endpoints_request_does_not_wait_for_a_big_ones_call() -> None:
+    """Endpoints' calls run side by side (their workers in threads): small requests on one are
+    answered while a call of a big request on another is still running."""
+    from bertforge.serve import Limits
+
+    limits = Limits(max_batch=64, max_batch_tokens=20, max_wait_ms=0)
+    batchers, calls, (gate,) = stub_batchers(limits, ("rerank", "embed"))
+    big = [f"big{i}:10" for i in range(6)]
+
+    async def go() -> list[list[str]]:
+        first = asyncio.create_task(batchers["rerank"].submit(big, {}))
+        await until(lambda: len(calls) == 1)
+        small = await asyncio.gather(*(batchers["embed"].submit([f"s{i}:1"], {}) for i in range(3)))
+        assert not gate.is_set() and not first.done()  # the big one's first call still runs
+        gate.set()
+        return [await first, *small]
+
+    rows = asyncio.run(go())
+    assert rows == [[x.upper() for x in big], ["S0:1"], ["S1:1"], ["S2:1"]]
+    assert calls[0] == ("rerank", big[0:2]) and calls[1][0] == "embed"
+
+
+def test_slices_of_many_requests_each_get_their_own_rows_in_order() -> None:
+    """Requests of mixed sizes and options, some with items over the call's budget, all at
+    once: every request gets exactly its rows in its order; no call mixes options or passes
+    max_batch items; a call over max_batch_tokens pieces holds one item."""
+    from bertforge.serve import Limits
+
+    limits = Limits(max_batch=5, max_batch_tokens=30, max_wait_ms=1)
+    batchers, calls, _ = stub_batchers(limits, held=0)
+    rng = np.random.default_rng(0)
+    requests = [
+        [f"r{r}i{i}:{rng.integers(1, 40)}" for i in range(rng.integers(1, 15))] for r in range(12)
+    ]
+    options = [{"n": r % 2} for r in range(12)]
+
+    async def go() -> list[list[str]]:
+        b = batchers["a"]
+        return await asyncio.gather(*(b.submit(x, o) for x, o in zip(requests, options)))
+
+    assert asyncio.run(go()) == [[x.upper() for x in items] for items in requests]
+    assert sorted(x for _, items in calls for x in items) == sorted(
+        x for items in requests for x in items
+    )
+    for _, items in calls:
+        assert len({int(x[1 : x.index("i")]) % 2 for x in items}) == 1  # one option set
+        pieces = sum(int(x.split(":")[1]) for x in items)
+        assert len(items) <= 5 and (pieces <= 30 or len(items) == 1)
+
+
+def test_a_big_request_whose_client_left_is_not_computed_further() -> None:
+    from bertforge.serve import Limits
+
+    limits = Limits(max_batch=64, max_batch_tokens=20, max_wait_ms=0)
+    batchers, calls, (gate,) = stub_batchers(limits)
+    big = [f"big{i}:10" for i in range(10)]
+
+    async def go() -> list[str]:
+        first = asyncio.create_task(batchers["a"].submit(big, {}))
+        await until(lambda: len(calls) == 1)
+        first.cancel()  # the handler of a client gone (or cancelled) ends: its slices stop
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        gate.set()
+        return await batchers["a"].submit(["after:1"], {})
+
+    assert asyncio.run(go()) == ["AFTER:1"]
+    assert [items for _, items in calls] == [big[0:2], ["after:1"]]
+
+
+def test_search_texts_are_cut_at_return_chars(classifier: Path, tmp_path: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    from bertforge.index import Index
+    from bertforge.serve import Limits, create_app
+
+    docs = ["a short document", "a long document " * 20]
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text(
+        "".join(json.dumps({"id": f"d{i}", "text": t}) + "\n" for i, t in enumerate(docs))
+    )
+    options = {"progress": False, "precision": "fp32", "bm25": False}
+    index = Index.build(classifier, corpus, tmp_path / "idx", **options)
+    app = create_app(classifier, Limits(return_chars=40), index=index.path, precision="fp32")
+    with TestClient(app) as client:
+        r = client.post("/search", json={"queries": ["document"], "return_text": True})
+        hits = {h["id"]: h for h in r.json()["results"][0]}
+        assert hits["d0"]["text"] == docs[0] and hits["d0"]["text_truncated"] is False
+        assert hits["d1"]["text"] == docs[1][:40] and hits["d1"]["text_truncated"] is True
+        r = client.post("/search", json={"queries": ["document"]})
+        assert all("text" not in h and "text_truncated" not in h for h in r.json()["results"][0])
+
+
+def test_a_big_request_is_not_starved_by_a_stream_of_small_ones() -> None:
+    """Small requests of other options keep coming, one during each call: they go before the
+    big one's next slice once, not for ever (round robin: a new request goes before those in
+    the last call only)."""
+    from bertforge.serve import Limits
+
+    limits = Limits(max_batch=64, max_batch_tokens=20, max_wait_ms=0)
+    batchers, calls, gates = stub_batchers(limits, held=4)
+    b = batchers["a"]
+
+    async def go() -> None:
+        big = asyncio.create_task(b.submit([f"big{i}:10" for i in range(6)], {"o": "big"}))
+        small = []
+        for k in range(4):
+            await until(lambda k=k: len(calls) == k + 1)
+            small.append(asyncio.create_task(b.submit([f"s{k}:1"], {"o": "small"})))
+            await until(lambda k=k: any(j.items == [f"s{k}:1"] for j in b.jobs))
+            gates[k].set()
+        await asyncio.gather(big, *small)
+
+    asyncio.run(go())
+    assert [items for _, items in calls] == [
+        ["big0:10", "big1:10"],
+        ["s0:1"],  # came during the first call: before the big one's next slice
+        ["big2:10", "big3:10"],  # s1 came during s0's call: the big one, served earlier, first
+        ["s1:1", "s2:1"],
+        ["big4:10", "big5:10"],
+        ["s3:1"],
+    ]

@@ -469,6 +469,19 @@ class Pipeline:
         name = "identity" if raw_scores else self.activation
         if not queries:
             return []
+        features, owners = self.pair_rows(queries, documents, truncate)
+        logits = infer(self.runner, model, features, self.tok.pad_id)
+        values = ranking.activate(torch.from_numpy(np.stack(logits)[:, 0]), name).numpy()
+        best = np.full(len(queries), -np.inf)
+        np.maximum.at(best, owners, values)
+        return best.tolist()
+
+    def pair_rows(
+        self, queries: Sequence[str], documents: Sequence[str], truncate: bool | None = None
+    ) -> tuple[Features, np.ndarray]:
+        """The rows a cross-encoder reads for (query, document) pairs (ranking.pair_rows: a long
+        document in windows beside the query) and (rows,) the pair each row reads; the server
+        counts a request's pieces with it."""
         pieces = self.tok.encode_batch(
             [*queries, *documents], add_special_tokens=False, truncation=False
         )
@@ -483,12 +496,7 @@ class Pipeline:
                 ids.append(row)
                 types.append(kinds)
                 owners.append(i)
-        features = Features(ids, types, np.zeros(len(ids), np.int64))
-        logits = infer(self.runner, model, features, self.tok.pad_id)
-        values = ranking.activate(torch.from_numpy(np.stack(logits)[:, 0]), name).numpy()
-        best = np.full(len(queries), -np.inf)
-        np.maximum.at(best, np.asarray(owners), values)
-        return best.tolist()
+        return Features(ids, types, np.zeros(len(ids), np.int64)), np.asarray(owners, np.int64)
 
     def rerank(
         self,

@@ -12,8 +12,9 @@
         /qa          {"questions", "contexts", "max_seq_length"?, ...} -> [{answer, score, ...}]
         /nsp         {"texts": [...], "pairs": [...]}   -> [P(IsNext)]
     POST /search     with --index DIR: {"queries", "top_k"?, "mode"?, "return_text"?,
-                     "return_passage"?} -> {"results": [[{id, score, rank, text?, passage?}]]}
-                     (index.py)
+                     "return_passage"?} -> {"results": [[{id, score, rank, text?,
+                     text_truncated?, passage?}]]} (index.py); a document's text is cut at
+                     return_chars characters (text_truncated says whether it was)
     POST /rerank     text-embeddings-inference's: {"query", "texts", "raw_scores"?, "return_text"?,
                      "truncate"?} -> [{index, score, text?}], best first (a cross-encoder)
     POST /v1/rerank  Cohere's (v1) and Jina's: {"query", "documents": [str | {"text"}], "top_n"?,
@@ -29,13 +30,35 @@ The model is fixed, loaded and checked at start-up: the encoder and every head i
 "architectures" claim, so a corrupt checkpoint stops `serve` before it listens, and nothing in
 a request names a file. Only the pipelines it has the heads for are routes (and so in
 /openapi.json); the path of one it lacks answers 404 saying which head is missing.
-Concurrent requests are micro-batched: each endpoint has a bounded queue and
-one worker that takes up to max_batch texts and max_batch_tokens padded pieces (so one long
-text does not hold back a batch of short ones), waiting at most max_wait_ms for more, runs them
-length-sorted in a thread (the inference runner: a long text does not pad the short ones), and
-answers each request with its own rows. A request's inputs are checked before it joins a batch;
-a batch that fails anyway is run again one request at a time, so a bad input fails only its
-own request. A request whose client has gone is dropped from the queue, not computed.
+
+Work per request is bounded by what the model will read. A request's inputs are checked before
+it joins a batch: then its pieces are counted as the model reads them (a long text, or a
+(query, document) pair, read in windows costs every window's row, [CLS] and [SEP] included),
+and a request over max_request_tokens answers 413 before any model work. The default, 65,536,
+passes max_texts inputs of a full 512-piece row twice over, and refuses a /rerank of 64 texts
+of 10,000 characters (about 245,000 pieces in windows: 57 s on 2 cores, which held every other
+/rerank behind it when a request was one model call).
+
+Concurrent requests are micro-batched, and a big request is answered in slices. Each endpoint
+has a batcher whose worker makes its model calls one at a time, in a thread (the inference
+runner: length-sorted, so a long text does not pad the short ones). A call takes slices of the
+endpoint's waiting requests in turn (round robin; a new request goes before those in the last
+call, so it need not wait for a big one's next slice): at most max_batch texts and
+max_batch_tokens pieces as read (one input longer than that runs alone), after waiting at most
+max_wait_ms for company. A request is answered with its own rows, in order, once all its slices
+are in. So one that comes while a big one is answered waits for about one call, not the whole.
+Measured (benchmarks/serve_load.py --mixed: 2 cores, all-MiniLM-L6-v2 as a cross-encoder, 20
+clients of one-sentence requests beside the largest /rerank these limits admit, 17 texts of
+10,000 characters): a one-text /rerank waits p99 0.84 s, against 9.8 s (the whole big one)
+when a request was one call. max_batch_tokens is 4,096 there because a small request may wait
+for two calls (the one running and the one it shares): p99 7.3 s with calls of 16,384 pieces
+(four such texts, read in about 3,700 pieces each), 2.5 s with 8,192, 0.88 s with 4,096; raise
+it on a GPU. The endpoints' workers run side by side, as two threads on the cores: making one
+model call at a time for the whole server instead made the small /embed requests beside that
+/rerank wait for its calls (p99 0.8 s against 0.3 s side by side; the big one took 11 s against
+16.5 s).
+A call that fails is run again one request's slice at a time, so a bad input fails only its own
+request. A request whose client has gone leaves uncomputed, even half done.
 
 With an API key (--api-key, or the environment's BERTFORGE_API_KEY) every request but GET
 /health must send `Authorization: Bearer KEY`, else 401 (Auth). Each request is one line of
@@ -57,9 +80,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import functools
 import hmac
 import inspect
+import itertools
 import json
 import logging
 import math
@@ -85,12 +110,14 @@ except ImportError:  # create_app says what to install
 from .catalogue import ENTRIES, Entry
 from .checkpoint import architectures
 from .config import BertConfig, check_options, option
+from .data.tasks import SquadExample
 from .errors import BertforgeError, ConfigError, need_extra
 from .hub import resolve
 from .model import BertModel
 from .pipelines import Pipeline
 from .tasks import embedding, ranking
 from .tasks.embedding import POOLINGS
+from .tasks.squad import featurize as squad_featurize
 
 log = logging.getLogger(__name__)
 access_log = logging.getLogger(f"{__name__}.access")  # one line per request (Guard); serve()
@@ -104,9 +131,17 @@ class Limits:
 
     max_texts: int = option(64, "texts per request (else 413)", min=1)
     max_chars: int = option(10_000, "characters per text (else 413)", min=1)
+    max_request_tokens: int = option(
+        65_536,
+        "pieces per request as the model reads them: every window, [CLS] and [SEP] included "
+        "(else 413)",
+        min=1,
+    )
     max_batch: int = option(64, "texts per model call", min=1)
-    max_batch_tokens: int = option(
-        16_384, "padded pieces per model call (a longer text runs alone)", min=1
+    max_batch_tokens: int = option(  # measured: see the module docstring
+        4_096,
+        "pieces per model call as the model reads them (an input longer than that runs alone)",
+        min=1,
     )
     max_wait_ms: float = option(5.0, "how long a batch waits for more requests", min=0)
     max_queue: int = option(1024, "requests waiting per endpoint (else 503)", min=1)
@@ -114,6 +149,9 @@ class Limits:
     # 6-byte \u escapes, and as many piece ids; raise it with those two limits
     max_body_bytes: int = option(
         16 * 2**20, "bytes per request body, counted as it arrives (else 413)", min=1
+    )
+    return_chars: int = option(
+        10_000, "characters of a document's text in a /search answer (more: cut, flagged)", min=1
     )
 
     def __post_init__(self) -> None:
@@ -274,41 +312,88 @@ def internal(where: str, e: BaseException) -> str:
     return f"internal error: {type(e).__name__}"
 
 
-# a request waiting in a queue: its items, its options, its longest item in pieces, its answer
-Pending = tuple[list[Any], dict[str, Any], int, asyncio.Future]
+# pieces each input of a list is read as (every window's row, [CLS] and [SEP] included), given
+# the request's options
+Cost = Callable[[list[Any], dict[str, Any]], list[int]]
+
+
+@dataclass(eq=False)
+class Job:
+    """A request in its endpoint's batcher: its items and the pieces each is read as, its
+    options (requests with the same `key` share model calls), its rows as slices come back."""
+
+    items: list[Any]
+    costs: list[int]
+    options: dict[str, Any]
+    key: str
+    future: asyncio.Future
+    arrived: float  # the event loop's clock
+    order: int  # arrival order in its batcher
+    rows: list[Any]
+    turn: float  # its place in the batcher's round (Batcher.take)
+    taken: int = 0  # items handed to model calls so far
+
+    @property
+    def waiting(self) -> bool:
+        """Items not yet handed to a model call, for a client still waiting for them."""
+        return self.taken < len(self.items) and not self.future.done()
 
 
 class Batcher:
-    """One endpoint's queue and worker: requests (items, options) in, rows out."""
+    """One endpoint's requests and worker: (items, options) in, each request's own rows out,
+    one model call at a time, each call slices of the waiting requests in turn (see `take`)."""
 
     def __init__(
         self,
         run: Callable[[list[Any], dict[str, Any]], list[Any]],
         limits: Limits,
-        pieces: Callable[[Any], int],
+        cost: Cost,
         metrics: Metrics,
     ) -> None:
-        self.run, self.limits, self.pieces, self.metrics = run, limits, pieces, metrics
-        self.queue: asyncio.Queue[Pending] = asyncio.Queue(limits.max_queue)
-        self.task: asyncio.Task | None = None  # its worker: one model call at a time per endpoint
+        self.run, self.limits, self.cost, self.metrics = run, limits, cost, metrics
+        self.jobs: list[Job] = []
+        self.arrivals = itertools.count()
+        self.calls = 0  # model calls made so far
+        self.task: asyncio.Task | None = None  # its worker, in the event loop it started in
+        self.wake: asyncio.Event | None = None  # set when a request comes
+
+    @property
+    def waiting(self) -> int:
+        """Requests with items not yet handed to a model call."""
+        return sum(j.waiting for j in self.jobs)
 
     async def submit(
         self,
         items: list[Any],
         options: dict[str, Any],
         gone: Callable[[], Awaitable[Any]] | None = None,
+        field: str = "texts",
     ) -> list[Any]:
-        """The rows of `items`, computed in a batch with other requests' items; `gone` returns
-        when the client has left: the request then leaves the queue uncomputed (499)."""
-        if self.task is None or self.task.done():
-            self.task = asyncio.create_task(self._work())
-        future: asyncio.Future = asyncio.get_running_loop().create_future()
-        # measured here, so that an item it cannot read fails its request
-        longest = max((self.pieces(x) for x in items), default=0)
-        try:
-            self.queue.put_nowait((items, options, longest, future))
-        except asyncio.QueueFull:
-            raise HTTPError(503, "server busy: the request queue is full; retry later") from None
+        """The rows of `items`, computed in slices that share model calls with other requests;
+        413 before any model work if the items are read as more than max_request_tokens pieces
+        (`field`: the request's field the message names); `gone` returns when the client has
+        left: the request then leaves uncomputed (499), even half done."""
+        if not items:
+            return []
+        # counted in a thread (it tokenizes): the event loop serves the other clients meanwhile
+        costs = await asyncio.to_thread(self.cost, items, options)
+        total, limit = sum(costs), self.limits.max_request_tokens
+        if total > limit:
+            raise HTTPError(
+                413,
+                f"{field}: read as {total:,} pieces (every window, [CLS] and [SEP] "
+                f"included), more than the limit of {limit:,} per request (max_request_tokens)",
+                field,
+            )
+        if self.waiting >= self.limits.max_queue:
+            raise HTTPError(503, "server busy: the request queue is full; retry later")
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future = loop.create_future()
+        key = json.dumps(options, sort_keys=True, default=repr)
+        order, turn = next(self.arrivals), self.calls - 0.5  # before those in the last call
+        job = Job(items, costs, options, key, future, loop.time(), order, [None] * len(items), turn)
+        self.jobs.append(job)
+        self._wake(loop)
         watch = asyncio.ensure_future(gone()) if gone else None
         try:
             if watch is not None:
@@ -317,79 +402,97 @@ class Batcher:
                 if not future.done() and watch.exception() is None:
                     raise HTTPError(GONE, "the client closed the connection")
             return await future
-        finally:  # answered, the client gone or this handler cancelled: the worker skips it
+        finally:  # answered, the client gone or this handler cancelled: no more slices of it
             future.cancel()
             if watch:
                 watch.cancel()
 
-    async def _next(self) -> Pending:
-        """The next queued request whose client still waits."""
-        while True:
-            pending = await self.queue.get()
-            if not pending[3].done():
-                return pending
+    def _wake(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Tell the worker a request has come (started in this event loop if need be)."""
+        if self.task is None or self.task.done() or self.task.get_loop() is not loop:
+            self.wake = asyncio.Event()
+            self.task = loop.create_task(self._work(self.wake))
+        assert self.wake is not None
+        self.wake.set()
 
-    async def _work(self) -> None:
-        held: Pending | None = None
+    async def _work(self, wake: asyncio.Event) -> None:
+        loop = asyncio.get_running_loop()
         while True:
-            pending, held = await self._gather(held)
-            groups: dict[str, list[Pending]] = {}  # requests with the same options: one batch
-            for p in pending:
-                groups.setdefault(json.dumps(p[1], sort_keys=True, default=repr), []).append(p)
-            for group in groups.values():
-                try:
-                    await self._answer(group)
-                except Exception as e:  # a bug here must not stop the worker: a 500 each
-                    for p in group:
-                        if not p[3].done():
-                            p[3].set_exception(e)
-
-    async def _gather(self, held: Pending | None) -> tuple[list[Pending], Pending | None]:
-        """The next batch, and the request that did not fit in it (it leads the next)."""
-        loop, limits = asyncio.get_running_loop(), self.limits
-        first = held if held is not None and not held[3].done() else await self._next()
-        pending, size, longest = [first], len(first[0]), first[2]
-        deadline = loop.time() + limits.max_wait_ms / 1000
-        held = None
-        while size < limits.max_batch:
-            timeout = deadline - loop.time()
-            if timeout <= 0:
-                break
+            delay = self.delay(loop.time())
+            if delay is None or delay:  # none waits, or the first waits for company
+                wake.clear()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(wake.wait(), delay)
+                continue
+            slices = self.take()
+            self.metrics.batch(sum(end - start for _, start, end in slices), self.waiting)
             try:
-                nxt = await asyncio.wait_for(self._next(), timeout)
-            except asyncio.TimeoutError:
-                break
-            n, m = size + len(nxt[0]), max(longest, nxt[2])
-            if n * m > limits.max_batch_tokens:  # padded pieces: it waits for the next batch
-                held = nxt
-                break
-            pending.append(nxt)
-            size, longest = n, m
-        self.metrics.batch(size, self.queue.qsize() + (held is not None))
-        return pending, held
+                await self.answer(slices)
+            except Exception as e:  # a bug here must not stop the worker: a 500 each
+                for job, _, _ in slices:
+                    if not job.future.done():
+                        job.future.set_exception(e)
 
-    async def _answer(self, group: list[Pending]) -> None:
-        """One model call for the group's requests, each answered with its own rows; if it
-        fails, each request runs alone, so that one bad input fails only its own request."""
-        group = [p for p in group if not p[3].done()]  # clients gone while the batch formed
-        if not group:
+    def delay(self, now: float) -> float | None:
+        """Seconds before this endpoint's next model call should start (None: nothing waits):
+        none once its waiting items fill a call or its oldest request has waited max_wait_ms."""
+        self.jobs = [j for j in self.jobs if not j.future.done()]
+        jobs, limits = [j for j in self.jobs if j.waiting], self.limits
+        if not jobs:
+            return None
+        items = sum(len(j.items) - j.taken for j in jobs)
+        pieces = sum(sum(j.costs[j.taken :]) for j in jobs)
+        if items >= limits.max_batch or pieces >= limits.max_batch_tokens:
+            return 0.0
+        return max(0.0, min(j.arrived for j in jobs) + limits.max_wait_ms / 1000 - now)
+
+    def take(self) -> list[tuple[Job, int, int]]:
+        """The next model call's slices (request, start, end), the requests in turn (round
+        robin: the one served least recently first; a new one before those in the last call,
+        so it need not wait for a big one's next slice), each giving its next items while the
+        call stays within max_batch items and max_batch_tokens pieces (its first item always:
+        an input longer than that runs alone). Only requests with the options of the first
+        share the call."""
+        queue = sorted((j for j in self.jobs if j.waiting), key=lambda j: (j.turn, j.order))
+        self.calls += 1
+        limits, slices, n, pieces = self.limits, [], 0, 0
+        for job in queue:
+            if job.key != queue[0].key:
+                continue
+            start = end = job.taken
+            while end < len(job.items) and n < limits.max_batch:
+                if n and pieces + job.costs[end] > limits.max_batch_tokens:
+                    break
+                pieces, n, end = pieces + job.costs[end], n + 1, end + 1
+            if end > start:
+                slices.append((job, start, end))
+                job.taken, job.turn = end, self.calls
+        return slices
+
+    async def answer(self, slices: list[tuple[Job, int, int]]) -> None:
+        """One model call for the slices, each request given its own rows (answered once all
+        its rows are in); if it fails, each slice runs alone, so that one bad input fails only
+        its own request."""
+        slices = [s for s in slices if not s[0].future.done()]  # clients gone meanwhile
+        if not slices:
             return
-        items = [x for p in group for x in p[0]]
+        items = [x for job, start, end in slices for x in job.items[start:end]]
         loop = asyncio.get_running_loop()
         try:
-            rows = await loop.run_in_executor(None, self.run, items, group[0][1])
+            rows = await loop.run_in_executor(None, self.run, items, slices[0][0].options)
         except Exception as e:
-            if len(group) > 1:
-                for p in group:
-                    await self._answer([p])
-            elif not group[0][3].done():
-                group[0][3].set_exception(e)
+            if len(slices) > 1:
+                for s in slices:
+                    await self.answer([s])
+            elif not slices[0][0].future.done():
+                slices[0][0].future.set_exception(e)
             return
         i = 0
-        for its, _, _, f in group:
-            if not f.done():
-                f.set_result(rows[i : i + len(its)])
-            i += len(its)
+        for job, start, end in slices:
+            job.rows[start:end] = rows[i : i + end - start]
+            i += end - start
+            if end == len(job.items) and not job.future.done():
+                job.future.set_result(job.rows)
 
 
 class Metrics:
@@ -556,9 +659,11 @@ class Server:
                 n += len(part)
         return n
 
-    def batcher(self, key: str, run: Callable[[list[Any], dict[str, Any]], list[Any]]) -> Batcher:
+    def batcher(
+        self, key: str, run: Callable[[list[Any], dict[str, Any]], list[Any]], cost: Cost
+    ) -> Batcher:
         if key not in self.batchers:
-            self.batchers[key] = Batcher(run, self.limits, self.pieces, self.metrics)
+            self.batchers[key] = Batcher(run, self.limits, cost, self.metrics)
         return self.batchers[key]
 
     async def submit(
@@ -568,17 +673,20 @@ class Server:
         items: list[Any],
         options: dict[str, Any],
         request: Any,
+        cost: Cost,
+        field: str,
     ) -> list[Any]:
-        """The rows of a request's items from the batcher `key` (made with `run`), noting for
-        the access log how many items it had and the model call's batch size they ran in
-        (each row comes back from the worker beside that size)."""
+        """The rows of a request's items from the batcher `key` (made with `run`, its items
+        read as `cost` says), noting for the access log how many items it had and the model
+        call's batch size they ran in (each row comes back from the worker beside that size);
+        `field`: the request's field a 413 names."""
 
         def sized(batch: list[Any], o: dict[str, Any]) -> list[tuple[Any, int]]:
             return [(row, len(batch)) for row in run(batch, o)]
 
         note(request, texts=len(items))
-        b = self.batcher(key, sized)
-        rows = await b.submit(items, options, functools.partial(client_gone, request))
+        b = self.batcher(key, sized, cost)
+        rows = await b.submit(items, options, functools.partial(client_gone, request), field)
         note(request, batch=max((n for _, n in rows), default=None))
         return [row for row, _ in rows]
 
@@ -590,6 +698,57 @@ class Server:
             t if len(e.offsets) <= pieces else t[: e.offsets[pieces - 1][1]]
             for t, e in zip(texts, encoded)
         ]
+
+    @staticmethod
+    def windows_read(pipe: Pipeline, max_length: int | None = None) -> Cost:
+        """Pieces each text (or list of piece ids) is read as: the rows of its windows, as
+        `pipe` lays them out (Pipeline.windows: embed, classify, ner)."""
+
+        def cost(items: list[Any], options: dict[str, Any]) -> list[int]:
+            _, features, windows = pipe.windows(items, max_length)
+            out = [0] * len(items)
+            for w, n in zip(windows, features.lengths.tolist()):
+                out[w.text] += n
+            return out
+
+        return cost
+
+    def reading(self, entry: Entry, given: int) -> Cost:
+        """How one of the catalogue's pipelines reads its inputs (of `given` columns): rerank
+        and qa a long document or context in windows beside the query or question; fill-mask,
+        nsp and classify's pairs one row each, cut to the model's length; the rest windows."""
+        pipe = self.pipe
+
+        def owned(owners: Any, lengths: Any, n: int) -> list[int]:
+            out = [0] * n
+            for k, length in zip(owners, lengths.tolist()):
+                out[int(k)] += length
+            return out
+
+        def pairs(items: list[Any], options: dict[str, Any]) -> list[int]:
+            queries, documents = [x[0] for x in items], [x[1] for x in items]
+            features, owners = pipe.pair_rows(queries, documents, options.get("truncate"))
+            return owned(owners, features.lengths, len(items))
+
+        def squad(items: list[Any], options: dict[str, Any]) -> list[int]:
+            examples = [SquadExample(str(i), q, c, [], False, "") for i, (q, c) in enumerate(items)]
+            window = {k: options[k] for k in ("max_seq_length", "doc_stride")}
+            features = squad_featurize(examples, pipe.tok, **window)
+            return owned([w.example for w in features.meta], features.lengths, len(items))
+
+        def cut(items: list[Any], options: dict[str, Any]) -> list[int]:
+            columns = list(zip(*items))
+            encoded = pipe.encode(list(columns[0]), list(columns[1]) if given > 1 else None)
+            return [len(e.ids) for e in encoded]
+
+        if entry.name == "rerank":
+            return pairs
+        if entry.name == "qa":
+            return squad
+        if given > 1 or entry.name == "fill-mask":
+            return cut
+        windows = self.windows_read(pipe)
+        return lambda items, options: windows([x[0] for x in items], options)
 
     async def results(self, entry: Entry, req: Any, request: Any) -> list[Any]:
         """A catalogue entry's results for a request: its inputs checked, batched with other
@@ -610,8 +769,8 @@ class Server:
 
         key = "+".join(i.param for i in given)  # classify with and without pairs: two queues
         options = {name: getattr(req, name) for name in entry.options}
-        items = list(zip(*columns.values()))
-        return await self.submit(f"{entry.name}:{key}", run, items, options, request)
+        items, cost = list(zip(*columns.values())), self.reading(entry, len(given))
+        return await self.submit(f"{entry.name}:{key}", run, items, options, request, cost, first)
 
     async def scores(
         self, query: str, texts: list[str], field: str, options: dict[str, Any], request: Any
@@ -627,7 +786,8 @@ class Server:
             inputs = {"queries": [q for q, _ in items], "documents": [d for _, d in items]}
             return entry.run(self.pipe, inputs, options)
 
-        return await self.submit("rerank", run, [(query, t) for t in texts], options, request)
+        items, cost = [(query, t) for t in texts], self.reading(entry, 2)
+        return await self.submit("rerank", run, items, options, request, cost, field)
 
 
 async def client_gone(request: Any) -> None:
@@ -743,12 +903,15 @@ def add_embeddings(app: Any, server: Server) -> None:
             embedding.check_dimensions(dimensions, pipe.config.hidden_size * modes)
         except ConfigError as e:
             raise HTTPError(400, str(e).replace(" (--dimensions)", ""), "dimensions") from None
-        rows = await server.submit("embed", run, inputs, {**options, "prompt": prompt}, request)
+        options["prompt"] = prompt
+        rows = await server.submit("embed", run, inputs, options, request, read, what)
         normalized = own.normalize if normalize is None else normalize
         return list(embedding.shortened(np.stack(rows), dimensions, normalized))
 
     def run(items: list[Any], options: dict[str, Any]) -> list[Any]:
         return list(pipe.embed(items, **options))
+
+    read = server.windows_read(pipe, pipe.embedding_settings.max_length)
 
     @app.post("/embed", summary=ENTRIES["embed"].help)
     async def embed(req: EmbedRequest, request: Request) -> dict[str, Any]:
@@ -872,8 +1035,16 @@ def add_search(app: Any, server: Server, path: str | Path, index_model: str | No
         server.check(req.queries, "queries")
         options = {"top_k": req.top_k, "mode": req.mode, "text": req.return_text}
         options |= {"fusion": req.fusion, "alpha": req.alpha, "passage": req.return_passage}
+        pipe = index.use_model()  # the queries are read as its embed reads them
+        read = server.windows_read(pipe, pipe.embedding_settings.max_length)
         run = lambda items, o: index.search(items, **o)  # noqa: E731
-        return {"results": await server.submit("search", run, req.queries, options, request)}
+        rows = await server.submit("search", run, req.queries, options, request, read, "queries")
+        if req.return_text:  # a document's text cut at return_chars: the answer stays bounded
+            cut = server.limits.return_chars
+            for hit in (h for row in rows for h in row):
+                hit["text_truncated"] = len(hit["text"]) > cut
+                hit["text"] = hit["text"][:cut]
+        return {"results": rows}
 
 
 def add_status(app: Any, server: Server) -> None:
