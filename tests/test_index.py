@@ -917,3 +917,46 @@ def test_an_index_reads_documents_and_queries_with_their_prompts(
     assert got["d2"] == pytest.approx(float(docs[2] @ plain), abs=1e-5)
     assert main(["search", str(index.path), str(queries), "--prompt-name", "nope"]) == 2
     assert "this model's prompts are" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("precision", ["int8", "uint8", "binary", "ubinary"])
+def test_a_quantised_index(built: Index, minilm_dir: Path, tmp_path: Path, precision: str) -> None:
+    """--embedding-precision keeps the windows' vectors as sentence-transformers'
+    quantize_embeddings gives them (int8/uint8 buckets from all the corpus's vectors), 4 or 32
+    times smaller; float queries are scored against their stand-ins, and find what the float
+    index finds first."""
+    from sentence_transformers.util.quantization import quantize_embeddings
+
+    from bertforge.tasks.embedding import dequantize
+
+    index = Index.build(
+        minilm_dir,
+        corpus(tmp_path),
+        tmp_path / "q",
+        chunk=2,
+        embedding_precision=precision,
+        progress=False,
+        precision="fp32",
+    )
+    floats = np.asarray(built.vectors)
+    want = quantize_embeddings(floats, precision, calibration_embeddings=floats)
+    assert np.array_equal(np.asarray(index.vectors), want) and index.vectors.dtype == want.dtype
+    assert index.vectors.nbytes * (4 if precision.endswith("int8") else 32) == floats.nbytes
+    hits = index.search(QUERIES, top_k=6)
+    assert [row[0]["id"] for row in hits] == [row[0]["id"] for row in built.search(QUERIES, 6)]
+    q = index.queries(QUERIES)
+    stand_ins = dequantize(want, precision, floats.shape[1], index.ranges)
+    for row, v in zip(hits, q):
+        short = {h["id"]: h["score"] for h in row if h["id"] != "d5"}
+        np.testing.assert_allclose(
+            [short[f"d{i}"] for i in range(5)], stand_ins[:5] @ v, rtol=1e-5, atol=1e-6
+        )
+    with pytest.raises(ConfigError, match="approximate"):
+        Index.build(
+            minilm_dir,
+            corpus(tmp_path),
+            tmp_path / "x",
+            embedding_precision=precision,
+            approximate="hnsw",
+            progress=False,
+        )

@@ -458,6 +458,8 @@ def cmd_pipeline(args: argparse.Namespace) -> None:
 
 
 def args_index(p: argparse.ArgumentParser) -> None:
+    from .tasks.embedding import EMBEDDING_PRECISIONS
+
     p.add_argument("model", help="bi-encoder (embedding model) directory")
     p.add_argument("corpus", help="documents: text lines, .jsonl or .csv/.tsv with id and text")
     p.add_argument("--out", required=True, help="index directory (re-run to resume a build)")
@@ -477,6 +479,14 @@ def args_index(p: argparse.ArgumentParser) -> None:
         help="pieces between windows of a long document (default: half a window)",
     )
     _prompt_options(p, "the documents", "the model's document prompt (document, passage or corpus)")
+    p.add_argument(
+        "--embedding-precision",
+        choices=EMBEDDING_PRECISIONS,
+        default="float32",
+        help="keep the vectors quantised (sentence-transformers' quantize_embeddings; int8/uint8 "
+        "buckets from the corpus's own vectors): 4 (int8) or 32 (binary) times smaller, float "
+        "queries scored against them",
+    )
     p.add_argument("--no-bm25", action="store_true", help="no BM25 index beside the vectors")
     p.add_argument(
         "--approximate", choices=("hnsw",), help="an HNSW graph (faiss) for millions of vectors"
@@ -508,7 +518,7 @@ def cmd_index(args: argparse.Namespace) -> None:
         **_given(
             args, "chunk", "window", "stride", "approximate", "batch_size", "precision", "device"
         ),
-        **_given(args, "prompt_name", "prompt"),
+        **_given(args, "prompt_name", "prompt", "embedding_precision"),
     )
     m = index.meta
     print(

@@ -220,8 +220,13 @@ class Index:
             raise DataError(
                 f"{path}: a corrupt or truncated index file ({e}): rebuild it"
             ) from None
+        self.precision = meta.get("embedding_precision", "float32")  # of the stored vectors
         shape = (meta.get("vectors"), meta.get("dimensions"))
-        if self.vectors.shape != shape or len(self.windows) != shape[0]:
+        stored = (shape[0], -(-shape[1] // 8)) if self.precision.endswith("binary") else shape
+        self.ranges = None  # int8/uint8: the buckets' ends, (2, dimensions)
+        if self.precision.endswith("int8"):
+            self.ranges = _read_ranges(path / "ranges.npy", shape[1])
+        if self.vectors.shape != stored or len(self.windows) != shape[0]:
             raise DataError(
                 f"{path}: vectors.npy or windows.npy is not the size index.json says "
                 f"({shape[0]} x {shape[1]}): a corrupt or truncated index; rebuild it"
@@ -266,16 +271,20 @@ class Index:
         progress: bool = True,
         prompt_name: str | None = None,
         prompt: str | None = None,
+        embedding_precision: str = "float32",
     ) -> Index:
         """Build an index of `corpus` in `out` with the bi-encoder `model` (see the module
         docstring), resuming an unfinished build of the same settings there. The documents
         get the prompt `prompt_name` or `prompt` names, else the model's document prompt
-        (embedding.role_prompt); the queries will get its query prompt."""
+        (embedding.role_prompt); the queries will get its query prompt. embedding_precision
+        int8, uint8, binary or ubinary keeps the vectors quantised (embedding.quantize: 4 or 32
+        times smaller; int8/uint8 buckets from the corpus's own vectors), float queries scored
+        against their stand-ins (embedding.dequantize)."""
         from tqdm import tqdm
 
         from .pipelines import Pipeline
 
-        _check_build_options(chunk, bm25, approximate)
+        _check_build_options(chunk, bm25, approximate, embedding_precision)
         out, corpus = Path(out), Path(corpus)
         refuse_cross_encoder(model)
         pipe = Pipeline(model, device=device, precision=precision, batch_size=batch_size)
@@ -297,6 +306,7 @@ class Index:
             "corpus": str(corpus.resolve()),
             "corpus_sha256": _sha256([corpus]),
             "fields": [fmt.id_field, fmt.text_field, fmt.skip_blank],
+            "embedding_precision": embedding_precision,
         }
         _start_build(out, settings)
         bar = tqdm(desc="index", unit="window", disable=not progress, file=sys.stderr)
@@ -326,14 +336,7 @@ class Index:
         parts = sorted((out / "parts").glob("*[0-9].npy"))
         sizes = [np.load(p, mmap_mode="r").shape for p in parts]
         total, dim = sum(s[0] for s in sizes), sizes[0][1]
-        with atomic_path(out / "vectors.npy") as tmp:
-            joined = np.lib.format.open_memmap(tmp, "w+", np.float32, (total, dim))
-            at = 0
-            for p, (n, _) in zip(parts, sizes):
-                joined[at : at + n] = np.load(p, mmap_mode="r")
-                at += n
-            joined.flush()
-            del joined
+        _join_vectors(out, parts, settings["embedding_precision"])
         for name in ("owners", "spans"):  # windows.npy: each window's document; spans.npy
             joined = np.concatenate([np.load(p.with_suffix(f".{name}.npy")) for p in parts])
             target = out / ("windows.npy" if name == "owners" else "spans.npy")
@@ -397,6 +400,14 @@ class Index:
             self._pipe = Pipeline(path, **{"precision": self.meta["precision"], **pipeline})
         return self._pipe
 
+    def stored(self, start: int, stop: int) -> np.ndarray:
+        """float32 (stop - start, dimensions): windows' vectors, or their quantised vectors'
+        stand-ins (embedding.dequantize), to score float queries against."""
+        from .tasks.embedding import dequantize
+
+        block = np.asarray(self.vectors[start:stop])
+        return dequantize(block, self.precision, self.meta["dimensions"], self.ranges)
+
     def queries(self, queries: Sequence[str]) -> np.ndarray:
         """The queries' vectors: the index's model, with the queries' prompt (query_prompt:
         the model's, as the index recorded it, unless changed)."""
@@ -435,7 +446,7 @@ class Index:
             best_s = np.zeros((len(block), 0), np.float32)
             for d0, d1 in pairwise(cuts):
                 w0, w1 = self.starts[d0], ends[d1 - 1]
-                sims = block @ np.asarray(self.vectors[w0:w1]).T  # (b, windows of the block)
+                sims = block @ self.stored(w0, w1).T  # (b, windows of the block)
                 per_doc = np.maximum.reduceat(sims, self.starts[d0:d1] - w0, axis=1)  # (b, docs)
                 # the best so far (earlier documents) first: column order is document order
                 cand_s = np.concatenate([best_s, per_doc], 1)
@@ -574,7 +585,7 @@ class Index:
                 if ends[d] - self.starts[d] == 1:  # one window: the whole text
                     found.append(self.texts[d])
                     continue
-                best = int(np.argmax(np.asarray(self.vectors[self.starts[d] : ends[d]]) @ vector))
+                best = int(np.argmax(self.stored(self.starts[d], ends[d]) @ vector))
                 a, b = self._spans(d)[best]
                 found.append(self.texts[d][a:b])
             out.append(found)
@@ -601,7 +612,7 @@ class Index:
             q = self.queries(queries)
             ends = np.r_[self.starts[1:], len(self.windows)]
             spans = [(self.starts[d], ends[d]) for d in docs]
-            return np.array([float((self.vectors[a:b] @ v).max()) for v, (a, b) in zip(q, spans)])
+            return np.array([float((self.stored(a, b) @ v).max()) for v, (a, b) in zip(q, spans)])
         bm25 = self._bm25_index()
         tokenize = need_extra("bm25s", _BM25_EXTRA).tokenize
         words = tokenize(list(queries), stopwords="en", return_ids=False, show_progress=False)
@@ -865,6 +876,44 @@ def _best(totals: Sequence[dict[int, float]], k: int) -> tuple[np.ndarray, np.nd
     return np.array(pad, np.int64), np.array([s + [0.0] * (width - len(s)) for s in scores])
 
 
+def _join_vectors(out: Path, parts: Sequence[Path], precision: str, block: int = 65_536) -> None:
+    """vectors.npy: the parts' float vectors, or quantised (embedding.quantize) with, for
+    int8/uint8, the buckets' ends over all of them in ranges.npy; a block at a time."""
+    from .tasks.embedding import quantize
+
+    tables = [np.load(p, mmap_mode="r") for p in parts]
+    total, dim = sum(len(t) for t in tables), tables[0].shape[1]
+    ranges = None
+    if precision.endswith("int8"):
+        lows = [t[a : a + block].min(0) for t in tables for a in range(0, len(t), block)]
+        highs = [t[a : a + block].max(0) for t in tables for a in range(0, len(t), block)]
+        ranges = np.stack([np.min(lows, 0), np.max(highs, 0)]).astype(np.float32)
+        with atomic_path(out / "ranges.npy") as tmp, open(tmp, "wb") as f:
+            np.save(f, ranges)
+    sample = quantize(np.zeros((1, dim), np.float32), precision, ranges=ranges)
+    with atomic_path(out / "vectors.npy") as tmp:
+        joined = np.lib.format.open_memmap(tmp, "w+", sample.dtype, (total, sample.shape[1]))
+        at = 0
+        for t in tables:
+            for a in range(0, len(t), block):
+                chunk = quantize(np.asarray(t[a : a + block]), precision, ranges=ranges)
+                joined[at : at + len(chunk)] = chunk
+                at += len(chunk)
+        joined.flush()
+        del joined
+
+
+def _read_ranges(path: Path, dimensions: int) -> np.ndarray:
+    """An int8/uint8 index's ranges.npy: (2, dimensions) float32."""
+    try:
+        ranges = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as e:
+        raise DataError(f"{path}: missing or corrupt ({e}): rebuild the index") from None
+    if ranges.shape != (2, dimensions) or ranges.dtype.kind != "f":
+        raise DataError(f"{path}: not the quantisation ranges of this index: rebuild it")
+    return ranges
+
+
 def _bm25_fits(scores: dict[str, Any], documents: int) -> bool:
     """Whether bm25s' sparse matrix (CSC: per word, its documents and scores) is whole and
     numbers `documents` documents: a document number past them would be an IndexError at
@@ -896,7 +945,17 @@ def _write_hnsw(vectors: Path, out: Path, block: int = 65_536) -> None:
 EMBED_BLOCK = 2048  # windows embedded per call while building: memory bounded for any document
 
 
-def _check_build_options(chunk: int, bm25: bool, approximate: str | None) -> None:
+def _check_build_options(
+    chunk: int, bm25: bool, approximate: str | None, embedding_precision: str
+) -> None:
+    from .tasks.embedding import EMBEDDING_PRECISIONS
+
+    check_choice("embedding_precision", embedding_precision, EMBEDDING_PRECISIONS)
+    if approximate and embedding_precision != "float32":
+        raise ConfigError(
+            "approximate (--approximate) searches float32 vectors: leave out "
+            "--embedding-precision, or build an exact index"
+        )
     if chunk < 1:
         raise ConfigError(f"chunk={chunk} (--chunk): must be >= 1")
     if bm25:

@@ -423,3 +423,24 @@ def quantize(
     steps = np.where(steps == 0, 1, steps)  # a constant dimension: bucket 0
     q = np.clip(np.floor((vectors - starts) / steps), 0, 255)
     return q.astype(np.uint8) if precision == "uint8" else (q - 128).astype(np.int8)
+
+
+def dequantize(
+    codes: np.ndarray, precision: str, dimensions: int, ranges: np.ndarray | None = None
+) -> np.ndarray:
+    """float32 (..., dimensions) stand-ins for quantised embeddings, to score float queries
+    against (asymmetric search): int8/uint8 each code's bucket centre between `ranges`;
+    binary/ubinary each bit as +-1 / sqrt(dimensions) (a unit vector, so inner products read
+    like cosines); float32 as it is."""
+    check_choice("precision", precision, EMBEDDING_PRECISIONS)
+    codes = np.asarray(codes)
+    if precision == "float32":
+        return codes.astype(np.float32, copy=False)
+    unsigned = codes.astype(np.int16) + (128 if codes.dtype == np.int8 else 0)  # 0..255
+    if precision.endswith("binary"):
+        bits = np.unpackbits(unsigned.astype(np.uint8), axis=-1)[..., :dimensions]
+        return (bits.astype(np.float32) * 2 - 1) / np.float32(np.sqrt(dimensions))
+    if ranges is None:
+        raise InputError(f"{precision} embeddings need their quantisation ranges to be read")
+    starts, ends = np.asarray(ranges, np.float32)
+    return starts + (unsigned.astype(np.float32) + 0.5) * ((ends - starts) / 255)
