@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -383,6 +384,66 @@ def test_bf16_training_batches_are_padded_to_a_multiple(tmp_path: Path, minilm_d
         assert (longest16, n16) == (longest32, n32) and t32 == longest32  # the same rows
         assert t16 == -(-t32 // PAD_MULTIPLE) * PAD_MULTIPLE
     assert any(t % PAD_MULTIPLE for t, _, _ in shapes["fp32"])  # padding did something
+
+
+@pytest.mark.parametrize(
+    ("task", "option", "per_row"),
+    [("rerank", {"micro_batch_size": 2}, 4), ("retrieval", {"cache_chunk": 3}, 1)],
+)
+def test_the_dev_pass_reads_as_few_rows_at_once_as_training(
+    tmp_path: Path,
+    tiny_model: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    task: str,
+    option: dict,
+    per_row: int,
+) -> None:
+    """What bounds a step's memory (--micro-batch-size groups, --cache-chunk texts a pass)
+    bounds the dev pass's too: it reads at most twice a training pass's rows at once, not twice
+    --batch-size (64 rerank groups of 8 pairs a dev pass: 3.1 GB where training took 2.1)."""
+    from bertforge.model import BertModel
+
+    def rows(n: int, start: int) -> str:
+        """n groups: a query, its passage and three of the others' as negatives."""
+        texts = [f"passage {i} tells of topic {i} at some length" for i in range(start, start + n)]
+        others = [[texts[(i + k) % n] for k in (1, 2, 3)] for i in range(n)]
+        lines = [
+            {"query": f"what of topic {start + i}", "positive": t, "negatives": others[i]}
+            for i, t in enumerate(texts)
+        ]
+        return "".join(json.dumps(x) + "\n" for x in lines)
+
+    (tmp_path / "train.jsonl").write_text(rows(16, 0))
+    (tmp_path / "dev.jsonl").write_text(rows(10, 100))
+    seen: list[tuple[bool, int]] = []  # (training, rows) of every pass through the encoder
+    forward = BertModel.forward
+
+    def counted(self: BertModel, input_ids: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        seen.append((self.training, len(input_ids)))
+        return forward(self, input_ids, *args, **kwargs)
+
+    monkeypatch.setattr(BertModel, "forward", counted)
+    run(
+        FinetuneConfig(
+            model=str(tiny_model),
+            task=task,
+            train=str(tmp_path / "train.jsonl"),
+            dev=str(tmp_path / "dev.jsonl"),
+            out=str(tmp_path / "out"),
+            epochs=1,
+            batch_size=8,
+            precision="fp32",
+            progress=False,
+            **option,
+        )
+    )
+    limit = next(iter(option.values())) * per_row  # encoder rows of one training pass
+    training = [n for t, n in seen if t]
+    dev = [n for t, n in seen if not t]
+    assert max(training) == limit
+    # every dev row was read (rerank: 10 groups of 4 pairs; retrieval: 10 queries, 10 passages)
+    assert sum(dev) == {"rerank": 40, "retrieval": 20}[task]
+    assert max(dev) <= 2 * limit
 
 
 # ------------------------------------------------------------------------------------------------

@@ -172,7 +172,10 @@ class RerankTask(TaskFamily):
     (binary cross-entropy per pair), or distilled from a teacher's scores of the group's pairs
     (margin-mse, listnet). Dev: the positive's rank among its group (MRR@10,
     recall@1). Saved as sentence-transformers saves a CrossEncoder (one label; its activation,
-    sigmoid, named where each version reads it: save_activation)."""
+    sigmoid, named where each version reads it: save_activation). A step reads its groups'
+    pairs in one pass unless --micro-batch-size cuts it: 32 groups of 8 are 256 pairs, 7.7 GB for
+    MiniLM on the CPU (bf16, 128 pieces); --micro-batch-size 4, 2.0 GB and faster, the same
+    gradients but for dropout's draws (figures: train/finetune.py)."""
 
     head = BertForSequenceClassification
     metric = "mrr@10"
