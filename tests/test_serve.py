@@ -855,6 +855,17 @@ def test_embed_prompts_dimensions_and_quantised_output(minilm_dir: Path, tmp_pat
         vectors = np.array([d.embedding for d in got.data])
         np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
         assert np.abs(vectors - pipe.embed(texts, dimensions=48)).max() < 1e-5
+    # a prompt goes before every text: it counts against the request's budget, and its size
+    from bertforge.serve import Limits
+
+    with TestClient(create_app(model, Limits(max_request_tokens=2000), precision="fp32")) as c:
+        body = {"texts": ["a b c"] * 20}
+        assert c.post("/embed", json=body).status_code == 200  # 20 x 5 pieces
+        r = c.post("/embed", json={**body, "prompt": "word " * 200})  # 20 x 205
+        assert r.status_code == 413 and "read as 4,100 pieces" in r.json()["error"]
+        r = c.post("/embed", json={"texts": ["a"], "prompt": "x" * 20_000})
+        assert r.status_code == 413 and r.json()["error"].startswith("prompt[0]: 20,000 characters")
+        assert c.post("/embed", json={"texts": ["a"], "dimensions": True}).status_code == 422
     with pytest.raises(DataError, match="calibration embeddings must be floats"):
         np.save(tmp_path / "bad.npy", np.zeros((3, 5), np.float32))
         create_app(model, calibration=str(tmp_path / "bad.npy"))

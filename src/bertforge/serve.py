@@ -201,7 +201,7 @@ class EmbedRequest(BaseModel):  # pooling, normalize, prompt: the model's own un
     normalize: bool | None = None
     prompt_name: str | None = None
     prompt: str | None = None
-    dimensions: int | None = None
+    dimensions: int | None = Field(None, strict=True)  # true is not 1
     embedding_precision: str = Field(
         "float32", pattern=f"^({'|'.join(embedding.EMBEDDING_PRECISIONS)})$"
     )
@@ -211,7 +211,7 @@ class OpenAIEmbeddingRequest(BaseModel):
     input: str | list[str] | list[int] | list[list[int]]
     model: str | None = None
     encoding_format: str = Field("float", pattern="^(float|base64)$")
-    dimensions: int | None = None
+    dimensions: int | None = Field(None, strict=True)  # true is not 1
     user: str | None = None
 
 
@@ -895,6 +895,8 @@ def add_embeddings(app: Any, server: Server) -> None:
 
     async def vectors(inputs: list[Any], what: str, options: dict[str, Any], request: Any) -> list:
         server.check(inputs, what)
+        if options.get("prompt") is not None:
+            server.check([options["prompt"]], "prompt")
         own, options = pipe.embedding_settings, dict(options)
         prompt = embedding.prompt_text(own, options.pop("prompt_name"), options.pop("prompt"))
         dimensions, normalize = options.pop("dimensions"), options["normalize"]
@@ -911,7 +913,14 @@ def add_embeddings(app: Any, server: Server) -> None:
     def run(items: list[Any], options: dict[str, Any]) -> list[Any]:
         return list(pipe.embed(items, **options))
 
-    read = server.windows_read(pipe, pipe.embedding_settings.max_length)
+    windows = server.windows_read(pipe, pipe.embedding_settings.max_length)
+
+    def read(items: list[Any], options: dict[str, Any]) -> list[int]:
+        """Pieces each input is read as, its prompt before it (a prompt adds to every text)."""
+        prompt = options.get("prompt") or ""
+        ids = pipe.tok.encode(prompt, add_special_tokens=False, truncation=False).ids
+        prompted = [prompt + x if isinstance(x, str) else [*ids, *x] for x in items]
+        return windows(prompted, options)
 
     @app.post("/embed", summary=ENTRIES["embed"].help)
     async def embed(req: EmbedRequest, request: Request) -> dict[str, Any]:
