@@ -133,7 +133,7 @@ def hf_names(ours: str, model_type: str = "bert") -> tuple[str, ...]:
 # Reading files
 
 
-def _weights_files(directory: Path) -> list[Path]:
+def weights_files(directory: Path) -> list[Path]:
     for name in WEIGHTS:
         if (directory / name).is_file():
             return _shards(directory, name) if name.endswith(".index.json") else [directory / name]
@@ -182,7 +182,7 @@ def read_tensors(directory: Path) -> tuple[dict[str, torch.Tensor], dict[str, Pa
     """All tensors of a checkpoint directory, with the file each came from."""
     tensors: dict[str, torch.Tensor] = {}
     origin: dict[str, Path] = {}
-    for path in _weights_files(directory):
+    for path in weights_files(directory):
         part = read_safetensors(path) if path.suffix == ".safetensors" else read_pickle(path)
         for name, t in part.items():
             name = _canonical(name)
@@ -504,7 +504,7 @@ def inspect(path: str | os.PathLike[str]) -> CheckpointInfo:
     """Config, parameter count and heads of a checkpoint, reading only file headers."""
     directory = resolve(path)
     config = BertConfig.from_pretrained(directory)
-    files = _weights_files(directory)
+    files = weights_files(directory)
     shapes: dict[str, tuple[tuple[int, ...], str]] = {}
     for f in files:
         if f.suffix == ".safetensors":

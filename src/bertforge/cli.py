@@ -745,8 +745,9 @@ def cmd_mine(args: argparse.Namespace) -> None:
 
 def _mined(found: Any, examples: Sequence[Any], args: argparse.Namespace) -> str:
     """What mining found, in words: how the positives were matched, what was left out."""
-    lost, short = found.missing, [i for i, n in enumerate(found.negatives) if n is None]
-    short = [i for i in short if i not in set(lost) or args.missing != "skip"]
+    lost = found.missing
+    skipped = set(lost) if args.missing == "skip" else set()  # no negatives asked for those
+    short = [i for i, n in enumerate(found.negatives) if n is None and i not in skipped]
     parts = [f"positives found by id {found.by_id:,}, by text {found.by_text:,}"]
     if lost:
         first = ", ".join(examples[i].source for i in lost[:3]) + (", ..." if len(lost) > 3 else "")

@@ -116,9 +116,9 @@ def _json_document(line: str, fmt: CorpusFormat) -> bool:
 
 def _jsonl_documents(path: Path, fmt: CorpusFormat) -> Iterator[tuple[int, str, str]]:
     """JSONL objects (a blank line holds no document: skipped; ids come from the objects)."""
-    from .data.tasks.table import _jsonl_records
+    from .data.tasks.table import jsonl_records
 
-    for r in _jsonl_records(path):
+    for r in jsonl_records(path):
         fields: dict[str, Any] = r.fields  # type: ignore[assignment]
         doc_id = _id(fields.get(fmt.id_field), path, r.lineno, fmt.id_field)
         yield r.lineno, doc_id, _text(fields.get(fmt.text_field), path, r.lineno, fmt.text_field)
@@ -157,10 +157,10 @@ def _text(value: object, path: Path, lineno: int, name: str) -> str:
 
 def model_identity(path: str | Path) -> str:
     """sha256 over a model directory's config.json and weight files (names and bytes)."""
-    from .checkpoint import _weights_files
+    from .checkpoint import weights_files
 
     path = Path(path)
-    return _sha256([path / "config.json", *_weights_files(path)], names=True)
+    return _sha256([path / "config.json", *weights_files(path)], names=True)
 
 
 def _sha256(files: Sequence[Path], names: bool = False) -> str:
@@ -244,6 +244,7 @@ class Index:
             )
         # each document's windows are contiguous: the first window of each
         self.starts = np.flatnonzero(np.r_[True, self.windows[1:] != self.windows[:-1]])
+        self.ends = np.r_[self.starts[1:], len(self.windows)]  # and one past its last
         self._pipe: Any = None
         # the text before each query (an index built before prompts: the model's default)
         self.query_prompt: str | None = meta.get("query_prompt")
@@ -434,10 +435,9 @@ class Index:
         if self.meta.get("approximate"):
             return self._hnsw(q, k)
         # documents in blocks of about WINDOW_BLOCK windows (a document's windows stay together)
-        ends = np.r_[self.starts[1:], len(self.windows)]
         cuts = [0]
         while cuts[-1] < len(self.starts):
-            fit = int(np.searchsorted(ends, self.starts[cuts[-1]] + WINDOW_BLOCK, "right"))
+            fit = int(np.searchsorted(self.ends, self.starts[cuts[-1]] + WINDOW_BLOCK, "right"))
             cuts.append(max(fit, cuts[-1] + 1))
         docs, scores = [], []
         for start in range(0, len(q), QUERY_BLOCK):
@@ -445,7 +445,7 @@ class Index:
             best_d = np.zeros((len(block), 0), np.int64)  # (b, <= k) the best documents so far
             best_s = np.zeros((len(block), 0), np.float32)
             for d0, d1 in pairwise(cuts):
-                w0, w1 = self.starts[d0], ends[d1 - 1]
+                w0, w1 = self.starts[d0], self.ends[d1 - 1]
                 sims = block @ self.stored(w0, w1).T  # (b, windows of the block)
                 per_doc = np.maximum.reduceat(sims, self.starts[d0:d1] - w0, axis=1)  # (b, docs)
                 # the best so far (earlier documents) first: column order is document order
@@ -577,15 +577,14 @@ class Index:
         (spans.npy; an index built before it had them cuts its documents again).
         `vectors`: the queries' already."""
         q = self.queries(queries) if vectors is None else vectors
-        ends = np.r_[self.starts[1:], len(self.windows)]
         out = []
         for vector, row in zip(q, docs):
             found = []
             for d in row:
-                if ends[d] - self.starts[d] == 1:  # one window: the whole text
+                if self.ends[d] - self.starts[d] == 1:  # one window: the whole text
                     found.append(self.texts[d])
                     continue
-                best = int(np.argmax(self.stored(self.starts[d], ends[d]) @ vector))
+                best = int(np.argmax(self.stored(self.starts[d], self.ends[d]) @ vector))
                 a, b = self._spans(d)[best]
                 found.append(self.texts[d][a:b])
             out.append(found)
@@ -593,15 +592,14 @@ class Index:
 
     def _spans(self, d: int) -> np.ndarray:
         """(windows, 2): the characters of document d's windows, its words whole."""
-        ends = np.r_[self.starts[1:], len(self.windows)]
         if self.spans is not None:
-            return np.asarray(self.spans[self.starts[d] : ends[d]])
+            return np.asarray(self.spans[self.starts[d] : self.ends[d]])
         (pieces,) = self.use_model().tok.encode_long([self.texts[d]])
         windows = windows_of(len(pieces.ids), self.meta["window"], self.meta["stride"])
-        if len(windows) != ends[d] - self.starts[d]:
+        if len(windows) != self.ends[d] - self.starts[d]:
             raise DataError(
                 f"{self.path}: the model's tokenizer cuts document {self.ids[d]!r} into "
-                f"{len(windows)} windows where the index holds {ends[d] - self.starts[d]}: "
+                f"{len(windows)} windows where the index holds {self.ends[d] - self.starts[d]}: "
                 "rebuild the index"
             )
         return np.array([pieces.span(a, a + n) for a, n in windows], np.int64)
@@ -610,8 +608,7 @@ class Index:
         """Each query's score of one document (docs[i] for queries[i]) as `mode` scores it."""
         if mode == "dense":
             q = self.queries(queries)
-            ends = np.r_[self.starts[1:], len(self.windows)]
-            spans = [(self.starts[d], ends[d]) for d in docs]
+            spans = [(self.starts[d], self.ends[d]) for d in docs]
             return np.array([float((self.stored(a, b) @ v).max()) for v, (a, b) in zip(q, spans)])
         bm25 = self._bm25_index()
         tokenize = need_extra("bm25s", _BM25_EXTRA).tokenize
@@ -684,8 +681,9 @@ def find_positives(
     found), else by its normalized text; (documents, found by id, found by text)."""
     by_id = {doc_id: d for d, doc_id in enumerate(index.ids)}
     by_text: dict[str, int] = {}
-    for d, t in enumerate(index.texts):
-        by_text.setdefault(normalized(t), d)
+    if ids is None or any(i is None for i in ids):  # some rows are found by their text
+        for d, t in enumerate(index.texts):
+            by_text.setdefault(normalized(t), d)
     found: list[int | None] = []
     n_id = n_text = 0
     for i, positive in enumerate(positives):

@@ -588,7 +588,8 @@ class Server:
         if precision not in ("int8", "uint8"):
             return embedding.quantize(rows, precision)
         own = self.pipe.embedding_settings
-        if self.calibration is None or options["pooling"] not in (None, *own.pooling[:1]):
+        other_pooling = options["pooling"] is not None and (options["pooling"],) != own.pooling
+        if self.calibration is None or other_pooling:
             raise HTTPError(
                 422,
                 f"embedding_precision {precision} needs calibration embeddings of the model's "
@@ -1038,15 +1039,17 @@ def add_search(app: Any, server: Server, path: str | Path, index_model: str | No
             "own with --index-model to search with it beside the served one"
         )
     server.endpoints.append("search")
+    pipe = index.use_model()  # the queries are read as its embed reads them
+    read = server.windows_read(pipe, pipe.embedding_settings.max_length)
+
+    def run(items: list[Any], options: dict[str, Any]) -> list[Any]:
+        return index.search(items, **options)
 
     @app.post("/search", summary="search the index given with --index")
     async def search(req: SearchRequest, request: Request) -> dict[str, Any]:
         server.check(req.queries, "queries")
         options = {"top_k": req.top_k, "mode": req.mode, "text": req.return_text}
         options |= {"fusion": req.fusion, "alpha": req.alpha, "passage": req.return_passage}
-        pipe = index.use_model()  # the queries are read as its embed reads them
-        read = server.windows_read(pipe, pipe.embedding_settings.max_length)
-        run = lambda items, o: index.search(items, **o)  # noqa: E731
         rows = await server.submit("search", run, req.queries, options, request, read, "queries")
         if req.return_text:  # a document's text cut at return_chars: the answer stays bounded
             cut = server.limits.return_chars

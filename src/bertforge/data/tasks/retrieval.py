@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import DataError
-from .table import Record, _jsonl_records, header_error, open_table, text_field
+from .table import Record, header_error, jsonl_records, open_table, text_field
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ def read_retrieval(path: str | os.PathLike[str]) -> list[RetrievalExample]:
     """The examples of a retrieval training or dev file (see the module docstring)."""
     path = Path(path)
     if path.suffix == ".jsonl":
-        records = list(_jsonl_records(path))
+        records = list(jsonl_records(path))
         first = records[0].fields
         scored = "score" in first  # type: ignore[operator]
         examples = [_example(r, scored, None) for r in records]

@@ -418,7 +418,7 @@ def read_examples(
             if c is not None and not isinstance(c, str):
                 raise InputError(f"{role}: {c!r}: JSONL columns are key names (strings)")
         fields = ExampleFields(text_column, text_pair_column, single, flags or [], id_column)
-        rows = _jsonl_records(path)
+        rows = jsonl_records(path)
     else:
         delim = delimiter if delimiter is not None else ("," if fmt == "csv" else "\t")
         quote = quoting if quoting is not None else fmt == "csv"
@@ -436,7 +436,7 @@ def read_examples(
     return [fields.example(row, n, labels, regression, multi_label) for n, row in enumerate(rows)]
 
 
-def _jsonl_records(path: Path) -> Iterator[Record]:
+def jsonl_records(path: Path) -> Iterator[Record]:
     """A Record per non-blank line of a JSONL file, each an object; an empty file is an error."""
     empty = True
     for lineno, line in text_lines(path):
