@@ -29,11 +29,11 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bertforge import embedding
 from bertforge.data.tasks import read_glue
 from bertforge.evaluate import spearman
 from bertforge.model import BertModel
 from bertforge.pipelines import Pipeline
-from bertforge.tasks import embedding
 from bertforge.tokenizer import Tokenizer
 from bertforge.train.distill import DistillConfig, make_student, run
 from common import RESULTS, machine, matmul_gflops, table

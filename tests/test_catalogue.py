@@ -11,8 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bertforge.catalogue import ENTRIES, available, head_labels
-from bertforge.checkpoint import inspect
+from bertforge.catalogue import ENTRIES, available, head_labels, inspect
 from bertforge.cli import build_parser, cmd_pipeline, main
 from bertforge.pipelines import Pipeline
 

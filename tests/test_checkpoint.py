@@ -21,7 +21,8 @@ from bertforge import (
     ConfigError,
     VocabError,
 )
-from bertforge.checkpoint import KEY_TABLE, hf_names, hf_state_dict, inspect
+from bertforge.catalogue import inspect
+from bertforge.checkpoint import KEY_TABLE, hf_names, hf_state_dict
 from tests.conftest import TINY
 
 

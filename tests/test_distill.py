@@ -22,9 +22,9 @@ from safetensors.torch import load_file
 from bertforge import BertModel, Tokenizer
 from bertforge.cli import main
 from bertforge.config import BertConfig
+from bertforge.embedding import Embedding
 from bertforge.errors import ConfigError
 from bertforge.pipelines import Pipeline
-from bertforge.tasks.embedding import Embedding
 from bertforge.train.distill import distillation_loss, make_student
 from tests.test_pipelines import SENTENCES
 

@@ -1,4 +1,4 @@
-"""What SentenceTransformer.encode does with a model directory, done by `embed` (tasks.embedding,
+"""What SentenceTransformer.encode does with a model directory, done by `embed` (bertforge.embedding,
 Pipeline.embed, `bertforge embed`) and checked against sentence-transformers itself: prompts
 (include_prompt false too), Matryoshka dimensions, pooling_mode lists in their own order, and
 quantised embeddings bit for bit equal to its quantize_embeddings."""
@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 import torch
 
+from bertforge import embedding
 from bertforge.cli import main
+from bertforge.embedding import EMBEDDING_PRECISIONS, POOLINGS, quantize
 from bertforge.errors import CheckpointError, ConfigError, InputError
 from bertforge.pipelines import Pipeline
-from bertforge.tasks import embedding
-from bertforge.tasks.embedding import EMBEDDING_PRECISIONS, POOLINGS, quantize
 
 st = pytest.importorskip("sentence_transformers")
 

@@ -927,7 +927,7 @@ def test_a_quantised_index(built: Index, minilm_dir: Path, tmp_path: Path, preci
     index finds first."""
     from sentence_transformers.util.quantization import quantize_embeddings
 
-    from bertforge.tasks.embedding import dequantize
+    from bertforge.embedding import dequantize
 
     index = Index.build(
         minilm_dir,

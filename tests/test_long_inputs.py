@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 import torch
 
+from bertforge import embedding
+from bertforge.embedding import POOLINGS
 from bertforge.pipelines import Pipeline
-from bertforge.tasks import embedding
-from bertforge.tasks.embedding import POOLINGS
 from bertforge.tasks.windows import max_context_flags, split, stitch, windows_of
 
 LONG = "The committee met on Tuesday to discuss the harbour, its budget and the new bridge. " * 60

@@ -14,12 +14,12 @@ import pytest
 import torch
 
 from bertforge import BertModel
-from bertforge.checkpoint import inspect
+from bertforge.catalogue import inspect
 from bertforge.cli import main
+from bertforge.embedding import settings, write_layout
 from bertforge.errors import CheckpointError
 from bertforge.fileio import inside
 from bertforge.pipelines import Pipeline
-from bertforge.tasks.embedding import settings, write_layout
 from tests.conftest import TINY
 from tests.test_distill import corpus
 

@@ -13,8 +13,7 @@ import pytest
 import torch
 
 from bertforge import BertConfig, Tokenizer
-from bertforge.catalogue import available
-from bertforge.checkpoint import inspect
+from bertforge.catalogue import available, inspect
 from bertforge.cli import main
 from bertforge.errors import CheckpointError, ConfigError, InputError
 from bertforge.heads import BertForSequenceClassification

@@ -5,7 +5,6 @@ package's import directions."""
 
 from __future__ import annotations
 
-import ast
 import json
 from pathlib import Path
 
@@ -272,59 +271,6 @@ def test_task_options_are_validated_where_they_live() -> None:
     )
     with pytest.raises(ConfigError, match="max_position_embeddings=512"):
         TaskOptions(task="rte", max_seq_length=100_000).check_model(BertConfig())
-
-
-# ------------------------------------------------------------------------------------------------
-# Imports run one way
-
-SRC = Path(__file__).resolve().parents[1] / "src" / "bertforge"
-# package (or module) -> what it must not import
-FORBIDDEN = {
-    "train": ("bertforge.pipelines", "bertforge.serve", "bertforge.cli"),
-    "pipelines": ("bertforge.train",),
-    "serve": ("bertforge.train",),
-    "tokenizer": ("bertforge.data",),
-    "data": ("bertforge.model", "bertforge.heads", "bertforge.train", "bertforge.tasks"),
-    "model": ("bertforge.data", "bertforge.train"),
-    "heads": ("bertforge.data", "bertforge.train", "bertforge.tasks"),
-    "tasks": ("bertforge.train", "bertforge.pipelines", "bertforge.serve", "bertforge.cli"),
-    "runner": ("bertforge.train", "bertforge.tasks", "bertforge.data"),
-}
-
-
-def _imports(path: Path) -> set[str]:
-    module = "bertforge." + ".".join(path.relative_to(SRC).with_suffix("").parts)
-    package = (
-        module.rsplit(".", 1)[0] if path.name != "__init__.py" else module.removesuffix(".__init__")
-    )
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            found.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = package.split(".")
-            if node.level:
-                base = base[: len(base) - node.level + 1]
-                name = ".".join(base + ([node.module] if node.module else []))
-            else:
-                name = node.module or ""
-            found.update([name] + [f"{name}.{a.name}" for a in node.names])
-    return found
-
-
-def test_imports_run_one_way() -> None:
-    broken = []
-    for part, banned in FORBIDDEN.items():
-        files = list((SRC / part).rglob("*.py")) if (SRC / part).is_dir() else [SRC / f"{part}.py"]
-        assert files and all(f.exists() for f in files), part
-        for f in files:
-            for name in _imports(f):
-                if name.startswith(banned):
-                    broken.append(f"{f.relative_to(SRC)} imports {name}")
-    assert not broken, broken
-    assert not any(
-        "transformers" in name.split(".")[0] for f in SRC.rglob("*.py") for name in _imports(f)
-    )
 
 
 def test_one_precision_rule_for_training_and_inference(

@@ -6,19 +6,25 @@ that show the head, its inputs (the method's parameters, the request's fields, t
 an input file), the method's options the CLI and the server offer, the row a JSONL output holds
 per input, array files it may write instead, whether the server offers it, and the graph
 outputs `export --onnx` writes for a checkpoint with that head. The CLI's pipeline verbs
-(cli.py), the server's endpoints (serve.py), `export` and `info` (checkpoint.inspect) read
+(cli.py), the server's endpoints (serve.py), `export` and `info` (`inspect` here) read
 this table; adding a pipeline is one entry here plus its `Pipeline` method.
 """
 
 from __future__ import annotations
 
+import math
+import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from .checkpoint import architectures, parameter_shapes, weights_files
+from .config import BertConfig
+from .embedding import EMBEDDING_PRECISIONS, POOLINGS, quantize, read_calibration
 from .errors import ConfigError
 from .fileio import atomic_path
 from .heads import (
@@ -28,8 +34,8 @@ from .heads import (
     BertForSequenceClassification,
     BertForTokenClassification,
 )
+from .hub import resolve
 from .model import BertModel
-from .tasks.embedding import EMBEDDING_PRECISIONS, POOLINGS, quantize, read_calibration
 
 COMBINES = ("concat", "sum", "mean")  # how `features` combines several layers
 
@@ -99,7 +105,7 @@ def _save_embeddings(out: str, vectors: np.ndarray) -> None:
 def _quantized(
     vectors: np.ndarray, embedding_precision: str = "float32", calibration: str | None = None
 ) -> np.ndarray:
-    """embed's vectors at an output precision (tasks.embedding.quantize, sentence-transformers'
+    """embed's vectors at an output precision (bertforge.embedding.quantize, sentence-transformers'
     quantize_embeddings); int8/uint8 buckets from `calibration`, a .npy of float embeddings
     (N, D) like these (a corpus's, from `bertforge embed --out corpus.npy`), else from the
     vectors written."""
@@ -298,3 +304,32 @@ def head_labels(tensor_names: Sequence[str]) -> list[str]:
         if present and e.head_label not in found:
             found.append(e.head_label)
     return found
+
+
+@dataclass
+class CheckpointInfo:
+    directory: Path
+    config: BertConfig
+    num_parameters: int
+    dtypes: list[str]
+    heads: list[str]
+    weights_files: list[Path]
+    pipelines: list[str]  # the pipelines of this table its architecture serves
+
+
+def inspect(path: str | os.PathLike[str]) -> CheckpointInfo:
+    """What a checkpoint can do: config, parameter count, heads and the pipelines it serves,
+    reading only the weights files' headers."""
+    directory = resolve(path)
+    config = BertConfig.from_pretrained(directory)
+    params = parameter_shapes(directory)
+    pooler = any(n.endswith(("pooler.dense.weight", "pre_classifier.weight")) for n in params)
+    return CheckpointInfo(
+        directory=directory,
+        config=config,
+        num_parameters=sum(math.prod(shape) for shape, _ in params.values()),
+        dtypes=sorted({d for _, d in params.values()}),
+        heads=["pooler"] * pooler + head_labels(list(params)),
+        weights_files=weights_files(directory),
+        pipelines=[e.name for e in available(architectures(directory), config.num_labels)],
+    )

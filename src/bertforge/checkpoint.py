@@ -16,11 +16,10 @@ corrupt files, a vocab.txt larger than the config's vocab_size.
 
 from __future__ import annotations
 
-import math
 import os
 import re
 import warnings
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -489,24 +488,11 @@ def load_trained(
 # Inspecting without loading
 
 
-@dataclass
-class CheckpointInfo:
-    directory: Path
-    config: BertConfig
-    num_parameters: int
-    dtypes: list[str]
-    heads: list[str]
-    weights_files: list[Path]
-    pipelines: list[str]  # the catalogue's pipelines its architecture serves
-
-
-def inspect(path: str | os.PathLike[str]) -> CheckpointInfo:
-    """Config, parameter count and heads of a checkpoint, reading only file headers."""
-    directory = resolve(path)
-    config = BertConfig.from_pretrained(directory)
-    files = weights_files(directory)
+def parameter_shapes(directory: Path) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Every parameter's shape and dtype by its canonical name, read from the weights files'
+    headers (a .bin file is read whole, weights only); buffers and ignored names left out."""
     shapes: dict[str, tuple[tuple[int, ...], str]] = {}
-    for f in files:
+    for f in weights_files(directory):
         if f.suffix == ".safetensors":
             try:
                 with safe_open(str(f), framework="pt", device="cpu") as h:
@@ -518,32 +504,17 @@ def inspect(path: str | os.PathLike[str]) -> CheckpointInfo:
         else:
             for name, t in read_pickle(f).items():
                 shapes[_canonical(name)] = (tuple(t.shape), str(t.dtype).replace("torch.", ""))
-    params = {n: s for n, s in shapes.items() if not _IGNORED.search(n)}
-    count = sum(math.prod(shape) for shape, _ in params.values())
-    from .catalogue import available, head_labels  # the table of pipelines and their heads
-
-    pooler = any(n.endswith(("pooler.dense.weight", "pre_classifier.weight")) for n in params)
-    heads = ["pooler"] * pooler + head_labels(list(params))
-    return CheckpointInfo(
-        directory=directory,
-        config=config,
-        num_parameters=count,
-        dtypes=sorted({d for _, d in params.values()}),
-        heads=heads,
-        weights_files=files,
-        pipelines=[e.name for e in available(architectures(directory), config.num_labels)],
-    )
+    return {n: s for n, s in shapes.items() if not _IGNORED.search(n)}
 
 
 __all__ = [
     "KEY_TABLE",
-    "CheckpointInfo",
     "Pretrained",
     "hf_names",
     "hf_state_dict",
-    "inspect",
     "load_pretrained",
     "load_state",
     "load_with_fresh",
+    "parameter_shapes",
     "save_pretrained",
 ]

@@ -33,9 +33,9 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from . import __version__
-from .config import annotation_kind
 from .data.corpus import expand_inputs
 from .errors import BertforgeError, ConfigError, DataError
+from .options import annotation_kind
 
 INFERENCE_HELP = {
     "device": "cpu, cuda, cuda:1 (default: a GPU if there is one)",
@@ -74,7 +74,7 @@ def args_info(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_info(args: argparse.Namespace) -> None:
-    from .checkpoint import inspect
+    from .catalogue import inspect
     from .tokenizer import Tokenizer
 
     info = inspect(args.path)
@@ -458,7 +458,7 @@ def cmd_pipeline(args: argparse.Namespace) -> None:
 
 
 def args_index(p: argparse.ArgumentParser) -> None:
-    from .tasks.embedding import EMBEDDING_PRECISIONS
+    from .embedding import EMBEDDING_PRECISIONS
 
     p.add_argument("model", help="bi-encoder (embedding model) directory")
     p.add_argument("corpus", help="documents: text lines, .jsonl or .csv/.tsv with id and text")
@@ -552,8 +552,8 @@ def _search_args(p: argparse.ArgumentParser) -> None:
 def _open_index(args: argparse.Namespace) -> Any:
     """The index of search and mine, its model checked (--model), its queries' prompt as
     --prompt-name / --prompt say."""
+    from .embedding import prompt_text
     from .index import Index
-    from .tasks.embedding import prompt_text
 
     index = Index.load(args.index)
     pipe = index.use_model(args.model)
@@ -856,9 +856,9 @@ def args_attention(p: argparse.ArgumentParser) -> None:
 
 def args_probe(p: argparse.ArgumentParser) -> None:
     from .data.tasks import GLUE_TASKS
+    from .embedding import POOLINGS
     from .probe_tokens import TokenProbeOptions
     from .tasks import TaskOptions
-    from .tasks.embedding import POOLINGS
 
     p.add_argument("--model", required=True, help="model directory: its encoder, frozen")
     p.add_argument("--train", required=True, help="training file (the task's format)")
@@ -1140,7 +1140,7 @@ def _parameters(target: Any) -> list[tuple[str, Any, Any, dict[str, Any]]]:
     for name, param in inspect.signature(target).parameters.items():
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD) or name == "self":
             continue
-        m = meta.get(name, {})  # empty for a field not made by config.option
+        m = meta.get(name, {})  # empty for a field not made by options.option
         if (meta and not m) or (not meta and param.default is param.empty):
             continue
         out.append((name, param.default, param.annotation, m))
@@ -1157,7 +1157,7 @@ def add_options(
     choices: dict[str, Sequence[Any]] | None = None,
 ) -> None:
     """Options for the parameters of `target`, a config dataclass (its fields: default, type,
-    help and choices from config.option) or a function (keyword parameters: default and type
+    help and choices from options.option) or a function (keyword parameters: default and type
     from its signature; help, and choices from their source lists, given here). The names go
     to args._options_<target>, which options_of reads back."""
     names = []

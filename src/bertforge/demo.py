@@ -24,12 +24,13 @@ from typing import Any
 
 import torch
 
-from .config import MAX_SEED, BertConfig
+from .config import BertConfig
 from .data.corpus import split_sentences
 from .data.shards import prepare
 from .data.stdlib_corpus import stdlib_documents
 from .errors import ConfigError
 from .heads import BertForMaskedLM
+from .options import MAX_SEED
 from .pipelines import Pipeline
 from .tokenizer import train_vocab
 

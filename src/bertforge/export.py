@@ -10,7 +10,7 @@ the `onnx` extra (onnx, onnxscript, onnxruntime).
 
 `sentence_embedding` adds the output people export a sentence-transformers model for:
 sentence_embedding (batch x D), the rows' token states pooled and normalised as the directory
-says (tasks.embedding's `settings` and `pool`, every mode; its Normalize), what
+says (bertforge.embedding's `settings` and `pool`, every mode; its Normalize), what
 `SentenceTransformer(MODEL).encode` gives for the same rows, however they are padded. It is
 on by default for a sentence-transformers directory (modules.json): the directory declares its
 pooling, so the graph should carry it, and the encoder's outputs stay (a consumer reading them
@@ -31,11 +31,11 @@ import numpy as np
 import torch
 from torch import nn
 
+from . import embedding
 from .catalogue import ENTRIES
 from .checkpoint import architectures
 from .errors import ConfigError, need_extra
 from .fileio import atomic_path
-from .tasks import embedding
 from .tokenizer import Tokenizer
 
 INPUTS = ["input_ids", "token_type_ids", "attention_mask"]

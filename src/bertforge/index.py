@@ -404,7 +404,7 @@ class Index:
     def stored(self, start: int, stop: int) -> np.ndarray:
         """float32 (stop - start, dimensions): windows' vectors, or their quantised vectors'
         stand-ins (embedding.dequantize), to score float queries against."""
-        from .tasks.embedding import dequantize
+        from .embedding import dequantize
 
         block = np.asarray(self.vectors[start:stop])
         return dequantize(block, self.precision, self.meta["dimensions"], self.ranges)
@@ -877,7 +877,7 @@ def _best(totals: Sequence[dict[int, float]], k: int) -> tuple[np.ndarray, np.nd
 def _join_vectors(out: Path, parts: Sequence[Path], precision: str, block: int = 65_536) -> None:
     """vectors.npy: the parts' float vectors, or quantised (embedding.quantize) with, for
     int8/uint8, the buckets' ends over all of them in ranges.npy; a block at a time."""
-    from .tasks.embedding import quantize
+    from .embedding import quantize
 
     tables = [np.load(p, mmap_mode="r") for p in parts]
     total, dim = sum(len(t) for t in tables), tables[0].shape[1]
@@ -946,7 +946,7 @@ EMBED_BLOCK = 2048  # windows embedded per call while building: memory bounded f
 def _check_build_options(
     chunk: int, bm25: bool, approximate: str | None, embedding_precision: str
 ) -> None:
-    from .tasks.embedding import EMBEDDING_PRECISIONS
+    from .embedding import EMBEDDING_PRECISIONS
 
     check_choice("embedding_precision", embedding_precision, EMBEDDING_PRECISIONS)
     if approximate and embedding_precision != "float32":
@@ -986,7 +986,7 @@ def refuse_cross_encoder(model: str | Path) -> None:
 
 def _prompts(pipe: Any, prompt_name: str | None, prompt: str | None) -> dict[str, str]:
     """The documents' prompt (given, else the model's document prompt) and the queries'."""
-    from .tasks.embedding import prompt_text, role_prompt
+    from .embedding import prompt_text, role_prompt
 
     own = pipe.embedding_settings
     given = prompt_name is not None or prompt is not None

@@ -34,10 +34,10 @@ from safetensors.torch import save_file
 
 from .checkpoint import counterpart, ignored, read_tensors
 from .config import CONFIG_FILES, BertConfig
+from .embedding import write_layout
 from .errors import CheckpointError, ConfigError
 from .fileio import inside, write_json
 from .hub import resolve
-from .tasks.embedding import write_layout
 from .tokenizer import VOCAB_FILES, Tokenizer
 
 # config.json fields that must agree: the ones that change what the weights compute.

@@ -32,16 +32,17 @@ import numpy as np
 import torch
 from torch import nn
 
+from . import embedding
 from .catalogue import COMBINES, ENTRIES
 from .checkpoint import load_trained, load_with_fresh
 from .config import BertConfig
 from .data.tasks import SquadExample
+from .embedding import POOLINGS
 from .errors import ConfigError, InputError, check_choice
 from .hub import resolve
 from .runner import Runner
-from .tasks import TaskOptions, embedding, family, ranking, sentence, tagging
+from .tasks import TaskOptions, family, ranking, sentence, tagging
 from .tasks.base import Features, collate, infer
-from .tasks.embedding import POOLINGS
 from .tasks.windows import Layout, Stitcher, TextWindow, contributions, split
 from .tokenizer import Tokenizer
 
@@ -141,7 +142,7 @@ class Pipeline:
 
     @functools.cached_property
     def embedding_settings(self) -> embedding.Embedding:
-        """How the model directory pools its sentence vectors (read once; tasks.embedding)."""
+        """How the model directory pools its sentence vectors (read once; bertforge.embedding)."""
         return embedding.settings(self.path)
 
     @functools.cached_property
@@ -252,7 +253,7 @@ class Pipeline:
         dimensions: int | None = None,
     ) -> np.ndarray:
         """(N, D) float32 sentence embeddings, pooled as the model directory says
-        (tasks.embedding: its sentence-transformers modules; else mean, not normalised) unless
+        (bertforge.embedding: its sentence-transformers modules; else mean, not normalised) unless
         pooling (one of POOLINGS) or normalize say otherwise. A text longer than the window is
         pooled over all its pieces, each from its max-context window (cls: the first window's
         [CLS]). An input may be given as its piece ids instead (without [CLS] and [SEP]).

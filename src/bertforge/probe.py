@@ -24,18 +24,18 @@ from typing import Any
 import numpy as np
 import torch
 
+from . import embedding
+from .embedding import POOLINGS
 from .errors import ConfigError, check_choice
 from .model import BertModel
 from .pipelines import Pipeline
-from .tasks import embedding
-from .tasks.embedding import POOLINGS
 
 DEFAULT_CHOICES = ("0", "-1", "-2", "-3", "-4", "sum:-1,-2,-3,-4", "concat:-1,-2,-3,-4", "sum:all")
 
 
 def pooled_layers(pipe: Pipeline, texts: Sequence[str], pooling: str = "mean") -> np.ndarray:
     """(N, L + 1, H): every layer's hidden states (0 = embeddings) pooled per text (one of
-    tasks.embedding's poolings)."""
+    bertforge.embedding's poolings)."""
     check_choice("pooling", pooling, POOLINGS)
     model = pipe.model(BertModel)
 

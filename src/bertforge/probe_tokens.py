@@ -32,10 +32,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from .config import MAX_SEED, check_options, option
 from .data.tasks import TaggedSentence
 from .errors import ConfigError, DataError
 from .evaluate import entity_scores
+from .options import MAX_SEED, check_options, option
 from .pipelines import Pipeline
 from .probe import parse_choice
 from .tasks import tagging

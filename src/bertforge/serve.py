@@ -107,16 +107,18 @@ except ImportError:  # create_app says what to install
     BaseModel, Field, create_model = object, lambda *a, **k: None, None  # type: ignore[all]
     Request = Any  # type: ignore[misc,assignment]
 
+from . import embedding
 from .catalogue import ENTRIES, Entry
 from .checkpoint import architectures
-from .config import BertConfig, check_options, option
+from .config import BertConfig
 from .data.tasks import SquadExample
+from .embedding import POOLINGS
 from .errors import BertforgeError, ConfigError, need_extra
 from .hub import resolve
 from .model import BertModel
+from .options import check_options, option
 from .pipelines import Pipeline
-from .tasks import embedding, ranking
-from .tasks.embedding import POOLINGS
+from .tasks import ranking
 from .tasks.squad import featurize as squad_featurize
 
 log = logging.getLogger(__name__)

@@ -33,9 +33,9 @@ from typing import Any
 
 import numpy as np
 
-from ..config import MAX_SEED
 from ..errors import DataError
 from ..fileio import atomic_path, read_json, write_json
+from ..options import MAX_SEED
 from ..tokenizer import Tokenizer
 from .corpus import FORMAT_HELP, Document, detect_format, expand_inputs, read_corpus
 

@@ -8,7 +8,6 @@ the server alike (features, the head, the loss, decoding into answers, the metri
     choice      SWAG: multiple choice
     pretraining masked LM and next sentence prediction: losses and batch statistics
     windows     texts longer than the model: windows, max-context, stitching per piece
-    embedding   sentence embeddings: pooling, a sentence-transformers directory's settings
     retrieval   bi-encoders: in-batch negatives over (query, positive, negatives) rows
     ranking     cross-encoders: activation, a (query, document) pair's rows, best window
 
@@ -21,9 +20,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import check_options, option
 from ..data.tasks import GLUE_TASKS, TASK_NAMES
 from ..errors import ConfigError
+from ..options import check_options, option
 from .base import Features, TaskFamily
 from .choice import ChoiceTask
 from .ranking import LOSSES, RerankTask

@@ -17,7 +17,7 @@ be cut; `teacher_weight` adds a cross-encoder's knowledge (rows of `bertforge mi
 that weight times ListNet over each query's own passages, the KL divergence of its softmax over
 their scaled cosines from the teacher's softmax over its scores. Scored pairs (STS-B style)
 train by CoSENT instead and are scored by Spearman.
-Sentences are pooled as the model directory says (tasks.embedding); the dev set is scored
+Sentences are pooled as the model directory says (bertforge.embedding); the dev set is scored
 each epoch by retrieval metrics (evaluate.retrieval_scores: every dev query against all dev
 passages), MRR@10 first. The result is written in the sentence-transformers layout
 (modules.json, pooling, normalisation), so `SentenceTransformer(dir)`, `bertforge embed` and
@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .. import embedding
 from ..config import BertConfig
 from ..data.tasks import RetrievalExample, read_retrieval, teacher_scores
 from ..errors import ConfigError, DataError
@@ -48,7 +49,6 @@ from ..fileio import json_text, write_text
 from ..hub import resolve
 from ..model import BertModel
 from ..runner import Runner
-from . import embedding
 from .base import Batch, Features, TaskFamily, infer, soft_cross_entropy
 from .choice import grouped_rows
 

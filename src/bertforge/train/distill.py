@@ -17,7 +17,7 @@ in the checkpoints (exact resume) but not in the student.
 
 Losses (each checked against a hand computation in tests/test_distill.py):
     general   per sentence: the MSE of the pooled (and normalised) sentence embeddings, as the
-              teacher's sentence-transformers directory pools them (tasks.embedding)
+              teacher's sentence-transformers directory pools them (bertforge.embedding)
     task      (1 - alpha) x the task's own loss on the labels + alpha x the soft-target loss of
               the task family (TaskFamily.soft_loss_sum: temperature^2 x KL of the teacher's and
               student's distributions at the temperature; SQuAD's start and end, NER's tokens;
@@ -53,16 +53,18 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from .. import embedding
 from ..checkpoint import load_state, load_trained, load_with_fresh, read_tensors
-from ..config import SIZES, BertConfig, option
+from ..config import SIZES, BertConfig
 from ..data.corpus import expand_inputs, read_corpus
 from ..data.tasks import TASK_NAMES
 from ..errors import CheckpointError, ConfigError, DataError
 from ..fileio import ENCODING_ERRORS
 from ..hub import resolve
 from ..model import BertModel, init_bert_weights, set_dropout
+from ..options import option
 from ..runner import pad_multiple, resolve_precision
-from ..tasks import embedding, family
+from ..tasks import family
 from ..tasks.base import Batch, Features, TaskFamily
 from ..tokenizer import Tokenizer
 from . import distributed

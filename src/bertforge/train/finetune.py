@@ -46,11 +46,11 @@ import torch
 from torch import nn
 
 from ..checkpoint import load_trained, load_with_fresh
-from ..config import MAX_SEED, option
 from ..data.tasks import split_train_test
 from ..errors import CheckpointError, ConfigError, DataError
 from ..evaluate import class_table, single_class, split_classes
 from ..fileio import read_json, write_json
+from ..options import MAX_SEED, option
 from ..runner import PRECISIONS, Runner, resolve_precision
 from ..tasks import TaskFamily, TaskOptions, family
 from ..tasks.base import Batch, Features, collate

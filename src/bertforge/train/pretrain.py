@@ -40,7 +40,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from ..config import MAX_SEED, SIZES, BertConfig, check_options, option
+from ..config import SIZES, BertConfig
 from ..data.instances import IGNORE_INDEX, MaskingSpec
 from ..data.pretraining import Batch, Position, PretrainingStream
 from ..data.shards import ShardSet
@@ -48,6 +48,7 @@ from ..errors import ConfigError
 from ..heads import BertForMaskedLM, BertForPreTraining
 from ..hub import resolve
 from ..model import set_dropout
+from ..options import MAX_SEED, check_options, option
 from ..runner import PRECISIONS, autocast, resolve_precision
 from ..tasks.pretraining import batch_statistics
 from ..tokenizer import Tokenizer

@@ -25,8 +25,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..errors import CheckpointError, ConfigError, DataError, InputError, check_choice
-from ..fileio import inside, read_json, write_json
+from .errors import CheckpointError, ConfigError, DataError, InputError, check_choice
+from .fileio import inside, read_json, write_json
 
 POOLINGS = ("cls", "mean", "max", "mean_sqrt_len", "weightedmean", "lasttoken")
 # sentence-transformers' names for ours: 1_Pooling/config.json's pooling_mode (v5+) and its
