@@ -233,7 +233,9 @@ def test_metrics_in_prometheus_text(server: str) -> None:
 
 
 def test_a_long_text_does_not_share_a_batch_beyond_the_token_cap() -> None:
-    from bertforge.serve import Batcher, Limits, Metrics
+    from bertforge.serve import Limits
+    from bertforge.serve.batcher import Batcher
+    from bertforge.serve.metrics import Metrics
 
     calls: list[list[str]] = []
 
@@ -251,6 +253,33 @@ def test_a_long_text_does_not_share_a_batch_beyond_the_token_cap() -> None:
     assert asyncio.run(go()) == [[2], [2], [90], [2], [120]]
     assert ["y" * 120] in calls  # longer than the cap: alone
     assert all(sum(map(len, c)) <= 100 for c in calls if len(c) > 1)
+
+
+def test_the_limits_import_without_the_serve_extra() -> None:
+    """The command line builds serve's options from Limits and Access: they import with FastAPI,
+    pydantic, Starlette and uvicorn absent (None in sys.modules: their import fails), as does
+    the core (the batcher, the Server: no web framework), and `serve` then says what to
+    install, as the CLI's error (exit status 2)."""
+    code = """if True:
+        import sys
+        sys.modules.update(fastapi=None, pydantic=None, starlette=None, uvicorn=None)
+        from bertforge.serve import API_KEY_ENV, Access, Limits
+        assert Limits(max_texts=3).max_texts == 3 and Access().api_key is None, API_KEY_ENV
+        from bertforge.serve.batcher import Batcher
+        from bertforge.serve.server import Server
+        from bertforge.errors import ConfigError
+        try:
+            from bertforge.serve import create_app
+        except ConfigError as e:
+            print("create_app:", e)
+        from bertforge.cli import main
+        print("status:", main(["serve", "no-such-model"]))
+    """
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    extra = "bertforge serve needs the serve extra: pip install 'bertforge[serve]'"
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines() == [f"create_app: {extra}", "status: 2"]
+    assert run.stderr == f"bertforge: error: {extra}\n"
 
 
 # -- hardening: a bad request, a gone client, a big body, a bug, a broken checkpoint -----------
@@ -644,7 +673,7 @@ def test_cohere_v2_rerank(keyed: str, cross_encoder: Path) -> None:
 
 
 def test_cohere_bills_a_search_unit_per_100_documents() -> None:
-    from bertforge.serve import cohere_answer
+    from bertforge.serve.routes import cohere_answer
 
     for n, units in ((1, 1), (100, 1), (101, 2), (250, 3)):
         answer = cohere_answer([0.5] * n, ["d"] * n, None, False, "2")
@@ -946,7 +975,8 @@ def stub_batchers(
     """Batchers over a stub run: each item's row is its text upper-cased, its cost the number
     in its text after ':'; calls (batcher, items) recorded; call k < held waits for gates[k];
     two calls of one batcher at once fail the test."""
-    from bertforge.serve import Batcher, Metrics
+    from bertforge.serve.batcher import Batcher
+    from bertforge.serve.metrics import Metrics
 
     calls: list[tuple[str, list[str]]] = []
     gates = [threading.Event() for _ in range(held)]

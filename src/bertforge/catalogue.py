@@ -6,7 +6,7 @@ that show the head, its inputs (the method's parameters, the request's fields, t
 an input file), the method's options the CLI and the server offer, the row a JSONL output holds
 per input, array files it may write instead, whether the server offers it, and the graph
 outputs `export --onnx` writes for a checkpoint with that head. The CLI's pipeline verbs
-(cli.py), the server's endpoints (serve.py), `export` and `info` (`inspect` here) read
+(cli.py), the server's endpoints (serve/), `export` and `info` (`inspect` here) read
 this table; adding a pipeline is one entry here plus its `Pipeline` method.
 """
 

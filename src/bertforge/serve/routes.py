@@ -1,0 +1,255 @@
+"""The endpoints, each added to the application by its add_* function: a served catalogue
+entry's POST /<name>, the embedding endpoints (/embed, OpenAI's /v1/embeddings), the rerank
+endpoints (text-embeddings-inference's /rerank, Cohere's and Jina's /v1/rerank, Cohere's
+/v2/rerank), /search over an index, and GET /health, /metadata and /metrics. Each reads its
+request body (schemas.py), asks the Server for its rows and shapes its answer."""
+
+from __future__ import annotations
+
+import base64
+import math
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from fastapi import Request
+
+from .. import embedding
+from ..catalogue import ENTRIES, Entry
+from ..errors import ConfigError
+from ..model import BertModel
+from ..tasks import ranking
+from .errors import HTTPError
+from .schemas import (
+    CohereRerankRequest,
+    CohereV2RerankRequest,
+    EmbedRequest,
+    OpenAIEmbeddingRequest,
+    RerankRequest,
+    SearchRequest,
+    request_model,
+)
+from .server import RERANK_PATHS, Server
+
+# a request's vectors (its inputs, the field they came in, its options, the request) (embedder)
+Vectors = Callable[[list[Any], str, dict[str, Any], Any], Awaitable[list]]
+
+
+def add_pipeline(app: Any, server: Server, entry: Entry) -> None:
+    """POST /<entry.name>: the entry's request body in, {"results": [...]} out."""
+
+    async def endpoint(req: Any, request: Any) -> dict[str, Any]:
+        return {"results": await server.results(entry, req, request)}
+
+    endpoint.__annotations__ = {
+        "req": request_model(entry),
+        "request": Request,
+        "return": dict[str, Any],
+    }
+    app.post(f"/{entry.name}", summary=entry.help, name=entry.name)(endpoint)
+
+
+def embedder(server: Server) -> Vectors:
+    """The vectors of a request's inputs (what: the field a refusal names) from the batcher that
+    /embed and /v1/embeddings share: the inputs and prompt checked, the prompt resolved into
+    the batch's options, the dimensions checked (400) and applied to the request's own rows."""
+    pipe = server.pipe
+
+    async def vectors(inputs: list[Any], what: str, options: dict[str, Any], request: Any) -> list:
+        server.check(inputs, what)
+        if options.get("prompt") is not None:
+            server.check([options["prompt"]], "prompt")
+        own, options = pipe.embedding_settings, dict(options)
+        prompt = embedding.prompt_text(own, options.pop("prompt_name"), options.pop("prompt"))
+        dimensions, normalize = options.pop("dimensions"), options["normalize"]
+        modes = 1 if options["pooling"] else len(own.pooling)
+        try:
+            embedding.check_dimensions(dimensions, pipe.config.hidden_size * modes)
+        except ConfigError as e:
+            raise HTTPError(400, str(e).replace(" (--dimensions)", ""), "dimensions") from None
+        options["prompt"] = prompt
+        rows = await server.submit("embed", run, inputs, options, request, read, what)
+        normalized = own.normalize if normalize is None else normalize
+        return list(embedding.shortened(np.stack(rows), dimensions, normalized))
+
+    def run(items: list[Any], options: dict[str, Any]) -> list[Any]:
+        return list(pipe.embed(items, **options))
+
+    windows = server.windows_read(pipe, pipe.embedding_settings.max_length)
+
+    def read(items: list[Any], options: dict[str, Any]) -> list[int]:
+        """Pieces each input is read as, its prompt before it (a prompt adds to every text)."""
+        prompt = options.get("prompt") or ""
+        ids = pipe.tok.encode(prompt, add_special_tokens=False, truncation=False).ids
+        prompted = [prompt + x if isinstance(x, str) else [*ids, *x] for x in items]
+        return windows(prompted, options)
+
+    return vectors
+
+
+def add_embeddings(app: Any, server: Server) -> None:
+    """POST /embed and POST /v1/embeddings (OpenAI's shape): one batcher for both. A request's
+    prompt is part of its batch's options; its dimensions and output precision are applied to
+    its own rows after the batch (embedding.shortened, embedding.quantize), so requests that
+    differ only in those share model calls."""
+    vectors = embedder(server)
+
+    @app.post("/embed", summary=ENTRIES["embed"].help)
+    async def embed(req: EmbedRequest, request: Request) -> dict[str, Any]:
+        options = {"pooling": req.pooling, "normalize": req.normalize, "dimensions": req.dimensions}
+        options |= {"prompt_name": req.prompt_name, "prompt": req.prompt}
+        rows = np.stack(await vectors(req.texts, "texts", options, request))
+        return {"embeddings": server.quantized(rows, req.embedding_precision, options).tolist()}
+
+    @app.post("/v1/embeddings", summary="OpenAI's embeddings API")
+    async def openai_embeddings(req: OpenAIEmbeddingRequest, request: Request) -> dict[str, Any]:
+        inputs: list[Any] = req.input if isinstance(req.input, list) else [req.input]
+        if inputs and isinstance(inputs[0], int):  # one input given as piece ids
+            inputs = [inputs]
+        options = {"pooling": None, "normalize": None, "dimensions": req.dimensions}
+        options |= {"prompt_name": None, "prompt": None}  # the model's default prompt, if any
+        rows = await vectors(inputs, "input", options, request)
+        used = sum(server.pieces(x) for x in inputs)
+        as_base64 = req.encoding_format == "base64"
+        return {
+            "object": "list",
+            "model": req.model or server.name,
+            "data": [
+                {
+                    "object": "embedding",
+                    "index": i,
+                    "embedding": base64.b64encode(r.astype("<f4").tobytes()).decode()
+                    if as_base64
+                    else r.tolist(),
+                }
+                for i, r in enumerate(rows)
+            ],
+            "usage": {"prompt_tokens": used, "total_tokens": used},
+        }
+
+
+def add_rerank(app: Any, server: Server) -> None:
+    """POST /rerank (text-embeddings-inference's shape), /v1/rerank (Cohere's v1 and Jina's)
+    and /v2/rerank (Cohere's v2): the texts ordered by a cross-encoder's score for the query,
+    one batcher for all three."""
+    tei, v1, v2 = RERANK_PATHS
+
+    @app.post(tei, summary=ENTRIES["rerank"].help)
+    async def rerank(req: RerankRequest, request: Request) -> list[dict[str, Any]]:
+        options = {"raw_scores": req.raw_scores, "truncate": req.truncate}
+        scores = await server.scores(req.query, req.texts, "texts", options, request)
+        return [
+            {"index": i, "score": scores[i], **({"text": req.texts[i]} if req.return_text else {})}
+            for i in ranking.ranked(scores)
+        ]
+
+    @app.post(v1, summary="Cohere's (v1) and Jina's rerank API")
+    async def cohere_rerank(req: CohereRerankRequest, request: Request) -> dict[str, Any]:
+        texts = [d if isinstance(d, str) else d.text for d in req.documents]
+        scores = await server.scores(req.query, texts, "documents", COHERE_OPTIONS, request)
+        used = sum(server.pieces((req.query, t)) for t in texts)
+        return {
+            **cohere_answer(scores, texts, req.top_n, req.return_documents, "1"),
+            "model": req.model or server.name,
+            "usage": {"total_tokens": used},
+        }
+
+    @app.post(v2, summary="Cohere's v2 rerank API")
+    async def cohere_v2_rerank(req: CohereV2RerankRequest, request: Request) -> dict[str, Any]:
+        server.check(req.documents, "documents")  # before they are read to be cut
+        texts = server.clip(req.documents, req.max_tokens_per_doc)
+        scores = await server.scores(req.query, texts, "documents", COHERE_OPTIONS, request)
+        return cohere_answer(scores, req.documents, req.top_n, req.return_documents, "2")
+
+
+# both Cohere endpoints: the model's activation and the pipeline's own rule for a document
+# longer than the model reads; the same options, so their requests share model calls (and
+# share them with /rerank's requests that keep its defaults)
+COHERE_OPTIONS: dict[str, Any] = {"raw_scores": False, "truncate": False}
+
+
+def cohere_answer(
+    scores: list[float], texts: list[str], top_n: int | None, documents: bool, version: str
+) -> dict[str, Any]:
+    """Cohere's rerank answer: a uuid per answer, the top_n results best first, and its meta
+    (a search unit is one query with up to 100 documents, as Cohere bills them)."""
+    results = [
+        {
+            "index": i,
+            "relevance_score": scores[i],
+            **({"document": {"text": texts[i]}} if documents else {}),
+        }
+        for i in ranking.ranked(scores)[:top_n]
+    ]
+    meta = {
+        "api_version": {"version": version},
+        "billed_units": {"search_units": math.ceil(len(texts) / 100)},
+    }
+    return {"id": str(uuid.uuid4()), "results": results, "meta": meta}
+
+
+def add_search(app: Any, server: Server, path: str | Path, index_model: str | None = None) -> None:
+    """POST /search: {"queries", "top_k"?, "mode"?: dense | bm25 | hybrid, "return_text"?,
+    "return_passage"?} -> {"results": [[{id, score, rank, text?, passage?}]]}, over the index
+    (loaded now, so a broken index stops `serve` before it listens). The served model embeds
+    the queries, and must be the index's (its sha256 and precision): one model answers
+    /embed and /search; an index of another model is refused unless `index_model` names it
+    (checked to be the index's), which then embeds the queries beside the served model."""
+    from ..index import Index
+
+    index = Index.load(path)
+    if index_model is not None:  # the index's model beside the served one, checked
+        index.use_model(index_model, device=server.pipe.device.type)
+    elif not index.adopt(server.pipe):
+        raise ConfigError(
+            f"{path}: built with the model {index.meta['model_name']}, not the one served "
+            f"({server.name}, or not in its precision): serve that model, or name the index's "
+            "own with --index-model to search with it beside the served one"
+        )
+    server.endpoints.append("search")
+    pipe = index.use_model()  # the queries are read as its embed reads them
+    read = server.windows_read(pipe, pipe.embedding_settings.max_length)
+
+    def run(items: list[Any], options: dict[str, Any]) -> list[Any]:
+        return index.search(items, **options)
+
+    @app.post("/search", summary="search the index given with --index")
+    async def search(req: SearchRequest, request: Request) -> dict[str, Any]:
+        server.check(req.queries, "queries")
+        options = {"top_k": req.top_k, "mode": req.mode, "text": req.return_text}
+        options |= {"fusion": req.fusion, "alpha": req.alpha, "passage": req.return_passage}
+        rows = await server.submit("search", run, req.queries, options, request, read, "queries")
+        if req.return_text:  # a document's text cut at return_chars: the answer stays bounded
+            cut = server.limits.return_chars
+            for hit in (h for row in rows for h in row):
+                hit["text_truncated"] = len(hit["text"]) > cut
+                hit["text"] = hit["text"][:cut]
+        return {"results": rows}
+
+
+def add_status(app: Any, server: Server) -> None:
+    """GET /health, /metadata (the model, its endpoints, precision, limits), /metrics."""
+    from fastapi.responses import PlainTextResponse
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok"}
+
+    @app.get("/metadata")
+    async def metadata() -> dict[str, Any]:
+        m = server.pipe.model(BertModel)
+        return {
+            "model": server.name,
+            "endpoints": server.endpoints,
+            "config": m.config.to_dict(),
+            "precision": server.pipe.precision,
+            "device": str(server.pipe.device),
+            "limits": server.limits.__dict__,
+        }
+
+    @app.get("/metrics")
+    async def prometheus() -> Any:
+        text = server.metrics.text()
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")

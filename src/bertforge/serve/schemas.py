@@ -1,0 +1,88 @@
+"""Every endpoint's request body, in one place: pydantic models, which FastAPI reads, checks and
+shows in /openapi.json, and request_model, which makes a catalogue entry's body from its
+Pipeline method. (The answers are plain dicts, shaped by their routes: routes.py.)"""
+
+from __future__ import annotations
+
+import inspect
+import typing
+from typing import Any
+
+from pydantic import BaseModel, Field, create_model
+
+from .. import embedding
+from ..catalogue import Entry
+from ..embedding import POOLINGS
+from ..pipelines import Pipeline
+
+
+class EmbedRequest(BaseModel):  # pooling, normalize, prompt: the model's own unless given
+    texts: list[str]
+    pooling: str | None = Field(None, pattern=f"^({'|'.join(POOLINGS)})$")
+    normalize: bool | None = None
+    prompt_name: str | None = None
+    prompt: str | None = None
+    dimensions: int | None = Field(None, strict=True)  # true is not 1
+    embedding_precision: str = Field(
+        "float32", pattern=f"^({'|'.join(embedding.EMBEDDING_PRECISIONS)})$"
+    )
+
+
+class OpenAIEmbeddingRequest(BaseModel):
+    input: str | list[str] | list[int] | list[list[int]]
+    model: str | None = None
+    encoding_format: str = Field("float", pattern="^(float|base64)$")
+    dimensions: int | None = Field(None, strict=True)  # true is not 1
+    user: str | None = None
+
+
+class RerankRequest(BaseModel):  # text-embeddings-inference's /rerank
+    query: str
+    texts: list[str]
+    raw_scores: bool = False
+    return_text: bool = False
+    truncate: bool = False
+
+
+class Document(BaseModel):
+    text: str
+
+
+class CohereRerankRequest(BaseModel):  # Cohere's and Jina's /v1/rerank
+    query: str
+    documents: list[str | Document]
+    model: str | None = None
+    top_n: int | None = Field(None, ge=1)
+    return_documents: bool = False
+
+
+class CohereV2RerankRequest(BaseModel):  # Cohere's /v2/rerank: documents are strings
+    query: str
+    documents: list[str]
+    model: str | None = None  # Cohere requires it; the server has one model
+    top_n: int | None = Field(None, ge=1)
+    max_tokens_per_doc: int = Field(4096, ge=1)  # Cohere's default
+    return_documents: bool = False  # dropped from Cohere's v2 in 2025; older clients send it
+
+
+class SearchRequest(BaseModel):  # POST /search, with --index
+    queries: list[str]
+    top_k: int = Field(10, ge=1, le=1000)
+    mode: str = Field("dense", pattern="^(dense|bm25|hybrid)$")
+    fusion: str = Field("rrf", pattern="^(rrf|zscore)$")
+    alpha: float = Field(0.5, ge=0.0, le=1.0)
+    return_text: bool = False
+    return_passage: bool = False
+
+
+def request_model(entry: Entry) -> type:
+    """The request body of a catalogue entry: its inputs as lists of texts (an optional one may
+    be left out) and its options with the Pipeline method's types and defaults."""
+    method = getattr(Pipeline, entry.method)
+    hints, params = typing.get_type_hints(method), inspect.signature(method).parameters
+    fields: dict[str, Any] = {
+        i.param: (list[str] | None, None) if i.optional else (list[str], ...) for i in entry.inputs
+    }
+    fields.update({name: (hints[name], params[name].default) for name in entry.options})
+    name = "".join(part.title() for part in entry.name.split("-")) + "Request"
+    return create_model(name, **fields)  # type: ignore[misc]

@@ -1,0 +1,272 @@
+"""What the endpoints share (Server): the pipeline and its model, loaded and checked at start-up;
+the limits and the checks of a request's inputs against them; how each pipeline reads its
+inputs, in pieces (the batchers' costs); one batcher per endpoint; a message cleaned of the
+server's paths. No web framework: a request is read only for its notes and its disconnect."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .. import embedding
+from ..catalogue import ENTRIES, Entry
+from ..checkpoint import architectures
+from ..config import BertConfig
+from ..data.tasks import SquadExample
+from ..hub import resolve
+from ..pipelines import Pipeline
+from ..tasks.squad import featurize as squad_featurize
+from .access import note
+from .batcher import Batcher, Cost
+from .errors import HTTPError
+from .limits import Limits
+from .metrics import Metrics
+
+RERANK_PATHS = ("/rerank", "/v1/rerank", "/v2/rerank")  # served with a cross-encoder
+
+
+def available(model: str | Path) -> list[str]:
+    """The served pipelines this checkpoint supports (embed always; the rest by its head)."""
+    found, labels = architectures(model), BertConfig.from_pretrained(resolve(model)).num_labels
+    return [e.name for e in ENTRIES.values() if e.served and e.available(found, labels)]
+
+
+class Server:
+    """What the endpoints share: the pipeline, the limits, the metrics, one batcher per
+    endpoint (and per set of inputs given), and the piece counts they batch by."""
+
+    def __init__(self, model: str | Path, limits: Limits, pipeline_options: dict[str, Any]) -> None:
+        self.model, self.limits, self.metrics = model, limits, Metrics()
+        self.pipe = Pipeline(model, batch_size=limits.max_batch, **pipeline_options)
+        self.endpoints = available(model)
+        # what a request would load, loaded now: a corrupt checkpoint stops `serve` here with
+        # its CheckpointError instead of answering every request with it
+        for name in self.endpoints:
+            self.pipe.model_for(name)
+        self.width = self.pipe.config.hidden_size * len(self.pipe.embedding_settings.pooling)
+        self.calibration: np.ndarray | None = None  # int8/uint8 embeddings' buckets (--calibration)
+        self.name = Path(str(model)).resolve().name  # answers name the model, never its path
+        given = (Path(str(model)).resolve(), self.pipe.path, self.pipe.path.resolve())
+        self.paths = sorted({str(p) for p in given if p.is_absolute()}, key=len, reverse=True)
+        self.batchers: dict[str, Batcher] = {}
+
+    def quantized(self, rows: np.ndarray, precision: str, options: dict[str, Any]) -> np.ndarray:
+        """A request's vectors at its embedding_precision (embedding.quantize, as
+        sentence-transformers' quantize_embeddings); int8/uint8 buckets from the calibration
+        embeddings the server was started with, cut as the request's vectors were (a request's
+        own vectors would make each answer depend on the others in it)."""
+        if precision not in ("int8", "uint8"):
+            return embedding.quantize(rows, precision)
+        own = self.pipe.embedding_settings
+        other_pooling = options["pooling"] is not None and (options["pooling"],) != own.pooling
+        if self.calibration is None or other_pooling:
+            raise HTTPError(
+                422,
+                f"embedding_precision {precision} needs calibration embeddings of the model's "
+                "own pooling: start serve with --calibration FILE.npy (bertforge embed MODEL "
+                "CORPUS --out FILE.npy), or ask for binary or ubinary",
+                "embedding_precision",
+            )
+        normalized = own.normalize if options["normalize"] is None else options["normalize"]
+        cal = embedding.shortened(self.calibration, options["dimensions"], normalized)
+        return embedding.quantize(rows, precision, calibration=cal)
+
+    def scrub(self, message: str) -> str:
+        """A pipeline's message for a client: the model's directory named, not its path."""
+        for path in self.paths:  # longest first: a path's parent would leave its tail
+            message = message.replace(path, self.name)
+        return message
+
+    def check(self, texts: list[Any], what: str = "texts") -> None:
+        """An input list within the limits (else 422 / 413 naming the field and item), piece
+        ids in the vocabulary: checked before the request joins a batch."""
+        limits, vocab = self.limits, self.pipe.tok.vocab_size
+        if not texts:
+            raise HTTPError(422, f"{what}: empty list", what)
+        if len(texts) > limits.max_texts:
+            raise HTTPError(
+                413,
+                f"{what}: {len(texts)} items, more than the limit of "
+                f"{limits.max_texts} per request",
+                what,
+            )
+        for i, t in enumerate(texts):
+            unit = "characters" if isinstance(t, str) else "piece ids"
+            if len(t) > limits.max_chars:
+                raise HTTPError(
+                    413,
+                    f"{what}[{i}]: {len(t):,} {unit}, more than the limit of {limits.max_chars:,}",
+                    what,
+                )
+            if not isinstance(t, str) and not all(0 <= k < vocab for k in t):
+                raise HTTPError(422, f"{what}[{i}]: piece ids must be in [0, {vocab})", what)
+
+    def need(self, entry: Entry) -> None:
+        if entry.name not in self.endpoints:
+            raise HTTPError(404, self.absent(f"/{entry.name}") or entry.name)
+
+    def absent(self, path: str) -> str | None:
+        """Why this model does not serve a path the server can serve (the 404's message), or
+        None for a path it never serves."""
+        name = "rerank" if path in RERANK_PATHS else path.removeprefix("/")
+        if name == "search" and name not in self.endpoints:
+            return "search: start the server with --index DIR to search an index"
+        entry = ENTRIES.get(name)
+        if entry is None or not entry.served or name in self.endpoints:
+            return None
+        head = entry.architectures[0] + (f" of {entry.labels} label" if entry.labels else "")
+        return f"{name}: this model has no {entry.needs} ({head})"
+
+    def pieces(self, item: Any) -> int:
+        """Pieces of one input with [CLS] and [SEP]: a text, piece ids, or a tuple of texts."""
+        n = 2
+        for part in item if isinstance(item, tuple) else (item,):
+            if isinstance(part, str):
+                encoded = self.pipe.tok.encode_batch(
+                    [part], add_special_tokens=False, truncation=False
+                )
+                n += len(encoded[0])
+            elif part is not None:
+                n += len(part)
+        return n
+
+    def batcher(
+        self, key: str, run: Callable[[list[Any], dict[str, Any]], list[Any]], cost: Cost
+    ) -> Batcher:
+        if key not in self.batchers:
+            self.batchers[key] = Batcher(run, self.limits, cost, self.metrics)
+        return self.batchers[key]
+
+    async def submit(
+        self,
+        key: str,
+        run: Callable[[list[Any], dict[str, Any]], list[Any]],
+        items: list[Any],
+        options: dict[str, Any],
+        request: Any,
+        cost: Cost,
+        field: str,
+    ) -> list[Any]:
+        """The rows of a request's items from the batcher `key` (made with `run`, its items
+        read as `cost` says), noting for the access log how many items it had and the model
+        call's batch size they ran in (each row comes back from the worker beside that size);
+        `field`: the request's field a 413 names."""
+
+        def sized(batch: list[Any], o: dict[str, Any]) -> list[tuple[Any, int]]:
+            return [(row, len(batch)) for row in run(batch, o)]
+
+        note(request, texts=len(items))
+        b = self.batcher(key, sized, cost)
+        rows = await b.submit(items, options, functools.partial(client_gone, request), field)
+        note(request, batch=max((n for _, n in rows), default=None))
+        return [row for row, _ in rows]
+
+    def clip(self, texts: list[str], pieces: int) -> list[str]:
+        """Each text cut after its first `pieces` pieces (Cohere's max_tokens_per_doc): at the
+        end of that piece's characters, so the cut text reads as those pieces again."""
+        encoded = self.pipe.tok.encode_batch(texts, add_special_tokens=False, truncation=False)
+        return [
+            t if len(e.offsets) <= pieces else t[: e.offsets[pieces - 1][1]]
+            for t, e in zip(texts, encoded)
+        ]
+
+    @staticmethod
+    def windows_read(pipe: Pipeline, max_length: int | None = None) -> Cost:
+        """Pieces each text (or list of piece ids) is read as: the rows of its windows, as
+        `pipe` lays them out (Pipeline.windows: embed, classify, ner)."""
+
+        def cost(items: list[Any], options: dict[str, Any]) -> list[int]:
+            _, features, windows = pipe.windows(items, max_length)
+            out = [0] * len(items)
+            for w, n in zip(windows, features.lengths.tolist()):
+                out[w.text] += n
+            return out
+
+        return cost
+
+    def reading(self, entry: Entry, given: int) -> Cost:
+        """How one of the catalogue's pipelines reads its inputs (of `given` columns): rerank
+        and qa a long document or context in windows beside the query or question; fill-mask,
+        nsp and classify's pairs one row each, cut to the model's length; the rest windows."""
+        pipe = self.pipe
+
+        def owned(owners: Any, lengths: Any, n: int) -> list[int]:
+            out = [0] * n
+            for k, length in zip(owners, lengths.tolist()):
+                out[int(k)] += length
+            return out
+
+        def pairs(items: list[Any], options: dict[str, Any]) -> list[int]:
+            queries, documents = [x[0] for x in items], [x[1] for x in items]
+            features, owners = pipe.pair_rows(queries, documents, options.get("truncate"))
+            return owned(owners, features.lengths, len(items))
+
+        def squad(items: list[Any], options: dict[str, Any]) -> list[int]:
+            examples = [SquadExample(str(i), q, c, [], False, "") for i, (q, c) in enumerate(items)]
+            window = {k: options[k] for k in ("max_seq_length", "doc_stride")}
+            features = squad_featurize(examples, pipe.tok, **window)
+            return owned([w.example for w in features.meta], features.lengths, len(items))
+
+        def cut(items: list[Any], options: dict[str, Any]) -> list[int]:
+            columns = list(zip(*items))
+            encoded = pipe.encode(list(columns[0]), list(columns[1]) if given > 1 else None)
+            return [len(e.ids) for e in encoded]
+
+        if entry.name == "rerank":
+            return pairs
+        if entry.name == "qa":
+            return squad
+        if given > 1 or entry.name == "fill-mask":
+            return cut
+        windows = self.windows_read(pipe)
+        return lambda items, options: windows([x[0] for x in items], options)
+
+    async def results(self, entry: Entry, req: Any, request: Any) -> list[Any]:
+        """A catalogue entry's results for a request: its inputs checked, batched with other
+        requests that give the same inputs and options."""
+        self.need(entry)
+        given = [i for i in entry.inputs if getattr(req, i.param) is not None]
+        columns = {i.param: getattr(req, i.param) for i in given}
+        for name, values in columns.items():
+            self.check(values, name)
+        first, n = given[0].param, len(columns[given[0].param])
+        for name, values in columns.items():
+            if len(values) != n:
+                raise HTTPError(422, f"{n} {first} but {len(values)} {name}", name)
+
+        def run(items: list[tuple[str, ...]], options: dict[str, Any]) -> list[Any]:
+            inputs = {i.param: [item[k] for item in items] for k, i in enumerate(given)}
+            return entry.run(self.pipe, inputs, options)
+
+        key = "+".join(i.param for i in given)  # classify with and without pairs: two queues
+        options = {name: getattr(req, name) for name in entry.options}
+        items, cost = list(zip(*columns.values())), self.reading(entry, len(given))
+        return await self.submit(f"{entry.name}:{key}", run, items, options, request, cost, first)
+
+    async def scores(
+        self, query: str, texts: list[str], field: str, options: dict[str, Any], request: Any
+    ) -> list[float]:
+        """A cross-encoder's scores of (query, text) for each text, in the batcher that
+        POST /rerank (the catalogue's entry) and /v1/rerank share."""
+        entry = ENTRIES["rerank"]
+        self.need(entry)
+        self.check([query], "query")
+        self.check(texts, field)
+
+        def run(items: list[tuple[str, str]], options: dict[str, Any]) -> list[Any]:
+            inputs = {"queries": [q for q, _ in items], "documents": [d for _, d in items]}
+            return entry.run(self.pipe, inputs, options)
+
+        items, cost = [(query, t) for t in texts], self.reading(entry, 2)
+        return await self.submit("rerank", run, items, options, request, cost, field)
+
+
+async def client_gone(request: Any) -> None:
+    """Returns once the client has closed its connection: with the body read, the server's
+    next message is http.disconnect (uvicorn's comes when the socket closes)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
