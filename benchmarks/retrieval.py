@@ -10,9 +10,9 @@ to choose anything). This script scores the evaluation half with:
     minilm          all-MiniLM-L6-v2 zero-shot through bertforge's embed (the model's own
                     pooling and normalisation, fp32, texts cut at its 256 pieces as
                     sentence-transformers cuts them), exact inner product
-    minilm+bm25     reciprocal-rank fusion of the two top-100 lists (k = 60, bertforge.index.fuse),
+    minilm+bm25     reciprocal-rank fusion of the two top-100 lists (k = 60, bertforge.search.fuse),
                     and their fusion by standardised scores (z-scores per query, equal weights:
-                    bertforge.index.fuse_scores, `search --mode hybrid --fusion zscore`)
+                    bertforge.search.fuse_scores, `search --mode hybrid --fusion zscore`)
     --runs DIR      all-MiniLM-L6-v2 trained on the train half's pairs by bertforge (finetune
                     --task retrieval) and by sentence-transformers' trainer the same way, each
                     timed as its own process; their rows and their fusions with BM25
@@ -50,7 +50,8 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bertforge.evaluate import retrieval_scores
-from bertforge.index import bm25_matches, default_stride, fuse_runs
+from bertforge.search.fusion import fuse_runs
+from bertforge.search.index import bm25_matches, default_stride
 from common import RESULTS, machine, matmul_gflops, write_results
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "squad"
@@ -141,7 +142,7 @@ def indexed_run(
 ) -> tuple[np.ndarray, np.ndarray]:
     import tempfile
 
-    from bertforge.index import Index
+    from bertforge.search import Index
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "corpus.jsonl"

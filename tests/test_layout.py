@@ -30,7 +30,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("pipelines", frozenset({"pipelines"})),
     (
         "applications",
-        frozenset({"search", "index", "probe", "probe_tokens", "export", "merge", "attention"}),
+        frozenset({"search", "probe", "probe_tokens", "export", "merge", "attention"}),
     ),
     ("servers", frozenset({"serve", "demo"})),
     ("command line", frozenset({"cli", "__main__", "__init__"})),
@@ -38,7 +38,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
 # Neither side imports the other: inference knows no training, training no inference front door.
 APART = (
     frozenset({"train"}),
-    frozenset({"catalogue", "pipelines", "search", "index", "serve", "probe", "export"}),
+    frozenset({"catalogue", "pipelines", "search", "serve", "probe", "export"}),
 )
 MAX_FUNCTION_LINES = 80
 

@@ -1116,7 +1116,7 @@ def test_a_big_request_whose_client_left_is_not_computed_further() -> None:
 def test_search_texts_are_cut_at_return_chars(classifier: Path, tmp_path: Path) -> None:
     from fastapi.testclient import TestClient
 
-    from bertforge.index import Index
+    from bertforge.search import Index
     from bertforge.serve import Limits, create_app
 
     docs = ["a short document", "a long document " * 20]

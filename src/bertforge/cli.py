@@ -506,7 +506,7 @@ def _prompt_options(p: argparse.ArgumentParser, what: str, default: str) -> None
 
 
 def cmd_index(args: argparse.Namespace) -> None:
-    from .index import CorpusFormat, Index
+    from .search import CorpusFormat, Index
 
     index = Index.build(
         args.model,
@@ -528,7 +528,7 @@ def cmd_index(args: argparse.Namespace) -> None:
 
 
 def _search_args(p: argparse.ArgumentParser) -> None:
-    from .index import FUSIONS, MODES
+    from .search import FUSIONS, MODES
 
     p.add_argument("index", help="index directory (bertforge index)")
     p.add_argument("--mode", default="dense", choices=MODES, help="first stage (default: dense)")
@@ -553,7 +553,7 @@ def _open_index(args: argparse.Namespace) -> Any:
     """The index of search and mine, its model checked (--model), its queries' prompt as
     --prompt-name / --prompt say."""
     from .embedding import prompt_text
-    from .index import Index
+    from .search import Index
 
     index = Index.load(args.index)
     pipe = index.use_model(args.model)
@@ -563,7 +563,7 @@ def _open_index(args: argparse.Namespace) -> Any:
 
 
 def args_search(p: argparse.ArgumentParser) -> None:
-    from .index import FUSIONS
+    from .search import FUSIONS
 
     _search_args(p)
     p.add_argument("queries", nargs="?", default="-", help="text lines, .jsonl {text, id?}, or -")
@@ -613,60 +613,14 @@ def cmd_search(args: argparse.Namespace) -> None:
         queries, depth, args.mode, text, args.fusion, args.alpha, passage=args.passage
     )
     if args.rerank:
-        from tqdm import tqdm
+        from .search import rerank
 
-        from .pipelines import Pipeline
-
-        ce = Pipeline(args.rerank)
-        ranked = zip(queries, results)
-        for query, hits in tqdm(ranked, "rerank", len(queries), disable=None, file=sys.stderr):
-            order = _reranked(ce, query, hits, args.top_k, args.rerank_fuse)
-            hits[:] = [
-                {
-                    **hits[o["index"]],
-                    **{k: o[k] for k in ("score", "rerank_score") if k in o},
-                    "rank": r,
-                    "first_stage_rank": o["index"] + 1,
-                }
-                for r, o in enumerate(order, 1)
-            ]
-            if not args.text:
-                for h in hits:
-                    h.pop("text")
+        results = rerank(args.rerank, queries, results, args.top_k, args.rerank_fuse, args.text)
     _write_jsonl(args.out, rows, [{"query": q, "results": h} for q, h in zip(queries, results)])
 
 
-def _reranked(ce: Any, query: str, hits: list[dict], top_k: int, fusion: str | None) -> list:
-    """The hits' new order, [{index, score, rerank_score?}] (index: into hits, by first-stage
-    rank): by the cross-encoder's score, or that order fused with the first stage's (rrf), or
-    the z-scores of both lists' scores, the cross-encoder's raw (an activation saturates), fused
-    with equal weights (zscore); with a fusion, rerank_score is the cross-encoder's score."""
-    import numpy as np
-    import torch
-
-    from .index import fuse_runs
-    from .tasks.ranking import activate
-
-    raw = fusion == "zscore"
-    texts = [h["text"] for h in hits]
-    order = ce.rerank(query, texts, top_k=None if fusion else top_k, raw_scores=raw)
-    if not fusion:
-        return order
-    by_ce = np.array([[o["index"] for o in order]])
-    scores = np.array([[o["score"] for o in order]])
-    first = (np.arange(len(hits))[None], np.array([[h["score"] for h in hits]]))
-    (picked,), (fused,) = fuse_runs([first, (by_ce, scores)], fusion, 0.5, top_k)
-    if raw:
-        scores = activate(torch.from_numpy(scores), ce.activation).numpy()
-    ce_score = dict(zip(by_ce[0].tolist(), scores[0].tolist()))
-    return [
-        {"index": int(i), "score": float(f), "rerank_score": ce_score[int(i)]}
-        for i, f in zip(picked, fused)
-    ]
-
-
 def args_mine(p: argparse.ArgumentParser) -> None:
-    from .index import MISSING, NEAR_DUPLICATE
+    from .search import MISSING, NEAR_DUPLICATE
 
     _search_args(p)
     p.add_argument(
@@ -711,75 +665,25 @@ def args_mine(p: argparse.ArgumentParser) -> None:
 def cmd_mine(args: argparse.Namespace) -> None:
     from .data.tasks import read_retrieval
     from .fileio import json_text, refuse_overwrite, write_text
-    from .index import mine
+    from .search import mine_examples, mined_groups, mining_report, score_groups
 
     refuse_overwrite(args.out, {"train": args.train}, "--out")
     index = _open_index(args)
     examples = read_retrieval(args.train)
-    given = any(e.positive_id is not None for e in examples)
-    found = mine(
+    found = mine_examples(
         index,
-        [e.query for e in examples],
-        [e.positive for e in examples],
-        positive_ids=[e.positive_id for e in examples] if given else None,
-        sources=[e.source for e in examples],
+        examples,
         **_given(args, "negatives", "skip", "depth", "mode", "margin", "fusion", "alpha"),
         **_given(args, "near_duplicate", "missing"),
     )
-    kept = [  # a row's "group" kept for --group-batches, its "positive_id" for the next mine
-        {"query": e.query, "positive": e.positive, "negatives": n}
-        | ({} if e.group is None else {"group": e.group})
-        | ({} if e.positive_id is None else {"positive_id": e.positive_id})
-        for e, n in zip(examples, found.negatives)
-        if n is not None
-    ]
-    if not kept:
-        said = _mined(found, examples, args)
+    groups = mined_groups(examples, found)
+    said = mining_report(found, examples, args.missing, args.negatives)
+    if not groups:
         raise DataError(f"{args.train}: no row kept its {args.negatives} negatives; {said}")
     if args.teacher:
-        _teacher_scores(kept, args.teacher, args.negatives + 1)
-    write_text(args.out, "".join(json_text(k) + "\n" for k in kept))
-    said = _mined(found, examples, args)
-    print(f"wrote {len(kept):,} of {len(examples):,} rows to {args.out}: {said}")
-
-
-def _mined(found: Any, examples: Sequence[Any], args: argparse.Namespace) -> str:
-    """What mining found, in words: how the positives were matched, what was left out."""
-    lost = found.missing
-    skipped = set(lost) if args.missing == "skip" else set()  # no negatives asked for those
-    short = [i for i, n in enumerate(found.negatives) if n is None and i not in skipped]
-    parts = [f"positives found by id {found.by_id:,}, by text {found.by_text:,}"]
-    if lost:
-        first = ", ".join(examples[i].source for i in lost[:3]) + (", ..." if len(lost) > 3 else "")
-        parts.append(f"{len(lost):,} not in the index ({args.missing}: {first})")
-    parts.append(
-        f"{found.near_duplicates:,} candidates left out as near-duplicates of their positive"
-    )
-    if short:
-        first = examples[short[0]].source
-        parts.append(
-            f"{len(short):,} rows had fewer than {args.negatives} negatives left ({first})"
-        )
-    return "; ".join(parts)
-
-
-def _teacher_scores(kept: list[dict[str, Any]], teacher: str, width: int) -> None:
-    """Each group's "scores": the teacher cross-encoder's raw scores of (query, positive), then
-    of each negative, computed a bounded number of groups at a time."""
-    from tqdm import tqdm
-
-    from .pipelines import Pipeline
-
-    model, step = Pipeline(teacher), 1024
-    for at in tqdm(
-        range(0, len(kept), step), desc="teacher", unit="chunk", disable=None, file=sys.stderr
-    ):
-        groups = kept[at : at + step]
-        queries = [k["query"] for k in groups for _ in range(width)]
-        texts = [t for k in groups for t in (k["positive"], *k["negatives"])]
-        scores = model.score(queries, texts, raw_scores=True)
-        for i, k in enumerate(groups):
-            k["scores"] = scores[i * width : (i + 1) * width]
+        score_groups(groups, args.teacher, args.negatives + 1)
+    write_text(args.out, "".join(json_text(g) + "\n" for g in groups))
+    print(f"wrote {len(groups):,} of {len(examples):,} rows to {args.out}: {said}")
 
 
 # ------------------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@
         /nsp         {"texts": [...], "pairs": [...]}   -> [P(IsNext)]
     POST /search     with --index DIR: {"queries", "top_k"?, "mode"?, "return_text"?,
                      "return_passage"?} -> {"results": [[{id, score, rank, text?,
-                     text_truncated?, passage?}]]} (index.py); a document's text is cut at
+                     text_truncated?, passage?}]]} (search/index.py); a document's text is cut at
                      return_chars characters (text_truncated says whether it was)
     POST /rerank     text-embeddings-inference's: {"query", "texts", "raw_scores"?, "return_text"?,
                      "truncate"?} -> [{index, score, text?}], best first (a cross-encoder)

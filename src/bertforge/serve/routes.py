@@ -197,7 +197,7 @@ def add_search(app: Any, server: Server, path: str | Path, index_model: str | No
     the queries, and must be the index's (its sha256 and precision): one model answers
     /embed and /search; an index of another model is refused unless `index_model` names it
     (checked to be the index's), which then embeds the queries beside the served model."""
-    from ..index import Index
+    from ..search import Index
 
     index = Index.load(path)
     if index_model is not None:  # the index's model beside the served one, checked

@@ -1,5 +1,5 @@
-"""Index, search and mining (index.py, `bertforge index/search/mine`): exact dense search as
-brute force over Pipeline.embed, long documents by their best window, BM25 as bm25s gives it,
+"""Index, search and mining (bertforge.search, `bertforge index/search/mine`): exact dense search
+as brute force over Pipeline.embed, long documents by their best window, BM25 as bm25s gives it,
 hybrid as reciprocal-rank or standardised-score fusion by hand, resumable builds, the model's
 identity checked."""
 
@@ -14,8 +14,8 @@ import pytest
 
 from bertforge.cli import main
 from bertforge.errors import ConfigError, DataError
-from bertforge.index import RRF_K, Index, fuse_scores, mine
 from bertforge.pipelines import Pipeline
+from bertforge.search import RRF_K, Index, fuse_scores, mine
 
 bm25s = pytest.importorskip("bm25s")
 
@@ -447,6 +447,79 @@ def test_search_reranked_and_fused_by_hand(
     assert "--rerank-fuse: needs --rerank" in capsys.readouterr().err
 
 
+def _saturating_cross_encoder(tiny_model: Path, out: Path) -> Path:
+    """A tiny random cross-encoder whose logits are several units (its sigmoid saturates)."""
+    import torch
+
+    from bertforge import BertConfig, Tokenizer
+    from bertforge.heads import BertForSequenceClassification
+    from tests.conftest import TINY
+
+    tok = Tokenizer.from_pretrained(tiny_model)
+    torch.manual_seed(0)
+    config = BertConfig(**{**TINY, "vocab_size": tok.vocab_size}).replace(num_labels=1)
+    model = BertForSequenceClassification(config)
+    with torch.no_grad():
+        model.classifier.weight.mul_(300)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+def test_rerank_from_python_is_search_rerank(
+    built: Index, tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """search.rerank over Index.search's hits (a path or a loaded Pipeline) gives what
+    `bertforge search --rerank [--rerank-fuse F] [--text]` writes, the first stage untouched."""
+    from bertforge.search import rerank
+
+    ce = _saturating_cross_encoder(tiny_model, tmp_path / "ce")
+    queries = tmp_path / "q.txt"
+    queries.write_text("\n".join(QUERIES) + "\n")
+    first = built.search(QUERIES, top_k=4, mode="hybrid", text=True)
+    before = json.dumps(first)
+    pipe = Pipeline(ce)
+    common = ["search", str(built.path), str(queries), "--mode", "hybrid", "--top-k", "3"]
+    for fusion, text in ((None, False), ("rrf", True), ("zscore", False)):
+        flags = ["--rerank-fuse", fusion] if fusion else []
+        args = [*common, "--rerank", str(ce), "--rerank-depth", "4", *flags]
+        assert main([*args, *(["--text"] if text else [])]) == 0
+        rows = [json.loads(x)["results"] for x in capsys.readouterr().out.splitlines()]
+        for model in (ce, pipe):
+            assert rerank(model, QUERIES, first, top_k=3, fusion=fusion, text=text) == rows
+    assert json.dumps(first) == before
+    with pytest.raises(ConfigError, match="reads each hit's text"):
+        rerank(pipe, QUERIES, built.search(QUERIES, top_k=4))
+    with pytest.raises(ConfigError, match="fusion='borda'"):
+        rerank(pipe, QUERIES, first, fusion="borda")
+
+
+def test_mining_from_python_is_the_mine_command(
+    built: Index, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """mine_examples over read_retrieval's rows, then mined_groups, gives the rows `bertforge
+    mine` writes, and mining_report the words it prints."""
+    from bertforge.data.tasks import read_retrieval
+    from bertforge.search import mine_examples, mined_groups, mining_report
+
+    train = tmp_path / "train.jsonl"
+    rows = [
+        {"query": QUERIES[0], "positive": DOCS[2], "group": "plays"},
+        {"query": QUERIES[1], "positive": "anything", "positive_id": "d0"},
+        {"query": QUERIES[2], "positive": "not a document here"},
+    ]
+    train.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "mined.jsonl"
+    options = ["--negatives", "2", "--depth", "6", "--mode", "hybrid", "--missing", "skip"]
+    assert main(["mine", str(built.path), str(train), "--out", str(out), *options]) == 0
+    said = capsys.readouterr().out
+    examples = read_retrieval(train)
+    found = mine_examples(built, examples, negatives=2, depth=6, mode="hybrid", missing="skip")
+    groups = mined_groups(examples, found)
+    assert [json.loads(x) for x in out.read_text().splitlines()] == groups and len(groups) == 2
+    assert said == f"wrote 2 of 3 rows to {out}: {mining_report(found, examples, 'skip', 2)}\n"
+
+
 def test_server_search(built: Index, minilm_dir: Path) -> None:
     pytest.importorskip("fastapi")
     from fastapi.testclient import TestClient
@@ -513,7 +586,8 @@ def test_serve_refuses_an_index_of_another_model(
 def test_blank_lines_of_a_text_corpus(minilm_dir: Path, tmp_path: Path) -> None:
     """A text corpus's ids are line numbers: a blank line is an error, or skipped with
     --skip-blank (the ids stay the lines')."""
-    from bertforge.index import CorpusFormat, read_corpus
+    from bertforge.search import CorpusFormat
+    from bertforge.search import read_search_corpus as read_corpus
 
     path = tmp_path / "c.txt"
     path.write_text("first doc\n\nthird doc\n")
@@ -543,7 +617,7 @@ def test_an_approximate_index_finds_what_exact_search_finds(
 
 def test_the_hnsw_graph_recalls_the_exact_neighbours(tmp_path: Path) -> None:
     faiss = pytest.importorskip("faiss")
-    from bertforge.index import _write_hnsw
+    from bertforge.search.index import _write_hnsw
 
     rng = np.random.default_rng(0)
     x = rng.standard_normal((5000, 32)).astype(np.float32)
@@ -581,8 +655,8 @@ def test_dense_search_in_blocks_is_exact_with_ties_in_document_order(
 ) -> None:
     """Windows scored a block at a time (a document's windows kept together) rank as the whole
     corpus at once; scores tied at the k-th place go to the earlier document."""
-    import bertforge.index as index_module
-    from bertforge.index import best_columns
+    import bertforge.search.index as index_module
+    from bertforge.search.fusion import best_columns
 
     whole = built.ranked(QUERIES, 4, "dense")
     monkeypatch.setattr(index_module, "WINDOW_BLOCK", 2)
@@ -618,7 +692,7 @@ def test_mining_never_takes_the_positive_for_a_negative(built: Index) -> None:
     case aside (a trailing or doubled space once made the query's own paragraph a "hard
     negative"); a near-copy of it is never a negative either; a positive that is not in the
     corpus stops mining unless the rows are skipped or kept (guarded by likeness alone)."""
-    from bertforge.index import likeness
+    from bertforge.search.mining import likeness
 
     queries = [QUERIES[0], QUERIES[2], "which tragedy is by shakespeare"]
     positives = [DOCS[2] + " ", DOCS[1].replace(" ", "  "), DOCS[2].upper()]
@@ -844,7 +918,7 @@ def test_a_huge_document_is_indexed_a_block_at_a_time(
     """A document is tokenized a segment at a time and its windows embedded a block at a time
     (memory bounded by those, progress counted in windows); the index is the one built whole,
     and its passages come from the spans the build recorded."""
-    import bertforge.index as index_module
+    import bertforge.search.index as index_module
     import bertforge.tokenizer as tokenizer_module
 
     path = corpus(tmp_path)

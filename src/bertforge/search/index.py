@@ -1,25 +1,26 @@
-"""A searchable corpus: dense vectors of a bi-encoder beside a BM25 index, searched exactly,
-by BM25, or both fused; hard negatives mined from it (`bertforge index`, `search`, `mine`).
+"""The directory backend: a searchable corpus, dense vectors of a bi-encoder beside a BM25
+index, searched exactly, by BM25, or both fused (`bertforge index`, `search`; mining.py mines
+hard negatives from it, rerank.py reranks its hits).
 
     index = Index.build("all-MiniLM-L6-v2", "corpus.jsonl", "runs/idx")   # or bertforge index
     index = Index.load("runs/idx")
     index.search(["who wrote hamlet"], top_k=10, mode="hybrid")  # [[{id, score, rank}]]
 
 The corpus is a text file (one document per line, its id the line number), JSONL objects with
-an id and a text field, or a CSV/TSV table with a header naming them. Documents are embedded
-in chunks of `chunk` documents, each chunk written as a part file when it is done (no more
-than a chunk's texts and vectors are held while embedding), and a killed build resumes at the
-first missing part; a part made with another model, corpus or settings is refused. A document longer
-than a window (`window` pieces, default the model's length) is cut into overlapping windows
-(`stride` pieces apart, default half a window), each embedded on its own; a document's score is
-its best window's (max inner product). Queries are read at the model's length whatever the
-window. Windows shorter than the model's find a sentence in a long document better (SQuAD's
-paragraphs: README, "Search and rerank").
+an id and a text field, or a CSV/TSV table with a header naming them (corpus.py). Documents
+are embedded in chunks of `chunk` documents, each chunk written as a part file when it is done
+(no more than a chunk's texts and vectors are held while embedding), and a killed build resumes
+at the first missing part; a part made with another model, corpus or settings is refused. A
+document longer than a window (`window` pieces, default the model's length) is cut into
+overlapping windows (`stride` pieces apart, default half a window), each embedded on its own; a
+document's score is its best window's (max inner product). Queries are read at the model's
+length whatever the window. Windows shorter than the model's find a sentence in a long document
+better (SQuAD's paragraphs: README, "Search and rerank").
 The finished index holds vectors.npy (float32, the model's own normalisation), windows.npy
 (each window's document), documents.jsonl (ids and texts), bm25/ (bm25s' files: arrays and
-JSON, no pickle) and, written last, index.json: the model's identity (a sha256 of its
-config.json and weights), its embedding settings, the window settings and the counts. A search
-with another model is one error naming both.
+JSON, no pickle) and, written last, index.json: the model's identity (identity.py: a sha256 of
+its config.json and weights), its embedding settings, the window settings and the counts. A
+search with another model is one error naming both.
 
 Dense search is exact by default: the queries' vectors times every window's, in blocks of
 queries and of windows (memory bounded for any corpus), the best window per document, the top
@@ -27,153 +28,36 @@ k (ties: the earlier document first). An index built with approximate="hnsw"
 (`--approximate hnsw`, faiss) searches an HNSW graph of the windows instead (for millions of
 vectors). Hybrid search fuses the dense and BM25 top-100 lists: by reciprocal rank (k = 60;
 `fusion="rrf"`, the default) or by their scores standardised per query (`fusion="zscore"`: each
-list's z-scores, a document it leaves out given its lowest, summed); `alpha` weighs the dense
-list against BM25's (0.5: equal).
+list's z-scores, a document it leaves out given its lowest, summed; fusion.py); `alpha` weighs
+the dense list against BM25's (0.5: equal).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-import re
 import shutil
 import sys
-import unicodedata
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from itertools import islice, pairwise
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .errors import ConfigError, DataError, check_choice, need_extra
-from .fileio import atomic_path, json_text, read_json, read_lines, write_json, write_text
-from .runner import release_memory
-from .tasks.windows import windows_of
+from ..errors import ConfigError, DataError, check_choice, need_extra
+from ..fileio import atomic_path, json_text, read_json, read_lines, write_json, write_text
+from ..runner import release_memory
+from ..tasks.windows import windows_of
+from .corpus import DEFAULT_FORMAT, CorpusFormat, read_search_corpus
+from .fusion import FUSED, FUSIONS, best_columns, fuse_runs
+from .identity import model_identity, model_record, prompts, refuse_cross_encoder, sha256
 
 FORMAT = 1
 MODES = ("dense", "bm25", "hybrid")
-FUSIONS = ("rrf", "zscore")  # hybrid: by reciprocal rank, or by standardised scores
-RRF_K = 60  # reciprocal-rank fusion: 1 / (k + rank)
-FUSED = 100  # documents per list that fusion reads
 QUERY_BLOCK = 1024  # queries scored against the corpus at once
 WINDOW_BLOCK = 16_384  # windows scored at once per query block: (1024, 16384) floats, 64 MB
 _BM25_EXTRA = "a BM25 index needs bm25s: pip install 'bertforge[search]' (or --no-bm25)"
 _FAISS_EXTRA = "an approximate index needs faiss: pip install 'bertforge[search]' (or faiss-cpu)"
-
-
-# -- the corpus ------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class CorpusFormat:
-    id_field: str = "id"
-    text_field: str = "text"
-    skip_blank: bool = False
-
-
-def read_corpus(path: str | Path, fmt: CorpusFormat = CorpusFormat()) -> Iterator[tuple[str, str]]:
-    """(id, text) of each document of a corpus file (see the module docstring); a malformed
-    line, a missing or empty field, a blank line (unless skip_blank) or a repeated id is one
-    DataError naming the file, line and field."""
-    path = Path(path)
-    seen: dict[str, int] = {}
-    readers = {".jsonl": _jsonl_documents, ".csv": _table_documents, ".tsv": _table_documents}
-    rows = readers.get(path.suffix.lower(), _line_documents)(path, fmt)
-    for lineno, doc_id, text in rows:
-        if doc_id in seen:
-            raise DataError(f"{path}: line {lineno}: id {doc_id!r} repeats line {seen[doc_id]}")
-        seen[doc_id] = lineno
-        yield doc_id, text
-
-
-def _line_documents(path: Path, fmt: CorpusFormat) -> Iterator[tuple[int, str, str]]:
-    for lineno, line in read_lines(path, hint=""):
-        if lineno == 1 and _json_document(line, fmt):
-            raise DataError(
-                f"{path}: line 1 is a JSON object with a {fmt.text_field!r} field: a JSONL corpus "
-                "must end in .jsonl (files are read by their suffix; each line here would be a "
-                "document's text)"
-            )
-        if not line.strip():
-            if fmt.skip_blank:
-                continue
-            raise DataError(f"{path}: line {lineno}: blank line (--skip-blank drops blank lines)")
-        yield lineno, str(lineno), line
-
-
-def _json_document(line: str, fmt: CorpusFormat) -> bool:
-    """Whether a line is a JSON object with the corpus's text field (a JSONL line)."""
-    if not line.lstrip().startswith("{"):
-        return False
-    try:
-        obj = json.loads(line)
-    except ValueError:
-        return False
-    return isinstance(obj, dict) and fmt.text_field in obj
-
-
-def _jsonl_documents(path: Path, fmt: CorpusFormat) -> Iterator[tuple[int, str, str]]:
-    """JSONL objects (a blank line holds no document: skipped; ids come from the objects)."""
-    from .data.tasks.table import jsonl_records
-
-    for r in jsonl_records(path):
-        fields: dict[str, Any] = r.fields  # type: ignore[assignment]
-        doc_id = _id(fields.get(fmt.id_field), path, r.lineno, fmt.id_field)
-        yield r.lineno, doc_id, _text(fields.get(fmt.text_field), path, r.lineno, fmt.text_field)
-
-
-def _table_documents(path: Path, fmt: CorpusFormat) -> Iterator[tuple[int, str, str]]:
-    from .data.tasks.table import header_error, open_table
-
-    comma = path.suffix.lower() == ".csv"
-    table = open_table(path, "," if comma else "\t", quoting=comma)
-    names = list(table.names or [])
-    for name in (fmt.id_field, fmt.text_field):
-        if name not in names:
-            raise header_error(path, names, f'column "{name}" missing from the header')
-    i, t = names.index(fmt.id_field), names.index(fmt.text_field)
-    for r in table.records():
-        fields: Sequence[str] = r.fields  # type: ignore[assignment]
-        doc_id = _id(fields[i], path, r.lineno, fmt.id_field)
-        yield r.lineno, doc_id, _text(fields[t], path, r.lineno, fmt.text_field)
-
-
-def _id(value: object, path: Path, lineno: int, name: str) -> str:
-    if isinstance(value, bool) or not isinstance(value, (str, int)) or value == "":
-        raise DataError(f'{path}: line {lineno}: field "{name}": missing, or not a string/integer')
-    return str(value)
-
-
-def _text(value: object, path: Path, lineno: int, name: str) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise DataError(f'{path}: line {lineno}: field "{name}": missing, empty or not text')
-    return value
-
-
-# -- the model's identity --------------------------------------------------------------------------
-
-
-def model_identity(path: str | Path) -> str:
-    """sha256 over a model directory's config.json and weight files (names and bytes)."""
-    from .checkpoint import weights_files
-
-    path = Path(path)
-    return _sha256([path / "config.json", *weights_files(path)], names=True)
-
-
-def _sha256(files: Sequence[Path], names: bool = False) -> str:
-    """sha256 over the files' bytes, read 1 MB at a time; with `names`, each file's name and a
-    NUL byte before its bytes."""
-    h = hashlib.sha256()
-    for f in files:
-        if names:
-            h.update(f.name.encode() + b"\0")
-        with open(f, "rb") as stream:
-            while block := stream.read(1 << 20):
-                h.update(block)
-    return h.hexdigest()
 
 
 # -- building --------------------------------------------------------------------------------------
@@ -260,7 +144,7 @@ class Index:
         corpus: str | Path,
         out: str | Path,
         *,
-        fmt: CorpusFormat = CorpusFormat(),
+        fmt: CorpusFormat = DEFAULT_FORMAT,
         chunk: int = 10_000,
         window: int | None = None,
         stride: int | None = None,
@@ -281,47 +165,36 @@ class Index:
         int8, uint8, binary or ubinary keeps the vectors quantised (embedding.quantize: 4 or 32
         times smaller; int8/uint8 buckets from the corpus's own vectors), float queries scored
         against their stand-ins (embedding.dequantize)."""
-        from tqdm import tqdm
-
-        from .pipelines import Pipeline
+        from ..pipelines import Pipeline
 
         _check_build_options(chunk, bm25, approximate, embedding_precision)
         out, corpus = Path(out), Path(corpus)
         refuse_cross_encoder(model)
         pipe = Pipeline(model, device=device, precision=precision, batch_size=batch_size)
-        prompts = _prompts(pipe, prompt_name, prompt)
-        length, stride = _window_settings(pipe, window, stride, prompts["document_prompt"])
+        roles = prompts(pipe, prompt_name, prompt)
+        length, stride = _window_settings(pipe, window, stride, roles["document_prompt"])
         if not corpus.is_file():
             raise DataError(f"{corpus}: file not found")
-        documents = sum(1 for _ in read_corpus(corpus, fmt))  # every row checked before work
+        documents = sum(1 for _ in read_search_corpus(corpus, fmt))  # every row checked first
         if not documents:
             raise DataError(f"{corpus}: no documents")
         settings = {
             "format": FORMAT,
             **model_record(pipe),
-            **prompts,
+            **roles,
             "window": length,
             "stride": stride,
             "chunk": chunk,
             "precision": precision,  # queries are embedded as the documents were
             "corpus": str(corpus.resolve()),
-            "corpus_sha256": _sha256([corpus]),
+            "corpus_sha256": sha256([corpus]),
             "fields": [fmt.id_field, fmt.text_field, fmt.skip_blank],
             "embedding_precision": embedding_precision,
         }
         _start_build(out, settings)
-        bar = tqdm(desc="index", unit="window", disable=not progress, file=sys.stderr)
-        done = k = 0
-        for k, docs in enumerate(_chunks(read_corpus(corpus, fmt), chunk)):
-            part = out / "parts" / f"{k:06d}"
-            _build_part(part, pipe, docs, done, (length, stride, prompts["document_prompt"]), bar)
-            done += len(docs)
-            bar.set_postfix_str(f"{done:,}/{documents:,} documents", refresh=True)
-        bar.close()
-        for stale in (out / "parts").glob("*[0-9].npy"):  # parts of a longer corpus before
-            if int(stale.stem) > k:
-                for f in stale.parent.glob(f"{stale.stem}.*"):
-                    f.unlink()
+        cut = (length, stride, roles["document_prompt"])
+        rows = read_search_corpus(corpus, fmt)
+        done = _build_parts(out, pipe, rows, documents, chunk, cut, progress)
         return cls._join(out, settings, done, bm25, approximate)
 
     @classmethod
@@ -380,8 +253,8 @@ class Index:
         relative path read from the index's directory), checked to be the one the index was
         built with (its config.json and weights' sha256), else one ConfigError naming both: a
         model retrained or replaced in place would give other hits without a word."""
-        from .hub import resolve
-        from .pipelines import Pipeline
+        from ..hub import resolve
+        from ..pipelines import Pipeline
 
         if self._pipe is None or model is not None:
             given = model is not None
@@ -404,7 +277,7 @@ class Index:
     def stored(self, start: int, stop: int) -> np.ndarray:
         """float32 (stop - start, dimensions): windows' vectors, or their quantised vectors'
         stand-ins (embedding.dequantize), to score float queries against."""
-        from .embedding import dequantize
+        from ..embedding import dequantize
 
         block = np.asarray(self.vectors[start:stop])
         return dequantize(block, self.precision, self.meta["dimensions"], self.ranges)
@@ -417,7 +290,7 @@ class Index:
     def adopt(self, pipe: Any) -> bool:
         """Embed queries with `pipe` (a Pipeline already loaded: the server's), if it is the
         index's model in the index's precision; whether it was."""
-        from .runner import resolve_precision
+        from ..runner import resolve_precision
 
         same = model_identity(pipe.path) == self.meta["model_sha256"]
         if same and resolve_precision(self.meta["precision"], pipe.device) == pipe.precision:
@@ -637,247 +510,10 @@ class Index:
         return fuse_runs(runs, fusion, alpha, k)
 
 
-NEAR_DUPLICATE = 0.8  # mining: a candidate whose words are this like its positive's is no negative
-MISSING = ("error", "skip", "keep")  # mining: what to do with positives not in the corpus
-
-
-@dataclass
-class Mined:
-    """What mine found: per row its negatives (None: fewer left than asked) and the document
-    its positive is (None: not in the corpus); how the positives were found; candidates left
-    out as near-duplicates of their positive."""
-
-    negatives: list[list[str] | None]
-    positives: list[int | None]
-    by_id: int = 0
-    by_text: int = 0
-    near_duplicates: int = 0
-
-    @property
-    def missing(self) -> list[int]:
-        """The rows whose positive is not a document of the corpus."""
-        return [i for i, d in enumerate(self.positives) if d is None]
-
-
-def normalized(text: str) -> str:
-    """A text as mining compares texts: Unicode NFKC, case folded, whitespace runs as one
-    space, no space at either end (a trailing or doubled space is the same text)."""
-    return " ".join(unicodedata.normalize("NFKC", text).casefold().split())
-
-
-def _words(text: str) -> frozenset[str]:
-    return frozenset(re.findall(r"\w+", normalized(text)))
-
-
-def likeness(a: frozenset[str], b: frozenset[str]) -> float:
-    """Jaccard similarity of two texts' word sets (1: the same words)."""
-    return len(a & b) / len(a | b) if a or b else 1.0
-
-
-def find_positives(
-    index: Index, positives: Sequence[str], ids: Sequence[str | None] | None = None
-) -> tuple[list[int | None], int, int]:
-    """The document of each positive: by its id where `ids` gives one (an unknown id: not
-    found), else by its normalized text; (documents, found by id, found by text)."""
-    by_id = {doc_id: d for d, doc_id in enumerate(index.ids)}
-    by_text: dict[str, int] = {}
-    if ids is None or any(i is None for i in ids):  # some rows are found by their text
-        for d, t in enumerate(index.texts):
-            by_text.setdefault(normalized(t), d)
-    found: list[int | None] = []
-    n_id = n_text = 0
-    for i, positive in enumerate(positives):
-        doc_id = ids[i] if ids is not None else None
-        d = by_id.get(str(doc_id)) if doc_id is not None else by_text.get(normalized(positive))
-        found.append(d)
-        n_id += d is not None and doc_id is not None
-        n_text += d is not None and doc_id is None
-    return found, n_id, n_text
-
-
-def mine(
-    index: Index,
-    queries: Sequence[str],
-    positives: Sequence[str],
-    *,
-    positive_ids: Sequence[str | None] | None = None,
-    negatives: int = 4,
-    skip: int = 0,
-    depth: int = 50,
-    mode: str = "dense",
-    margin: float | None = None,
-    fusion: str = "rrf",
-    alpha: float = 0.5,
-    near_duplicate: float = NEAR_DUPLICATE,
-    missing: str = "error",
-    sources: Sequence[str] | None = None,
-) -> Mined:
-    """Hard negatives per (query, positive): the query's candidates at ranks skip+1..depth of
-    `mode`'s search, leaving out its positive's document (found by id, else by normalized
-    text: find_positives), any candidate whose words are `near_duplicate` or more like the
-    positive's (likeness: a copy with other spacing or a small edit is no negative) and, with
-    margin, any candidate scored above the positive's score minus margin (likely relevant
-    though unlabelled); the first `negatives` left, or None where fewer are left. A positive
-    not in the corpus is one DataError naming the rows (`sources`: each row's file:line)
-    unless `missing` is "skip" (no negatives for the row) or "keep" (mined all the same,
-    guarded by likeness alone)."""
-    _check_mining(negatives, skip, depth, mode, margin, near_duplicate, missing)
-    found, n_id, n_text = find_positives(index, positives, positive_ids)
-    result = Mined([], found, n_id, n_text)
-    lost = result.missing
-    if lost and (missing == "error" or margin is not None):
-        where = [sources[i] if sources else f"row {i + 1}" for i in lost[:3]]
-        why = (
-            "--margin scores the positives in the index"
-            if margin is not None
-            else ("--missing skip or keep mines them anyway")
-        )
-        raise DataError(
-            f"{len(lost):,} of {len(positives):,} positives are not documents of {index.path} "
-            f"(by {'id' if positive_ids is not None else 'text, spacing and case aside'}; "
-            f"{', '.join(where)}{', ...' if len(lost) > 3 else ''}): mining could pick them as "
-            f"negatives; {why}"
-        )
-    if not queries:
-        return result
-    docs, scores = index.ranked(list(queries), depth, mode, fusion, alpha)
-    floor = np.full(len(queries), np.inf)
-    if margin is not None:
-        floor = index.scores_of(queries, found, mode) - margin  # type: ignore[arg-type]
-    words: dict[int, frozenset[str]] = {}  # each candidate document's, once
-    for q, (row_d, row_s) in enumerate(zip(docs, scores)):
-        if found[q] is None and missing == "skip":
-            result.negatives.append(None)
-            continue
-        own = _words(positives[q])
-        kept = []
-        for d, s in zip(row_d[skip:].tolist(), row_s[skip:].tolist()):
-            if d < 0 or d == found[q] or s >= floor[q] or len(kept) == negatives:
-                continue
-            if d not in words:
-                words[d] = _words(index.texts[d])
-            if likeness(words[d], own) >= near_duplicate:
-                result.near_duplicates += 1
-                continue
-            kept.append(index.texts[d])
-        result.negatives.append(kept if len(kept) == negatives else None)
-    return result
-
-
-def _check_mining(
-    negatives: int,
-    skip: int,
-    depth: int,
-    mode: str,
-    margin: float | None,
-    near_duplicate: float,
-    missing: str,
-) -> None:
-    if negatives < 1 or skip < 0 or depth - skip < negatives:
-        raise ConfigError(
-            f"negatives={negatives}, skip={skip}, depth={depth}: need negatives >= 1, skip >= 0 "
-            "and depth - skip >= negatives (--negatives, --skip, --depth: the candidates looked "
-            "at must hold that many)"
-        )
-    check_choice("mode", mode, MODES, "--mode")
-    check_choice("missing", missing, MISSING, "--missing")
-    if margin is not None and mode == "hybrid":
-        raise ConfigError("margin (--margin) compares scores: use it with --mode dense or bm25")
-    if not 0.0 < near_duplicate <= 1.0:
-        raise ConfigError(
-            f"near_duplicate={near_duplicate} (--near-duplicate): must be in (0, 1] (1: only "
-            "copies with other spacing or case)"
-        )
-
-
-def best_columns(values: np.ndarray, k: int) -> np.ndarray:
-    """Column indices of each row's k largest values (b, k), best first, ties by column order
-    (argpartition alone keeps an arbitrary subset of the values tied at the k-th place)."""
-    if np.isnan(values).any():  # a NaN would unbalance the count
-        values = np.where(np.isnan(values), -np.inf, values)
-    if values.shape[1] > k:
-        kth = -np.partition(-values, k - 1, axis=1)[:, k - 1 : k]  # (b, 1) the k-th largest
-        above = values > kth
-        tied = values == kth
-        room = k - above.sum(1, keepdims=True)  # places left for the tied, first come first
-        keep = above | (tied & (np.cumsum(tied, 1, dtype=np.int32) <= room))
-        cols = np.nonzero(keep)[1].reshape(len(values), k)  # in column order
-    else:
-        cols = np.broadcast_to(np.arange(values.shape[1]), values.shape)
-    order = np.lexsort((cols, -np.take_along_axis(values, cols, 1)), axis=1)
-    return np.take_along_axis(cols, order, 1)
-
-
-def fuse_runs(
-    runs: Sequence[tuple[np.ndarray, np.ndarray]], fusion: str, alpha: float = 0.5, k: int = FUSED
-) -> tuple[np.ndarray, np.ndarray]:
-    """Two runs ((document indices, scores), each (Q, n)) fused by reciprocal rank (rrf) or by
-    z-scores (zscore), the first weighed alpha and the second 1 - alpha (0.5: equal, the weight
-    1 each in reciprocal rank)."""
-    weights = (alpha, 1 - alpha)
-    if fusion == "zscore":
-        return fuse_scores(runs, weights, k)
-    return fuse([docs for docs, _ in runs], k, [2 * w for w in weights])
-
-
-def fuse(
-    rankings: Sequence[np.ndarray], k: int = FUSED, weights: Sequence[float] | None = None
-) -> tuple[np.ndarray, np.ndarray]:
-    """Reciprocal-rank fusion of per-query ranked lists (each (Q, n) document indices): each
-    document's sum of w / (RRF_K + rank) over the lists (w: the list's weight, 1 unless given);
-    the top k (ties: first seen)."""
-    weights = weights or [1.0] * len(rankings)
-    totals = []
-    for rows in zip(*rankings):
-        total: dict[int, float] = {}
-        for w, ranked in zip(weights, rows):
-            for r, doc in enumerate(ranked.tolist(), 1):
-                if doc >= 0:  # -1: none (a shorter list)
-                    total[doc] = total.get(doc, 0.0) + w / (RRF_K + r)
-        totals.append(total)
-    return _best(totals, k)
-
-
-def fuse_scores(
-    runs: Sequence[tuple[np.ndarray, np.ndarray]], weights: Sequence[float], k: int = FUSED
-) -> tuple[np.ndarray, np.ndarray]:
-    """Score fusion of per-query ranked lists (each (document indices, scores), (Q, n); -1:
-    none): each list's scores standardised over the documents it holds for the query (z-scores),
-    a document it does not hold given its lowest; each document's weighted sum; the top k (ties:
-    first seen)."""
-    totals = []
-    for q in range(len(runs[0][0])):
-        lists = []
-        for docs, scores in runs:
-            held = docs[q] >= 0
-            z = scores[q][held].astype(np.float64)
-            if len(z):
-                z = (z - z.mean()) / (z.std() or 1.0)
-            low = float(z.min()) if len(z) else 0.0
-            lists.append((dict(zip(docs[q][held].tolist(), z.tolist())), low))
-        seen = dict.fromkeys(d for table, _ in lists for d in table)  # first seen first
-        totals.append(
-            {d: sum(w * t.get(d, low) for w, (t, low) in zip(weights, lists)) for d in seen}
-        )
-    return _best(totals, k)
-
-
-def _best(totals: Sequence[dict[int, float]], k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Each query's k best-scored documents (ties: first seen), padded with -1 and 0."""
-    docs, scores = [], []
-    for total in totals:
-        best = sorted(total.items(), key=lambda x: -x[1])[:k]
-        docs.append([d for d, _ in best])
-        scores.append([s for _, s in best])
-    width = max((len(d) for d in docs), default=0)
-    pad = [d + [-1] * (width - len(d)) for d in docs]
-    return np.array(pad, np.int64), np.array([s + [0.0] * (width - len(s)) for s in scores])
-
-
 def _join_vectors(out: Path, parts: Sequence[Path], precision: str, block: int = 65_536) -> None:
     """vectors.npy: the parts' float vectors, or quantised (embedding.quantize) with, for
     int8/uint8, the buckets' ends over all of them in ranges.npy; a block at a time."""
-    from .embedding import quantize
+    from ..embedding import quantize
 
     tables = [np.load(p, mmap_mode="r") for p in parts]
     total, dim = sum(len(t) for t in tables), tables[0].shape[1]
@@ -946,7 +582,7 @@ EMBED_BLOCK = 2048  # windows embedded per call while building: memory bounded f
 def _check_build_options(
     chunk: int, bm25: bool, approximate: str | None, embedding_precision: str
 ) -> None:
-    from .embedding import EMBEDDING_PRECISIONS
+    from ..embedding import EMBEDDING_PRECISIONS
 
     check_choice("embedding_precision", embedding_precision, EMBEDDING_PRECISIONS)
     if approximate and embedding_precision != "float32":
@@ -962,36 +598,6 @@ def _check_build_options(
         raise ConfigError(f"approximate={approximate!r} (--approximate): only hnsw")
     if approximate:
         need_extra("faiss", _FAISS_EXTRA)
-
-
-def refuse_cross_encoder(model: str | Path) -> None:
-    """A cross-encoder (a one-output sequence-classification head, no sentence-transformers
-    modules) scores pairs; its encoder's pooled states are not trained to be compared, so
-    indexing with it would give arbitrary hits: one ConfigError."""
-    from .catalogue import ENTRIES
-    from .checkpoint import architectures
-    from .config import BertConfig
-    from .hub import resolve
-
-    path = resolve(model)
-    if (path / "modules.json").is_file():
-        return
-    labels = BertConfig.from_pretrained(path).num_labels
-    if ENTRIES["rerank"].needs and ENTRIES["rerank"].available(architectures(path), labels):
-        raise ConfigError(
-            f"{model}: a cross-encoder (it scores query-document pairs); an index needs a "
-            "bi-encoder (an embedding model): rerank with this one (search --rerank)"
-        )
-
-
-def _prompts(pipe: Any, prompt_name: str | None, prompt: str | None) -> dict[str, str]:
-    """The documents' prompt (given, else the model's document prompt) and the queries'."""
-    from .embedding import prompt_text, role_prompt
-
-    own = pipe.embedding_settings
-    given = prompt_name is not None or prompt is not None
-    document = prompt_text(own, prompt_name, prompt) if given else role_prompt(own, "document")
-    return {"document_prompt": document, "query_prompt": role_prompt(own, "query")}
 
 
 def _window_settings(
@@ -1016,18 +622,6 @@ def _window_settings(
             f"stride={stride} (--stride): must be between 1 and the window, {length} pieces"
         )
     return length, stride
-
-
-def model_record(pipe: Any) -> dict[str, Any]:
-    """What an index keeps of its model: where it was, its name, its identity, its pooling."""
-    path = Path(pipe.path).resolve()
-    return {
-        "model": str(path),
-        "model_name": path.name,
-        "model_sha256": model_identity(path),
-        "pooling": list(pipe.embedding_settings.pooling),
-        "normalize": pipe.embedding_settings.normalize,
-    }
 
 
 # settings a resumed build may change: the corpus's bytes (each kept part is checked against
@@ -1055,6 +649,34 @@ def _start_build(out: Path, settings: dict[str, Any]) -> None:
         raise DataError(f"{out / 'parts'}: a link; an index writes its parts in itself")
     write_json(started, settings)
     (out / "parts").mkdir(parents=True, exist_ok=True)
+
+
+def _build_parts(
+    out: Path,
+    pipe: Any,
+    documents: Iterator[tuple[str, str]],
+    total: int,
+    chunk: int,
+    cut: tuple[int, int, str],
+    progress: bool,
+) -> int:
+    """The parts of a build in out/parts, `chunk` of the `total` documents each (a part already
+    whole for the same documents kept), parts left from a longer corpus removed; how many
+    documents they hold."""
+    from tqdm import tqdm
+
+    bar = tqdm(desc="index", unit="window", disable=not progress, file=sys.stderr)
+    done = k = 0
+    for k, docs in enumerate(_chunks(documents, chunk)):
+        _build_part(out / "parts" / f"{k:06d}", pipe, docs, done, cut, bar)
+        done += len(docs)
+        bar.set_postfix_str(f"{done:,}/{total:,} documents", refresh=True)
+    bar.close()
+    for stale in (out / "parts").glob("*[0-9].npy"):  # parts of a longer corpus before
+        if int(stale.stem) > k:
+            for f in stale.parent.glob(f"{stale.stem}.*"):
+                f.unlink()
+    return done
 
 
 def _build_part(

@@ -1,0 +1,54 @@
+"""Search: an index of a corpus, searched by a bi-encoder's vectors, BM25 or both fused; its
+hits reranked by a cross-encoder; hard negatives mined from it. Library functions the command
+line (`bertforge index`, `search`, `mine`), the server's /search and Python users call alike.
+
+    from bertforge.search import Index, mine, rerank
+    index = Index.build("all-MiniLM-L6-v2", "corpus.jsonl", "runs/idx")  # or Index.load
+    hits = index.search(["who wrote hamlet"], top_k=50, mode="hybrid", text=True)
+    best = rerank("runs/ce", ["who wrote hamlet"], hits, top_k=10)
+
+    corpus.py    reading a corpus file: (id, text) documents from text lines, JSONL or a table
+    identity.py  what an index records of its model (a sha256 of its files), its prompts
+    index.py     the directory backend: building (resumable parts), dense/BM25/hybrid search
+    fusion.py    reciprocal-rank and score fusion of ranked lists
+    mining.py    hard negatives for retrieval training, scored by a teacher if asked
+    rerank.py    a first stage's hits reordered (or fused) by a cross-encoder
+"""
+
+from .corpus import CorpusFormat, read_search_corpus
+from .fusion import FUSIONS, RRF_K, fuse, fuse_runs, fuse_scores
+from .identity import model_identity
+from .index import MODES, Index
+from .mining import (
+    MISSING,
+    NEAR_DUPLICATE,
+    Mined,
+    mine,
+    mine_examples,
+    mined_groups,
+    mining_report,
+    score_groups,
+)
+from .rerank import rerank
+
+__all__ = [
+    "FUSIONS",
+    "MISSING",
+    "MODES",
+    "NEAR_DUPLICATE",
+    "RRF_K",
+    "CorpusFormat",
+    "Index",
+    "Mined",
+    "fuse",
+    "fuse_runs",
+    "fuse_scores",
+    "mine",
+    "mine_examples",
+    "mined_groups",
+    "mining_report",
+    "model_identity",
+    "read_search_corpus",
+    "rerank",
+    "score_groups",
+]

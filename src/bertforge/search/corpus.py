@@ -1,0 +1,113 @@
+"""Reading a search corpus: (id, text) documents, each one to index (`bertforge index`).
+
+The corpus is a text file (one document per line, its id the line number), JSONL objects with
+an id and a text field, or a CSV/TSV table with a header naming them; files are read by their
+suffix. JSONL objects and tables are read by the training-data readers (data.tasks.table:
+jsonl_records, open_table), so a line is parsed and its errors named one way everywhere.
+Not data.corpus.read_corpus: that one reads pre-training text as documents of sentences.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import DataError
+from ..fileio import read_lines
+
+
+@dataclass(frozen=True)
+class CorpusFormat:
+    """Where a corpus file keeps its documents' ids and texts (JSONL fields, table columns),
+    and whether a text file's blank lines are dropped (else each is an error)."""
+
+    id_field: str = "id"
+    text_field: str = "text"
+    skip_blank: bool = False
+
+
+DEFAULT_FORMAT = CorpusFormat()  # "id" and "text", a blank line an error
+
+
+def read_search_corpus(
+    path: str | Path, fmt: CorpusFormat = DEFAULT_FORMAT
+) -> Iterator[tuple[str, str]]:
+    """(id, text) of each document of a corpus file (see the module docstring); a malformed
+    line, a missing or empty field, a blank line (unless skip_blank) or a repeated id is one
+    DataError naming the file, line and field."""
+    path = Path(path)
+    seen: dict[str, int] = {}
+    readers = {".jsonl": _jsonl_documents, ".csv": _table_documents, ".tsv": _table_documents}
+    rows = readers.get(path.suffix.lower(), _line_documents)(path, fmt)
+    for lineno, doc_id, text in rows:
+        if doc_id in seen:
+            raise DataError(f"{path}: line {lineno}: id {doc_id!r} repeats line {seen[doc_id]}")
+        seen[doc_id] = lineno
+        yield doc_id, text
+
+
+def _line_documents(path: Path, fmt: CorpusFormat) -> Iterator[tuple[int, str, str]]:
+    for lineno, line in read_lines(path, hint=""):
+        if lineno == 1 and _json_document(line, fmt):
+            raise DataError(
+                f"{path}: line 1 is a JSON object with a {fmt.text_field!r} field: a JSONL corpus "
+                "must end in .jsonl (files are read by their suffix; each line here would be a "
+                "document's text)"
+            )
+        if not line.strip():
+            if fmt.skip_blank:
+                continue
+            raise DataError(f"{path}: line {lineno}: blank line (--skip-blank drops blank lines)")
+        yield lineno, str(lineno), line
+
+
+def _json_document(line: str, fmt: CorpusFormat) -> bool:
+    """Whether a line is a JSON object with the corpus's text field (a JSONL line)."""
+    if not line.lstrip().startswith("{"):
+        return False
+    try:
+        obj = json.loads(line)
+    except ValueError:
+        return False
+    return isinstance(obj, dict) and fmt.text_field in obj
+
+
+def _jsonl_documents(path: Path, fmt: CorpusFormat) -> Iterator[tuple[int, str, str]]:
+    """JSONL objects (a blank line holds no document: skipped; ids come from the objects)."""
+    from ..data.tasks.table import jsonl_records
+
+    for r in jsonl_records(path):
+        fields: dict[str, Any] = r.fields  # type: ignore[assignment]
+        doc_id = _id(fields.get(fmt.id_field), path, r.lineno, fmt.id_field)
+        yield r.lineno, doc_id, _text(fields.get(fmt.text_field), path, r.lineno, fmt.text_field)
+
+
+def _table_documents(path: Path, fmt: CorpusFormat) -> Iterator[tuple[int, str, str]]:
+    from ..data.tasks.table import header_error, open_table
+
+    comma = path.suffix.lower() == ".csv"
+    table = open_table(path, "," if comma else "\t", quoting=comma)
+    names = list(table.names or [])
+    for name in (fmt.id_field, fmt.text_field):
+        if name not in names:
+            raise header_error(path, names, f'column "{name}" missing from the header')
+    i, t = names.index(fmt.id_field), names.index(fmt.text_field)
+    for r in table.records():
+        fields: Sequence[str] = r.fields  # type: ignore[assignment]
+        doc_id = _id(fields[i], path, r.lineno, fmt.id_field)
+        yield r.lineno, doc_id, _text(fields[t], path, r.lineno, fmt.text_field)
+
+
+def _id(value: object, path: Path, lineno: int, name: str) -> str:
+    if isinstance(value, bool) or not isinstance(value, (str, int)) or value == "":
+        raise DataError(f'{path}: line {lineno}: field "{name}": missing, or not a string/integer')
+    return str(value)
+
+
+def _text(value: object, path: Path, lineno: int, name: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise DataError(f'{path}: line {lineno}: field "{name}": missing, empty or not text')
+    return value

@@ -1,0 +1,76 @@
+"""What an index records of its model, and which models it takes: the model's identity (a
+sha256 of its config.json and weights, so a model retrained or replaced in place is caught),
+its embedding settings, its prompts (the documents' and the queries'), and the refusal of a
+cross-encoder (it scores pairs; its vectors are not made to be compared)."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+
+
+def model_identity(path: str | Path) -> str:
+    """sha256 over a model directory's config.json and weight files (names and bytes)."""
+    from ..checkpoint import weights_files
+
+    path = Path(path)
+    return sha256([path / "config.json", *weights_files(path)], names=True)
+
+
+def sha256(files: Sequence[Path], names: bool = False) -> str:
+    """sha256 over the files' bytes, read 1 MB at a time; with `names`, each file's name and a
+    NUL byte before its bytes."""
+    h = hashlib.sha256()
+    for f in files:
+        if names:
+            h.update(f.name.encode() + b"\0")
+        with open(f, "rb") as stream:
+            while block := stream.read(1 << 20):
+                h.update(block)
+    return h.hexdigest()
+
+
+def refuse_cross_encoder(model: str | Path) -> None:
+    """A cross-encoder (a one-output sequence-classification head, no sentence-transformers
+    modules) scores pairs; its encoder's pooled states are not trained to be compared, so
+    indexing with it would give arbitrary hits: one ConfigError."""
+    from ..catalogue import ENTRIES
+    from ..checkpoint import architectures
+    from ..config import BertConfig
+    from ..hub import resolve
+
+    path = resolve(model)
+    if (path / "modules.json").is_file():
+        return
+    labels = BertConfig.from_pretrained(path).num_labels
+    if ENTRIES["rerank"].needs and ENTRIES["rerank"].available(architectures(path), labels):
+        raise ConfigError(
+            f"{model}: a cross-encoder (it scores query-document pairs); an index needs a "
+            "bi-encoder (an embedding model): rerank with this one (search --rerank)"
+        )
+
+
+def prompts(pipe: Any, prompt_name: str | None, prompt: str | None) -> dict[str, str]:
+    """The documents' prompt (given, else the model's document prompt) and the queries'."""
+    from ..embedding import prompt_text, role_prompt
+
+    own = pipe.embedding_settings
+    given = prompt_name is not None or prompt is not None
+    document = prompt_text(own, prompt_name, prompt) if given else role_prompt(own, "document")
+    return {"document_prompt": document, "query_prompt": role_prompt(own, "query")}
+
+
+def model_record(pipe: Any) -> dict[str, Any]:
+    """What an index keeps of its model: where it was, its name, its identity, its pooling."""
+    path = Path(pipe.path).resolve()
+    return {
+        "model": str(path),
+        "model_name": path.name,
+        "model_sha256": model_identity(path),
+        "pooling": list(pipe.embedding_settings.pooling),
+        "normalize": pipe.embedding_settings.normalize,
+    }

@@ -1,0 +1,266 @@
+"""Hard negatives mined from an index (`bertforge mine`): for each (query, positive) the
+query's top candidates that are neither its positive nor a near-copy of it, optionally
+scored by a teacher cross-encoder for distillation.
+
+    found = mine(index, queries, positives, negatives=4, depth=50, mode="hybrid")
+    groups = mined_groups(read_retrieval("train.jsonl"), found)  # or mine_examples(index, rows)
+    score_groups(groups, "runs/ce", width=5)  # each group's "scores": the teacher's raw outputs
+
+The positive's own document is found by its id where the row gives one, else by its text
+(Unicode NFKC, case folded, spacing aside: a trailing space once made a query's own paragraph
+its "hard negative"); a candidate whose word set is near_duplicate (Jaccard) like the
+positive's is left out too.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import unicodedata
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..errors import ConfigError, DataError, check_choice
+from .index import MODES, Index
+
+if TYPE_CHECKING:
+    from ..data.tasks.retrieval import RetrievalExample
+    from ..pipelines import Pipeline
+
+
+NEAR_DUPLICATE = 0.8  # mining: a candidate whose words are this like its positive's is no negative
+MISSING = ("error", "skip", "keep")  # mining: what to do with positives not in the corpus
+
+
+@dataclass
+class Mined:
+    """What mine found: per row its negatives (None: fewer left than asked) and the document
+    its positive is (None: not in the corpus); how the positives were found; candidates left
+    out as near-duplicates of their positive."""
+
+    negatives: list[list[str] | None]
+    positives: list[int | None]
+    by_id: int = 0
+    by_text: int = 0
+    near_duplicates: int = 0
+
+    @property
+    def missing(self) -> list[int]:
+        """The rows whose positive is not a document of the corpus."""
+        return [i for i, d in enumerate(self.positives) if d is None]
+
+
+def normalized(text: str) -> str:
+    """A text as mining compares texts: Unicode NFKC, case folded, whitespace runs as one
+    space, no space at either end (a trailing or doubled space is the same text)."""
+    return " ".join(unicodedata.normalize("NFKC", text).casefold().split())
+
+
+def _words(text: str) -> frozenset[str]:
+    return frozenset(re.findall(r"\w+", normalized(text)))
+
+
+def likeness(a: frozenset[str], b: frozenset[str]) -> float:
+    """Jaccard similarity of two texts' word sets (1: the same words)."""
+    return len(a & b) / len(a | b) if a or b else 1.0
+
+
+def find_positives(
+    index: Index, positives: Sequence[str], ids: Sequence[str | None] | None = None
+) -> tuple[list[int | None], int, int]:
+    """The document of each positive: by its id where `ids` gives one (an unknown id: not
+    found), else by its normalized text; (documents, found by id, found by text)."""
+    by_id = {doc_id: d for d, doc_id in enumerate(index.ids)}
+    by_text: dict[str, int] = {}
+    if ids is None or any(i is None for i in ids):  # some rows are found by their text
+        for d, t in enumerate(index.texts):
+            by_text.setdefault(normalized(t), d)
+    found: list[int | None] = []
+    n_id = n_text = 0
+    for i, positive in enumerate(positives):
+        doc_id = ids[i] if ids is not None else None
+        d = by_id.get(str(doc_id)) if doc_id is not None else by_text.get(normalized(positive))
+        found.append(d)
+        n_id += d is not None and doc_id is not None
+        n_text += d is not None and doc_id is None
+    return found, n_id, n_text
+
+
+def mine(
+    index: Index,
+    queries: Sequence[str],
+    positives: Sequence[str],
+    *,
+    positive_ids: Sequence[str | None] | None = None,
+    negatives: int = 4,
+    skip: int = 0,
+    depth: int = 50,
+    mode: str = "dense",
+    margin: float | None = None,
+    fusion: str = "rrf",
+    alpha: float = 0.5,
+    near_duplicate: float = NEAR_DUPLICATE,
+    missing: str = "error",
+    sources: Sequence[str] | None = None,
+) -> Mined:
+    """Hard negatives per (query, positive): the query's candidates at ranks skip+1..depth of
+    `mode`'s search, leaving out its positive's document (found by id, else by normalized
+    text: find_positives), any candidate whose words are `near_duplicate` or more like the
+    positive's (likeness: a copy with other spacing or a small edit is no negative) and, with
+    margin, any candidate scored above the positive's score minus margin (likely relevant
+    though unlabelled); the first `negatives` left, or None where fewer are left. A positive
+    not in the corpus is one DataError naming the rows (`sources`: each row's file:line)
+    unless `missing` is "skip" (no negatives for the row) or "keep" (mined all the same,
+    guarded by likeness alone)."""
+    _check_mining(negatives, skip, depth, mode, margin, near_duplicate, missing)
+    found, n_id, n_text = find_positives(index, positives, positive_ids)
+    result = Mined([], found, n_id, n_text)
+    if result.missing and (missing == "error" or margin is not None):
+        by_id = positive_ids is not None
+        raise _not_in_corpus(result.missing, len(positives), index, by_id, margin, sources)
+    if not queries:
+        return result
+    docs, scores = index.ranked(list(queries), depth, mode, fusion, alpha)
+    floor = np.full(len(queries), np.inf)
+    if margin is not None:
+        floor = index.scores_of(queries, found, mode) - margin  # type: ignore[arg-type]
+    words: dict[int, frozenset[str]] = {}  # each candidate document's, once
+    for q, (row_d, row_s) in enumerate(zip(docs, scores)):
+        if found[q] is None and missing == "skip":
+            result.negatives.append(None)
+            continue
+        own = _words(positives[q])
+        kept = []
+        for d, s in zip(row_d[skip:].tolist(), row_s[skip:].tolist()):
+            if d < 0 or d == found[q] or s >= floor[q] or len(kept) == negatives:
+                continue
+            if d not in words:
+                words[d] = _words(index.texts[d])
+            if likeness(words[d], own) >= near_duplicate:
+                result.near_duplicates += 1
+                continue
+            kept.append(index.texts[d])
+        result.negatives.append(kept if len(kept) == negatives else None)
+    return result
+
+
+def _not_in_corpus(
+    lost: Sequence[int],
+    total: int,
+    index: Index,
+    by_id: bool,
+    margin: float | None,
+    sources: Sequence[str] | None,
+) -> DataError:
+    """The error of positives that are not documents of the index (`lost`: their rows)."""
+    where = [sources[i] if sources else f"row {i + 1}" for i in lost[:3]]
+    why = (
+        "--margin scores the positives in the index"
+        if margin is not None
+        else ("--missing skip or keep mines them anyway")
+    )
+    return DataError(
+        f"{len(lost):,} of {total:,} positives are not documents of {index.path} "
+        f"(by {'id' if by_id else 'text, spacing and case aside'}; "
+        f"{', '.join(where)}{', ...' if len(lost) > 3 else ''}): mining could pick them as "
+        f"negatives; {why}"
+    )
+
+
+def _check_mining(
+    negatives: int,
+    skip: int,
+    depth: int,
+    mode: str,
+    margin: float | None,
+    near_duplicate: float,
+    missing: str,
+) -> None:
+    if negatives < 1 or skip < 0 or depth - skip < negatives:
+        raise ConfigError(
+            f"negatives={negatives}, skip={skip}, depth={depth}: need negatives >= 1, skip >= 0 "
+            "and depth - skip >= negatives (--negatives, --skip, --depth: the candidates looked "
+            "at must hold that many)"
+        )
+    check_choice("mode", mode, MODES, "--mode")
+    check_choice("missing", missing, MISSING, "--missing")
+    if margin is not None and mode == "hybrid":
+        raise ConfigError("margin (--margin) compares scores: use it with --mode dense or bm25")
+    if not 0.0 < near_duplicate <= 1.0:
+        raise ConfigError(
+            f"near_duplicate={near_duplicate} (--near-duplicate): must be in (0, 1] (1: only "
+            "copies with other spacing or case)"
+        )
+
+
+def mine_examples(index: Index, examples: Sequence[RetrievalExample], **options: Any) -> Mined:
+    """mine over retrieval training rows (data.tasks.read_retrieval): their queries and
+    positives, matched by the positives' ids where any row gives one, each row's file:line
+    named in errors; `options`: mine's."""
+    given = any(e.positive_id is not None for e in examples)
+    return mine(
+        index,
+        [e.query for e in examples],
+        [e.positive for e in examples],
+        positive_ids=[e.positive_id for e in examples] if given else None,
+        sources=[e.source for e in examples],
+        **options,
+    )
+
+
+def mined_groups(examples: Sequence[RetrievalExample], found: Mined) -> list[dict[str, Any]]:
+    """The training groups of the rows that kept their negatives: {"query", "positive",
+    "negatives"}, a row's "group" kept for --group-batches, its "positive_id" for the next
+    mine."""
+    return [
+        {"query": e.query, "positive": e.positive, "negatives": n}
+        | ({} if e.group is None else {"group": e.group})
+        | ({} if e.positive_id is None else {"positive_id": e.positive_id})
+        for e, n in zip(examples, found.negatives)
+        if n is not None
+    ]
+
+
+def mining_report(
+    found: Mined, examples: Sequence[RetrievalExample], missing: str, negatives: int
+) -> str:
+    """What mining found, in words: how the positives were matched, what was left out."""
+    lost = found.missing
+    skipped = set(lost) if missing == "skip" else set()  # no negatives asked for those
+    short = [i for i, n in enumerate(found.negatives) if n is None and i not in skipped]
+    parts = [f"positives found by id {found.by_id:,}, by text {found.by_text:,}"]
+    if lost:
+        first = ", ".join(examples[i].source for i in lost[:3]) + (", ..." if len(lost) > 3 else "")
+        parts.append(f"{len(lost):,} not in the index ({missing}: {first})")
+    parts.append(
+        f"{found.near_duplicates:,} candidates left out as near-duplicates of their positive"
+    )
+    if short:
+        first = examples[short[0]].source
+        parts.append(f"{len(short):,} rows had fewer than {negatives} negatives left ({first})")
+    return "; ".join(parts)
+
+
+def score_groups(groups: list[dict[str, Any]], teacher: str | Path | Pipeline, width: int) -> None:
+    """Each group's "scores": the teacher cross-encoder's raw scores of (query, positive), then
+    of each negative (`width`: 1 + the negatives of each group), computed a bounded number of
+    groups at a time; what finetune --task rerank (margin-mse, listnet) or --task retrieval
+    --teacher-weight learns from. `teacher`: a cross-encoder's path or loaded Pipeline."""
+    from tqdm import tqdm
+
+    from ..pipelines import Pipeline
+
+    model, step = teacher if isinstance(teacher, Pipeline) else Pipeline(teacher), 1024
+    for at in tqdm(
+        range(0, len(groups), step), desc="teacher", unit="chunk", disable=None, file=sys.stderr
+    ):
+        chunk = groups[at : at + step]
+        queries = [k["query"] for k in chunk for _ in range(width)]
+        texts = [t for k in chunk for t in (k["positive"], *k["negatives"])]
+        scores = model.score(queries, texts, raw_scores=True)
+        for i, k in enumerate(chunk):
+            k["scores"] = scores[i * width : (i + 1) * width]

@@ -1,0 +1,98 @@
+"""Reranking a first stage: each query's hits (Index.search's, with their texts) reordered by
+a cross-encoder's score of (query, text), or that order fused with the first stage's
+(`bertforge search --rerank`, `--rerank-fuse`).
+
+    hits = index.search(queries, top_k=50, mode="hybrid", text=True)  # the first stage
+    best = rerank("runs/ce", queries, hits, top_k=10)                  # [[{id, score, rank,
+                                                                       #   first_stage_rank}]]
+
+A first stage finds candidates cheaply from precomputed vectors; the cross-encoder reads each
+query with each candidate and orders them better (README, "Search and rerank"). Fused
+(`fusion`), its order is kept from throwing away what the first stage knew: by reciprocal
+rank, or by the z-scores of the first stage's scores and the cross-encoder's raw ones.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ConfigError, check_choice
+from .fusion import FUSIONS, fuse_runs
+
+if TYPE_CHECKING:
+    from ..pipelines import Pipeline
+
+
+def rerank(
+    cross_encoder: str | Path | Pipeline,
+    queries: Sequence[str],
+    results: Sequence[Sequence[dict[str, Any]]],
+    top_k: int = 10,
+    fusion: str | None = None,
+    text: bool = False,
+) -> list[list[dict[str, Any]]]:
+    """Each query's first-stage hits (results[i] for queries[i]: Index.search with text=True,
+    the texts being what the cross-encoder reads) reranked, its top_k: each hit as the first
+    stage gave it, its "score" the cross-encoder's (with `fusion`: the fused one, the
+    cross-encoder's as "rerank_score"), "rank" the new rank, "first_stage_rank" the old;
+    "text" kept only with `text`. `cross_encoder`: a path or a loaded Pipeline."""
+    from tqdm import tqdm
+
+    from ..pipelines import Pipeline
+
+    if fusion is not None:
+        check_choice("fusion", fusion, FUSIONS, "--rerank-fuse")
+    if any("text" not in h for hits in results for h in hits):
+        raise ConfigError("rerank reads each hit's text: search the first stage with text=True")
+    ce = cross_encoder if isinstance(cross_encoder, Pipeline) else Pipeline(cross_encoder)
+    out = []
+    ranked = zip(queries, results)
+    for query, hits in tqdm(ranked, "rerank", len(queries), disable=None, file=sys.stderr):
+        order = reranked_order(ce, query, hits, top_k, fusion)
+        reordered = [
+            {
+                **hits[o["index"]],
+                **{k: o[k] for k in ("score", "rerank_score") if k in o},
+                "rank": r,
+                "first_stage_rank": o["index"] + 1,
+            }
+            for r, o in enumerate(order, 1)
+        ]
+        if not text:
+            for h in reordered:
+                h.pop("text")
+        out.append(reordered)
+    return out
+
+
+def reranked_order(
+    ce: Pipeline, query: str, hits: Sequence[dict[str, Any]], top_k: int, fusion: str | None
+) -> list[dict[str, Any]]:
+    """The hits' new order, [{index, score, rerank_score?}] (index: into hits, by first-stage
+    rank): by the cross-encoder's score, or that order fused with the first stage's (rrf), or
+    the z-scores of both lists' scores, the cross-encoder's raw (an activation saturates), fused
+    with equal weights (zscore); with a fusion, rerank_score is the cross-encoder's score."""
+    import numpy as np
+    import torch
+
+    from ..tasks.ranking import activate
+
+    raw = fusion == "zscore"
+    texts = [h["text"] for h in hits]
+    order = ce.rerank(query, texts, top_k=None if fusion else top_k, raw_scores=raw)
+    if not fusion:
+        return order
+    by_ce = np.array([[o["index"] for o in order]])
+    scores = np.array([[o["score"] for o in order]])
+    first = (np.arange(len(hits))[None], np.array([[h["score"] for h in hits]]))
+    (picked,), (fused,) = fuse_runs([first, (by_ce, scores)], fusion, 0.5, top_k)
+    if raw:
+        scores = activate(torch.from_numpy(scores), ce.activation).numpy()
+    ce_score = dict(zip(by_ce[0].tolist(), scores[0].tolist()))
+    return [
+        {"index": int(i), "score": float(f), "rerank_score": ce_score[int(i)]}
+        for i, f in zip(picked, fused)
+    ]
