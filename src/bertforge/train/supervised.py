@@ -413,14 +413,8 @@ def fit(
     last = () if task.dev is not None else savers
     if not run.finish(result, _done_line(best, task, out), *last, best=best):
         return {"interrupted": True, "step": result["step"]}
-    if d.is_main and (one := single_class(best)) is not None:
-        warnings.warn(
-            f"the model predicts {one!r} for every dev row: its {main_metric} of "
-            f"{_score(best, main_metric):.4f} is that of always answering {one!r}; it has not "
-            "learned the other classes (try more --epochs, another --lr, or more examples of the "
-            "others)",
-            stacklevel=2,
-        )
+    if d.is_main:
+        _warn_if_one_class(best, main_metric)
     return dict(best)
 
 
@@ -438,6 +432,18 @@ def _score(metrics: dict[str, Any], metric: str) -> float:
     """The metric to beat; NaN (null in eval_results.json) below any number."""
     value = metrics[metric]
     return -math.inf if value is None or math.isnan(value) else float(value)
+
+
+def _warn_if_one_class(best: dict[str, Any], metric: str) -> None:
+    """A warning, said at fit's caller, when the best model answers one class for every dev row
+    (the majority class alone)."""
+    if (one := single_class(best)) is not None:
+        warnings.warn(
+            f"the model predicts {one!r} for every dev row: its {metric} of "
+            f"{_score(best, metric):.4f} is that of always answering {one!r}; it has not learned "
+            "the other classes (try more --epochs, another --lr, or more examples of the others)",
+            stacklevel=3,
+        )
 
 
 def _start_line(header: str, task: SupervisedTask, steps: int, d: distributed.Dist) -> str:
