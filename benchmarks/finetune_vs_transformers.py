@@ -44,7 +44,8 @@ from bertforge.tasks import family
 from bertforge.tasks.base import collate
 from bertforge.tokenizer import Tokenizer
 from bertforge.train import distributed
-from bertforge.train.finetune import FinetuneConfig, FinetuneTask, evaluate_model, load_data, run
+from bertforge.train.finetune import FinetuneConfig, evaluate_model, run
+from bertforge.train.supervised import SupervisedTask, load_data
 from common import RESULTS, machine, table, write_results
 
 # Where each task's files are under ../shared/data, its settings, and its epochs.
@@ -146,7 +147,7 @@ def reference_run(
     import transformers
 
     tok = Tokenizer.from_pretrained(model_dir)
-    task = FinetuneTask(family(cfg, tok), cfg, distributed.Dist())
+    task = SupervisedTask(family(cfg, tok), cfg, distributed.Dist())
     fam, runner = task.family, task.runner
     _, dev_examples = load_data(task, cfg)  # the very features our run trains on
     train, (_, dev) = task.train, task.dev

@@ -22,7 +22,8 @@ from bertforge.errors import DataError, FreshWeightsWarning
 from bertforge.heads import BertForQuestionAnswering, BertForTokenClassification
 from bertforge.pipelines import Pipeline
 from bertforge.tasks.sentence import featurize
-from bertforge.train.finetune import FinetuneConfig, epoch_batches, evaluate_model, predict, run
+from bertforge.train.finetune import FinetuneConfig, evaluate_model, predict, run
+from bertforge.train.supervised import epoch_batches
 from tests.conftest import TINY
 from tests.task_files import SWAG_HEADER, conll_text, keyword_table, ner_sentences, squad_file
 
@@ -329,7 +330,7 @@ def test_micro_batches_accumulate_to_the_same_steps(tmp_path: Path, minilm_dir: 
 
     from bertforge.tasks import family
     from bertforge.train.distributed import Dist
-    from bertforge.train.finetune import FinetuneTask, load_data
+    from bertforge.train.supervised import SupervisedTask, load_data
 
     cfg = FinetuneConfig(
         model=str(base),
@@ -339,7 +340,7 @@ def test_micro_batches_accumulate_to_the_same_steps(tmp_path: Path, minilm_dir: 
         batch_size=8,
         micro_batch_size=3,
     )
-    task = FinetuneTask(family(cfg, tok), cfg, Dist(0, 1, 0, torch.device("cpu")))
+    task = SupervisedTask(family(cfg, tok), cfg, Dist(0, 1, 0, torch.device("cpu")))
     load_data(task, cfg)
     step, _ = next(task.batches(None))
     assert [len(m.input_ids) for m in step] == [3, 3, 2]
@@ -357,7 +358,7 @@ def test_bf16_training_batches_are_padded_to_a_multiple(tmp_path: Path, minilm_d
     from bertforge.runner import PAD_MULTIPLE
     from bertforge.tasks import family
     from bertforge.train.distributed import Dist
-    from bertforge.train.finetune import FinetuneTask, load_data
+    from bertforge.train.supervised import SupervisedTask, load_data
 
     tok = Tokenizer.from_pretrained(minilm_dir)
     train = keyword_table(tmp_path / "train.tsv", 40, seed=0)
@@ -372,7 +373,7 @@ def test_bf16_training_batches_are_padded_to_a_multiple(tmp_path: Path, minilm_d
             micro_batch_size=3,
             precision=precision,
         )
-        task = FinetuneTask(family(cfg, tok), cfg, Dist(0, 1, 0, torch.device("cpu")))
+        task = SupervisedTask(family(cfg, tok), cfg, Dist(0, 1, 0, torch.device("cpu")))
         load_data(task, cfg)
         steps = iter(task.batches(None))
         shapes[precision] = [

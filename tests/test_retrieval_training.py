@@ -450,7 +450,7 @@ def test_batches_kept_apart_stay_grouped_by_length() -> None:
     a batch of about its length, not a random one. Measured here: 1.16x the pieces padded (1.68x
     when rows were parted after the shuffle; 1.02x without keys; random batches 1.7x), and
     still no batch holds a key twice."""
-    from bertforge.train.finetune import epoch_batches
+    from bertforge.train.supervised import epoch_batches
 
     rng = np.random.default_rng(0)
     keys = rng.integers(0, 600, 3000)  # 5 rows a key, as SQuAD's paragraphs have questions
@@ -468,7 +468,7 @@ def test_batches_kept_apart_stay_grouped_by_length() -> None:
 
 
 def test_batches_keep_the_same_positive_apart() -> None:
-    from bertforge.train.finetune import apart_by_key, epoch_batches
+    from bertforge.train.supervised import apart_by_key, epoch_batches
 
     rng = np.random.default_rng(0)
     keys = rng.integers(0, 300, 1000)  # about 3 queries per passage, as SQuAD has 5
@@ -492,7 +492,7 @@ def test_group_batches_are_cut_from_one_group() -> None:
     same number of batches as without; a batch spans one group or the seam of two; with keys
     (the positive passage), no batch holds a key twice and the rows put off stay near their
     group (SQuAD-like: 24 articles of about 240 questions on 43 paragraphs)."""
-    from bertforge.train.finetune import epoch_batches
+    from bertforge.train.supervised import epoch_batches
 
     rng = np.random.default_rng(0)
     groups = np.repeat(np.arange(10), 40)  # 10 groups of 40 rows

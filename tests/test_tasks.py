@@ -26,7 +26,8 @@ from bertforge.tasks.tagging import featurize as tag_featurize
 from bertforge.tasks.tagging import tag_set
 from bertforge.tasks.windows import max_context_flags, windows_of
 from bertforge.train.distributed import Dist
-from bertforge.train.finetune import FinetuneConfig, FinetuneTask, evaluate_model
+from bertforge.train.finetune import FinetuneConfig, evaluate_model
+from bertforge.train.supervised import SupervisedTask
 from tests.conftest import TINY
 from tests.task_files import SWAG_HEADER, conll_text, keyword_table, ner_sentences, squad_file
 
@@ -76,7 +77,7 @@ def test_the_training_loss_of_every_family_equals_transformers(
     cfg = FinetuneConfig(
         model="-", task=task, train=str(path), out="-", batch_size=64, precision="fp32", **options
     )
-    fine = FinetuneTask(family(cfg, tok), cfg, Dist())
+    fine = SupervisedTask(family(cfg, tok), cfg, Dist())
     fam = fine.family
     examples = fam.read(str(path))
     fam.set_labels(examples)

@@ -20,9 +20,10 @@ from bertforge.data.shards import prepare
 from bertforge.errors import DataError, TrainingError
 from bertforge.fileio import write_json
 from bertforge.train.distributed import Dist
-from bertforge.train.finetune import FinetuneConfig, FinetuneTask, run
+from bertforge.train.finetune import FinetuneConfig, run
 from bertforge.train.logs import MetricsLog, read_metrics
 from bertforge.train.loop import MIN_LOSS_SCALE, _Divergence
+from bertforge.train.supervised import SupervisedTask
 from tests.task_files import keyword_table
 from tests.test_shards import write_corpus
 
@@ -170,15 +171,15 @@ def test_metric_picks_the_best_epoch(
 ) -> None:
     """Scripted dev scores: accuracy is best after epoch 1, macro_f1 after epoch 2."""
     table = keyword_table(tmp_path / "t.tsv", 16, seed=0, header="text\tlabel")
-    real = FinetuneTask.evaluate
+    real = SupervisedTask.evaluate
     script = iter([(0.9, 0.1), (0.5, 0.8), (0.7, 0.3)] * 2)
 
-    def scripted(self: FinetuneTask, model: torch.nn.Module) -> dict[str, float]:
+    def scripted(self: SupervisedTask, model: torch.nn.Module) -> dict[str, float]:
         metrics = real(self, model)
         metrics["accuracy"], metrics["macro_f1"] = next(script)
         return metrics
 
-    monkeypatch.setattr(FinetuneTask, "evaluate", scripted)
+    monkeypatch.setattr(SupervisedTask, "evaluate", scripted)
     by_accuracy = run(csv_config(tmp_path / "a", tiny_model, table, epochs=3))
     by_macro = run(csv_config(tmp_path / "b", tiny_model, table, epochs=3, metric="macro_f1"))
     assert (by_accuracy["epoch"], by_accuracy["accuracy"]) == (1, 0.9)

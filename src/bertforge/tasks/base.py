@@ -4,7 +4,7 @@ family's contract (`TaskFamily`).
 A family (sentence.py, tagging.py, squad.py, choice.py) reads its files into examples, turns
 them into `Features`, names its head, computes the loss of a batch with the loss function
 defined beside it, and decodes the model's outputs into predictions and metrics. Training
-(train/finetune.py), `evaluate` / `predict` and the pipelines all go through these methods.
+(train/supervised.py), `evaluate` / `predict` and the pipelines all go through these methods.
 """
 
 from __future__ import annotations

@@ -1,1 +1,3 @@
-"""Training: optimizer and schedule, the one training loop, checkpoints, distributed helpers."""
+"""Training: optimizer and schedule, the one training loop, checkpoints, distributed helpers;
+the supervised machinery fine-tuning and distillation share (supervised.py), and the commands
+pretrain, finetune and distill."""

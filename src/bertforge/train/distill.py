@@ -31,12 +31,12 @@ General distillation reads the text files `prepare` reads (lines, paragraphs, Wi
 JSONL), cut into sentences, each one row; it runs --steps steps and writes the student in the
 teacher's layout (the sentence-transformers modules too), so `bertforge embed`, the server and
 sentence-transformers use it as they use the teacher. Task distillation reads --train/--dev as
-`finetune` does and is fine-tuning's loop (finetune.fit): --epochs, dev evaluation after each
+`finetune` does and is fine-tuning's loop (supervised.fit): --epochs, dev evaluation after each
 epoch, the best student kept, its predictions written. Both: the one training loop
 (train/loop.py; bf16 where the device has it, exact resume after a kill, torchrun, progress bar,
 metrics.jsonl) and run directory (checkpoints.RunDir: run.json holds the settings; re-running
-resumes, or says the run finished). The options shared with `finetune` are its
-TrainingOptions; those left None take their mode's default (MODE_DEFAULTS).
+resumes, or says the run finished). The options shared with `finetune` are
+supervised.TrainingOptions; those left None take their mode's default (MODE_DEFAULTS).
 """
 
 from __future__ import annotations
@@ -69,15 +69,15 @@ from ..tasks.base import Batch, Features, TaskFamily
 from ..tokenizer import Tokenizer
 from . import distributed
 from .checkpoints import RunDir
-from .finetune import (
-    FinetuneTask,
+from .loop import train
+from .supervised import (
     LengthGroupedBatches,
+    SupervisedTask,
     TrainingOptions,
     adamw_loop,
     fit,
     load_data,
 )
-from .loop import train
 
 SHAPE_KEYS = (
     "num_hidden_layers",
@@ -499,7 +499,7 @@ class DistillTask:
         return {}
 
 
-class TaskDistillTask(FinetuneTask):
+class TaskDistillTask(SupervisedTask):
     """Task distillation as the training loop sees it: fine-tuning's batches and dev
     evaluation; the loss mixes the labels' and the teacher's soft targets (alpha)."""
 

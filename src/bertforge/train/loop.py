@@ -131,167 +131,230 @@ def train(
     checkpoint if there is one. Returns {"step", "interrupted", "eval": last evaluation}.
     on_eval(step, metrics) runs on every process after each evaluation (e.g. to keep the best
     model)."""
-    device = d.device
-    model.to(device)
-    precision = resolve_precision(cfg.precision, device)
-    wrapped: nn.Module = model
-    if d.enabled:
-        wrapped = nn.parallel.DistributedDataParallel(
-            model, device_ids=[device.index] if device.type == "cuda" else None
+    return _Training(model, task, cfg, run_dir, d, save_extra, on_eval).run(describe)
+
+
+class _Training:
+    """One call of `train`, in its phases (torchtune's recipes: setup, then the loop): set up
+    the model on its device (DDP-wrapped when distributed), the optimizer, the fp16 loss scaler
+    and where a resumed run left off (`__init__`, `_resume`); then each optimizer step (`_step`)
+    and what follows it (`_after_step`): its record, evaluation, checkpoint."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        task: Task,
+        cfg: LoopConfig,
+        run_dir: Path,
+        d: Dist,
+        save_extra: Callable[[Path], None] | None,
+        on_eval: Callable[[int, dict[str, float]], None] | None,
+    ) -> None:
+        self.model, self.task, self.cfg, self.run_dir, self.d = model, task, cfg, run_dir, d
+        self.save_extra, self.on_eval = save_extra, on_eval
+        device = self.device = d.device
+        model.to(device)
+        self.precision = resolve_precision(cfg.precision, device)
+        self.wrapped: nn.Module = model
+        if d.enabled:
+            self.wrapped = nn.parallel.DistributedDataParallel(
+                model, device_ids=[device.index] if device.type == "cuda" else None
+            )
+        self.optimizer = build_optimizer(
+            model, cfg.optimizer, cfg.lr, cfg.weight_decay, eps=cfg.adam_eps
         )
-    optimizer = build_optimizer(model, cfg.optimizer, cfg.lr, cfg.weight_decay, eps=cfg.adam_eps)
-    scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None
+        self.scaler = torch.amp.GradScaler("cuda") if self.precision == "fp16" else None
+        self.step, self.position, self.train_seconds = self._resume()
+        if d.enabled:
+            # Each rank its own dropout stream (a resumed run restores rank 0's only: re-derive).
+            torch.manual_seed(cfg.seed + 1_000_003 * d.rank + 7_919 * self.step)
+        self.log = MetricsLog(run_dir, enabled=d.is_main)
+        self.log.truncate_after(self.step)
+        self.last_eval: dict[str, float] = {}
+        self.diverged = _Divergence(device, self.scaler)
+        # the record's window: statistics and non-padding tokens since the last record
+        self.stats_sum: torch.Tensor | None = None
+        self.window_tokens, self.window_start = 0, 0.0  # (set as the loop starts)
+        self.segment_start = 0.0  # when training last resumed (after setup, evaluation, saving)
 
-    step, position, train_seconds = 0, None, 0.0
-    if d.is_main:  # before this run saves anything: what a kill mid-save left
-        checkpoints.remove_temporary(run_dir)
-    saved = checkpoints.checkpoint_dirs(run_dir)
-    if saved:
-        info = checkpoints.load(saved[-1], model, optimizer, scaler)
-        step, position = info["step"], info["position"]
-        train_seconds = float(info.get("train_seconds", 0.0))
+    def _resume(self) -> tuple[int, Any, float]:
+        """(step, batches' position, seconds of training) of the last checkpoint; (0, None, 0)
+        for a fresh run."""
+        d, run_dir = self.d, self.run_dir
+        if d.is_main:  # before this run saves anything: what a kill mid-save left
+            checkpoints.remove_temporary(run_dir)
+        saved = checkpoints.checkpoint_dirs(run_dir)
+        if not saved:
+            return 0, None, 0.0
+        info = checkpoints.load(saved[-1], self.model, self.optimizer, self.scaler)
+        step = info["step"]
         if d.is_main:
-            print(f"resuming from {saved[-1]} (step {step:,} of {cfg.steps:,})", flush=True)
-    if d.enabled:
-        # Each rank its own dropout stream (a resumed run restores rank 0's only: re-derive).
-        torch.manual_seed(cfg.seed + 1_000_003 * d.rank + 7_919 * step)
-    log = MetricsLog(run_dir, enabled=d.is_main)
-    log.truncate_after(step)
-    last_eval: dict[str, float] = {}
-    diverged = _Divergence(device, scaler)
+            print(f"resuming from {saved[-1]} (step {step:,} of {self.cfg.steps:,})", flush=True)
+        return step, info["position"], float(info.get("train_seconds", 0.0))
 
-    def lr_at(s: int) -> float:
+    def lr_at(self, s: int) -> float:
         """The learning rate of step s (1 = the first)."""
+        cfg = self.cfg
         return cfg.lr * lr_factor(s - 1, cfg.warmup_steps, cfg.steps, cfg.decay_steps)
 
-    from tqdm.auto import tqdm
-
-    bar = tqdm(
-        total=cfg.steps,
-        initial=step,
-        desc=describe,
-        disable=not (cfg.progress and d.is_main),
-        dynamic_ncols=True,
-    )
-    data = task.batches(position)
-    stats_sum: torch.Tensor | None = None
-    window_tokens, window_start = 0, time.perf_counter()
-    model.train()
-
-    def trained_for() -> float:
+    def trained_for(self) -> float:
         """Seconds of training so far (not evaluating or saving), device work included."""
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        return train_seconds + time.perf_counter() - segment_start
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return self.train_seconds + time.perf_counter() - self.segment_start
 
-    segment_start = time.perf_counter()
-    # closed on the way out, an error's too
-    with _StopFlag() as stop, contextlib.closing(bar), contextlib.closing(log):
-        while step < cfg.steps:
-            micro_batches, next_position = next(data)
-            lr = lr_at(step + 1)
-            set_lr(optimizer, lr)
-            step_loss = torch.zeros((), device=device)  # this process's share of the step's loss
-            totals = all_reduce_sum(task.normalizers(micro_batches).to(device), d)
-            for i, micro in enumerate(micro_batches):
-                micro = micro.to(device)
-                last = i == len(micro_batches) - 1
-                sync: Any = contextlib.nullcontext()
-                if not last and d.enabled:  # DDP synchronises on the step's last micro-batch
-                    sync = wrapped.no_sync()  # type: ignore[operator]
-                with sync:
-                    with autocast(precision, device):
-                        loss, stats = task.loss(wrapped, micro, totals)
-                    (scaler.scale(loss) if scaler is not None else loss).backward()
-                stats_sum = stats if stats_sum is None else stats_sum + stats
-                step_loss += loss.detach().float()
-                window_tokens += micro.num_tokens
-            if scaler is not None:
-                scaler.unscale_(optimizer)
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_norm)
-            if scaler is not None:
-                scaler.step(optimizer)
-                scaler.update()
-            else:
-                optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            step, position = step + 1, next_position
-            diverged.update(step, step_loss, grad_norm)
+    def run(self, describe: str) -> dict[str, Any]:
+        """The steps from where the run is to cfg.steps, or until asked to stop."""
+        cfg, d = self.cfg, self.d
+        from tqdm.auto import tqdm
 
-            logging = step % cfg.log_every == 0 or step == cfg.steps
-            if logging:
-                assert stats_sum is not None
-                summed = all_reduce_sum(stats_sum.detach().float(), d)
-                tokens = int(
-                    all_reduce_sum(torch.tensor([float(window_tokens)], device=device), d).item()
-                )
-                elapsed = time.perf_counter() - window_start
-                numbers = task.summarize(summed)
-                numbers.update(
-                    lr=lr,
-                    grad_norm=float(grad_norm),
-                    tokens=tokens,  # non-padding tokens trained on since the last record
-                    tokens_per_s=tokens / max(elapsed, 1e-9),
-                    train_seconds=round(trained_for(), 3),  # training alone, over resumes
-                )
-                log.log(step, **numbers)
-                bar.set_postfix(
-                    loss=f"{numbers.get('loss', float('nan')):.3f}",
-                    lr=f"{lr:.2e}",
-                    tok_s=f"{numbers['tokens_per_s']:,.0f}",
-                    refresh=False,
-                )
-                stats_sum, window_tokens, window_start = None, 0, time.perf_counter()
-            bar.update(1)
-
-            evaluating = cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps)
-            stopping = _agree(stop.requested, d)
-            saving = (
-                (cfg.save_every and step % cfg.save_every == 0) or stopping or step == cfg.steps
-            )
-            if logging or evaluating or saving:  # the device is read here anyway
-                diverged.check(step, d, lr_at)  # so nothing of a diverged model is kept
-            if evaluating or saving:
-                train_seconds = trained_for()
-            if evaluating:
-                model.eval()
-                with torch.no_grad(), autocast(precision, device):
-                    last_eval = task.evaluate(model)
-                model.train()
-                log.log(
-                    step,
-                    train_seconds=round(train_seconds, 3),
-                    **{f"eval_{k}": v for k, v in last_eval.items()},
-                )
-                if on_eval is not None:
-                    on_eval(step, last_eval)
-                if d.is_main and cfg.progress:
-                    bar.write(
-                        f"step {step:,}: " + ", ".join(f"{k} {v:.4g}" for k, v in last_eval.items())
-                    )
-
-            if saving and d.is_main:
-                checkpoints.save(
-                    run_dir,
-                    step,
-                    model,
-                    optimizer,
-                    scaler,
-                    {"position": position, "precision": precision, "train_seconds": train_seconds},
-                    keep=cfg.keep_checkpoints,
-                    extra_files=save_extra,
-                )
-            if evaluating or saving:
-                segment_start = time.perf_counter()
-            if stopping:
-                break
-    interrupted = step < cfg.steps
-    if interrupted and d.is_main:
-        print(
-            f"stopped at step {step:,}; checkpoint saved in {run_dir / 'checkpoints'}: run the "
-            "same command to resume"
+        bar = tqdm(
+            total=cfg.steps,
+            initial=self.step,
+            desc=describe,
+            disable=not (cfg.progress and d.is_main),
+            dynamic_ncols=True,
         )
-    return {"step": step, "interrupted": interrupted, "eval": last_eval, "precision": precision}
+        data = self.task.batches(self.position)
+        self.window_start = time.perf_counter()
+        self.model.train()
+        self.segment_start = time.perf_counter()
+        # closed on the way out, an error's too
+        with _StopFlag() as stop, contextlib.closing(bar), contextlib.closing(self.log):
+            while self.step < cfg.steps:
+                micro_batches, next_position = next(data)
+                lr = self.lr_at(self.step + 1)
+                set_lr(self.optimizer, lr)
+                step_loss, grad_norm = self._step(micro_batches)
+                self.step, self.position = self.step + 1, next_position
+                self.diverged.update(self.step, step_loss, grad_norm)
+                if self._after_step(bar, stop, lr, grad_norm):
+                    break
+        interrupted = self.step < cfg.steps
+        if interrupted and d.is_main:
+            print(
+                f"stopped at step {self.step:,}; checkpoint saved in "
+                f"{self.run_dir / 'checkpoints'}: run the same command to resume"
+            )
+        return {
+            "step": self.step,
+            "interrupted": interrupted,
+            "eval": self.last_eval,
+            "precision": self.precision,
+        }
+
+    def _step(self, micro_batches: list[Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        """One optimizer step over this process's micro-batches, gradients accumulated: (this
+        process's share of the step's loss, the gradient norm before clipping)."""
+        device, d, scaler, optimizer = self.device, self.d, self.scaler, self.optimizer
+        step_loss = torch.zeros((), device=device)  # this process's share of the step's loss
+        totals = all_reduce_sum(self.task.normalizers(micro_batches).to(device), d)
+        for i, micro in enumerate(micro_batches):
+            micro = micro.to(device)
+            last = i == len(micro_batches) - 1
+            sync: Any = contextlib.nullcontext()
+            if not last and d.enabled:  # DDP synchronises on the step's last micro-batch
+                sync = self.wrapped.no_sync()  # type: ignore[operator]
+            with sync:
+                with autocast(self.precision, device):
+                    loss, stats = self.task.loss(self.wrapped, micro, totals)
+                (scaler.scale(loss) if scaler is not None else loss).backward()
+            self.stats_sum = stats if self.stats_sum is None else self.stats_sum + stats
+            step_loss += loss.detach().float()
+            self.window_tokens += micro.num_tokens
+        if scaler is not None:
+            scaler.unscale_(optimizer)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.clip_norm)
+        if scaler is not None:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return step_loss, grad_norm
+
+    def _after_step(self, bar: Any, stop: _StopFlag, lr: float, grad_norm: torch.Tensor) -> bool:
+        """What follows a step: its record (every log_every steps and the last), evaluation
+        (every eval_every and the last), a checkpoint (every save_every, the last, and when
+        asked to stop); True when asked to stop, on any process (then on every one)."""
+        cfg, d, step = self.cfg, self.d, self.step
+        logging = step % cfg.log_every == 0 or step == cfg.steps
+        if logging:
+            self._record(bar, lr, grad_norm)
+        bar.update(1)
+
+        evaluating = cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps)
+        stopping = _agree(stop.requested, d)
+        saving = (cfg.save_every and step % cfg.save_every == 0) or stopping or step == cfg.steps
+        if logging or evaluating or saving:  # the device is read here anyway
+            self.diverged.check(step, d, self.lr_at)  # so nothing of a diverged model is kept
+        if evaluating or saving:
+            self.train_seconds = self.trained_for()
+        if evaluating:
+            self._evaluate(bar)
+        if saving and d.is_main:
+            checkpoints.save(
+                self.run_dir,
+                step,
+                self.model,
+                self.optimizer,
+                self.scaler,
+                {
+                    "position": self.position,
+                    "precision": self.precision,
+                    "train_seconds": self.train_seconds,
+                },
+                keep=cfg.keep_checkpoints,
+                extra_files=self.save_extra,
+            )
+        if evaluating or saving:
+            self.segment_start = time.perf_counter()
+        return stopping
+
+    def _record(self, bar: Any, lr: float, grad_norm: torch.Tensor) -> None:
+        """The window's numbers, summed over processes, into metrics.jsonl and the bar."""
+        d, device = self.d, self.device
+        assert self.stats_sum is not None
+        summed = all_reduce_sum(self.stats_sum.detach().float(), d)
+        tokens = int(
+            all_reduce_sum(torch.tensor([float(self.window_tokens)], device=device), d).item()
+        )
+        elapsed = time.perf_counter() - self.window_start
+        numbers = self.task.summarize(summed)
+        numbers.update(
+            lr=lr,
+            grad_norm=float(grad_norm),
+            tokens=tokens,  # non-padding tokens trained on since the last record
+            tokens_per_s=tokens / max(elapsed, 1e-9),
+            train_seconds=round(self.trained_for(), 3),  # training alone, over resumes
+        )
+        self.log.log(self.step, **numbers)
+        bar.set_postfix(
+            loss=f"{numbers.get('loss', float('nan')):.3f}",
+            lr=f"{lr:.2e}",
+            tok_s=f"{numbers['tokens_per_s']:,.0f}",
+            refresh=False,
+        )
+        self.stats_sum, self.window_tokens, self.window_start = None, 0, time.perf_counter()
+
+    def _evaluate(self, bar: Any) -> None:
+        """The task's held-out evaluation, logged, handed to on_eval, shown."""
+        step, model = self.step, self.model
+        model.eval()
+        with torch.no_grad(), autocast(self.precision, self.device):
+            self.last_eval = self.task.evaluate(model)
+        model.train()
+        self.log.log(
+            step,
+            train_seconds=round(self.train_seconds, 3),
+            **{f"eval_{k}": v for k, v in self.last_eval.items()},
+        )
+        if self.on_eval is not None:
+            self.on_eval(step, self.last_eval)
+        if self.d.is_main and self.cfg.progress:
+            bar.write(
+                f"step {step:,}: " + ", ".join(f"{k} {v:.4g}" for k, v in self.last_eval.items())
+            )
 
 
 class _Divergence:
