@@ -12,7 +12,7 @@
 
 `commands()` is the table: each command's name, its one-line description, the function that
 adds its arguments (`args_*`, beside the command) and the function that runs it (`cmd_*`).
-Options come from the config dataclasses and the functions' signatures (add_options); the
+Options come from the config dataclasses and the functions' signatures (options.py); the
 pipeline verbs are one row per catalogue entry. Errors a user can cause print one line
 (`bertforge: error: ...`) and exit with status 2.
 """
@@ -22,37 +22,34 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib
-import inspect
 import json
-import re
 import sys
 import warnings
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from . import __version__
 from .data.corpus import expand_inputs
 from .errors import BertforgeError, ConfigError, DataError
-from .options import annotation_kind
+from .options import (
+    Parser,
+    add_options,
+    float_list,
+    given,
+    join_layer_lists,
+    options_of,
+    parameters,
+    port,
+    show_defaults,
+)
 
 INFERENCE_HELP = {
     "device": "cpu, cuda, cuda:1 (default: a GPU if there is one)",
     "precision": "auto: bf16 where the device has bf16 arithmetic, else fp32",
 }
 ENCODING_HELP = "bytes that are not UTF-8: stop (strict), replace or ignore"
-
-
-def options_of(args: argparse.Namespace, target: Any) -> dict[str, Any]:
-    """The values of the options add_options made for `target`, read from args by name (a
-    renamed parameter renames its option; nothing is filtered away silently)."""
-    return {name: getattr(args, name) for name in getattr(args, _key(target))}
-
-
-def _given(args: argparse.Namespace, *names: str) -> dict[str, Any]:
-    """The values of options added by hand (add_argument: their dest is the parameter's name)."""
-    return {name: getattr(args, name) for name in names}
 
 
 def _inference_options(p: argparse.ArgumentParser, *names: str) -> None:
@@ -344,7 +341,7 @@ def args_pipeline(p: argparse.ArgumentParser, name: str) -> None:
             "--keep-tabs", action="store_true", help="a tab is part of the text (default: an error)"
         )
     method = getattr(Pipeline, entry.method)
-    hidden = [name for name, *_ in _parameters(method) if name not in entry.options]
+    hidden = [name for name, *_ in parameters(method) if name not in entry.options]
     add_options(p, method, skip=hidden, choices=entry.choices, help=entry.options)
     if entry.post:  # e.g. embed's --embedding-precision
         add_options(p, entry.post, choices=entry.choices, help=entry.post_options)
@@ -515,10 +512,10 @@ def cmd_index(args: argparse.Namespace) -> None:
         fmt=CorpusFormat(args.id_field, args.text_field, args.skip_blank),
         bm25=not args.no_bm25,
         progress=not args.no_progress,
-        **_given(
+        **given(
             args, "chunk", "window", "stride", "approximate", "batch_size", "precision", "device"
         ),
-        **_given(args, "prompt_name", "prompt", "embedding_precision"),
+        **given(args, "prompt_name", "prompt", "embedding_precision"),
     )
     m = index.meta
     print(
@@ -723,8 +720,8 @@ def cmd_mine(args: argparse.Namespace) -> None:
         [e.positive for e in examples],
         positive_ids=[e.positive_id for e in examples] if given else None,
         sources=[e.source for e in examples],
-        **_given(args, "negatives", "skip", "depth", "mode", "margin", "fusion", "alpha"),
-        **_given(args, "near_duplicate", "missing"),
+        **given(args, "negatives", "skip", "depth", "mode", "margin", "fusion", "alpha"),
+        **given(args, "near_duplicate", "missing"),
     )
     kept = [  # a row's "group" kept for --group-batches, its "positive_id" for the next mine
         {"query": e.query, "positive": e.positive, "negatives": n}
@@ -791,7 +788,7 @@ def args_serve(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("model", help="model directory")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=_port, default=8000, help="TCP port, 1-65535")
+    p.add_argument("--port", type=port, default=8000, help="TCP port, 1-65535")
     p.add_argument(
         "--index",
         help="an index directory (bertforge index) of this model: POST /search",
@@ -832,7 +829,7 @@ def args_merge(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="the new model directory")
     p.add_argument(
         "--weights",
-        type=_float_list,
+        type=float_list,
         help="one weight per model, e.g. 0.9,0.1 (scaled to sum to 1; default: equal)",
     )
 
@@ -935,8 +932,8 @@ def cmd_serve(args: argparse.Namespace) -> None:
         args.model,
         limits=Limits(**options_of(args, Limits)),
         access=Access(**options_of(args, Access)),
-        **_given(args, "host", "port", "index", "index_model", "calibration"),
-        **_given(args, "precision", "device"),
+        **given(args, "host", "port", "index", "index_model", "calibration"),
+        **given(args, "precision", "device"),
     )
 
 
@@ -1109,7 +1106,7 @@ def commands() -> list[Command]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = Parser(
         prog="bertforge",
         description="BERT (Devlin et al., 2018): tokenize, pre-train, fine-tune, extract "
         "features, serve.",
@@ -1120,143 +1117,13 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=text, description=text)
         arguments(p)
         p.set_defaults(func=command)
-    _show_defaults(parser)
+    show_defaults(parser)
     return parser
-
-
-_REQUIRED = inspect.Parameter.empty  # a parameter without a default: a required option
-_BOOL_ACTIONS = {None: argparse.BooleanOptionalAction, True: "store_false", False: "store_true"}
-
-
-def _parameters(target: Any) -> list[tuple[str, Any, Any, dict[str, Any]]]:
-    """(name, default or inspect.Parameter.empty, annotation, field metadata) of each parameter
-    of a config dataclass (its fields that are options) or a function (those with a default)."""
-    meta = (
-        {f.name: dict(f.metadata) for f in dataclasses.fields(target)}
-        if dataclasses.is_dataclass(target)
-        else {}
-    )
-    out = []
-    for name, param in inspect.signature(target).parameters.items():
-        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD) or name == "self":
-            continue
-        m = meta.get(name, {})  # empty for a field not made by options.option
-        if (meta and not m) or (not meta and param.default is param.empty):
-            continue
-        out.append((name, param.default, param.annotation, m))
-    return out
-
-
-def add_options(
-    p: argparse._ActionsContainer,
-    target: Any,
-    *,
-    skip: Sequence[str] = (),
-    flags: dict[str, str] | None = None,
-    help: dict[str, str] | None = None,
-    choices: dict[str, Sequence[Any]] | None = None,
-) -> None:
-    """Options for the parameters of `target`, a config dataclass (its fields: default, type,
-    help and choices from options.option) or a function (keyword parameters: default and type
-    from its signature; help, and choices from their source lists, given here). The names go
-    to args._options_<target>, which options_of reads back."""
-    names = []
-    params = _parameters(target)  # the required ones first: they lead the usage line
-    for name, default, annotation, m in sorted(params, key=lambda x: x[1] is not _REQUIRED):
-        if name in skip:
-            continue
-        kind, _ = annotation_kind(annotation)
-        required = default is _REQUIRED
-        flag = m.get("flag") or (flags or {}).get(name) or "--" + name.replace("_", "-")
-        text = m.get("help") or (help or {}).get(name)
-        if kind is bool:  # a flag; with default None (the model's own): --x / --no-x
-            action = _BOOL_ACTIONS[default]
-            p.add_argument(flag, dest=name, action=action, default=default, help=text)
-        elif "Sequence[int]" in str(annotation):  # "-1,-2,-3" -> (-1, -2, -3)
-            p.add_argument(flag, dest=name, type=_int_list, default=default, help=text)
-        else:
-            allowed = m.get("choices") or (choices or {}).get(name)
-            p.add_argument(
-                flag,
-                dest=name,
-                type=kind,
-                default=None if required else default,
-                required=required,
-                choices=allowed,
-                help=text,
-            )
-        names.append(name)
-    p.set_defaults(**{_key(target): [*getattr(p, "_defaults", {}).get(_key(target), []), *names]})
-
-
-def _port(text: str) -> int:
-    port = int(text) if text.strip().isdigit() else -1
-    if not 1 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"{text!r}: a TCP port is an integer in 1-65535")
-    return port
-
-
-def _numbers(kind: type, text: str) -> tuple[Any, ...]:
-    """ "1,2,3" (or "1;2;3") as a tuple of `kind` (int or float), else argparse's usage error."""
-    try:
-        values = tuple(kind(x) for x in text.replace(";", ",").split(",") if x.strip())
-        if not values:
-            raise ValueError
-        return values
-    except ValueError:
-        what = "integers" if kind is int else "numbers"
-        raise argparse.ArgumentTypeError(f"{text!r}: expected {what} separated by commas") from None
-
-
-_int_list, _float_list = partial(_numbers, int), partial(_numbers, float)
-
-
-def _key(target: Any) -> str:
-    return "_options_" + target.__qualname__.replace(".", "_")
-
-
-class _Parser(argparse.ArgumentParser):
-    """Usage errors in one line on stderr, exit status 2 (as every error a user can cause)."""
-
-    def error(self, message: str) -> NoReturn:
-        where = self.prog.removeprefix("bertforge ")
-        self.exit(2, f"bertforge: error: {where}: {message} (see --help)\n")
-
-
-def _show_defaults(parser: argparse.ArgumentParser) -> None:
-    """Every option's --help says its default, unless its help text already does."""
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for child in set(action.choices.values()):
-                _show_defaults(child)
-            continue
-        if (
-            not action.option_strings
-            or any(action.default is v for v in (None, False, argparse.SUPPRESS))
-            or isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction))
-            or "default" in (action.help or "")
-        ):
-            continue
-        action.help = (
-            f"{action.help} (default: %(default)s)" if action.help else "default: %(default)s"
-        )
-
-
-def _join_layer_lists(argv: list[str]) -> list[str]:
-    """`--layers -1,-2` (or `-1;-2`) as `--layers=-1,-2`: argparse reads "-1,-2" as an option
-    (only a plain "-1" looks like a negative number to it)."""
-    out: list[str] = []
-    for arg in argv:
-        if out and out[-1] == "--layers" and re.match(r"-\d", arg):
-            out[-1] = f"--layers={arg}"
-        else:
-            out.append(arg)
-    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(_join_layer_lists(list(sys.argv[1:] if argv is None else argv)))
+    args = parser.parse_args(join_layer_lists(list(sys.argv[1:] if argv is None else argv)))
     if not getattr(args, "func", None):
         parser.print_help()
         return 0
