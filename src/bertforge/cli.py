@@ -348,106 +348,24 @@ def args_pipeline(p: argparse.ArgumentParser, name: str) -> None:
     p.set_defaults(pipeline=name)
 
 
-@dataclasses.dataclass
-class InputLine:
-    """One input of a pipeline command: its line number, its id (a JSONL line's "id"), texts."""
-
-    line: int
-    id: Any
-    texts: tuple[str, ...]
-
-
-def _read_inputs(
-    path: str,
-    inputs: Sequence[Any],
-    skip_blank: bool = False,
-    keep_tabs: bool = False,
-    pair_flag: str = "",
-) -> list[InputLine]:
-    """Inputs of a pipeline command, one per line: JSONL objects with the inputs' fields (file
-    ends in .jsonl), or lines of text (several inputs: tab-separated); "-" reads stdin, checked
-    for UTF-8 as files are. Every line is one input, so output rows answer input lines one to
-    one: a blank line is an error unless skip_blank (then each output row's "line" says which
-    line it answers); a tab in a single-text line is an error unless keep_tabs (a TSV line given
-    without --pairs would otherwise be read as one text, its other columns included)."""
-    from .fileio import read_lines
-
-    names = [i.field for i in inputs]
-    where = "<stdin>" if path == "-" else path
-    rows: list[InputLine] = []
-    for lineno, line in read_lines(Path(path), hint=""):
-        at = f"{where}: line {lineno}"
-        if not line.strip():
-            if skip_blank:
-                continue
-            raise DataError(
-                f"{at}: blank line: remove it, or pass --skip-blank to drop blank lines (each "
-                "output row then carries its line number)"
-            )
-        if where.endswith(".jsonl"):
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{at}: invalid JSON: {e.msg}") from None
-            if not isinstance(obj, dict):
-                raise DataError(f"{at}: expected a JSON object with {', '.join(names)}")
-            missing = [n for n in names if not isinstance(obj.get(n), str)]
-            if missing:
-                raise DataError(f'{at}: field "{missing[0]}": missing or not text')
-            rows.append(InputLine(lineno, obj.get("id"), tuple(obj[n] for n in names)))
-            continue
-        parts = line.split("\t") if len(names) > 1 else [line]
-        if len(parts) != len(names) or (len(names) == 1 and "\t" in line and not keep_tabs):
-            pairs = f"TEXT<TAB>PAIR: {pair_flag}; " if pair_flag else ""
-            hint = f" ({pairs}a tab inside the text: --keep-tabs)"
-            raise DataError(
-                f"{at}: {line.count(chr(9)) + 1} tab-separated fields, expected {len(names)} "
-                f"({', '.join(names)}){hint if len(names) == 1 else ''}"
-            )
-        rows.append(InputLine(lineno, None, tuple(parts)))
-    return rows
-
-
-def _write_jsonl(out: str | None, rows: Sequence[InputLine], items: Sequence[Any]) -> None:
-    """Output rows, each after its input's line number (and id, if the JSONL input had one)."""
-    from .fileio import json_text, write_text
-
-    text = "".join(
-        json_text({"line": r.line, **({"id": r.id} if r.id is not None else {}), **x}) + "\n"
-        for r, x in zip(rows, items)
-    )
-    if out is None:
-        sys.stdout.write(text)
-    else:
-        write_text(out, text)
-        print(f"wrote {len(items):,} lines to {out}", file=sys.stderr)
-
-
 def cmd_pipeline(args: argparse.Namespace) -> None:
     """Read the inputs, run the entry's Pipeline method, write JSONL rows (each with its input's
     line number, and id if the JSONL input had one) or the entry's arrays."""
     from .catalogue import ENTRIES
+    from .inputs import columns, read_inputs, write_results
     from .pipelines import Pipeline
 
     entry = ENTRIES[args.pipeline]
     inputs = [i for i in entry.inputs if not i.optional or getattr(args, i.param)]
     flags = [f"--{i.param}" for i in entry.inputs if i.optional]
     keep_tabs = getattr(args, "keep_tabs", False)
-    rows = _read_inputs(args.input, inputs, args.skip_blank, keep_tabs, "".join(flags[:1]))
-    columns = {i.param: [r.texts[k] for r in rows] for k, i in enumerate(inputs)}
+    rows = read_inputs(args.input, inputs, args.skip_blank, keep_tabs, "".join(flags[:1]))
+    texts = columns(rows, inputs)
     pipe = Pipeline(args.model, **options_of(args, Pipeline))
-    results = entry.run(pipe, columns, options_of(args, getattr(Pipeline, entry.method)))
+    results = entry.run(pipe, texts, options_of(args, getattr(Pipeline, entry.method)))
     if entry.post:
         results = entry.post(results, **options_of(args, entry.post))
-    if args.out and entry.save and args.out.endswith(entry.arrays):
-        entry.save(args.out, results)
-        if rows and rows[-1].line != len(rows):
-            kept = ", ".join(str(r.line) for r in rows[:10])
-            more = ", ..." if len(rows) > 10 else ""
-            print(f"its rows are input lines {kept}{more} (blank lines skipped)", file=sys.stderr)
-        return
-    items = [entry.row({k: v[n] for k, v in columns.items()}, r, n) for n, r in enumerate(results)]
-    _write_jsonl(args.out, rows, items)
+    write_results(entry, args.out, rows, texts, results)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -594,6 +512,7 @@ def cmd_search(args: argparse.Namespace) -> None:
     stage's, each hit with its cross-encoder score as rerank_score)."""
     from .catalogue import TEXTS
     from .fileio import refuse_overwrite
+    from .inputs import read_inputs, write_jsonl
 
     if args.rerank and args.rerank_depth < args.top_k:
         raise ConfigError(f"--rerank-depth {args.rerank_depth} is below --top-k {args.top_k}")
@@ -602,7 +521,7 @@ def cmd_search(args: argparse.Namespace) -> None:
     if args.out:
         refuse_overwrite(args.out, {"queries": args.queries}, "--out")
     index = _open_index(args)
-    rows = _read_inputs(args.queries, TEXTS, args.skip_blank)
+    rows = read_inputs(args.queries, TEXTS, args.skip_blank)
     queries = [r.texts[0] for r in rows]
     depth = args.rerank_depth if args.rerank else args.top_k
     text = bool(args.rerank or args.text)
@@ -630,7 +549,7 @@ def cmd_search(args: argparse.Namespace) -> None:
             if not args.text:
                 for h in hits:
                     h.pop("text")
-    _write_jsonl(args.out, rows, [{"query": q, "results": h} for q, h in zip(queries, results)])
+    write_jsonl(args.out, rows, [{"query": q, "results": h} for q, h in zip(queries, results)])
 
 
 def _reranked(ce: Any, query: str, hits: list[dict], top_k: int, fusion: str | None) -> list:
