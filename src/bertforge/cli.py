@@ -72,50 +72,9 @@ def args_info(p: argparse.ArgumentParser) -> None:
 
 def cmd_info(args: argparse.Namespace) -> None:
     from .catalogue import inspect
-    from .tokenizer import Tokenizer
 
     info = inspect(args.path)
-    c = info.config
-    vocab = None
-    if Tokenizer.exists(info.directory):
-        tok = Tokenizer.from_pretrained(info.directory)
-        vocab = {"size": tok.vocab_size, "cased": not tok.lowercase}
-    report = {
-        "directory": str(info.directory),
-        "model_type": c.model_type,
-        "layers": c.num_hidden_layers,
-        "hidden_size": c.hidden_size,
-        "heads": c.num_attention_heads,
-        "intermediate_size": c.intermediate_size,
-        "vocab_size": c.vocab_size,
-        "max_position_embeddings": c.max_position_embeddings,
-        "parameters": info.num_parameters,
-        "dtypes": info.dtypes,
-        "heads_present": info.heads,
-        "pipelines": info.pipelines,
-        "labels": c.id2label,
-        "vocab": vocab,
-        "weights": [str(p.name) for p in info.weights_files],
-    }
-    if args.json:
-        print(json.dumps(report, indent=2))
-        return
-    print(f"checkpoint   {info.directory}")
-    print(
-        f"encoder      {'DistilBERT' if c.model_type == 'distilbert' else 'BERT'} "
-        f"L={c.num_hidden_layers} H={c.hidden_size} A={c.num_attention_heads} "
-        f"I={c.intermediate_size} max_len={c.max_position_embeddings} act={c.hidden_act}"
-    )
-    print(f"parameters   {info.num_parameters:,} ({', '.join(info.dtypes)})")
-    print(f"heads        {', '.join(info.heads) or 'none (encoder only)'}")
-    print(f"pipelines    {', '.join(info.pipelines)}")
-    if c.id2label:
-        print(f"labels       {', '.join(c.id2label[i] for i in sorted(c.id2label))}")
-    have = "no vocab.txt or tokenizer.json"
-    if vocab:
-        have = f"{vocab['size']:,} tokens, {'cased' if vocab['cased'] else 'uncased'}"
-    print(f"vocabulary   {have} (config vocab_size {c.vocab_size:,})")
-    print(f"weights      {', '.join(p.name for p in info.weights_files)}")
+    print(json.dumps(info.report(), indent=2) if args.json else info.text())
 
 
 def args_vocab(p: argparse.ArgumentParser) -> None:
@@ -883,83 +842,43 @@ def cmd_attention(args: argparse.Namespace) -> None:
 
 
 def cmd_probe(args: argparse.Namespace) -> None:
-    from .probe import DEFAULT_CHOICES, probe
-    from .tasks import TaskOptions, family
+    from .fileio import write_json
+    from .probe import DEFAULT_CHOICES, probe, read_task, table
+    from .probe_tokens import TOKEN_CHOICES, TokenProbeOptions, probe_tagging
+    from .tasks import TaskOptions
     from .tasks.tagging import TaggingTask
-    from .tokenizer import Tokenizer
 
     options = TaskOptions(task=args.task, **options_of(args, TaskOptions))
-    fam = family(options, Tokenizer.from_pretrained(args.model))
-    train = fam.read(args.train)[: args.max_train] if args.max_train else fam.read(args.train)
-    dev = fam.read(args.dev)
+    fam, train, dev = read_task(args.model, options, args.train, args.dev, args.max_train)
+    choices = args.layers.split(";") if args.layers else None
     if isinstance(fam, TaggingTask):
-        _probe_tags(args, fam, train, dev)
-        return
-    rows = probe(
-        args.model,
-        ([e.text for e in train], [e.label for e in train]),
-        ([e.text for e in dev], [e.label for e in dev]),
-        args.layers.split(";") if args.layers else DEFAULT_CHOICES,
-        pooling=args.pooling,
-        precision=args.precision,
-    )
-    print(
-        f"{len(train):,} training and {len(dev):,} dev sentences; frozen features "
-        f"({args.pooling} pooling) in {rows[0]['feature_seconds']:.0f} s"
-    )
-    _probe_table(args, rows, "dev_accuracy", "dev accuracy", lambda x: f"{x:.4f}")
-
-
-def _probe_tags(args: argparse.Namespace, fam: Any, train: list[Any], dev: list[Any]) -> None:
-    """probe on a tagging task: token features, a BiLSTM or linear tagger, entity F1."""
-    from .probe_tokens import TOKEN_CHOICES, TokenProbeOptions, probe_tags
-
-    token_options = TokenProbeOptions(**options_of(args, TokenProbeOptions))
-    fam.set_labels(train)  # fine-tuning's tag set: --labels, else train's
-    print(
-        f"{len(train):,} training and {len(dev):,} dev sentences; "
-        f"{token_options.classifier} classifier",
-        flush=True,
-    )
-
-    def show(r: dict[str, Any]) -> None:
-        print(
-            f"{r['layers']:<22} {r['dim']:>6}  dev F1 {100 * r['f1']:6.2f}  "
-            f"(epoch {r['best_epoch']}, {r['seconds']:.0f} s)",
-            flush=True,
+        token_options = TokenProbeOptions(**options_of(args, TokenProbeOptions))
+        say = partial(print, flush=True)
+        rows = probe_tagging(
+            args.model,
+            fam,
+            train,
+            dev,
+            choices or TOKEN_CHOICES,
+            token_options,
+            log=say,
+            precision=args.precision,
         )
-
-    rows = probe_tags(
-        args.model,
-        train,
-        dev,
-        fam.labels,
-        args.layers.split(";") if args.layers else TOKEN_CHOICES,
-        token_options,
-        on_row=show,
-        log=lambda line: print(line, flush=True),
-        precision=args.precision,
-    )
-    _probe_table(args, rows, "f1", "dev entity F1", lambda x: f"{100 * x:.2f}", seconds=True)
-
-
-def _probe_table(
-    args: argparse.Namespace,
-    rows: list[dict[str, Any]],
-    key: str,
-    title: str,
-    fmt: Callable[[float], str],
-    seconds: bool = False,
-) -> None:
-    """The probe's table (rows[key] under `title`, formatted by fmt), its best row, --json."""
-    from .fileio import write_json
-
-    print(f"{'layers':<22} {'dim':>6}  {title}" + ("  seconds" if seconds else ""))
-    for r in rows:
-        time = f"  {r['seconds']:7.0f}" if seconds else ""
-        print(f"{r['layers']:<22} {r['dim']:>6}  {fmt(r[key]):>{len(title)}}{time}")
-    best = max(rows, key=lambda r: r[key])
-    print(f"best: {best['layers']} ({fmt(best[key])})")
+        print(table(rows, "f1", "dev entity F1", lambda x: f"{100 * x:.2f}", seconds=True))
+    else:
+        rows = probe(
+            args.model,
+            ([e.text for e in train], [e.label for e in train]),
+            ([e.text for e in dev], [e.label for e in dev]),
+            choices or DEFAULT_CHOICES,
+            pooling=args.pooling,
+            precision=args.precision,
+        )
+        print(
+            f"{len(train):,} training and {len(dev):,} dev sentences; frozen features "
+            f"({args.pooling} pooling) in {rows[0]['feature_seconds']:.0f} s"
+        )
+        print(table(rows, "dev_accuracy", "dev accuracy", lambda x: f"{x:.4f}"))
     if args.json:
         write_json(args.json, rows)
 

@@ -18,7 +18,7 @@ Which layer is best says how far up the network a task's information lives. Tagg
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -29,6 +29,8 @@ from .embedding import POOLINGS
 from .errors import ConfigError, check_choice
 from .model import BertModel
 from .pipelines import Pipeline
+from .tasks import TaskFamily, TaskOptions, family
+from .tokenizer import Tokenizer
 
 DEFAULT_CHOICES = ("0", "-1", "-2", "-3", "-4", "sum:-1,-2,-3,-4", "concat:-1,-2,-3,-4", "sum:all")
 
@@ -114,3 +116,31 @@ def probe(
         rows.append({"layers": choice, "dim": a.shape[1], "dev_accuracy": acc})
     rows[0]["feature_seconds"] = seconds
     return rows
+
+
+def read_task(
+    model: str, options: TaskOptions, train: str, dev: str, max_train: int | None = None
+) -> tuple[TaskFamily, list[Any], list[Any]]:
+    """The task family of `options` (with the model's tokenizer), its training examples (the
+    first max_train, if given) and its dev examples, read as fine-tuning reads them."""
+    fam = family(options, Tokenizer.from_pretrained(model))
+    examples = fam.read(train)[:max_train] if max_train else fam.read(train)
+    return fam, examples, fam.read(dev)
+
+
+def table(
+    rows: Sequence[dict[str, Any]],
+    key: str,
+    title: str,
+    fmt: Callable[[float], str],
+    seconds: bool = False,
+) -> str:
+    """The probe's table (rows[key] under `title`, formatted by fmt; with seconds, each row's
+    training time) and its best row, as `bertforge probe` prints them."""
+    lines = [f"{'layers':<22} {'dim':>6}  {title}" + ("  seconds" if seconds else "")]
+    for r in rows:
+        time = f"  {r['seconds']:7.0f}" if seconds else ""
+        lines.append(f"{r['layers']:<22} {r['dim']:>6}  {fmt(r[key]):>{len(title)}}{time}")
+    best = max(rows, key=lambda r: r[key])
+    lines.append(f"best: {best['layers']} ({fmt(best[key])})")
+    return "\n".join(lines)
