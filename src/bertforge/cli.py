@@ -20,7 +20,6 @@ pipeline verbs are one row per catalogue entry. Errors a user can cause print on
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import importlib
 import json
 import sys
@@ -36,6 +35,7 @@ from .errors import BertforgeError, ConfigError, DataError
 from .options import (
     Parser,
     add_options,
+    changed_options,
     float_list,
     given,
     join_layer_lists,
@@ -228,27 +228,19 @@ def _run_task(args: argparse.Namespace, fn: Callable[..., Any]) -> Any:
     come from the model's run.json (finetune.run_task_options)."""
     from .tasks import TaskOptions
 
-    defaults = {f.name: f.default for f in dataclasses.fields(TaskOptions)}
-    given = {k: v for k, v in options_of(args, TaskOptions).items() if v != defaults[k]}
-    return fn(args.model, args.task, args.data, out=args.out, **options_of(args, fn), **given)
+    changed = changed_options(args, TaskOptions)
+    return fn(args.model, args.task, args.data, out=args.out, **options_of(args, fn), **changed)
 
 
 def cmd_evaluate(args: argparse.Namespace) -> None:
-    from .evaluate import class_table, split_classes
+    from .evaluate import metrics_text
     from .fileio import json_text
     from .train.finetune import evaluate_model
 
     metrics = _run_task(args, evaluate_model)
-    if args.json:
-        print(json_text(metrics))
-    else:
-        overall, _ = split_classes(metrics)
-        for k, v in overall.items():
-            print(f"{k:>20}  {v:.4f}")
-        if table := class_table(metrics):
-            print(table)
-        if args.out is not None:
-            print(f"predictions in {args.out}")
+    print(json_text(metrics) if args.json else metrics_text(metrics))
+    if args.out is not None and not args.json:
+        print(f"predictions in {args.out}")
 
 
 def cmd_predict(args: argparse.Namespace) -> None:
@@ -730,8 +722,8 @@ def args_attention(p: argparse.ArgumentParser) -> None:
 
 
 def args_probe(p: argparse.ArgumentParser) -> None:
-    from .data.tasks import GLUE_TASKS
     from .embedding import POOLINGS
+    from .probe import TASKS, UNUSED_OPTIONS
     from .probe_tokens import TokenProbeOptions
     from .tasks import TaskOptions
 
@@ -752,13 +744,12 @@ def args_probe(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-train", type=int, help="use the first N training sentences")
     _inference_options(p, "precision")
     p.add_argument("--json", help="also write the table as JSON here")
-    tasks = (*(name for name, spec in GLUE_TASKS.items() if not spec.is_pair), "csv", "conll2003")
 
     def single_sentence(name: str) -> str:  # argparse's "invalid choice" would not say why
-        if name not in tasks:
+        if name not in TASKS:
             raise argparse.ArgumentTypeError(
-                f"{name!r}: probe takes single-sentence tasks: {', '.join(tasks[:-1])}; "
-                f"and tagging: {tasks[-1]}"
+                f"{name!r}: probe takes single-sentence tasks: {', '.join(TASKS[:-1])}; "
+                f"and tagging: {TASKS[-1]}"
             )
         return name
 
@@ -766,16 +757,11 @@ def args_probe(p: argparse.ArgumentParser) -> None:
         "--task",
         default="sst2",
         type=single_sentence,
-        choices=tasks,
+        choices=TASKS,
         help="a single-sentence GLUE task, csv (one text column), or conll2003 (tagging: token "
         "features, a BiLSTM or linear classifier, entity F1)",
     )
-    squad = ("doc_stride", "max_query_length", "max_answer_length", "n_best_size")
-    # what a classifier on frozen features cannot use: not offered; the features are the
-    # pipeline's (windows of the model's length), not --max-seq-length rows
-    unused = ("text_pair_column", "regression", "multi_label", "tune_threshold", "max_seq_length")
-    skip = ("task", *squad, "null_score_diff_threshold", *unused)
-    add_options(p, TaskOptions, skip=skip)
+    add_options(p, TaskOptions, skip=("task", *UNUSED_OPTIONS))
     add_options(p, TokenProbeOptions)
 
 

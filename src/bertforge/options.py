@@ -102,6 +102,13 @@ def options_of(args: argparse.Namespace, target: Any) -> dict[str, Any]:
     return {name: getattr(args, name) for name in getattr(args, _key(target))}
 
 
+def changed_options(args: argparse.Namespace, target: Any) -> dict[str, Any]:
+    """The options of a config dataclass set to other values than its defaults (those left
+    alone may come from elsewhere: a fine-tuned model's run.json)."""
+    defaults = {f.name: f.default for f in dataclasses.fields(target)}
+    return {k: v for k, v in options_of(args, target).items() if v != defaults[k]}
+
+
 def given(args: argparse.Namespace, *names: str) -> dict[str, Any]:
     """The values of options added by hand (add_argument: their dest is the parameter's name)."""
     return {name: getattr(args, name) for name in names}

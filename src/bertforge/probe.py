@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from . import embedding
+from .data.tasks import GLUE_TASKS
 from .embedding import POOLINGS
 from .errors import ConfigError, check_choice
 from .model import BertModel
@@ -33,6 +34,16 @@ from .tasks import TaskFamily, TaskOptions, family
 from .tokenizer import Tokenizer
 
 DEFAULT_CHOICES = ("0", "-1", "-2", "-3", "-4", "sum:-1,-2,-3,-4", "concat:-1,-2,-3,-4", "sum:all")
+# the tasks it takes: single-sentence GLUE tasks, a table with one text column (csv), and tagging
+# (conll2003: probe_tokens.py)
+TASKS = (*(name for name, spec in GLUE_TASKS.items() if not spec.is_pair), "csv", "conll2003")
+# the task options a classifier on frozen features cannot use (not offered): the features are
+# the pipeline's (windows of the model's length), not --max-seq-length rows
+UNUSED_OPTIONS = (
+    *("doc_stride", "max_query_length", "max_answer_length", "n_best_size"),
+    "null_score_diff_threshold",
+    *("text_pair_column", "regression", "multi_label", "tune_threshold", "max_seq_length"),
+)
 
 
 def pooled_layers(pipe: Pipeline, texts: Sequence[str], pooling: str = "mean") -> np.ndarray:
