@@ -37,12 +37,12 @@ from .options import (
     add_options,
     changed_options,
     float_list,
-    given,
     join_layer_lists,
     options_of,
     parameters,
     port,
     show_defaults,
+    values_of,
 )
 
 INFERENCE_HELP = {
@@ -381,10 +381,10 @@ def cmd_index(args: argparse.Namespace) -> None:
         fmt=CorpusFormat(args.id_field, args.text_field, args.skip_blank),
         bm25=not args.no_bm25,
         progress=not args.no_progress,
-        **given(
+        **values_of(
             args, "chunk", "window", "stride", "approximate", "batch_size", "precision", "device"
         ),
-        **given(args, "prompt_name", "prompt", "embedding_precision"),
+        **values_of(args, "prompt_name", "prompt", "embedding_precision"),
     )
     m = index.meta
     print(
@@ -590,8 +590,8 @@ def cmd_mine(args: argparse.Namespace) -> None:
         [e.positive for e in examples],
         positive_ids=[e.positive_id for e in examples] if given else None,
         sources=[e.source for e in examples],
-        **given(args, "negatives", "skip", "depth", "mode", "margin", "fusion", "alpha"),
-        **given(args, "near_duplicate", "missing"),
+        **values_of(args, "negatives", "skip", "depth", "mode", "margin", "fusion", "alpha"),
+        **values_of(args, "near_duplicate", "missing"),
     )
     kept = [  # a row's "group" kept for --group-batches, its "positive_id" for the next mine
         {"query": e.query, "positive": e.positive, "negatives": n}
@@ -796,8 +796,8 @@ def cmd_serve(args: argparse.Namespace) -> None:
         args.model,
         limits=Limits(**options_of(args, Limits)),
         access=Access(**options_of(args, Access)),
-        **given(args, "host", "port", "index", "index_model", "calibration"),
-        **given(args, "precision", "device"),
+        **values_of(args, "host", "port", "index", "index_model", "calibration"),
+        **values_of(args, "precision", "device"),
     )
 
 

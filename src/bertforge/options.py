@@ -109,7 +109,7 @@ def changed_options(args: argparse.Namespace, target: Any) -> dict[str, Any]:
     return {k: v for k, v in options_of(args, target).items() if v != defaults[k]}
 
 
-def given(args: argparse.Namespace, *names: str) -> dict[str, Any]:
+def values_of(args: argparse.Namespace, *names: str) -> dict[str, Any]:
     """The values of options added by hand (add_argument: their dest is the parameter's name)."""
     return {name: getattr(args, name) for name in names}
 
@@ -181,10 +181,10 @@ def add_options(
 
 def port(text: str) -> int:
     """A TCP port (1-65535), else argparse's usage error."""
-    port = int(text) if text.strip().isdigit() else -1
-    if not 1 <= port <= 65535:
+    number = int(text) if text.strip().isdigit() else -1
+    if not 1 <= number <= 65535:
         raise argparse.ArgumentTypeError(f"{text!r}: a TCP port is an integer in 1-65535")
-    return port
+    return number
 
 
 def _numbers(kind: type, text: str) -> tuple[Any, ...]:

@@ -150,8 +150,8 @@ def table(
     training time) and its best row, as `bertforge probe` prints them."""
     lines = [f"{'layers':<22} {'dim':>6}  {title}" + ("  seconds" if seconds else "")]
     for r in rows:
-        time = f"  {r['seconds']:7.0f}" if seconds else ""
-        lines.append(f"{r['layers']:<22} {r['dim']:>6}  {fmt(r[key]):>{len(title)}}{time}")
+        took = f"  {r['seconds']:7.0f}" if seconds else ""
+        lines.append(f"{r['layers']:<22} {r['dim']:>6}  {fmt(r[key]):>{len(title)}}{took}")
     best = max(rows, key=lambda r: r[key])
     lines.append(f"best: {best['layers']} ({fmt(best[key])})")
     return "\n".join(lines)
