@@ -27,7 +27,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("model", frozenset({"model", "heads"})),
     ("tasks", frozenset({"tasks"})),
     ("training and the catalogue", frozenset({"train", "catalogue"})),
-    ("pipelines", frozenset({"pipelines"})),
+    ("pipelines", frozenset({"pipelines", "inputs"})),
     (
         "applications",
         frozenset({"search", "probe", "probe_tokens", "export", "merge", "attention"}),

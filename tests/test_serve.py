@@ -814,7 +814,8 @@ def test_the_three_rerank_apis_share_one_batcher(
 def test_no_access_log(classifier: Path, caplog: pytest.LogCaptureFixture) -> None:
     from fastapi.testclient import TestClient
 
-    from bertforge.cli import build_parser, options_of
+    from bertforge.cli import build_parser
+    from bertforge.options import options_of
     from bertforge.serve import Access, create_app
 
     args = build_parser().parse_args(["serve", "m", "--no-access-log", "--api-key", "k"])

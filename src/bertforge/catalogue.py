@@ -316,6 +316,58 @@ class CheckpointInfo:
     weights_files: list[Path]
     pipelines: list[str]  # the pipelines of this table its architecture serves
 
+    def vocabulary(self) -> dict[str, Any] | None:
+        """The directory's vocabulary: its size and whether it is cased (None: it has none)."""
+        from .tokenizer import Tokenizer
+
+        if not Tokenizer.exists(self.directory):
+            return None
+        tok = Tokenizer.from_pretrained(self.directory)
+        return {"size": tok.vocab_size, "cased": not tok.lowercase}
+
+    def report(self) -> dict[str, Any]:
+        """What `bertforge info --json` prints: the encoder's shape, parameters, heads,
+        pipelines, labels, vocabulary and weights files."""
+        c = self.config
+        return {
+            "directory": str(self.directory),
+            "model_type": c.model_type,
+            "layers": c.num_hidden_layers,
+            "hidden_size": c.hidden_size,
+            "heads": c.num_attention_heads,
+            "intermediate_size": c.intermediate_size,
+            "vocab_size": c.vocab_size,
+            "max_position_embeddings": c.max_position_embeddings,
+            "parameters": self.num_parameters,
+            "dtypes": self.dtypes,
+            "heads_present": self.heads,
+            "pipelines": self.pipelines,
+            "labels": c.id2label,
+            "vocab": self.vocabulary(),
+            "weights": [str(p.name) for p in self.weights_files],
+        }
+
+    def text(self) -> str:
+        """What `bertforge info` prints: the same, one line per subject."""
+        c, vocab = self.config, self.vocabulary()
+        lines = [
+            f"checkpoint   {self.directory}",
+            f"encoder      {'DistilBERT' if c.model_type == 'distilbert' else 'BERT'} "
+            f"L={c.num_hidden_layers} H={c.hidden_size} A={c.num_attention_heads} "
+            f"I={c.intermediate_size} max_len={c.max_position_embeddings} act={c.hidden_act}",
+            f"parameters   {self.num_parameters:,} ({', '.join(self.dtypes)})",
+            f"heads        {', '.join(self.heads) or 'none (encoder only)'}",
+            f"pipelines    {', '.join(self.pipelines)}",
+        ]
+        if c.id2label:
+            lines.append(f"labels       {', '.join(c.id2label[i] for i in sorted(c.id2label))}")
+        have = "no vocab.txt or tokenizer.json"
+        if vocab:
+            have = f"{vocab['size']:,} tokens, {'cased' if vocab['cased'] else 'uncased'}"
+        lines.append(f"vocabulary   {have} (config vocab_size {c.vocab_size:,})")
+        lines.append(f"weights      {', '.join(p.name for p in self.weights_files)}")
+        return "\n".join(lines)
+
 
 def inspect(path: str | os.PathLike[str]) -> CheckpointInfo:
     """What a checkpoint can do: config, parameter count, heads and the pipelines it serves,

@@ -12,7 +12,7 @@
 
 `commands()` is the table: each command's name, its one-line description, the function that
 adds its arguments (`args_*`, beside the command) and the function that runs it (`cmd_*`).
-Options come from the config dataclasses and the functions' signatures (add_options); the
+Options come from the config dataclasses and the functions' signatures (options.py); the
 pipeline verbs are one row per catalogue entry. Errors a user can cause print one line
 (`bertforge: error: ...`) and exit with status 2.
 """
@@ -20,39 +20,36 @@ pipeline verbs are one row per catalogue entry. Errors a user can cause print on
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import importlib
-import inspect
 import json
-import re
 import sys
 import warnings
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from . import __version__
 from .data.corpus import expand_inputs
 from .errors import BertforgeError, ConfigError, DataError
-from .options import annotation_kind
+from .options import (
+    Parser,
+    add_options,
+    changed_options,
+    float_list,
+    join_layer_lists,
+    options_of,
+    parameters,
+    port,
+    show_defaults,
+    values_of,
+)
 
 INFERENCE_HELP = {
     "device": "cpu, cuda, cuda:1 (default: a GPU if there is one)",
     "precision": "auto: bf16 where the device has bf16 arithmetic, else fp32",
 }
 ENCODING_HELP = "bytes that are not UTF-8: stop (strict), replace or ignore"
-
-
-def options_of(args: argparse.Namespace, target: Any) -> dict[str, Any]:
-    """The values of the options add_options made for `target`, read from args by name (a
-    renamed parameter renames its option; nothing is filtered away silently)."""
-    return {name: getattr(args, name) for name in getattr(args, _key(target))}
-
-
-def _given(args: argparse.Namespace, *names: str) -> dict[str, Any]:
-    """The values of options added by hand (add_argument: their dest is the parameter's name)."""
-    return {name: getattr(args, name) for name in names}
 
 
 def _inference_options(p: argparse.ArgumentParser, *names: str) -> None:
@@ -75,50 +72,9 @@ def args_info(p: argparse.ArgumentParser) -> None:
 
 def cmd_info(args: argparse.Namespace) -> None:
     from .catalogue import inspect
-    from .tokenizer import Tokenizer
 
     info = inspect(args.path)
-    c = info.config
-    vocab = None
-    if Tokenizer.exists(info.directory):
-        tok = Tokenizer.from_pretrained(info.directory)
-        vocab = {"size": tok.vocab_size, "cased": not tok.lowercase}
-    report = {
-        "directory": str(info.directory),
-        "model_type": c.model_type,
-        "layers": c.num_hidden_layers,
-        "hidden_size": c.hidden_size,
-        "heads": c.num_attention_heads,
-        "intermediate_size": c.intermediate_size,
-        "vocab_size": c.vocab_size,
-        "max_position_embeddings": c.max_position_embeddings,
-        "parameters": info.num_parameters,
-        "dtypes": info.dtypes,
-        "heads_present": info.heads,
-        "pipelines": info.pipelines,
-        "labels": c.id2label,
-        "vocab": vocab,
-        "weights": [str(p.name) for p in info.weights_files],
-    }
-    if args.json:
-        print(json.dumps(report, indent=2))
-        return
-    print(f"checkpoint   {info.directory}")
-    print(
-        f"encoder      {'DistilBERT' if c.model_type == 'distilbert' else 'BERT'} "
-        f"L={c.num_hidden_layers} H={c.hidden_size} A={c.num_attention_heads} "
-        f"I={c.intermediate_size} max_len={c.max_position_embeddings} act={c.hidden_act}"
-    )
-    print(f"parameters   {info.num_parameters:,} ({', '.join(info.dtypes)})")
-    print(f"heads        {', '.join(info.heads) or 'none (encoder only)'}")
-    print(f"pipelines    {', '.join(info.pipelines)}")
-    if c.id2label:
-        print(f"labels       {', '.join(c.id2label[i] for i in sorted(c.id2label))}")
-    have = "no vocab.txt or tokenizer.json"
-    if vocab:
-        have = f"{vocab['size']:,} tokens, {'cased' if vocab['cased'] else 'uncased'}"
-    print(f"vocabulary   {have} (config vocab_size {c.vocab_size:,})")
-    print(f"weights      {', '.join(p.name for p in info.weights_files)}")
+    print(json.dumps(info.report(), indent=2) if args.json else info.text())
 
 
 def args_vocab(p: argparse.ArgumentParser) -> None:
@@ -272,27 +228,19 @@ def _run_task(args: argparse.Namespace, fn: Callable[..., Any]) -> Any:
     come from the model's run.json (finetune.run_task_options)."""
     from .tasks import TaskOptions
 
-    defaults = {f.name: f.default for f in dataclasses.fields(TaskOptions)}
-    given = {k: v for k, v in options_of(args, TaskOptions).items() if v != defaults[k]}
-    return fn(args.model, args.task, args.data, out=args.out, **options_of(args, fn), **given)
+    changed = changed_options(args, TaskOptions)
+    return fn(args.model, args.task, args.data, out=args.out, **options_of(args, fn), **changed)
 
 
 def cmd_evaluate(args: argparse.Namespace) -> None:
-    from .evaluate import class_table, split_classes
+    from .evaluate import metrics_text
     from .fileio import json_text
     from .train.finetune import evaluate_model
 
     metrics = _run_task(args, evaluate_model)
-    if args.json:
-        print(json_text(metrics))
-    else:
-        overall, _ = split_classes(metrics)
-        for k, v in overall.items():
-            print(f"{k:>20}  {v:.4f}")
-        if table := class_table(metrics):
-            print(table)
-        if args.out is not None:
-            print(f"predictions in {args.out}")
+    print(json_text(metrics) if args.json else metrics_text(metrics))
+    if args.out is not None and not args.json:
+        print(f"predictions in {args.out}")
 
 
 def cmd_predict(args: argparse.Namespace) -> None:
@@ -344,113 +292,31 @@ def args_pipeline(p: argparse.ArgumentParser, name: str) -> None:
             "--keep-tabs", action="store_true", help="a tab is part of the text (default: an error)"
         )
     method = getattr(Pipeline, entry.method)
-    hidden = [name for name, *_ in _parameters(method) if name not in entry.options]
+    hidden = [name for name, *_ in parameters(method) if name not in entry.options]
     add_options(p, method, skip=hidden, choices=entry.choices, help=entry.options)
     if entry.post:  # e.g. embed's --embedding-precision
         add_options(p, entry.post, choices=entry.choices, help=entry.post_options)
     p.set_defaults(pipeline=name)
 
 
-@dataclasses.dataclass
-class InputLine:
-    """One input of a pipeline command: its line number, its id (a JSONL line's "id"), texts."""
-
-    line: int
-    id: Any
-    texts: tuple[str, ...]
-
-
-def _read_inputs(
-    path: str,
-    inputs: Sequence[Any],
-    skip_blank: bool = False,
-    keep_tabs: bool = False,
-    pair_flag: str = "",
-) -> list[InputLine]:
-    """Inputs of a pipeline command, one per line: JSONL objects with the inputs' fields (file
-    ends in .jsonl), or lines of text (several inputs: tab-separated); "-" reads stdin, checked
-    for UTF-8 as files are. Every line is one input, so output rows answer input lines one to
-    one: a blank line is an error unless skip_blank (then each output row's "line" says which
-    line it answers); a tab in a single-text line is an error unless keep_tabs (a TSV line given
-    without --pairs would otherwise be read as one text, its other columns included)."""
-    from .fileio import read_lines
-
-    names = [i.field for i in inputs]
-    where = "<stdin>" if path == "-" else path
-    rows: list[InputLine] = []
-    for lineno, line in read_lines(Path(path), hint=""):
-        at = f"{where}: line {lineno}"
-        if not line.strip():
-            if skip_blank:
-                continue
-            raise DataError(
-                f"{at}: blank line: remove it, or pass --skip-blank to drop blank lines (each "
-                "output row then carries its line number)"
-            )
-        if where.endswith(".jsonl"):
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{at}: invalid JSON: {e.msg}") from None
-            if not isinstance(obj, dict):
-                raise DataError(f"{at}: expected a JSON object with {', '.join(names)}")
-            missing = [n for n in names if not isinstance(obj.get(n), str)]
-            if missing:
-                raise DataError(f'{at}: field "{missing[0]}": missing or not text')
-            rows.append(InputLine(lineno, obj.get("id"), tuple(obj[n] for n in names)))
-            continue
-        parts = line.split("\t") if len(names) > 1 else [line]
-        if len(parts) != len(names) or (len(names) == 1 and "\t" in line and not keep_tabs):
-            pairs = f"TEXT<TAB>PAIR: {pair_flag}; " if pair_flag else ""
-            hint = f" ({pairs}a tab inside the text: --keep-tabs)"
-            raise DataError(
-                f"{at}: {line.count(chr(9)) + 1} tab-separated fields, expected {len(names)} "
-                f"({', '.join(names)}){hint if len(names) == 1 else ''}"
-            )
-        rows.append(InputLine(lineno, None, tuple(parts)))
-    return rows
-
-
-def _write_jsonl(out: str | None, rows: Sequence[InputLine], items: Sequence[Any]) -> None:
-    """Output rows, each after its input's line number (and id, if the JSONL input had one)."""
-    from .fileio import json_text, write_text
-
-    text = "".join(
-        json_text({"line": r.line, **({"id": r.id} if r.id is not None else {}), **x}) + "\n"
-        for r, x in zip(rows, items)
-    )
-    if out is None:
-        sys.stdout.write(text)
-    else:
-        write_text(out, text)
-        print(f"wrote {len(items):,} lines to {out}", file=sys.stderr)
-
-
 def cmd_pipeline(args: argparse.Namespace) -> None:
     """Read the inputs, run the entry's Pipeline method, write JSONL rows (each with its input's
     line number, and id if the JSONL input had one) or the entry's arrays."""
     from .catalogue import ENTRIES
+    from .inputs import columns, read_inputs, write_results
     from .pipelines import Pipeline
 
     entry = ENTRIES[args.pipeline]
     inputs = [i for i in entry.inputs if not i.optional or getattr(args, i.param)]
     flags = [f"--{i.param}" for i in entry.inputs if i.optional]
     keep_tabs = getattr(args, "keep_tabs", False)
-    rows = _read_inputs(args.input, inputs, args.skip_blank, keep_tabs, "".join(flags[:1]))
-    columns = {i.param: [r.texts[k] for r in rows] for k, i in enumerate(inputs)}
+    rows = read_inputs(args.input, inputs, args.skip_blank, keep_tabs, "".join(flags[:1]))
+    texts = columns(rows, inputs)
     pipe = Pipeline(args.model, **options_of(args, Pipeline))
-    results = entry.run(pipe, columns, options_of(args, getattr(Pipeline, entry.method)))
+    results = entry.run(pipe, texts, options_of(args, getattr(Pipeline, entry.method)))
     if entry.post:
         results = entry.post(results, **options_of(args, entry.post))
-    if args.out and entry.save and args.out.endswith(entry.arrays):
-        entry.save(args.out, results)
-        if rows and rows[-1].line != len(rows):
-            kept = ", ".join(str(r.line) for r in rows[:10])
-            more = ", ..." if len(rows) > 10 else ""
-            print(f"its rows are input lines {kept}{more} (blank lines skipped)", file=sys.stderr)
-        return
-    items = [entry.row({k: v[n] for k, v in columns.items()}, r, n) for n, r in enumerate(results)]
-    _write_jsonl(args.out, rows, items)
+    write_results(entry, args.out, rows, texts, results)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -515,10 +381,10 @@ def cmd_index(args: argparse.Namespace) -> None:
         fmt=CorpusFormat(args.id_field, args.text_field, args.skip_blank),
         bm25=not args.no_bm25,
         progress=not args.no_progress,
-        **_given(
+        **values_of(
             args, "chunk", "window", "stride", "approximate", "batch_size", "precision", "device"
         ),
-        **_given(args, "prompt_name", "prompt", "embedding_precision"),
+        **values_of(args, "prompt_name", "prompt", "embedding_precision"),
     )
     m = index.meta
     print(
@@ -597,6 +463,7 @@ def cmd_search(args: argparse.Namespace) -> None:
     stage's, each hit with its cross-encoder score as rerank_score)."""
     from .catalogue import TEXTS
     from .fileio import refuse_overwrite
+    from .inputs import read_inputs, write_jsonl
 
     if args.rerank and args.rerank_depth < args.top_k:
         raise ConfigError(f"--rerank-depth {args.rerank_depth} is below --top-k {args.top_k}")
@@ -605,7 +472,7 @@ def cmd_search(args: argparse.Namespace) -> None:
     if args.out:
         refuse_overwrite(args.out, {"queries": args.queries}, "--out")
     index = _open_index(args)
-    rows = _read_inputs(args.queries, TEXTS, args.skip_blank)
+    rows = read_inputs(args.queries, TEXTS, args.skip_blank)
     queries = [r.texts[0] for r in rows]
     depth = args.rerank_depth if args.rerank else args.top_k
     text = bool(args.rerank or args.text)
@@ -616,7 +483,7 @@ def cmd_search(args: argparse.Namespace) -> None:
         from .search import rerank
 
         results = rerank(args.rerank, queries, results, args.top_k, args.rerank_fuse, args.text)
-    _write_jsonl(args.out, rows, [{"query": q, "results": h} for q, h in zip(queries, results)])
+    write_jsonl(args.out, rows, [{"query": q, "results": h} for q, h in zip(queries, results)])
 
 
 def args_mine(p: argparse.ArgumentParser) -> None:
@@ -673,8 +540,8 @@ def cmd_mine(args: argparse.Namespace) -> None:
     found = mine_examples(
         index,
         examples,
-        **_given(args, "negatives", "skip", "depth", "mode", "margin", "fusion", "alpha"),
-        **_given(args, "near_duplicate", "missing"),
+        **values_of(args, "negatives", "skip", "depth", "mode", "margin", "fusion", "alpha"),
+        **values_of(args, "near_duplicate", "missing"),
     )
     groups = mined_groups(examples, found)
     said = mining_report(found, examples, args.missing, args.negatives)
@@ -695,7 +562,7 @@ def args_serve(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("model", help="model directory")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=_port, default=8000, help="TCP port, 1-65535")
+    p.add_argument("--port", type=port, default=8000, help="TCP port, 1-65535")
     p.add_argument(
         "--index",
         help="an index directory (bertforge index) of this model: POST /search",
@@ -736,7 +603,7 @@ def args_merge(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="the new model directory")
     p.add_argument(
         "--weights",
-        type=_float_list,
+        type=float_list,
         help="one weight per model, e.g. 0.9,0.1 (scaled to sum to 1; default: equal)",
     )
 
@@ -759,8 +626,8 @@ def args_attention(p: argparse.ArgumentParser) -> None:
 
 
 def args_probe(p: argparse.ArgumentParser) -> None:
-    from .data.tasks import GLUE_TASKS
     from .embedding import POOLINGS
+    from .probe import TASKS, UNUSED_OPTIONS
     from .probe_tokens import TokenProbeOptions
     from .tasks import TaskOptions
 
@@ -781,13 +648,12 @@ def args_probe(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-train", type=int, help="use the first N training sentences")
     _inference_options(p, "precision")
     p.add_argument("--json", help="also write the table as JSON here")
-    tasks = (*(name for name, spec in GLUE_TASKS.items() if not spec.is_pair), "csv", "conll2003")
 
     def single_sentence(name: str) -> str:  # argparse's "invalid choice" would not say why
-        if name not in tasks:
+        if name not in TASKS:
             raise argparse.ArgumentTypeError(
-                f"{name!r}: probe takes single-sentence tasks: {', '.join(tasks[:-1])}; "
-                f"and tagging: {tasks[-1]}"
+                f"{name!r}: probe takes single-sentence tasks: {', '.join(TASKS[:-1])}; "
+                f"and tagging: {TASKS[-1]}"
             )
         return name
 
@@ -795,16 +661,11 @@ def args_probe(p: argparse.ArgumentParser) -> None:
         "--task",
         default="sst2",
         type=single_sentence,
-        choices=tasks,
+        choices=TASKS,
         help="a single-sentence GLUE task, csv (one text column), or conll2003 (tagging: token "
         "features, a BiLSTM or linear classifier, entity F1)",
     )
-    squad = ("doc_stride", "max_query_length", "max_answer_length", "n_best_size")
-    # what a classifier on frozen features cannot use: not offered; the features are the
-    # pipeline's (windows of the model's length), not --max-seq-length rows
-    unused = ("text_pair_column", "regression", "multi_label", "tune_threshold", "max_seq_length")
-    skip = ("task", *squad, "null_score_diff_threshold", *unused)
-    add_options(p, TaskOptions, skip=skip)
+    add_options(p, TaskOptions, skip=("task", *UNUSED_OPTIONS))
     add_options(p, TokenProbeOptions)
 
 
@@ -839,8 +700,8 @@ def cmd_serve(args: argparse.Namespace) -> None:
         args.model,
         limits=Limits(**options_of(args, Limits)),
         access=Access(**options_of(args, Access)),
-        **_given(args, "host", "port", "index", "index_model", "calibration"),
-        **_given(args, "precision", "device"),
+        **values_of(args, "host", "port", "index", "index_model", "calibration"),
+        **values_of(args, "precision", "device"),
     )
 
 
@@ -871,83 +732,43 @@ def cmd_attention(args: argparse.Namespace) -> None:
 
 
 def cmd_probe(args: argparse.Namespace) -> None:
-    from .probe import DEFAULT_CHOICES, probe
-    from .tasks import TaskOptions, family
+    from .fileio import write_json
+    from .probe import DEFAULT_CHOICES, probe, read_task, table
+    from .probe_tokens import TOKEN_CHOICES, TokenProbeOptions, probe_tagging
+    from .tasks import TaskOptions
     from .tasks.tagging import TaggingTask
-    from .tokenizer import Tokenizer
 
     options = TaskOptions(task=args.task, **options_of(args, TaskOptions))
-    fam = family(options, Tokenizer.from_pretrained(args.model))
-    train = fam.read(args.train)[: args.max_train] if args.max_train else fam.read(args.train)
-    dev = fam.read(args.dev)
+    fam, train, dev = read_task(args.model, options, args.train, args.dev, args.max_train)
+    choices = args.layers.split(";") if args.layers else None
     if isinstance(fam, TaggingTask):
-        _probe_tags(args, fam, train, dev)
-        return
-    rows = probe(
-        args.model,
-        ([e.text for e in train], [e.label for e in train]),
-        ([e.text for e in dev], [e.label for e in dev]),
-        args.layers.split(";") if args.layers else DEFAULT_CHOICES,
-        pooling=args.pooling,
-        precision=args.precision,
-    )
-    print(
-        f"{len(train):,} training and {len(dev):,} dev sentences; frozen features "
-        f"({args.pooling} pooling) in {rows[0]['feature_seconds']:.0f} s"
-    )
-    _probe_table(args, rows, "dev_accuracy", "dev accuracy", lambda x: f"{x:.4f}")
-
-
-def _probe_tags(args: argparse.Namespace, fam: Any, train: list[Any], dev: list[Any]) -> None:
-    """probe on a tagging task: token features, a BiLSTM or linear tagger, entity F1."""
-    from .probe_tokens import TOKEN_CHOICES, TokenProbeOptions, probe_tags
-
-    token_options = TokenProbeOptions(**options_of(args, TokenProbeOptions))
-    fam.set_labels(train)  # fine-tuning's tag set: --labels, else train's
-    print(
-        f"{len(train):,} training and {len(dev):,} dev sentences; "
-        f"{token_options.classifier} classifier",
-        flush=True,
-    )
-
-    def show(r: dict[str, Any]) -> None:
-        print(
-            f"{r['layers']:<22} {r['dim']:>6}  dev F1 {100 * r['f1']:6.2f}  "
-            f"(epoch {r['best_epoch']}, {r['seconds']:.0f} s)",
-            flush=True,
+        token_options = TokenProbeOptions(**options_of(args, TokenProbeOptions))
+        say = partial(print, flush=True)
+        rows = probe_tagging(
+            args.model,
+            fam,
+            train,
+            dev,
+            choices or TOKEN_CHOICES,
+            token_options,
+            log=say,
+            precision=args.precision,
         )
-
-    rows = probe_tags(
-        args.model,
-        train,
-        dev,
-        fam.labels,
-        args.layers.split(";") if args.layers else TOKEN_CHOICES,
-        token_options,
-        on_row=show,
-        log=lambda line: print(line, flush=True),
-        precision=args.precision,
-    )
-    _probe_table(args, rows, "f1", "dev entity F1", lambda x: f"{100 * x:.2f}", seconds=True)
-
-
-def _probe_table(
-    args: argparse.Namespace,
-    rows: list[dict[str, Any]],
-    key: str,
-    title: str,
-    fmt: Callable[[float], str],
-    seconds: bool = False,
-) -> None:
-    """The probe's table (rows[key] under `title`, formatted by fmt), its best row, --json."""
-    from .fileio import write_json
-
-    print(f"{'layers':<22} {'dim':>6}  {title}" + ("  seconds" if seconds else ""))
-    for r in rows:
-        time = f"  {r['seconds']:7.0f}" if seconds else ""
-        print(f"{r['layers']:<22} {r['dim']:>6}  {fmt(r[key]):>{len(title)}}{time}")
-    best = max(rows, key=lambda r: r[key])
-    print(f"best: {best['layers']} ({fmt(best[key])})")
+        print(table(rows, "f1", "dev entity F1", lambda x: f"{100 * x:.2f}", seconds=True))
+    else:
+        rows = probe(
+            args.model,
+            ([e.text for e in train], [e.label for e in train]),
+            ([e.text for e in dev], [e.label for e in dev]),
+            choices or DEFAULT_CHOICES,
+            pooling=args.pooling,
+            precision=args.precision,
+        )
+        print(
+            f"{len(train):,} training and {len(dev):,} dev sentences; frozen features "
+            f"({args.pooling} pooling) in {rows[0]['feature_seconds']:.0f} s"
+        )
+        print(table(rows, "dev_accuracy", "dev accuracy", lambda x: f"{x:.4f}"))
     if args.json:
         write_json(args.json, rows)
 
@@ -1013,7 +834,7 @@ def commands() -> list[Command]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = Parser(
         prog="bertforge",
         description="BERT (Devlin et al., 2018): tokenize, pre-train, fine-tune, extract "
         "features, serve.",
@@ -1024,143 +845,13 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=text, description=text)
         arguments(p)
         p.set_defaults(func=command)
-    _show_defaults(parser)
+    show_defaults(parser)
     return parser
-
-
-_REQUIRED = inspect.Parameter.empty  # a parameter without a default: a required option
-_BOOL_ACTIONS = {None: argparse.BooleanOptionalAction, True: "store_false", False: "store_true"}
-
-
-def _parameters(target: Any) -> list[tuple[str, Any, Any, dict[str, Any]]]:
-    """(name, default or inspect.Parameter.empty, annotation, field metadata) of each parameter
-    of a config dataclass (its fields that are options) or a function (those with a default)."""
-    meta = (
-        {f.name: dict(f.metadata) for f in dataclasses.fields(target)}
-        if dataclasses.is_dataclass(target)
-        else {}
-    )
-    out = []
-    for name, param in inspect.signature(target).parameters.items():
-        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD) or name == "self":
-            continue
-        m = meta.get(name, {})  # empty for a field not made by options.option
-        if (meta and not m) or (not meta and param.default is param.empty):
-            continue
-        out.append((name, param.default, param.annotation, m))
-    return out
-
-
-def add_options(
-    p: argparse._ActionsContainer,
-    target: Any,
-    *,
-    skip: Sequence[str] = (),
-    flags: dict[str, str] | None = None,
-    help: dict[str, str] | None = None,
-    choices: dict[str, Sequence[Any]] | None = None,
-) -> None:
-    """Options for the parameters of `target`, a config dataclass (its fields: default, type,
-    help and choices from options.option) or a function (keyword parameters: default and type
-    from its signature; help, and choices from their source lists, given here). The names go
-    to args._options_<target>, which options_of reads back."""
-    names = []
-    params = _parameters(target)  # the required ones first: they lead the usage line
-    for name, default, annotation, m in sorted(params, key=lambda x: x[1] is not _REQUIRED):
-        if name in skip:
-            continue
-        kind, _ = annotation_kind(annotation)
-        required = default is _REQUIRED
-        flag = m.get("flag") or (flags or {}).get(name) or "--" + name.replace("_", "-")
-        text = m.get("help") or (help or {}).get(name)
-        if kind is bool:  # a flag; with default None (the model's own): --x / --no-x
-            action = _BOOL_ACTIONS[default]
-            p.add_argument(flag, dest=name, action=action, default=default, help=text)
-        elif "Sequence[int]" in str(annotation):  # "-1,-2,-3" -> (-1, -2, -3)
-            p.add_argument(flag, dest=name, type=_int_list, default=default, help=text)
-        else:
-            allowed = m.get("choices") or (choices or {}).get(name)
-            p.add_argument(
-                flag,
-                dest=name,
-                type=kind,
-                default=None if required else default,
-                required=required,
-                choices=allowed,
-                help=text,
-            )
-        names.append(name)
-    p.set_defaults(**{_key(target): [*getattr(p, "_defaults", {}).get(_key(target), []), *names]})
-
-
-def _port(text: str) -> int:
-    port = int(text) if text.strip().isdigit() else -1
-    if not 1 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"{text!r}: a TCP port is an integer in 1-65535")
-    return port
-
-
-def _numbers(kind: type, text: str) -> tuple[Any, ...]:
-    """ "1,2,3" (or "1;2;3") as a tuple of `kind` (int or float), else argparse's usage error."""
-    try:
-        values = tuple(kind(x) for x in text.replace(";", ",").split(",") if x.strip())
-        if not values:
-            raise ValueError
-        return values
-    except ValueError:
-        what = "integers" if kind is int else "numbers"
-        raise argparse.ArgumentTypeError(f"{text!r}: expected {what} separated by commas") from None
-
-
-_int_list, _float_list = partial(_numbers, int), partial(_numbers, float)
-
-
-def _key(target: Any) -> str:
-    return "_options_" + target.__qualname__.replace(".", "_")
-
-
-class _Parser(argparse.ArgumentParser):
-    """Usage errors in one line on stderr, exit status 2 (as every error a user can cause)."""
-
-    def error(self, message: str) -> NoReturn:
-        where = self.prog.removeprefix("bertforge ")
-        self.exit(2, f"bertforge: error: {where}: {message} (see --help)\n")
-
-
-def _show_defaults(parser: argparse.ArgumentParser) -> None:
-    """Every option's --help says its default, unless its help text already does."""
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for child in set(action.choices.values()):
-                _show_defaults(child)
-            continue
-        if (
-            not action.option_strings
-            or any(action.default is v for v in (None, False, argparse.SUPPRESS))
-            or isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction))
-            or "default" in (action.help or "")
-        ):
-            continue
-        action.help = (
-            f"{action.help} (default: %(default)s)" if action.help else "default: %(default)s"
-        )
-
-
-def _join_layer_lists(argv: list[str]) -> list[str]:
-    """`--layers -1,-2` (or `-1;-2`) as `--layers=-1,-2`: argparse reads "-1,-2" as an option
-    (only a plain "-1" looks like a negative number to it)."""
-    out: list[str] = []
-    for arg in argv:
-        if out and out[-1] == "--layers" and re.match(r"-\d", arg):
-            out[-1] = f"--layers={arg}"
-        else:
-            out.append(arg)
-    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(_join_layer_lists(list(sys.argv[1:] if argv is None else argv)))
+    args = parser.parse_args(join_layer_lists(list(sys.argv[1:] if argv is None else argv)))
     if not getattr(args, "func", None):
         parser.print_help()
         return 0

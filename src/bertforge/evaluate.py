@@ -258,6 +258,14 @@ def class_table(scores: Mapping[str, float]) -> str:
     return "\n".join(lines)
 
 
+def metrics_text(scores: Mapping[str, float]) -> str:
+    """A metrics dict as `bertforge evaluate` prints it: each score of no class on a line of
+    its own, then the per-class table (class_table)."""
+    overall, _ = split_classes(scores)
+    lines = [f"{k:>20}  {v:.4f}" for k, v in overall.items()]
+    return "\n".join([*lines, *filter(None, [class_table(scores)])])
+
+
 def single_class(scores: Mapping[str, float]) -> str | None:
     """The class a single-label classifier predicted for every row (class_scores' n_pred) when
     the references hold more than one class; None otherwise."""

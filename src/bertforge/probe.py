@@ -18,19 +18,32 @@ Which layer is best says how far up the network a task's information lives. Tagg
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
 from . import embedding
+from .data.tasks import GLUE_TASKS
 from .embedding import POOLINGS
 from .errors import ConfigError, check_choice
 from .model import BertModel
 from .pipelines import Pipeline
+from .tasks import TaskFamily, TaskOptions, family
+from .tokenizer import Tokenizer
 
 DEFAULT_CHOICES = ("0", "-1", "-2", "-3", "-4", "sum:-1,-2,-3,-4", "concat:-1,-2,-3,-4", "sum:all")
+# the tasks it takes: single-sentence GLUE tasks, a table with one text column (csv), and tagging
+# (conll2003: probe_tokens.py)
+TASKS = (*(name for name, spec in GLUE_TASKS.items() if not spec.is_pair), "csv", "conll2003")
+# the task options a classifier on frozen features cannot use (not offered): the features are
+# the pipeline's (windows of the model's length), not --max-seq-length rows
+UNUSED_OPTIONS = (
+    *("doc_stride", "max_query_length", "max_answer_length", "n_best_size"),
+    "null_score_diff_threshold",
+    *("text_pair_column", "regression", "multi_label", "tune_threshold", "max_seq_length"),
+)
 
 
 def pooled_layers(pipe: Pipeline, texts: Sequence[str], pooling: str = "mean") -> np.ndarray:
@@ -114,3 +127,31 @@ def probe(
         rows.append({"layers": choice, "dim": a.shape[1], "dev_accuracy": acc})
     rows[0]["feature_seconds"] = seconds
     return rows
+
+
+def read_task(
+    model: str, options: TaskOptions, train: str, dev: str, max_train: int | None = None
+) -> tuple[TaskFamily, list[Any], list[Any]]:
+    """The task family of `options` (with the model's tokenizer), its training examples (the
+    first max_train, if given) and its dev examples, read as fine-tuning reads them."""
+    fam = family(options, Tokenizer.from_pretrained(model))
+    examples = fam.read(train)[:max_train] if max_train else fam.read(train)
+    return fam, examples, fam.read(dev)
+
+
+def table(
+    rows: Sequence[dict[str, Any]],
+    key: str,
+    title: str,
+    fmt: Callable[[float], str],
+    seconds: bool = False,
+) -> str:
+    """The probe's table (rows[key] under `title`, formatted by fmt; with seconds, each row's
+    training time) and its best row, as `bertforge probe` prints them."""
+    lines = [f"{'layers':<22} {'dim':>6}  {title}" + ("  seconds" if seconds else "")]
+    for r in rows:
+        took = f"  {r['seconds']:7.0f}" if seconds else ""
+        lines.append(f"{r['layers']:<22} {r['dim']:>6}  {fmt(r[key]):>{len(title)}}{took}")
+    best = max(rows, key=lambda r: r[key])
+    lines.append(f"best: {best['layers']} ({fmt(best[key])})")
+    return "\n".join(lines)

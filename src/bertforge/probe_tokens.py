@@ -260,6 +260,123 @@ def _predict(
     return tags
 
 
+@dataclass
+class _ChoiceRun:
+    """One layer choice's classifier in training: the net, its optimizer, the generator of
+    the batch order and the row so far (each epoch's loss and dev F1, the best epoch's)."""
+
+    choice: str
+    how: str
+    layers: list[int]
+    net: Tagger
+    optim: torch.optim.Optimizer
+    rng: np.random.Generator
+    row: dict[str, Any]
+
+    @classmethod
+    def setup(
+        cls, train: TokenFeatures, labels: Sequence[str], choice: str, o: TokenProbeOptions
+    ) -> _ChoiceRun:
+        """A fresh classifier for this choice of the cached layers, seeded by o.seed."""
+        how, layers = parse_choice(choice, len(train.layers), KINDS)
+        hidden = train.layers[0].shape[1]
+        dim = hidden * len(layers) if how == "concat" else hidden
+        torch.manual_seed(o.seed)
+        rng = np.random.default_rng(o.seed)
+        net = Tagger(dim, len(labels), len(layers) if how == "mix" else 0, o)
+        optim = torch.optim.Adam(net.parameters(), lr=o.lr)
+        row: dict[str, Any] = {"layers": choice, "dim": dim, "f1": -1.0, "epochs": []}
+        return cls(choice, how, layers, net, optim, rng, row)
+
+    def load(self, resume: Path) -> None:
+        """The training as `save` kept it after its last epoch."""
+        state = torch.load(resume, weights_only=True)  # our own file: tensors and strings
+        self.net.load_state_dict(state["net"])
+        self.optim.load_state_dict(state["optim"])
+        self.rng.bit_generator.state = json.loads(state["rng"])
+        torch.set_rng_state(state["torch_rng"])
+        self.row = json.loads(state["row"])
+
+    def save(self, resume: Path) -> None:
+        """Weights, optimizer, random states and the row so far, atomically."""
+        state = {
+            "net": self.net.state_dict(),
+            "optim": self.optim.state_dict(),
+            "rng": json.dumps(self.rng.bit_generator.state),
+            "torch_rng": torch.get_rng_state(),
+            "row": json.dumps(self.row),
+        }
+        torch.save(state, resume.with_suffix(".tmp"))
+        resume.with_suffix(".tmp").replace(resume)
+
+    def train_epoch(
+        self,
+        train: TokenFeatures,
+        y: np.ndarray,
+        o: TokenProbeOptions,
+        epoch: int,
+        log: Callable[[str], None],
+    ) -> float:
+        """One pass over the training sentences in a fresh random order: the summed loss
+        (each batch's mean times its sentences)."""
+        loss_fn = nn.CrossEntropyLoss(ignore_index=tagging.IGNORE_INDEX)
+        self.net.train()
+        t0, total = time.perf_counter(), 0.0
+        n = len(train.starts) - 1
+        steps = -(-n // o.train_batch_size)
+        order = self.rng.permutation(n)
+        for step, a in enumerate(range(0, n, o.train_batch_size), 1):
+            rows = order[a : a + o.train_batch_size]
+            x, lengths, where = _batch(train, rows.tolist(), self.how, self.layers)
+            target = torch.full((x.shape[0] * x.shape[1],), tagging.IGNORE_INDEX)
+            index, _ = train.sentence_words(rows.tolist())
+            target[torch.from_numpy(where)] = torch.from_numpy(y[index])
+            logits = self.net(x, lengths)
+            loss = loss_fn(logits.reshape(-1, logits.shape[-1]), target)
+            self.optim.zero_grad()
+            loss.backward()
+            self.optim.step()
+            total += float(loss.detach()) * len(rows)
+            if step % max(1, steps // 10) == 0 and step < steps:  # a long epoch shows progress
+                log(
+                    f"  {self.choice} epoch {epoch}: step {step}/{steps}, "
+                    f"{time.perf_counter() - t0:.0f} s, loss {total / (a + len(rows)):.4f}"
+                )
+        return total
+
+    def score(
+        self,
+        dev: TokenFeatures,
+        gold: Sequence[Sequence[str]],
+        labels: Sequence[str],
+        epoch: int,
+        loss: float,
+        t0: float,
+        log: Callable[[str], None],
+    ) -> None:
+        """The epoch's dev entity F1 into the row (its loss, and the seconds since t0); the
+        best epoch's scores (and mix weights) kept as the row's own."""
+        scores = entity_scores(gold, _predict(self.net, dev, self.how, self.layers, labels))
+        seconds = time.perf_counter() - t0
+        self.row["epochs"].append(
+            {"epoch": epoch, "loss": loss, "dev_f1": scores["f1"], "seconds": seconds}
+        )
+        log(
+            f"  {self.choice} epoch {epoch}: loss {loss:.4f}, dev F1 {100 * scores['f1']:.2f} "
+            f"({seconds:.0f} s)"
+        )
+        if scores["f1"] > self.row["f1"]:
+            self.row.update(
+                f1=scores["f1"],
+                precision=scores["precision"],
+                recall=scores["recall"],
+                best_epoch=epoch,
+            )
+            if self.net.mix is not None:
+                self.row["mix_weights"] = self.net.mix.weights.softmax(0).tolist()
+                self.row["mix_gamma"] = float(self.net.mix.gamma.detach())
+
+
 def train_probe(
     train: TokenFeatures,
     y: np.ndarray,
@@ -276,78 +393,20 @@ def train_probe(
     that keeps the training after every epoch (weights, optimizer, random states, the row so
     far), so a stopped run goes on from its last epoch with the very results of one that was
     not stopped; removed when the row is done."""
-    how, layers = parse_choice(choice, len(train.layers), KINDS)
-    hidden = train.layers[0].shape[1]
-    dim = hidden * len(layers) if how == "concat" else hidden
-    torch.manual_seed(o.seed)
-    rng = np.random.default_rng(o.seed)
-    net = Tagger(dim, len(labels), len(layers) if how == "mix" else 0, o)
-    optim = torch.optim.Adam(net.parameters(), lr=o.lr)
-    loss_fn = nn.CrossEntropyLoss(ignore_index=tagging.IGNORE_INDEX)
-    row: dict[str, Any] = {"layers": choice, "dim": dim, "f1": -1.0, "epochs": []}
+    run = _ChoiceRun.setup(train, labels, choice, o)
     if resume is not None and resume.exists():
-        state = torch.load(resume, weights_only=True)  # our own file: tensors and strings
-        net.load_state_dict(state["net"])
-        optim.load_state_dict(state["optim"])
-        rng.bit_generator.state = json.loads(state["rng"])
-        torch.set_rng_state(state["torch_rng"])
-        row = json.loads(state["row"])
-        log(f"  {choice}: resumed after epoch {len(row['epochs'])}")
+        run.load(resume)
+        log(f"  {choice}: resumed after epoch {len(run.row['epochs'])}")
     n = len(train.starts) - 1
-    steps = -(-n // o.train_batch_size)
-    for epoch in range(len(row["epochs"]) + 1, o.epochs + 1):
-        net.train()
-        t0, total = time.perf_counter(), 0.0
-        order = rng.permutation(n)
-        for step, a in enumerate(range(0, n, o.train_batch_size), 1):
-            rows = order[a : a + o.train_batch_size]
-            x, lengths, where = _batch(train, rows.tolist(), how, layers)
-            target = torch.full((x.shape[0] * x.shape[1],), tagging.IGNORE_INDEX)
-            index, _ = train.sentence_words(rows.tolist())
-            target[torch.from_numpy(where)] = torch.from_numpy(y[index])
-            logits = net(x, lengths)
-            loss = loss_fn(logits.reshape(-1, logits.shape[-1]), target)
-            optim.zero_grad()
-            loss.backward()
-            optim.step()
-            total += float(loss.detach()) * len(rows)
-            if step % max(1, steps // 10) == 0 and step < steps:  # a long epoch shows progress
-                log(
-                    f"  {choice} epoch {epoch}: step {step}/{steps}, "
-                    f"{time.perf_counter() - t0:.0f} s, loss {total / (a + len(rows)):.4f}"
-                )
-        preds = _predict(net, dev, how, layers, labels)
-        scores = entity_scores(gold, preds)
-        seconds = time.perf_counter() - t0
-        row["epochs"].append(
-            {"epoch": epoch, "loss": total / n, "dev_f1": scores["f1"], "seconds": seconds}
-        )
-        log(
-            f"  {choice} epoch {epoch}: loss {total / n:.4f}, dev F1 {100 * scores['f1']:.2f} "
-            f"({seconds:.0f} s)"
-        )
-        if scores["f1"] > row["f1"]:
-            row.update(
-                f1=scores["f1"],
-                precision=scores["precision"],
-                recall=scores["recall"],
-                best_epoch=epoch,
-            )
-            if net.mix is not None:
-                row["mix_weights"] = net.mix.weights.softmax(0).tolist()
-                row["mix_gamma"] = float(net.mix.gamma.detach())
+    for epoch in range(len(run.row["epochs"]) + 1, o.epochs + 1):
+        t0 = time.perf_counter()
+        total = run.train_epoch(train, y, o, epoch, log)
+        run.score(dev, gold, labels, epoch, total / n, t0, log)
         if resume is not None and epoch < o.epochs:
-            state = {
-                "net": net.state_dict(),
-                "optim": optim.state_dict(),
-                "rng": json.dumps(rng.bit_generator.state),
-                "torch_rng": torch.get_rng_state(),
-                "row": json.dumps(row),
-            }
-            torch.save(state, resume.with_suffix(".tmp"))
-            resume.with_suffix(".tmp").replace(resume)
+            run.save(resume)
     if resume is not None:
         resume.unlink(missing_ok=True)
+    row = run.row
     row["seconds"] = sum(e["seconds"] for e in row["epochs"])  # training and dev, all epochs
     return row
 
@@ -427,6 +486,44 @@ def probe_tags(
             on_row(row)
         del f_train, f_dev  # the memmaps, before their temporary directory goes
     return rows
+
+
+def row_line(row: dict[str, Any]) -> str:
+    """A row as `bertforge probe` shows it when it is done: its dev F1 and best epoch."""
+    return (
+        f"{row['layers']:<22} {row['dim']:>6}  dev F1 {100 * row['f1']:6.2f}  "
+        f"(epoch {row['best_epoch']}, {row['seconds']:.0f} s)"
+    )
+
+
+def probe_tagging(
+    model: str,
+    fam: tagging.TaggingTask,
+    train: Sequence[TaggedSentence],
+    dev: Sequence[TaggedSentence],
+    choices: Sequence[str] = TOKEN_CHOICES,
+    options: TokenProbeOptions | None = None,
+    *,
+    log: Callable[[str], None] = lambda line: None,
+    **pipeline_options: Any,
+) -> list[dict[str, Any]]:
+    """probe_tags on a tagging task's sentences with fine-tuning's tag set (the family's
+    --labels, else train's tags); log gets a line as the run starts, as the features are
+    made, as each epoch ends and as each row is done (row_line)."""
+    o = options or TokenProbeOptions()
+    fam.set_labels(train)
+    log(f"{len(train):,} training and {len(dev):,} dev sentences; {o.classifier} classifier")
+    return probe_tags(
+        model,
+        train,
+        dev,
+        fam.labels,
+        choices,
+        o,
+        on_row=lambda row: log(row_line(row)),
+        log=log,
+        **pipeline_options,
+    )
 
 
 def settings(o: TokenProbeOptions) -> dict[str, Any]:

@@ -27,7 +27,7 @@ import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar, cast
+from typing import Any, TypeVar, cast
 
 import numpy as np
 
@@ -442,17 +442,23 @@ def jsonl_records(path: Path) -> Iterator[Record]:
     for lineno, line in text_lines(path):
         if not line.strip():
             continue
-        where = f"{path}: line {lineno}"
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise DataError(f"{where}: invalid JSON: {e.msg} (column {e.colno})") from None
-        if not isinstance(obj, dict):
-            raise DataError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+        obj = json_object(line, f"{path}: line {lineno}")
         empty = False
         yield Record(path, lineno, obj)
     if empty:
         raise DataError(f"{path}: no rows (empty file)")
+
+
+def json_object(line: str, where: str) -> dict[str, Any]:
+    """One JSONL line's object; a line that is not one is a DataError led by `where` (the file
+    and line). The one parser of JSONL lines that task files and the CLI's inputs share."""
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise DataError(f"{where}: invalid JSON: {e.msg} (column {e.colno})") from None
+    if not isinstance(obj, dict):
+        raise DataError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    return obj
 
 
 # --------------------------------------------------------------------------- splitting

@@ -1,0 +1,116 @@
+"""The input lines of the pipeline verbs and `search`, and the JSONL rows that answer them.
+
+An input file is JSONL objects with the inputs' fields (a file ending in .jsonl) or lines of
+text (several inputs: tab-separated); "-" is stdin, checked for UTF-8 as files are. Every line
+is one input and every output row carries its input's line number (and its id, when a JSONL
+input had one), so rows answer lines one to one. The catalogue says what each entry's inputs
+are (`catalogue.Input`: the field, the column); this module is how a file of them is read and
+answered, for the command line and for any Python caller with a file to run (the server reads
+JSON request bodies instead).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .catalogue import Entry, Input
+from .data.tasks.table import json_object
+from .errors import DataError
+from .fileio import json_text, read_lines, write_text
+
+
+@dataclass
+class InputLine:
+    """One input of a pipeline command: its line number, its id (a JSONL line's "id"), texts."""
+
+    line: int
+    id: Any
+    texts: tuple[str, ...]
+
+
+def read_inputs(
+    path: str,
+    inputs: Sequence[Input],
+    skip_blank: bool = False,
+    keep_tabs: bool = False,
+    pair_flag: str = "",
+) -> list[InputLine]:
+    """Inputs of a pipeline command, one per line: JSONL objects with the inputs' fields (file
+    ends in .jsonl), or lines of text (several inputs: tab-separated); "-" reads stdin, checked
+    for UTF-8 as files are. Every line is one input, so output rows answer input lines one to
+    one: a blank line is an error unless skip_blank (then each output row's "line" says which
+    line it answers); a tab in a single-text line is an error unless keep_tabs (a TSV line given
+    without --pairs would otherwise be read as one text, its other columns included)."""
+    names = [i.field for i in inputs]
+    where = "<stdin>" if path == "-" else path
+    rows: list[InputLine] = []
+    for lineno, line in read_lines(Path(path), hint=""):
+        at = f"{where}: line {lineno}"
+        if not line.strip():
+            if skip_blank:
+                continue
+            raise DataError(
+                f"{at}: blank line: remove it, or pass --skip-blank to drop blank lines (each "
+                "output row then carries its line number)"
+            )
+        if where.endswith(".jsonl"):
+            obj = json_object(line, at)
+            missing = [n for n in names if not isinstance(obj.get(n), str)]
+            if missing:
+                raise DataError(f'{at}: field "{missing[0]}": missing or not text')
+            rows.append(InputLine(lineno, obj.get("id"), tuple(obj[n] for n in names)))
+            continue
+        parts = line.split("\t") if len(names) > 1 else [line]
+        if len(parts) != len(names) or (len(names) == 1 and "\t" in line and not keep_tabs):
+            pairs = f"TEXT<TAB>PAIR: {pair_flag}; " if pair_flag else ""
+            hint = f" ({pairs}a tab inside the text: --keep-tabs)"
+            raise DataError(
+                f"{at}: {line.count(chr(9)) + 1} tab-separated fields, expected {len(names)} "
+                f"({', '.join(names)}){hint if len(names) == 1 else ''}"
+            )
+        rows.append(InputLine(lineno, None, tuple(parts)))
+    return rows
+
+
+def columns(rows: Sequence[InputLine], inputs: Sequence[Input]) -> dict[str, list[str]]:
+    """The inputs' texts by the method's parameter ("texts", "pairs"), one column each."""
+    return {i.param: [r.texts[k] for r in rows] for k, i in enumerate(inputs)}
+
+
+def write_jsonl(out: str | None, rows: Sequence[InputLine], items: Sequence[Any]) -> None:
+    """Output rows, each after its input's line number (and id, if the JSONL input had one):
+    to the file `out` (written atomically), or stdout when it is None."""
+    text = "".join(
+        json_text({"line": r.line, **({"id": r.id} if r.id is not None else {}), **x}) + "\n"
+        for r, x in zip(rows, items)
+    )
+    if out is None:
+        sys.stdout.write(text)
+    else:
+        write_text(out, text)
+        print(f"wrote {len(items):,} lines to {out}", file=sys.stderr)
+
+
+def write_results(
+    entry: Entry,
+    out: str | None,
+    rows: Sequence[InputLine],
+    texts: dict[str, list[str]],
+    results: Any,
+) -> None:
+    """An entry's results for these input lines: its array file when `out` ends in one of
+    entry.arrays (the rows that file's rows answer said on stderr when blank lines were
+    skipped), else a JSONL row per input line (entry.row of its texts and its result)."""
+    if out and entry.save and out.endswith(entry.arrays):
+        entry.save(out, results)
+        if rows and rows[-1].line != len(rows):
+            kept = ", ".join(str(r.line) for r in rows[:10])
+            more = ", ..." if len(rows) > 10 else ""
+            print(f"its rows are input lines {kept}{more} (blank lines skipped)", file=sys.stderr)
+        return
+    items = [entry.row({k: v[n] for k, v in texts.items()}, r, n) for n, r in enumerate(results)]
+    write_jsonl(out, rows, items)

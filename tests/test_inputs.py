@@ -1,0 +1,73 @@
+"""The input lines of the pipeline verbs and `search`, read and answered as library calls: one
+input per line (text, TSV or JSONL), each answering row carrying its line (and JSONL id)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bertforge.catalogue import ENTRIES, PAIRS, TEXTS
+from bertforge.errors import DataError
+from bertforge.inputs import InputLine, columns, read_inputs, write_jsonl, write_results
+
+
+def test_text_pairs_and_jsonl_lines_keep_their_line_numbers_and_ids(tmp_path: Path) -> None:
+    tsv = tmp_path / "pairs.txt"
+    tsv.write_text("a question\tits passage\n\nb\tc\n")
+    rows = read_inputs(str(tsv), PAIRS, skip_blank=True)
+    assert rows == [
+        InputLine(1, None, ("a question", "its passage")),
+        InputLine(3, None, ("b", "c")),
+    ]
+    assert columns(rows, PAIRS) == {"texts": ["a question", "b"], "pairs": ["its passage", "c"]}
+    jsonl = tmp_path / "texts.jsonl"
+    jsonl.write_text('{"text": "x", "id": 7}\n{"text": "y"}\n')
+    assert read_inputs(str(jsonl), TEXTS) == [InputLine(1, 7, ("x",)), InputLine(2, None, ("y",))]
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "options", "message"),
+    [
+        ("t.txt", "a\n\nb\n", {}, "t.txt: line 2: blank line: remove it, or pass --skip-blank"),
+        ("t.txt", "a\tb\n", {}, "expected 1 (text) (TEXT<TAB>PAIR: --pairs; a tab inside"),
+        ("t.jsonl", "{nope\n", {}, "t.jsonl: line 1: invalid JSON: Expecting property name"),
+        ("t.jsonl", "[1]\n", {}, "t.jsonl: line 1: expected a JSON object, got list"),
+        ("t.jsonl", '{"text": 3}\n', {}, 't.jsonl: line 1: field "text": missing or not text'),
+    ],
+)
+def test_a_line_that_is_not_one_input_is_one_error_naming_it(
+    tmp_path: Path, name: str, text: str, options: dict, message: str
+) -> None:
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(DataError) as e:
+        read_inputs(str(path), TEXTS, pair_flag="--pairs", **options)
+    assert message in str(e.value)
+
+
+def test_blank_lines_skipped_and_tabs_kept_when_asked(tmp_path: Path) -> None:
+    path = tmp_path / "t.txt"
+    path.write_text("a\tb\n\nc\n")
+    rows = read_inputs(str(path), TEXTS, skip_blank=True, keep_tabs=True)
+    assert rows == [InputLine(1, None, ("a\tb",)), InputLine(3, None, ("c",))]
+
+
+def test_rows_answer_lines_in_jsonl_or_the_entrys_array_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    rows = [InputLine(1, "q1", ("a",)), InputLine(3, None, ("b",))]
+    out = tmp_path / "rows.jsonl"
+    write_jsonl(str(out), rows, [{"x": 1}, {"x": 2}])
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert lines == [{"line": 1, "id": "q1", "x": 1}, {"line": 3, "x": 2}]
+    assert f"wrote 2 lines to {out}" in capsys.readouterr().err
+    write_jsonl(None, rows[:1], [{"x": 1}])
+    assert json.loads(capsys.readouterr().out) == {"line": 1, "id": "q1", "x": 1}
+    vectors = np.eye(2, dtype=np.float32)
+    npy = tmp_path / "v.npy"
+    write_results(ENTRIES["embed"], str(npy), rows, columns(rows, TEXTS), vectors)
+    np.testing.assert_array_equal(np.load(npy), vectors)
+    assert "its rows are input lines 1, 3 (blank lines skipped)" in capsys.readouterr().err
