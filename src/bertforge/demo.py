@@ -20,7 +20,7 @@ from __future__ import annotations
 import random
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -32,7 +32,10 @@ from .errors import ConfigError
 from .heads import BertForMaskedLM
 from .options import MAX_SEED
 from .pipelines import Pipeline
-from .tokenizer import train_vocab
+from .tokenizer import Tokenizer, train_vocab
+
+if TYPE_CHECKING:
+    from .train.pretrain import PretrainConfig
 
 # Pre-training's share of the demo: the rest (vocabulary, shards, fine-tuning, the guesses)
 # takes under a minute on 2 CPU cores, so the whole demo ends within about 5 minutes; a faster
@@ -118,23 +121,56 @@ def run_demo(
     epochs: float = 3.0,
 ) -> dict[str, Any]:
     """Run the demo into `out`; returns its numbers (for tests, which make it small).
-    Pre-training runs for `minutes`, or for a fixed number of `steps` when given."""
-    from .train.finetune import FinetuneConfig
-    from .train.finetune import run as finetune
-    from .train.pretrain import MAX_MINUTES, PretrainConfig, heldout_scores
-    from .train.pretrain import run as pretrain
+    Pre-training runs for `minutes`, or for a fixed number of `steps` when given.
 
-    # the options checked before anything is written (the configs check them again, later)
+    The steps of the module docstring, one function each; `rng` (drawing the held-out
+    sentences, masking them, making the task's rows) is shared by them, in this order."""
+    _check_options(seed, minutes, steps)
+    t0 = time.time()
+    rng = random.Random(seed)
+    out.mkdir(parents=True, exist_ok=True)
+    task_docs, corpus_docs, corpus = _corpus(out, seed)
+    tok = _vocabulary(out, corpus, vocab_size, progress)
+    _shards(out, corpus, tok, seed, progress)
+    # Held-out sentences come from documents pre-training never saw.
+    masked = masked_sentences(_sentences_of(task_docs, 200, rng), tok, rng)
+    recipe = _pretrain_recipe(out, seed, minutes, steps, progress)
+    acc_before, before, top5_before = _before_pretraining(out, tok, recipe, masked, seed)
+    summary, acc_after, after, top5 = _pretrain(
+        recipe, minutes, steps, masked, acc_before, top5_before
+    )
+    classifier, accuracy, dev_rows = _finetune(
+        out, Path(recipe.out), task_docs, corpus_docs, rng, seed, sentences, epochs, progress
+    )
+    _use(classifier, dev_rows)
+    elapsed = time.time() - t0
+    _say_next(out, classifier, elapsed)
+    return {
+        "before": before,
+        "after": after,
+        "accuracy": accuracy,
+        "pretrain": summary,
+        "mlm_acc": (acc_before, acc_after),
+        "top5": (top5_before, top5),
+        "seconds": elapsed,
+    }
+
+
+def _check_options(seed: int, minutes: float, steps: int | None) -> None:
+    """The options checked before anything is written (the configs check them again, later)."""
+    from .train.pretrain import MAX_MINUTES
+
     if not 0 <= seed <= MAX_SEED:
         raise ConfigError(f"seed={seed} (--seed): must be >= 0 and <= {MAX_SEED}")
     if steps is None and not 0 < minutes <= MAX_MINUTES:
         raise ConfigError(f"minutes={minutes} (--minutes): must be > 0 and <= {MAX_MINUTES:g}")
     if steps is not None and steps < 1:
         raise ConfigError(f"steps={steps} (--steps): must be >= 1")
-    t0 = time.time()
-    rng = random.Random(seed)
-    out.mkdir(parents=True, exist_ok=True)
 
+
+def _corpus(out: Path, seed: int) -> tuple[list[list[str]], list[list[str]], Path]:
+    """1. The standard library's docstrings, shuffled: a tenth held out for the task's dev
+    set, the rest written as the pre-training corpus. Returns both parts and the file."""
     _say("1. corpus: docstrings of the Python standard library (no download)")
     docs = list(stdlib_documents())
     random.Random(seed).shuffle(docs)
@@ -144,7 +180,11 @@ def run_demo(
     # Google's pre-training format: one paragraph per line, a blank line between documents.
     corpus.write_text("\n\n".join("\n".join(d) for d in corpus_docs) + "\n", encoding="utf-8")
     print(f"{len(corpus_docs):,} documents, {corpus.stat().st_size / 1e6:.1f} MB -> {corpus}")
+    return task_docs, corpus_docs, corpus
 
+
+def _vocabulary(out: Path, corpus: Path, vocab_size: int, progress: bool) -> Tokenizer:
+    """2. A WordPiece vocabulary trained on the corpus, saved under out/vocab."""
     _say(f"2. vocabulary: WordPiece, {vocab_size:,} tokens, uncased  (bertforge vocab train)")
     tok = train_vocab([corpus], vocab_size, show_progress=progress)
     vocab_dir = out / "vocab"
@@ -152,26 +192,38 @@ def run_demo(
     print(
         f"{tok.vocab_size:,} tokens -> {vocab_dir}; e.g. {tok.tokenize('unaffable subprocesses')}"
     )
+    return tok
 
+
+def _shards(out: Path, corpus: Path, tok: Tokenizer, seed: int, progress: bool) -> None:
+    """3. Pre-training shards of the corpus under out/shards."""
     _say("3. pre-training shards  (bertforge prepare)")
     meta = prepare([corpus], tok, out / "shards", heldout=0.02, seed=seed, progress=progress)
     print(f"{meta['counts']['train']['tokens']:,} training tokens -> {out / 'shards'}")
 
-    def sentences_of(documents: list[list[str]], limit: int) -> list[str]:
-        found = [
-            s
-            for d in documents
-            for p in d
-            for s in split_sentences(p)
-            if 6 <= len(s.split()) <= 30 and len(set(s.split())) > 2
-        ]
-        rng.shuffle(found)
-        return found[:limit]
 
-    # Held-out sentences come from documents pre-training never saw.
-    masked = masked_sentences(sentences_of(task_docs, 200), tok, rng)
+def _sentences_of(documents: list[list[str]], limit: int, rng: random.Random) -> list[str]:
+    """Up to `limit` of the documents' sentences of 6 to 30 words (more than two distinct),
+    in an order drawn from `rng`."""
+    found = [
+        s
+        for d in documents
+        for p in d
+        for s in split_sentences(p)
+        if 6 <= len(s.split()) <= 30 and len(set(s.split())) > 2
+    ]
+    rng.shuffle(found)
+    return found[:limit]
+
+
+def _pretrain_recipe(
+    out: Path, seed: int, minutes: float, steps: int | None, progress: bool
+) -> PretrainConfig:
+    """The small-budget pre-training recipe of step 5 (its held-out data serves step 4 too)."""
+    from .train.pretrain import PretrainConfig
+
     budget = {"steps": steps} if steps else {"minutes": minutes}
-    recipe = PretrainConfig(
+    return PretrainConfig(
         data=str(out / "shards"),
         out=str(out / "pretrained"),
         model_size="tiny",
@@ -193,6 +245,14 @@ def run_demo(
         progress=progress,
     )
 
+
+def _before_pretraining(
+    out: Path, tok: Tokenizer, recipe: PretrainConfig, masked: list[tuple[str, str]], seed: int
+) -> tuple[float, list[str], float]:
+    """4. A random tiny BERT (saved as out/untrained): its held-out masked-LM accuracy, its
+    top guesses for the probes, and its top-5 share on the masked held-out sentences."""
+    from .train.pretrain import heldout_scores
+
     _say("4. before pre-training: a randomly initialised tiny BERT  (bertforge fill-mask)")
     torch.manual_seed(seed)
     untrained = out / "untrained"
@@ -203,12 +263,26 @@ def run_demo(
     print(f"held-out masked-LM accuracy {acc_before:.1%}; it guesses:")
     before = _show_fill_mask(untrained)
     top5_before = top5_hits(untrained, masked, show=0)
+    return acc_before, before, top5_before
+
+
+def _pretrain(
+    recipe: PretrainConfig,
+    minutes: float,
+    steps: int | None,
+    masked: list[tuple[str, str]],
+    acc_before: float,
+    top5_before: float,
+) -> tuple[dict[str, Any], float, list[str], float]:
+    """5. Pre-training by the recipe; its summary, its held-out masked-LM accuracy, the
+    probes' top guesses after, and the top-5 share on the masked held-out sentences."""
+    from .train.pretrain import run as pretrain
 
     length = f"{steps} steps" if steps else f"{minutes:g} minutes"
     _say(
         f"5. pre-train: tiny BERT (2 layers, hidden 128), masked LM, {length}  (bertforge pretrain)"
     )
-    run_dir = out / "pretrained"
+    run_dir = Path(recipe.out)
     summary = pretrain(recipe)
     acc_after = summary["eval"].get("mlm_acc", float("nan"))
     print(f"held-out masked-LM accuracy {acc_before:.1%} -> {acc_after:.1%}; now it guesses:")
@@ -219,11 +293,30 @@ def run_demo(
         f"the masked word is among the top 5 in {top5:.0%} of {len(masked)} held-out sentences "
         f"(before pre-training: {top5_before:.0%})"
     )
+    return summary, acc_after, after, top5
+
+
+def _finetune(
+    out: Path,
+    run_dir: Path,
+    task_docs: list[list[str]],
+    corpus_docs: list[list[str]],
+    rng: random.Random,
+    seed: int,
+    sentences: int,
+    epochs: float,
+    progress: bool,
+) -> tuple[Path, float, list[tuple[str, str]]]:
+    """6. The acceptability task (training rows from the corpus, dev rows from the held-out
+    documents) under out/acceptability, fine-tuned from the pre-trained model into
+    out/classifier. Returns that directory, its held-out accuracy and the dev rows."""
+    from .train.finetune import FinetuneConfig
+    from .train.finetune import run as finetune
 
     _say("6. fine-tune: real sentence or shuffled words?  (bertforge finetune --task csv)")
 
-    train_sentences = sentences_of(corpus_docs, sentences)
-    dev_sentences = sentences_of(task_docs, max(50, sentences // 4))
+    train_sentences = _sentences_of(corpus_docs, sentences, rng)
+    dev_sentences = _sentences_of(task_docs, max(50, sentences // 4), rng)
     data = out / "acceptability"
     data.mkdir(exist_ok=True)
     _write_table(data / "train.tsv", acceptability_rows(train_sentences, rng))
@@ -250,9 +343,12 @@ def run_demo(
         )
     )
     print(f"held-out accuracy {best['accuracy']:.1%} (chance 50%)")
+    return classifier, best["accuracy"], dev_rows
 
+
+def _use(classifier: Path, dev_rows: list[tuple[str, str]]) -> None:
+    """7. The classifier on the first two real and two shuffled held-out rows, right or wrong."""
     _say("7. use it on held-out sentences  (bertforge classify)")
-    # The first two real and two shuffled rows of the held-out set, right or wrong.
     shown = [r for r in dev_rows if r[1] == "real"][:2] + [
         r for r in dev_rows if r[1] == "shuffled"
     ][:2]
@@ -263,7 +359,9 @@ def run_demo(
         mark = "right" if r["label"] == gold else "wrong"
         print(f"  {text:<60} -> {r['label']:<8} ({r['score']:.2f}; {mark}, it is {gold})")
 
-    elapsed = time.time() - t0
+
+def _say_next(out: Path, classifier: Path, elapsed: float) -> None:
+    """The end: the time taken, and the commands that do the same with real data."""
     print(f"\ndone in {elapsed:.0f} s; everything is in {out}. Go further with real data:")
     print(
         "  bertforge prepare wiki/*.txt --tokenizer DIR --out shards && "
@@ -275,12 +373,3 @@ def run_demo(
     )
     print(f"  bertforge classify {classifier} my_sentences.txt")
     print(f"  bertforge embed MODEL texts.txt --out embeddings.npy;  bertforge info {classifier}")
-    return {
-        "before": before,
-        "after": after,
-        "accuracy": best["accuracy"],
-        "pretrain": summary,
-        "mlm_acc": (acc_before, acc_after),
-        "top5": (top5_before, top5),
-        "seconds": elapsed,
-    }

@@ -27,7 +27,7 @@ import shutil
 import time
 import warnings
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -126,6 +126,79 @@ def _undone_on_error(out: Path) -> Iterator[None]:
         raise
 
 
+@dataclass
+class _ShardWriter:
+    """Documents in, shards out: documents wait in `pending` until they hold batch_sentences
+    sentences, are tokenized together and go to their split's buffer; the buffers are written
+    as shards once the training one holds shard_tokens tokens. `state` (documents done,
+    shards written, the next shard number of each split) is what progress.json records."""
+
+    out: Path
+    tokenizer: Tokenizer
+    dtype: np.dtype
+    seed: int
+    heldout: float
+    batch_sentences: int
+    shard_tokens: int
+    state: dict[str, Any]
+    buffers: dict[str, _Buffer] = field(
+        default_factory=lambda: {s: _Buffer.empty() for s in SPLITS}
+    )
+    pending: list[tuple[int, Document]] = field(default_factory=list)
+    pending_sentences: int = 0
+
+    def add(self, ordinal: int, doc: Document) -> bool:
+        """Take the corpus's `ordinal`-th document; True when shards were written (then
+        progress.json is due)."""
+        self.pending.append((ordinal, doc))
+        self.pending_sentences += len(doc.sentences)
+        if self.pending_sentences >= self.batch_sentences:
+            self.tokenize_pending()
+            if self.buffers["train"].num_tokens >= self.shard_tokens:
+                self.flush_shards()
+                return True
+        return False
+
+    def finish(self) -> None:
+        """Everything taken so far into shards."""
+        if self.pending:
+            self.tokenize_pending()
+        self.flush_shards()
+
+    def flush_shards(self) -> None:
+        state = self.state
+        for split in SPLITS:
+            buf = self.buffers[split]
+            if buf.doc_sentences:
+                name = f"{split}-{state['next_index'][split]:05d}"
+                info = _write_shard(self.out, name, buf, self.dtype)
+                info["split"] = split
+                state["shards"].append(info)
+                state["next_index"][split] += 1
+                self.buffers[split] = _Buffer.empty()
+
+    def tokenize_pending(self) -> None:
+        sentences = [s for _, doc in self.pending for s in doc.sentences]
+        ids = self.tokenizer.encode_ids(sentences)
+        lengths = np.fromiter(map(len, ids), np.int64, count=len(ids))
+        flat = np.fromiter(itertools.chain.from_iterable(ids), self.dtype, count=int(lengths.sum()))
+        starts = np.r_[0, np.cumsum(lengths)]
+        s = 0
+        for ordinal, doc in self.pending:
+            n = len(doc.sentences)
+            doc_lengths = lengths[s : s + n]
+            keep = doc_lengths > 0  # sentences of nothing but dropped characters
+            if keep.any():
+                held = _is_heldout(ordinal, self.seed, self.heldout)
+                buf = self.buffers["heldout" if held else "train"]
+                buf.tokens.append(flat[starts[s] : starts[s + n]])
+                buf.sentence_lengths.append(doc_lengths[keep])
+                buf.doc_sentences.append(int(keep.sum()))
+            s += n
+        self.state["documents_done"] = self.pending[-1][0] + 1
+        self.pending, self.pending_sentences = [], 0
+
+
 def prepare(
     inputs: Sequence[str | os.PathLike[str]],
     tokenizer: Tokenizer,
@@ -146,6 +219,85 @@ def prepare(
     An error on the way (a file that is not UTF-8, no text) leaves `out` as it was.
     """
     out = Path(out)
+    files, settings = _settings(
+        inputs, tokenizer, fmt, heldout, shard_tokens, seed, encoding_errors
+    )
+    progress_file = out / "progress.json"
+    done, state = _earlier_run(out, settings)
+    if done is not None:
+        if progress:
+            print(
+                f"{out}: already prepared ({done['counts']['train']['tokens']:,} training tokens)"
+            )
+        return done
+    formats: str | list[str] = fmt
+    if fmt == "auto":
+        formats = [detect_format(f) for f in files]
+        if progress:
+            _say_formats(files, formats)
+    with _undone_on_error(out):  # a failed call leaves `out` as it found it
+        out.mkdir(parents=True, exist_ok=True)
+        tokenizer.save_pretrained(out)
+        dtype = np.dtype(np.uint16 if tokenizer.vocab_size <= 1 << 16 else np.uint32)
+        writer = _ShardWriter(
+            out, tokenizer, dtype, seed, heldout, batch_sentences, shard_tokens, state
+        )
+        meta = _write_shards(writer, files, formats, encoding_errors, settings, progress)
+        progress_file.unlink(missing_ok=True)
+    _say_done(out, meta["counts"], heldout, progress)
+    return meta
+
+
+def _write_shards(
+    writer: _ShardWriter,
+    files: list[Path],
+    formats: str | list[str],
+    encoding_errors: str,
+    settings: dict[str, Any],
+    progress: bool,
+) -> dict[str, Any]:
+    """Read the corpus into shards (the documents an earlier, interrupted run wrote skipped),
+    progress.json after each batch of shards, meta.json last; returns meta.json's content."""
+    state = writer.state
+    total_bytes = sum(f.stat().st_size for f in files)
+    bar = _progress_bar(total_bytes, progress, state["documents_done"])
+    started = time.time()
+    try:
+        for ordinal, doc in enumerate(read_corpus(files, formats, encoding_errors, bar.update)):
+            if ordinal < state["documents_done"]:
+                continue  # in a shard written by an earlier, interrupted run
+            if writer.add(ordinal, doc):
+                write_json(writer.out / "progress.json", {"settings": settings, "state": state})
+        writer.finish()
+    finally:
+        bar.close()  # before any error message, so that message is the last line
+
+    counts = _counts(state["shards"])
+    if counts["train"]["tokens"] == 0:
+        raise DataError(f"no training text in {', '.join(str(f) for f in files[:3])}")
+    meta = {
+        "settings": settings,
+        "state": state,
+        "dtype": writer.dtype.name,
+        "counts": counts,
+        "shards": state["shards"],
+        "seconds": round(time.time() - started, 2),
+    }
+    write_json(writer.out / "meta.json", meta)
+    return meta
+
+
+def _settings(
+    inputs: Sequence[str | os.PathLike[str]],
+    tokenizer: Tokenizer,
+    fmt: str,
+    heldout: float,
+    shard_tokens: int,
+    seed: int,
+    encoding_errors: str,
+) -> tuple[list[Path], dict[str, Any]]:
+    """The input files and the settings a run records (and a resumed run must match), after
+    checking the options."""
     if not 0.0 <= heldout < 1.0:
         raise DataError(f"heldout={heldout}: must be in [0, 1)")
     if not 0 <= seed <= MAX_SEED:
@@ -163,9 +315,17 @@ def prepare(
         "seed": seed,
         "encoding_errors": encoding_errors,
     }
-    meta_file, progress_file = out / "meta.json", out / "progress.json"
+    return files, settings
+
+
+def _earlier_run(
+    out: Path, settings: dict[str, Any]
+) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    """What an earlier run left in `out`: its meta.json if it finished (else None), and the
+    state to go on from (an interrupted run's progress.json, or a fresh start). An earlier
+    run with other settings is an error."""
     state = {"documents_done": 0, "shards": [], "next_index": {s: 0 for s in SPLITS}}
-    for existing in (meta_file, progress_file):
+    for existing in (out / "meta.json", out / "progress.json"):
         if existing.is_file():
             saved = read_json(existing)
             if saved.get("settings") != settings:
@@ -173,106 +333,33 @@ def prepare(
                     f"{out} already holds shards prepared with other settings or inputs "
                     f"({existing.name}); choose a new --out or remove that directory"
                 )
-            if existing == meta_file:
-                if progress:
-                    print(
-                        f"{out}: already prepared ({saved['counts']['train']['tokens']:,} "
-                        "training tokens)"
-                    )
-                return saved
+            if existing.name == "meta.json":
+                return saved, state
             state = saved["state"]
-    formats: str | list[str] = fmt
-    if fmt == "auto":
-        formats = [detect_format(f) for f in files]
-        if progress:
-            _say_formats(files, formats)
-    with _undone_on_error(out):  # a failed call leaves `out` as it found it
-        out.mkdir(parents=True, exist_ok=True)
-        tokenizer.save_pretrained(out)
-        dtype = np.dtype(np.uint16 if tokenizer.vocab_size <= 1 << 16 else np.uint32)
+    return None, state
 
-        total_bytes = sum(f.stat().st_size for f in files)
-        bar = _progress_bar(total_bytes, progress, state["documents_done"])
-        buffers = {s: _Buffer.empty() for s in SPLITS}
-        pending: list[tuple[int, Document]] = []
-        pending_sentences = 0
-        started = time.time()
 
-        def flush_shards() -> None:
-            for split in SPLITS:
-                buf = buffers[split]
-                if buf.doc_sentences:
-                    name = f"{split}-{state['next_index'][split]:05d}"
-                    info = _write_shard(out, name, buf, dtype)
-                    info["split"] = split
-                    state["shards"].append(info)
-                    state["next_index"][split] += 1
-                    buffers[split] = _Buffer.empty()
+def _counts(shards: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
+    """Documents, sentences, tokens and shards of each split."""
+    summed = ("documents", "sentences", "tokens")
+    counts = {split: dict.fromkeys((*summed, "shards"), 0) for split in SPLITS}
+    for shard in shards:
+        c = counts[shard["split"]]
+        for key in summed:
+            c[key] += shard[key]
+        c["shards"] += 1
+    return counts
 
-        def tokenize_pending() -> None:
-            nonlocal pending, pending_sentences
-            sentences = [s for _, doc in pending for s in doc.sentences]
-            ids = tokenizer.encode_ids(sentences)
-            lengths = np.fromiter(map(len, ids), np.int64, count=len(ids))
-            flat = np.fromiter(itertools.chain.from_iterable(ids), dtype, count=int(lengths.sum()))
-            starts = np.r_[0, np.cumsum(lengths)]
-            s = 0
-            for ordinal, doc in pending:
-                n = len(doc.sentences)
-                doc_lengths = lengths[s : s + n]
-                keep = doc_lengths > 0  # sentences of nothing but dropped characters
-                if keep.any():
-                    buf = buffers["heldout" if _is_heldout(ordinal, seed, heldout) else "train"]
-                    buf.tokens.append(flat[starts[s] : starts[s + n]])
-                    buf.sentence_lengths.append(doc_lengths[keep])
-                    buf.doc_sentences.append(int(keep.sum()))
-                s += n
-            state["documents_done"] = pending[-1][0] + 1
-            pending, pending_sentences = [], 0
 
-        try:
-            for ordinal, doc in enumerate(read_corpus(files, formats, encoding_errors, bar.update)):
-                if ordinal < state["documents_done"]:
-                    continue  # in a shard written by an earlier, interrupted run
-                pending.append((ordinal, doc))
-                pending_sentences += len(doc.sentences)
-                if pending_sentences >= batch_sentences:
-                    tokenize_pending()
-                    if buffers["train"].num_tokens >= shard_tokens:
-                        flush_shards()
-                        write_json(progress_file, {"settings": settings, "state": state})
-            if pending:
-                tokenize_pending()
-            flush_shards()
-        finally:
-            bar.close()  # before any error message, so that message is the last line
-
-        summed = ("documents", "sentences", "tokens")
-        counts = {split: dict.fromkeys((*summed, "shards"), 0) for split in SPLITS}
-        for shard in state["shards"]:
-            c = counts[shard["split"]]
-            for key in summed:
-                c[key] += shard[key]
-            c["shards"] += 1
-        if counts["train"]["tokens"] == 0:
-            raise DataError(f"no training text in {', '.join(str(f) for f in files[:3])}")
-        meta = {
-            "settings": settings,
-            "state": state,
-            "dtype": dtype.name,
-            "counts": counts,
-            "shards": state["shards"],
-            "seconds": round(time.time() - started, 2),
-        }
-        write_json(meta_file, meta)
-        progress_file.unlink(missing_ok=True)
+def _say_done(out: Path, counts: dict[str, dict[str, int]], heldout: float, progress: bool) -> None:
+    """A warning when nothing was held out although heldout asked for some; the counts."""
     if heldout > 0 and counts["heldout"]["documents"] == 0:
         warnings.warn(
             f"no document held out (heldout={heldout} of {counts['train']['documents']:,} "
             "documents): pre-training will have no held-out evaluation. Held-out text is chosen "
             "by document; a file read as 'paragraphs' is one document (--format lines reads a "
             "blank line as the end of a document)",
-            stacklevel=2,
+            stacklevel=3,  # prepare's caller
         )
     if progress:
         c = counts["train"]
@@ -282,7 +369,6 @@ def prepare(
             f"held out {counts['heldout']['documents']:,} documents "
             f"({counts['heldout']['tokens']:,} tokens)"
         )
-    return meta
 
 
 def _say_formats(files: list[Path], formats: list[str]) -> None:

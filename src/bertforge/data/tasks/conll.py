@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...errors import DataError, InputError
@@ -33,6 +33,56 @@ class TaggedSentence:
     tokens: list[str]
     tags: list[str]
     source: str
+
+
+@dataclass
+class _Columns:
+    """The column rule of one file: how many columns a token line has (n_columns, or as on
+    the first token line) and which of them is the tag, checked line by line."""
+
+    path: Path
+    tag_column: int
+    labels: Sequence[str] | None  # the allowed tags (None: any)
+    expected: int | None
+    first_line: int = 0  # the line that fixed `expected` (0: n_columns did)
+    tag_i: int = 0  # tag_column from 0, once `expected` is known (0 is the token: not yet)
+    allowed: set[str] | None = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.allowed = None if self.labels is None else set(self.labels)
+
+    def tag(self, fields: list[str], lineno: int) -> str:
+        """The tag of a token line's `fields`, after checking its columns."""
+        path, tag_column = self.path, self.tag_column
+        if self.expected is None:
+            self.expected, self.first_line = len(fields), lineno
+            if self.expected < 2:
+                raise DataError(
+                    f"{path}: line {lineno}: 1 column; expected a token and at least one tag "
+                    "column separated by whitespace"
+                )
+        expected = self.expected
+        if self.tag_i == 0:
+            if not -expected <= tag_column < expected or tag_column in (0, -expected):
+                raise InputError(
+                    f"tag_column {tag_column}: out of range for {expected} columns "
+                    "(column 0 is the token)"
+                )
+            self.tag_i = tag_column % expected
+        if len(fields) != expected:
+            origin = f"as on line {self.first_line}" if self.first_line else "n_columns"
+            raise DataError(
+                f"{path}: line {lineno}: {len(fields)} columns, expected {expected} ({origin}); "
+                f"field {'tag' if len(fields) < expected else 'token'} column missing or "
+                "a token containing a space?"
+            )
+        tag = fields[self.tag_i]
+        if self.allowed is not None and tag not in self.allowed:
+            raise DataError(
+                f'{path}: line {lineno}: field "tag" (column {self.tag_i}): {tag!r} is not one '
+                f"of the allowed tags: {', '.join(self.labels or ())}"
+            )
+        return tag
 
 
 def read_conll(
@@ -59,10 +109,7 @@ def read_conll(
     tokens: list[str] = []
     tags: list[str] = []
     start = 0
-    expected = n_columns
-    first_line = 0
-    tag_i = 0
-    allowed = None if labels is None else set(labels)
+    columns = _Columns(path, tag_column, labels, n_columns)
 
     def flush() -> None:
         nonlocal tokens, tags
@@ -78,36 +125,8 @@ def read_conll(
         if not tokens:
             start = lineno
         tokens.append(fields[0])  # a line that raises below ends the read: no need to undo
-        if not labelled:
-            continue
-        if expected is None:
-            expected, first_line = len(fields), lineno
-            if expected < 2:
-                raise DataError(
-                    f"{path}: line {lineno}: 1 column; expected a token and at least one tag "
-                    "column separated by whitespace"
-                )
-        if tag_i == 0:
-            if not -expected <= tag_column < expected or tag_column in (0, -expected):
-                raise InputError(
-                    f"tag_column {tag_column}: out of range for {expected} columns "
-                    "(column 0 is the token)"
-                )
-            tag_i = tag_column % expected
-        if len(fields) != expected:
-            origin = f"as on line {first_line}" if first_line else "n_columns"
-            raise DataError(
-                f"{path}: line {lineno}: {len(fields)} columns, expected {expected} ({origin}); "
-                f"field {'tag' if len(fields) < expected else 'token'} column missing or "
-                "a token containing a space?"
-            )
-        tag = fields[tag_i]
-        if allowed is not None and tag not in allowed:
-            raise DataError(
-                f'{path}: line {lineno}: field "tag" (column {tag_i}): {tag!r} is not one of '
-                f"the allowed tags: {', '.join(labels or ())}"
-            )
-        tags.append(tag)
+        if labelled:
+            tags.append(columns.tag(fields, lineno))
     flush()
     if not sentences:
         raise DataError(f"{path}: no sentences found (empty file, or only -DOCSTART- lines)")

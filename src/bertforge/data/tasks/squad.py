@@ -71,14 +71,7 @@ def read_squad(path: str | os.PathLike[str], *, strict: bool = True) -> list[Squ
     path = Path(path)
     root = read_json(path, obj=False)
     articles = _get(root, "data", list, f"{path}: top level")
-    v2 = any(
-        isinstance(qa, dict) and "is_impossible" in qa
-        for a in articles
-        if isinstance(a, dict)
-        for p in a.get("paragraphs", ()) or ()
-        if isinstance(p, dict)
-        for qa in p.get("qas", ()) or ()
-    )
+    v2 = _is_v2(articles)
     out: list[SquadExample] = []
     seen: dict[str, str] = {}
     bad_answers = 0
@@ -93,53 +86,12 @@ def read_squad(path: str | os.PathLike[str], *, strict: bool = True) -> list[Squ
             qas = _get(para, "qas", list, where_p)
             for k, qa in enumerate(qas):
                 where_q = f"{where_p}.qas[{k}]"
-                qid = _get(qa, "id", str, where_q)
-                where_q = f"{where_q} (id {qid})"
-                if qid in seen:
-                    raise DataError(f'{where_q}: field "id": duplicate, first at {seen[qid]}')
-                seen[qid] = where_q
-                question = text_field(where_q, "question", _get(qa, "question", str, where_q))
-                impossible = False
-                if v2:
-                    impossible = _get(qa, "is_impossible", bool, where_q)
-                raw_answers = _get(qa, "answers", list, where_q)
-                if impossible and raw_answers:
-                    raise DataError(
-                        f'{where_q}: field "answers": is_impossible is true but there are '
-                        f"{len(raw_answers)} answers (v2.0 keeps them in plausible_answers)"
-                    )
-                if not impossible and not raw_answers:
-                    raise DataError(
-                        f'{where_q}: field "answers": empty'
-                        + (" and is_impossible is false" if v2 else " (a v1.1 file)")
-                    )
-                answers: list[tuple[str, int]] = []
-                for n, ans in enumerate(raw_answers):
-                    where_n = f"{where_q}: answers[{n}]"
-                    text = _get(ans, "text", str, where_n)
-                    start = _get(ans, "answer_start", int, where_n)
-                    if not text.strip():
-                        raise DataError(f'{where_n}: field "text": empty answer text')
-                    if start >= 0 and context[start : start + len(text)] == text:
-                        answers.append((text, start))
-                        continue
-                    if strict:
-                        found = context[start : start + len(text)] if start >= 0 else ""
-                        hint = (
-                            ""
-                            if text not in context
-                            else f"; the text occurs at {context.find(text)}"
-                        )
-                        raise DataError(
-                            f'{where_n}: field "answer_start": {start} does not point at the '
-                            f"answer {text!r} (the context there reads {found!r}{hint}); "
-                            "strict=False skips such answers"
-                        )
-                    bad_answers += 1
-                if not impossible and not answers:
-                    dropped.append(qid)
+                example, bad = _read_question(qa, where_q, context, str(title), v2, strict, seen)
+                bad_answers += bad
+                if not example.is_impossible and not example.answers:
+                    dropped.append(example.qid)
                     continue
-                out.append(SquadExample(qid, question, context, answers, impossible, str(title)))
+                out.append(example)
     if bad_answers:
         warnings.warn(
             f"{path}: skipped {bad_answers} answers whose answer_start does not point at their "
@@ -148,6 +100,82 @@ def read_squad(path: str | os.PathLike[str], *, strict: bool = True) -> list[Squ
             stacklevel=2,
         )
     return out
+
+
+def _is_v2(articles: list[object]) -> bool:
+    """Whether any question has "is_impossible" (what makes a file v2.0; see the module
+    docstring). Looks past malformed entries: the read that follows names them."""
+    return any(
+        isinstance(qa, dict) and "is_impossible" in qa
+        for a in articles
+        if isinstance(a, dict)
+        for p in a.get("paragraphs", ()) or ()
+        if isinstance(p, dict)
+        for qa in p.get("qas", ()) or ()
+    )
+
+
+def _read_question(
+    qa: object,
+    where_q: str,
+    context: str,
+    title: str,
+    v2: bool,
+    strict: bool,
+    seen: dict[str, str],
+) -> tuple[SquadExample, int]:
+    """One question checked, with the answers that point at their text, and how many answers
+    strict=False skipped. `seen` (question id -> where it was first read) gains its id."""
+    qid = _get(qa, "id", str, where_q)
+    where_q = f"{where_q} (id {qid})"
+    if qid in seen:
+        raise DataError(f'{where_q}: field "id": duplicate, first at {seen[qid]}')
+    seen[qid] = where_q
+    question = text_field(where_q, "question", _get(qa, "question", str, where_q))
+    impossible = False
+    if v2:
+        impossible = _get(qa, "is_impossible", bool, where_q)
+    raw_answers = _get(qa, "answers", list, where_q)
+    if impossible and raw_answers:
+        raise DataError(
+            f'{where_q}: field "answers": is_impossible is true but there are '
+            f"{len(raw_answers)} answers (v2.0 keeps them in plausible_answers)"
+        )
+    if not impossible and not raw_answers:
+        raise DataError(
+            f'{where_q}: field "answers": empty'
+            + (" and is_impossible is false" if v2 else " (a v1.1 file)")
+        )
+    answers, bad = _checked_answers(raw_answers, where_q, context, strict)
+    return SquadExample(qid, question, context, answers, impossible, title), bad
+
+
+def _checked_answers(
+    raw_answers: list[object], where_q: str, context: str, strict: bool
+) -> tuple[list[tuple[str, int]], int]:
+    """The answers whose answer_start points at their text, and how many did not (an error
+    when strict; see the module docstring)."""
+    answers: list[tuple[str, int]] = []
+    bad = 0
+    for n, ans in enumerate(raw_answers):
+        where_n = f"{where_q}: answers[{n}]"
+        text = _get(ans, "text", str, where_n)
+        start = _get(ans, "answer_start", int, where_n)
+        if not text.strip():
+            raise DataError(f'{where_n}: field "text": empty answer text')
+        if start >= 0 and context[start : start + len(text)] == text:
+            answers.append((text, start))
+            continue
+        if strict:
+            found = context[start : start + len(text)] if start >= 0 else ""
+            hint = "" if text not in context else f"; the text occurs at {context.find(text)}"
+            raise DataError(
+                f'{where_n}: field "answer_start": {start} does not point at the '
+                f"answer {text!r} (the context there reads {found!r}{hint}); "
+                "strict=False skips such answers"
+            )
+        bad += 1
+    return answers, bad
 
 
 def gold_answers(examples: Iterable[SquadExample]) -> dict[str, list[str]]:

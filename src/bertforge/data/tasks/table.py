@@ -407,33 +407,44 @@ def read_examples(
     flags = list(label_column) if isinstance(label_column, (list, tuple)) else None
     # One label column unless a list of flag columns; an empty list is refused as a column.
     single = None if flags else cast("Column | None", label_column)
+    fields = ExampleFields(text_column, text_pair_column, single, flags or [], id_column)
     rows: Iterator[Record]
     if fmt == "jsonl":
-        for role, c in (
-            ("text_column", text_column),
-            *(("label_column", f) for f in flags or [label_column]),
-            ("text_pair_column", text_pair_column),
-            ("id_column", id_column),
-        ):
-            if c is not None and not isinstance(c, str):
-                raise InputError(f"{role}: {c!r}: JSONL columns are key names (strings)")
-        fields = ExampleFields(text_column, text_pair_column, single, flags or [], id_column)
+        _check_jsonl_columns(fields, label_column)
         rows = jsonl_records(path)
     else:
         delim = delimiter if delimiter is not None else ("," if fmt == "csv" else "\t")
         quote = quoting if quoting is not None else fmt == "csv"
         table = open_table(path, delim, quote, header=header)
-
-        def col(c: Column | None, role: str) -> int | None:
-            return None if c is None else table.column(c, role)
-
-        text_i = table.column(text_column, "text_column")
-        pair_i = col(text_pair_column, "text_pair_column")
-        label_i = col(single, "label_column")
-        flag_i = [table.column(c, "label_column") for c in flags or ()]
-        fields = ExampleFields(text_i, pair_i, label_i, flag_i, col(id_column, "id_column"))
+        fields = _table_fields(table, fields)
         rows = table.records()
     return [fields.example(row, n, labels, regression, multi_label) for n, row in enumerate(rows)]
+
+
+def _check_jsonl_columns(fields: ExampleFields, label_column: object) -> None:
+    """JSONL columns are keys: each given column a string (label_column as given, when it
+    is not a list of flag columns: an empty list is refused here)."""
+    for role, c in (
+        ("text_column", fields.text),
+        *(("label_column", f) for f in fields.flags or [label_column]),
+        ("text_pair_column", fields.pair),
+        ("id_column", fields.id),
+    ):
+        if c is not None and not isinstance(c, str):
+            raise InputError(f"{role}: {c!r}: JSONL columns are key names (strings)")
+
+
+def _table_fields(table: Table, columns: ExampleFields) -> ExampleFields:
+    """The columns (names or indices) as the table's field indices, each checked against it."""
+
+    def col(c: Column | None, role: str) -> int | None:
+        return None if c is None else table.column(c, role)
+
+    text_i = table.column(columns.text, "text_column")
+    pair_i = col(columns.pair, "text_pair_column")
+    label_i = col(columns.label, "label_column")
+    flag_i = [table.column(c, "label_column") for c in columns.flags]
+    return ExampleFields(text_i, pair_i, label_i, flag_i, col(columns.id, "id_column"))
 
 
 def jsonl_records(path: Path) -> Iterator[Record]:
