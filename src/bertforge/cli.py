@@ -31,7 +31,7 @@ from typing import Any
 
 from . import __version__
 from .data.corpus import expand_inputs
-from .errors import BertforgeError, ConfigError, DataError
+from .errors import BertforgeError, DataError
 from .options import (
     Parser,
     add_options,
@@ -320,71 +320,25 @@ def cmd_pipeline(args: argparse.Namespace) -> None:
 
 
 # ------------------------------------------------------------------------------------------------
-# index, search, mine
+# index, search, mine: their options are the search package's (search/options.py)
 
 
 def args_index(p: argparse.ArgumentParser) -> None:
-    from .embedding import EMBEDDING_PRECISIONS
+    from .search import CorpusFormat, IndexOptions
 
     p.add_argument("model", help="bi-encoder (embedding model) directory")
     p.add_argument("corpus", help="documents: text lines, .jsonl or .csv/.tsv with id and text")
     p.add_argument("--out", required=True, help="index directory (re-run to resume a build)")
-    p.add_argument("--id-field", default="id", help="JSONL field / table column of the id")
-    p.add_argument("--text-field", default="text", help="JSONL field / table column of the text")
-    p.add_argument("--skip-blank", action="store_true", help="drop blank lines (default: error)")
-    p.add_argument("--chunk", type=int, default=10_000, help="documents per part (resume unit)")
-    p.add_argument(
-        "--window",
-        type=int,
-        help="pieces per window: a longer document is cut into overlapping windows and scores "
-        "as its best (default: the model's length; shorter windows find a sentence better)",
-    )
-    p.add_argument(
-        "--stride",
-        type=int,
-        help="pieces between windows of a long document (default: half a window)",
-    )
-    _prompt_options(p, "the documents", "the model's document prompt (document, passage or corpus)")
-    p.add_argument(
-        "--embedding-precision",
-        choices=EMBEDDING_PRECISIONS,
-        default="float32",
-        help="keep the vectors quantised (sentence-transformers' quantize_embeddings; int8/uint8 "
-        "buckets from the corpus's own vectors): 4 (int8) or 32 (binary) times smaller, float "
-        "queries scored against them",
-    )
-    p.add_argument("--no-bm25", action="store_true", help="no BM25 index beside the vectors")
-    p.add_argument(
-        "--approximate", choices=("hnsw",), help="an HNSW graph (faiss) for millions of vectors"
-    )
-    p.add_argument("--batch-size", type=int, default=32, help="windows per batch")
-    _inference_options(p, "precision", "device")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-
-
-def _prompt_options(p: argparse.ArgumentParser, what: str, default: str) -> None:
-    """--prompt-name and --prompt: the text put before each of `what` (a sentence-transformers
-    model's prompts, config_sentence_transformers.json)."""
-    p.add_argument(
-        "--prompt-name", help=f"the model's prompt of that name before {what} (default: {default})"
-    )
-    p.add_argument("--prompt", help=f'this text before {what} instead ("": none)')
+    add_options(p, CorpusFormat)
+    add_options(p, IndexOptions, help=INFERENCE_HELP)
 
 
 def cmd_index(args: argparse.Namespace) -> None:
-    from .search import CorpusFormat, Index
+    from .search import CorpusFormat, Index, IndexOptions
 
+    fmt = CorpusFormat(**options_of(args, CorpusFormat))
     index = Index.build(
-        args.model,
-        args.corpus,
-        args.out,
-        fmt=CorpusFormat(args.id_field, args.text_field, args.skip_blank),
-        bm25=not args.no_bm25,
-        progress=not args.no_progress,
-        **values_of(
-            args, "chunk", "window", "stride", "approximate", "batch_size", "precision", "device"
-        ),
-        **values_of(args, "prompt_name", "prompt", "embedding_precision"),
+        args.model, args.corpus, args.out, fmt=fmt, **options_of(args, IndexOptions)
     )
     m = index.meta
     print(
@@ -394,64 +348,19 @@ def cmd_index(args: argparse.Namespace) -> None:
 
 
 def _search_args(p: argparse.ArgumentParser) -> None:
-    from .search import FUSIONS, MODES
+    from .search import FirstStage, QueryModel
 
     p.add_argument("index", help="index directory (bertforge index)")
-    p.add_argument("--mode", default="dense", choices=MODES, help="first stage (default: dense)")
-    p.add_argument(
-        "--fusion",
-        default="rrf",
-        choices=FUSIONS,
-        help="hybrid: by reciprocal rank (rrf), or by each list's scores standardised per query "
-        "and summed (zscore) (default: rrf)",
-    )
-    p.add_argument(
-        "--alpha",
-        type=float,
-        default=0.5,
-        help="hybrid: the dense list's weight, BM25's 1 - it (default: 0.5, equal)",
-    )
-    p.add_argument("--model", help="the index's model at another path (checked to be the same)")
-    _prompt_options(p, "each query", "the prompt the index recorded: the model's query prompt")
-
-
-def _open_index(args: argparse.Namespace) -> Any:
-    """The index of search and mine, its model checked (--model), its queries' prompt as
-    --prompt-name / --prompt say."""
-    from .embedding import prompt_text
-    from .search import Index
-
-    index = Index.load(args.index)
-    pipe = index.use_model(args.model)
-    if args.prompt_name is not None or args.prompt is not None:
-        index.query_prompt = prompt_text(pipe.embedding_settings, args.prompt_name, args.prompt)
-    return index
+    add_options(p, FirstStage)
+    add_options(p, QueryModel)
 
 
 def args_search(p: argparse.ArgumentParser) -> None:
-    from .search import FUSIONS
+    from .search import SearchOptions
 
     _search_args(p)
     p.add_argument("queries", nargs="?", default="-", help="text lines, .jsonl {text, id?}, or -")
-    p.add_argument("--top-k", type=int, default=10, help="documents per query")
-    p.add_argument("--text", action="store_true", help="each hit with its document's text")
-    p.add_argument(
-        "--passage",
-        action="store_true",
-        help="each hit with its window nearest the query (its text span; index --window sets "
-        "the windows' size)",
-    )
-    p.add_argument("--rerank", metavar="CROSS_ENCODER", help="rerank the first stage's top hits")
-    p.add_argument("--rerank-depth", type=int, default=50, help="first-stage hits reranked")
-    p.add_argument(
-        "--rerank-fuse",
-        nargs="?",
-        const="rrf",
-        choices=FUSIONS,
-        help="with --rerank: the cross-encoder's order fused with the first stage's, by "
-        "reciprocal rank (rrf, the default) or by z-scores of the first stage's scores and the "
-        "cross-encoder's raw ones, equal weights (zscore); score: the fused one",
-    )
+    add_options(p, SearchOptions)
     p.add_argument("--skip-blank", action="store_true", help="drop blank lines (default: error)")
     p.add_argument("--out", help="JSONL output file (default: stdout)")
 
@@ -464,30 +373,21 @@ def cmd_search(args: argparse.Namespace) -> None:
     from .catalogue import TEXTS
     from .fileio import refuse_overwrite
     from .inputs import read_inputs, write_jsonl
+    from .search import FirstStage, QueryModel, SearchOptions, open_index, search_queries
 
-    if args.rerank and args.rerank_depth < args.top_k:
-        raise ConfigError(f"--rerank-depth {args.rerank_depth} is below --top-k {args.top_k}")
-    if args.rerank_fuse and not args.rerank:
-        raise ConfigError("--rerank-fuse: needs --rerank CROSS_ENCODER")
+    options = SearchOptions(**options_of(args, SearchOptions))
     if args.out:
         refuse_overwrite(args.out, {"queries": args.queries}, "--out")
-    index = _open_index(args)
+    index = open_index(args.index, **options_of(args, QueryModel))
     rows = read_inputs(args.queries, TEXTS, args.skip_blank)
     queries = [r.texts[0] for r in rows]
-    depth = args.rerank_depth if args.rerank else args.top_k
-    text = bool(args.rerank or args.text)
-    results = index.search(
-        queries, depth, args.mode, text, args.fusion, args.alpha, passage=args.passage
-    )
-    if args.rerank:
-        from .search import rerank
-
-        results = rerank(args.rerank, queries, results, args.top_k, args.rerank_fuse, args.text)
+    stage = FirstStage(**options_of(args, FirstStage))
+    results = search_queries(index, queries, stage, options)
     write_jsonl(args.out, rows, [{"query": q, "results": h} for q, h in zip(queries, results)])
 
 
 def args_mine(p: argparse.ArgumentParser) -> None:
-    from .search import MISSING, NEAR_DUPLICATE
+    from .search import MineOptions
 
     _search_args(p)
     p.add_argument(
@@ -497,58 +397,20 @@ def args_mine(p: argparse.ArgumentParser) -> None:
         "positive's text (spacing and case aside)",
     )
     p.add_argument("--out", required=True, help="JSONL {query, positive, negatives}")
-    p.add_argument("--negatives", type=int, default=4, help="hard negatives per query")
-    p.add_argument("--skip", type=int, default=0, help="candidates skipped at the top")
-    p.add_argument("--depth", type=int, default=50, help="candidates looked at per query")
-    p.add_argument(
-        "--margin",
-        type=float,
-        help="leave out candidates scored above the positive's score minus this (likely false "
-        "negatives; dense or bm25)",
-    )
-    p.add_argument(
-        "--near-duplicate",
-        type=float,
-        default=NEAR_DUPLICATE,
-        help="leave out candidates whose word sets are this alike the positive's (Jaccard; a "
-        "copy of it with small edits is no negative)",
-    )
-    p.add_argument(
-        "--missing",
-        choices=MISSING,
-        default="error",
-        help="positives that are not documents of the index: stop (error), write no row for "
-        "them (skip), or mine them guarded by --near-duplicate alone (keep)",
-    )
-    p.add_argument(
-        "--teacher",
-        metavar="CROSS_ENCODER",
-        help="score each group's pairs (the positive, then the negatives) by this cross-encoder's "
-        'raw output, as "scores": what finetune --task rerank --rerank-loss margin-mse or '
-        "listnet, or --task retrieval --teacher-weight W, learns from",
-    )
+    add_options(p, MineOptions)
 
 
 def cmd_mine(args: argparse.Namespace) -> None:
     from .data.tasks import read_retrieval
     from .fileio import json_text, refuse_overwrite, write_text
-    from .search import mine_examples, mined_groups, mining_report, score_groups
+    from .search import FirstStage, MineOptions, QueryModel, mine_groups, open_index
 
     refuse_overwrite(args.out, {"train": args.train}, "--out")
-    index = _open_index(args)
+    index = open_index(args.index, **options_of(args, QueryModel))
     examples = read_retrieval(args.train)
-    found = mine_examples(
-        index,
-        examples,
-        **values_of(args, "negatives", "skip", "depth", "mode", "margin", "fusion", "alpha"),
-        **values_of(args, "near_duplicate", "missing"),
-    )
-    groups = mined_groups(examples, found)
-    said = mining_report(found, examples, args.missing, args.negatives)
-    if not groups:
-        raise DataError(f"{args.train}: no row kept its {args.negatives} negatives; {said}")
-    if args.teacher:
-        score_groups(groups, args.teacher, args.negatives + 1)
+    options = MineOptions(**options_of(args, MineOptions))
+    stage = FirstStage(**options_of(args, FirstStage))
+    groups, said = mine_groups(index, examples, options, stage, args.train)
     write_text(args.out, "".join(json_text(g) + "\n" for g in groups))
     print(f"wrote {len(groups):,} of {len(examples):,} rows to {args.out}: {said}")
 

@@ -36,11 +36,15 @@ def option(
     above: float | None = None,
     below: float | None = None,
     flag: str | None = None,
+    metavar: str | None = None,
+    const: Any = None,
 ) -> Any:
     """A config field: default, help, allowed values (choices, or a range: min/max inclusive,
-    above/below exclusive), its CLI flag when not --field-name. Fields made otherwise have no
-    metadata: they are neither checked nor on the command line."""
+    above/below exclusive), its CLI flag when not --field-name, the name --help shows for its
+    value (metavar), the value of the flag given alone (const: its value optional). Fields made
+    otherwise have no metadata: they are neither checked nor on the command line."""
     meta = dict(help=help, choices=choices, min=min, max=max, above=above, below=below, flag=flag)
+    meta |= dict(metavar=metavar, const=const)
     return dataclasses.field(default=default, metadata=meta)
 
 
@@ -166,6 +170,9 @@ def add_options(
             p.add_argument(flag, dest=name, type=_int_list, default=default, help=text)
         else:
             allowed = m.get("choices") or (choices or {}).get(name)
+            given = {"metavar": m.get("metavar")} if m.get("metavar") else {}
+            if m.get("const") is not None:  # --flag alone: const
+                given |= {"nargs": "?", "const": m["const"]}
             p.add_argument(
                 flag,
                 dest=name,
@@ -174,6 +181,7 @@ def add_options(
                 required=required,
                 choices=allowed,
                 help=text,
+                **given,
             )
         names.append(name)
     p.set_defaults(**{_key(target): [*getattr(p, "_defaults", {}).get(_key(target), []), *names]})

@@ -7,6 +7,7 @@ line (`bertforge index`, `search`, `mine`), the server's /search and Python user
     hits = index.search(["who wrote hamlet"], top_k=50, mode="hybrid", text=True)
     best = rerank("runs/ce", ["who wrote hamlet"], hits, top_k=10)
 
+    options.py   the options of building, searching and mining (defaults, help, allowed values)
     corpus.py    reading a corpus file: (id, text) documents from text lines, JSONL or a table
     identity.py  what an index records of its model (a sha256 of its files), its prompts
     index.py     the directory backend: building (resumable parts), dense/BM25/hybrid search
@@ -18,18 +19,27 @@ line (`bertforge index`, `search`, `mine`), the server's /search and Python user
 from .corpus import CorpusFormat, read_search_corpus
 from .fusion import FUSIONS, RRF_K, fuse, fuse_runs, fuse_scores
 from .identity import model_identity
-from .index import MODES, Index
+from .index import Index, open_index
 from .mining import (
-    MISSING,
-    NEAR_DUPLICATE,
     Mined,
     mine,
     mine_examples,
+    mine_groups,
     mined_groups,
     mining_report,
     score_groups,
 )
-from .rerank import rerank
+from .options import (
+    MISSING,
+    MODES,
+    NEAR_DUPLICATE,
+    FirstStage,
+    IndexOptions,
+    MineOptions,
+    QueryModel,
+    SearchOptions,
+)
+from .rerank import rerank, search_queries
 
 __all__ = [
     "FUSIONS",
@@ -38,17 +48,25 @@ __all__ = [
     "NEAR_DUPLICATE",
     "RRF_K",
     "CorpusFormat",
+    "FirstStage",
     "Index",
+    "IndexOptions",
+    "MineOptions",
     "Mined",
+    "QueryModel",
+    "SearchOptions",
     "fuse",
     "fuse_runs",
     "fuse_scores",
     "mine",
     "mine_examples",
+    "mine_groups",
     "mined_groups",
     "mining_report",
     "model_identity",
+    "open_index",
     "read_search_corpus",
     "rerank",
     "score_groups",
+    "search_queries",
 ]

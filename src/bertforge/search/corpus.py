@@ -17,6 +17,7 @@ from typing import Any
 
 from ..errors import DataError
 from ..fileio import read_lines
+from ..options import check_options, option
 
 
 @dataclass(frozen=True)
@@ -24,9 +25,12 @@ class CorpusFormat:
     """Where a corpus file keeps its documents' ids and texts (JSONL fields, table columns),
     and whether a text file's blank lines are dropped (else each is an error)."""
 
-    id_field: str = "id"
-    text_field: str = "text"
-    skip_blank: bool = False
+    id_field: str = option("id", "JSONL field / table column of the id")
+    text_field: str = option("text", "JSONL field / table column of the text")
+    skip_blank: bool = option(False, "drop blank lines (default: error)")
+
+    def __post_init__(self) -> None:
+        check_options(self)
 
 
 DEFAULT_FORMAT = CorpusFormat()  # "id" and "text", a blank line an error

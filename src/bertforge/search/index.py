@@ -51,9 +51,9 @@ from ..tasks.windows import windows_of
 from .corpus import DEFAULT_FORMAT, CorpusFormat, read_search_corpus
 from .fusion import FUSED, FUSIONS, best_columns, fuse_runs
 from .identity import model_identity, model_record, prompts, refuse_cross_encoder, sha256
+from .options import MODES, FirstStage, IndexOptions, QueryModel, SearchOptions
 
 FORMAT = 1
-MODES = ("dense", "bm25", "hybrid")
 QUERY_BLOCK = 1024  # queries scored against the corpus at once
 WINDOW_BLOCK = 16_384  # windows scored at once per query block: (1024, 16384) floats, 64 MB
 _BM25_EXTRA = "a BM25 index needs bm25s: pip install 'bertforge[search]' (or --no-bm25)"
@@ -145,34 +145,26 @@ class Index:
         out: str | Path,
         *,
         fmt: CorpusFormat = DEFAULT_FORMAT,
-        chunk: int = 10_000,
-        window: int | None = None,
-        stride: int | None = None,
-        bm25: bool = True,
-        approximate: str | None = None,
-        batch_size: int = 32,
-        precision: str = "auto",
-        device: str | None = None,
-        progress: bool = True,
-        prompt_name: str | None = None,
-        prompt: str | None = None,
-        embedding_precision: str = "float32",
+        **options: Any,
     ) -> Index:
         """Build an index of `corpus` in `out` with the bi-encoder `model` (see the module
-        docstring), resuming an unfinished build of the same settings there. The documents
-        get the prompt `prompt_name` or `prompt` names, else the model's document prompt
+        docstring), resuming an unfinished build of the same settings there; `options`:
+        IndexOptions' (chunk, window, stride, bm25, approximate, batch_size, precision, device,
+        progress, prompt_name, prompt, embedding_precision). The documents get the prompt
+        `prompt_name` or `prompt` names, else the model's document prompt
         (embedding.role_prompt); the queries will get its query prompt. embedding_precision
         int8, uint8, binary or ubinary keeps the vectors quantised (embedding.quantize: 4 or 32
         times smaller; int8/uint8 buckets from the corpus's own vectors), float queries scored
         against their stand-ins (embedding.dequantize)."""
         from ..pipelines import Pipeline
 
-        _check_build_options(chunk, bm25, approximate, embedding_precision)
+        o = IndexOptions(**options)
+        _need_extras(o)
         out, corpus = Path(out), Path(corpus)
         refuse_cross_encoder(model)
-        pipe = Pipeline(model, device=device, precision=precision, batch_size=batch_size)
-        roles = prompts(pipe, prompt_name, prompt)
-        length, stride = _window_settings(pipe, window, stride, roles["document_prompt"])
+        pipe = Pipeline(model, device=o.device, precision=o.precision, batch_size=o.batch_size)
+        roles = prompts(pipe, o.prompt_name, o.prompt)
+        length, stride = _window_settings(pipe, o.window, o.stride, roles["document_prompt"])
         if not corpus.is_file():
             raise DataError(f"{corpus}: file not found")
         documents = sum(1 for _ in read_search_corpus(corpus, fmt))  # every row checked first
@@ -184,18 +176,18 @@ class Index:
             **roles,
             "window": length,
             "stride": stride,
-            "chunk": chunk,
-            "precision": precision,  # queries are embedded as the documents were
+            "chunk": o.chunk,
+            "precision": o.precision,  # queries are embedded as the documents were
             "corpus": str(corpus.resolve()),
             "corpus_sha256": sha256([corpus]),
             "fields": [fmt.id_field, fmt.text_field, fmt.skip_blank],
-            "embedding_precision": embedding_precision,
+            "embedding_precision": o.embedding_precision,
         }
         _start_build(out, settings)
         cut = (length, stride, roles["document_prompt"])
         rows = read_search_corpus(corpus, fmt)
-        done = _build_parts(out, pipe, rows, documents, chunk, cut, progress)
-        return cls._join(out, settings, done, bm25, approximate)
+        done = _build_parts(out, pipe, rows, documents, o.chunk, cut, o.progress)
+        return cls._join(out, settings, done, o.bm25, o.approximate)
 
     @classmethod
     def _join(
@@ -398,12 +390,12 @@ class Index:
     def search(
         self,
         queries: Sequence[str],
-        top_k: int = 10,
-        mode: str = "dense",
-        text: bool = False,
-        fusion: str = "rrf",
-        alpha: float = 0.5,
-        passage: bool = False,
+        top_k: int = SearchOptions.top_k,
+        mode: str = FirstStage.mode,
+        text: bool = SearchOptions.text,
+        fusion: str = FirstStage.fusion,
+        alpha: float = FirstStage.alpha,
+        passage: bool = SearchOptions.passage,
     ) -> list[list[dict[str, Any]]]:
         """Per query, its top_k documents: [{"id", "score", "rank"} (+ "text", + "passage")];
         hybrid fused by `fusion`, the dense list weighed `alpha` and BM25's 1 - alpha; with
@@ -493,8 +485,8 @@ class Index:
         queries: Sequence[str],
         k: int,
         mode: str,
-        fusion: str = "rrf",
-        alpha: float = 0.5,
+        fusion: str = FirstStage.fusion,
+        alpha: float = FirstStage.alpha,
         vectors: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
         """(document indices, scores) of each query's top k by `mode` (-1: none there;
@@ -508,6 +500,20 @@ class Index:
             return self.bm25(queries, k)
         runs = [self.dense(queries, FUSED, vectors), self.bm25(queries, FUSED)]
         return fuse_runs(runs, fusion, alpha, k)
+
+
+def open_index(path: str | Path, **options: Any) -> Index:
+    """The index at `path` as search and mine use it; `options`: QueryModel's. Its model
+    checked (`model`: the index's model at another path), its queries' prompt as
+    `prompt_name` / `prompt` say (default: the one the index recorded)."""
+    from ..embedding import prompt_text
+
+    o = QueryModel(**options)
+    index = Index.load(path)
+    pipe = index.use_model(o.model)
+    if o.prompt_name is not None or o.prompt is not None:
+        index.query_prompt = prompt_text(pipe.embedding_settings, o.prompt_name, o.prompt)
+    return index
 
 
 def _join_vectors(out: Path, parts: Sequence[Path], precision: str, block: int = 65_536) -> None:
@@ -579,24 +585,11 @@ def _write_hnsw(vectors: Path, out: Path, block: int = 65_536) -> None:
 EMBED_BLOCK = 2048  # windows embedded per call while building: memory bounded for any document
 
 
-def _check_build_options(
-    chunk: int, bm25: bool, approximate: str | None, embedding_precision: str
-) -> None:
-    from ..embedding import EMBEDDING_PRECISIONS
-
-    check_choice("embedding_precision", embedding_precision, EMBEDDING_PRECISIONS)
-    if approximate and embedding_precision != "float32":
-        raise ConfigError(
-            "approximate (--approximate) searches float32 vectors: leave out "
-            "--embedding-precision, or build an exact index"
-        )
-    if chunk < 1:
-        raise ConfigError(f"chunk={chunk} (--chunk): must be >= 1")
-    if bm25:
+def _need_extras(o: IndexOptions) -> None:
+    """The optional extras a build's options need, installed (IndexOptions checked the rest)."""
+    if o.bm25:
         need_extra("bm25s", _BM25_EXTRA)
-    if approximate not in (None, "hnsw"):
-        raise ConfigError(f"approximate={approximate!r} (--approximate): only hnsw")
-    if approximate:
+    if o.approximate:
         need_extra("faiss", _FAISS_EXTRA)
 
 

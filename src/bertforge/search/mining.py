@@ -25,15 +25,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import ConfigError, DataError, check_choice
-from .index import MODES, Index
+from .index import Index
+from .options import MISSING, MODES, FirstStage, MineOptions
 
 if TYPE_CHECKING:
     from ..data.tasks.retrieval import RetrievalExample
     from ..pipelines import Pipeline
-
-
-NEAR_DUPLICATE = 0.8  # mining: a candidate whose words are this like its positive's is no negative
-MISSING = ("error", "skip", "keep")  # mining: what to do with positives not in the corpus
 
 
 @dataclass
@@ -96,15 +93,15 @@ def mine(
     positives: Sequence[str],
     *,
     positive_ids: Sequence[str | None] | None = None,
-    negatives: int = 4,
-    skip: int = 0,
-    depth: int = 50,
-    mode: str = "dense",
-    margin: float | None = None,
-    fusion: str = "rrf",
-    alpha: float = 0.5,
-    near_duplicate: float = NEAR_DUPLICATE,
-    missing: str = "error",
+    negatives: int = MineOptions.negatives,
+    skip: int = MineOptions.skip,
+    depth: int = MineOptions.depth,
+    mode: str = FirstStage.mode,
+    margin: float | None = MineOptions.margin,
+    fusion: str = FirstStage.fusion,
+    alpha: float = FirstStage.alpha,
+    near_duplicate: float = MineOptions.near_duplicate,
+    missing: str = MineOptions.missing,
     sources: Sequence[str] | None = None,
 ) -> Mined:
     """Hard negatives per (query, positive): the query's candidates at ranks skip+1..depth of
@@ -210,6 +207,28 @@ def mine_examples(index: Index, examples: Sequence[RetrievalExample], **options:
         sources=[e.source for e in examples],
         **options,
     )
+
+
+def mine_groups(
+    index: Index,
+    examples: Sequence[RetrievalExample],
+    options: MineOptions,
+    stage: FirstStage,
+    source: str | Path,
+) -> tuple[list[dict[str, Any]], str]:
+    """`bertforge mine`: the training groups of retrieval rows (read from `source`) that kept
+    their negatives, scored by options.teacher if given, and what mining found, in words; no
+    group kept is one DataError saying why."""
+    o = options
+    mined = {k: v for k, v in vars(o).items() if k != "teacher"}
+    found = mine_examples(index, examples, **mined, **vars(stage))
+    groups = mined_groups(examples, found)
+    said = mining_report(found, examples, o.missing, o.negatives)
+    if not groups:
+        raise DataError(f"{source}: no row kept its {o.negatives} negatives; {said}")
+    if o.teacher:
+        score_groups(groups, o.teacher, o.negatives + 1)
+    return groups, said
 
 
 def mined_groups(examples: Sequence[RetrievalExample], found: Mined) -> list[dict[str, Any]]:

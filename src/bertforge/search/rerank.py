@@ -21,16 +21,18 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, check_choice
 from .fusion import FUSIONS, fuse_runs
+from .options import FirstStage, SearchOptions
 
 if TYPE_CHECKING:
     from ..pipelines import Pipeline
+    from .index import Index
 
 
 def rerank(
     cross_encoder: str | Path | Pipeline,
     queries: Sequence[str],
     results: Sequence[Sequence[dict[str, Any]]],
-    top_k: int = 10,
+    top_k: int = SearchOptions.top_k,
     fusion: str | None = None,
     text: bool = False,
 ) -> list[list[dict[str, Any]]]:
@@ -66,6 +68,27 @@ def rerank(
                 h.pop("text")
         out.append(reordered)
     return out
+
+
+def search_queries(
+    index: Index,
+    queries: Sequence[str],
+    stage: FirstStage | None = None,
+    options: SearchOptions | None = None,
+) -> list[list[dict[str, Any]]]:
+    """`bertforge search`: each query's top_k hits by the first stage (`stage`), or with
+    options.rerank, the first stage's top rerank_depth reranked by that cross-encoder (with
+    rerank_fuse: that order fused with the first stage's); each hit's text with options.text,
+    its passage with options.passage."""
+    stage, o = stage or FirstStage(), options or SearchOptions()
+    depth = o.rerank_depth if o.rerank else o.top_k
+    text = bool(o.rerank or o.text)
+    results = index.search(
+        queries, depth, stage.mode, text, stage.fusion, stage.alpha, passage=o.passage
+    )
+    if o.rerank:
+        results = rerank(o.rerank, queries, results, o.top_k, o.rerank_fuse, o.text)
+    return results
 
 
 def reranked_order(
