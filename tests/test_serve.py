@@ -1139,30 +1139,65 @@ def test_search_texts_are_cut_at_return_chars(classifier: Path, tmp_path: Path) 
 
 def test_a_big_request_is_not_starved_by_a_stream_of_small_ones() -> None:
     """Small requests of other options keep coming, one during each call: they go before the
-    big one's next slice once, not for ever (round robin: a new request goes before those in
-    the last call only)."""
+    big one while their tags (the work clock when they came plus their own pieces) are below
+    its tag (0 + its 60 pieces), and not after: the big one waits behind later requests for
+    at most its own pieces of their work (a tie goes to the one that came first)."""
     from bertforge.serve import Limits
 
     limits = Limits(max_batch=64, max_batch_tokens=20, max_wait_ms=0)
-    batchers, calls, gates = stub_batchers(limits, held=4)
+    batchers, calls, gates = stub_batchers(limits, held=6)
     b = batchers["a"]
 
     async def go() -> None:
         big = asyncio.create_task(b.submit([f"big{i}:10" for i in range(6)], {"o": "big"}))
         small = []
-        for k in range(4):
+        for k in range(6):
             await until(lambda k=k: len(calls) == k + 1)
-            small.append(asyncio.create_task(b.submit([f"s{k}:1"], {"o": "small"})))
-            await until(lambda k=k: any(j.items == [f"s{k}:1"] for j in b.jobs))
+            small.append(asyncio.create_task(b.submit([f"s{k}:10"], {"o": "small"})))
+            await until(lambda k=k: any(j.items == [f"s{k}:10"] for j in b.jobs))
             gates[k].set()
         await asyncio.gather(big, *small)
 
     asyncio.run(go())
     assert [items for _, items in calls] == [
-        ["big0:10", "big1:10"],
-        ["s0:1"],  # came during the first call: before the big one's next slice
-        ["big2:10", "big3:10"],  # s1 came during s0's call: the big one, served earlier, first
-        ["s1:1", "s2:1"],
-        ["big4:10", "big5:10"],
-        ["s3:1"],
+        ["big0:10", "big1:10"],  # work 20
+        ["s0:10"],  # tag 20 + 10 = 30, below the big one's 60
+        ["s1:10"],  # tag 40
+        ["s2:10"],  # tag 50
+        ["big2:10", "big3:10"],  # s3's tag is 60: a tie, the big one came first
+        ["big4:10", "big5:10"],  # s4 (tag 80) came during the last call
+        ["s3:10", "s4:10"],  # same options: one call
+        ["s5:10"],
     ]
+
+
+def test_requests_of_one_size_are_answered_in_the_order_they_came() -> None:
+    """Equal requests, each over a call's budget, queued together: the first is answered
+    first (its slices first, the next one filling the calls), not all of them at the end."""
+    from bertforge.serve import Limits
+
+    limits = Limits(max_batch=64, max_batch_tokens=30, max_wait_ms=0)
+    batchers, calls, (gate,) = stub_batchers(limits)
+    b = batchers["a"]
+    done: list[int] = []
+
+    async def go() -> None:
+        async def ask(k: int) -> None:
+            await b.submit([f"r{k}i{i}:10" for i in range(4)], {})
+            done.append(k)
+
+        hold = asyncio.create_task(b.submit(["hold:1"], {}))
+        await until(lambda: len(calls) == 1)
+        asks = [asyncio.create_task(ask(k)) for k in range(3)]
+        await until(lambda: b.waiting == 3)
+        gate.set()
+        await asyncio.gather(hold, *asks)
+
+    asyncio.run(go())
+    assert [items for _, items in calls][1:] == [
+        ["r0i0:10", "r0i1:10", "r0i2:10"],
+        ["r0i3:10", "r1i0:10", "r1i1:10"],
+        ["r1i2:10", "r1i3:10", "r2i0:10"],
+        ["r2i1:10", "r2i2:10", "r2i3:10"],
+    ]
+    assert done == [0, 1, 2]

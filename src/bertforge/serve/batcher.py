@@ -37,7 +37,8 @@ class Job:
     arrived: float  # the event loop's clock
     order: int  # arrival order in its batcher
     rows: list[Any]
-    turn: float  # its place in the batcher's round (Batcher.take)
+    tag: int  # its place in the batcher's queue, lowest first (Batcher.take): the pieces the
+    # batcher had handed to model calls when it came, plus its own
     taken: int = 0  # items handed to model calls so far
 
     @property
@@ -74,6 +75,7 @@ class Batcher:
         self.jobs: list[Job] = []
         self.arrivals = itertools.count()
         self.calls = 0  # model calls made so far
+        self.work = 0  # pieces handed to model calls so far: the clock requests are tagged by
         self.task: asyncio.Task | None = None  # its worker, in the event loop it started in
         self.wake: asyncio.Event | None = None  # set when a request comes
 
@@ -110,8 +112,8 @@ class Batcher:
         loop = asyncio.get_running_loop()
         future: asyncio.Future = loop.create_future()
         key = json.dumps(options, sort_keys=True, default=repr)
-        order, turn = next(self.arrivals), self.calls - 0.5  # before those in the last call
-        job = Job(items, costs, options, key, future, loop.time(), order, [None] * len(items), turn)
+        order, tag = next(self.arrivals), self.work + total
+        job = Job(items, costs, options, key, future, loop.time(), order, [None] * len(items), tag)
         self.jobs.append(job)
         self._wake(loop)
         watch = asyncio.ensure_future(gone()) if gone else None
@@ -167,13 +169,16 @@ class Batcher:
         return max(0.0, min(j.arrived for j in jobs) + limits.max_wait_ms / 1000 - now)
 
     def take(self) -> list[Slice]:
-        """The next model call's slices (Slice: request, start, end), the requests in turn (round
-        robin: the one served least recently first; a new one before those in the last call,
-        so it need not wait for a big one's next slice), each giving its next items while the
+        """The next model call's slices (Slice: request, start, end), the requests in the order
+        of their tags (the batcher's work clock when each came, plus its own pieces: fair
+        queueing's virtual finish times, lowest first), each giving its next items while the
         call stays within max_batch items and max_batch_tokens pieces (its first item always:
-        an input longer than that runs alone). Only requests with the options of the first
-        share the call."""
-        queue = sorted((j for j in self.jobs if j.waiting), key=lambda j: (j.turn, j.order))
+        an input longer than that runs alone). So requests of one size are answered in the
+        order they came, each as soon as it can be (not all together at the end, as turns
+        would), a small one goes before a big one that came not long before it, and a big
+        one waits behind later ones for at most its own pieces of their work. Only requests
+        with the options of the first share the call."""
+        queue = sorted((j for j in self.jobs if j.waiting), key=lambda j: (j.tag, j.order))
         self.calls += 1
         limits, n, pieces = self.limits, 0, 0
         slices: list[Slice] = []
@@ -187,7 +192,8 @@ class Batcher:
                 pieces, n, end = pieces + job.costs[end], n + 1, end + 1
             if end > start:
                 slices.append(Slice(job, start, end))
-                job.taken, job.turn = end, self.calls
+                job.taken = end
+        self.work += pieces
         return slices
 
     async def answer(self, slices: list[Slice]) -> None:
