@@ -297,7 +297,15 @@ def main() -> None:
                 indent=2,
             )
         )
-        payload = {"machine": machine(), "settings": vars(args), **result}
+        import torch
+
+        from common import matmul_gflops
+
+        cpu = torch.device("cpu")
+        peaks = {
+            k: matmul_gflops(d, cpu) for k, d in (("fp32", torch.float32), ("bf16", torch.bfloat16))
+        }
+        payload = {"machine": machine(), "matmul_gflops": peaks, "settings": vars(args), **result}
         print(f"wrote {write_results('serve_peers', payload, args.out)}")
         return
     texts = real_sentences(Path(args.data), 2000)

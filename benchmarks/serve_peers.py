@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 
 
 def rerank_requests(data: Path, n: int, documents: int = 20, seed: int = 0) -> list[dict]:
@@ -163,13 +164,32 @@ def run_load(load: str, model: Path, items: list, concurrency: int, ctx: dict) -
     )
     out["ratio_p99"] = summary["bertforge"]["p99_ms"] / summary["infinity"]["p99_ms"]
     if load == "rerank":
-        ours, theirs = rounds["bertforge"][0]["answers"], rounds["infinity"][0]["answers"]
-        out["max_score_difference"] = max(
-            abs(a - b)
-            for x, y in zip(ours, theirs)
-            for a, b in zip(scores_of("bertforge", x), scores_of("infinity", y))
-        )
+        out |= compare_scores(model, items, rounds["bertforge"][0], rounds["infinity"][0])
     return out
+
+
+def compare_scores(model: Path, items: list[dict], ours: dict, theirs: dict) -> dict[str, Any]:
+    """The largest score difference between the servers over the pairs the cross-encoder reads
+    whole, and over those whose document is longer than it reads (bertforge scores its best
+    window beside the query, infinity the truncated pair: they differ there by design)."""
+    from bertforge.pipelines import Pipeline
+
+    pipe = Pipeline(model)
+    whole, windowed = 0.0, 0.0
+    count = 0
+    for item, x, y in zip(items, ours["answers"], theirs["answers"]):
+        _, owners = pipe.pair_rows([item["query"]] * len(item["documents"]), item["documents"])
+        rows = np.bincount(owners, minlength=len(item["documents"]))
+        for n, a, b in zip(rows, scores_of("bertforge", x), scores_of("infinity", y)):
+            if n == 1:
+                whole = max(whole, abs(a - b))
+            else:
+                windowed, count = max(windowed, abs(a - b)), count + 1
+    return {
+        "max_score_difference_read_whole": whole,
+        "pairs_read_in_windows": count,
+        "max_score_difference_windowed": windowed,
+    }
 
 
 def _bare(result: dict) -> dict:

@@ -1,6 +1,7 @@
 """The micro-batcher, the server's core: one endpoint's waiting requests in, each request's own
-rows out, one model call at a time over slices of them in turn, within the token budget, a
-request whose client has gone skipped (the package docstring says why, with the measurements).
+rows out, one model call at a time over slices of them in fair-queueing order, within the
+token budget, a request whose client has gone skipped (the package docstring says why, with
+the measurements).
 It knows no web framework: a request is its items, its options and a way to tell it has gone;
 what it refuses is an HTTPError with its status (413 over max_request_tokens, 503 when full,
 499 when gone)."""
@@ -62,7 +63,8 @@ class Slice:
 
 class Batcher:
     """One endpoint's requests and worker: (items, options) in, each request's own rows out,
-    one model call at a time, each call slices of the waiting requests in turn (see `take`)."""
+    one model call at a time, each call slices of the waiting requests, lowest tag first (see
+    `take`)."""
 
     def __init__(
         self,
