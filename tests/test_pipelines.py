@@ -558,3 +558,21 @@ def test_low_precision_batches_are_padded_to_a_multiple(minilm_dir: Path) -> Non
             assert shapes == [-(-longest // PAD_MULTIPLE) * PAD_MULTIPLE] and shapes[0] > longest
     cos = (out["fp32"] * out["bf16"]).sum(-1)
     assert cos.min() > 0.999
+
+
+def test_batches_made_ahead_give_the_same_batches_and_embeddings(
+    minilm_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The GPU's prefetching (the next batch collated by a worker thread while this one runs):
+    the same batches in the same order, and the same embeddings, a long text's windows too."""
+    from bertforge.runner import Runner, prepared
+
+    lengths = [5, 40, 3, 17, 17, 2, 90, 8]
+    made = list(prepared(length_batches(lengths, 3), lambda rows: rows.sum(), ahead=True))
+    plain = list(prepared(length_batches(lengths, 3), lambda rows: rows.sum(), ahead=False))
+    assert [(list(r), b) for r, b in made] == [(list(r), b) for r, b in plain] and len(made) > 2
+    texts = ["a short one.", "another short sentence here.", " ".join(["long"] * 600), "x"]
+    pipe = Pipeline(minilm_dir, batch_size=2, precision="fp32")
+    expected = pipe.embed(texts)
+    monkeypatch.setattr(Runner, "prefetch", property(lambda self: True))
+    assert np.array_equal(pipe.embed(texts), expected)

@@ -94,7 +94,10 @@ def test_only_the_main_process_writes(tmp_path: Path, capsys: pytest.CaptureFixt
 def test_what_the_commands_record() -> None:
     """The settings a resumed run may change, and distillation's defaults by mode, as run.json
     records them."""
-    assert {"progress", "device", "log_every", "keep_checkpoints"} == FinetuneConfig.RESUMABLE
+    # compile: how the step runs, not what it computes (a resumed run may change it)
+    assert {"progress", "device", "log_every", "keep_checkpoints", "compile"} == (
+        FinetuneConfig.RESUMABLE
+    )
     assert DistillConfig.RESUMABLE == FinetuneConfig.RESUMABLE
     assert {
         "steps",
@@ -104,6 +107,7 @@ def test_what_the_commands_record() -> None:
         "keep_checkpoints",
         "progress",
         "device",
+        "compile",
     } == PretrainConfig.RESUMABLE
     keys = ("batch_size", "lr", "hidden_weight", "dropout", "token_weight")
     general = DistillConfig(teacher="t", out="o", student_layers="0", data=["x"])

@@ -184,10 +184,66 @@ class Layer(nn.Module):
         else:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
         y = y.transpose(1, 2).reshape(B, T, H)  # (B, T, nh, hs) -> (B, T, H)
+        return self._after_attention(x, y), (probs if return_probs else None)
+
+    def _after_attention(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """x, attention's y (..., H) -> the block's output: projection, residual, LayerNorm,
+        feed-forward, residual, LayerNorm."""
         x = self.attn_norm(x + dropout(self.attn["out"](y), self.p, self.training))
-        h = self.ffn["down"](self.act(self.ffn["up"](x)))  # (B, T, I) -> (B, T, H)
-        x = self.ffn_norm(x + dropout(h, self.p, self.training))
-        return x, (probs if return_probs else None)
+        h = self.ffn["down"](self.act(self.ffn["up"](x)))  # (.., I) -> (.., H)
+        return self.ffn_norm(x + dropout(h, self.p, self.training))
+
+    def packed(self, x: torch.Tensor, rows: Packing) -> torch.Tensor:
+        """The block over packed tokens: x (N, H), the real tokens of the batch's rows one after
+        another (`rows` says where each row starts); no work on padding."""
+        N, H = x.shape
+        q, k, v = self.attn["qkv"](x).view(N, 3, self.nh, H // self.nh).unbind(1)  # (N, nh, hs)
+        return self._after_attention(x, rows.attend(q, k, v).reshape(N, H))
+
+
+@dataclass
+class Packing:
+    """Where a padded (B, T) batch's real tokens are once packed into (N,): `index` (N,) their
+    places in the flattened batch, `starts` (B + 1,) int32 where each row begins (cu_seqlens),
+    `longest` the longest row. Rows are the mask's runs of ones from position 0."""
+
+    index: torch.Tensor
+    starts: torch.Tensor
+    longest: int
+    shape: tuple[int, int]
+
+    @classmethod
+    def of(cls, attention_mask: torch.Tensor) -> Packing:
+        lengths = attention_mask.sum(1, dtype=torch.int32)
+        starts = F.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0))
+        index = attention_mask.flatten().nonzero().squeeze(1)
+        return cls(index, starts, int(lengths.max()), tuple(attention_mask.shape))
+
+    def pack(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, T, ...) -> (N, ...)."""
+        return x.flatten(0, 1).index_select(0, self.index)
+
+    def unpack(self, x: torch.Tensor) -> torch.Tensor:
+        """(N, ...) -> (B, T, ...), zeros where the batch was padded."""
+        out = x.new_zeros(self.shape[0] * self.shape[1], *x.shape[1:])
+        return out.index_copy_(0, self.index, x).unflatten(0, self.shape)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Attention within each row of packed (N, nh, hs) q, k, v: flash attention over the
+        variable-length rows on a GPU; elsewhere (the CPU, tests) SDPA over the re-padded batch,
+        the same numbers."""
+        if q.is_cuda and varlen_attn is not None:  # CUDA only: PyTorch's varlen flash kernel
+            return varlen_attn(q, k, v, self.starts, self.starts, self.longest, self.longest)
+        mask = self.unpack(torch.ones(len(q), dtype=torch.bool, device=q.device))
+        q, k, v = (self.unpack(t).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None, None, :])
+        return self.pack(y.transpose(1, 2))
+
+
+try:  # torch >= 2.10
+    from torch.nn.attention.varlen import varlen_attn
+except ImportError:  # pragma: no cover - older torch: the padded path
+    varlen_attn = None
 
 
 class BertModel(Pretrained, nn.Module):
@@ -212,8 +268,11 @@ class BertModel(Pretrained, nn.Module):
         if config.sinusoidal_pos_embds:
             self.embeddings.fix_positions()
 
-    def check_inputs(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None) -> None:
-        """Clear errors for inputs that would otherwise fail deep inside torch."""
+    def check_inputs(
+        self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None, values: bool = True
+    ) -> None:
+        """Clear errors for inputs that would otherwise fail deep inside torch: their shape, and
+        with `values` their ids (which reads them: a GPU's queue waits for it)."""
         if input_ids.dim() != 2:
             raise InputError(
                 f"input_ids must be (batch, seq_len), got shape {tuple(input_ids.shape)}"
@@ -224,6 +283,8 @@ class BertModel(Pretrained, nn.Module):
                 f"sequence length {T} is more than max_position_embeddings="
                 f"{self.config.max_position_embeddings}; truncate the input (tokenizer max_length)"
             )
+        if not values:
+            return
         if input_ids.numel() and (input_ids.min() < 0 or input_ids.max() >= self.config.vocab_size):
             raise InputError(
                 f"token id {int(input_ids.max())} is outside the vocabulary (vocab_size="
@@ -247,26 +308,38 @@ class BertModel(Pretrained, nn.Module):
         position_ids: torch.Tensor | None = None,
         output_hidden_states: bool = False,
         output_attentions: bool = False,
+        unpad: bool | None = None,
     ) -> BertOutput:
-        """input_ids, token_type_ids, attention_mask: (B, T); attention_mask 1 = real token."""
+        """input_ids, token_type_ids, attention_mask: (B, T); attention_mask 1 = real token.
+        unpad: the layers over the real tokens only (Packing; states at padding are 0), by
+        default for inference in bf16/fp16 on a GPU when the batch has padding."""
         # Traced or compiled (ONNX export, torch.compile): no data-dependent branches.
         tracing = torch.compiler.is_compiling() or torch.jit.is_tracing()
+        # Training on a GPU reads nothing back: its batches come from our own pipelines, and a
+        # read would stall the device's queue every step (an all-ones mask: pass None instead).
+        reads = not tracing and not (self.training and input_ids.device.type == "cuda")
         if not tracing:
-            self.check_inputs(input_ids, token_type_ids)
+            self.check_inputs(input_ids, token_type_ids, values=reads)
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
         mask = None
-        if attention_mask is not None and (tracing or not bool(attention_mask.all())):
+        if attention_mask is not None and (not reads or not bool(attention_mask.all())):
             mask = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T): keys to attend to
         x = self.embeddings(input_ids, token_type_ids, position_ids)
         hidden = [x] if output_hidden_states else None
         probs = [] if output_attentions else None
-        for layer in self.layers:
-            x, p = layer(x, mask, return_probs=output_attentions)
-            if hidden is not None:
-                hidden.append(x)
-            if probs is not None:
-                probs.append(p)
+        if unpad is None:
+            unpad = not tracing and not output_attentions and unpads(x, self.training)
+        if mask is not None and unpad:
+            assert attention_mask is not None and not output_attentions
+            x = self._packed_layers(x, Packing.of(attention_mask), hidden)
+        else:
+            for layer in self.layers:
+                x, p = layer(x, mask, return_probs=output_attentions)
+                if hidden is not None:
+                    hidden.append(x)
+                if probs is not None:
+                    probs.append(p)
         pooled = None
         if self.pooler is not None:  # DistilBERT's pre_classifier: ReLU
             act = torch.relu if self.config.model_type == "distilbert" else torch.tanh
@@ -277,6 +350,36 @@ class BertModel(Pretrained, nn.Module):
             hidden_states=tuple(hidden) if hidden is not None else None,
             attentions=tuple(probs) if probs is not None else None,
         )
+
+    def _packed_layers(
+        self, x: torch.Tensor, rows: Packing, hidden: list[torch.Tensor] | None
+    ) -> torch.Tensor:
+        """The layers over the real tokens of x (B, T, H) only: (B, T, H), 0 at padding; each
+        layer's output, so padded, appended to `hidden` (its embeddings too, replaced)."""
+        x = rows.pack(x)
+        if hidden is not None:
+            hidden[0] = rows.unpack(x)
+        for layer in self.layers:
+            x = layer.packed(x, rows)
+            if hidden is not None:
+                hidden.append(rows.unpack(x))
+        return rows.unpack(x)
+
+
+# Inference on a GPU skips padding (Packing) where it can; False: padded batches, as on the CPU
+UNPAD_ON_GPU = True
+
+
+def unpads(x: torch.Tensor, training: bool) -> bool:
+    """Whether the encoder runs over packed tokens by default: inference on a GPU in bf16 or
+    fp16 (the variable-length flash kernel's types), where torch has that kernel. Not for
+    training (its attention dropout) nor on the CPU (length-sorted batches pad little there,
+    and the re-padding fallback would cost more)."""
+    if not (UNPAD_ON_GPU and x.is_cuda and varlen_attn is not None) or training:
+        return False
+    half = (torch.float16, torch.bfloat16)
+    autocast = torch.is_autocast_enabled("cuda") and torch.get_autocast_dtype("cuda") in half
+    return autocast or x.dtype in half
 
 
 def init_bert_weights(module: nn.Module, std: float) -> None:

@@ -306,10 +306,13 @@ class Pipeline:
         def fn(b: dict[str, Any]) -> list[np.ndarray | None]:
             h = model(*b["inputs"]).last_hidden_state
             vectors = embedding.pool(h, b["attention_mask"], modes, skip).cpu().numpy()
-            lengths, rows = b["attention_mask"].sum(1).tolist(), b["rows"]
+            rows = b["rows"].tolist()
+            if all(whole[k] for k in rows):  # no long text's window here (most batches)
+                return list(vectors)
+            lengths = b["attention_mask"].sum(1).tolist()
             # A long text's windows are pooled as they come (each piece from its max-context
             # window), so its states are never all held at once.
-            for j, k in enumerate(rows.tolist()):
+            for j, k in enumerate(rows):
                 if not whole[k]:
                     text, keep, positions = layout.place(k, lengths[j])
                     if text not in running:
@@ -318,7 +321,7 @@ class Pipeline:
                     # index_select: torch's h[j, index] takes milliseconds on a busy CPU
                     states = h[j].index_select(0, torch.from_numpy(keep).to(h.device))
                     running[text].add(states, torch.from_numpy(positions).to(h.device))
-            return [vectors[j] if whole[k] else None for j, k in enumerate(rows.tolist())]
+            return [vectors[j] if whole[k] else None for j, k in enumerate(rows)]
 
         rows = self.run(features, fn)
         out = np.zeros((len(texts), model.config.hidden_size * len(modes)), np.float32)

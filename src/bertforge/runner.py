@@ -134,8 +134,37 @@ class Runner:
         """fn(make_batch(rows)) for each batch of rows; fn returns one item per row of its
         batch, in the batch's order; the items come back in the rows' order."""
         out: list[Any] = [None] * len(lengths)
+        batches = prepared(length_batches(lengths, self.batch_size), make_batch, self.prefetch)
         with torch.inference_mode(), autocast(self.precision, self.device):
-            for rows in length_batches(lengths, self.batch_size):
-                for r, item in zip(rows, fn(make_batch(rows))):
+            for rows, batch in batches:
+                for r, item in zip(rows, fn(batch)):
                     out[r] = item
         return out
+
+    @property
+    def prefetch(self) -> bool:
+        """Whether the next batch is made while the device runs this one: on a GPU, where the
+        host would otherwise leave it idle collating (the CPU is busy computing anyway)."""
+        return self.device.type == "cuda"
+
+
+def prepared(
+    batches: Iterator[np.ndarray], make_batch: Callable[[np.ndarray], Any], ahead: bool
+) -> Iterator[tuple[np.ndarray, Any]]:
+    """(rows, make_batch(rows)) for each batch of rows; with `ahead`, each next batch made by a
+    worker thread while the caller uses this one (make_batch must touch no autograd state)."""
+    if not ahead:
+        yield from ((rows, make_batch(rows)) for rows in batches)
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1, thread_name_prefix="bertforge-batches") as pool:
+        rows = next(batches, None)
+        pending = pool.submit(make_batch, rows) if rows is not None else None
+        while rows is not None and pending is not None:
+            batch = pending.result()
+            following = next(batches, None)
+            if following is not None:
+                pending = pool.submit(make_batch, following)
+            yield rows, batch
+            rows = following

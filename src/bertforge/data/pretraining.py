@@ -61,14 +61,18 @@ class Batch:
     mlm_labels: torch.Tensor  # (b, P) original ids, IGNORE_INDEX where padded
     nsp_labels: torch.Tensor  # (b,) 0 = IsNext, 1 = NotNext
     num_tokens: int = 0  # real (unpadded) tokens
+    padded: bool = True  # whether any row is shorter than T (False: attend without a mask)
 
     def to(self, device: torch.device | str) -> Batch:
+        """On `device`; from pinned host memory when that is a GPU, so that the copies run
+        while the GPU works."""
+        pin = torch.device(device).type == "cuda"
         moved = {
-            k: v.to(device, non_blocking=True)
+            k: (v.pin_memory() if pin else v).to(device, non_blocking=True)
             for k, v in self.__dict__.items()
             if isinstance(v, torch.Tensor)
         }
-        return Batch(**moved, num_tokens=self.num_tokens)
+        return Batch(**moved, num_tokens=self.num_tokens, padded=self.padded)
 
 
 @dataclass(eq=False)
@@ -213,20 +217,24 @@ class PretrainingStream:
             labels.append(lab)
             nsp.append(int(p[4]))
         attention_mask = pad_rows([np.ones(len(s), np.int64) for s in sequences], 0)
+        P = self.spec.max_predictions_per_seq
         return Batch(
             input_ids=torch.from_numpy(pad_rows(sequences, self.pad_id)),
             token_type_ids=torch.from_numpy(pad_rows(types, 0)),
             attention_mask=torch.from_numpy(attention_mask),
-            mlm_positions=torch.from_numpy(pad_rows(positions, 0)),
-            mlm_labels=torch.from_numpy(pad_rows(labels, IGNORE_INDEX)),
+            # every batch the same P (the spec's most), so that a compiled step keeps its shapes
+            mlm_positions=torch.from_numpy(pad_rows(positions, 0, P)),
+            mlm_labels=torch.from_numpy(pad_rows(labels, IGNORE_INDEX, P)),
             nsp_labels=torch.tensor(nsp, dtype=torch.long),
             num_tokens=int(attention_mask.sum()),
+            padded=bool(attention_mask.size > attention_mask.sum()),
         )
 
 
-def pad_rows(rows: Sequence[Sequence[int] | np.ndarray], fill: int) -> np.ndarray:
-    """The rows as one int64 (len(rows), longest row) array, padded at the end with `fill`."""
-    out = np.full((len(rows), max(len(r) for r in rows)), fill, np.int64)
+def pad_rows(rows: Sequence[Sequence[int] | np.ndarray], fill: int, width: int = 0) -> np.ndarray:
+    """The rows as one int64 (len(rows), longest row or `width` if more) array, padded at the
+    end with `fill`."""
+    out = np.full((len(rows), max(width, *(len(r) for r in rows))), fill, np.int64)
     for i, r in enumerate(rows):
         out[i, : len(r)] = r
     return out

@@ -60,9 +60,14 @@ class _CrossEntropySum(torch.autograd.Function):
 def cross_entropy_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Sum over positions whose label is not IGNORE_INDEX of -log softmax(logits)[label].
 
-    logits (..., V), labels (...).
+    logits (..., V), labels (...). On the CPU a few rows at a time (_CrossEntropySum); on a GPU
+    and under torch.compile torch's own cross-entropy: one kernel (a fused one when compiled)
+    where the blocks would be hundreds of small launches.
     """
-    return _CrossEntropySum.apply(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
+    flat, targets = logits.reshape(-1, logits.shape[-1]), labels.reshape(-1)
+    if logits.device.type == "cpu" and not torch.compiler.is_compiling():
+        return _CrossEntropySum.apply(flat, targets)
+    return F.cross_entropy(flat.float(), targets, ignore_index=IGNORE_INDEX, reduction="sum")
 
 
 def masked_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -85,9 +90,9 @@ def batch_statistics(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(summed MLM loss, summed NSP loss (0 without NSP), statistics) of one batch;
     statistics: MLM loss sum, masked count, MLM correct, NSP loss sum, sequences, NSP correct."""
-    out: PreTrainingOutput = model(
-        batch.input_ids, batch.token_type_ids, batch.attention_mask, batch.mlm_positions
-    )
+    # A batch of full rows attends without a mask (SDPA's fastest kernels; no device read)
+    mask = batch.attention_mask if batch.padded else None
+    out: PreTrainingOutput = model(batch.input_ids, batch.token_type_ids, mask, batch.mlm_positions)
     logits, labels = out.mlm_logits, batch.mlm_labels
     mlm_sum = cross_entropy_sum(logits, labels)
     nsp_sum = nsp_correct = torch.zeros((), device=logits.device)

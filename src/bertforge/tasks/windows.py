@@ -79,6 +79,11 @@ def split(
     for i, enc in enumerate(encodings):
         row = np.asarray(enc.ids, np.int64)
         n = len(row) - 2
+        if n <= size:  # fits (most texts): the row itself, its one window owns every piece
+            ids.append(row)
+            types.append(np.zeros(len(row), np.int64))
+            windows.append(TextWindow(i, 0, np.ones(n, bool)))
+            continue
         spans = windows_of(n, size, stride)[: 1 if truncate else None]
         for (start, length), best in zip(spans, max_context_flags(spans, n)):
             ids.append(np.r_[row[0], row[1 + start : 1 + start + length], row[-1]])

@@ -57,6 +57,7 @@ class LoopConfig:
     progress: bool
     seed: int
     adam_eps: float = 1e-6  # BERT's
+    compile: bool | None = None  # the step's forward and loss through torch.compile; None: on GPUs
 
     @classmethod
     def of(cls, cfg: Any, **values: Any) -> LoopConfig:
@@ -164,6 +165,7 @@ class _Training:
             model, cfg.optimizer, cfg.lr, cfg.weight_decay, eps=cfg.adam_eps
         )
         self.scaler = torch.amp.GradScaler("cuda") if self.precision == "fp16" else None
+        self.loss = compiled(task.loss) if compiles(cfg.compile, device) else task.loss
         self.step, self.position, self.train_seconds = self._resume()
         if d.enabled:
             # Each rank its own dropout stream (a resumed run restores rank 0's only: re-derive).
@@ -257,7 +259,7 @@ class _Training:
                 sync = self.wrapped.no_sync()  # type: ignore[operator]
             with sync:
                 with autocast(self.precision, device):
-                    loss, stats = self.task.loss(self.wrapped, micro, totals)
+                    loss, stats = self.loss(self.wrapped, micro, totals)
                 (scaler.scale(loss) if scaler is not None else loss).backward()
             self.stats_sum = stats if self.stats_sum is None else self.stats_sum + stats
             step_loss += loss.detach().float()
@@ -397,6 +399,35 @@ class _Divergence:
                 f"at every step (lr {lr_at(now):.3g}): training diverged; {advice}, or train in "
                 "bf16 or fp32 (--precision)"
             )
+
+
+COMPILE_HELP = (
+    "the training step through torch.compile (default: on a GPU, where a BERT-base step ran "
+    "1.4x faster than eager on an H200; --no-compile: eager, e.g. for a short run)"
+)
+
+# Shapes a compiled step sees before it is recompiled no more (the length of a batch's rows, a
+# padded batch or not, the last short batch: a handful; dynamic shapes take over after two)
+RECOMPILE_LIMIT = 32
+
+
+def compiles(setting: bool | None, device: torch.device) -> bool:
+    """Whether training compiles its step: as asked (--compile / --no-compile), else on CUDA,
+    where a compiled step is faster (on the CPU, compiling costs more than the first minutes of
+    eager steps gain)."""
+    return device.type == "cuda" if setting is None else setting
+
+
+def compiled(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn` (a task's loss: the model's forward and the loss of a micro-batch) through
+    torch.compile: one graph, its backward compiled with it. A new row length recompiles it
+    once as dynamic in that dimension, then not again."""
+    import torch._dynamo
+
+    torch._dynamo.config.recompile_limit = max(
+        torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT
+    )
+    return torch.compile(fn)
 
 
 def _agree(flag: bool, d: Dist) -> bool:

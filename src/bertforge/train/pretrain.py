@@ -54,7 +54,7 @@ from ..tasks.pretraining import batch_statistics
 from ..tokenizer import Tokenizer
 from . import distributed
 from .checkpoints import RunDir
-from .loop import LoopConfig, train
+from .loop import COMPILE_HELP, LoopConfig, compiled, compiles, train
 from .optim import OPTIMIZERS, build_optimizer
 
 MAX_MINUTES = 1e6  # about two years: a time budget beyond it is a typo, not a plan
@@ -69,7 +69,16 @@ class PretrainConfig:
 
     # settings a resumed run may change (the rest must match run.json)
     RESUMABLE: ClassVar[frozenset[str]] = frozenset(
-        {"steps", "save_every", "eval_every", "log_every", "keep_checkpoints", "progress", "device"}
+        {
+            "steps",
+            "save_every",
+            "eval_every",
+            "log_every",
+            "keep_checkpoints",
+            "progress",
+            "device",
+            "compile",
+        }
     )
 
     data: str = option(help="directory made by `bertforge prepare`")
@@ -135,6 +144,7 @@ class PretrainConfig:
     )
     keep_checkpoints: int = option(3, "checkpoints kept", min=1)
     device: str | None = option(None, "cpu, cuda, cuda:1 (default: a GPU if there is one)")
+    compile: bool | None = option(None, COMPILE_HELP)
     progress: bool = option(True, "no progress bars", flag="--no-progress")
 
     def __post_init__(self) -> None:
@@ -234,7 +244,9 @@ def _split(batch: Batch, size: int) -> list[Batch]:
         mask = batch.attention_mask[rows]
         T = int(mask.sum(1).max())
         cut = [x[rows, :T] for x in inputs] + [x[rows] for x in targets]
-        parts.append(Batch(*cut, num_tokens=int(mask.sum())))
+        parts.append(
+            Batch(*cut, num_tokens=int(mask.sum()), padded=bool(mask.numel() > mask.sum()))
+        )
     return parts
 
 
@@ -335,6 +347,8 @@ def seconds_per_step(
         trial = copy.deepcopy(model).to(device).train()
         optimizer = build_optimizer(trial, cfg.optimizer, cfg.lr, cfg.weight_decay)
         data = task.batches(None)  # a stream of its own: the run's starts at the beginning
+        # the step the run will take: compiled on a GPU (the warm-up step compiles it)
+        step_loss = compiled(task.loss) if compiles(cfg.compile, device) else task.loss
         durations: list[float] = []  # of the timed steps; the first, a warm-up, is not
         for warm_up in itertools.chain([True], itertools.repeat(False)):
             if len(durations) >= CALIBRATION_STEPS and sum(durations) >= CALIBRATION_SECONDS:
@@ -344,14 +358,14 @@ def seconds_per_step(
             totals = task.normalizers(micro_batches).to(device)
             for micro in micro_batches:
                 with autocast(precision, device):
-                    loss, _ = task.loss(trial, micro.to(device), totals)
+                    loss, _ = step_loss(trial, micro.to(device), totals)
                 loss.backward()
             torch.nn.utils.clip_grad_norm_(trial.parameters(), cfg.clip_norm)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
-            if not warm_up:  # the warm-up step: allocations, kernel choice
+            if not warm_up:  # the warm-up step: allocations, kernel choice, compiling
                 durations.append(time.perf_counter() - begin)
         # the median step: a moment of other work on the machine does not set the step count
         seconds, timed = statistics.median(durations), len(durations)
