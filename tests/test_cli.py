@@ -120,11 +120,32 @@ def test_demo_runs_end_to_end(tmp_path: Path) -> None:
 
     model = BertForMaskedLM.from_pretrained(out / "pretrained")  # masked LM alone: no NSP head
     assert model.config.num_hidden_layers == 2  # tiny: the size that learns soonest in the demo
-    assert all(0 <= x <= 1 for x in (*result["mlm_acc"], *result["top5"]))
+    assert all(0 <= x <= 1 for x in result["mlm_acc"])
+    for hits, distinct in result["top5"]:  # of the 10 held-out probe sentences
+        assert 0 <= hits <= 10 and 1 <= distinct <= 10
     classifier = BertForSequenceClassification.from_pretrained(out / "classifier")
     assert set(classifier.config.label2id) == {"real", "shuffled"}
     rows = (out / "acceptability" / "train.tsv").read_text().splitlines()
     assert rows[0] == "sentence\tlabel" and len(rows) == 201
+
+
+def test_demo_probe_masks_a_frequent_word_that_is_not_a_function_word() -> None:
+    """The demo's held-out probe: each sentence's masked word is one piece of the vocabulary
+    ranked from COMMON to FREQUENT in the corpus (not "the"), at most `limit` sentences."""
+    import random
+
+    from bertforge.demo import COMMON, masked_sentences, word_ranks
+
+    docs = [[" ".join(["the"] * 50 + [f"w{i}" for i in range(60)] + ["parser"] * 3)]]
+    ranks = word_ranks([[p.replace("w", "word") for p in d] for d in docs])
+    assert ranks["the"] == 0 and ranks["parser"] == 1
+    ranks = {w: COMMON + r for w, r in ranks.items() if w != "the"} | {"the": 0}
+    tok = type("T", (), {"tokenize": staticmethod(lambda w: [w])})()
+    sentences = ["the parser reads the file", "the the the", "a parser and the parser"] * 5
+    masked = masked_sentences(sentences, tok, random.Random(0), ranks, limit=4)
+    assert len(masked) == 4
+    for text, word in masked:
+        assert word == "parser" and "[MASK]" in text and "the" in text.split()
 
 
 # ------------------------------------------------------------------------------------------------
