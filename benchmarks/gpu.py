@@ -47,7 +47,7 @@ from bertforge.tasks.pretraining import batch_statistics  # noqa: E402
 from bertforge.train.loop import compiled  # noqa: E402
 from bertforge.train.optim import build_optimizer  # noqa: E402
 from common import machine, table  # noqa: E402
-from pretrain_throughput import make_batch, model_flops  # noqa: E402
+from pretrain_throughput import build, make_batch, model_flops  # noqa: E402
 
 SPEC_PEAK = {"H100": 989e12, "H200": 989e12}  # dense bf16, SXM, per the datasheets
 GPU_DATA = HERE.parent / ".gpu"  # sentences.txt, sst2_train.tsv, minilm/ (gpu.sh carries it)
@@ -150,23 +150,11 @@ def time_steps(fns: dict, rounds: int, per_round: int) -> dict[str, float]:
     return {k: statistics.median(v) for k, v in times.items()}
 
 
-def build_pair(size: str, seq: int, dev: torch.device):
-    import transformers
-
-    config = BertConfig.from_size(size, max_position_embeddings=max(512, seq))
-    torch.manual_seed(0)
-    ours = BertForPreTraining(config)
-    with tempfile.TemporaryDirectory() as tmp:
-        ours.save_pretrained(tmp)
-        hf = transformers.BertForPreTraining.from_pretrained(tmp, attn_implementation="sdpa")
-    return config, ours.to(dev).train(), hf.to(dev).train()
-
-
 def pretrain(dev: torch.device, args: Any, results: dict) -> None:
     peak = spec_peak() or results["matmul_bf16_tflops"] * 1e12
     rows = results.setdefault("pretrain", [])
     for seq, bs in ((128, 256), (512, 64)):
-        config, ours, hf = build_pair("base", seq, dev)
+        config, ours, hf = build("base", seq, dev)  # the CPU benchmark's pair
         batch = make_batch(config, bs, seq, dev)
         fns = steps_of(ours, hf, batch, dev)
         compile_s = {}

@@ -17,13 +17,13 @@ from bertforge.model import BertModel, Packing
 from bertforge.tasks.pretraining import batch_statistics, cross_entropy_sum
 from bertforge.train.loop import compiled, compiles
 
+from .conftest import TINY
 from .test_pretrain import data, losses, nodrop, pretrain_cmd, run  # noqa: F401 (fixtures)
 
-SMALL = dict(
+SMALL = dict(  # conftest's TINY, narrower: compiled in seconds
+    TINY,
     vocab_size=300,
     hidden_size=32,
-    num_hidden_layers=2,
-    num_attention_heads=2,
     intermediate_size=64,
     hidden_dropout_prob=0.0,
     attention_probs_dropout_prob=0.0,
@@ -192,7 +192,6 @@ def test_compiled_fine_tuning_takes_the_eager_steps(tmp_path: Path, minilm_dir: 
     losses, step for step."""
     from bertforge import Tokenizer
     from bertforge.cli import main
-    from tests.conftest import TINY
     from tests.task_files import keyword_table
 
     tok = Tokenizer.from_pretrained(minilm_dir)
