@@ -46,7 +46,7 @@ from bertforge.data.pretraining import Batch  # noqa: E402
 from bertforge.tasks.pretraining import batch_statistics  # noqa: E402
 from bertforge.train.loop import compiled  # noqa: E402
 from bertforge.train.optim import build_optimizer  # noqa: E402
-from common import machine, table  # noqa: E402
+from common import machine, matmul_gflops, table  # noqa: E402
 from pretrain_throughput import build, make_batch, model_flops  # noqa: E402
 
 SPEC_PEAK = {"H100": 989e12, "H200": 989e12}  # dense bf16, SXM, per the datasheets
@@ -56,21 +56,6 @@ GPU_DATA = HERE.parent / ".gpu"  # sentences.txt, sst2_train.tsv, minilm/ (gpu.s
 def spec_peak() -> float | None:
     name = torch.cuda.get_device_name() if torch.cuda.is_available() else ""
     return next((v for k, v in SPEC_PEAK.items() if k in name), None)
-
-
-def matmul_tflops(device: torch.device, n: int = 8192) -> float:
-    """bf16 matmul on random data, the median of 10 after 3 warm-ups (TFLOP/s)."""
-    a, b = (torch.randn(n, n, device=device, dtype=torch.bfloat16) for _ in range(2))
-    times = []
-    for i in range(13):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        a @ b
-        end.record()
-        torch.cuda.synchronize()
-        if i >= 3:
-            times.append(start.elapsed_time(end) / 1e3)
-    return 2 * n**3 / statistics.median(times) / 1e12
 
 
 # ---------------------------------------------------------------------------------------------
@@ -543,7 +528,7 @@ def main() -> None:
             results[pkg] = __import__(pkg).__version__
         except Exception as e:
             results[pkg] = f"missing: {e}"
-    results["matmul_bf16_tflops"] = matmul_tflops(dev)
+    results["matmul_bf16_tflops"] = matmul_gflops(torch.bfloat16, dev, n=8192) / 1e3
     print(
         json.dumps({k: results[k] for k in ("device", "torch", "matmul_bf16_tflops")}), flush=True
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -70,14 +71,30 @@ def small_config(request: pytest.FixtureRequest) -> BertConfig:
     return BertConfig(**(TINY if request.param == "tiny" else ODD))
 
 
+def save_tiny(out: Path, minilm_dir: Path, **overrides: Any) -> Path:
+    """A random tiny BERT (seed 0) with the MiniLM vocabulary, saved with its MLM/NSP heads."""
+    from bertforge import BertForPreTraining, Tokenizer
+
+    tok = Tokenizer.from_pretrained(minilm_dir)
+    torch.manual_seed(0)
+    config = BertConfig(**{**TINY, "vocab_size": tok.vocab_size, **overrides})
+    BertForPreTraining(config).save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory, minilm_dir: Path) -> Path:
     """A random tiny BERT with the MiniLM vocabulary, saved with its MLM/NSP heads."""
-    from bertforge import BertForPreTraining, Tokenizer
+    return save_tiny(tmp_path_factory.mktemp("tiny"), minilm_dir)
 
-    out = tmp_path_factory.mktemp("tiny")
-    tok = Tokenizer.from_pretrained(minilm_dir)
-    torch.manual_seed(0)
-    BertForPreTraining(BertConfig(**{**TINY, "vocab_size": tok.vocab_size})).save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
+
+@pytest.fixture(scope="session")
+def tiny_model_nodrop(tmp_path_factory: pytest.TempPathFactory, minilm_dir: Path) -> Path:
+    """The same without dropout: runs that must take the same steps (processes, compiling)."""
+    return save_tiny(
+        tmp_path_factory.mktemp("tiny-nodrop"),
+        minilm_dir,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )

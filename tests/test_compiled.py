@@ -187,23 +187,15 @@ def test_pretraining_batches_keep_one_prediction_width(data: Path) -> None:  # n
     assert seen  # at least one kind of batch
 
 
-def test_compiled_fine_tuning_takes_the_eager_steps(tmp_path: Path, minilm_dir: Path) -> None:
+def test_compiled_fine_tuning_takes_the_eager_steps(
+    tmp_path: Path, tiny_model_nodrop: Path
+) -> None:
     """`finetune --compile` (a classification head, rows of mixed lengths): the eager run's
     losses, step for step."""
-    from bertforge import Tokenizer
     from bertforge.cli import main
     from tests.task_files import keyword_table
 
-    tok = Tokenizer.from_pretrained(minilm_dir)
-    torch.manual_seed(0)
-    config = BertConfig(
-        **{**TINY, "vocab_size": tok.vocab_size},
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-    )
-    base = tmp_path / "base"
-    BertForPreTraining(config).save_pretrained(base)
-    tok.save_pretrained(base)
+    base = tiny_model_nodrop
     train = keyword_table(tmp_path / "train.tsv", 32, seed=0)
     curves = []
     for name, extra in (("eager", []), ("compiled", ["--compile"])):
@@ -216,3 +208,12 @@ def test_compiled_fine_tuning_takes_the_eager_steps(tmp_path: Path, minilm_dir: 
     eager, compiled_run = curves
     assert len(eager) == 4 and len(compiled_run) == 4
     assert max(abs(a - b) / a for a, b in zip(eager, compiled_run, strict=True)) < 1e-4
+
+
+def test_packed_path_refuses_attention_maps() -> None:
+    from bertforge.errors import InputError
+
+    model = BertModel(BertConfig(**SMALL)).eval()
+    ids, mask = mixed([4, 2])
+    with pytest.raises(InputError, match="attention maps"):
+        model(ids, None, mask, output_attentions=True, unpad=True)

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -152,6 +153,7 @@ def test_python_examples_run(
     exec(compile(code, where, "exec"), {"__name__": "__docs__"})
 
 
+@functools.cache
 def routes() -> dict[tuple[str, str], Any]:
     """(method, path) -> the request body's model (None: no body) of every route the server
     can have: the pipelines of the catalogue, the embedding and rerank APIs, search, status."""

@@ -198,20 +198,11 @@ def test_cli_finetune_and_evaluate(tmp_path: Path, tiny_model: Path) -> None:
 
 
 @pytest.mark.slow
-def test_two_processes_follow_one_process(tmp_path: Path, minilm_dir: Path) -> None:
+def test_two_processes_follow_one_process(tmp_path: Path, tiny_model_nodrop: Path) -> None:
     """`torchrun --nproc_per_node 2 bertforge finetune` (gloo, CPU) with the same global batch
     takes the same steps as one process: the same losses and, within float noise, the same
     model. Dropout is off: its masks are drawn per process and could not match."""
-    tok = Tokenizer.from_pretrained(minilm_dir)
-    torch.manual_seed(0)
-    config = BertConfig(
-        **{**TINY, "vocab_size": tok.vocab_size},
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-    )
-    base = tmp_path / "base"
-    BertForPreTraining(config).save_pretrained(base)
-    tok.save_pretrained(base)
+    base = tiny_model_nodrop
     train = keyword_table(tmp_path / "train.tsv", 64, seed=0)
     dev = keyword_table(tmp_path / "dev.tsv", 32, seed=1)
 

@@ -330,8 +330,10 @@ class BertModel(Pretrained, nn.Module):
         probs = [] if output_attentions else None
         if unpad is None:
             unpad = not tracing and not output_attentions and unpads(x, self.training)
+        if unpad and output_attentions:
+            raise InputError("unpad=True: attention maps come from the padded path only")
         if mask is not None and unpad:
-            assert attention_mask is not None and not output_attentions
+            assert attention_mask is not None  # mask is made from it
             x = self._packed_layers(x, Packing.of(attention_mask), hidden)
         else:
             for layer in self.layers:
