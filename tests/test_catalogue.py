@@ -68,13 +68,15 @@ def test_a_new_entry_is_a_verb_and_an_endpoint(
 
 
 def test_availability_heads_and_exported_outputs_come_from_the_table(tiny_model: Path) -> None:
+    # summarize needs no head: any encoder's sentence embeddings summarize (k-means)
     names = [e.name for e in available(["BertForPreTraining"])]
-    assert names == ["embed", "features", "fill-mask", "nsp"]
-    assert [e.name for e in available(["BertForMaskedLM"])] == ["embed", "features", "fill-mask"]
-    assert [e.name for e in available([])] == ["embed", "features"]
+    assert names == ["embed", "features", "fill-mask", "nsp", "summarize"]
+    masked = [e.name for e in available(["BertForMaskedLM"])]
+    assert masked == ["embed", "features", "fill-mask", "summarize"]
+    assert [e.name for e in available([])] == ["embed", "features", "summarize"]
     assert head_labels(["classifier.weight", "bert.encoder.x"]) == ["classifier"]
     info = inspect(tiny_model)
-    assert info.pipelines == ["embed", "features", "fill-mask", "nsp"]
+    assert info.pipelines == ["embed", "features", "fill-mask", "nsp", "summarize"]
     assert info.heads == ["pooler", "masked LM (mlm)", "next sentence (nsp)"]
 
 

@@ -112,7 +112,8 @@ def server(classifier: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
 def test_endpoints(server: str, classifier: Path) -> None:
     meta = httpx.get(f"{server}/metadata").json()
-    assert meta["endpoints"] == ["embed", "classify"] and meta["limits"]["max_texts"] == 8
+    assert meta["endpoints"] == ["embed", "classify", "summarize"]
+    assert meta["limits"]["max_texts"] == 8
     assert httpx.get(f"{server}/openapi.json").json()["paths"].keys() >= {"/embed", "/classify"}
     texts = ["a fine film", "a dull, long and tiresome one", "ok"]
     r = httpx.post(f"{server}/embed", json={"texts": texts, "normalize": True})
@@ -128,6 +129,29 @@ def test_endpoints(server: str, classifier: Path) -> None:
     assert r.status_code == 200 and r.json()["results"][0]["label"] in ("neg", "pos")
     r = httpx.post(f"{server}/qa", json={"questions": ["q"], "contexts": ["c"]})
     assert r.status_code == 404 and "BertForQuestionAnswering" in r.json()["error"]
+
+
+def test_summarize_answers_its_shape_and_refuses_bad_options(server: str, classifier: Path) -> None:
+    texts = [
+        "The river runs through the old town. Its bridges are old.\nBoats carry goods on it.",
+        "",
+        "One sentence.",
+    ]
+    r = httpx.post(f"{server}/summarize", json={"texts": texts, "sentences": 2})
+    assert r.status_code == 200, r.text
+    got = r.json()["results"]
+    want = Pipeline(classifier, precision="fp32").summarize(texts, 2)
+    assert [[s["index"] for s in g["sentences"]] for g in got] == [
+        [s["index"] for s in w["sentences"]] for w in want
+    ]
+    assert got[0].keys() == {"summary", "sentences", "mode"} and got[0]["mode"] == "kmeans"
+    assert got[0]["sentences"][0].keys() == {"index", "text", "start", "end", "score"}
+    assert got[1] == {"summary": "", "sentences": [], "mode": "kmeans"}
+    for bad in ({"ratio": 2}, {"sentences": 0}, {"mode": "magic"}, {"mode": "trained"}):
+        r = httpx.post(f"{server}/summarize", json={"texts": texts, **bad})
+        assert 400 <= r.status_code < 500 and r.json()["error"], (bad, r.text)
+    r = httpx.post(f"{server}/summarize", json={"texts": "not a list"})
+    assert r.status_code == 422
 
 
 def test_limits_and_malformed_input(server: str) -> None:
@@ -684,13 +708,13 @@ def test_openapi_lists_only_what_the_model_serves(server: str, keyed: str) -> No
     """The classifier has no cross-encoder, QA, NER, masked-LM or NSP head: none of their
     paths is a route; their paths answer 404 naming the missing head, in each shape."""
     paths = set(httpx.get(f"{server}/openapi.json").json()["paths"])
-    assert paths == {"/embed", "/v1/embeddings", "/classify", "/health", "/metadata", "/metrics"}
+    assert paths == {
+        *("/embed", "/v1/embeddings", "/classify", "/summarize", "/health", "/metadata", "/metrics")
+    }
     paths = set(httpx.get(f"{keyed}/openapi.json", headers=AUTH).json()["paths"])
     rerank = {"/rerank", "/v1/rerank", "/v2/rerank"}  # a one-label classifier: classify too
-    assert (
-        paths
-        == {"/embed", "/v1/embeddings", "/classify", "/health", "/metadata", "/metrics"} | rerank
-    )
+    served = {"/embed", "/v1/embeddings", "/classify", "/summarize", "/health", "/metadata"}
+    assert paths == served | {"/metrics"} | rerank
     r = httpx.post(f"{server}/ner", json={"texts": ["a"]})
     assert r.status_code == 404
     assert r.json() == {

@@ -36,6 +36,7 @@ from .heads import (
 )
 from .hub import resolve
 from .model import BertModel
+from .tasks.summarize import MODES as SUMMARY_MODES
 
 COMBINES = ("concat", "sum", "mean")  # how `features` combines several layers
 
@@ -285,6 +286,24 @@ ENTRIES: dict[str, Entry] = {
                 "remedy": "train one (bertforge finetune --task rerank), or use a "
                 "sentence-transformers CrossEncoder",
             },
+        ),
+        Entry(
+            "summarize",
+            "summarize",
+            "extractive summaries, one document a line (JSONL {text}: paragraphs on lines): "
+            "the best sentences by a fine-tuned summarizer (finetune --task summarize), else "
+            "by k-means over any model's sentence embeddings",
+            BertModel,
+            lambda x, r, i: r,
+            options={
+                "sentences": "sentences per summary",
+                "ratio": "keep this share of each document's sentences instead (0 < r <= 1)",
+                "mode": "trained (a summarizer's scores), kmeans or centroid (sentence "
+                "embeddings); auto: trained for a summarizer, else kmeans",
+                "block_trigrams": "keep a sentence that shares a word trigram with one chosen "
+                "(default: skip it)",
+            },
+            choices={"mode": SUMMARY_MODES},
         ),
     )
 }

@@ -225,7 +225,7 @@ def args_evaluate(p: argparse.ArgumentParser, predict: bool = False) -> None:
 def _run_task(args: argparse.Namespace, fn: Callable[..., Any]) -> Any:
     """fn (finetune.evaluate_model or predict) on --model, --task, --data and --out, with the
     task options given on the command line, those that differ from their defaults: the others
-    come from the model's run.json (finetune.run_task_options)."""
+    come from the model's run.json (tasks.run_task_options)."""
     from .tasks import TaskOptions
 
     changed = changed_options(args, TaskOptions)

@@ -161,7 +161,9 @@ def add_options(
             continue
         kind, _ = annotation_kind(annotation)
         required = default is _REQUIRED
-        flag = m.get("flag") or (flags or {}).get(name) or "--" + name.replace("_", "-")
+        # a flag on by default is turned off: --no-x
+        off = "no-" if kind is bool and default is True else ""
+        flag = m.get("flag") or (flags or {}).get(name) or f"--{off}{name.replace('_', '-')}"
         text = m.get("help") or (help or {}).get(name)
         if kind is bool:  # a flag; with default None (the model's own): --x / --no-x
             action = _BOOL_ACTIONS[default]

@@ -1,4 +1,5 @@
-"""Inference front doors: fill-mask, classify, ner, qa, embed, nsp, features, rerank.
+"""Inference front doors: fill-mask, classify, ner, qa, embed, nsp, features, rerank,
+summarize.
 
     pipe = Pipeline("path/to/model")
     pipe.embed(["a sentence", "another"], pooling="mean", normalize=True)   # (N, H) numpy
@@ -8,6 +9,7 @@
     pipe.qa(["Where?"], ["Alice lives in Paris."]); pipe.nsp(["A."], ["B."])
     pipe.features(["text"], layers=(-1, -2, -3, -4), combine="concat")
     pipe.rerank("query", ["a document", "another"], top_k=1)   # a cross-encoder's order
+    pipe.summarize(["A long document. ..."], sentences=3)        # its best sentences, in order
 
 Every pipeline runs through the one inference runner (runner.py: length-sorted batches,
 results in the input order, precision "auto" = bf16 wherever the device has bf16 arithmetic)
@@ -21,6 +23,7 @@ one instead of answering with random weights.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import warnings
 from collections.abc import Callable, Sequence
@@ -37,11 +40,13 @@ from .catalogue import COMBINES, ENTRIES
 from .checkpoint import load_trained, load_with_fresh
 from .config import BertConfig
 from .data.tasks import SquadExample
+from .data.tasks.documents import SummaryExample, document
 from .embedding import POOLINGS
 from .errors import ConfigError, InputError, check_choice
+from .heads import BertForTokenClassification
 from .hub import resolve
 from .runner import Runner
-from .tasks import TaskOptions, family, ranking, sentence, tagging
+from .tasks import TaskOptions, family, ranking, run_task_options, sentence, summarize, tagging
 from .tasks.base import Features, collate, infer
 from .tasks.windows import Layout, Stitcher, TextWindow, contributions, split
 from .tokenizer import Tokenizer
@@ -589,3 +594,77 @@ class Pipeline:
                 }
             )
         return results
+
+    def summarize(
+        self,
+        texts: Sequence[str],
+        sentences: int = 3,
+        ratio: float | None = None,
+        mode: str = "auto",
+        block_trigrams: bool = True,
+    ) -> list[dict[str, Any]]:
+        """Per document (its paragraphs on lines): an extractive summary, {"summary": the chosen
+        sentences joined by spaces, "sentences": [{index, text, start, end, score}] in document
+        order (character offsets into the text), "mode"}. `sentences` per summary, or
+        round(ratio x the document's sentences); trigram blocking skips a sentence sharing
+        a word trigram with one chosen before it (tasks.summarize).
+
+        mode: trained, the sentences a fine-tuned summarizer (finetune --task summarize) scores
+        best; kmeans, with any embedding model, the sentence nearest each centre of k-means over
+        the document's sentence embeddings (k = the summary's length), as the
+        bert-extractive-summarizer package does; centroid, those nearest the document's mean
+        embedding; auto, trained for a summarizer, else kmeans. An empty document has an empty
+        summary; one shorter than the summary is kept whole."""
+        check_choice("mode", mode, summarize.MODES)
+        if isinstance(texts, str):
+            raise InputError("pass a list of texts (a single string is not a list)")
+        docs = [document(t, str(i)) for i, t in enumerate(texts)]
+        counts = [summarize.summary_length(len(d.sentences), sentences, ratio) for d in docs]
+        if mode == "auto":
+            mode = "trained" if summarize.is_summarizer(self.config) else "kmeans"
+        if mode == "trained":
+            scores = self._summary_scores(docs)
+            chosen = [
+                summarize.select(s, d.sentences, k, block_trigrams)
+                for d, s, k in zip(docs, scores, counts)
+            ]
+        else:
+            chosen, scores = self._unsupervised_summaries(docs, counts, mode, block_trigrams)
+        return [summarize.answer(d, c, s, mode) for d, c, s in zip(docs, chosen, scores)]
+
+    def _summary_scores(self, docs: Sequence[SummaryExample]) -> list[np.ndarray]:
+        """Each document's sentence scores by the model's summarizer head."""
+        if not summarize.is_summarizer(self.config):
+            raise ConfigError(
+                f"{self.path}: not a summarizer (its labels are not {list(summarize.SUMMARY_LABELS)}"
+                "); train one with `bertforge finetune --task summarize`, or use mode kmeans"
+            )
+        model = self.model(BertForTokenClassification, "summarizer head", "")
+        # rows as long as the model was trained on (its run.json), unless max_length is given
+        options = run_task_options(str(self.path), "summarize", {})
+        rows = min(
+            self.max_length or options.max_seq_length or 512, self.config.max_position_embeddings
+        )
+        fam = family(dataclasses.replace(options, max_seq_length=rows), self.tok)
+        features = fam.featurize(docs)
+        rows = infer(self.runner, model, features, self.tok.pad_id, per_token=True)
+        return fam.sentence_scores(docs, features, rows)
+
+    def _unsupervised_summaries(
+        self, docs: Sequence[SummaryExample], counts: Sequence[int], mode: str, block: bool
+    ) -> tuple[list[list[int]], list[np.ndarray]]:
+        """(chosen sentences, scores) of each document from its sentence embeddings."""
+        flat = [s for d in docs for s in d.sentences]
+        vectors = self.embed(flat) if flat else np.zeros((0, 1), np.float32)
+        chosen, scores, start = [], [], 0
+        for d, k in zip(docs, counts):
+            x = vectors[start : start + len(d.sentences)]
+            start += len(d.sentences)
+            if k == len(d.sentences):  # the whole document (or an empty one)
+                chosen.append(list(range(k)))
+                scores.append(np.zeros(k))
+                continue
+            picked, s = summarize.unsupervised(x, d.sentences, k, mode, block)
+            chosen.append(picked)
+            scores.append(s)
+        return chosen, scores

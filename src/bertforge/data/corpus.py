@@ -154,14 +154,27 @@ def _paragraphs(source: str, lines: Iterator[tuple[int, str]]) -> Iterator[Docum
     yield doc
 
 
-def _wiki(source: str, lines: Iterator[tuple[int, str]]) -> Iterator[Document]:
-    doc: Document | None = None
+@dataclass
+class WikiArticle:
+    """One `<doc>` block of WikiExtractor's output: its title and its paragraph lines (section
+    headings among them: WikiExtractor writes a heading as a line of its own ending in ".")."""
+
+    source: str
+    line: int  # line of its <doc ...>
+    title: str
+    paragraphs: list[str]
+
+
+def wiki_articles(source: str, lines: Iterable[tuple[int, str]]) -> Iterator[WikiArticle]:
+    """The articles of a WikiExtractor file's lines (the first non-empty line of a block is its
+    title); one DataError naming the line for a block left open, nested or text outside one."""
+    doc: WikiArticle | None = None
     title_pending = False
     for lineno, line in lines:
         if line.startswith("<doc "):
             if doc is not None:
                 raise DataError(f"{source}: line {lineno}: <doc> inside a <doc> (missing </doc>?)")
-            doc, title_pending = Document(source, lineno, []), True
+            doc, title_pending = WikiArticle(source, lineno, "", []), True
         elif line.startswith("</doc>"):
             if doc is None:
                 raise DataError(f"{source}: line {lineno}: </doc> without a <doc>")
@@ -171,11 +184,18 @@ def _wiki(source: str, lines: Iterator[tuple[int, str]]) -> Iterator[Document]:
             if line.strip():
                 raise DataError(f"{source}: line {lineno}: text outside <doc> ... </doc>")
         elif title_pending:
-            title_pending = not line.strip()  # the first non-empty line is the title: skip it
+            title_pending = not line.strip()  # the first non-empty line is the title
+            doc.title = line.strip()
         elif line.strip():
-            doc.sentences.extend(split_sentences(line))
+            doc.paragraphs.append(line.strip())
     if doc is not None:
         raise DataError(f"{source}: end of file inside a <doc> (missing </doc>)")
+
+
+def _wiki(source: str, lines: Iterator[tuple[int, str]]) -> Iterator[Document]:
+    for article in wiki_articles(source, lines):
+        sentences = [s for p in article.paragraphs for s in split_sentences(p)]
+        yield Document(source, article.line, sentences)
 
 
 def _jsonl(source: str, lines: Iterator[tuple[int, str]]) -> Iterator[Document]:

@@ -10,18 +10,21 @@ the server alike (features, the head, the loss, decoding into answers, the metri
     windows     texts longer than the model: windows, max-context, stitching per piece
     retrieval   bi-encoders: in-batch negatives over (query, positive, negatives) rows
     ranking     cross-encoders: activation, a (query, document) pair's rows, best window
+    summarize   extractive summaries (BertSum): a [CLS] per sentence, oracle labels, ROUGE
 
 `TaskOptions` are the settings that shape a task's features; `family(options, tok)` gives the
-family object for a task name.
+family object for a task name; `run_task_options` the settings a fine-tuned model was trained with.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any
 
 from ..data.tasks import GLUE_TASKS, TASK_NAMES
-from ..errors import ConfigError
+from ..errors import CheckpointError, ConfigError
+from ..fileio import read_json
 from ..options import check_options, option
 from .base import Features, TaskFamily
 from .choice import ChoiceTask
@@ -29,6 +32,7 @@ from .ranking import LOSSES, RerankTask
 from .retrieval import HARDNESS, RetrievalTask
 from .sentence import SentenceTask
 from .squad import SquadTask
+from .summarize import SummarizeTask
 from .tagging import TaggingTask
 
 FAMILIES: dict[str, type[TaskFamily]] = {
@@ -39,6 +43,7 @@ FAMILIES: dict[str, type[TaskFamily]] = {
     "swag": ChoiceTask,
     "retrieval": RetrievalTask,
     "rerank": RerankTask,
+    "summarize": SummarizeTask,
 }
 assert set(FAMILIES) == set(TASK_NAMES), "a task without a family, or a family without a name"
 
@@ -50,7 +55,7 @@ class TaskOptions:
 
     task: str = option(help="a task, or csv (a table of your own)", choices=TASK_NAMES)
     max_seq_length: int | None = option(
-        None, "pieces per row (default: 384 for SQuAD, else 128)", min=3
+        None, "pieces per row (default: 384 for SQuAD, 512 for summarize, else 128)", min=3
     )
     # --task csv
     text_column: str = option("text", "csv: header name, or index with --no-header")
@@ -131,6 +136,11 @@ class TaskOptions:
         choices=tuple(LOSSES),
     )
 
+    # summarize
+    summary_sentences: int = option(
+        3, "summarize: sentences a summary keeps (the oracle labels and the dev ROUGE)", min=1
+    )
+
     def __post_init__(self) -> None:
         check_options(self)
         for name in (
@@ -151,7 +161,10 @@ class TaskOptions:
         if self.multi_label and (self.task != "csv" or self.regression):
             raise ConfigError("multi_label (--multi-label) is for --task csv classification")
         if self.max_seq_length is None:
-            self.max_seq_length = 384 if (self.task or "").startswith("squad") else 128
+            task = self.task or ""
+            self.max_seq_length = (
+                384 if task.startswith("squad") else 512 if task == "summarize" else 128
+            )
 
     def check_model(self, config: Any) -> None:
         """Settings that must fit the model: rows no longer than its position table."""
@@ -163,9 +176,28 @@ class TaskOptions:
             )
 
 
+def run_task_options(model_dir: str, task: str | None, options: dict[str, Any]) -> TaskOptions:
+    """The task settings for reading data the way a fine-tuned model was trained on it:
+    `options`, then those of the run that trained it (run.json in the model directory, which
+    `finetune` and `distill --task` write) when `task` is None (the run's task) or the run's
+    task, then TaskOptions' defaults."""
+    path = Path(model_dir) / "run.json"
+    saved = read_json(path, CheckpointError).get("settings", {}) if path.is_file() else {}
+    if task is None and not saved.get("task"):
+        raise ConfigError(
+            f"{model_dir}: no run.json saying which task the model was fine-tuned for (one "
+            "`bertforge finetune` writes): give the task (--task)"
+        )
+    task = task or saved["task"]
+    # a run for another task says nothing about this one's columns and lengths
+    names = {f.name for f in fields(TaskOptions)} if saved.get("task") == task else set()
+    settings = {k: v for k, v in saved.items() if k in names}
+    return TaskOptions(**{**settings, **options, "task": task})
+
+
 def family(options: TaskOptions, tok: Any) -> TaskFamily:
     """The family object of options.task, with its settings and tokenizer."""
     return FAMILIES[options.task](options, tok)
 
 
-__all__ = ["FAMILIES", "Features", "TaskFamily", "TaskOptions", "family"]
+__all__ = ["FAMILIES", "Features", "TaskFamily", "TaskOptions", "family", "run_task_options"]

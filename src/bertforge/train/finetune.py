@@ -33,18 +33,17 @@ OUT/
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from ..checkpoint import load_trained, load_with_fresh
-from ..errors import CheckpointError, ConfigError
-from ..fileio import read_json
+from ..errors import ConfigError
 from ..options import option
 from ..runner import Runner, resolve_precision
-from ..tasks import TaskFamily, TaskOptions, family
+from ..tasks import TaskFamily, TaskOptions, family, run_task_options
 from ..tokenizer import Tokenizer
 from . import distributed
 from .checkpoints import RunDir
@@ -94,25 +93,6 @@ def _run(cfg: FinetuneConfig, d: distributed.Dist) -> dict[str, Any]:
     if fresh:
         header += f"\nnew task head, initialised here and trained now: {', '.join(fresh)}"
     return fit(run, task, model, tok, header, describe=f"finetune {cfg.task}")
-
-
-def run_task_options(model_dir: str, task: str | None, options: dict[str, Any]) -> TaskOptions:
-    """The task settings for reading data the way a fine-tuned model was trained on it:
-    `options`, then those of the run that trained it (run.json in the model directory, which
-    `finetune` and `distill --task` write) when `task` is None (the run's task) or the run's
-    task, then TaskOptions' defaults."""
-    path = Path(model_dir) / "run.json"
-    saved = read_json(path, CheckpointError).get("settings", {}) if path.is_file() else {}
-    if task is None and not saved.get("task"):
-        raise ConfigError(
-            f"{model_dir}: no run.json saying which task the model was fine-tuned for (one "
-            "`bertforge finetune` writes): give the task (--task)"
-        )
-    task = task or saved["task"]
-    # a run for another task says nothing about this one's columns and lengths
-    names = {f.name for f in fields(TaskOptions)} if saved.get("task") == task else set()
-    settings = {k: v for k, v in saved.items() if k in names}
-    return TaskOptions(**{**settings, **options, "task": task})
 
 
 def _load(

@@ -10,6 +10,7 @@ dataclasses, or end in one `DataError` naming file, line and field:
     conll   TaggedSentence, read_conll (CoNLL-2003 column files), to_iob2
     swag    ChoiceExample, read_swag (multiple choice)
     retrieval  RetrievalExample, read_retrieval (query, positive, hard negatives), teacher_scores
+    documents  SummaryExample, read_documents (JSONL documents, Wikipedia's leads as summaries)
 
 Turning examples into features (token ids, spans, first-piece labels) is the heads' and
 the training loop's business, kept out of here so readers stay testable on plain files.
@@ -25,8 +26,11 @@ from .swag import ChoiceExample, read_swag
 from .table import Example, label_set, read_examples, split_train_test
 
 # Every task `bertforge finetune --task` knows: the GLUE tasks, csv (a table of your own),
-# CoNLL NER, SQuAD v1.1 and v2.0, SWAG.
-TASK_NAMES = (*GLUE_TASKS, "csv", "conll2003", "squad", "squad2", "swag", "retrieval", "rerank")
+# CoNLL NER, SQuAD v1.1 and v2.0, SWAG, bi- and cross-encoders, extractive summaries.
+TASK_NAMES = (
+    *GLUE_TASKS,
+    *("csv", "conll2003", "squad", "squad2", "swag", "retrieval", "rerank", "summarize"),
+)
 
 __all__ = [
     "GLUE_TASKS",

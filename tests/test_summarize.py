@@ -1,0 +1,387 @@
+"""Extractive summarization: the oracle and ROUGE against rouge-score, Wikipedia leads as
+summaries, windows of whole sentences, the trained and unsupervised pipelines, the CLI and
+/summarize."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+rouge_score = pytest.importorskip("rouge_score")
+from rouge_score import rouge_scorer  # noqa: E402
+
+from bertforge import BertConfig, Tokenizer  # noqa: E402
+from bertforge.data.tasks.documents import (  # noqa: E402
+    WikiCounts,
+    document,
+    is_heading,
+    read_documents,
+)
+from bertforge.errors import ConfigError, DataError  # noqa: E402
+from bertforge.heads import BertForTokenClassification  # noqa: E402
+from bertforge.pipelines import Pipeline  # noqa: E402
+from bertforge.tasks import TaskOptions, family  # noqa: E402
+from bertforge.tasks.summarize import (  # noqa: E402
+    SUMMARY_LABELS,
+    featurize,
+    oracle,
+    owners,
+    rouge,
+    select,
+    sentence_windows,
+    summary_length,
+)
+
+from .conftest import TINY  # noqa: E402
+
+WORDS = [
+    "the",
+    "cat",
+    "dog",
+    "sat",
+    "ran",
+    "on",
+    "a",
+    "mat",
+    "bird",
+    "flew",
+    "over",
+    "house",
+    "river",
+    "town",
+    "old",
+    "new",
+    "big",
+]
+
+
+def reference_oracle(sentences: list[str], summary: str, size: int) -> list[int]:
+    """BertSum's greedy selection with rouge-score's public API: every candidate scored as
+    the chosen sentences' text joined, ROUGE-1 F1 + ROUGE-2 F1."""
+    scorer = rouge_scorer.RougeScorer(["rouge1", "rouge2"], use_stemmer=True)
+    chosen: list[int] = []
+    best = 0.0
+    for _ in range(min(size, len(sentences))):
+        pick = -1
+        for i in range(len(sentences)):
+            if i in chosen:
+                continue
+            text = "\n".join(sentences[j] for j in sorted([*chosen, i]))
+            s = scorer.score(summary, text)
+            value = s["rouge1"].fmeasure + s["rouge2"].fmeasure
+            if value > best:
+                best, pick = value, i
+        if pick < 0:
+            break
+        chosen = sorted([*chosen, pick])
+    return chosen
+
+
+def test_the_oracle_of_a_hand_worked_example() -> None:
+    sentences = ["The cat sat on the mat.", "Dogs bark loudly.", "The cat sat.", "A bird flew."]
+    # the first sentence covers most of the summary; "A bird flew." adds its last three
+    # words; "The cat sat." would only repeat words (precision falls): the oracle stops at two
+    assert oracle(sentences, "The cat sat on the mat and a bird flew.", 3) == [0, 3]
+    assert oracle(sentences, "The cat sat on the mat and a bird flew.", 1) == [0]
+    assert oracle(sentences, "Nothing in common here.", 3) == []
+    assert oracle([], "a summary", 3) == []
+
+
+def test_the_oracle_equals_greedy_selection_by_rouge_score() -> None:
+    # our incremental n-gram counts (boundary bigrams included) choose what rouge-score's own
+    # scores of the joined text choose, on random documents with many shared words
+    rng = random.Random(0)
+    for _ in range(25):
+        sentences = [
+            " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 9))) + "."
+            for _ in range(rng.randint(2, 12))
+        ]
+        summary = " ".join(rng.choice(WORDS) for _ in range(rng.randint(5, 20)))
+        size = rng.randint(1, 4)
+        assert oracle(sentences, summary, size) == reference_oracle(sentences, summary, size)
+
+
+def test_rouge_is_rouge_scores_mean_f1() -> None:
+    refs = ["The cat sat on the mat.\nIt was happy.", "Running dogs ran far away."]
+    preds = ["The cats were sitting on a mat.", "A dog runs away.\nFar, far away."]
+    scorer = rouge_scorer.RougeScorer(["rouge1", "rouge2", "rougeLsum"], use_stemmer=True)
+    scores = [scorer.score(r, p) for r, p in zip(refs, preds)]
+    got = rouge(refs, preds)
+    for ours, theirs in (("rouge1", "rouge1"), ("rouge2", "rouge2"), ("rougeL", "rougeLsum")):
+        want = 100 * np.mean([s[theirs].fmeasure for s in scores])
+        assert got[ours] == pytest.approx(want, abs=1e-9)
+    with pytest.raises(ConfigError, match="2 references but 1"):
+        rouge(refs, preds[:1])
+
+
+def test_selection_blocks_trigrams_and_keeps_document_order() -> None:
+    sentences = ["the old town hall", "the old town hall again", "a river", "new house"]
+    scores = np.array([1.0, 3.0, 0.5, 2.0])
+    assert select(scores, sentences, 2) == [1, 3]  # best first, returned in order
+    assert select(scores, sentences, 3) == [1, 2, 3]  # 0 shares "the old town" with 1
+    assert select(scores, sentences, 3, block_trigrams=False) == [0, 1, 3]
+    assert summary_length(10, 3) == 3 and summary_length(2, 3) == 2
+    assert summary_length(10, ratio=0.25) == 2 and summary_length(10, ratio=0.01) == 1
+    with pytest.raises(ConfigError, match="ratio"):
+        summary_length(10, ratio=1.5)
+    with pytest.raises(ConfigError, match="sentences"):
+        summary_length(10, 0)
+
+
+def test_sentence_windows_give_each_sentence_one_score() -> None:
+    lengths = [7, 30, 12, 12, 40, 5, 5, 5, 22, 18, 9, 64]
+    for overlap in (False, True):
+        windows = sentence_windows(lengths, 64, overlap)
+        assert windows[0].start == 0 and windows[-1].stop == len(lengths)
+        assert all(sum(lengths[i] for i in w) <= 64 for w in windows)
+        owned = [i for w, own in zip(windows, owners(windows, lengths)) for i in np.asarray(w)[own]]
+        assert sorted(owned) == list(range(len(lengths)))  # each sentence once
+    assert len(sentence_windows(lengths, 64, True)) > len(sentence_windows(lengths, 64, False))
+    # max context: a sentence in two windows is scored where it is nearer the middle
+    windows = [range(0, 3), range(1, 4)]
+    flags = owners(windows, [10, 10, 10, 10])
+    assert flags[0].tolist() == [True, True, False] and flags[1].tolist() == [False, True, True]
+
+
+def test_features_put_a_labelled_cls_before_every_sentence(minilm_dir: Path) -> None:
+    tok = Tokenizer.from_pretrained(minilm_dir)
+    doc = document(" ".join(f"Sentence number {i} is here." for i in range(20)))
+    assert len(doc.sentences) == 20
+    features = featurize([doc], tok, 40, [[3, 17]], training=False)
+    assert len(features) > 1  # longer than a row: windows
+    scored = []
+    for ids, types, labels, meta in zip(
+        features.input_ids, features.token_type_ids, features.labels, features.meta
+    ):
+        assert len(ids) <= 40 and ids[0] == tok.cls_id
+        cls = np.flatnonzero(ids == tok.cls_id)
+        # interval segments: 0 and 1 in turn, sentence by sentence
+        assert [int(types[c]) for c in cls] == [k % 2 for k in range(len(cls))]
+        assert set(meta.positions.tolist()) <= set(cls.tolist())
+        labelled = np.flatnonzero(labels != -100)
+        assert labelled.tolist() == meta.positions.tolist()
+        for s, p in zip(meta.sentences.tolist(), meta.positions.tolist()):
+            assert labels[p] == int(s in (3, 17))
+            scored.append(s)
+    assert sorted(scored) == list(range(20))
+
+
+def write_wiki(path: Path) -> None:
+    body = " ".join(f"Body sentence {i} tells more about the river." for i in range(12))
+    articles = [
+        ("River", "The River is long. It flows to the sea.", f"History.\n{body}\nSee also."),
+        ("Short", "Short has a lead. Of two sentences.", "History.\nOnly one sentence."),
+        ("One", "One lead sentence only.", f"History.\n{body}"),
+    ]
+    text = "".join(
+        f'<doc id="{i}" url="u" title="{t}">\n{t}\n\n{lead}\n{rest}\n</doc>\n'
+        for i, (t, lead, rest) in enumerate(articles)
+    )
+    path.write_text(text, encoding="utf-8")
+
+
+def test_wikipedia_leads_are_the_summaries_of_their_bodies(tmp_path: Path) -> None:
+    write_wiki(tmp_path / "wiki_00")
+    counts = WikiCounts()
+    docs = read_documents(tmp_path, True, counts)
+    assert (counts.articles, counts.kept, counts.short_body, counts.one_sentence_lead) == (
+        3,
+        1,
+        1,
+        1,
+    )
+    (doc,) = docs
+    assert doc.summary == "The River is long.\nIt flows to the sea."
+    assert len(doc.sentences) == 12 and "History." not in doc.text and "See also." not in doc.text
+    for s, (a, b) in zip(doc.sentences, doc.spans):
+        assert doc.text[a:b] == s
+    assert is_heading("Early life and career.") and not is_heading("He was born in 1900 in Rome.")
+
+
+def test_documents_spans_and_bad_files(tmp_path: Path) -> None:
+    doc = document("First one here. Second one.\n\nA new paragraph, one sentence.")
+    assert doc.sentences == ["First one here.", "Second one.", "A new paragraph, one sentence."]
+    assert [doc.text[a:b] for a, b in doc.spans] == doc.sentences
+    assert document("").sentences == [] and document("  \n ").sentences == []
+    bad = tmp_path / "docs.jsonl"
+    bad.write_bytes(b'{"text": "fine.", "summary": "ok."}\n{"text": "caf\xe9.", "summary": "x"}\n')
+    with pytest.raises(DataError, match=r"docs.jsonl.*line 2"):
+        read_documents(bad)
+    bad.write_text('{"text": "fine."}\n', encoding="utf-8")
+    with pytest.raises(DataError, match=r'line 1: field "summary"'):
+        read_documents(bad)
+    assert read_documents(bad, labelled=False)[0].summary is None
+    (tmp_path / "plain.txt").write_text("just text\n", encoding="utf-8")
+    with pytest.raises(DataError, match="expected JSONL"):
+        read_documents(tmp_path / "plain.txt")
+
+
+KEY = "crucially"  # the word that marks each training document's summary sentence
+
+
+def keyed_documents(rng: random.Random, n: int) -> list[dict[str, str]]:
+    rows = []
+    for _ in range(n):
+        sentences = [
+            " ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 8))).capitalize() + "."
+            for _ in range(12)
+        ]
+        k = rng.randrange(12)
+        sentences[k] = f"{KEY.capitalize()} {sentences[k].lower()}"
+        rows.append({"text": " ".join(sentences), "summary": sentences[k]})
+    return rows
+
+
+@pytest.fixture(scope="module")
+def summarizer(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Path:
+    """A tiny BERT fine-tuned briefly as a summarizer of documents whose summary is the sentence
+    that starts with KEY (rows of 96 pieces: documents longer than a row)."""
+    from bertforge.train.finetune import FinetuneConfig, run
+
+    d = tmp_path_factory.mktemp("summarize")
+    rng = random.Random(0)
+    for name, n in (("train", 24), ("dev", 6)):
+        lines = [json.dumps(r) for r in keyed_documents(rng, n)]
+        (d / f"{name}.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    run(
+        FinetuneConfig(
+            model=str(tiny_model),
+            task="summarize",
+            train=str(d / "train.jsonl"),
+            dev=str(d / "dev.jsonl"),
+            out=str(d / "model"),
+            max_seq_length=96,
+            summary_sentences=1,
+            epochs=1,
+            lr=1e-3,
+            batch_size=8,
+            seed=0,
+            progress=False,
+        )
+    )
+    return d / "model"
+
+
+def test_the_pipeline_summarizes_as_evaluate_predicts(summarizer: Path, tmp_path: Path) -> None:
+    from bertforge.train.finetune import evaluate_model
+
+    rows = keyed_documents(random.Random(11), 6)
+    data = tmp_path / "test.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    metrics = evaluate_model(str(summarizer), None, str(data), out=str(tmp_path), precision="fp32")
+    written = [
+        json.loads(line)
+        for line in (tmp_path / "predictions_summarize.jsonl").read_text("utf-8").splitlines()
+    ]
+    # the pipeline reads rows as long as the model was trained on (run.json: 96 pieces) and
+    # chooses as many sentences (summary_sentences), so it answers what evaluate predicts
+    results = Pipeline(summarizer, precision="fp32").summarize([r["text"] for r in rows], 1)
+    assert [[s["index"] for s in r["sentences"]] for r in results] == [
+        w["sentences"] for w in written
+    ]
+    want = rouge([r["summary"] for r in rows], [r["summary"] for r in results])
+    assert metrics["rouge2"] == pytest.approx(want["rouge2"], abs=1e-6)
+    assert all(r["mode"] == "trained" for r in results)
+    r, text = results[0], rows[0]["text"]
+    s = r["sentences"][0]
+    assert text[s["start"] : s["end"]] == s["text"] == r["summary"]
+    config = BertConfig.from_pretrained(summarizer)
+    assert tuple(config.labels.values()) == SUMMARY_LABELS
+
+
+def test_a_long_document_is_scored_sentence_by_sentence(summarizer: Path) -> None:
+    rows = keyed_documents(random.Random(3), 4)
+    long_text = "\n".join(r["text"] for r in rows)  # about 48 sentences, rows of 96 pieces
+    n = len(document(long_text).sentences)
+    pipe = Pipeline(summarizer, precision="fp32")
+    (whole,) = pipe.summarize([long_text], ratio=1.0, block_trigrams=False)
+    assert [s["index"] for s in whole["sentences"]] == list(range(n)) and n > 40
+    scores = np.array([s["score"] for s in whole["sentences"]])
+    assert np.isfinite(scores).all()
+    (best,) = pipe.summarize([long_text], sentences=4, block_trigrams=False)
+    assert [s["index"] for s in best["sentences"]] == sorted(np.argsort(-scores, kind="stable")[:4])
+
+
+def test_empty_and_one_sentence_documents(summarizer: Path, minilm_dir: Path) -> None:
+    for model in (summarizer, minilm_dir):
+        pipe = Pipeline(model, precision="fp32")
+        empty, one = pipe.summarize(["", "Only this sentence."])
+        assert empty["summary"] == "" and empty["sentences"] == []
+        assert one["summary"] == "Only this sentence." and one["sentences"][0]["start"] == 0
+    with pytest.raises(ConfigError, match="mode"):
+        pipe.summarize(["x."], mode="magic")
+    with pytest.raises(ConfigError, match="not a summarizer"):
+        Pipeline(minilm_dir).summarize(["A. B."], mode="trained")
+
+
+def test_unsupervised_modes_as_bert_extractive_summarizer(minilm_dir: Path) -> None:
+    sentences = [
+        "Paris is the capital and largest city of France, on the Seine.",
+        "Short one.",
+        "The city has been a major centre of finance, diplomacy and commerce.",
+        "Paris hosts many museums, including the Louvre, the most visited art museum.",
+        "The football club Paris Saint-Germain plays at the Parc des Princes stadium.",
+        "The Louvre museum received millions of visitors in the last year alone.",
+        "Its commerce and finance make the city one of the richest in Europe.",
+    ]
+    text = " ".join(sentences)
+    pipe = Pipeline(minilm_dir, precision="fp32")
+    (kmeans,) = pipe.summarize([text], sentences=3)
+    chosen = [s["index"] for s in kmeans["sentences"]]
+    assert kmeans["mode"] == "kmeans" and chosen[0] == 0 and 1 not in chosen  # first; no short
+    assert len(chosen) == 3 and chosen == sorted(chosen)
+    (centroid,) = pipe.summarize([text], sentences=2, mode="centroid")
+    vectors = pipe.embed(sentences, normalize=True)
+    mean = vectors.mean(0) / np.linalg.norm(vectors.mean(0))
+    candidates = [i for i, s in enumerate(sentences) if len(s) >= 40]
+    want = sorted(sorted(candidates, key=lambda i: -float(vectors[i] @ mean))[:2])
+    assert [s["index"] for s in centroid["sentences"]] == want
+
+
+def test_a_summarizer_head_loads_in_transformers(summarizer: Path) -> None:
+    transformers = pytest.importorskip("transformers")
+    theirs = transformers.BertForTokenClassification.from_pretrained(summarizer).eval()
+    ours = BertForTokenClassification.from_pretrained(summarizer).eval()
+    tok = Tokenizer.from_pretrained(summarizer)
+    fam = family(TaskOptions(task="summarize", max_seq_length=96), tok)
+    features = fam.featurize([document("A first sentence. And a second one.")])
+    ids = torch.from_numpy(features.input_ids[0])[None]
+    types = torch.from_numpy(features.token_type_ids[0])[None]
+    with torch.no_grad():
+        a = ours(ids, types).logits
+        b = theirs(input_ids=ids, token_type_ids=types).logits
+    assert torch.allclose(a, b, atol=1e-5)
+
+
+def test_the_cli_summarizes_and_refuses_bad_input(summarizer: Path, tmp_path: Path) -> None:
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text(
+        json.dumps({"text": "One. Two is here.\nThree."}) + "\n" + json.dumps({"text": "x"}) + "\n",
+        encoding="utf-8",
+    )
+    cli = [sys.executable, "-m", "bertforge", "summarize", str(summarizer)]
+    done = subprocess.run([*cli, str(docs), "--sentences", "2"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    rows = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [len(r["sentences"]) for r in rows] == [2, 1] and rows[0]["line"] == 1
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"fine text.\ncaf\xe9 au lait.\n")
+    done = subprocess.run([*cli, str(bad)], capture_output=True, text=True)
+    assert done.returncode == 2 and "line 2" in done.stderr, done.stderr
+    done = subprocess.run([*cli, str(docs), "--ratio", "2"], capture_output=True, text=True)
+    assert done.returncode == 2 and "ratio" in done.stderr
+
+
+def test_finetune_refuses_a_model_too_short_for_the_default_rows(tmp_path: Path) -> None:
+    options = TaskOptions(task="summarize")
+    assert options.max_seq_length == 512 and options.summary_sentences == 3
+    config = BertConfig(**{**TINY, "max_position_embeddings": 128})
+    with pytest.raises(ConfigError, match="max_seq_length=512"):
+        options.check_model(config)
