@@ -332,7 +332,7 @@ def markdown(result: dict[str, Any]) -> str:
             "",
             f"Building: the directory index {b['directory']:.0f} s, PostgreSQL {b['PostgreSQL']:.0f} s "
             f"(chunk {s['chunk']}); the writing process's resident memory {m['before']:.0f} MB "
-            f"before (the model not yet loaded), {m['peak']:.0f} MB at its peak.",
+            f"before it (torch loaded by the directory build), {m['peak']:.0f} MB at its peak.",
             "",
         ]
     y = result.get("synthetic")
