@@ -51,7 +51,8 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bertforge.evaluate import retrieval_scores
 from bertforge.search.fusion import fuse_runs
-from bertforge.search.index import bm25_matches, default_stride
+from bertforge.search.index import bm25_matches
+from bertforge.search.windows import default_stride
 from common import RESULTS, machine, matmul_gflops, write_results
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "squad"

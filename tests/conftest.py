@@ -98,3 +98,12 @@ def tiny_model_nodrop(tmp_path_factory: pytest.TempPathFactory, minilm_dir: Path
         hidden_dropout_prob=0.0,
         attention_probs_dropout_prob=0.0,
     )
+
+
+@pytest.fixture(scope="session")
+def postgres_dsn(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The DSN of a real PostgreSQL + pgvector started for the session (tests/pg_server.py)."""
+    from tests.pg_server import running
+
+    with running(tmp_path_factory.mktemp("pgdata")) as server:
+        yield server.get_uri()

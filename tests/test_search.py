@@ -918,7 +918,7 @@ def test_a_huge_document_is_indexed_a_block_at_a_time(
     """A document is tokenized a segment at a time and its windows embedded a block at a time
     (memory bounded by those, progress counted in windows); the index is the one built whole,
     and its passages come from the spans the build recorded."""
-    import bertforge.search.index as index_module
+    import bertforge.search.windows as windows_module
     import bertforge.tokenizer as tokenizer_module
 
     path = corpus(tmp_path)
@@ -926,7 +926,7 @@ def test_a_huge_document_is_indexed_a_block_at_a_time(
         minilm_dir, path, tmp_path / "whole", window=16, progress=False, precision="fp32"
     )
     monkeypatch.setattr(tokenizer_module, "SEGMENT_CHARS", 50)
-    monkeypatch.setattr(index_module, "EMBED_BLOCK", 7)
+    monkeypatch.setattr(windows_module, "EMBED_BLOCK", 7)
     parts = Index.build(
         minilm_dir, path, tmp_path / "parts", window=16, progress=False, precision="fp32"
     )

@@ -31,7 +31,7 @@ from typing import Any
 
 from . import __version__
 from .data.corpus import expand_inputs
-from .errors import BertforgeError, DataError
+from .errors import BertforgeError, ConfigError, DataError
 from .options import (
     Parser,
     add_options,
@@ -324,19 +324,46 @@ def cmd_pipeline(args: argparse.Namespace) -> None:
 
 
 def args_index(p: argparse.ArgumentParser) -> None:
-    from .search import CorpusFormat, IndexOptions
+    from .search import CorpusFormat, IndexOptions, PgOptions
 
     p.add_argument("model", help="bi-encoder (embedding model) directory")
-    p.add_argument("corpus", help="documents: text lines, .jsonl or .csv/.tsv with id and text")
-    p.add_argument("--out", required=True, help="index directory (re-run to resume a build)")
+    p.add_argument(
+        "corpus",
+        nargs="?",
+        help="documents: text lines, .jsonl or .csv/.tsv with id and text (other fields: "
+        "metadata, kept in PostgreSQL)",
+    )
+    p.add_argument("--out", help="index directory (re-run to resume a build)")
+    p.add_argument(
+        "--to",
+        nargs="?",
+        const="",
+        metavar="DSN",
+        help="a PostgreSQL database (postgresql://user@host/db; alone: $DATABASE_URL or the PG* "
+        "environment) instead of --out: re-run with a changed corpus to update it in place",
+    )
+    p.add_argument(
+        "--delete",
+        metavar="IDS_FILE",
+        help="with --to: remove these documents (one id a line) instead of indexing a corpus",
+    )
+    add_options(p, PgOptions, skip=("ef_search", "exact"))
     add_options(p, CorpusFormat)
     add_options(p, IndexOptions, help=INFERENCE_HELP)
 
 
 def cmd_index(args: argparse.Namespace) -> None:
-    from .search import CorpusFormat, Index, IndexOptions
+    from .search import CorpusFormat, Index, IndexOptions, PgOptions
 
     fmt = CorpusFormat(**options_of(args, CorpusFormat))
+    if args.to is not None:
+        return _index_postgres(args, fmt)
+    wrong = args.delete is not None or changed_options(args, PgOptions)  # --to's options
+    if args.out is None or args.corpus is None or wrong:
+        raise ConfigError(
+            "index MODEL CORPUS --out DIR, or --to DSN (PostgreSQL, --table T; with --delete "
+            "IDS_FILE to remove documents): a directory index is built whole, not changed"
+        )
     index = Index.build(
         args.model, args.corpus, args.out, fmt=fmt, **options_of(args, IndexOptions)
     )
@@ -347,12 +374,47 @@ def cmd_index(args: argparse.Namespace) -> None:
     )
 
 
-def _search_args(p: argparse.ArgumentParser) -> None:
-    from .search import FirstStage, QueryModel
+def _index_postgres(args: argparse.Namespace, fmt: Any) -> None:
+    """index --to DSN: a corpus upserted into the table, or --delete's ids removed from it."""
+    from .search import IndexOptions, PgOptions
+    from .search.postgres import PgIndex, read_ids
 
-    p.add_argument("index", help="index directory (bertforge index)")
+    if args.out is not None or (args.corpus is None) == (args.delete is None):
+        raise ConfigError("index MODEL CORPUS --to DSN, or index MODEL --to DSN --delete IDS_FILE")
+    pg = PgOptions(**options_of(args, PgOptions))
+    if args.delete is not None:
+        index = PgIndex.open(args.to, pg)
+        index.use_model(args.model)  # the table's model, checked
+        removed = index.delete(read_ids(args.delete))
+        print(f"deleted {removed:,} documents from {index.path}")
+    else:
+        options = options_of(args, IndexOptions)
+        index = PgIndex.build(args.model, args.corpus, args.to, table=pg.table, fmt=fmt, **options)
+        docs, windows = index.count()
+        said = ", ".join(f"{v:,} {k}" for k, v in index.written.items())
+        totals = f"{docs:,} documents, {windows:,} windows"
+        print(f"indexed {args.corpus} into {index.path} ({said}): {totals}")
+    index.close()
+
+
+def _search_args(p: argparse.ArgumentParser) -> None:
+    from .search import FirstStage, PgOptions, QueryModel
+
+    p.add_argument(
+        "index",
+        help="index directory (bertforge index), or a PostgreSQL DSN (postgresql://...; "
+        "postgresql:// alone: $DATABASE_URL or the PG* environment) with --table",
+    )
     add_options(p, FirstStage)
     add_options(p, QueryModel)
+    add_options(p, PgOptions)
+
+
+def _open_index(args: argparse.Namespace) -> Any:
+    from .search import PgOptions, QueryModel, open_index
+
+    pg = PgOptions(**options_of(args, PgOptions))
+    return open_index(args.index, pg, **options_of(args, QueryModel))
 
 
 def args_search(p: argparse.ArgumentParser) -> None:
@@ -361,6 +423,12 @@ def args_search(p: argparse.ArgumentParser) -> None:
     _search_args(p)
     p.add_argument("queries", nargs="?", default="-", help="text lines, .jsonl {text, id?}, or -")
     add_options(p, SearchOptions)
+    p.add_argument(
+        "--where",
+        action="append",
+        metavar="FIELD=VALUE",
+        help="PostgreSQL: only documents whose metadata FIELD is VALUE (again: all of them)",
+    )
     p.add_argument("--skip-blank", action="store_true", help="drop blank lines (default: error)")
     p.add_argument("--out", help="JSONL output file (default: stdout)")
 
@@ -373,16 +441,17 @@ def cmd_search(args: argparse.Namespace) -> None:
     from .catalogue import TEXTS
     from .fileio import refuse_overwrite
     from .inputs import read_inputs, write_jsonl
-    from .search import FirstStage, QueryModel, SearchOptions, open_index, search_queries
+    from .search import FirstStage, SearchOptions, parse_where, search_queries
 
     options = SearchOptions(**options_of(args, SearchOptions))
+    where = parse_where(args.where)
     if args.out:
         refuse_overwrite(args.out, {"queries": args.queries}, "--out")
-    index = open_index(args.index, **options_of(args, QueryModel))
+    index = _open_index(args)
     rows = read_inputs(args.queries, TEXTS, args.skip_blank)
     queries = [r.texts[0] for r in rows]
     stage = FirstStage(**options_of(args, FirstStage))
-    results = search_queries(index, queries, stage, options)
+    results = search_queries(index, queries, stage, options, where)
     write_jsonl(args.out, rows, [{"query": q, "results": h} for q, h in zip(queries, results)])
 
 
@@ -403,10 +472,10 @@ def args_mine(p: argparse.ArgumentParser) -> None:
 def cmd_mine(args: argparse.Namespace) -> None:
     from .data.tasks import read_retrieval
     from .fileio import json_text, refuse_overwrite, write_text
-    from .search import FirstStage, MineOptions, QueryModel, mine_groups, open_index
+    from .search import FirstStage, MineOptions, mine_groups
 
     refuse_overwrite(args.out, {"train": args.train}, "--out")
-    index = open_index(args.index, **options_of(args, QueryModel))
+    index = _open_index(args)
     examples = read_retrieval(args.train)
     options = MineOptions(**options_of(args, MineOptions))
     stage = FirstStage(**options_of(args, FirstStage))
@@ -420,6 +489,7 @@ def cmd_mine(args: argparse.Namespace) -> None:
 
 
 def args_serve(p: argparse.ArgumentParser) -> None:
+    from .search import PgOptions
     from .serve import Access, Limits
 
     p.add_argument("model", help="model directory")
@@ -427,7 +497,8 @@ def args_serve(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=port, default=8000, help="TCP port, 1-65535")
     p.add_argument(
         "--index",
-        help="an index directory (bertforge index) of this model: POST /search",
+        help="an index directory (bertforge index) of this model, or a PostgreSQL DSN "
+        "(postgresql://...) with --table: POST /search",
     )
     p.add_argument(
         "--index-model",
@@ -442,6 +513,7 @@ def args_serve(p: argparse.ArgumentParser) -> None:
     _inference_options(p, "device", "precision")
     add_options(p, Limits)
     add_options(p, Access)
+    add_options(p, PgOptions)
 
 
 def args_export(p: argparse.ArgumentParser) -> None:
@@ -555,6 +627,7 @@ def args_demo(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
+    from .search import PgOptions
     from .serve import Access, Limits, serve
 
     # serve() says where it serves once the model has loaded (a corrupt one ends it first)
@@ -562,6 +635,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
         args.model,
         limits=Limits(**options_of(args, Limits)),
         access=Access(**options_of(args, Access)),
+        index_options=PgOptions(**options_of(args, PgOptions)),
         **values_of(args, "host", "port", "index", "index_model", "calibration"),
         **values_of(args, "precision", "device"),
     )

@@ -36,6 +36,11 @@ class DataError(BertforgeError):
     """A data file is malformed: the message names the file, line and field."""
 
 
+class UnavailableError(BertforgeError):
+    """A service a command needs (a database) cannot be reached, or failed or timed out: the
+    message names it (never its password) and what it said; retrying may succeed."""
+
+
 class TrainingError(BertforgeError):
     """Training cannot go on: its loss or gradient norm stopped being finite (it diverged)."""
 

@@ -10,7 +10,10 @@ line (`bertforge index`, `search`, `mine`), the server's /search and Python user
     options.py   the options of building, searching and mining (defaults, help, allowed values)
     corpus.py    reading a corpus file: (id, text) documents from text lines, JSONL or a table
     identity.py  what an index records of its model (a sha256 of its files), its prompts
+    windows.py   a document's windows (index --window): their settings, cutting, embedding
     index.py     the directory backend: building (resumable parts), dense/BM25/hybrid search
+    postgres.py  the PostgreSQL backend (pgvector): built, changed in place and searched there
+    pgsql.py     its SQL side: the DSN (never shown with its password), a pool, checked names
     fusion.py    reciprocal-rank and score fusion of ranked lists
     mining.py    hard negatives for retrieval training, scored by a teacher if asked
     rerank.py    a first stage's hits reordered (or fused) by a cross-encoder
@@ -36,8 +39,10 @@ from .options import (
     FirstStage,
     IndexOptions,
     MineOptions,
+    PgOptions,
     QueryModel,
     SearchOptions,
+    parse_where,
 )
 from .rerank import rerank, search_queries
 
@@ -53,6 +58,7 @@ __all__ = [
     "IndexOptions",
     "MineOptions",
     "Mined",
+    "PgOptions",
     "QueryModel",
     "SearchOptions",
     "fuse",
@@ -65,6 +71,7 @@ __all__ = [
     "mining_report",
     "model_identity",
     "open_index",
+    "parse_where",
     "read_search_corpus",
     "rerank",
     "score_groups",

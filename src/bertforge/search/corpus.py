@@ -1,9 +1,12 @@
-"""Reading a search corpus: (id, text) documents, each one to index (`bertforge index`).
+"""Reading a search corpus: (id, text) documents, each one to index (`bertforge index`), and
+their metadata (the PostgreSQL backend keeps it, for `search --where field=value`).
 
 The corpus is a text file (one document per line, its id the line number), JSONL objects with
 an id and a text field, or a CSV/TSV table with a header naming them; files are read by their
-suffix. JSONL objects and tables are read by the training-data readers (data.tasks.table:
-jsonl_records, open_table), so a line is parsed and its errors named one way everywhere.
+suffix. A document's metadata is its JSONL object's other fields, or its table row's other
+columns (strings); a text line has none. JSONL objects and tables are read by the
+training-data readers (data.tasks.table: jsonl_records, open_table), so a line is parsed and
+its errors named one way everywhere.
 Not data.corpus.read_corpus: that one reads pre-training text as documents of sentences.
 """
 
@@ -34,6 +37,7 @@ class CorpusFormat:
 
 
 DEFAULT_FORMAT = CorpusFormat()  # "id" and "text", a blank line an error
+Row = tuple[int, str, str, dict[str, Any]]  # line number, id, text, metadata
 
 
 def read_search_corpus(
@@ -42,18 +46,27 @@ def read_search_corpus(
     """(id, text) of each document of a corpus file (see the module docstring); a malformed
     line, a missing or empty field, a blank line (unless skip_blank) or a repeated id is one
     DataError naming the file, line and field."""
+    for doc_id, text, _ in read_search_records(path, fmt):
+        yield doc_id, text
+
+
+def read_search_records(
+    path: str | Path, fmt: CorpusFormat = DEFAULT_FORMAT
+) -> Iterator[tuple[str, str, dict[str, Any]]]:
+    """(id, text, metadata) of each document of a corpus file, checked as read_search_corpus
+    checks them; metadata: a JSONL object's other fields, a table row's other columns."""
     path = Path(path)
     seen: dict[str, int] = {}
     readers = {".jsonl": _jsonl_documents, ".csv": _table_documents, ".tsv": _table_documents}
     rows = readers.get(path.suffix.lower(), _line_documents)(path, fmt)
-    for lineno, doc_id, text in rows:
+    for lineno, doc_id, text, metadata in rows:
         if doc_id in seen:
             raise DataError(f"{path}: line {lineno}: id {doc_id!r} repeats line {seen[doc_id]}")
         seen[doc_id] = lineno
-        yield doc_id, text
+        yield doc_id, text, metadata
 
 
-def _line_documents(path: Path, fmt: CorpusFormat) -> Iterator[tuple[int, str, str]]:
+def _line_documents(path: Path, fmt: CorpusFormat) -> Iterator[Row]:
     for lineno, line in read_lines(path, hint=""):
         if lineno == 1 and _json_document(line, fmt):
             raise DataError(
@@ -65,7 +78,7 @@ def _line_documents(path: Path, fmt: CorpusFormat) -> Iterator[tuple[int, str, s
             if fmt.skip_blank:
                 continue
             raise DataError(f"{path}: line {lineno}: blank line (--skip-blank drops blank lines)")
-        yield lineno, str(lineno), line
+        yield lineno, str(lineno), line, {}
 
 
 def _json_document(line: str, fmt: CorpusFormat) -> bool:
@@ -79,17 +92,19 @@ def _json_document(line: str, fmt: CorpusFormat) -> bool:
     return isinstance(obj, dict) and fmt.text_field in obj
 
 
-def _jsonl_documents(path: Path, fmt: CorpusFormat) -> Iterator[tuple[int, str, str]]:
+def _jsonl_documents(path: Path, fmt: CorpusFormat) -> Iterator[Row]:
     """JSONL objects (a blank line holds no document: skipped; ids come from the objects)."""
     from ..data.tasks.table import jsonl_records
 
     for r in jsonl_records(path):
         fields: dict[str, Any] = r.fields  # type: ignore[assignment]
         doc_id = _id(fields.get(fmt.id_field), path, r.lineno, fmt.id_field)
-        yield r.lineno, doc_id, _text(fields.get(fmt.text_field), path, r.lineno, fmt.text_field)
+        text = _text(fields.get(fmt.text_field), path, r.lineno, fmt.text_field)
+        other = {k: v for k, v in fields.items() if k not in (fmt.id_field, fmt.text_field)}
+        yield r.lineno, doc_id, text, other
 
 
-def _table_documents(path: Path, fmt: CorpusFormat) -> Iterator[tuple[int, str, str]]:
+def _table_documents(path: Path, fmt: CorpusFormat) -> Iterator[Row]:
     from ..data.tasks.table import header_error, open_table
 
     comma = path.suffix.lower() == ".csv"
@@ -102,7 +117,9 @@ def _table_documents(path: Path, fmt: CorpusFormat) -> Iterator[tuple[int, str, 
     for r in table.records():
         fields: Sequence[str] = r.fields  # type: ignore[assignment]
         doc_id = _id(fields[i], path, r.lineno, fmt.id_field)
-        yield r.lineno, doc_id, _text(fields[t], path, r.lineno, fmt.text_field)
+        text = _text(fields[t], path, r.lineno, fmt.text_field)
+        other = {n: v for j, (n, v) in enumerate(zip(names, fields)) if j not in (i, t)}
+        yield r.lineno, doc_id, text, other
 
 
 def _id(value: object, path: Path, lineno: int, name: str) -> str:

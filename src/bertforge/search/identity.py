@@ -74,3 +74,36 @@ def model_record(pipe: Any) -> dict[str, Any]:
         "pooling": list(pipe.embedding_settings.pooling),
         "normalize": pipe.embedding_settings.normalize,
     }
+
+
+def query_pipeline(
+    where: Any, meta: dict[str, Any], recorded: Path, model: str | Path | None, **pipeline: Any
+) -> Any:
+    """The pipeline that embeds an index's queries: `model`, or the model the index records
+    (`recorded`), checked to be the one the index was built with (its config.json and
+    weights' sha256, meta["model_sha256"]), else one ConfigError naming both: a model
+    retrained or replaced in place would give other hits without a word. `where`: the index,
+    as its errors name it."""
+    from ..hub import resolve
+    from ..pipelines import Pipeline
+
+    given = model is not None
+    path = resolve(model) if model is not None else recorded
+    if not Path(path).is_dir():
+        raise ConfigError(f"{where}: its model {path} is gone; pass the same model (--model)")
+    if model_identity(path) != meta["model_sha256"]:
+        what = "" if given else "the model at the path the index records, "
+        raise ConfigError(
+            f"{model if given else path}: {what}not the model this index was built with "
+            f"({meta['model_name']}, sha256 {meta['model_sha256'][:12]}...; changed since?): "
+            "search with that model (--model), or build an index with this one"
+        )
+    return Pipeline(path, **{"precision": meta["precision"], **pipeline})
+
+
+def same_model(pipe: Any, meta: dict[str, Any]) -> bool:
+    """Whether `pipe` (a loaded Pipeline) is an index's model in the index's precision."""
+    from ..runner import resolve_precision
+
+    same = model_identity(pipe.path) == meta["model_sha256"]
+    return same and resolve_precision(meta["precision"], pipe.device) == pipe.precision

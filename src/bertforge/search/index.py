@@ -37,8 +37,8 @@ from __future__ import annotations
 import json
 import shutil
 import sys
-from collections.abc import Iterator, Sequence
-from itertools import islice, pairwise
+from collections.abc import Iterator, Mapping, Sequence
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -50,8 +50,16 @@ from ..runner import release_memory
 from ..tasks.windows import windows_of
 from .corpus import DEFAULT_FORMAT, CorpusFormat, read_search_corpus
 from .fusion import FUSED, FUSIONS, best_columns, fuse_runs
-from .identity import model_identity, model_record, prompts, refuse_cross_encoder, sha256
-from .options import MODES, FirstStage, IndexOptions, QueryModel, SearchOptions
+from .identity import (
+    model_record,
+    prompts,
+    query_pipeline,
+    refuse_cross_encoder,
+    same_model,
+    sha256,
+)
+from .options import MODES, FirstStage, IndexOptions, PgOptions, QueryModel, SearchOptions
+from .windows import chunks, cut_windows, embedded_windows, window_settings
 
 FORMAT = 1
 QUERY_BLOCK = 1024  # queries scored against the corpus at once
@@ -63,20 +71,10 @@ _FAISS_EXTRA = "an approximate index needs faiss: pip install 'bertforge[search]
 # -- building --------------------------------------------------------------------------------------
 
 
-def _chunks(items: Iterator[tuple[str, str]], size: int) -> Iterator[list[tuple[str, str]]]:
-    while chunk := list(islice(items, size)):
-        yield chunk
-
-
 def bm25_tokens(texts: Sequence[str]) -> Any:
     import bm25s
 
     return bm25s.tokenize(list(texts), stopwords="en", show_progress=False)
-
-
-def default_stride(window: int) -> int:
-    """Pieces between a long document's windows unless given: half a window."""
-    return max(1, window // 2)
 
 
 def bm25_matches(docs: np.ndarray, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -164,7 +162,7 @@ class Index:
         refuse_cross_encoder(model)
         pipe = Pipeline(model, device=o.device, precision=o.precision, batch_size=o.batch_size)
         roles = prompts(pipe, o.prompt_name, o.prompt)
-        length, stride = _window_settings(pipe, o.window, o.stride, roles["document_prompt"])
+        length, stride = window_settings(pipe, o.window, o.stride, roles["document_prompt"])
         if not corpus.is_file():
             raise DataError(f"{corpus}: file not found")
         documents = sum(1 for _ in read_search_corpus(corpus, fmt))  # every row checked first
@@ -243,28 +241,15 @@ class Index:
     def use_model(self, model: str | Path | None = None, **pipeline: Any) -> Any:
         """The pipeline that embeds queries: `model`, or the model index.json records (a
         relative path read from the index's directory), checked to be the one the index was
-        built with (its config.json and weights' sha256), else one ConfigError naming both: a
-        model retrained or replaced in place would give other hits without a word."""
-        from ..hub import resolve
-        from ..pipelines import Pipeline
-
+        built with (identity.query_pipeline)."""
         if self._pipe is None or model is not None:
-            given = model is not None
-            path = resolve(model) if model is not None else self.path / self.meta["model"]
-            if not Path(path).is_dir():
-                raise ConfigError(
-                    f"{self.path}: its model {path} is gone; pass the same model (--model)"
-                )
-            if model_identity(path) != self.meta["model_sha256"]:
-                what = "" if given else "the model at the path index.json records, "
-                raise ConfigError(
-                    f"{model if given else path}: {what}not the model this index was built with "
-                    f"({self.meta['model_name']}, sha256 {self.meta['model_sha256'][:12]}...; "
-                    "changed since?): search with that model (--model), or build an index with "
-                    "this one"
-                )
-            self._pipe = Pipeline(path, **{"precision": self.meta["precision"], **pipeline})
+            recorded = self.path / self.meta["model"]
+            self._pipe = query_pipeline(self.path, self.meta, recorded, model, **pipeline)
         return self._pipe
+
+    def documents(self) -> Iterator[tuple[int, str, str]]:
+        """(number, id, text) of each document, in order (mining's positives are found so)."""
+        return ((d, i, t) for d, (i, t) in enumerate(zip(self.ids, self.texts)))
 
     def stored(self, start: int, stop: int) -> np.ndarray:
         """float32 (stop - start, dimensions): windows' vectors, or their quantised vectors'
@@ -282,10 +267,7 @@ class Index:
     def adopt(self, pipe: Any) -> bool:
         """Embed queries with `pipe` (a Pipeline already loaded: the server's), if it is the
         index's model in the index's precision; whether it was."""
-        from ..runner import resolve_precision
-
-        same = model_identity(pipe.path) == self.meta["model_sha256"]
-        if same and resolve_precision(self.meta["precision"], pipe.device) == pipe.precision:
+        if same_model(pipe, self.meta):
             self._pipe = pipe
             return True
         return False
@@ -396,10 +378,17 @@ class Index:
         fusion: str = FirstStage.fusion,
         alpha: float = FirstStage.alpha,
         passage: bool = SearchOptions.passage,
+        where: Mapping[str, str] | None = None,
     ) -> list[list[dict[str, Any]]]:
         """Per query, its top_k documents: [{"id", "score", "rank"} (+ "text", + "passage")];
         hybrid fused by `fusion`, the dense list weighed `alpha` and BM25's 1 - alpha; with
-        `passage`, each hit's window nearest the query (see passages)."""
+        `passage`, each hit's window nearest the query (see passages). `where` (metadata
+        filters) is the PostgreSQL backend's: a directory index keeps no metadata."""
+        if where:
+            raise ConfigError(
+                f"{self.path}: where (--where): a directory index keeps no metadata to filter "
+                "on; index into PostgreSQL (index --to DSN) to filter"
+            )
         if isinstance(queries, str):
             raise ConfigError("pass a list of queries (a single string is not a list)")
         check_choice("mode", mode, MODES, "--mode")
@@ -502,14 +491,24 @@ class Index:
         return fuse_runs(runs, fusion, alpha, k)
 
 
-def open_index(path: str | Path, **options: Any) -> Index:
-    """The index at `path` as search and mine use it; `options`: QueryModel's. Its model
-    checked (`model`: the index's model at another path), its queries' prompt as
-    `prompt_name` / `prompt` say (default: the one the index recorded)."""
+def open_index(path: str | Path, pg: PgOptions | None = None, **options: Any) -> Any:
+    """The index at `path` as search and mine use it: a directory (Index), or a PostgreSQL DSN
+    (postgresql://...: postgres.PgIndex, `pg` its table and search settings); `options`:
+    QueryModel's. Its model checked (`model`: the index's model at another path), its queries'
+    prompt as `prompt_name` / `prompt` say (default: the one the index recorded)."""
     from ..embedding import prompt_text
+    from .postgres import PgIndex, is_dsn
 
     o = QueryModel(**options)
-    index = Index.load(path)
+    if is_dsn(path):
+        index: Any = PgIndex.open(str(path), pg or PgOptions())
+    elif pg is not None and pg != PgOptions():
+        raise ConfigError(
+            f"{path}: --table, --ef-search and --exact are a PostgreSQL index's (a DSN, "
+            "postgresql://...); a directory index takes none"
+        )
+    else:
+        index = Index.load(path)
     pipe = index.use_model(o.model)
     if o.prompt_name is not None or o.prompt is not None:
         index.query_prompt = prompt_text(pipe.embedding_settings, o.prompt_name, o.prompt)
@@ -582,8 +581,6 @@ def _write_hnsw(vectors: Path, out: Path, block: int = 65_536) -> None:
 
 # -- building: the parts ---------------------------------------------------------------------------
 
-EMBED_BLOCK = 2048  # windows embedded per call while building: memory bounded for any document
-
 
 def _need_extras(o: IndexOptions) -> None:
     """The optional extras a build's options need, installed (IndexOptions checked the rest)."""
@@ -591,30 +588,6 @@ def _need_extras(o: IndexOptions) -> None:
         need_extra("bm25s", _BM25_EXTRA)
     if o.approximate:
         need_extra("faiss", _FAISS_EXTRA)
-
-
-def _window_settings(
-    pipe: Any, window: int | None, stride: int | None, prompt: str = ""
-) -> tuple[int, int]:
-    """(pieces per window, pieces between windows), checked against the model's length less
-    the prompt each window is read after."""
-    positions = pipe.config.max_position_embeddings
-    longest = min(pipe.embedding_settings.max_length or positions, positions) - 2
-    if prompt:
-        longest -= len(pipe.tok.encode(prompt, add_special_tokens=False, truncation=False).ids)
-    if longest < 1:
-        raise ConfigError(f"the prompt {prompt!r} leaves no room for a document in a window")
-    length = longest if window is None else window
-    if not 1 <= length <= longest:
-        raise ConfigError(
-            f"window={window} (--window): must be between 1 and the model's {longest} pieces"
-        )
-    stride = default_stride(length) if stride is None else stride
-    if not 1 <= stride <= length:
-        raise ConfigError(
-            f"stride={stride} (--stride): must be between 1 and the window, {length} pieces"
-        )
-    return length, stride
 
 
 # settings a resumed build may change: the corpus's bytes (each kept part is checked against
@@ -660,7 +633,7 @@ def _build_parts(
 
     bar = tqdm(desc="index", unit="window", disable=not progress, file=sys.stderr)
     done = k = 0
-    for k, docs in enumerate(_chunks(documents, chunk)):
+    for k, docs in enumerate(chunks(documents, chunk)):
         _build_part(out / "parts" / f"{k:06d}", pipe, docs, done, cut, bar)
         done += len(docs)
         bar.set_postfix_str(f"{done:,}/{total:,} documents", refresh=True)
@@ -688,32 +661,20 @@ def _build_part(
     if vectors.is_file() and part.with_suffix(".jsonl").read_text(encoding="utf-8") == listing:
         bar.update(np.load(vectors, mmap_mode="r").shape[0])
         return
-    pieces = pipe.tok.encode_long([t for _, t in docs])
-    owners, starts, lengths, spans = [], [], [], []
-    for d, p in enumerate(pieces):
-        windows = windows_of(len(p.ids), *cut[:2])
-        owners += [d] * len(windows)
-        starts += [a for a, _ in windows]
-        lengths += [n for _, n in windows]
-        spans += [p.span(a, a + n) if len(p.ids) else (0, len(docs[d][1])) for a, n in windows]
+    pieces, owners, starts, lengths, spans = cut_windows(pipe, [t for _, t in docs], *cut[:2])
     write_text(part.with_suffix(".jsonl"), listing)
-    arrays = {"owners": np.asarray(owners, np.int64) + first, "spans": np.array(spans, np.int64)}
-    for name, array in arrays.items():
+    for name, array in {"owners": owners + first, "spans": spans}.items():
         with atomic_path(part.with_suffix(f".{name}.npy")) as tmp, open(tmp, "wb") as f:
-            np.save(f, array.reshape(len(owners), *(() if name == "owners" else (2,))))
+            np.save(f, array)
     with atomic_path(vectors) as tmp:
-        table = None
-        for a in range(0, len(owners), EMBED_BLOCK):
-            rows = [
-                pieces[owners[w]].ids[starts[w] : starts[w] + lengths[w]].tolist()
-                for w in range(a, min(a + EMBED_BLOCK, len(owners)))
-            ]
-            block = pipe.embed(rows, prompt=cut[2]).astype(np.float32)
+        table, a = None, 0
+        for block in embedded_windows(pipe, pieces, owners, starts, lengths, cut[2]):
             if table is None:
                 shape = (len(owners), block.shape[1])
                 table = np.lib.format.open_memmap(tmp, "w+", np.float32, shape)
-            table[a : a + len(rows)] = block
-            bar.update(len(rows))
+            table[a : a + len(block)] = block
+            a += len(block)
+            bar.update(len(block))
         table.flush()  # type: ignore[union-attr]
         del table
     release_memory()  # what the chunk's batches used, before the next one

@@ -71,10 +71,12 @@ def find_positives(
 ) -> tuple[list[int | None], int, int]:
     """The document of each positive: by its id where `ids` gives one (an unknown id: not
     found), else by its normalized text; (documents, found by id, found by text)."""
-    by_id = {doc_id: d for d, doc_id in enumerate(index.ids)}
+    by_id: dict[str, int] = {}
     by_text: dict[str, int] = {}
-    if ids is None or any(i is None for i in ids):  # some rows are found by their text
-        for d, t in enumerate(index.texts):
+    texts = ids is None or any(i is None for i in ids)  # some rows are found by their text
+    for d, doc_id, t in index.documents():
+        by_id[doc_id] = d
+        if texts:
             by_text.setdefault(normalized(t), d)
     found: list[int | None] = []
     n_id = n_text = 0

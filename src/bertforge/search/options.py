@@ -8,10 +8,12 @@ check_options; the library functions take their defaults from here and the comma
     QueryModel    the model that embeds the queries, and their prompt (open_index)
     SearchOptions how many hits, with what, reranked by a cross-encoder (search_queries)
     MineOptions   hard negatives per query, which candidates are left out, a teacher (mine)
+    PgOptions     a PostgreSQL index's table and how its dense search runs (postgres.py)
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..embedding import EMBEDDING_PRECISIONS
@@ -183,3 +185,37 @@ class MineOptions:
 
     def __post_init__(self) -> None:
         check_options(self)
+
+
+@dataclass(kw_only=True)
+class PgOptions:
+    """A PostgreSQL index (postgres.py): its table, and how dense search runs there: through
+    the HNSW graph looking at ef_search candidates (more: better recall, slower), or exact."""
+
+    table: str = option(
+        "bertforge",
+        "PostgreSQL: the documents' table (its windows and its model's record beside it, "
+        "TABLE_windows and TABLE_index)",
+    )
+    ef_search: int = option(
+        100,
+        "PostgreSQL: HNSW candidates per query (at least 4 windows per hit asked for; more: "
+        "better recall, slower)",
+        min=1,
+        max=1000,
+    )
+    exact: bool = option(False, "PostgreSQL: exact dense search (every window; no HNSW)")
+
+    def __post_init__(self) -> None:
+        check_options(self)
+
+
+def parse_where(items: Sequence[str] | None) -> dict[str, str]:
+    """`--where field=value` options as {field: value} (split at the first =)."""
+    out = {}
+    for item in items or ():
+        field, equals, value = item.partition("=")
+        if not equals or not field:
+            raise ConfigError(f"--where {item!r}: must be FIELD=VALUE (a metadata field)")
+        out[field] = value
+    return out

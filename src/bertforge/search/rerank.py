@@ -15,7 +15,7 @@ rank, or by the z-scores of the first stage's scores and the cross-encoder's raw
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -75,16 +75,17 @@ def search_queries(
     queries: Sequence[str],
     stage: FirstStage | None = None,
     options: SearchOptions | None = None,
+    where: Mapping[str, str] | None = None,
 ) -> list[list[dict[str, Any]]]:
     """`bertforge search`: each query's top_k hits by the first stage (`stage`), or with
     options.rerank, the first stage's top rerank_depth reranked by that cross-encoder (with
     rerank_fuse: that order fused with the first stage's); each hit's text with options.text,
-    its passage with options.passage."""
+    its passage with options.passage; `where`: a PostgreSQL index's metadata filters."""
     stage, o = stage or FirstStage(), options or SearchOptions()
     depth = o.rerank_depth if o.rerank else o.top_k
     text = bool(o.rerank or o.text)
     results = index.search(
-        queries, depth, stage.mode, text, stage.fusion, stage.alpha, passage=o.passage
+        queries, depth, stage.mode, text, stage.fusion, stage.alpha, o.passage, where
     )
     if o.rerank:
         results = rerank(o.rerank, queries, results, o.top_k, o.rerank_fuse, o.text)

@@ -8,7 +8,7 @@ import functools
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
 
@@ -21,6 +21,9 @@ from .limits import API_KEY_ENV, Access, Limits
 from .routes import add_embeddings, add_pipeline, add_rerank, add_search, add_status
 from .server import Server
 
+if TYPE_CHECKING:
+    from ..search import PgOptions
+
 
 def create_app(
     model: str | Path,
@@ -29,14 +32,15 @@ def create_app(
     index_model: str | None = None,
     access: Access | None = None,
     calibration: str | None = None,
+    index_options: PgOptions | None = None,
     **pipeline_options: Any,
 ) -> Any:
     """The FastAPI application serving `model`: the pipelines its checkpoint has the heads for
     (only those: /openapi.json lists what this model serves), the embedding endpoints,
-    health, metadata and metrics, and POST /search over `index` (an index.Index directory)
-    when given; behind `access`'s API key, with its access log. The model and its heads load
-    here: a checkpoint that cannot be read raises its CheckpointError now, not at the first
-    request."""
+    health, metadata and metrics, and POST /search over `index` (an index.Index directory,
+    or a PostgreSQL DSN: `index_options` its table and search settings) when given; behind
+    `access`'s API key, with its access log. The model and its heads load here: a checkpoint
+    that cannot be read raises its CheckpointError now, not at the first request."""
     access = access or Access()
     server = Server(model, limits or Limits(), pipeline_options)
     if calibration is not None:  # read now: a bad file stops `serve` before it listens
@@ -62,7 +66,7 @@ def create_app(
     add_error_handlers(app, server)
     add_status(app, server)
     if index is not None:
-        add_search(app, server, index, index_model)
+        add_search(app, server, index, index_model, index_options)
     elif index_model is not None:
         raise ConfigError("index_model (--index-model): needs an index (--index)")
     shaped = {"embed": add_embeddings, "rerank": add_rerank}  # endpoints of their own shape
@@ -133,6 +137,7 @@ def serve(
     index_model: str | None = None,
     access: Access | None = None,
     calibration: str | None = None,
+    index_options: PgOptions | None = None,
     **pipeline_options: Any,
 ) -> None:
     """Load and check the model (a CheckpointError ends it here), then run the server
@@ -142,7 +147,9 @@ def serve(
     access = access or Access()
     if access.api_key is None and os.environ.get(API_KEY_ENV):
         access = Access(os.environ[API_KEY_ENV], access.access_log)
-    app = create_app(model, limits, index, index_model, access, calibration, **pipeline_options)
+    app = create_app(
+        model, limits, index, index_model, access, calibration, index_options, **pipeline_options
+    )
     if access.access_log and not access_log.handlers:
         handler = logging.StreamHandler()  # stderr
         handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%Y-%m-%dT%H:%M:%S"))

@@ -11,14 +11,14 @@ import math
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from fastapi import Request
 
 from .. import embedding
 from ..catalogue import ENTRIES, Entry
-from ..errors import ConfigError
+from ..errors import ConfigError, UnavailableError
 from ..model import BertModel
 from ..tasks import ranking
 from .errors import HTTPError
@@ -32,6 +32,11 @@ from .schemas import (
     request_model,
 )
 from .server import RERANK_PATHS, Server
+
+if TYPE_CHECKING:
+    from ..search import PgOptions
+
+SEARCH_POOL = 4  # connections to a PostgreSQL index (the search batcher runs one call at a time)
 
 # a request's vectors (its inputs, the field they came in, its options, the request) (embedder)
 Vectors = Callable[[list[Any], str, dict[str, Any], Any], Awaitable[list]]
@@ -190,21 +195,33 @@ def cohere_answer(
     return {"id": str(uuid.uuid4()), "results": results, "meta": meta}
 
 
-def add_search(app: Any, server: Server, path: str | Path, index_model: str | None = None) -> None:
+def add_search(
+    app: Any,
+    server: Server,
+    path: str | Path,
+    index_model: str | None = None,
+    pg: PgOptions | None = None,
+) -> None:
     """POST /search: {"queries", "top_k"?, "mode"?: dense | bm25 | hybrid, "return_text"?,
-    "return_passage"?} -> {"results": [[{id, score, rank, text?, passage?}]]}, over the index
-    (loaded now, so a broken index stops `serve` before it listens). The served model embeds
-    the queries, and must be the index's (its sha256 and precision): one model answers
+    "return_passage"?, "where"?} -> {"results": [[{id, score, rank, text?, passage?}]]}, over
+    the index (loaded now, so a broken index stops `serve` before it listens): a directory, or
+    a PostgreSQL DSN (`pg`: its table and search settings; searched through a pool of
+    connections; the database down or slow is a 503 until it is back). The served model
+    embeds the queries, and must be the index's (its sha256 and precision): one model answers
     /embed and /search; an index of another model is refused unless `index_model` names it
     (checked to be the index's), which then embeds the queries beside the served model."""
-    from ..search import Index
+    from ..search import Index, PgOptions
+    from ..search.postgres import PgIndex, is_dsn
 
-    index = Index.load(path)
+    if not is_dsn(path) and pg is not None and pg != PgOptions():
+        raise ConfigError(f"{path}: --table, --ef-search and --exact are a PostgreSQL index's")
+    index: Any = PgIndex.open(str(path), pg, pool=SEARCH_POOL) if is_dsn(path) else Index.load(path)
+    app.state.index = index
     if index_model is not None:  # the index's model beside the served one, checked
         index.use_model(index_model, device=server.pipe.device.type)
     elif not index.adopt(server.pipe):
         raise ConfigError(
-            f"{path}: built with the model {index.meta['model_name']}, not the one served "
+            f"{index.path}: built with the model {index.meta['model_name']}, not the one served "
             f"({server.name}, or not in its precision): serve that model, or name the index's "
             "own with --index-model to search with it beside the served one"
         )
@@ -213,13 +230,18 @@ def add_search(app: Any, server: Server, path: str | Path, index_model: str | No
     read = server.windows_read(pipe, pipe.embedding_settings.max_length)
 
     def run(items: list[Any], options: dict[str, Any]) -> list[Any]:
-        return index.search(items, **options)
+        try:
+            return index.search(items, **options)
+        except UnavailableError as e:  # the database down or slow: retry later
+            raise HTTPError(503, str(e)) from None
 
     @app.post("/search", summary="search the index given with --index")
     async def search(req: SearchRequest, request: Request) -> dict[str, Any]:
         server.check(req.queries, "queries")
         options = {"top_k": req.top_k, "mode": req.mode, "text": req.return_text}
         options |= {"fusion": req.fusion, "alpha": req.alpha, "passage": req.return_passage}
+        if req.where:  # metadata filters: a PostgreSQL index's (a directory's refuses, 422)
+            options["where"] = req.where
         rows = await server.submit("search", run, req.queries, options, request, read, "queries")
         if req.return_text:  # a document's text cut at return_chars: the answer stays bounded
             cut = server.limits.return_chars

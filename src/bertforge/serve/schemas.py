@@ -73,6 +73,7 @@ class SearchRequest(BaseModel):  # POST /search, with --index
     alpha: float = Field(0.5, ge=0.0, le=1.0)
     return_text: bool = False
     return_passage: bool = False
+    where: dict[str, str] | None = None  # a PostgreSQL index's metadata filters
 
 
 def request_model(entry: Entry) -> type:

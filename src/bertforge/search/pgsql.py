@@ -1,0 +1,210 @@
+"""The PostgreSQL side of the PostgreSQL backend (postgres.py): where the server is (a DSN, never
+shown with its password), a pool of connections whose failures are one error, the tables'
+names (checked identifiers) and their SQL, and the binary COPY rows the windows are written as.
+
+    db = Database("postgresql://me:secret@db/search")   # or "" / DATABASE_URL / PG* environment
+    with db.connection() as conn:                       # one transaction, committed on exit
+        conn.execute(sql("SELECT count(*) FROM {docs}", names("docs_v1")))
+
+Safety. Every value is a bound parameter; a table name is an identifier checked here (letters,
+digits and _, not a digit first, at most 48 characters: room for the suffixes of the tables and
+indexes made beside it) and quoted by psycopg; the SQL texts are constants. A DSN's password is
+replaced by *** wherever a message shows the DSN, and taken out of what the server or the
+driver says before it is shown. A server that cannot be reached, drops the connection or runs a
+statement past STATEMENT_TIMEOUT is one UnavailableError (the server answers 503 and recovers
+with the database: the pool replaces broken connections); other database errors are one
+DataError naming the table.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import struct
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+from urllib.parse import unquote
+
+import numpy as np
+
+from ..errors import ConfigError, DataError, UnavailableError, need_extra
+
+SCHEMES = ("postgresql://", "postgres://")
+POSTGRES_EXTRA = "a PostgreSQL index needs psycopg: pip install 'bertforge[postgres]'"
+CONNECT_TIMEOUT = 10  # seconds to wait for a connection (to be made, or free in the pool)
+STATEMENT_TIMEOUT = 60_000  # ms: a statement running longer is canceled (a slow database)
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,47}\Z")
+
+# the tables and indexes of an index named T: T's documents, their windows, the model's record
+SUFFIXES = {
+    "docs": "",
+    "windows": "_windows",
+    "meta": "_index",
+    "hnsw": "_windows_hnsw",
+    "tsv": "_tsv",
+    "n": "_n",
+}
+
+
+def is_dsn(path: object) -> bool:
+    """Whether an index argument names a PostgreSQL server (postgresql:// or postgres://)."""
+    return str(path).startswith(SCHEMES)
+
+
+def resolve_dsn(dsn: str | None) -> str:
+    """The DSN to connect with: the one given; none, or a bare postgresql://: $DATABASE_URL,
+    else "" (libpq then reads PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE...)."""
+    if not dsn or dsn in SCHEMES:
+        return os.environ.get("DATABASE_URL", "")
+    return dsn
+
+
+_URI_PASSWORD = re.compile(r"(://[^:/?#@\s]*:)([^@/?#\s]*)@")  # scheme://user:PASSWORD@
+_KEY_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&]+)", re.IGNORECASE)
+
+
+def redacted(dsn: str) -> str:
+    """The DSN as messages show it: its password, if any, as ***."""
+    shown = _URI_PASSWORD.sub(lambda m: m.group(1) + ("***" if m.group(2) else "") + "@", dsn)
+    return _KEY_PASSWORD.sub(r"\1***", shown)
+
+
+def secrets(dsn: str) -> list[str]:
+    """The passwords a DSN (or PGPASSWORD) holds, as written and percent-decoded: what is
+    scrubbed from anything the server or the driver says before it is shown."""
+    found = [m.group(2) for m in _URI_PASSWORD.finditer(dsn)]
+    found += [m.group(2).strip("'") for m in _KEY_PASSWORD.finditer(dsn)]
+    found += [os.environ["PGPASSWORD"]] if os.environ.get("PGPASSWORD") else []
+    return sorted({s for f in found for s in (f, unquote(f)) if s}, key=len, reverse=True)
+
+
+def names(table: str) -> dict[str, Any]:
+    """The quoted identifiers (psycopg.sql.Identifier) of table T's tables and indexes
+    (SUFFIXES), T checked to be a plain identifier: one ConfigError otherwise."""
+    if not isinstance(table, str) or not _NAME.match(table):
+        raise ConfigError(
+            f"table={table!r} (--table): not a table name: letters, digits and _, not a digit "
+            "first, at most 48 characters"
+        )
+    identifier = need_extra("psycopg", POSTGRES_EXTRA).sql.Identifier
+    return {key: identifier(table + suffix) for key, suffix in SUFFIXES.items()}
+
+
+def sql(text: str, identifiers: Mapping[str, Any], **fixed: str) -> Any:
+    """A constant SQL text with the tables' identifiers put in ({docs}, {windows}...) and
+    `fixed` words chosen by the code from its own short lists ({vtype}, {op}): never a value."""
+    psql = need_extra("psycopg", POSTGRES_EXTRA).sql
+    words = {k: psql.SQL(v) for k, v in fixed.items()}
+    return psql.SQL(text).format(**identifiers, **words)
+
+
+class Database:
+    """A pool of connections to one PostgreSQL server (psycopg_pool): opened at once (an
+    unreachable server is an UnavailableError now), connections checked before each use and
+    replaced when broken, each statement cut at STATEMENT_TIMEOUT."""
+
+    def __init__(self, dsn: str | None, size: int = 1) -> None:
+        psycopg = need_extra("psycopg", POSTGRES_EXTRA)
+        pool = need_extra("psycopg_pool", POSTGRES_EXTRA)
+        self.dsn = resolve_dsn(dsn)
+        self.shown = redacted(self.dsn) or "the database of the PG* environment"
+        self._secrets = secrets(self.dsn)
+        try:
+            psycopg.conninfo.conninfo_to_dict(self.dsn)
+        except psycopg.Error as e:
+            raise ConfigError(f"{self.shown}: not a PostgreSQL DSN ({self.scrub(e)})") from None
+        self.pool = pool.ConnectionPool(
+            self.dsn,
+            min_size=1,
+            max_size=size,
+            open=False,
+            timeout=CONNECT_TIMEOUT,
+            check=pool.ConnectionPool.check_connection,
+            configure=_configure,
+            kwargs={"connect_timeout": CONNECT_TIMEOUT},
+            name="bertforge",
+        )
+        with self.errors("connecting"):  # once by hand: the server's own refusal, at once
+            psycopg.connect(self.dsn, connect_timeout=CONNECT_TIMEOUT).close()
+            self.pool.open(wait=True, timeout=CONNECT_TIMEOUT)
+
+    def scrub(self, error: object) -> str:
+        """What the server or the driver said, its first line, the DSN's password out of it."""
+        text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
+        return redacted(text)
+
+    @contextmanager
+    def errors(self, what: str) -> Iterator[None]:
+        """The database's errors while doing `what`, as one error each: unreachable, dropped
+        or timed out: UnavailableError; a table missing or another refusal: DataError."""
+        psycopg = need_extra("psycopg", POSTGRES_EXTRA)
+        pool = need_extra("psycopg_pool", POSTGRES_EXTRA)
+        try:
+            yield
+        except (psycopg.OperationalError, pool.PoolTimeout, pool.PoolClosed) as e:
+            raise UnavailableError(
+                f"{self.shown}: the database is unavailable while {what} ({self.scrub(e)}); "
+                "retry when it is back"
+            ) from None
+        except psycopg.Error as e:
+            raise DataError(f"{self.shown}: {what}: {self.scrub(e)}") from None
+
+    @contextmanager
+    def connection(self, what: str = "searching") -> Iterator[Any]:
+        """A pooled connection in a transaction, committed when the block ends (rolled back
+        on an error); its errors as `errors` says."""
+        with self.errors(what), self.pool.connection() as conn:
+            yield conn
+
+    def close(self) -> None:
+        self.pool.close()
+
+
+def _configure(conn: Any) -> None:
+    """Each new connection: its statements cut at STATEMENT_TIMEOUT."""
+    conn.execute("SELECT set_config('statement_timeout', %s, false)", [str(STATEMENT_TIMEOUT)])
+    conn.commit()
+
+
+def vector_text(vector: np.ndarray) -> str:
+    """A vector as pgvector reads it ('[0.1,-0.2,...]'; float32 values written exactly)."""
+    return "[" + ",".join(map(repr, np.asarray(vector, np.float32).tolist())) + "]"
+
+
+# -- binary COPY: the windows' rows ----------------------------------------------------------------
+
+COPY_HEADER = b"PGCOPY\n\xff\r\n\x00" + struct.pack(">ii", 0, 0)
+COPY_TRAILER = struct.pack(">h", -1)
+
+
+def window_rows(
+    ids: Sequence[str],
+    owners: np.ndarray,
+    numbers: np.ndarray,
+    spans: np.ndarray,
+    vectors: np.ndarray,
+    vtype: str,
+) -> bytes:
+    """Rows of (id text, w int4, span_start int4, span_end int4, embedding vector|halfvec) in
+    PostgreSQL's binary COPY format (no header or trailer): each window's document's id
+    (ids[owners[i]]), its number in the document, its characters and its vector (pgvector's
+    binary form: int16 dimensions, int16 0, big-endian float4, or float2 for halfvec)."""
+    width = 2 if vtype == "halfvec" else 4
+    dim = vectors.shape[1]
+    head = struct.pack(">iHH", 4 + width * dim, dim, 0)
+    packed = np.ascontiguousarray(vectors, f">f{width}")  # (W, dim) big-endian
+    encoded = [i.encode() for i in ids]
+    out = []
+    for i in range(len(owners)):
+        name = encoded[owners[i]]
+        out.append(
+            struct.pack(">hi", 5, len(name))
+            + name
+            + struct.pack(">iiiiii", 4, numbers[i], 4, spans[i, 0], 4, spans[i, 1])
+            + head
+            + packed[i].tobytes()
+        )
+    return b"".join(out)

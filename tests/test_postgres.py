@@ -1,0 +1,429 @@
+"""The PostgreSQL backend (bertforge.search.postgres, `index --to`, `search DSN`, `serve --index
+DSN`) against a real PostgreSQL + pgvector started by the suite (tests/pg_server.py): its
+searches against the directory index's on the same corpus and by hand, a build killed with
+SIGKILL and resumed, upserts that embed only changed text, deletes, filters, the model check,
+SQL-injection attempts, the DSN's password kept out of every message, and the server's 503
+while the database is down and its recovery."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from bertforge.cli import main
+from bertforge.errors import ConfigError, DataError, UnavailableError
+from bertforge.pipelines import Pipeline
+from bertforge.search import Index, PgOptions, fuse_runs, open_index
+from bertforge.search.pgsql import redacted
+from bertforge.search.postgres import PgIndex
+from tests.test_search import DOCS, QUERIES
+
+pytest.importorskip("psycopg")
+REPO = Path(__file__).resolve().parents[1]
+META = [
+    {"lang": "en", "year": 2020},
+    {"lang": "en", "year": 2021},
+    {"lang": "fr", "year": 2020},
+    {"lang": "en", "year": 2019},
+    {"lang": "de", "year": 2020},
+    {"lang": "en", "year": 2021},
+]
+
+
+def write_corpus(path: Path, docs: list[str] = DOCS, meta: list[dict] = META) -> Path:
+    lines = [
+        json.dumps({"id": f"d{i}", "text": t, **m}) for i, (t, m) in enumerate(zip(docs, meta))
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def build(model: Path, corpus: Path, dsn: str, table: str, **options: Any) -> PgIndex:
+    return PgIndex.build(
+        model, corpus, dsn, table=table, chunk=2, progress=False, precision="fp32", **options
+    )
+
+
+def same_rows(a: PgIndex, b: PgIndex) -> None:
+    """Both tables hold the same documents (their numbers aside) and windows, the vectors
+    equal to float32 rounding (a text embedded in another batch)."""
+    got = []
+    for index in (a, b):
+        t = index.pg.table
+        with index.db.connection() as conn:
+            docs = conn.execute(
+                f"SELECT id, text, metadata, text_sha256 FROM {t} ORDER BY id"
+            ).fetchall()
+            windows = conn.execute(
+                f"SELECT id, w, span_start, span_end, embedding::text FROM {t}_windows "
+                "ORDER BY id, w"
+            ).fetchall()
+        got.append((docs, [w[:4] for w in windows], [json.loads(w[4]) for w in windows]))
+    assert got[0][:2] == got[1][:2]
+    np.testing.assert_allclose(np.array(got[0][2]), np.array(got[1][2]), atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def pg(tmp_path_factory: pytest.TempPathFactory, minilm_dir: Path, postgres_dsn: str) -> PgIndex:
+    tmp = tmp_path_factory.mktemp("pg")
+    return build(minilm_dir, write_corpus(tmp / "corpus.jsonl"), postgres_dsn, "docs")
+
+
+@pytest.fixture(scope="module")
+def directory(tmp_path_factory: pytest.TempPathFactory, minilm_dir: Path) -> Index:
+    tmp = tmp_path_factory.mktemp("dir")
+    path = write_corpus(tmp / "corpus.jsonl")
+    return Index.build(minilm_dir, path, tmp / "idx", chunk=2, progress=False, precision="fp32")
+
+
+def test_dense_search_is_the_directory_index_s(pg: PgIndex, directory: Index) -> None:
+    """Dense search, exact or through HNSW (a tiny corpus: the graph finds every window), and
+    passages: the same documents, order and scores as the directory index (a long document by
+    its best window)."""
+    assert pg.count() == (len(DOCS), len(directory.windows))
+    assert pg.meta["model_sha256"] == directory.meta["model_sha256"]
+    assert pg.meta["metric"] == "cosine" and pg.meta["vector_type"] in ("vector", "halfvec")
+    want = directory.search(QUERIES, top_k=6, text=True, passage=True)
+    exact = PgIndex.open(pg.db.dsn, PgOptions(table="docs", exact=True))
+    for index in (pg, exact):
+        got = index.search(QUERIES, top_k=6, text=True, passage=True)
+        for g, w in zip(got, want):
+            assert [h["id"] for h in g] == [h["id"] for h in w]
+            assert [h["text"] for h in g] == [h["text"] for h in w]
+            assert [h["passage"] for h in g] == [h["passage"] for h in w]
+            np.testing.assert_allclose([h["score"] for h in g], [h["score"] for h in w], atol=2e-5)
+    exact.close()
+    assert [row[0]["id"] for row in pg.search(QUERIES, top_k=1)] == ["d2", "d0", "d1", "d5"]
+
+
+def test_text_search_is_postgres_ts_rank_and_hybrid_fuses(pg: PgIndex) -> None:
+    """mode bm25 here: PostgreSQL's ts_rank over the documents sharing any English word with
+    the query, best first, computed here by SQL of our own; hybrid: fusion.py's fusion of the
+    dense and text lists."""
+    query = "the tower in paris and the great wall"
+    with pg.db.connection() as conn:
+        want = conn.execute(
+            "SELECT id, ts_rank(to_tsvector('english', text), "
+            "to_tsquery('english', 'tower | paris | great | wall')) AS s FROM docs "
+            "WHERE to_tsvector('english', text) @@ to_tsquery('english', 'tower | paris | great | "
+            "wall') ORDER BY s DESC, n"
+        ).fetchall()
+    got = pg.search([query], top_k=6, mode="bm25")[0]
+    assert [h["id"] for h in got] == [i for i, _ in want] and len(got) == 2
+    np.testing.assert_allclose([h["score"] for h in got], [s for _, s in want], rtol=1e-6)
+    assert pg.search(["zebra quantum"], top_k=3, mode="bm25") == [[]]  # no word in common
+    for fusion, alpha in (("rrf", 0.5), ("zscore", 0.7)):
+        dense, text = pg.dense(QUERIES, 100), pg.text_search(QUERIES, 100)
+        docs, scores = fuse_runs([dense, text], fusion, alpha, 3)
+        got = pg.search(QUERIES, top_k=3, mode="hybrid", fusion=fusion, alpha=alpha)
+        numbers = {i: n for n, i, _ in pg.documents()}
+        for row, d, s in zip(got, docs, scores):
+            assert [numbers[h["id"]] for h in row] == [x for x in d.tolist() if x >= 0]
+            np.testing.assert_allclose([h["score"] for h in row], s[: len(row)], rtol=1e-9)
+
+
+def test_filters_are_bound_and_combine(pg: PgIndex, directory: Index) -> None:
+    en = pg.search(QUERIES, top_k=6, where={"lang": "en"})
+    assert all({h["id"] for h in row} == {"d0", "d1", "d3", "d5"} for row in en)
+    both = pg.search(QUERIES, top_k=6, mode="hybrid", where={"lang": "en", "year": "2021"})
+    assert all({h["id"] for h in row} <= {"d1", "d5"} for row in both)
+    hamlet = pg.search(["hamlet"], 6, "bm25", where={"year": "2020"})
+    assert [[h["id"] for h in row] for row in hamlet] == [["d2"]]
+    assert pg.search(["hamlet"], 6, "bm25", where={"year": "2021"}) == [[]]
+    exact = PgIndex.open(pg.db.dsn, PgOptions(table="docs", exact=True))
+    assert [h["id"] for h in exact.search(["who wrote hamlet"], 6, where={"year": "2020"})[0]] == [
+        h["id"] for h in pg.search(["who wrote hamlet"], 6)[0] if h["id"] in ("d0", "d2", "d4")
+    ]
+    exact.close()
+    with pytest.raises(ConfigError, match="a directory index keeps no metadata"):
+        directory.search(QUERIES, where={"lang": "en"})
+
+
+def test_a_killed_build_resumes_and_ends_equal(
+    minilm_dir: Path, postgres_dsn: str, tmp_path: Path
+) -> None:
+    """A build killed with SIGKILL in its third chunk keeps the chunks written; run again, it
+    embeds only the documents missing and its tables equal an uninterrupted build's."""
+    path = write_corpus(tmp_path / "corpus.jsonl")
+    script = f"""
+import os, signal
+from bertforge.pipelines import Pipeline
+from bertforge.search.postgres import PgIndex
+real, calls = Pipeline.embed, []
+def embed(self, rows, *a, **k):
+    calls.append(len(rows))
+    if len(calls) == 4:  # the probe of the dimensions, chunks 1 and 2, then chunk 3: killed
+        os.kill(os.getpid(), signal.SIGKILL)
+    return real(self, rows, *a, **k)
+Pipeline.embed = embed
+PgIndex.build({str(minilm_dir)!r}, {str(path)!r}, {postgres_dsn!r}, table="killed", chunk=2,
+              progress=False, precision="fp32")
+"""
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    done = subprocess.run([sys.executable, "-c", script], env=env, cwd=REPO, timeout=300)
+    assert done.returncode == -9
+    half = PgIndex.open(postgres_dsn, PgOptions(table="killed"))
+    before = half.count()
+    assert before[0] == 4  # two whole chunks, nothing of the third
+    embedded: list[int] = []
+    real = Pipeline.embed
+
+    def counted(self: Any, rows: Any, *a: Any, **k: Any) -> Any:
+        embedded.append(len(rows))
+        return real(self, rows, *a, **k)
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(Pipeline, "embed", counted)
+        resumed = build(minilm_dir, path, postgres_dsn, "killed")
+    assert resumed.written == {"new": 2, "changed": 0, "relabelled": 0, "kept": 4}
+    # the probe of the dimensions, then the last two documents' windows only
+    assert sum(embedded[1:]) == resumed.count()[1] - before[1] > 0
+    whole = build(minilm_dir, path, postgres_dsn, "whole")
+    same_rows(resumed, whole)
+    for index in (half, resumed, whole):
+        index.close()
+
+
+def test_upsert_embeds_only_what_changed_and_delete_removes(
+    minilm_dir: Path, postgres_dsn: str, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    path = write_corpus(tmp_path / "corpus.jsonl")
+    index = build(minilm_dir, path, postgres_dsn, "upserted")
+    docs = [*DOCS, "Penguins live in the southern hemisphere."]
+    docs[1] = "Dogs are loyal companions that love long walks."  # changed text
+    meta = [dict(m) for m in META] + [{"lang": "en", "year": 2022}]
+    meta[3]["lang"] = "nl"  # changed metadata only
+    write_corpus(path, docs, meta)
+    embedded: list[list] = []
+    real = Pipeline.embed
+
+    def counted(self: Any, rows: Any, *a: Any, **k: Any) -> Any:
+        embedded.append(list(rows))
+        return real(self, rows, *a, **k)
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(Pipeline, "embed", counted)
+        again = build(minilm_dir, path, postgres_dsn, "upserted")
+    assert again.written == {"new": 1, "changed": 1, "relabelled": 1, "kept": 4}
+    tok = again.use_model().tok
+    pieces = [tok.encode(t, add_special_tokens=False).ids for t in (docs[1], docs[6])]
+    got = [list(r) for rows in embedded[1:] for r in rows]
+    assert got == [list(p) for p in pieces]  # those two, nothing else
+    assert again.search(["what do dogs like"], top_k=1)[0][0]["id"] == "d1"
+    assert again.search(["what do cats eat"], top_k=1, mode="bm25") == [[]]
+    assert {h["id"] for h in again.search(QUERIES[:1], 7, where={"lang": "nl"})[0]} == {"d3"}
+    fresh = build(minilm_dir, path, postgres_dsn, "fresh")
+    same_rows(again, fresh)  # as if built from this corpus
+    ids = tmp_path / "gone.txt"
+    ids.write_text("d1\nd6\n\nnot-there\n")
+    model = str(minilm_dir)
+    common = ["index", model, "--to", postgres_dsn, "--table", "upserted"]
+    assert main([*common, "--delete", str(ids)]) == 0
+    assert "deleted 2 documents" in capsys.readouterr().out
+    assert again.count() == (5, fresh.count()[1] - 2)  # d1 and d6: one window each
+    hits = {h["id"] for row in again.search(QUERIES, top_k=7, mode="hybrid") for h in row}
+    assert not hits & {"d1", "d6"}
+    both = ["index", model, str(path), "--to", postgres_dsn, "--table", "upserted"]
+    assert main([*both, "--delete", str(ids)]) == 2  # a corpus or --delete, not both
+    assert main(["index", model, str(path), "--delete", str(ids), "--out", "x"]) == 2
+    assert "--to DSN" in capsys.readouterr().err
+    for i in (index, again, fresh):
+        i.close()
+
+
+def test_the_model_is_checked_at_every_search(
+    pg: PgIndex, minilm_dir: Path, tiny_model: Path, postgres_dsn: str, tmp_path: Path
+) -> None:
+    with pytest.raises(ConfigError, match="not the model this index was built with"):
+        open_index(postgres_dsn, PgOptions(table="docs"), model=str(tiny_model))
+    with pytest.raises(ConfigError, match="another model or settings"):
+        build(tiny_model, write_corpus(tmp_path / "c.jsonl"), postgres_dsn, "docs")
+    index = build(minilm_dir, write_corpus(tmp_path / "c.jsonl"), postgres_dsn, "swapped")
+    with index.db.connection() as conn:  # the table's record replaced under an open index
+        conn.execute(
+            "UPDATE swapped_index SET value = jsonb_set(value, '{model_sha256}', '\"0000\"')"
+        )
+    with pytest.raises(ConfigError, match="now holds an index of another model"):
+        index.search(QUERIES, top_k=2)
+    with pytest.raises(DataError, match="not a bertforge index"):
+        PgIndex.open(postgres_dsn, PgOptions(table="nothing_here"))
+    with pytest.raises(ConfigError, match="directory index's"):
+        build(minilm_dir, tmp_path / "c.jsonl", postgres_dsn, "other", approximate="hnsw")
+    index.close()
+
+
+@pytest.mark.parametrize(
+    "table", ["docs; DROP TABLE docs", 'a"b', "Robert'); --", "1docs", "x" * 49, "docs.x", ""]
+)
+def test_a_table_name_is_an_identifier(postgres_dsn: str, table: str) -> None:
+    with pytest.raises(ConfigError, match="not a table name"):
+        PgIndex.open(postgres_dsn, PgOptions(table=table))
+
+
+def test_injection_attempts_are_inert(
+    minilm_dir: Path, postgres_dsn: str, tmp_path: Path, pg: PgIndex
+) -> None:
+    """Ids, metadata keys and values, filters and queries full of SQL are data: stored and
+    found as written, matching nothing they should not, dropping nothing."""
+    evil = [
+        "x'); DROP TABLE docs; --",
+        'q" OR 1=1 --',
+        "' OR '1'='1",
+        "%(k)s; SELECT pg_sleep(10)",
+    ]
+    path = tmp_path / "evil.jsonl"
+    path.write_text(
+        "".join(
+            json.dumps({"id": e, "text": f"{DOCS[i]} {e}", e: e, "lang": "en"}) + "\n"
+            for i, e in enumerate(evil)
+        )
+    )
+    index = build(minilm_dir, path, postgres_dsn, "evil")
+    assert {d[1] for d in index.documents()} == set(evil)
+    for e in evil:
+        got = index.search([e], top_k=4, mode="hybrid", where={e: e})[0]
+        assert [h["id"] for h in got] == [e]  # its own key and value: itself only
+        assert index.search([e], top_k=4, where={"lang": e}) == [[]]
+    operators = index.search(["hamlet & | ! ( ) :* <-> ' \\ ;"], top_k=4, mode="bm25")
+    assert [[h["id"] for h in row] for row in operators] == [[evil[2]]]  # words, not syntax
+    assert index.delete(["' OR '1'='1"]) == 1 and index.count()[0] == 3
+    assert pg.count()[0] == len(DOCS)  # the other table is still there, whole
+    index.close()
+
+
+def test_the_password_is_never_shown(
+    minilm_dir: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    secret = "s3cr%40t-Pa55"  # percent-encoded in the URI: s3cr@t-Pa55
+    dsn = f"postgresql://bob:{secret}@127.0.0.1:1/db"
+    assert redacted(dsn) == "postgresql://bob:***@127.0.0.1:1/db"
+    assert redacted("host=db password='a b' user=x") == "host=db password=*** user=x"
+    caplog.set_level(logging.DEBUG)
+    with pytest.raises(UnavailableError) as e:
+        PgIndex.open(dsn)
+    assert "postgresql://bob:***@127.0.0.1:1/db" in str(e.value)
+    queries = Path(os.devnull)
+    assert main(["search", dsn, str(queries)]) == 2
+    path = write_corpus(tmp_path / "c.jsonl")
+    to = f"host=127.0.0.1 port=1 password={secret}"
+    assert main(["index", str(minilm_dir), str(path), "--to", to, "--precision", "fp32"]) == 2
+    out = capsys.readouterr()
+    shown = out.out + out.err + caplog.text
+    assert "the database is unavailable" in out.err
+    for s in (secret, "s3cr@t-Pa55"):
+        assert s not in shown
+
+
+def test_cli_index_search_and_rerank(
+    minilm_dir: Path,
+    tiny_model: Path,
+    postgres_dsn: str,
+    directory: Index,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture,
+) -> None:
+    from tests.test_search import _saturating_cross_encoder
+
+    path = write_corpus(tmp_path / "corpus.jsonl")
+    common = ["--precision", "fp32", "--no-progress", "--chunk", "3"]
+    assert (
+        main(["index", str(minilm_dir), str(path), "--to", postgres_dsn, "--table", "cli", *common])
+        == 0
+    )
+    assert "6 new" in capsys.readouterr().out
+    queries = tmp_path / "q.txt"
+    queries.write_text("\n".join(QUERIES) + "\n")
+    search = ["search", postgres_dsn, str(queries), "--table", "cli", "--top-k", "3"]
+    assert main([*search, "--exact", "--where", "lang=en", "--where", "year=2021"]) == 0
+    rows = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert [r["line"] for r in rows] == [1, 2, 3, 4]
+    assert all({h["id"] for h in r["results"]} <= {"d1", "d5"} for r in rows)
+    ce = _saturating_cross_encoder(tiny_model, tmp_path / "ce")
+    rerank = ["--rerank", str(ce), "--rerank-depth", "4", "--exact"]
+    assert main([*search, *rerank]) == 0
+    got = [json.loads(x)["results"] for x in capsys.readouterr().out.splitlines()]
+    assert main(["search", str(directory.path), str(queries), "--top-k", "3", *rerank[:4]]) == 0
+    want = [json.loads(x)["results"] for x in capsys.readouterr().out.splitlines()]
+    assert [[h["id"] for h in r] for r in got] == [[h["id"] for h in r] for r in want]
+    assert main([*search, "--where", "lang"]) == 2
+    assert "must be FIELD=VALUE" in capsys.readouterr().err
+    assert main(["search", str(directory.path), str(queries), "--table", "cli"]) == 2
+    assert "a PostgreSQL index's" in capsys.readouterr().err
+    train = tmp_path / "train.jsonl"
+    train.write_text(json.dumps({"query": QUERIES[0], "positive": DOCS[2]}) + "\n")
+    mined = tmp_path / "mined.jsonl"
+    mine = ["mine", postgres_dsn, str(train), "--table", "cli", "--out", str(mined)]
+    for flags in (["--mode", "hybrid"], ["--margin", "0"]):
+        mined.unlink(missing_ok=True)
+        assert main([*mine, "--negatives", "2", *flags]) == 0
+        (row,) = [json.loads(x) for x in mined.read_text().splitlines()]
+        assert row["positive"] == DOCS[2] and len(row["negatives"]) == 2
+        assert DOCS[2] not in row["negatives"]
+
+
+def test_server_searches_postgres_and_answers_503_while_it_is_down(
+    minilm_dir: Path, tmp_path: Path
+) -> None:
+    """serve --index DSN: /search through the pool; the database stopped: 503 {"error"}; the
+    database back: answers again, the server never restarted."""
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from bertforge.serve import create_app
+    from tests.pg_server import restart, running, stop
+
+    with running(tmp_path / "pgdata") as server:
+        dsn = server.get_uri()
+        build(minilm_dir, write_corpus(tmp_path / "c.jsonl"), dsn, "served").close()
+        app = create_app(
+            minilm_dir, index=dsn, index_options=PgOptions(table="served"), precision="fp32"
+        )
+        body = {"queries": QUERIES, "top_k": 2, "mode": "hybrid", "where": {"lang": "en"}}
+        with TestClient(app) as client:
+            first = client.post("/search", json=body)
+            assert first.status_code == 200
+            assert all(
+                {h["id"] for h in row} <= {"d0", "d1", "d3", "d5"}
+                for row in first.json()["results"]
+            )
+            stop(server)
+            down = client.post("/search", json=body)
+            assert down.status_code == 503
+            assert "the database is unavailable" in down.json()["error"]
+            restart(server)
+            deadline = time.monotonic() + 60  # the pool reconnects in the background
+            while (back := client.post("/search", json=body)).status_code != 200:
+                assert time.monotonic() < deadline, back.json()
+                time.sleep(0.5)
+            assert back.status_code == 200 and back.json() == first.json()
+        app.state.index.close()
+
+
+def test_the_dsn_from_the_environment(
+    pg: PgIndex, postgres_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`postgresql://` alone (or `--to` alone): $DATABASE_URL, else libpq's PG* variables."""
+    monkeypatch.setenv("DATABASE_URL", postgres_dsn)
+    index = PgIndex.open("postgresql://", PgOptions(table="docs"))
+    assert index.count() == pg.count()
+    index.close()
+    monkeypatch.delenv("DATABASE_URL")
+    host = postgres_dsn.split("host=")[1]  # pgserver's: postgresql://postgres:@/postgres?host=DIR
+    monkeypatch.setenv("PGHOST", host)
+    monkeypatch.setenv("PGUSER", "postgres")
+    monkeypatch.setenv("PGDATABASE", "postgres")
+    index = PgIndex.open(None, PgOptions(table="docs"))
+    assert index.count() == pg.count()
+    index.close()
