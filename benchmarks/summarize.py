@@ -3,7 +3,7 @@ summary of its body (data/tasks/documents.py says how the lead, body and left-ou
 told apart).
 
     pip install sumy bert-extractive-summarizer    # the reference rows (spaCy, no model download)
-    python benchmarks/summarize.py --data ../shared/data [--train-docs 300] [--epochs 2]
+    python benchmarks/summarize.py --data ../shared/data [--train-docs 150] [--epochs 1]
 
 Files of the Wikipedia sample: wiki_00-27 train, wiki_28-29 dev (the best epoch by ROUGE-2),
 wiki_30-34 evaluation (never used to choose anything); wiki_35-39 are left out of everything.
@@ -172,11 +172,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data", default="../shared/data")
     p.add_argument("--work", default="runs/summarize", help="links, the trained model")
-    p.add_argument("--train-docs", type=int, default=300, help="first N training articles")
-    p.add_argument("--dev-docs", type=int, default=40)
+    p.add_argument("--train-docs", type=int, default=150, help="first N training articles")
+    p.add_argument("--dev-docs", type=int, default=20)
     p.add_argument("--eval-docs", type=int, default=None, help="first N (default: all)")
-    p.add_argument("--epochs", type=float, default=2.0)
-    p.add_argument("--lr", type=float, default=5e-5)
+    p.add_argument("--epochs", type=float, default=1.0)
+    p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--max-seq-length", type=int, default=256)
     p.add_argument(
