@@ -6,11 +6,12 @@ cross-encoder (it scores pairs; its vectors are not made to be compared)."""
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError
+from ..errors import ConfigError, DataError
+from .windows import window_settings
 
 
 def model_identity(path: str | Path) -> str:
@@ -107,3 +108,25 @@ def same_model(pipe: Any, meta: dict[str, Any]) -> bool:
 
     same = model_identity(pipe.path) == meta["model_sha256"]
     return same and resolve_precision(meta["precision"], pipe.device) == pipe.precision
+
+
+def build_start(
+    model: str | Path, corpus: Path, options: Any, count: Callable[[], int]
+) -> tuple[Any, dict[str, Any], int]:
+    """What every backend's build does first: the bi-encoder's pipeline (a cross-encoder
+    refused), the record of its model, prompts and windows (index.json's, the PostgreSQL
+    side table's), and the number of documents, `count()` reading every row of the corpus
+    (so a bad row fails before anything is written; an empty corpus is an error too)."""
+    from ..pipelines import Pipeline
+
+    o = options
+    refuse_cross_encoder(model)
+    pipe = Pipeline(model, device=o.device, precision=o.precision, batch_size=o.batch_size)
+    roles = prompts(pipe, o.prompt_name, o.prompt)
+    window, stride = window_settings(pipe, o.window, o.stride, roles["document_prompt"])
+    if not corpus.is_file():
+        raise DataError(f"{corpus}: file not found")
+    total = count()
+    if not total:
+        raise DataError(f"{corpus}: no documents")
+    return pipe, {**model_record(pipe), **roles, "window": window, "stride": stride}, total

@@ -51,15 +51,13 @@ from ..tasks.windows import windows_of
 from .corpus import DEFAULT_FORMAT, CorpusFormat, read_search_corpus
 from .fusion import FUSED, FUSIONS, best_columns, fuse_runs
 from .identity import (
-    model_record,
-    prompts,
+    build_start,
     query_pipeline,
-    refuse_cross_encoder,
     same_model,
     sha256,
 )
 from .options import MODES, FirstStage, IndexOptions, PgOptions, QueryModel, SearchOptions
-from .windows import chunks, cut_windows, embedded_windows, window_settings
+from .windows import chunks, cut_windows, embedded_windows
 
 FORMAT = 1
 QUERY_BLOCK = 1024  # queries scored against the corpus at once
@@ -154,26 +152,15 @@ class Index:
         int8, uint8, binary or ubinary keeps the vectors quantised (embedding.quantize: 4 or 32
         times smaller; int8/uint8 buckets from the corpus's own vectors), float queries scored
         against their stand-ins (embedding.dequantize)."""
-        from ..pipelines import Pipeline
-
         o = IndexOptions(**options)
         _need_extras(o)
         out, corpus = Path(out), Path(corpus)
-        refuse_cross_encoder(model)
-        pipe = Pipeline(model, device=o.device, precision=o.precision, batch_size=o.batch_size)
-        roles = prompts(pipe, o.prompt_name, o.prompt)
-        length, stride = window_settings(pipe, o.window, o.stride, roles["document_prompt"])
-        if not corpus.is_file():
-            raise DataError(f"{corpus}: file not found")
-        documents = sum(1 for _ in read_search_corpus(corpus, fmt))  # every row checked first
-        if not documents:
-            raise DataError(f"{corpus}: no documents")
+        pipe, record, documents = build_start(
+            model, corpus, o, lambda: sum(1 for _ in read_search_corpus(corpus, fmt))
+        )
         settings = {
             "format": FORMAT,
-            **model_record(pipe),
-            **roles,
-            "window": length,
-            "stride": stride,
+            **record,
             "chunk": o.chunk,
             "precision": o.precision,  # queries are embedded as the documents were
             "corpus": str(corpus.resolve()),
@@ -182,7 +169,7 @@ class Index:
             "embedding_precision": o.embedding_precision,
         }
         _start_build(out, settings)
-        cut = (length, stride, roles["document_prompt"])
+        cut = (record["window"], record["stride"], record["document_prompt"])
         rows = read_search_corpus(corpus, fmt)
         done = _build_parts(out, pipe, rows, documents, o.chunk, cut, o.progress)
         return cls._join(out, settings, done, o.bm25, o.approximate)

@@ -50,7 +50,7 @@ import numpy as np
 from ..errors import ConfigError, DataError, check_choice
 from .corpus import DEFAULT_FORMAT, CorpusFormat, read_search_records
 from .fusion import FUSED, FUSIONS, fuse_runs
-from .identity import model_record, prompts, query_pipeline, refuse_cross_encoder, same_model
+from .identity import build_start, query_pipeline, same_model
 from .options import MODES, FirstStage, IndexOptions, PgOptions, SearchOptions
 from .pgsql import (
     COPY_HEADER,
@@ -62,7 +62,7 @@ from .pgsql import (
     vector_text,
     window_rows,
 )
-from .windows import chunks, cut_windows, embedded_windows, window_settings
+from .windows import chunks, cut_windows, embedded_windows
 
 __all__ = ["PgIndex", "is_dsn"]
 
@@ -125,27 +125,16 @@ class PgIndex:
         IndexOptions' (chunk, window, stride, prompt_name, prompt, batch_size, precision,
         device, progress; a directory's bm25, approximate and embedding_precision are not
         this backend's)."""
-        from ..pipelines import Pipeline
-
         o = IndexOptions(**options)
         _refuse_directory_options(o)
         names(table)  # checked before the model loads
         corpus = Path(corpus)
-        refuse_cross_encoder(model)
-        pipe = Pipeline(model, device=o.device, precision=o.precision, batch_size=o.batch_size)
-        roles = prompts(pipe, o.prompt_name, o.prompt)
-        window, stride = window_settings(pipe, o.window, o.stride, roles["document_prompt"])
-        if not corpus.is_file():
-            raise DataError(f"{corpus}: file not found")
-        total = sum(1 for _ in read_search_records(corpus, fmt))  # every row checked first
-        if not total:
-            raise DataError(f"{corpus}: no documents")
+        pipe, record, total = build_start(
+            model, corpus, o, lambda: sum(1 for _ in read_search_records(corpus, fmt))
+        )
         settings = {
             "format": FORMAT,
-            **model_record(pipe),
-            **roles,
-            "window": window,
-            "stride": stride,
+            **record,
             "precision": o.precision,
             "dimensions": int(pipe.embed(["dimensions"]).shape[1]),
             "metric": "cosine" if pipe.embedding_settings.normalize else "inner_product",

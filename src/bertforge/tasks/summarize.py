@@ -386,11 +386,6 @@ class SummarizeTask(TaskFamily):
     reports_accuracy = False  # most sentences are not in the summary: accuracy says little
     per_token = True
 
-    def __init__(self, options: Any, tok: Any) -> None:
-        super().__init__(options, tok)
-        self.counts = WikiCounts()
-        self.block_trigrams = True
-
     def read(self, path: str, labelled: bool = True) -> list[SummaryExample]:
         counts = WikiCounts()
         examples = read_documents(path, labelled, counts)
@@ -401,7 +396,6 @@ class SummarizeTask(TaskFamily):
                 f"{counts.one_sentence_lead:,} with a lead of one sentence",
                 flush=True,
             )
-        self.counts = counts
         return examples
 
     def set_labels(self, train: Sequence[Any] | None = None, config: Any = None) -> None:
@@ -444,7 +438,7 @@ class SummarizeTask(TaskFamily):
         count = self.options.summary_sentences
         out = []
         for e, s in zip(examples, self.sentence_scores(examples, features, rows)):
-            out.append(Summary(select(s, e.sentences, min(count, len(s)), self.block_trigrams), s))
+            out.append(Summary(select(s, e.sentences, min(count, len(s))), s))
         return out
 
     def score(

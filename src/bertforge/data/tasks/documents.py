@@ -132,14 +132,15 @@ def read_documents(
     for file in expand_inputs([path]):
         if file.is_file() and file.stat().st_size == 0:
             raise DataError(f"{file}: empty file")
-        if detect_format(file) == "wiki":
+        fmt = detect_format(file)
+        if fmt == "wiki":
             counts.files.append(str(file))
             for article in wiki_articles(str(file), read_lines(file)):
                 example = wiki_example(article, counts)
                 if example is not None:
                     out.append(example)
             continue
-        if detect_format(file) != "jsonl":
+        if fmt != "jsonl":
             raise DataError(
                 f'{file}: expected JSONL (.jsonl, one {{"text", "summary"}} object a line) or '
                 "WikiExtractor output (<doc> blocks)"
