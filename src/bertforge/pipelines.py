@@ -46,7 +46,16 @@ from .errors import ConfigError, InputError, check_choice
 from .heads import BertForTokenClassification
 from .hub import resolve
 from .runner import Runner
-from .tasks import TaskOptions, family, ranking, run_task_options, sentence, summarize, tagging
+from .tasks import (
+    TaskOptions,
+    document_scorer,
+    family,
+    ranking,
+    run_task_options,
+    sentence,
+    summarize,
+    tagging,
+)
 from .tasks.base import Features, collate, infer
 from .tasks.windows import Layout, Stitcher, TextWindow, contributions, split
 from .tokenizer import Tokenizer
@@ -621,7 +630,7 @@ class Pipeline:
         docs = [document(t, str(i)) for i, t in enumerate(texts)]
         counts = [summarize.summary_length(len(d.sentences), sentences, ratio) for d in docs]
         if mode == "auto":
-            mode = "trained" if summarize.is_summarizer(self.config) else "kmeans"
+            mode = "trained" if self._is_summarizer else "kmeans"
         if mode == "trained":
             scores = self._summary_scores(docs)
             chosen = [
@@ -632,8 +641,31 @@ class Pipeline:
             chosen, scores = self._unsupervised_summaries(docs, counts, mode, block_trigrams)
         return [summarize.answer(d, c, s, mode) for d, c, s in zip(docs, chosen, scores)]
 
+    @property
+    def _is_summarizer(self) -> bool:
+        """A trained summarizer: a document scorer's directory, or a BertSum token classifier."""
+        return document_scorer.is_document_summarizer(self.path) or summarize.is_summarizer(
+            self.config
+        )
+
+    @functools.cached_property
+    def _document_scorer(self) -> document_scorer.DocumentScorer:
+        return document_scorer.DocumentScorer.from_pretrained(self.path).to(self.device)
+
     def _summary_scores(self, docs: Sequence[SummaryExample]) -> list[np.ndarray]:
-        """Each document's sentence scores by the model's summarizer head."""
+        """Each document's sentence scores by the model's summarizer: its document scorer over
+        the sentences' embeddings, or its BertSum head."""
+        if document_scorer.is_document_summarizer(self.path):
+            sentences = [d.sentences for d in docs]
+            flat = [s for d in sentences for s in d]
+            encoder = self.model_for("embed")
+            settings = self.embedding_settings
+            with torch.inference_mode():
+                vectors = document_scorer.sentence_vectors(
+                    self.runner, encoder, self.tok, settings, flat
+                )
+                scored = document_scorer.scored_documents(sentences, vectors)
+                return document_scorer.score_documents(self._document_scorer, scored)
         if not summarize.is_summarizer(self.config):
             raise ConfigError(
                 f"{self.path}: not a summarizer (its labels are not {list(summarize.SUMMARY_LABELS)}"

@@ -48,6 +48,9 @@ FAMILIES: dict[str, type[TaskFamily]] = {
 assert set(FAMILIES) == set(TASK_NAMES), "a task without a family, or a family without a name"
 
 
+SUMMARIZERS = ("document", "bertsum")  # finetune --task summarize's two kinds
+
+
 @dataclass(kw_only=True)
 class TaskOptions:
     """What shapes a task's features: the task, lengths, the columns of a table of your own,
@@ -139,6 +142,13 @@ class TaskOptions:
     # summarize
     summary_sentences: int = option(
         3, "summarize: sentences a summary keeps (the oracle labels and the dev ROUGE)", min=1
+    )
+    summarizer: str = option(
+        "document",
+        "summarize: document (a Transformer over the document's sentence embeddings and "
+        "features trains, the encoder frozen: minutes on a CPU) or bertsum (the encoder "
+        "fine-tuned, a [CLS] per sentence, read in windows)",
+        choices=SUMMARIZERS,
     )
 
     def __post_init__(self) -> None:

@@ -45,6 +45,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from .. import embedding
+from ..config import BertConfig
 from ..data.instances import IGNORE_INDEX
 from ..data.tasks.documents import SummaryExample, WikiCounts, read_documents
 from ..errors import ConfigError, need_extra
@@ -378,6 +380,21 @@ class Summary:
     scores: np.ndarray
 
 
+def summaries(
+    examples: Sequence[SummaryExample], scores: Sequence[np.ndarray], count: int
+) -> list[Summary]:
+    """Each document's `count` best-scored sentences (select, trigram blocking on)."""
+    return [
+        Summary(select(s, e.sentences, min(count, len(s))), s) for e, s in zip(examples, scores)
+    ]
+
+
+def rouge_of(examples: Sequence[SummaryExample], preds: Sequence[Summary]) -> dict[str, float]:
+    """ROUGE of the chosen sentences (a sentence a line) against the examples' summaries."""
+    texts = ["\n".join(e.sentences[i] for i in p.indices) for e, p in zip(examples, preds)]
+    return rouge([e.summary or "" for e in examples], texts)
+
+
 class SummarizeTask(TaskFamily):
     """`finetune --task summarize`: documents with reference summaries (JSONL, Wikipedia)."""
 
@@ -385,6 +402,22 @@ class SummarizeTask(TaskFamily):
     metric = "rouge2"
     reports_accuracy = False  # most sentences are not in the summary: accuracy says little
     per_token = True
+    source: str | None = None  # the model directory trained from (its pooling: set_model)
+
+    def set_model(self, path: str) -> None:
+        self.source = path
+
+    def save_files(self, out: Path) -> None:
+        """A document summarizer's directory keeps its encoder's sentence-transformers modules,
+        so that it embeds sentences as it was trained on them."""
+        source = self.source
+        if (
+            self.options.summarizer == "document"
+            and source
+            and Path(source, "modules.json").is_file()
+        ):
+            width = BertConfig.from_pretrained(out).hidden_size
+            embedding.write_layout(source, out, width)
 
     def read(self, path: str, labelled: bool = True) -> list[SummaryExample]:
         counts = WikiCounts()
@@ -435,11 +468,8 @@ class SummarizeTask(TaskFamily):
     def decode(
         self, examples: Sequence[SummaryExample], features: Features, rows: list[np.ndarray]
     ) -> list[Summary]:
-        count = self.options.summary_sentences
-        out = []
-        for e, s in zip(examples, self.sentence_scores(examples, features, rows)):
-            out.append(Summary(select(s, e.sentences, min(count, len(s))), s))
-        return out
+        scores = self.sentence_scores(examples, features, rows)
+        return summaries(examples, scores, self.options.summary_sentences)
 
     def score(
         self,
@@ -448,9 +478,7 @@ class SummarizeTask(TaskFamily):
         rows: list[np.ndarray],
         preds: list[Summary],
     ) -> dict[str, float]:
-        refs = [e.summary or "" for e in examples]
-        texts = ["\n".join(e.sentences[i] for i in p.indices) for e, p in zip(examples, preds)]
-        metrics = rouge(refs, texts)
+        metrics = rouge_of(examples, preds)
         losses = []
         for row, logits in zip(features.labels, rows):
             at = np.flatnonzero(row != IGNORE_INDEX)

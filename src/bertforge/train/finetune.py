@@ -44,9 +44,11 @@ from ..errors import ConfigError
 from ..options import option
 from ..runner import Runner, resolve_precision
 from ..tasks import TaskFamily, TaskOptions, family, run_task_options
+from ..tasks.document_scorer import is_document_summarizer
 from ..tokenizer import Tokenizer
 from . import distributed
 from .checkpoints import RunDir
+from .summarizer import document_summarizer, train_document_summarizer
 from .supervised import SupervisedTask, TrainingOptions, fit, load_data
 
 
@@ -56,8 +58,26 @@ class FinetuneConfig(TrainingOptions):
 
     model: str = option(help="pre-trained checkpoint directory")
     train: str = option(help="training file (in the task's own format)")
-    batch_size: int = option(32, "examples per step, all processes together", min=1)
-    lr: float = option(3e-5, "peak AdamW learning rate; the paper tries 5e-5, 3e-5, 2e-5", above=0)
+    batch_size: int | None = option(
+        None,
+        "examples per step, all processes together (default: 32; 8 documents for the document "
+        "summarizer)",
+        min=1,
+    )
+    lr: float | None = option(
+        None,
+        "peak AdamW learning rate (default: 3e-5, the paper tries 5e-5, 3e-5, 2e-5; 1e-3 for the "
+        "document summarizer, whose scorer starts fresh)",
+        above=0,
+    )
+
+    def __post_init__(self) -> None:
+        document = self.task == "summarize" and self.summarizer == "document"
+        if self.batch_size is None:
+            self.batch_size = 8 if document else 32
+        if self.lr is None:
+            self.lr = 1e-3 if document else 3e-5
+        super().__post_init__()
 
 
 def run(cfg: FinetuneConfig) -> dict[str, Any]:
@@ -77,6 +97,8 @@ def _run(cfg: FinetuneConfig, d: distributed.Dist) -> dict[str, Any]:
         )
     if cfg.cache_chunk is not None and resolve_precision(cfg.precision, d.device) == "fp16":
         raise ConfigError("--cache-chunk needs bf16 or fp32 (its backward runs unscaled)")
+    if cfg.task == "summarize" and cfg.summarizer == "document":
+        return train_document_summarizer(run, cfg, family(cfg, tok), tok, d)
     task = SupervisedTask(family(cfg, tok), cfg, d)
     task.family.set_model(cfg.model)
     train_examples, dev_examples = load_data(task, cfg)
@@ -135,9 +157,15 @@ def evaluate_model(
     its first `max_rows` examples; with `out`, its predictions are written there in the task's
     format. `task`: TaskOptions, or a name with TaskOptions fields as keyword arguments, or
     None: the task of the model's run.json (run_task_options fills the fields not given)."""
-    fam, model, runner = _load(model_dir, task, options, device, precision)
-    examples = _read(fam, data, max_rows)
-    metrics, preds = fam.evaluate(runner, model, examples, fam.featurize(examples))
+    opts = task if isinstance(task, TaskOptions) else run_task_options(model_dir, task, options)
+    if is_document_summarizer(model_dir) and opts.task == "summarize":
+        fam, scorer = document_summarizer(model_dir, opts, device, precision)
+        examples = _read(fam, data, max_rows)
+        metrics, preds = scorer.evaluate(examples)
+    else:
+        fam, model, runner = _load(model_dir, opts, options, device, precision)
+        examples = _read(fam, data, max_rows)
+        metrics, preds = fam.evaluate(runner, model, examples, fam.featurize(examples))
     if out is not None:
         fam.write_predictions(Path(out), examples, preds)
     return metrics
@@ -157,7 +185,13 @@ def predict(
     """Predictions of a fine-tuned model for the inputs of `data` (labels, if any, unused), or
     of its first `max_rows`, written to the directory `out` in the task's format; returns the
     files written. `task` as evaluate_model takes it."""
-    fam, model, runner = _load(model_dir, task, options, device, precision)
-    examples = _read(fam, data, max_rows, labelled=False)
-    preds = fam.predict(runner, model, examples, fam.featurize(examples))
+    opts = task if isinstance(task, TaskOptions) else run_task_options(model_dir, task, options)
+    if is_document_summarizer(model_dir) and opts.task == "summarize":
+        fam, scorer = document_summarizer(model_dir, opts, device, precision)
+        examples = _read(fam, data, max_rows, labelled=False)
+        preds = scorer.predict(examples)
+    else:
+        fam, model, runner = _load(model_dir, opts, options, device, precision)
+        examples = _read(fam, data, max_rows, labelled=False)
+        preds = fam.predict(runner, model, examples, fam.featurize(examples))
     return fam.write_predictions(Path(out), examples, preds)
