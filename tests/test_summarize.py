@@ -586,3 +586,22 @@ def test_document_batches_resume_where_they_stopped(minilm_dir: Path) -> None:
     assert sorted(n for s, _ in whole[:3] for n in s) == list(range(1, 9))  # each block once
     assert whole[:3] != whole[3:6]  # a new order each epoch
     assert steps(whole[3][1], 4) == whole[4:8]
+
+
+def test_the_document_summarizer_refuses_options_it_has_no_use_for(
+    minilm_dir: Path, tmp_path: Path
+) -> None:
+    from bertforge.train.finetune import FinetuneConfig, run
+
+    data = tmp_path / "train.jsonl"
+    data.write_text(json.dumps({"text": "A. B. C.", "summary": "A."}) + "\n", encoding="utf-8")
+    cfg = FinetuneConfig(
+        model=str(minilm_dir),
+        task="summarize",
+        train=str(data),
+        out=str(tmp_path / "m"),
+        micro_batch_size=2,
+    )
+    with pytest.raises(ConfigError, match="--micro-batch-size: not for --summarizer document"):
+        run(cfg)
+    assert not (tmp_path / "m" / ds.SCORER_FILE).exists()

@@ -144,6 +144,12 @@ def train_document_summarizer(
             "--summarizer document trains in one process (its scorer is small: minutes on a "
             "CPU); run it without torchrun, or use --summarizer bertsum"
         )
+    for option, value in (
+        ("--micro-batch-size", cfg.micro_batch_size),
+        ("--cache-chunk", cfg.cache_chunk),
+    ):
+        if value is not None:
+            raise ConfigError(f"{option}: not for --summarizer document (a step's blocks fit)")
     task = DocumentTask(fam, cfg, d)
     fam.set_model(cfg.model)
     train, dev = fam.read(cfg.train), None
