@@ -148,6 +148,77 @@ def test_filters_are_bound_and_combine(pg: PgIndex, directory: Index) -> None:
         directory.search(QUERIES, where={"lang": "en"})
 
 
+# fmt: off
+SUBJECTS = ["The farmer", "A young pilot", "My neighbour", "The old painter", "A chemist",
+            "The river guide", "Our teacher", "A football coach", "The baker", "A sailor"]
+VERBS = ["repaired", "painted", "sold", "described", "photographed", "studied", "carried",
+         "cleaned", "measured", "borrowed"]
+OBJECTS = ["a wooden boat", "the red bicycle", "an ancient map", "a bag of apples",
+           "the broken clock", "a mountain cabin", "the violin", "a box of letters",
+           "the garden fence", "a telescope"]
+# fmt: on
+
+
+def sentences(n: int, seed: int = 0) -> list[str]:
+    """n different short sentences (one window each), drawn from 1,000 by a seeded generator."""
+    rng = np.random.default_rng(seed)
+    picks = rng.choice(len(SUBJECTS) * len(VERBS) * len(OBJECTS), n, replace=False)
+    return [
+        f"{SUBJECTS[i // 100]} {VERBS[i // 10 % 10]} {OBJECTS[i % 10]} on day {j}."
+        for j, i in enumerate(picks.tolist())
+    ]
+
+
+def test_a_selective_filter_still_finds_k(
+    minilm_dir: Path, postgres_dsn: str, tmp_path: Path
+) -> None:
+    """A filter that keeps 20 of 600 documents (every 30th, whatever its text), the search run
+    the way PostgreSQL runs it on a large table: through the graph, pgvector 0.6 filtering its
+    ef_search (100) candidates after the scan (on a table this small the planner would scan
+    the matching rows instead; enable_sort off, given in the DSN, makes it take the graph).
+    The graph's candidates hold fewer than 10 matching windows; the search (the graph again at
+    its most, then an exact scan of the matching documents) gives exactly 10, the top 10 of the
+    matching documents with their exact scores (computed here from the model's vectors), as
+    --exact does; a filter that keeps 4 gives those 4."""
+    texts = sentences(600)
+    meta = [{"group": "rare" if i % 30 == 7 else "common"} for i in range(600)]
+    for i in (0, 7, 37, 67, 97):  # four rare ones, one common one
+        meta[i]["tag"] = "x"
+    path = write_corpus(tmp_path / "c.jsonl", texts, meta)
+    built = PgIndex.build(
+        minilm_dir, path, postgres_dsn, table="filtered", chunk=200, progress=False,
+        precision="fp32",
+    )  # fmt: skip
+    built.close()
+    graph_dsn = postgres_dsn + "&options=-c%20enable_sort%3Doff"
+    index = PgIndex.open(graph_dsn, PgOptions(table="filtered"))
+    query = "the fisherman fixed an old wooden ship"
+    rare = [i for i, m in enumerate(meta) if m["group"] == "rare"]
+    pipe = index.use_model()
+    cos = pipe.embed([texts[i] for i in rare]) @ pipe.embed([query])[0]  # (20,)
+    order = np.argsort(-cos, kind="stable")
+    with index.db.connection() as conn:  # the graph's part of the search, by hand
+        conn.execute("SET LOCAL hnsw.ef_search = 100")
+        (near,) = conn.execute(
+            "SELECT count(*) FROM (SELECT w.id FROM filtered_windows w JOIN filtered d "
+            "ON d.id = w.id WHERE d.metadata ->> 'group' = 'rare' ORDER BY w.embedding <=> "
+            "%s::" + index.meta["vector_type"] + " LIMIT 40) x",
+            [json.dumps(pipe.embed([query])[0].tolist())],
+        ).fetchone()
+    assert near < 10  # what the graph alone gives: fewer than asked for
+    exact = PgIndex.open(postgres_dsn, PgOptions(table="filtered", exact=True))
+    for i in (index, exact):
+        got = i.search([query], top_k=10, where={"group": "rare"})[0]
+        assert [h["id"] for h in got] == [f"d{rare[j]}" for j in order[:10]]
+        np.testing.assert_allclose([h["score"] for h in got], cos[order[:10]], atol=1e-5)
+    hybrid = index.search([query], top_k=10, mode="hybrid", where={"group": "rare"})[0]
+    assert len(hybrid) == 10 and {h["id"] for h in hybrid} <= {f"d{i}" for i in rare}
+    few = index.search([query], top_k=10, where={"group": "rare", "tag": "x"})[0]
+    assert sorted(h["id"] for h in few) == ["d37", "d67", "d7", "d97"]
+    index.close()
+    exact.close()
+
+
 def test_a_killed_build_resumes_and_ends_equal(
     minilm_dir: Path, postgres_dsn: str, tmp_path: Path
 ) -> None:

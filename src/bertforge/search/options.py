@@ -25,6 +25,7 @@ from .fusion import FUSIONS
 MODES = ("dense", "bm25", "hybrid")
 NEAR_DUPLICATE = 0.8  # mining: a candidate whose words are this like its positive's is no negative
 MISSING = ("error", "skip", "keep")  # mining: what to do with positives not in the corpus
+EF_SEARCH_MAX = 1000  # pgvector's largest hnsw.ef_search: the most candidates its graph gives
 
 
 def _prompt_help(what: str, default: str) -> tuple[str, str]:
@@ -202,7 +203,7 @@ class PgOptions:
         "PostgreSQL: HNSW candidates per query (at least 4 windows per hit asked for; more: "
         "better recall, slower)",
         min=1,
-        max=1000,
+        max=EF_SEARCH_MAX,
     )
     exact: bool = option(False, "PostgreSQL: exact dense search (every window; no HNSW)")
 

@@ -33,7 +33,11 @@ document scored by its best among them, as the directory's approximate search do
 scores every window (each document's best, as the directory's exact search). Full text is
 PostgreSQL's: ts_rank of the text's tsvector against the query's English words, any of them
 matching (mode "bm25": the text-search list, not BM25). Hybrid fuses the two top-100 lists
-(fusion.py). `where` keeps documents whose metadata field equals the value (as text).
+(fusion.py). `where` keeps documents whose metadata field equals the value (as text). Where
+the graph's candidates hold fewer than k documents (pgvector before 0.8 filters them after the
+scan: a filter that keeps few documents keeps few of them), dense search scans the windows of
+every document the filter keeps instead: the top k of the matching documents, always, at the
+cost of an exact search over them (PgIndex.dense).
 """
 
 from __future__ import annotations
@@ -51,7 +55,7 @@ from ..errors import ConfigError, DataError, check_choice
 from .corpus import DEFAULT_FORMAT, CorpusFormat, read_search_records
 from .fusion import FUSED, FUSIONS, fuse_runs
 from .identity import build_start, query_pipeline, same_model
-from .options import MODES, FirstStage, IndexOptions, PgOptions, SearchOptions
+from .options import EF_SEARCH_MAX, MODES, FirstStage, IndexOptions, PgOptions, SearchOptions
 from .pgsql import (
     COPY_HEADER,
     COPY_TRAILER,
@@ -320,40 +324,40 @@ class PgIndex:
         vectors: np.ndarray | None = None,
         where: Mapping[str, str] | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
-        """(document numbers, scores) of each query's top k by its best window (-1: none)."""
+        """(document numbers, scores) of each query's top k by its best window (-1: none).
+        Through the graph: the 4 k nearest windows (ef_search at least) that `where` keeps, each
+        document by its best among them. pgvector (before 0.8) filters the graph's candidates
+        after the scan, so a filter that keeps few documents leaves few of them: where fewer
+        than k documents are left, the graph again at its most (EF_SEARCH_MAX candidates), and
+        where still fewer, the exact scan of the windows of every document `where` keeps: the
+        top k of the matching documents (all of them where fewer match), always, at the cost
+        of scoring each matching document's windows."""
         q = self.queries(queries) if vectors is None else vectors
         filters, bound = _filters(where)
-        score = _SCORE[self.meta["metric"]].format(
-            col="w.embedding", vtype=self.meta["vector_type"]
-        )
-        if self.pg.exact:
-            text = (
-                "SELECT d.n, max(" + score + ") AS score FROM {windows} w "
-                "JOIN {docs} d ON d.id = w.id WHERE true" + filters + " "
-                "GROUP BY d.n ORDER BY score DESC, d.n LIMIT %(k)s"
-            )
-        else:  # the nearest windows through the graph, then each document's best among them
-            text = (
-                "SELECT d.n, max(near.score) AS score FROM (SELECT w.id, " + score + " AS score "
-                "FROM {windows} w"
-                + (" JOIN {docs} d ON d.id = w.id WHERE true" + filters if filters else "")
-                + " ORDER BY w.embedding {op} %(q)s::{vtype} LIMIT %(n)s) near "
-                "JOIN {docs} d ON d.id = near.id GROUP BY d.n ORDER BY score DESC, d.n LIMIT %(k)s"
-            )
-        n = 4 * k
-        statement = sql(
-            text, self.names, op=_OPS[self.meta["metric"]], vtype=self.meta["vector_type"]
-        )
-        rows = []
+        exact, graph = (_dense_sql(self.names, self.meta, filters, g) for g in (False, True))
+        ef, rows = min(EF_SEARCH_MAX, max(self.pg.ef_search, 4 * k)), []
         with self.db.connection() as conn:
             self._check(conn)
             if not self.pg.exact:
-                ef = str(min(1000, max(self.pg.ef_search, n)))
-                conn.execute("SELECT set_config('hnsw.ef_search', %s, true)", [ef])
+                _ef_search(conn, ef)
             for vector in q:
-                args = {"q": vector_text(vector), "k": k, "n": n, **bound}
-                rows.append(conn.execute(statement, args).fetchall())
+                args = {"q": vector_text(vector), "k": k, **bound}
+                got = [] if self.pg.exact else self._near(conn, graph, args, k, ef)
+                if len(got) < k:  # exact, or the graph's candidates fell short
+                    got = conn.execute(exact, args).fetchall()
+                rows.append(got)
         return _padded(rows, k)
+
+    def _near(self, conn: Any, graph: Any, args: dict[str, Any], k: int, ef: int) -> list:
+        """The graph's top k documents: among the 4 k nearest windows (ef candidates), else,
+        where those hold fewer than k (a filter's), among the most the graph gives; ef_search
+        is left at ef."""
+        got = conn.execute(graph, {**args, "n": 4 * k}).fetchall()
+        if len(got) < k and ef < EF_SEARCH_MAX:
+            _ef_search(conn, EF_SEARCH_MAX)
+            got = conn.execute(graph, {**args, "n": EF_SEARCH_MAX}).fetchall()
+            _ef_search(conn, ef)
+        return got
 
     def text_search(
         self, queries: Sequence[str], k: int, where: Mapping[str, str] | None = None
@@ -532,6 +536,34 @@ def _padded(rows: Sequence[Sequence[tuple[int, float]]], k: int) -> tuple[np.nda
         docs[i, : len(row)] = [int(n) for n, _ in row]
         scores[i, : len(row)] = [float(s) for _, s in row]
     return docs, scores
+
+
+def _ef_search(conn: Any, ef: int) -> None:
+    """The graph's candidates per search (hnsw.ef_search), for this transaction only."""
+    conn.execute("SELECT set_config('hnsw.ef_search', %s, true)", [str(ef)])
+
+
+def _dense_sql(t: Mapping[str, Any], meta: Mapping[str, Any], filters: str, graph: bool) -> Any:
+    """The dense search's statement: through the graph (the %(n)s nearest windows that the
+    filters keep, by pgvector's HNSW index scan) or exact (every window of the documents the
+    filters keep), then each document's best window, the top %(k)s documents."""
+    vtype, metric = meta["vector_type"], meta["metric"]
+    score = _SCORE[metric].format(col="w.embedding", vtype=vtype)
+    if graph:
+        text = (
+            "SELECT d.n, max(near.score) AS score FROM (SELECT w.id, " + score + " AS score "
+            "FROM {windows} w"
+            + (" JOIN {docs} d ON d.id = w.id WHERE true" + filters if filters else "")
+            + " ORDER BY w.embedding {op} %(q)s::{vtype} LIMIT %(n)s) near "
+            "JOIN {docs} d ON d.id = near.id GROUP BY d.n ORDER BY score DESC, d.n LIMIT %(k)s"
+        )
+    else:
+        text = (
+            "SELECT d.n, max(" + score + ") AS score FROM {windows} w "
+            "JOIN {docs} d ON d.id = w.id WHERE true" + filters + " "
+            "GROUP BY d.n ORDER BY score DESC, d.n LIMIT %(k)s"
+        )
+    return sql(text, t, op=_OPS[metric], vtype=vtype)
 
 
 def _filters(where: Mapping[str, str] | None) -> tuple[str, dict[str, str]]:
