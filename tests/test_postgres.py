@@ -12,6 +12,7 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -480,6 +481,46 @@ def test_server_searches_postgres_and_answers_503_while_it_is_down(
                 time.sleep(0.5)
             assert back.status_code == 200 and back.json() == first.json()
         app.state.index.close()
+
+
+def test_server_answers_503_while_a_lock_holds_the_search_and_recovers(
+    minilm_dir: Path, postgres_dsn: str, tmp_path: Path
+) -> None:
+    """serve --index DSN --statement-timeout 1: another session holds an ACCESS EXCLUSIVE lock
+    on the index's table in an open transaction, so a search's statement waits; PostgreSQL
+    cancels it at the timeout and /search answers 503 {"error"} while the lock is still held
+    (a guard lets go of it after 60 s, so a search that waited for it fails the test instead of
+    hanging); the lock released, the next search is 200 with the same results, the server
+    never restarted."""
+    pytest.importorskip("fastapi")
+    import psycopg
+    from fastapi.testclient import TestClient
+
+    from bertforge.serve import create_app
+
+    build(minilm_dir, write_corpus(tmp_path / "c.jsonl"), postgres_dsn, "locked").close()
+    pg = PgOptions(table="locked", statement_timeout=1.0)
+    app = create_app(minilm_dir, index=postgres_dsn, index_options=pg, precision="fp32")
+    body = {"queries": QUERIES, "top_k": 2, "mode": "hybrid", "where": {"lang": "en"}}
+    with TestClient(app) as client, psycopg.connect(postgres_dsn) as holder:
+        first = client.post("/search", json=body)
+        assert first.status_code == 200
+        holder.execute("LOCK TABLE locked IN ACCESS EXCLUSIVE MODE")  # held until rollback
+        let_go = threading.Timer(60, holder.rollback)
+        let_go.start()
+        start = time.monotonic()
+        locked = client.post("/search", json=body)
+        waited = time.monotonic() - start
+        held = let_go.is_alive()  # the guard has not let go: the answer came under the lock
+        let_go.cancel()
+        holder.rollback()
+        assert held and waited >= 1.0  # it waited for the lock until the timeout, not longer
+        assert locked.status_code == 503
+        error = locked.json()["error"]
+        assert "statement timeout (1 s, --statement-timeout)" in error
+        back = client.post("/search", json=body)
+        assert back.status_code == 200 and back.json() == first.json()
+    app.state.index.close()
 
 
 def test_the_dsn_from_the_environment(

@@ -491,8 +491,8 @@ def open_index(path: str | Path, pg: PgOptions | None = None, **options: Any) ->
         index: Any = PgIndex.open(str(path), pg or PgOptions())
     elif pg is not None and pg != PgOptions():
         raise ConfigError(
-            f"{path}: --table, --ef-search and --exact are a PostgreSQL index's (a DSN, "
-            "postgresql://...); a directory index takes none"
+            f"{path}: --table, --ef-search, --exact and --statement-timeout are a PostgreSQL "
+            "index's (a DSN, postgresql://...); a directory index takes none"
         )
     else:
         index = Index.load(path)

@@ -190,8 +190,10 @@ class MineOptions:
 
 @dataclass(kw_only=True)
 class PgOptions:
-    """A PostgreSQL index (postgres.py): its table, and how dense search runs there: through
-    the HNSW graph looking at ef_search candidates (more: better recall, slower), or exact."""
+    """A PostgreSQL index (postgres.py): its table, how dense search runs there (through the
+    HNSW graph looking at ef_search candidates, more: better recall, slower; or exact), and how
+    long a statement may run: a bound on every query, so a slow or locked database is an error
+    (503 from serve) within that time, never a request that hangs."""
 
     table: str = option(
         "bertforge",
@@ -206,6 +208,13 @@ class PgOptions:
         max=EF_SEARCH_MAX,
     )
     exact: bool = option(False, "PostgreSQL: exact dense search (every window; no HNSW)")
+    statement_timeout: float = option(
+        60.0,
+        "PostgreSQL: seconds a search's statement may run (a slow database, a table locked by "
+        "another session) before it is canceled: an error, 503 from serve",
+        above=0,
+        max=3600,
+    )
 
     def __post_init__(self) -> None:
         check_options(self)

@@ -108,7 +108,7 @@ class PgIndex:
         environment's), through a pool of `pool` connections."""
         pg = pg or PgOptions()
         t = names(pg.table)  # checked before connecting
-        db = Database(dsn, pool)
+        db = Database(dsn, pool, timeout=pg.statement_timeout)
         with db.connection("reading the index's record") as conn:
             meta = _record(conn, t, f"{db.shown} table {pg.table}")
         return cls(db, pg, meta)
@@ -154,7 +154,7 @@ class PgIndex:
         """The index in `table`, its tables (and the vector extension) made when absent with
         the record `settings` (the model's: build's), else checked to hold the same."""
         pg = PgOptions(table=table)
-        db = Database(dsn)
+        db = Database(dsn, timeout=pg.statement_timeout)
         with db.connection("creating the tables") as conn:
             meta = _start(conn, names(table), settings, f"{db.shown} table {table}")
         return cls(db, pg, meta)
