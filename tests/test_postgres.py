@@ -220,6 +220,85 @@ def test_a_selective_filter_still_finds_k(
     exact.close()
 
 
+def one_version(hits: list[dict], refs: list[dict[str, dict]]) -> int:
+    """Which version (an index of refs: {id: its hit when the table held that version}) every
+    hit of one search is, whole: its text, its passage and its score; AssertionError if any
+    hit is none, or the hits are of different versions."""
+    seen = set()
+    for h in hits:
+        same = [
+            v for v, ref in enumerate(refs)
+            if (h["text"], h["passage"]) == (ref[h["id"]]["text"], ref[h["id"]]["passage"])
+            and abs(h["score"] - ref[h["id"]]["score"]) < 1e-5
+        ]  # fmt: skip
+        assert same, f"{h['id']}: text, passage and score of no one version: {h}"
+        seen.update(same)
+    assert len(seen) == 1, f"one search saw versions {seen}"
+    return seen.pop()
+
+
+def test_a_reader_sees_each_document_old_or_new(
+    minilm_dir: Path, postgres_dsn: str, tmp_path: Path
+) -> None:
+    """Four documents of several windows each, in two versions (other text: other windows and
+    vectors). While one thread writes them back and forth between the versions (one chunk,
+    one transaction each time), another searches them again and again with their texts and
+    passages: every search sees one version whole, each hit's text, passage (its best window,
+    cut from that text) and score (that window's) as a search of that version alone gives
+    them, and both versions are seen. Then a version committed between a search's ranking and
+    its reading of the texts (the write put there by hand): the search still sees the version
+    it ranked."""
+    text = [" ".join(sentences(16, seed=v)[4 * i : 4 * i + 4]) for v in (1, 2) for i in range(4)]
+    versions = [[(f"d{i}", text[4 * v + i], {}) for i in range(4)] for v in (0, 1)]
+    path = tmp_path / "v.jsonl"
+    path.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t, _ in versions[0]))
+    options = {"window": 16, "stride": 8, "progress": False, "precision": "fp32"}
+    PgIndex.build(minilm_dir, path, postgres_dsn, table="versions", **options).close()
+    reader = PgIndex.open(postgres_dsn, PgOptions(table="versions"))
+    writer = PgIndex.open(postgres_dsn, PgOptions(table="versions"))
+    assert reader.count()[1] >= 12  # several windows a document
+    query = ["a sailor repaired the old boat"]
+
+    def search() -> list[dict]:
+        return reader.search(query, top_k=4, text=True, passage=True)[0]
+
+    refs = []
+    for v in (0, 1):
+        writer.write(versions[v])
+        refs.append({h["id"]: h for h in search()})
+    assert all(refs[0][i]["passage"] != refs[1][i]["passage"] for i in refs[0])
+    failed: list[BaseException] = []
+
+    def write_back_and_forth() -> None:
+        try:
+            for r in range(10):
+                writer.write(versions[r % 2])
+        except BaseException as e:  # the reader's assertions say it
+            failed.append(e)
+
+    thread = threading.Thread(target=write_back_and_forth)
+    thread.start()
+    seen = []
+    while thread.is_alive():
+        seen.append(one_version(search(), refs))
+    thread.join()
+    assert not failed, failed
+    assert len(seen) > 10 and set(seen) == {0, 1}  # the reads ran among the writes
+    now = one_version(search(), refs)  # the version the last write left
+    real = PgIndex._documents
+
+    def commit_first(self: PgIndex, numbers: set[int]) -> Any:
+        writer.write(versions[1 - now])  # committed after the ranking, before the texts
+        return real(self, numbers)
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(PgIndex, "_documents", commit_first)
+        assert one_version(search(), refs) == now
+    assert one_version(search(), refs) == 1 - now
+    reader.close()
+    writer.close()
+
+
 def test_a_killed_build_resumes_and_ends_equal(
     minilm_dir: Path, postgres_dsn: str, tmp_path: Path
 ) -> None:

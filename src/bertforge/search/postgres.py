@@ -24,8 +24,9 @@ Writing reads the corpus a chunk (IndexOptions.chunk documents) at a time, so me
 by a chunk: a document already there with the same text is kept (its metadata updated if it
 changed), one whose text changed is embedded again, a new one embedded; each chunk is written in
 one transaction (documents by COPY, windows by binary COPY), so a killed build keeps whole
-chunks and, run again, skips the documents present; a concurrent search sees each document old
-or new, never half. Documents the corpus no longer has stay: `delete` removes them. The HNSW
+chunks and, run again, skips the documents present; a concurrent search, which reads its
+ranking, texts and passages in one snapshot (PgIndex.snapshot), sees each document old or new,
+never half. Documents the corpus no longer has stay: `delete` removes them. The HNSW
 index is made when absent, after the rows (faster than growing it row by row).
 
 Dense search looks at the 4 k nearest windows through the HNSW graph (ef_search at least), each
@@ -45,7 +46,9 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
+import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +102,7 @@ class PgIndex:
         self.written: dict[str, int] = {}  # the last write's counts: new, changed, ...
         self._pipe: Any = None
         self._texts: dict[int, str] | None = None
+        self._local = threading.local()  # this thread's snapshot, while one is open
 
     # -- opening and building ------------------------------------------------------------------
 
@@ -317,6 +321,25 @@ class PgIndex:
 
     # -- searching -----------------------------------------------------------------------------
 
+    @contextmanager
+    def snapshot(self) -> Iterator[Any]:
+        """A connection whose transaction reads one snapshot (REPEATABLE READ, read only) for
+        the block, and the same connection to every read nested in it on this thread: the reads
+        of one search (its ranking, its documents' texts, their passages) see one committed
+        state, so each document old or new (a write commits a document's rows together), never
+        its new text with its old windows or scores."""
+        held = getattr(self._local, "conn", None)
+        if held is not None:
+            yield held
+            return
+        with self.db.connection() as conn:
+            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            self._local.conn = conn
+            try:
+                yield conn
+            finally:
+                self._local.conn = None
+
     def dense(
         self,
         queries: Sequence[str],
@@ -336,7 +359,7 @@ class PgIndex:
         filters, bound = _filters(where)
         exact, graph = (_dense_sql(self.names, self.meta, filters, g) for g in (False, True))
         ef, rows = min(EF_SEARCH_MAX, max(self.pg.ef_search, 4 * k)), []
-        with self.db.connection() as conn:
+        with self.snapshot() as conn:
             self._check(conn)
             if not self.pg.exact:
                 _ef_search(conn, ef)
@@ -372,7 +395,7 @@ class PgIndex:
             "WHERE d.tsv @@ q.q" + filters + " ORDER BY score DESC, d.n LIMIT %(k)s"
         )
         statement, rows = sql(text, self.names), []
-        with self.db.connection() as conn:
+        with self.snapshot() as conn:
             self._check(conn)
             for query in queries:
                 args = {"text": query, "k": k, **_ANY_ARGS, **bound}
@@ -424,14 +447,15 @@ class PgIndex:
         if not queries:
             return []
         vectors = self.queries(queries) if mode != "bm25" or passage else None
-        docs, scores = self.ranked(queries, top_k, mode, fusion, alpha, vectors, where)
-        found = self._documents({d for row in docs.tolist() for d in row if d >= 0})
-        hits = [  # a document deleted since it was ranked is left out
-            [(d, s) for d, s in zip(row_d.tolist(), row_s.tolist()) if d in found]
-            for row_d, row_s in zip(docs, scores)
-        ]
-        if passage:
-            spans = self.passages(vectors, [[d for d, _ in row] for row in hits], found)
+        with self.snapshot():  # one committed state: each document's text, windows, score
+            docs, scores = self.ranked(queries, top_k, mode, fusion, alpha, vectors, where)
+            found = self._documents({d for row in docs.tolist() for d in row if d >= 0})
+            hits = [
+                [(d, s) for d, s in zip(row_d.tolist(), row_s.tolist()) if d in found]
+                for row_d, row_s in zip(docs, scores)
+            ]
+            if passage:
+                spans = self.passages(vectors, [[d for d, _ in row] for row in hits], found)
         return [
             [
                 {
@@ -482,7 +506,7 @@ class PgIndex:
 
     def _documents(self, numbers: set[int]) -> dict[int, tuple[str, str]]:
         """{number: (id, text)} of the documents numbered."""
-        with self.db.connection() as conn:
+        with self.snapshot() as conn:
             query = sql("SELECT n, id, text FROM {docs} WHERE n = ANY(%s::bigint[])", self.names)
             return {n: (i, t) for n, i, t in conn.execute(query, [sorted(numbers)])}
 
@@ -502,7 +526,7 @@ class PgIndex:
         )
         metric, vtype = self.meta["metric"], self.meta["vector_type"]
         statement, out = sql(text, self.names, op=_OPS[metric], vtype=vtype), []
-        with self.db.connection() as conn:
+        with self.snapshot() as conn:
             for vector, row in zip(vectors, docs):
                 args = {"docs": list(row), "q": vector_text(vector)}
                 spans = {n: (a, b, c) for n, a, b, c in conn.execute(statement, args)}
