@@ -299,6 +299,29 @@ def test_a_reader_sees_each_document_old_or_new(
     writer.close()
 
 
+def test_mining_reads_only_the_candidates_texts(
+    pg: PgIndex, directory: Index, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """mine over the table: the directory index's negatives (dense), by text or by id, whole or
+    one query at a time; the texts it reads are its candidates' only, a batch at a time (one
+    query's: 3 of the 6 documents), never the table's."""
+    from bertforge.search import mining
+
+    positives = [DOCS[2], DOCS[0], DOCS[1], DOCS[5]]  # each query's own document
+    options = {"negatives": 2, "depth": 3, "mode": "dense"}
+    want = mining.mine(directory, QUERIES, positives, **options).negatives
+    assert all(n is not None and len(n) == 2 for n in want)
+    asked: list[set[int]] = []
+    real = PgIndex.texts_of
+    monkeypatch.setattr(PgIndex, "texts_of", lambda self, d: asked.append(set(d)) or real(self, d))
+    assert mining.mine(pg, QUERIES, positives, **options).negatives == want
+    assert len(asked) == 1  # the four queries: one batch
+    monkeypatch.setattr(mining, "QUERIES_AT_ONCE", 1)
+    ids = ["d2", "d0", "d1", "d5"]
+    assert mining.mine(pg, QUERIES, positives, positive_ids=ids, **options).negatives == want
+    assert len(asked) == 5 and all(len(a) == 3 for a in asked[1:])  # each query's candidates
+
+
 def test_a_killed_build_resumes_and_ends_equal(
     minilm_dir: Path, postgres_dsn: str, tmp_path: Path
 ) -> None:

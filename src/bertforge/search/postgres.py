@@ -101,7 +101,6 @@ class PgIndex:
         self.query_prompt: str | None = meta.get("query_prompt")
         self.written: dict[str, int] = {}  # the last write's counts: new, changed, ...
         self._pipe: Any = None
-        self._texts: dict[int, str] | None = None
         self._local = threading.local()  # this thread's snapshot, while one is open
 
     # -- opening and building ------------------------------------------------------------------
@@ -479,12 +478,10 @@ class PgIndex:
             cur.execute(sql("SELECT n, id, text FROM {docs} ORDER BY n", self.names))
             yield from cur
 
-    @property
-    def texts(self) -> dict[int, str]:
-        """{number: text} of every document, read once (mining reads its candidates' texts)."""
-        if self._texts is None:
-            self._texts = {d: t for d, _, t in self.documents()}
-        return self._texts
+    def texts_of(self, numbers: Iterable[int]) -> dict[int, str]:
+        """{number: text} of the documents numbered (mining reads its candidates' so, a batch
+        of queries' at a time: never the whole table in memory)."""
+        return {n: text for n, (_, text) in self._documents(set(numbers)).items()}
 
     def scores_of(self, queries: Sequence[str], docs: Sequence[int], mode: str) -> np.ndarray:
         """Each query's score of one document (docs[i] for queries[i]) as `mode` scores it."""
