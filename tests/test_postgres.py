@@ -558,7 +558,7 @@ def test_server_searches_postgres_and_answers_503_while_it_is_down(
     from bertforge.serve import create_app
     from tests.pg_server import restart, running, stop
 
-    with running(tmp_path / "pgdata") as server:
+    with running() as server:
         dsn = server.get_uri()
         build(minilm_dir, write_corpus(tmp_path / "c.jsonl"), dsn, "served").close()
         app = create_app(
