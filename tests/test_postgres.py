@@ -1,9 +1,12 @@
 """The PostgreSQL backend (bertforge.search.postgres, `index --to`, `search DSN`, `serve --index
 DSN`) against a real PostgreSQL + pgvector started by the suite (tests/pg_server.py): its
 searches against the directory index's on the same corpus and by hand, a build killed with
-SIGKILL and resumed, upserts that embed only changed text, deletes, filters, the model check,
+SIGKILL and resumed, upserts that embed only changed text, deletes, filters (a selective one
+still gets its top k where the graph falls short), a reader that sees each document of a
+concurrent upsert old or new, mining that reads only its candidates' texts, the model check,
 SQL-injection attempts, the DSN's password kept out of every message, and the server's 503
-while the database is down and its recovery."""
+while the database is down or a lock holds its search past the statement timeout, and its
+recovery."""
 
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -237,6 +241,26 @@ def one_version(hits: list[dict], refs: list[dict[str, dict]]) -> int:
     return seen.pop()
 
 
+def while_writing(writer: PgIndex, versions: list[list], search: Any) -> Iterator[list[dict]]:
+    """search()'s hits again and again while another thread writes the versions in turn, ten
+    times (each write one chunk: one transaction)."""
+    failed: list[BaseException] = []
+
+    def write_back_and_forth() -> None:
+        try:
+            for r in range(10):
+                writer.write(versions[r % 2])
+        except BaseException as e:  # said after the reads
+            failed.append(e)
+
+    thread = threading.Thread(target=write_back_and_forth)
+    thread.start()
+    while thread.is_alive():
+        yield search()
+    thread.join()
+    assert not failed, failed
+
+
 def test_a_reader_sees_each_document_old_or_new(
     minilm_dir: Path, postgres_dsn: str, tmp_path: Path
 ) -> None:
@@ -267,22 +291,7 @@ def test_a_reader_sees_each_document_old_or_new(
         writer.write(versions[v])
         refs.append({h["id"]: h for h in search()})
     assert all(refs[0][i]["passage"] != refs[1][i]["passage"] for i in refs[0])
-    failed: list[BaseException] = []
-
-    def write_back_and_forth() -> None:
-        try:
-            for r in range(10):
-                writer.write(versions[r % 2])
-        except BaseException as e:  # the reader's assertions say it
-            failed.append(e)
-
-    thread = threading.Thread(target=write_back_and_forth)
-    thread.start()
-    seen = []
-    while thread.is_alive():
-        seen.append(one_version(search(), refs))
-    thread.join()
-    assert not failed, failed
+    seen = [one_version(hits, refs) for hits in while_writing(writer, versions, search)]
     assert len(seen) > 10 and set(seen) == {0, 1}  # the reads ran among the writes
     now = one_version(search(), refs)  # the version the last write left
     real = PgIndex._documents
