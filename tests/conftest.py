@@ -101,9 +101,9 @@ def tiny_model_nodrop(tmp_path_factory: pytest.TempPathFactory, minilm_dir: Path
 
 
 @pytest.fixture(scope="session")
-def postgres_dsn(tmp_path_factory: pytest.TempPathFactory) -> Any:
+def postgres_dsn() -> Any:
     """The DSN of a real PostgreSQL + pgvector started for the session (tests/pg_server.py)."""
     from tests.pg_server import running
 
-    with running(tmp_path_factory.mktemp("pgdata")) as server:
+    with running() as server:
         yield server.get_uri()

@@ -1,9 +1,16 @@
 """A real PostgreSQL 16 with pgvector for the tests (the pgserver wheel bundles both): started in
 a temporary data directory, listening on a Unix socket only; stopped and started again by the
-tests of a database that goes away. Skipped, with the reason, only where it cannot start."""
+tests of a database that goes away. Skipped, with the reason, only where it cannot start.
+
+The data directory is a fresh one under the system's temporary directory, not pytest's: run as
+root, pgserver runs PostgreSQL as its own user, which must be able to reach the directory, and
+every pytest session started on the machine makes pytest's root (/tmp/pytest-of-root) private
+again, so a server started there could no longer be stopped by pg_ctl."""
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -41,10 +48,14 @@ def restart(server: Any) -> None:
 
 
 @contextmanager
-def running(data: Path) -> Iterator[Any]:
-    """A server for the block, stopped after it."""
-    server = start(data)
+def running() -> Iterator[Any]:
+    """A server for the block in a fresh data directory, stopped and removed after it."""
+    data = Path(tempfile.mkdtemp(prefix="bertforge-pg-"))
     try:
-        yield server
+        server = start(data / "pgdata")
+        try:
+            yield server
+        finally:
+            server.cleanup()
     finally:
-        server.cleanup()
+        shutil.rmtree(data, ignore_errors=True)

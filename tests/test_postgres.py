@@ -1,9 +1,12 @@
 """The PostgreSQL backend (bertforge.search.postgres, `index --to`, `search DSN`, `serve --index
 DSN`) against a real PostgreSQL + pgvector started by the suite (tests/pg_server.py): its
 searches against the directory index's on the same corpus and by hand, a build killed with
-SIGKILL and resumed, upserts that embed only changed text, deletes, filters, the model check,
+SIGKILL and resumed, upserts that embed only changed text, deletes, filters (a selective one
+still gets its top k where the graph falls short), a reader that sees each document of a
+concurrent upsert old or new, mining that reads only its candidates' texts, the model check,
 SQL-injection attempts, the DSN's password kept out of every message, and the server's 503
-while the database is down and its recovery."""
+while the database is down or a lock holds its search past the statement timeout, and its
+recovery."""
 
 from __future__ import annotations
 
@@ -12,7 +15,9 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -146,6 +151,184 @@ def test_filters_are_bound_and_combine(pg: PgIndex, directory: Index) -> None:
     exact.close()
     with pytest.raises(ConfigError, match="a directory index keeps no metadata"):
         directory.search(QUERIES, where={"lang": "en"})
+
+
+# fmt: off
+SUBJECTS = ["The farmer", "A young pilot", "My neighbour", "The old painter", "A chemist",
+            "The river guide", "Our teacher", "A football coach", "The baker", "A sailor"]
+VERBS = ["repaired", "painted", "sold", "described", "photographed", "studied", "carried",
+         "cleaned", "measured", "borrowed"]
+OBJECTS = ["a wooden boat", "the red bicycle", "an ancient map", "a bag of apples",
+           "the broken clock", "a mountain cabin", "the violin", "a box of letters",
+           "the garden fence", "a telescope"]
+# fmt: on
+
+
+def sentences(n: int, seed: int = 0) -> list[str]:
+    """n different short sentences (one window each), drawn from 1,000 by a seeded generator."""
+    rng = np.random.default_rng(seed)
+    picks = rng.choice(len(SUBJECTS) * len(VERBS) * len(OBJECTS), n, replace=False)
+    return [
+        f"{SUBJECTS[i // 100]} {VERBS[i // 10 % 10]} {OBJECTS[i % 10]} on day {j}."
+        for j, i in enumerate(picks.tolist())
+    ]
+
+
+def test_a_selective_filter_still_finds_k(
+    minilm_dir: Path, postgres_dsn: str, tmp_path: Path
+) -> None:
+    """A filter that keeps 20 of 600 documents (every 30th, whatever its text), the search run
+    the way PostgreSQL runs it on a large table: through the graph, pgvector 0.6 filtering its
+    ef_search (100) candidates after the scan (on a table this small the planner would scan
+    the matching rows instead; enable_sort off, given in the DSN, makes it take the graph).
+    The graph's candidates hold fewer than 10 matching windows; the search (the graph again at
+    its most, then an exact scan of the matching documents) gives exactly 10, the top 10 of the
+    matching documents with their exact scores (computed here from the model's vectors), as
+    --exact does; a filter that keeps 4 gives those 4."""
+    texts = sentences(600)
+    meta = [{"group": "rare" if i % 30 == 7 else "common"} for i in range(600)]
+    for i in (0, 7, 37, 67, 97):  # four rare ones, one common one
+        meta[i]["tag"] = "x"
+    path = write_corpus(tmp_path / "c.jsonl", texts, meta)
+    built = PgIndex.build(
+        minilm_dir, path, postgres_dsn, table="filtered", chunk=200, progress=False,
+        precision="fp32",
+    )  # fmt: skip
+    built.close()
+    graph_dsn = postgres_dsn + "&options=-c%20enable_sort%3Doff"
+    index = PgIndex.open(graph_dsn, PgOptions(table="filtered"))
+    query = "the fisherman fixed an old wooden ship"
+    rare = [i for i, m in enumerate(meta) if m["group"] == "rare"]
+    pipe = index.use_model()
+    cos = pipe.embed([texts[i] for i in rare]) @ pipe.embed([query])[0]  # (20,)
+    order = np.argsort(-cos, kind="stable")
+    with index.db.connection() as conn:  # the graph's part of the search, by hand
+        conn.execute("SET LOCAL hnsw.ef_search = 100")
+        (near,) = conn.execute(
+            "SELECT count(*) FROM (SELECT w.id FROM filtered_windows w JOIN filtered d "
+            "ON d.id = w.id WHERE d.metadata ->> 'group' = 'rare' ORDER BY w.embedding <=> "
+            "%s::" + index.meta["vector_type"] + " LIMIT 40) x",
+            [json.dumps(pipe.embed([query])[0].tolist())],
+        ).fetchone()
+    assert near < 10  # what the graph alone gives: fewer than asked for
+    exact = PgIndex.open(postgres_dsn, PgOptions(table="filtered", exact=True))
+    for i in (index, exact):
+        got = i.search([query], top_k=10, where={"group": "rare"})[0]
+        assert [h["id"] for h in got] == [f"d{rare[j]}" for j in order[:10]]
+        np.testing.assert_allclose([h["score"] for h in got], cos[order[:10]], atol=1e-5)
+    hybrid = index.search([query], top_k=10, mode="hybrid", where={"group": "rare"})[0]
+    assert len(hybrid) == 10 and {h["id"] for h in hybrid} <= {f"d{i}" for i in rare}
+    few = index.search([query], top_k=10, where={"group": "rare", "tag": "x"})[0]
+    assert sorted(h["id"] for h in few) == ["d37", "d67", "d7", "d97"]
+    index.close()
+    exact.close()
+
+
+def one_version(hits: list[dict], refs: list[dict[str, dict]]) -> int:
+    """Which version (an index of refs: {id: its hit when the table held that version}) every
+    hit of one search is, whole: its text, its passage and its score; AssertionError if any
+    hit is none, or the hits are of different versions."""
+    seen = set()
+    for h in hits:
+        same = [
+            v for v, ref in enumerate(refs)
+            if (h["text"], h["passage"]) == (ref[h["id"]]["text"], ref[h["id"]]["passage"])
+            and abs(h["score"] - ref[h["id"]]["score"]) < 1e-5
+        ]  # fmt: skip
+        assert same, f"{h['id']}: text, passage and score of no one version: {h}"
+        seen.update(same)
+    assert len(seen) == 1, f"one search saw versions {seen}"
+    return seen.pop()
+
+
+def while_writing(writer: PgIndex, versions: list[list], search: Any) -> Iterator[list[dict]]:
+    """search()'s hits again and again while another thread writes the versions in turn, ten
+    times (each write one chunk: one transaction)."""
+    failed: list[BaseException] = []
+
+    def write_back_and_forth() -> None:
+        try:
+            for r in range(10):
+                writer.write(versions[r % 2])
+        except BaseException as e:  # said after the reads
+            failed.append(e)
+
+    thread = threading.Thread(target=write_back_and_forth)
+    thread.start()
+    while thread.is_alive():
+        yield search()
+    thread.join()
+    assert not failed, failed
+
+
+def test_a_reader_sees_each_document_old_or_new(
+    minilm_dir: Path, postgres_dsn: str, tmp_path: Path
+) -> None:
+    """Four documents of several windows each, in two versions (other text: other windows and
+    vectors). While one thread writes them back and forth between the versions (one chunk,
+    one transaction each time), another searches them again and again with their texts and
+    passages: every search sees one version whole, each hit's text, passage (its best window,
+    cut from that text) and score (that window's) as a search of that version alone gives
+    them, and both versions are seen. Then a version committed between a search's ranking and
+    its reading of the texts (the write put there by hand): the search still sees the version
+    it ranked."""
+    text = [" ".join(sentences(16, seed=v)[4 * i : 4 * i + 4]) for v in (1, 2) for i in range(4)]
+    versions = [[(f"d{i}", text[4 * v + i], {}) for i in range(4)] for v in (0, 1)]
+    path = tmp_path / "v.jsonl"
+    path.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t, _ in versions[0]))
+    options = {"window": 16, "stride": 8, "progress": False, "precision": "fp32"}
+    PgIndex.build(minilm_dir, path, postgres_dsn, table="versions", **options).close()
+    reader = PgIndex.open(postgres_dsn, PgOptions(table="versions"))
+    writer = PgIndex.open(postgres_dsn, PgOptions(table="versions"))
+    assert reader.count()[1] >= 12  # several windows a document
+    query = ["a sailor repaired the old boat"]
+
+    def search() -> list[dict]:
+        return reader.search(query, top_k=4, text=True, passage=True)[0]
+
+    refs = []
+    for v in (0, 1):
+        writer.write(versions[v])
+        refs.append({h["id"]: h for h in search()})
+    assert all(refs[0][i]["passage"] != refs[1][i]["passage"] for i in refs[0])
+    seen = [one_version(hits, refs) for hits in while_writing(writer, versions, search)]
+    assert len(seen) > 10 and set(seen) == {0, 1}  # the reads ran among the writes
+    now = one_version(search(), refs)  # the version the last write left
+    real = PgIndex._documents
+
+    def commit_first(self: PgIndex, numbers: set[int]) -> Any:
+        writer.write(versions[1 - now])  # committed after the ranking, before the texts
+        return real(self, numbers)
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(PgIndex, "_documents", commit_first)
+        assert one_version(search(), refs) == now
+    assert one_version(search(), refs) == 1 - now
+    reader.close()
+    writer.close()
+
+
+def test_mining_reads_only_the_candidates_texts(
+    pg: PgIndex, directory: Index, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """mine over the table: the directory index's negatives (dense), by text or by id, whole or
+    one query at a time; the texts it reads are its candidates' only, a batch at a time (one
+    query's: 3 of the 6 documents), never the table's."""
+    from bertforge.search import mining
+
+    positives = [DOCS[2], DOCS[0], DOCS[1], DOCS[5]]  # each query's own document
+    options = {"negatives": 2, "depth": 3, "mode": "dense"}
+    want = mining.mine(directory, QUERIES, positives, **options).negatives
+    assert all(n is not None and len(n) == 2 for n in want)
+    asked: list[set[int]] = []
+    real = PgIndex.texts_of
+    monkeypatch.setattr(PgIndex, "texts_of", lambda self, d: asked.append(set(d)) or real(self, d))
+    assert mining.mine(pg, QUERIES, positives, **options).negatives == want
+    assert len(asked) == 1  # the four queries: one batch
+    monkeypatch.setattr(mining, "QUERIES_AT_ONCE", 1)
+    ids = ["d2", "d0", "d1", "d5"]
+    assert mining.mine(pg, QUERIES, positives, positive_ids=ids, **options).negatives == want
+    assert len(asked) == 5 and all(len(a) == 3 for a in asked[1:])  # each query's candidates
 
 
 def test_a_killed_build_resumes_and_ends_equal(
@@ -384,7 +567,7 @@ def test_server_searches_postgres_and_answers_503_while_it_is_down(
     from bertforge.serve import create_app
     from tests.pg_server import restart, running, stop
 
-    with running(tmp_path / "pgdata") as server:
+    with running() as server:
         dsn = server.get_uri()
         build(minilm_dir, write_corpus(tmp_path / "c.jsonl"), dsn, "served").close()
         app = create_app(
@@ -409,6 +592,46 @@ def test_server_searches_postgres_and_answers_503_while_it_is_down(
                 time.sleep(0.5)
             assert back.status_code == 200 and back.json() == first.json()
         app.state.index.close()
+
+
+def test_server_answers_503_while_a_lock_holds_the_search_and_recovers(
+    minilm_dir: Path, postgres_dsn: str, tmp_path: Path
+) -> None:
+    """serve --index DSN --statement-timeout 1: another session holds an ACCESS EXCLUSIVE lock
+    on the index's table in an open transaction, so a search's statement waits; PostgreSQL
+    cancels it at the timeout and /search answers 503 {"error"} while the lock is still held
+    (a guard lets go of it after 60 s, so a search that waited for it fails the test instead of
+    hanging); the lock released, the next search is 200 with the same results, the server
+    never restarted."""
+    pytest.importorskip("fastapi")
+    import psycopg
+    from fastapi.testclient import TestClient
+
+    from bertforge.serve import create_app
+
+    build(minilm_dir, write_corpus(tmp_path / "c.jsonl"), postgres_dsn, "locked").close()
+    pg = PgOptions(table="locked", statement_timeout=1.0)
+    app = create_app(minilm_dir, index=postgres_dsn, index_options=pg, precision="fp32")
+    body = {"queries": QUERIES, "top_k": 2, "mode": "hybrid", "where": {"lang": "en"}}
+    with TestClient(app) as client, psycopg.connect(postgres_dsn) as holder:
+        first = client.post("/search", json=body)
+        assert first.status_code == 200
+        holder.execute("LOCK TABLE locked IN ACCESS EXCLUSIVE MODE")  # held until rollback
+        let_go = threading.Timer(60, holder.rollback)
+        let_go.start()
+        start = time.monotonic()
+        locked = client.post("/search", json=body)
+        waited = time.monotonic() - start
+        held = let_go.is_alive()  # the guard has not let go: the answer came under the lock
+        let_go.cancel()
+        holder.rollback()
+        assert held and waited >= 1.0  # it waited for the lock until the timeout, not longer
+        assert locked.status_code == 503
+        error = locked.json()["error"]
+        assert "statement timeout (1 s, --statement-timeout)" in error
+        back = client.post("/search", json=body)
+        assert back.status_code == 200 and back.json() == first.json()
+    app.state.index.close()
 
 
 def test_the_dsn_from_the_environment(

@@ -347,7 +347,7 @@ def args_index(p: argparse.ArgumentParser) -> None:
         metavar="IDS_FILE",
         help="with --to: remove these documents (one id a line) instead of indexing a corpus",
     )
-    add_options(p, PgOptions, skip=("ef_search", "exact"))
+    add_options(p, PgOptions, skip=("ef_search", "exact", "statement_timeout"))
     add_options(p, CorpusFormat)
     add_options(p, IndexOptions, help=INFERENCE_HELP)
 

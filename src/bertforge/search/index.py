@@ -37,7 +37,7 @@ from __future__ import annotations
 import json
 import shutil
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -237,6 +237,10 @@ class Index:
     def documents(self) -> Iterator[tuple[int, str, str]]:
         """(number, id, text) of each document, in order (mining's positives are found so)."""
         return ((d, i, t) for d, (i, t) in enumerate(zip(self.ids, self.texts)))
+
+    def texts_of(self, numbers: Iterable[int]) -> dict[int, str]:
+        """{number: text} of the documents numbered (mining reads its candidates' so)."""
+        return {d: self.texts[d] for d in numbers}
 
     def stored(self, start: int, stop: int) -> np.ndarray:
         """float32 (stop - start, dimensions): windows' vectors, or their quantised vectors'
@@ -491,8 +495,8 @@ def open_index(path: str | Path, pg: PgOptions | None = None, **options: Any) ->
         index: Any = PgIndex.open(str(path), pg or PgOptions())
     elif pg is not None and pg != PgOptions():
         raise ConfigError(
-            f"{path}: --table, --ef-search and --exact are a PostgreSQL index's (a DSN, "
-            "postgresql://...); a directory index takes none"
+            f"{path}: --table, --ef-search, --exact and --statement-timeout are a PostgreSQL "
+            "index's (a DSN, postgresql://...); a directory index takes none"
         )
     else:
         index = Index.load(path)

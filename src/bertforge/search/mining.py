@@ -10,6 +10,10 @@ The positive's own document is found by its id where the row gives one, else by 
 (Unicode NFKC, case folded, spacing aside: a trailing space once made a query's own paragraph
 its "hard negative"); a candidate whose word set is near_duplicate (Jaccard) like the
 positive's is left out too.
+
+Memory is bounded by the rows, not the corpus: the documents are read once, in one pass, for
+the positives' ids and texts (only those kept), and the queries are searched QUERIES_AT_ONCE at
+a time, only their candidates' texts read (a PostgreSQL index's corpus need not fit in memory).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from __future__ import annotations
 import re
 import sys
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,6 +31,8 @@ import numpy as np
 from ..errors import ConfigError, DataError, check_choice
 from .index import Index
 from .options import MISSING, MODES, FirstStage, MineOptions
+
+QUERIES_AT_ONCE = 1024  # queries searched, and their candidates' texts held, at a time
 
 if TYPE_CHECKING:
     from ..data.tasks.retrieval import RetrievalExample
@@ -70,14 +76,18 @@ def find_positives(
     index: Index, positives: Sequence[str], ids: Sequence[str | None] | None = None
 ) -> tuple[list[int | None], int, int]:
     """The document of each positive: by its id where `ids` gives one (an unknown id: not
-    found), else by its normalized text; (documents, found by id, found by text)."""
+    found), else by its normalized text (the first document with it); (documents, found by id,
+    found by text). The documents are read in one pass, only the positives' kept."""
+    rows = ids if ids is not None else [None] * len(positives)
+    want_ids = {str(i) for i in rows if i is not None}
+    want_texts = {normalized(p) for p, i in zip(positives, rows) if i is None}
     by_id: dict[str, int] = {}
     by_text: dict[str, int] = {}
-    texts = ids is None or any(i is None for i in ids)  # some rows are found by their text
     for d, doc_id, t in index.documents():
-        by_id[doc_id] = d
-        if texts:
-            by_text.setdefault(normalized(t), d)
+        if doc_id in want_ids:
+            by_id[doc_id] = d
+        if want_texts and (key := normalized(t)) in want_texts:
+            by_text.setdefault(key, d)
     found: list[int | None] = []
     n_id = n_text = 0
     for i, positive in enumerate(positives):
@@ -121,30 +131,53 @@ def mine(
     if result.missing and (missing == "error" or margin is not None):
         by_id = positive_ids is not None
         raise _not_in_corpus(result.missing, len(positives), index, by_id, margin, sources)
-    if not queries:
-        return result
-    docs, scores = index.ranked(list(queries), depth, mode, fusion, alpha)
-    floor = np.full(len(queries), np.inf)
-    if margin is not None:
-        floor = index.scores_of(queries, found, mode) - margin  # type: ignore[arg-type]
-    words: dict[int, frozenset[str]] = {}  # each candidate document's, once
-    for q, (row_d, row_s) in enumerate(zip(docs, scores)):
-        if found[q] is None and missing == "skip":
-            result.negatives.append(None)
-            continue
-        own = _words(positives[q])
-        kept = []
-        for d, s in zip(row_d[skip:].tolist(), row_s[skip:].tolist()):
-            if d < 0 or d == found[q] or s >= floor[q] or len(kept) == negatives:
+    for at in range(0, len(queries), QUERIES_AT_ONCE):
+        part = range(at, min(at + QUERIES_AT_ONCE, len(queries)))
+        asked = [queries[q] for q in part]
+        docs, scores = index.ranked(asked, depth, mode, fusion, alpha)
+        floor = np.full(len(part), np.inf)
+        if margin is not None:
+            own = [found[q] for q in part]  # all found: --margin refuses rows not found
+            floor = index.scores_of(asked, own, mode) - margin  # type: ignore[arg-type]
+        texts = index.texts_of({d for row in docs[:, skip:].tolist() for d in row if d >= 0})
+        words: dict[int, frozenset[str]] = {}  # each candidate document's, once
+        for q, row_d, row_s, low in zip(part, docs, scores, floor):
+            if found[q] is None and missing == "skip":
+                result.negatives.append(None)
                 continue
-            if d not in words:
-                words[d] = _words(index.texts[d])
-            if likeness(words[d], own) >= near_duplicate:
-                result.near_duplicates += 1
-                continue
-            kept.append(index.texts[d])
-        result.negatives.append(kept if len(kept) == negatives else None)
+            candidates = zip(row_d[skip:].tolist(), row_s[skip:].tolist())
+            kept, near = _kept(candidates, texts, words, found[q], positives[q], low, negatives,
+                               near_duplicate)  # fmt: skip
+            result.near_duplicates += near
+            result.negatives.append(kept if len(kept) == negatives else None)
     return result
+
+
+def _kept(
+    candidates: Iterable[tuple[int, float]],
+    texts: Mapping[int, str],
+    words: dict[int, frozenset[str]],
+    positive_doc: int | None,
+    positive: str,
+    floor: float,
+    negatives: int,
+    near_duplicate: float,
+) -> tuple[list[str], int]:
+    """A query's first `negatives` candidates ((number, score), best first) that are not its
+    positive's document, score below floor and are less than near_duplicate like the
+    positive's words: their texts; and how many were left out as near-duplicates (`words`:
+    each candidate's word set, filled as read)."""
+    own, kept, near = _words(positive), [], 0
+    for d, s in candidates:
+        if d < 0 or d == positive_doc or s >= floor or len(kept) == negatives:
+            continue
+        if d not in words:
+            words[d] = _words(texts[d])
+        if likeness(words[d], own) >= near_duplicate:
+            near += 1
+            continue
+        kept.append(texts[d])
+    return kept, near
 
 
 def _not_in_corpus(

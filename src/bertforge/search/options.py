@@ -25,6 +25,7 @@ from .fusion import FUSIONS
 MODES = ("dense", "bm25", "hybrid")
 NEAR_DUPLICATE = 0.8  # mining: a candidate whose words are this like its positive's is no negative
 MISSING = ("error", "skip", "keep")  # mining: what to do with positives not in the corpus
+EF_SEARCH_MAX = 1000  # pgvector's largest hnsw.ef_search: the most candidates its graph gives
 
 
 def _prompt_help(what: str, default: str) -> tuple[str, str]:
@@ -189,8 +190,10 @@ class MineOptions:
 
 @dataclass(kw_only=True)
 class PgOptions:
-    """A PostgreSQL index (postgres.py): its table, and how dense search runs there: through
-    the HNSW graph looking at ef_search candidates (more: better recall, slower), or exact."""
+    """A PostgreSQL index (postgres.py): its table, how dense search runs there (through the
+    HNSW graph looking at ef_search candidates, more: better recall, slower; or exact), and how
+    long a statement may run: a bound on every query, so a slow or locked database is an error
+    (503 from serve) within that time, never a request that hangs."""
 
     table: str = option(
         "bertforge",
@@ -202,9 +205,16 @@ class PgOptions:
         "PostgreSQL: HNSW candidates per query (at least 4 windows per hit asked for; more: "
         "better recall, slower)",
         min=1,
-        max=1000,
+        max=EF_SEARCH_MAX,
     )
     exact: bool = option(False, "PostgreSQL: exact dense search (every window; no HNSW)")
+    statement_timeout: float = option(
+        60.0,
+        "PostgreSQL: seconds a search's statement may run (a slow database, a table locked by "
+        "another session) before it is canceled: an error, 503 from serve",
+        above=0,
+        max=3600,
+    )
 
     def __post_init__(self) -> None:
         check_options(self)

@@ -11,9 +11,10 @@ digits and _, not a digit first, at most 48 characters: room for the suffixes of
 indexes made beside it) and quoted by psycopg; the SQL texts are constants. A DSN's password is
 replaced by *** wherever a message shows the DSN, and taken out of what the server or the
 driver says before it is shown. A server that cannot be reached, drops the connection or runs a
-statement past STATEMENT_TIMEOUT is one UnavailableError (the server answers 503 and recovers
-with the database: the pool replaces broken connections); other database errors are one
-DataError naming the table.
+statement past the statement timeout (PgOptions.statement_timeout: a slow database, or a table
+locked by another session) is one UnavailableError (the server answers 503 and recovers with
+the database: the pool replaces broken connections); other database errors are one DataError
+naming the table.
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ from ..errors import ConfigError, DataError, UnavailableError, need_extra
 SCHEMES = ("postgresql://", "postgres://")
 POSTGRES_EXTRA = "a PostgreSQL index needs psycopg: pip install 'bertforge[postgres]'"
 CONNECT_TIMEOUT = 10  # seconds to wait for a connection (to be made, or free in the pool)
-STATEMENT_TIMEOUT = 60_000  # ms: a statement running longer is canceled (a slow database)
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,47}\Z")
 
 # the tables and indexes of an index named T: T's documents, their windows, the model's record
@@ -102,12 +102,14 @@ def sql(text: str, identifiers: Mapping[str, Any], **fixed: str) -> Any:
 class Database:
     """A pool of connections to one PostgreSQL server (psycopg_pool): opened at once (an
     unreachable server is an UnavailableError now), connections checked before each use and
-    replaced when broken, each statement cut at STATEMENT_TIMEOUT."""
+    replaced when broken, each statement canceled after `timeout` seconds (its default:
+    PgOptions.statement_timeout)."""
 
-    def __init__(self, dsn: str | None, size: int = 1) -> None:
+    def __init__(self, dsn: str | None, size: int = 1, *, timeout: float) -> None:
         psycopg = need_extra("psycopg", POSTGRES_EXTRA)
         pool = need_extra("psycopg_pool", POSTGRES_EXTRA)
         self.dsn = resolve_dsn(dsn)
+        self.timeout = timeout
         self.shown = redacted(self.dsn) or "the database of the PG* environment"
         self._secrets = secrets(self.dsn)
         try:
@@ -121,7 +123,7 @@ class Database:
             open=False,
             timeout=CONNECT_TIMEOUT,
             check=pool.ConnectionPool.check_connection,
-            configure=_configure,
+            configure=self._configure,
             kwargs={"connect_timeout": CONNECT_TIMEOUT},
             name="bertforge",
         )
@@ -144,6 +146,12 @@ class Database:
         pool = need_extra("psycopg_pool", POSTGRES_EXTRA)
         try:
             yield
+        except psycopg.errors.QueryCanceled as e:  # slow, or waiting on another session's lock
+            raise UnavailableError(
+                f"{self.shown}: the database took longer than the statement timeout "
+                f"({self.timeout:g} s, --statement-timeout) while {what} ({self.scrub(e)}); "
+                "retry later"
+            ) from None
         except (psycopg.OperationalError, pool.PoolTimeout, pool.PoolClosed) as e:
             raise UnavailableError(
                 f"{self.shown}: the database is unavailable while {what} ({self.scrub(e)}); "
@@ -162,11 +170,12 @@ class Database:
     def close(self) -> None:
         self.pool.close()
 
-
-def _configure(conn: Any) -> None:
-    """Each new connection: its statements cut at STATEMENT_TIMEOUT."""
-    conn.execute("SELECT set_config('statement_timeout', %s, false)", [str(STATEMENT_TIMEOUT)])
-    conn.commit()
+    def _configure(self, conn: Any) -> None:
+        """Each new connection: its statements canceled after the timeout (in ms: a whole
+        number, at least 1: 0 would be no limit)."""
+        ms = str(max(1, round(self.timeout * 1000)))
+        conn.execute("SELECT set_config('statement_timeout', %s, false)", [ms])
+        conn.commit()
 
 
 def vector_text(vector: np.ndarray) -> str:

@@ -24,8 +24,9 @@ Writing reads the corpus a chunk (IndexOptions.chunk documents) at a time, so me
 by a chunk: a document already there with the same text is kept (its metadata updated if it
 changed), one whose text changed is embedded again, a new one embedded; each chunk is written in
 one transaction (documents by COPY, windows by binary COPY), so a killed build keeps whole
-chunks and, run again, skips the documents present; a concurrent search sees each document old
-or new, never half. Documents the corpus no longer has stay: `delete` removes them. The HNSW
+chunks and, run again, skips the documents present; a concurrent search, which reads its
+ranking, texts and passages in one snapshot (PgIndex.snapshot), sees each document old or new,
+never half. Documents the corpus no longer has stay: `delete` removes them. The HNSW
 index is made when absent, after the rows (faster than growing it row by row).
 
 Dense search looks at the 4 k nearest windows through the HNSW graph (ef_search at least), each
@@ -33,7 +34,11 @@ document scored by its best among them, as the directory's approximate search do
 scores every window (each document's best, as the directory's exact search). Full text is
 PostgreSQL's: ts_rank of the text's tsvector against the query's English words, any of them
 matching (mode "bm25": the text-search list, not BM25). Hybrid fuses the two top-100 lists
-(fusion.py). `where` keeps documents whose metadata field equals the value (as text).
+(fusion.py). `where` keeps documents whose metadata field equals the value (as text). Where
+the graph's candidates hold fewer than k documents (pgvector before 0.8 filters them after the
+scan: a filter that keeps few documents keeps few of them), dense search scans the windows of
+every document the filter keeps instead: the top k of the matching documents, always, at the
+cost of an exact search over them (PgIndex.dense).
 """
 
 from __future__ import annotations
@@ -41,7 +46,9 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
+import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +58,7 @@ from ..errors import ConfigError, DataError, check_choice
 from .corpus import DEFAULT_FORMAT, CorpusFormat, read_search_records
 from .fusion import FUSED, FUSIONS, fuse_runs
 from .identity import build_start, query_pipeline, same_model
-from .options import MODES, FirstStage, IndexOptions, PgOptions, SearchOptions
+from .options import EF_SEARCH_MAX, MODES, FirstStage, IndexOptions, PgOptions, SearchOptions
 from .pgsql import (
     COPY_HEADER,
     COPY_TRAILER,
@@ -94,7 +101,7 @@ class PgIndex:
         self.query_prompt: str | None = meta.get("query_prompt")
         self.written: dict[str, int] = {}  # the last write's counts: new, changed, ...
         self._pipe: Any = None
-        self._texts: dict[int, str] | None = None
+        self._local = threading.local()  # this thread's snapshot, while one is open
 
     # -- opening and building ------------------------------------------------------------------
 
@@ -104,7 +111,7 @@ class PgIndex:
         environment's), through a pool of `pool` connections."""
         pg = pg or PgOptions()
         t = names(pg.table)  # checked before connecting
-        db = Database(dsn, pool)
+        db = Database(dsn, pool, timeout=pg.statement_timeout)
         with db.connection("reading the index's record") as conn:
             meta = _record(conn, t, f"{db.shown} table {pg.table}")
         return cls(db, pg, meta)
@@ -150,7 +157,7 @@ class PgIndex:
         """The index in `table`, its tables (and the vector extension) made when absent with
         the record `settings` (the model's: build's), else checked to hold the same."""
         pg = PgOptions(table=table)
-        db = Database(dsn)
+        db = Database(dsn, timeout=pg.statement_timeout)
         with db.connection("creating the tables") as conn:
             meta = _start(conn, names(table), settings, f"{db.shown} table {table}")
         return cls(db, pg, meta)
@@ -313,6 +320,25 @@ class PgIndex:
 
     # -- searching -----------------------------------------------------------------------------
 
+    @contextmanager
+    def snapshot(self) -> Iterator[Any]:
+        """A connection whose transaction reads one snapshot (REPEATABLE READ, read only) for
+        the block, and the same connection to every read nested in it on this thread: the reads
+        of one search (its ranking, its documents' texts, their passages) see one committed
+        state, so each document old or new (a write commits a document's rows together), never
+        its new text with its old windows or scores."""
+        held = getattr(self._local, "conn", None)
+        if held is not None:
+            yield held
+            return
+        with self.db.connection() as conn:
+            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            self._local.conn = conn
+            try:
+                yield conn
+            finally:
+                self._local.conn = None
+
     def dense(
         self,
         queries: Sequence[str],
@@ -320,40 +346,40 @@ class PgIndex:
         vectors: np.ndarray | None = None,
         where: Mapping[str, str] | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
-        """(document numbers, scores) of each query's top k by its best window (-1: none)."""
+        """(document numbers, scores) of each query's top k by its best window (-1: none).
+        Through the graph: the 4 k nearest windows (ef_search at least) that `where` keeps, each
+        document by its best among them. pgvector (before 0.8) filters the graph's candidates
+        after the scan, so a filter that keeps few documents leaves few of them: where fewer
+        than k documents are left, the graph again at its most (EF_SEARCH_MAX candidates), and
+        where still fewer, the exact scan of the windows of every document `where` keeps: the
+        top k of the matching documents (all of them where fewer match), always, at the cost
+        of scoring each matching document's windows."""
         q = self.queries(queries) if vectors is None else vectors
         filters, bound = _filters(where)
-        score = _SCORE[self.meta["metric"]].format(
-            col="w.embedding", vtype=self.meta["vector_type"]
-        )
-        if self.pg.exact:
-            text = (
-                "SELECT d.n, max(" + score + ") AS score FROM {windows} w "
-                "JOIN {docs} d ON d.id = w.id WHERE true" + filters + " "
-                "GROUP BY d.n ORDER BY score DESC, d.n LIMIT %(k)s"
-            )
-        else:  # the nearest windows through the graph, then each document's best among them
-            text = (
-                "SELECT d.n, max(near.score) AS score FROM (SELECT w.id, " + score + " AS score "
-                "FROM {windows} w"
-                + (" JOIN {docs} d ON d.id = w.id WHERE true" + filters if filters else "")
-                + " ORDER BY w.embedding {op} %(q)s::{vtype} LIMIT %(n)s) near "
-                "JOIN {docs} d ON d.id = near.id GROUP BY d.n ORDER BY score DESC, d.n LIMIT %(k)s"
-            )
-        n = 4 * k
-        statement = sql(
-            text, self.names, op=_OPS[self.meta["metric"]], vtype=self.meta["vector_type"]
-        )
-        rows = []
-        with self.db.connection() as conn:
+        exact, graph = (_dense_sql(self.names, self.meta, filters, g) for g in (False, True))
+        ef, rows = min(EF_SEARCH_MAX, max(self.pg.ef_search, 4 * k)), []
+        with self.snapshot() as conn:
             self._check(conn)
             if not self.pg.exact:
-                ef = str(min(1000, max(self.pg.ef_search, n)))
-                conn.execute("SELECT set_config('hnsw.ef_search', %s, true)", [ef])
+                _ef_search(conn, ef)
             for vector in q:
-                args = {"q": vector_text(vector), "k": k, "n": n, **bound}
-                rows.append(conn.execute(statement, args).fetchall())
+                args = {"q": vector_text(vector), "k": k, **bound}
+                got = [] if self.pg.exact else self._near(conn, graph, args, k, ef)
+                if len(got) < k:  # exact, or the graph's candidates fell short
+                    got = conn.execute(exact, args).fetchall()
+                rows.append(got)
         return _padded(rows, k)
+
+    def _near(self, conn: Any, graph: Any, args: dict[str, Any], k: int, ef: int) -> list:
+        """The graph's top k documents: among the 4 k nearest windows (ef candidates), else,
+        where those hold fewer than k (a filter's), among the most the graph gives; ef_search
+        is left at ef."""
+        got = conn.execute(graph, {**args, "n": 4 * k}).fetchall()
+        if len(got) < k and ef < EF_SEARCH_MAX:
+            _ef_search(conn, EF_SEARCH_MAX)
+            got = conn.execute(graph, {**args, "n": EF_SEARCH_MAX}).fetchall()
+            _ef_search(conn, ef)
+        return got
 
     def text_search(
         self, queries: Sequence[str], k: int, where: Mapping[str, str] | None = None
@@ -368,7 +394,7 @@ class PgIndex:
             "WHERE d.tsv @@ q.q" + filters + " ORDER BY score DESC, d.n LIMIT %(k)s"
         )
         statement, rows = sql(text, self.names), []
-        with self.db.connection() as conn:
+        with self.snapshot() as conn:
             self._check(conn)
             for query in queries:
                 args = {"text": query, "k": k, **_ANY_ARGS, **bound}
@@ -420,14 +446,15 @@ class PgIndex:
         if not queries:
             return []
         vectors = self.queries(queries) if mode != "bm25" or passage else None
-        docs, scores = self.ranked(queries, top_k, mode, fusion, alpha, vectors, where)
-        found = self._documents({d for row in docs.tolist() for d in row if d >= 0})
-        hits = [  # a document deleted since it was ranked is left out
-            [(d, s) for d, s in zip(row_d.tolist(), row_s.tolist()) if d in found]
-            for row_d, row_s in zip(docs, scores)
-        ]
-        if passage:
-            spans = self.passages(vectors, [[d for d, _ in row] for row in hits], found)
+        with self.snapshot():  # one committed state: each document's text, windows, score
+            docs, scores = self.ranked(queries, top_k, mode, fusion, alpha, vectors, where)
+            found = self._documents({d for row in docs.tolist() for d in row if d >= 0})
+            hits = [
+                [(d, s) for d, s in zip(row_d.tolist(), row_s.tolist()) if d in found]
+                for row_d, row_s in zip(docs, scores)
+            ]
+            if passage:
+                spans = self.passages(vectors, [[d for d, _ in row] for row in hits], found)
         return [
             [
                 {
@@ -451,12 +478,10 @@ class PgIndex:
             cur.execute(sql("SELECT n, id, text FROM {docs} ORDER BY n", self.names))
             yield from cur
 
-    @property
-    def texts(self) -> dict[int, str]:
-        """{number: text} of every document, read once (mining reads its candidates' texts)."""
-        if self._texts is None:
-            self._texts = {d: t for d, _, t in self.documents()}
-        return self._texts
+    def texts_of(self, numbers: Iterable[int]) -> dict[int, str]:
+        """{number: text} of the documents numbered (mining reads its candidates' so, a batch
+        of queries' at a time: never the whole table in memory)."""
+        return {n: text for n, (_, text) in self._documents(set(numbers)).items()}
 
     def scores_of(self, queries: Sequence[str], docs: Sequence[int], mode: str) -> np.ndarray:
         """Each query's score of one document (docs[i] for queries[i]) as `mode` scores it."""
@@ -478,7 +503,7 @@ class PgIndex:
 
     def _documents(self, numbers: set[int]) -> dict[int, tuple[str, str]]:
         """{number: (id, text)} of the documents numbered."""
-        with self.db.connection() as conn:
+        with self.snapshot() as conn:
             query = sql("SELECT n, id, text FROM {docs} WHERE n = ANY(%s::bigint[])", self.names)
             return {n: (i, t) for n, i, t in conn.execute(query, [sorted(numbers)])}
 
@@ -498,7 +523,7 @@ class PgIndex:
         )
         metric, vtype = self.meta["metric"], self.meta["vector_type"]
         statement, out = sql(text, self.names, op=_OPS[metric], vtype=vtype), []
-        with self.db.connection() as conn:
+        with self.snapshot() as conn:
             for vector, row in zip(vectors, docs):
                 args = {"docs": list(row), "q": vector_text(vector)}
                 spans = {n: (a, b, c) for n, a, b, c in conn.execute(statement, args)}
@@ -532,6 +557,34 @@ def _padded(rows: Sequence[Sequence[tuple[int, float]]], k: int) -> tuple[np.nda
         docs[i, : len(row)] = [int(n) for n, _ in row]
         scores[i, : len(row)] = [float(s) for _, s in row]
     return docs, scores
+
+
+def _ef_search(conn: Any, ef: int) -> None:
+    """The graph's candidates per search (hnsw.ef_search), for this transaction only."""
+    conn.execute("SELECT set_config('hnsw.ef_search', %s, true)", [str(ef)])
+
+
+def _dense_sql(t: Mapping[str, Any], meta: Mapping[str, Any], filters: str, graph: bool) -> Any:
+    """The dense search's statement: through the graph (the %(n)s nearest windows that the
+    filters keep, by pgvector's HNSW index scan) or exact (every window of the documents the
+    filters keep), then each document's best window, the top %(k)s documents."""
+    vtype, metric = meta["vector_type"], meta["metric"]
+    score = _SCORE[metric].format(col="w.embedding", vtype=vtype)
+    if graph:
+        text = (
+            "SELECT d.n, max(near.score) AS score FROM (SELECT w.id, " + score + " AS score "
+            "FROM {windows} w"
+            + (" JOIN {docs} d ON d.id = w.id WHERE true" + filters if filters else "")
+            + " ORDER BY w.embedding {op} %(q)s::{vtype} LIMIT %(n)s) near "
+            "JOIN {docs} d ON d.id = near.id GROUP BY d.n ORDER BY score DESC, d.n LIMIT %(k)s"
+        )
+    else:
+        text = (
+            "SELECT d.n, max(" + score + ") AS score FROM {windows} w "
+            "JOIN {docs} d ON d.id = w.id WHERE true" + filters + " "
+            "GROUP BY d.n ORDER BY score DESC, d.n LIMIT %(k)s"
+        )
+    return sql(text, t, op=_OPS[metric], vtype=vtype)
 
 
 def _filters(where: Mapping[str, str] | None) -> tuple[str, dict[str, str]]:

@@ -214,7 +214,10 @@ def add_search(
     from ..search.postgres import PgIndex, is_dsn
 
     if not is_dsn(path) and pg is not None and pg != PgOptions():
-        raise ConfigError(f"{path}: --table, --ef-search and --exact are a PostgreSQL index's")
+        raise ConfigError(
+            f"{path}: --table, --ef-search, --exact and --statement-timeout are a PostgreSQL "
+            "index's"
+        )
     index: Any = PgIndex.open(str(path), pg, pool=SEARCH_POOL) if is_dsn(path) else Index.load(path)
     app.state.index = index
     if index_model is not None:  # the index's model beside the served one, checked
