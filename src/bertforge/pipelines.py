@@ -656,16 +656,15 @@ class Pipeline:
         """Each document's sentence scores by the model's summarizer: its document scorer over
         the sentences' embeddings, or its BertSum head."""
         if document_scorer.is_document_summarizer(self.path):
-            sentences = [d.sentences for d in docs]
-            flat = [s for d in sentences for s in d]
-            encoder = self.model_for("embed")
-            settings = self.embedding_settings
             with torch.inference_mode():
-                vectors = document_scorer.sentence_vectors(
-                    self.runner, encoder, self.tok, settings, flat
+                return document_scorer.document_scores(
+                    self._document_scorer,
+                    self.runner,
+                    self.model_for("embed"),
+                    self.tok,
+                    self.embedding_settings,
+                    [d.sentences for d in docs],
                 )
-                scored = document_scorer.scored_documents(sentences, vectors)
-                return document_scorer.score_documents(self._document_scorer, scored)
         if not summarize.is_summarizer(self.config):
             raise ConfigError(
                 f"{self.path}: not a summarizer (its labels are not {list(summarize.SUMMARY_LABELS)}"

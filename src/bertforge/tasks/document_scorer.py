@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 from .. import embedding
-from ..errors import CheckpointError
+from ..errors import CheckpointError, need_extra
 from ..fileio import atomic_path, read_json, write_json
 from ..runner import Runner
 from ..tokenizer import Tokenizer
@@ -74,8 +74,10 @@ def _z(x: np.ndarray) -> np.ndarray:
 def tfidf(sentences: Sequence[str]) -> Any:
     """(n, V) scipy CSR: each sentence's TF-IDF vector over the document's words (lower-cased
     \\w+; idf = log((1 + n) / (1 + df)) + 1, scikit-learn's smooth idf), unit length."""
-    from scipy import sparse
-
+    sparse = need_extra(
+        "scipy.sparse",
+        "the document summarizer's TF-IDF needs scipy: pip install 'bertforge[summarize]'",
+    )
     words = [_WORD.findall(s.lower()) for s in sentences]
     df = Counter(w for ws in words for w in dict.fromkeys(ws))  # first-seen order
     vocab = {w: i for i, w in enumerate(df)}
@@ -359,6 +361,21 @@ def score_documents(
     for i, k in enumerate(owner):
         out[k].append(results[i])
     return [np.concatenate(p) if p else np.zeros(0, np.float32) for p in out]
+
+
+def document_scores(
+    scorer: DocumentScorer,
+    runner: Runner,
+    encoder: nn.Module,
+    tok: Tokenizer,
+    settings: embedding.Embedding,
+    sentences: Sequence[Sequence[str]],
+) -> list[np.ndarray]:
+    """Each document's sentence scores by a trained scorer: its sentences embedded by the
+    encoder (pooled as `settings` say), their features, the scorer's log-odds."""
+    flat = [s for doc in sentences for s in doc]
+    vectors = sentence_vectors(runner, encoder, tok, settings, flat)
+    return score_documents(scorer, scored_documents(sentences, vectors))
 
 
 def scored_documents(

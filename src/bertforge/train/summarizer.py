@@ -190,10 +190,9 @@ class TrainedSummarizer:
 
     def predict(self, examples: Sequence[Any]) -> list[Summary]:
         sentences = [e.sentences for e in examples]
-        flat = [s for doc in sentences for s in doc]
-        tok = self.fam.tok
-        vectors = ds.sentence_vectors(self.runner, self.encoder, tok, self.settings, flat)
-        scores = ds.score_documents(self.scorer, ds.scored_documents(sentences, vectors))
+        scores = ds.document_scores(
+            self.scorer, self.runner, self.encoder, self.fam.tok, self.settings, sentences
+        )
         return summaries(examples, scores, self.fam.options.summary_sentences)
 
     def evaluate(self, examples: Sequence[Any]) -> tuple[dict[str, float], list[Summary]]:
