@@ -9,7 +9,6 @@ defined beside it, and decodes the model's outputs into predictions and metrics.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -67,8 +66,9 @@ class Batch:
     num_tokens: int = 0
 
     def to(self, device: torch.device | str) -> Batch:
+        # Field by field: dataclasses.astuple would deep-copy every tensor on the host first.
         return Batch(
-            *(t.to(device, non_blocking=True) for t in dataclasses.astuple(self)[:4]),
+            *(t.to(device, non_blocking=True) for t in (*self.inputs(), self.labels)),
             num_tokens=self.num_tokens,
         )
 
