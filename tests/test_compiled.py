@@ -67,6 +67,28 @@ def test_packing_round_trip_and_row_starts() -> None:
     assert torch.equal(rows.unpack(rows.pack(x)), x * mask[..., None])
 
 
+def test_rows_made_on_the_host_are_the_device_s_packing_and_give_its_outputs() -> None:
+    """Packing.of_lengths (a pipeline's batch, lengths known on the host) equals Packing.of
+    (read from the mask), and the encoder given those rows gives the outputs it gives without
+    them, packed or padded, for a padded batch and a full one."""
+    import numpy as np
+
+    torch.manual_seed(0)
+    model = BertModel(BertConfig(**SMALL)).eval()
+    for lengths in ([9, 3, 12, 1, 12], [7, 7, 7]):
+        ids, mask = mixed(lengths)
+        host = Packing.of_lengths(np.array(lengths), ids.shape[1], torch.device("cpu"))
+        read = Packing.of(mask)
+        assert torch.equal(host.index, read.index) and torch.equal(host.starts, read.starts)
+        assert host.longest == read.longest and host.shape == read.shape
+        assert host.padded == (min(lengths) < max(lengths))
+        with torch.no_grad():
+            want = model(ids, None, mask, unpad=False).last_hidden_state
+            for unpad in (False, True):
+                got = model(ids, None, mask, unpad=unpad, rows=host).last_hidden_state
+                assert torch.allclose(got * mask[..., None], want * mask[..., None], atol=1e-5)
+
+
 def test_inference_defaults_to_the_padded_path_on_the_cpu() -> None:
     """unpad's default: only a GPU (in bf16/fp16) packs; the CPU keeps its faster padded path."""
     from bertforge.model import unpads

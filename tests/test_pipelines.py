@@ -560,12 +560,57 @@ def test_low_precision_batches_are_padded_to_a_multiple(minilm_dir: Path) -> Non
     assert cos.min() > 0.999
 
 
+def test_results_read_later_land_in_their_rows_after_the_next_batch_is_given() -> None:
+    """Runner.later: with overlap, a batch's results are read only once the next batch has been
+    given to fn (a GPU's copy back runs behind that work), and every row still gets its own."""
+    from bertforge.runner import Runner
+
+    events: list[str] = []
+    runner = Runner(torch.device("cpu"), "fp32", batch_size=2, overlap=True)
+
+    def fn(rows: np.ndarray) -> object:
+        events.append(f"run {rows.tolist()}")
+
+        def finish(values: np.ndarray) -> list[float]:
+            events.append(f"read {rows.tolist()}")
+            return values.tolist()
+
+        return runner.later(torch.from_numpy(rows * 10.0), finish)
+
+    lengths = [5, 1, 3, 2, 4]
+    assert runner(lengths, lambda rows: rows, fn) == [0.0, 10.0, 20.0, 30.0, 40.0]
+    assert events == [
+        "run [1, 3]", "run [2, 4]", "read [1, 3]", "run [0]", "read [2, 4]", "read [0]"
+    ]  # fmt: skip
+    runner.overlap = False
+    events.clear()
+    assert runner(lengths, lambda rows: rows, fn) == [0.0, 10.0, 20.0, 30.0, 40.0]
+    assert events[:2] == ["run [1, 3]", "read [1, 3]"]
+
+
+def test_an_id_past_the_vocabulary_is_one_clear_error_when_the_host_checks(
+    minilm_dir: Path,
+) -> None:
+    """With overlap (a GPU's default) a batch's ids are checked on the host as it is made, not
+    read back on the device: an id past the model's vocabulary (rows made by hand; loading
+    already refuses a vocab.txt larger than the model's) is still one InputError naming it."""
+    from bertforge.tasks.base import Features
+
+    pipe = Pipeline(minilm_dir, precision="fp32")
+    pipe.runner.overlap = True
+    model = pipe.model_for("embed")
+    bad = np.array([101, pipe.config.vocab_size, 102])
+    rows = Features([bad], [np.zeros(3, np.int64)], np.zeros(1, np.int64))
+    with pytest.raises(InputError, match="outside the vocabulary"):
+        pipe.run(rows, lambda b: model(*b["inputs"], rows=b["packing"]).last_hidden_state)
+
+
 def test_batches_made_ahead_give_the_same_batches_and_embeddings(
     minilm_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The GPU's prefetching (the next batch collated by a worker thread while this one runs):
     the same batches in the same order, and the same embeddings, a long text's windows too."""
-    from bertforge.runner import Runner, prepared
+    from bertforge.runner import prepared
 
     lengths = [5, 40, 3, 17, 17, 2, 90, 8]
     made = list(prepared(length_batches(lengths, 3), lambda rows: rows.sum(), ahead=True))
@@ -574,5 +619,5 @@ def test_batches_made_ahead_give_the_same_batches_and_embeddings(
     texts = ["a short one.", "another short sentence here.", " ".join(["long"] * 600), "x"]
     pipe = Pipeline(minilm_dir, batch_size=2, precision="fp32")
     expected = pipe.embed(texts)
-    monkeypatch.setattr(Runner, "prefetch", property(lambda self: True))
+    pipe.runner.overlap = True
     assert np.array_equal(pipe.embed(texts), expected)

@@ -24,6 +24,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -31,6 +32,7 @@ from torch import nn
 from .checkpoint import Pretrained
 from .config import BertConfig
 from .errors import InputError
+from .runner import to_device
 
 
 def activation(name: str) -> Any:
@@ -219,6 +221,21 @@ class Packing:
         index = attention_mask.flatten().nonzero().squeeze(1)
         return cls(index, starts, int(lengths.max()), tuple(attention_mask.shape))
 
+    @classmethod
+    def of_lengths(cls, lengths: np.ndarray, width: int, device: torch.device) -> Packing:
+        """The same for a batch of rows of `lengths` padded to `width`, made on the host (a
+        pipeline's batch, whose lengths it knows): the device reads nothing back for it."""
+        index = np.flatnonzero(np.arange(width) < lengths[:, None])
+        starts = np.zeros(len(lengths) + 1, np.int32)
+        np.cumsum(lengths, out=starts[1:])
+        moved = (to_device(torch.from_numpy(a), device) for a in (index, starts))
+        return cls(*moved, int(lengths.max(initial=0)), (len(lengths), width))
+
+    @property
+    def padded(self) -> bool:
+        """Whether any row is shorter than the batch (known without reading the device)."""
+        return self.index.numel() < self.shape[0] * self.shape[1]
+
     def pack(self, x: torch.Tensor) -> torch.Tensor:
         """(B, T, ...) -> (N, ...)."""
         return x.flatten(0, 1).index_select(0, self.index)
@@ -246,6 +263,39 @@ except ImportError:  # pragma: no cover - older torch: the padded path
     varlen_attn = None
 
 
+def check_inputs(
+    config: BertConfig,
+    input_ids: torch.Tensor,
+    token_type_ids: torch.Tensor | None,
+    values: bool = True,
+) -> None:
+    """Clear errors for a batch that would otherwise fail deep inside torch (or, on a GPU, kill
+    its context): its shape, and with `values` its ids (which reads them: on a GPU the queue
+    waits for it; a pipeline checks its batches on the host before they go)."""
+    if input_ids.dim() != 2:
+        raise InputError(f"input_ids must be (batch, seq_len), got shape {tuple(input_ids.shape)}")
+    T = input_ids.shape[1]
+    if config.max_position_embeddings < T:
+        raise InputError(
+            f"sequence length {T} is more than max_position_embeddings="
+            f"{config.max_position_embeddings}; truncate the input (tokenizer max_length)"
+        )
+    if not values:
+        return
+    if input_ids.numel() and (input_ids.min() < 0 or input_ids.max() >= config.vocab_size):
+        raise InputError(
+            f"token id {int(input_ids.max())} is outside the vocabulary (vocab_size="
+            f"{config.vocab_size}): does the tokenizer's vocab.txt belong to this model?"
+        )
+    if (
+        token_type_ids is not None
+        and config.type_vocab_size
+        and token_type_ids.numel()
+        and (token_type_ids.max() >= config.type_vocab_size or token_type_ids.min() < 0)
+    ):
+        raise InputError(f"token_type_ids must be in [0, type_vocab_size={config.type_vocab_size})")
+
+
 class BertModel(Pretrained, nn.Module):
     """The BERT encoder (and pooler). `BertModel.from_pretrained(dir)` loads HF checkpoints."""
 
@@ -271,34 +321,7 @@ class BertModel(Pretrained, nn.Module):
     def check_inputs(
         self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None, values: bool = True
     ) -> None:
-        """Clear errors for inputs that would otherwise fail deep inside torch: their shape, and
-        with `values` their ids (which reads them: a GPU's queue waits for it)."""
-        if input_ids.dim() != 2:
-            raise InputError(
-                f"input_ids must be (batch, seq_len), got shape {tuple(input_ids.shape)}"
-            )
-        T = input_ids.shape[1]
-        if self.config.max_position_embeddings < T:
-            raise InputError(
-                f"sequence length {T} is more than max_position_embeddings="
-                f"{self.config.max_position_embeddings}; truncate the input (tokenizer max_length)"
-            )
-        if not values:
-            return
-        if input_ids.numel() and (input_ids.min() < 0 or input_ids.max() >= self.config.vocab_size):
-            raise InputError(
-                f"token id {int(input_ids.max())} is outside the vocabulary (vocab_size="
-                f"{self.config.vocab_size}): does the tokenizer's vocab.txt belong to this model?"
-            )
-        if (
-            token_type_ids is not None
-            and self.config.type_vocab_size
-            and token_type_ids.numel()
-            and (token_type_ids.max() >= self.config.type_vocab_size or token_type_ids.min() < 0)
-        ):
-            raise InputError(
-                f"token_type_ids must be in [0, type_vocab_size={self.config.type_vocab_size})"
-            )
+        check_inputs(self.config, input_ids, token_type_ids, values)
 
     def forward(
         self,
@@ -309,21 +332,26 @@ class BertModel(Pretrained, nn.Module):
         output_hidden_states: bool = False,
         output_attentions: bool = False,
         unpad: bool | None = None,
+        rows: Packing | None = None,
     ) -> BertOutput:
         """input_ids, token_type_ids, attention_mask: (B, T); attention_mask 1 = real token.
         unpad: the layers over the real tokens only (Packing; states at padding are 0), by
-        default for inference in bf16/fp16 on a GPU when the batch has padding."""
+        default for inference in bf16/fp16 on a GPU when the batch has padding.
+        rows: the batch's rows as its maker knows them on the host (Packing.of_lengths), its
+        ids already checked there (check_inputs on the host tensors): nothing is read back."""
         # Traced or compiled (ONNX export, torch.compile): no data-dependent branches.
         tracing = torch.compiler.is_compiling() or torch.jit.is_tracing()
         # Training on a GPU reads nothing back: its batches come from our own pipelines, and a
         # read would stall the device's queue every step (an all-ones mask: pass None instead).
-        reads = not tracing and not (self.training and input_ids.device.type == "cuda")
+        reads = not tracing and rows is None and not (self.training and input_ids.is_cuda)
         if not tracing:
             self.check_inputs(input_ids, token_type_ids, values=reads)
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
         mask = None
-        if attention_mask is not None and (not reads or not bool(attention_mask.all())):
+        if attention_mask is not None and (
+            rows.padded if rows is not None else not reads or not bool(attention_mask.all())
+        ):
             mask = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T): keys to attend to
         x = self.embeddings(input_ids, token_type_ids, position_ids)
         hidden = [x] if output_hidden_states else None
@@ -334,7 +362,7 @@ class BertModel(Pretrained, nn.Module):
             raise InputError("unpad=True: attention maps come from the padded path only")
         if mask is not None and unpad:
             assert attention_mask is not None  # mask is made from it
-            x = self._packed_layers(x, Packing.of(attention_mask), hidden)
+            x = self._packed_layers(x, rows or Packing.of(attention_mask), hidden)
         else:
             for layer in self.layers:
                 x, p = layer(x, mask, return_probs=output_attentions)

@@ -45,6 +45,7 @@ from .embedding import POOLINGS
 from .errors import ConfigError, InputError, check_choice
 from .heads import BertForTokenClassification
 from .hub import resolve
+from .model import Packing, check_inputs
 from .runner import Runner
 from .tasks import (
     TaskOptions,
@@ -57,7 +58,7 @@ from .tasks import (
     tagging,
 )
 from .tasks.base import Features, collate, infer
-from .tasks.windows import Layout, Stitcher, TextWindow, contributions, split
+from .tasks.windows import Layout, Stitcher, Windows, contributions, split
 from .tokenizer import Tokenizer
 
 
@@ -172,36 +173,53 @@ class Pipeline:
         """fn(batch) for the runner's batches of rows (encodings or Features); fn returns one
         item per row (its batch's order; batch["rows"]: their indices); the items come back in
         the rows' order. batch["inputs"]: input_ids, token_type_ids, attention_mask, the model's
-        positional inputs; input_ids and attention_mask also under their own names."""
+        positional inputs; input_ids and attention_mask also under their own names;
+        batch["packing"]: where the runner overlaps (a GPU), the rows as the host knows them
+        (BertModel's `rows`: its ids checked here, so the device reads nothing back), else None."""
         features = rows if isinstance(rows, Features) else Features.from_encodings(rows)
 
         def make(rows: np.ndarray) -> dict[str, Any]:
-            b = collate(features, rows, self.tok.pad_id, self.runner.pad_multiple).to(self.device)
+            b = collate(features, rows, self.tok.pad_id, self.runner.pad_multiple)
+            packing = None
+            if self.runner.overlaps:
+                check_inputs(self.config, b.input_ids, b.token_type_ids)
+                width = b.input_ids.shape[1]
+                packing = Packing.of_lengths(features.lengths[rows], width, self.device)
+            b = b.to(self.device)
             return {
                 "inputs": (b.input_ids, b.token_type_ids, b.attention_mask),
                 "input_ids": b.input_ids,
                 "attention_mask": b.attention_mask,
                 "rows": torch.from_numpy(rows),
+                "packing": packing,
             }
 
         return self.runner(features.lengths, make, fn)
 
     def windows(
-        self, texts: Sequence[str], max_length: int | None = None
-    ) -> tuple[list[Any], Features, list[TextWindow]]:
-        """Whole texts' encodings and their rows: one per text, or windows (tasks.windows)."""
+        self, texts: Sequence[str], max_length: int | None = None, *, views: bool = True
+    ) -> tuple[list[Any], Features, Windows]:
+        """Whole texts' encodings and their rows: one per text, or windows (tasks.windows).
+        views=False: each text's ids as an array instead of its Encoding (what a caller that
+        needs only the rows passes: the views cost host time)."""
         if isinstance(texts, str):
             raise InputError("pass a list of texts (a single string is not a list)")
         strings = [t for t in texts if isinstance(t, str)]
-        encoded = iter(self.tok.encode_batch(strings, truncation=False) if strings else [])
+        if not strings:
+            encoded: Any = iter([])
+        elif views:
+            encoded = iter(self.tok.encode_batch(strings, truncation=False))
+        else:
+            encoded = iter(self.tok.ids_batch(strings))
         encodings = [
-            next(encoded) if isinstance(t, str) else self._pieces(t, i) for i, t in enumerate(texts)
+            next(encoded) if isinstance(t, str) else self._pieces(t, i, views)
+            for i, t in enumerate(texts)
         ]
         positions = self.config.max_position_embeddings
         limit = min(self.max_length or max_length or positions, positions)
         features, windows = split(encodings, limit, self.stride, self.truncate)
-        cut = sum(len(e.ids) > limit for e in encodings)
-        if self.truncate and cut:
+        if self.truncate and windows.cut:
+            cut = len({int(t) for t in windows.text[list(windows.cut)]})
             warnings.warn(
                 f"{cut} of {len(encodings)} texts are longer than {limit} pieces: "
                 "truncate keeps their first window only",
@@ -209,13 +227,15 @@ class Pipeline:
             )
         return encodings, features, windows
 
-    def _pieces(self, ids: Sequence[int], i: int) -> Any:
-        """An input given as piece ids (no [CLS]/[SEP]) as an encoding of its own."""
+    def _pieces(self, ids: Sequence[int], i: int, view: bool = True) -> Any:
+        """An input given as piece ids (no [CLS]/[SEP]) as an encoding of its own (view=False:
+        its ids as an array)."""
         vocab = self.tok.vocab_size
         if not all(isinstance(k, int) and 0 <= k < vocab for k in ids):
             raise InputError(f"input {i}: piece ids must be integers in [0, {vocab})")
         cls_id, sep_id = self.tok.convert_tokens_to_ids(["[CLS]", "[SEP]"])
-        return SimpleNamespace(ids=[cls_id, *ids, sep_id])
+        row = [cls_id, *ids, sep_id]
+        return SimpleNamespace(ids=row) if view else np.asarray(row, np.int64)
 
     def per_token(
         self, texts: Sequence[str], fn: Callable[[dict[str, Any]], list[np.ndarray]]
@@ -311,40 +331,53 @@ class Pipeline:
     def _pooled(self, texts: Any, modes: tuple[str, ...], skip: int) -> np.ndarray:
         """(N, H * len(modes)) float32: the texts' pooled states, not normalised."""
         model = self.model_for("embed")
-        encodings, features, windows = self.windows(texts, self.embedding_settings.max_length)
-        pieces = [len(e.ids) - 2 for e in encodings]  # once per text: e.ids builds a list
-        whole = [len(w.best) == pieces[w.text] for w in windows]
-        layout = Layout(windows, len(texts))
+        _, features, windows = self.windows(texts, self.embedding_settings.max_length, views=False)
+        whole = windows.whole
+        layout = Layout(windows, len(texts)) if windows.cut else None
         running: dict[int, embedding.RunningPool] = {}  # per long text: its pool so far
-
-        def fn(b: dict[str, Any]) -> list[np.ndarray | None]:
-            h = model(*b["inputs"]).last_hidden_state
-            vectors = embedding.pool(h, b["attention_mask"], modes, skip).cpu().numpy()
-            rows = b["rows"].tolist()
-            if all(whole[k] for k in rows):  # no long text's window here (most batches)
-                return list(vectors)
-            lengths = b["attention_mask"].sum(1).tolist()
-            # A long text's windows are pooled as they come (each piece from its max-context
-            # window), so its states are never all held at once.
-            for j, k in enumerate(rows):
-                if not whole[k]:
-                    text, keep, positions = layout.place(k, lengths[j])
-                    if text not in running:
-                        size = layout.sizes[text]
-                        running[text] = embedding.RunningPool(modes, size, skip)
-                    # index_select: torch's h[j, index] takes milliseconds on a busy CPU
-                    states = h[j].index_select(0, torch.from_numpy(keep).to(h.device))
-                    running[text].add(states, torch.from_numpy(positions).to(h.device))
-            return [vectors[j] if whole[k] else None for j, k in enumerate(rows)]
-
-        rows = self.run(features, fn)
         out = np.zeros((len(texts), model.config.hidden_size * len(modes)), np.float32)
-        for w, row, ok in zip(windows, rows, whole):
-            if ok:
-                out[w.text] = row
+
+        def fn(b: dict[str, Any]) -> Any:
+            h = model(*b["inputs"], rows=b["packing"]).last_hidden_state
+            rows = b["rows"].numpy()
+            ours = whole[rows]  # the rows that are their whole text (most)
+            if layout is not None and not ours.all():
+                lengths = features.lengths[rows]
+                for j in np.flatnonzero(~ours).tolist():
+                    self._pool_window(
+                        h[j], layout, int(rows[j]), int(lengths[j]), running, modes, skip
+                    )
+            vectors = embedding.pool(h, b["attention_mask"], modes, skip)
+
+            def put(v: np.ndarray) -> None:
+                out[windows.text[rows[ours]]] = v[ours]
+
+            return self.runner.later(vectors, put)
+
+        self.run(features, fn)
         for i, pooled in running.items():
             out[i] = pooled.vector().cpu().numpy()
         return out
+
+    @staticmethod
+    def _pool_window(
+        h: torch.Tensor,
+        layout: Layout,
+        k: int,
+        length: int,
+        running: dict[int, embedding.RunningPool],
+        modes: tuple[str, ...],
+        skip: int,
+    ) -> None:
+        """Row k's states h (T, H), a window of a long text, into its text's running pool: a
+        long text's windows are pooled as they come (each piece from its max-context window),
+        so its states are never all held at once."""
+        text, keep, positions = layout.place(k, length)
+        if text not in running:
+            running[text] = embedding.RunningPool(modes, int(layout.sizes[text]), skip)
+        # index_select: torch's h[keep] takes milliseconds on a busy CPU
+        states = h.index_select(0, torch.from_numpy(keep).to(h.device))
+        running[text].add(states, torch.from_numpy(positions).to(h.device))
 
     def features(
         self,

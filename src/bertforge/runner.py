@@ -108,11 +108,13 @@ def length_batches(lengths: Sequence[int] | np.ndarray, batch_size: int) -> Iter
 
 @dataclass
 class Runner:
-    """Where and how inference runs: device, resolved precision, rows per batch."""
+    """Where and how inference runs: device, resolved precision, rows per batch; overlap (None:
+    on a GPU) says whether the host works ahead of the device (see `overlaps`)."""
 
     device: torch.device
     precision: str  # fp32, bf16 or fp16 (resolved)
     batch_size: int = 64
+    overlap: bool | None = None
 
     @property
     def pad_multiple(self) -> int:
@@ -129,23 +131,73 @@ class Runner:
         self,
         lengths: Sequence[int] | np.ndarray,
         make_batch: Callable[[np.ndarray], Any],
-        fn: Callable[[Any], Sequence[Any]],
+        fn: Callable[[Any], Any],
     ) -> list[Any]:
         """fn(make_batch(rows)) for each batch of rows; fn returns one item per row of its
-        batch, in the batch's order; the items come back in the rows' order."""
+        batch, in the batch's order (the items come back in the rows' order), or None where it
+        keeps its results itself, or a `Later` (see `later`) giving either; a Later is read
+        once the next batch has been given to the device."""
         out: list[Any] = [None] * len(lengths)
-        batches = prepared(length_batches(lengths, self.batch_size), make_batch, self.prefetch)
+
+        def place(rows: np.ndarray, items: Any) -> None:
+            if isinstance(items, Later):
+                items = items.finish()
+            if items is not None:
+                for r, item in zip(rows, items):
+                    out[r] = item
+
+        pending = None
+        batches = prepared(length_batches(lengths, self.batch_size), make_batch, self.overlaps)
         with torch.inference_mode(), autocast(self.precision, self.device):
             for rows, batch in batches:
-                for r, item in zip(rows, fn(batch)):
-                    out[r] = item
+                result = fn(batch)
+                if pending is not None:
+                    place(*pending)
+                pending = rows, result
+            if pending is not None:
+                place(*pending)
         return out
 
     @property
-    def prefetch(self) -> bool:
-        """Whether the next batch is made while the device runs this one: on a GPU, where the
-        host would otherwise leave it idle collating (the CPU is busy computing anyway)."""
-        return self.device.type == "cuda"
+    def overlaps(self) -> bool:
+        """Whether the host works ahead of the device (default: on a GPU, which would otherwise
+        wait for it; on the CPU the host is the device): the next batch made by a worker thread
+        while this one runs, batches' rows known on the host so the device reads nothing back,
+        results copied back behind the next batch's work (`later`)."""
+        return self.device.type == "cuda" if self.overlap is None else self.overlap
+
+    def later(self, result: torch.Tensor, finish: Callable[[np.ndarray], Any]) -> Any:
+        """finish(result as a float32 array), for fn to return: called now when the runner does
+        not overlap; else a Later, whose copy to the host (on a GPU: pinned, non-blocking) the
+        runner waits for only once the next batch is queued behind it."""
+        if not self.overlaps:
+            return finish(result.float().cpu().numpy())
+        host = result.float().to("cpu", non_blocking=True)
+        copied = torch.cuda.Event() if result.is_cuda else None  # CUDA only: the copy's end
+        if copied is not None:
+            copied.record()
+
+        def wait() -> Any:
+            if copied is not None:
+                copied.synchronize()
+            return finish(host.numpy())
+
+        return Later(wait)
+
+
+@dataclass
+class Later:
+    """A batch's results still on their way from the device: `finish()` waits and gives them."""
+
+    finish: Callable[[], Any]
+
+
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on `device`: to a GPU from pinned memory, without blocking the host (the
+    copy from pageable memory would wait for the device's queue)."""
+    if device.type == "cuda" and t.device.type == "cpu":  # CUDA only
+        return (t if t.is_pinned() else t.pin_memory()).to(device, non_blocking=True)
+    return t.to(device)
 
 
 def prepared(

@@ -180,11 +180,9 @@ class Server:
         `pipe` lays them out (Pipeline.windows: embed, classify, ner)."""
 
         def cost(items: list[Any], options: dict[str, Any]) -> list[int]:
-            _, features, windows = pipe.windows(items, max_length)
-            out = [0] * len(items)
-            for w, n in zip(windows, features.lengths.tolist()):
-                out[w.text] += n
-            return out
+            _, features, windows = pipe.windows(items, max_length, views=False)
+            read = np.bincount(windows.text, weights=features.lengths, minlength=len(items))
+            return read.astype(np.int64).tolist()
 
         return cost
 

@@ -20,7 +20,7 @@ from torch import nn
 
 from ..data.instances import IGNORE_INDEX
 from ..errors import ConfigError, InputError
-from ..runner import Runner
+from ..runner import Runner, to_device
 from ..tokenizer import Tokenizer
 
 
@@ -67,9 +67,9 @@ class Batch:
 
     def to(self, device: torch.device | str) -> Batch:
         # Field by field: dataclasses.astuple would deep-copy every tensor on the host first.
+        d = torch.device(device)
         return Batch(
-            *(t.to(device, non_blocking=True) for t in (*self.inputs(), self.labels)),
-            num_tokens=self.num_tokens,
+            *(to_device(t, d) for t in (*self.inputs(), self.labels)), num_tokens=self.num_tokens
         )
 
     def inputs(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -81,17 +81,25 @@ def collate(
 ) -> Batch:
     """The rows padded on the right to their longest ([PAD] ids, mask 0, token labels ignored),
     rounded up to a multiple of `multiple` pieces."""
-    T = max(features.input_ids[i].shape[-1] for i in rows)
-    T = -(-T // multiple) * multiple
-    lead = features.input_ids[rows[0]].shape[:-1]  # () or (C,)
     B = len(rows)
-    ids = np.full((B, *lead, T), pad_id, np.int64)
-    types = np.zeros((B, *lead, T), np.int64)
-    mask = np.zeros((B, *lead, T), np.int64)
-    for j, i in enumerate(rows):
-        n = features.input_ids[i].shape[-1]
-        ids[j, ..., :n], types[j, ..., :n] = features.input_ids[i], features.token_type_ids[i]
-        mask[j, ..., :n] = features.input_ids[i] != pad_id if lead else 1
+    lengths = np.fromiter((features.input_ids[i].shape[-1] for i in rows), np.int64, B)
+    T = -(-int(lengths.max()) // multiple) * multiple
+    lead = features.input_ids[rows[0]].shape[:-1]  # () or (C,)
+    if lead:  # multiple choice: (C, T) per row, choices padded to the row's longest
+        ids = np.full((B, *lead, T), pad_id, np.int64)
+        types = np.zeros((B, *lead, T), np.int64)
+        mask = np.zeros((B, *lead, T), np.int64)
+        for j, i in enumerate(rows):
+            n = features.input_ids[i].shape[-1]
+            ids[j, ..., :n], types[j, ..., :n] = features.input_ids[i], features.token_type_ids[i]
+            mask[j, ..., :n] = features.input_ids[i] != pad_id
+    else:  # rows one after another, scattered into place in one step each
+        real = np.arange(T) < lengths[:, None]
+        mask = real.astype(np.int64)
+        ids = np.full((B, T), pad_id, np.int64)
+        types = np.zeros((B, T), np.int64)
+        ids[real] = np.concatenate([features.input_ids[i] for i in rows])
+        types[real] = np.concatenate([features.token_type_ids[i] for i in rows])
     if isinstance(features.labels, list):  # token labels
         labels = np.full((B, T), IGNORE_INDEX, np.int64)
         for j, i in enumerate(rows):

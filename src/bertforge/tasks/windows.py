@@ -67,28 +67,88 @@ class TextWindow:
     best: np.ndarray  # (length,) bool: the pieces whose result this window gives
 
 
+class Windows(Sequence[TextWindow]):
+    """The rows `split` makes, as arrays (no object per row: a run over 50,000 short texts
+    made 50,000 of them, about a tenth of its host time), each readable as a TextWindow.
+
+    text (R,): the text of each row; start (R,): its first piece among its text's pieces;
+    pieces (R,): its own pieces (its length - 2); cut: the owned-piece flags of each row that
+    is a window of a longer text (a row not in it is its whole text and owns every piece)."""
+
+    def __init__(
+        self, text: np.ndarray, start: np.ndarray, pieces: np.ndarray, cut: dict[int, np.ndarray]
+    ) -> None:
+        self.text, self.start, self.pieces, self.cut = text, start, pieces, cut
+
+    @classmethod
+    def of(cls, windows: Sequence[TextWindow]) -> Windows:
+        """Any TextWindows (a subset, in any order) as Windows; every row keeps its flags."""
+        if isinstance(windows, Windows):
+            return windows
+        return cls(
+            np.array([w.text for w in windows], np.int64),
+            np.array([w.start for w in windows], np.int64),
+            np.array([len(w.best) for w in windows], np.int64),
+            {k: w.best for k, w in enumerate(windows)},
+        )
+
+    def __len__(self) -> int:
+        return len(self.text)
+
+    def __getitem__(self, k: int) -> TextWindow:  # type: ignore[override]
+        return TextWindow(int(self.text[k]), int(self.start[k]), self.best(k))
+
+    def best(self, k: int) -> np.ndarray:
+        """Row k's flags: which of its pieces take their result from it."""
+        flags = self.cut.get(int(k))
+        return flags if flags is not None else np.ones(int(self.pieces[k]), bool)
+
+    @property
+    def whole(self) -> np.ndarray:
+        """(R,) bool: the rows that are their whole text."""
+        whole = np.ones(len(self), bool)
+        whole[list(self.cut)] = False
+        return whole
+
+    @property
+    def owned(self) -> np.ndarray:
+        """(R,) how many pieces each row gives its text."""
+        owned = self.pieces.copy()
+        for k, flags in self.cut.items():
+            owned[k] = int(flags.sum())
+        return owned
+
+
 def split(
     encodings: Sequence[Any], max_length: int, stride: int | None = None, truncate: bool = False
-) -> tuple[Features, list[TextWindow]]:
-    """Rows for encodings made with [CLS] and [SEP] and no truncation: one per text that fits
-    in max_length, windows (stride: default half a window) for the others; truncate keeps only
-    the first window of each."""
+) -> tuple[Features, Windows]:
+    """Rows for encodings (or their id arrays) made with [CLS] and [SEP] and no truncation: one
+    per text that fits in max_length, windows (stride: default half a window) for the others;
+    truncate keeps only the first window of each."""
     size = max_length - 2
     stride = stride or max(1, size // 2)
-    ids, types, windows = [], [], []
-    for i, enc in enumerate(encodings):
-        row = np.asarray(enc.ids, np.int64)
+    rows = [e if isinstance(e, np.ndarray) else np.asarray(e.ids, np.int64) for e in encodings]
+    lengths = np.fromiter(map(len, rows), np.int64, len(rows))
+    zeros = np.zeros(int(lengths.max(initial=0)), np.int64)  # segment ids: read-only views
+    zeros.flags.writeable = False
+    if (lengths - 2 <= size).all():  # every text fits (most calls): each is its own row
+        types = [zeros[:n] for n in lengths.tolist()]
+        windows = Windows(np.arange(len(rows)), np.zeros_like(lengths), lengths - 2, {})
+        return Features(rows, types, np.zeros(len(rows), np.int64)), windows
+    ids, where, cut = [], [], {}  # where: (text, start, pieces) of each row
+    for i, row in enumerate(rows):
         n = len(row) - 2
-        if n <= size:  # fits (most texts): the row itself, its one window owns every piece
+        if n <= size:  # fits: the row itself, its one window owns every piece
             ids.append(row)
-            types.append(np.zeros(len(row), np.int64))
-            windows.append(TextWindow(i, 0, np.ones(n, bool)))
+            where.append((i, 0, n))
             continue
         spans = windows_of(n, size, stride)[: 1 if truncate else None]
         for (start, length), best in zip(spans, max_context_flags(spans, n)):
+            cut[len(ids)] = best
             ids.append(np.r_[row[0], row[1 + start : 1 + start + length], row[-1]])
-            types.append(np.zeros(length + 2, np.int64))
-            windows.append(TextWindow(i, start, best))
+            where.append((i, start, length))
+    types = [zeros[: len(r)] for r in ids]  # a window is never longer than its text
+    windows = Windows(*np.array(where, np.int64).reshape(-1, 3).T, cut)
     return Features(ids, types, np.zeros(len(ids), np.int64)), windows
 
 
@@ -97,30 +157,35 @@ class Layout:
     windows, in their order, give [CLS] (the first), their own pieces, [SEP] (the last)."""
 
     def __init__(self, windows: Sequence[TextWindow], texts: int) -> None:
-        self.windows = windows
-        self.sizes = [0] * texts  # per text: its stitched length (0: no windows)
-        self.first, self.last = [-1] * texts, [-1] * texts
-        self.offsets = np.zeros(len(windows), np.int64)  # position of each window's 1st piece
-        for k, w in enumerate(windows):
-            if self.first[w.text] < 0:
-                self.first[w.text], self.sizes[w.text] = k, 1  # [CLS]
-            self.offsets[k] = self.sizes[w.text]
-            self.sizes[w.text] += int(w.best.sum())
-            self.last[w.text] = k
-        for t in range(texts):
-            self.sizes[t] += self.sizes[t] > 0  # [SEP]
+        self.windows = w = Windows.of(windows)
+        self.sizes = np.zeros(texts, np.int64)  # per text: its stitched length (0: no windows)
+        self.first, self.last = np.full(texts, -1), np.full(texts, -1)
+        self.offsets = np.ones(len(w), np.int64)  # position of each window's 1st piece
+        rows = np.flatnonzero(w.whole)  # a whole text: [CLS], its pieces, [SEP]
+        self.sizes[w.text[rows]] = w.pieces[rows] + 2
+        self.first[w.text[rows]] = self.last[w.text[rows]] = rows
+        owned = w.owned
+        for k in sorted(w.cut):  # the windows of longer texts, in their order
+            t = w.text[k]
+            if self.first[t] < 0:
+                self.first[t], self.sizes[t] = k, 1  # [CLS]
+            self.offsets[k] = self.sizes[t]
+            self.sizes[t] += owned[k]
+            self.last[t] = k
+        cut_texts = w.text[list(w.cut)]
+        self.sizes[cut_texts] = self.sizes[cut_texts] + 1  # [SEP] (a text's size set once)
 
     def place(self, k: int, length: int) -> tuple[int, np.ndarray, np.ndarray]:
         """(text, rows, positions) for window k's row of `length` results (its pieces + 2):
         which of them its text keeps, and where they go among the text's stitched results."""
-        w = self.windows[k]
-        rows = 1 + np.flatnonzero(w.best)
+        text = int(self.windows.text[k])
+        rows = 1 + np.flatnonzero(self.windows.best(k))
         positions = self.offsets[k] + np.arange(len(rows))
-        if k == self.first[w.text]:
+        if k == self.first[text]:
             rows, positions = np.r_[0, rows], np.r_[0, positions]
-        if k == self.last[w.text]:
-            rows, positions = np.r_[rows, length - 1], np.r_[positions, self.sizes[w.text] - 1]
-        return w.text, rows, positions
+        if k == self.last[text]:
+            rows, positions = np.r_[rows, length - 1], np.r_[positions, self.sizes[text] - 1]
+        return text, rows, positions
 
 
 class Stitcher:
@@ -152,4 +217,4 @@ def stitch(windows: Sequence[TextWindow], rows: Sequence[np.ndarray], texts: int
 
 def contributions(windows: Sequence[TextWindow]) -> np.ndarray:
     """How many pieces each window gives its text (weights for averaging per-window results)."""
-    return np.array([max(int(w.best.sum()), 1) for w in windows], np.float64)
+    return np.maximum(Windows.of(windows).owned, 1).astype(np.float64)
