@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from bertforge import BertConfig, BertForPreTraining, Tokenizer
+from bertforge import BertConfig, BertForPreTraining, Tokenizer, pipelines
 from bertforge.cli import main
 from bertforge.errors import CheckpointError, ConfigError, InputError
 from bertforge.evaluate import entity_scores, entity_spans
@@ -617,7 +617,18 @@ def test_batches_made_ahead_give_the_same_batches_and_embeddings(
     plain = list(prepared(length_batches(lengths, 3), lambda rows: rows.sum(), ahead=False))
     assert [(list(r), b) for r, b in made] == [(list(r), b) for r, b in plain] and len(made) > 2
     texts = ["a short one.", "another short sentence here.", " ".join(["long"] * 600), "x"]
+    texts += [f"sentence number {i} of a few more." * (i % 4 + 1) for i in range(9)]
+    texts += [" ".join(["longer"] * 700)]
     pipe = Pipeline(minilm_dir, batch_size=2, precision="fp32")
     expected = pipe.embed(texts)
     pipe.runner.overlap = True
     assert np.array_equal(pipe.embed(texts), expected)
+    # read in parts of 3 texts (sorted by characters), the next tokenised while this one runs
+    monkeypatch.setattr(pipelines, "PART", 3)
+    assert len(pipe._parts(texts)) == 5
+    assert np.allclose(pipe.embed(texts), expected, atol=1e-6)
+    truncating = Pipeline(minilm_dir, batch_size=2, precision="fp32", truncate=True)
+    truncating.runner.overlap = True
+    with pytest.warns(UserWarning, match="^2 of 14 texts are longer") as said:
+        truncating.embed(texts)
+    assert len(said) == 1  # said once, not once per part

@@ -46,7 +46,7 @@ from .errors import ConfigError, InputError, check_choice
 from .heads import BertForTokenClassification
 from .hub import resolve
 from .model import Packing, check_inputs
-from .runner import Runner
+from .runner import Runner, prepared
 from .tasks import (
     TaskOptions,
     document_scorer,
@@ -87,6 +87,13 @@ def _first(enc: Any, n: int) -> Any:
     return SimpleNamespace(
         **{k: [getattr(enc, k)[j] for j in keep] for k in ("ids", "tokens", "offsets", "word_ids")}
     )
+
+
+# Texts per part where the runner overlaps (Pipeline._parts; 0: all at once). On the 2-core CPU
+# with a model that does nothing, tokenising the next part in a thread made 50,000 sentences
+# slower (2.1-2.3 s against 1.7-1.9 s: the tokenizer's threads take both cores); a GPU machine
+# has cores to spare: benchmarks/gpu.py measures both there.
+PART = 4096
 
 
 class Pipeline:
@@ -177,6 +184,7 @@ class Pipeline:
         batch["packing"]: where the runner overlaps (a GPU), the rows as the host knows them
         (BertModel's `rows`: its ids checked here, so the device reads nothing back), else None."""
         features = rows if isinstance(rows, Features) else Features.from_encodings(rows)
+        lengths = features.lengths  # computed once (the property goes over every row)
 
         def make(rows: np.ndarray) -> dict[str, Any]:
             b = collate(features, rows, self.tok.pad_id, self.runner.pad_multiple)
@@ -184,7 +192,7 @@ class Pipeline:
             if self.runner.overlaps:
                 check_inputs(self.config, b.input_ids, b.token_type_ids)
                 width = b.input_ids.shape[1]
-                packing = Packing.of_lengths(features.lengths[rows], width, self.device)
+                packing = Packing.of_lengths(lengths[rows], width, self.device)
             b = b.to(self.device)
             return {
                 "inputs": (b.input_ids, b.token_type_ids, b.attention_mask),
@@ -194,14 +202,20 @@ class Pipeline:
                 "packing": packing,
             }
 
-        return self.runner(features.lengths, make, fn)
+        return self.runner(lengths, make, fn)
 
     def windows(
-        self, texts: Sequence[str], max_length: int | None = None, *, views: bool = True
+        self,
+        texts: Sequence[str],
+        max_length: int | None = None,
+        *,
+        views: bool = True,
+        warn: bool = True,
     ) -> tuple[list[Any], Features, Windows]:
         """Whole texts' encodings and their rows: one per text, or windows (tasks.windows).
         views=False: each text's ids as an array instead of its Encoding (what a caller that
-        needs only the rows passes: the views cost host time)."""
+        needs only the rows passes: the views cost host time). warn: say how many texts
+        truncate cut (a caller reading texts in parts says it once, `_warn_cut`)."""
         if isinstance(texts, str):
             raise InputError("pass a list of texts (a single string is not a list)")
         strings = [t for t in texts if isinstance(t, str)]
@@ -215,17 +229,23 @@ class Pipeline:
             next(encoded) if isinstance(t, str) else self._pieces(t, i, views)
             for i, t in enumerate(texts)
         ]
-        positions = self.config.max_position_embeddings
-        limit = min(self.max_length or max_length or positions, positions)
-        features, windows = split(encodings, limit, self.stride, self.truncate)
-        if self.truncate and windows.cut:
-            cut = len({int(t) for t in windows.text[list(windows.cut)]})
-            warnings.warn(
-                f"{cut} of {len(encodings)} texts are longer than {limit} pieces: "
-                "truncate keeps their first window only",
-                stacklevel=3,
-            )
+        features, windows = split(encodings, self._limit(max_length), self.stride, self.truncate)
+        if warn:
+            self._warn_cut(windows.texts_cut, len(encodings), max_length)
         return encodings, features, windows
+
+    def _limit(self, max_length: int | None) -> int:
+        """Pieces per row: the pipeline's max_length, else the caller's, at most the model's."""
+        positions = self.config.max_position_embeddings
+        return min(self.max_length or max_length or positions, positions)
+
+    def _warn_cut(self, cut: int, texts: int, max_length: int | None) -> None:
+        if self.truncate and cut:
+            warnings.warn(
+                f"{cut} of {texts} texts are longer than {self._limit(max_length)} pieces: "
+                "truncate keeps their first window only",
+                stacklevel=4,
+            )
 
     def _pieces(self, ids: Sequence[int], i: int, view: bool = True) -> Any:
         """An input given as piece ids (no [CLS]/[SEP]) as an encoding of its own (view=False:
@@ -329,55 +349,76 @@ class Pipeline:
         return prompted, 0 if self.embedding_settings.include_prompt else len(ids) - 1
 
     def _pooled(self, texts: Any, modes: tuple[str, ...], skip: int) -> np.ndarray:
-        """(N, H * len(modes)) float32: the texts' pooled states, not normalised."""
+        """(N, H * len(modes)) float32: the texts' pooled states, not normalised, read in parts
+        (`_parts`: where the runner overlaps, the next part is tokenised while the device
+        reads this one)."""
         model = self.model_for("embed")
-        _, features, windows = self.windows(texts, self.embedding_settings.max_length, views=False)
-        whole = windows.whole
-        layout = Layout(windows, len(texts)) if windows.cut else None
-        running: dict[int, embedding.RunningPool] = {}  # per long text: its pool so far
         out = np.zeros((len(texts), model.config.hidden_size * len(modes)), np.float32)
+        running: dict[int, embedding.RunningPool] = {}  # per long text: its pool so far
+        parts = self._parts(texts)
+        limit = self.embedding_settings.max_length
+
+        def rows_of(part: np.ndarray) -> tuple[list[Any], Features, Windows]:
+            some = texts if len(parts) == 1 else [texts[i] for i in part]
+            return self.windows(some, limit, views=False, warn=len(parts) == 1)
+
+        cut = 0
+        for part, (_, features, windows) in prepared(iter(parts), rows_of, len(parts) > 1):
+            cut += windows.texts_cut
+            self._pool_part(model, features, windows, part, out, running, (modes, skip))
+        if len(parts) > 1:
+            self._warn_cut(cut, len(texts), limit)
+        for i, pooled in running.items():
+            out[i] = pooled.vector().cpu().numpy()
+        return out
+
+    def _parts(self, texts: Any) -> list[np.ndarray]:
+        """The texts' indices in the parts they are read in: all at once; or, where the runner
+        overlaps and every input is a string, parts of PART texts of similar lengths (sorted by
+        characters, so the batches are still cut from rows of similar lengths)."""
+        n = len(texts)
+        strings = all(isinstance(t, str) for t in texts)
+        if not (self.runner.overlaps and PART and strings) or n <= PART:
+            return [np.arange(n)]
+        order = np.argsort(np.fromiter(map(len, texts), np.int64, n), kind="stable")
+        return np.array_split(order, -(-n // PART))
+
+    def _pool_part(
+        self,
+        model: nn.Module,
+        features: Features,
+        windows: Windows,
+        part: np.ndarray,
+        out: np.ndarray,
+        running: dict[int, embedding.RunningPool],
+        pooling: tuple[tuple[str, ...], int],
+    ) -> None:
+        """The rows of one part of the texts (`part`: their indices among all the texts), pooled
+        into `out` (whole texts) and `running` (a long text's windows, by its index)."""
+        whole, lengths, (modes, skip) = windows.whole, features.lengths, pooling
+        layout = Layout(windows, len(part)) if windows.cut else None
 
         def fn(b: dict[str, Any]) -> Any:
             h = model(*b["inputs"], rows=b["packing"]).last_hidden_state
             rows = b["rows"].numpy()
             ours = whole[rows]  # the rows that are their whole text (most)
             if layout is not None and not ours.all():
-                lengths = features.lengths[rows]
                 for j in np.flatnonzero(~ours).tolist():
-                    self._pool_window(
-                        h[j], layout, int(rows[j]), int(lengths[j]), running, modes, skip
-                    )
+                    text, keep, positions = layout.place(int(rows[j]), int(lengths[rows[j]]))
+                    key = int(part[text])
+                    if key not in running:
+                        running[key] = embedding.RunningPool(modes, int(layout.sizes[text]), skip)
+                    # index_select: torch's h[j, keep] takes milliseconds on a busy CPU
+                    states = h[j].index_select(0, torch.from_numpy(keep).to(h.device))
+                    running[key].add(states, torch.from_numpy(positions).to(h.device))
             vectors = embedding.pool(h, b["attention_mask"], modes, skip)
 
             def put(v: np.ndarray) -> None:
-                out[windows.text[rows[ours]]] = v[ours]
+                out[part[windows.text[rows[ours]]]] = v[ours]
 
             return self.runner.later(vectors, put)
 
         self.run(features, fn)
-        for i, pooled in running.items():
-            out[i] = pooled.vector().cpu().numpy()
-        return out
-
-    @staticmethod
-    def _pool_window(
-        h: torch.Tensor,
-        layout: Layout,
-        k: int,
-        length: int,
-        running: dict[int, embedding.RunningPool],
-        modes: tuple[str, ...],
-        skip: int,
-    ) -> None:
-        """Row k's states h (T, H), a window of a long text, into its text's running pool: a
-        long text's windows are pooled as they come (each piece from its max-context window),
-        so its states are never all held at once."""
-        text, keep, positions = layout.place(k, length)
-        if text not in running:
-            running[text] = embedding.RunningPool(modes, int(layout.sizes[text]), skip)
-        # index_select: torch's h[keep] takes milliseconds on a busy CPU
-        states = h.index_select(0, torch.from_numpy(keep).to(h.device))
-        running[text].add(states, torch.from_numpy(positions).to(h.device))
 
     def features(
         self,

@@ -111,6 +111,11 @@ class Windows(Sequence[TextWindow]):
         return whole
 
     @property
+    def texts_cut(self) -> int:
+        """How many texts were cut into windows (or, with truncate, cut short)."""
+        return len({int(t) for t in self.text[list(self.cut)]})
+
+    @property
     def owned(self) -> np.ndarray:
         """(R,) how many pieces each row gives its text."""
         owned = self.pieces.copy()
