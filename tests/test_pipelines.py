@@ -632,3 +632,6 @@ def test_batches_made_ahead_give_the_same_batches_and_embeddings(
     with pytest.warns(UserWarning, match="^2 of 14 texts are longer") as said:
         truncating.embed(texts)
     assert len(said) == 1  # said once, not once per part
+    for bad, why in (("a string", "list of texts"), ([1.5], "input 0"), (["a", None], "input 1")):
+        with pytest.raises(InputError, match=why):  # read in parts or not
+            pipe.embed(bad)  # type: ignore[arg-type]

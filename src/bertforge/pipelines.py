@@ -251,7 +251,11 @@ class Pipeline:
         """An input given as piece ids (no [CLS]/[SEP]) as an encoding of its own (view=False:
         its ids as an array)."""
         vocab = self.tok.vocab_size
-        if not all(isinstance(k, int) and 0 <= k < vocab for k in ids):
+        if not isinstance(ids, (list, tuple, np.ndarray)):
+            raise InputError(
+                f"input {i}: expected a text or a list of piece ids, got {type(ids).__name__}"
+            )
+        if not all(isinstance(k, (int, np.integer)) and 0 <= k < vocab for k in ids):
             raise InputError(f"input {i}: piece ids must be integers in [0, {vocab})")
         cls_id, sep_id = self.tok.convert_tokens_to_ids(["[CLS]", "[SEP]"])
         row = [cls_id, *ids, sep_id]
@@ -377,7 +381,7 @@ class Pipeline:
         overlaps and every input is a string, parts of PART texts of similar lengths (sorted by
         characters, so the batches are still cut from rows of similar lengths)."""
         n = len(texts)
-        strings = all(isinstance(t, str) for t in texts)
+        strings = not isinstance(texts, str) and all(isinstance(t, str) for t in texts)
         if not (self.runner.overlaps and PART and strings) or n <= PART:
             return [np.arange(n)]
         order = np.argsort(np.fromiter(map(len, texts), np.int64, n), kind="stable")
