@@ -560,6 +560,38 @@ def test_low_precision_batches_are_padded_to_a_multiple(minilm_dir: Path) -> Non
     assert cos.min() > 0.999
 
 
+def test_every_pipeline_answers_the_same_when_the_host_works_ahead(
+    heads_dir: dict[str, Path], tiny_model: Path, tmp_path: Path
+) -> None:
+    """Runner.overlap (a GPU's default, run here on the CPU): batches checked and packed on the
+    host, results read after the next batch is queued; every pipeline's answers are the ones
+    it gives without, on texts of mixed lengths (a long one in windows)."""
+    torch.manual_seed(2)
+    config = BertConfig.from_pretrained(heads_dir["cls"]).replace(num_labels=1)
+    BertForSequenceClassification(config).save_pretrained(tmp_path / "cross")
+    Tokenizer.from_pretrained(tiny_model).save_pretrained(tmp_path / "cross")
+    long = " ".join(f"line {i} tells of Paris and Alice." for i in range(90))
+    texts = ["a fine film", "Alice Smithson visited Paris in June with Bob.", long, "x"]
+    masked = ["the [MASK] sat on the mat.", "paris is the [MASK] of france, said alice."]
+    calls = {
+        heads_dir["cls"]: lambda p: p.classify(texts),
+        heads_dir["ner"]: lambda p: p.ner(texts),
+        heads_dir["qa"]: lambda p: p.qa(["Who visited?", "Where?"], texts[1:3]),
+        tiny_model: lambda p: (
+            p.fill_mask(masked),
+            p.nsp(texts[:2], texts[2:]),
+            [f["layers"][-1].tolist() for f in p.features(texts)],
+        ),
+        tmp_path / "cross": lambda p: p.score(["paris?"] * 4, texts),
+    }
+    for path, call in calls.items():
+        pipe = Pipeline(path, precision="fp32", batch_size=2, max_length=64)
+        want = json.dumps(call(pipe), sort_keys=True, default=str)
+        pipe.runner.overlap = True
+        got = json.dumps(call(pipe), sort_keys=True, default=str)
+        assert got == want, path.name
+
+
 def test_results_read_later_land_in_their_rows_after_the_next_batch_is_given() -> None:
     """Runner.later: with overlap, a batch's results are read only once the next batch has been
     given to fn (a GPU's copy back runs behind that work), and every row still gets its own."""

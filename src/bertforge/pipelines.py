@@ -45,7 +45,6 @@ from .embedding import POOLINGS
 from .errors import ConfigError, InputError, check_choice
 from .heads import BertForTokenClassification
 from .hub import resolve
-from .model import Packing, check_inputs
 from .runner import Runner, prepared
 from .tasks import (
     TaskOptions,
@@ -57,7 +56,7 @@ from .tasks import (
     summarize,
     tagging,
 )
-from .tasks.base import Features, collate, infer
+from .tasks.base import Features, infer, on_device
 from .tasks.windows import Layout, Stitcher, Windows, contributions, split
 from .tokenizer import Tokenizer
 
@@ -187,13 +186,9 @@ class Pipeline:
         lengths = features.lengths  # computed once (the property goes over every row)
 
         def make(rows: np.ndarray) -> dict[str, Any]:
-            b = collate(features, rows, self.tok.pad_id, self.runner.pad_multiple)
-            packing = None
-            if self.runner.overlaps:
-                check_inputs(self.config, b.input_ids, b.token_type_ids)
-                width = b.input_ids.shape[1]
-                packing = Packing.of_lengths(lengths[rows], width, self.device)
-            b = b.to(self.device)
+            b, packing = on_device(
+                features, rows, lengths, self.tok.pad_id, self.runner, self.config
+            )
             return {
                 "inputs": (b.input_ids, b.token_type_ids, b.attention_mask),
                 "input_ids": b.input_ids,
@@ -442,7 +437,7 @@ class Pipeline:
                 raise ConfigError(f"layer {layer}: this model has layers -{n}..{n - 1}")
 
         def fn(b: dict[str, Any]) -> list[dict[int, np.ndarray]]:
-            out = model(*b["inputs"], output_hidden_states=True)
+            out = model(*b["inputs"], output_hidden_states=True, rows=b["packing"])
             states = {k: out.hidden_states[k].float().cpu().numpy() for k in layers}
             lengths = b["attention_mask"].sum(1).tolist()
             return [{k: v[j, : lengths[j]] for k, v in states.items()} for j in range(len(lengths))]
@@ -479,7 +474,7 @@ class Pipeline:
                 raise InputError(f"text {i}: no [MASK] token in {texts[i][:80]!r}")
 
         def fn(b: dict[str, Any]) -> list[list[dict[str, Any]]]:
-            logits = model(*b["inputs"]).mlm_logits
+            logits = model(*b["inputs"], rows=b["packing"]).mlm_logits
             probs = logits.float().softmax(-1)
             out = []
             for j in range(len(b["input_ids"])):
@@ -506,7 +501,7 @@ class Pipeline:
         model = self.model_for("nsp")
 
         def fn(b: dict[str, Any]) -> list[float]:
-            logits = model(*b["inputs"]).nsp_logits
+            logits = model(*b["inputs"], rows=b["packing"]).nsp_logits
             return logits.float().softmax(-1)[:, 0].tolist()  # index 0 = IsNext (Google's)
 
         return self.run(self.encode(texts, pairs), fn)
@@ -526,7 +521,7 @@ class Pipeline:
         else:  # a pair is one row
             features = Features.from_encodings(self.encode(texts, pairs))
             owners, weights = list(range(len(texts))), np.ones(len(texts))
-        rows = infer(self.runner, model, features, self.tok.pad_id)
+        rows = infer(self.runner, model, features, self.tok.pad_id, encoder=self.config)
         if not rows:
             return []
         probs = problem.probabilities(np.stack(rows))
@@ -566,7 +561,7 @@ class Pipeline:
         if not queries:
             return []
         features, owners = self.pair_rows(queries, documents, truncate)
-        logits = infer(self.runner, model, features, self.tok.pad_id)
+        logits = infer(self.runner, model, features, self.tok.pad_id, encoder=self.config)
         values = ranking.activate(torch.from_numpy(np.stack(logits)[:, 0]), name).numpy()
         best = np.full(len(queries), -np.inf)
         np.maximum.at(best, owners, values)
@@ -618,7 +613,7 @@ class Pipeline:
         names = model.config.labels
 
         def fn(b: dict[str, Any]) -> list[np.ndarray]:
-            logits = model(*b["inputs"]).logits
+            logits = model(*b["inputs"], rows=b["packing"]).logits
             values, lengths = logits.float().cpu().numpy(), b["attention_mask"].sum(1).tolist()
             return [values[j, :n] for j, n in enumerate(lengths)]
 
@@ -756,7 +751,9 @@ class Pipeline:
         )
         fam = family(dataclasses.replace(options, max_seq_length=rows), self.tok)
         features = fam.featurize(docs)
-        rows = infer(self.runner, model, features, self.tok.pad_id, per_token=True)
+        rows = infer(
+            self.runner, model, features, self.tok.pad_id, per_token=True, encoder=self.config
+        )
         return fam.sentence_scores(docs, features, rows)
 
     def _unsupervised_summaries(

@@ -18,8 +18,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..config import BertConfig
 from ..data.instances import IGNORE_INDEX
 from ..errors import ConfigError, InputError
+from ..model import Packing, check_inputs
 from ..runner import Runner, to_device
 from ..tokenizer import Tokenizer
 
@@ -115,6 +117,26 @@ def collate(
     )
 
 
+def on_device(
+    features: Features,
+    rows: np.ndarray,
+    lengths: np.ndarray,
+    pad_id: int,
+    runner: Runner,
+    config: BertConfig | None = None,
+) -> tuple[Batch, Packing | None]:
+    """The rows' batch (collate) on the runner's device; and, where the runner overlaps and the
+    model is an encoder of `config` (or a head on one), its rows packed on the host, its ids
+    checked there against config: what BertModel's `rows=` takes, so the device reads nothing
+    back (lengths: every row's, features.lengths, computed once by the caller)."""
+    batch = collate(features, rows, pad_id, runner.pad_multiple)
+    packing = None
+    if runner.overlaps and config is not None and batch.input_ids.dim() == 2:
+        check_inputs(config, batch.input_ids, batch.token_type_ids)
+        packing = Packing.of_lengths(lengths[rows], batch.input_ids.shape[1], runner.device)
+    return batch.to(runner.device), packing
+
+
 def infer(
     runner: Runner,
     model: nn.Module,
@@ -122,18 +144,25 @@ def infer(
     pad_id: int,
     outputs: Callable[[Any], torch.Tensor] = lambda out: out.logits,
     per_token: bool = False,
+    encoder: BertConfig | None = None,
 ) -> list[np.ndarray]:
     """outputs(model(batch)) (the logits) for every row, in the features' order, through the
-    runner; per_token: each row's result cut to its own length."""
+    runner; per_token: each row's result cut to its own length. encoder: the config of the
+    encoder `model` is (or has under its head; its forward takes `rows=`): where the runner
+    overlaps, batches are checked and packed on the host (`on_device`)."""
     lengths = features.lengths
 
-    def fn(rows_and_batch: tuple[np.ndarray, Batch]) -> list[np.ndarray]:
-        rows, batch = rows_and_batch
-        values = outputs(model(*batch.inputs())).float().cpu().numpy()
-        return [values[j, : lengths[r]] if per_token else values[j] for j, r in enumerate(rows)]
+    def fn(made: tuple[np.ndarray, Batch, Packing | None]) -> Any:
+        rows, batch, packing = made
+        extra = {} if packing is None else {"rows": packing}
 
-    def make(rows: np.ndarray) -> tuple[np.ndarray, Batch]:
-        return rows, collate(features, rows, pad_id, runner.pad_multiple).to(runner.device)
+        def finish(values: np.ndarray) -> list[np.ndarray]:
+            return [values[j, : lengths[r]] if per_token else values[j] for j, r in enumerate(rows)]
+
+        return runner.later(outputs(model(*batch.inputs(), **extra)), finish)
+
+    def make(rows: np.ndarray) -> tuple[np.ndarray, Batch, Packing | None]:
+        return rows, *on_device(features, rows, lengths, pad_id, runner, encoder)
 
     return runner(lengths, make, fn)
 
