@@ -260,6 +260,31 @@ def test_batches_are_length_sorted_capped_and_cut_before_mostly_padding(minilm_d
     assert np.abs(together - alone).max() < 1e-4
 
 
+def test_a_token_budget_cuts_batches_by_their_padded_size() -> None:
+    """max_tokens: short rows make large batches and long ones small, a batch padded to its
+    longest row never over the budget (one longer row alone); the defaults by device."""
+    from bertforge.runner import BATCH_DEFAULTS, Runner
+
+    rng = np.random.default_rng(0)
+    lengths = [*rng.integers(3, 40, 300).tolist(), 500, 90, 91, 95]
+    batches = [[int(i) for i in b] for b in length_batches(lengths, 64, max_tokens=1000)]
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+    for b in batches:
+        longest = max(lengths[i] for i in b)
+        assert len(b) <= 64 and (len(b) * longest <= 1000 or len(b) == 1)
+    assert [len(b) for b in batches if max(lengths[i] for i in b) >= 90] == [3, 1]
+    assert [len(b) for b in length_batches([100] * 25, 64, max_tokens=1000)] == [10, 10, 5]
+    assert max(len(b) for b in batches) == 64  # short rows: the row cap binds
+    assert [list(b) for b in length_batches(lengths, 64)] == [
+        list(b) for b in length_batches(lengths, 64, max_tokens=None)
+    ]
+    cpu = Runner.create("cpu", "fp32", None)
+    assert (cpu.batch_size, cpu.max_tokens) == BATCH_DEFAULTS["cpu"] == (32, None)
+    assert Runner.create("cpu", "fp32", 8, 100).max_tokens == 100
+    with pytest.raises(ConfigError, match="max_tokens=0"):
+        Runner.create("cpu", "fp32", 8, 0)
+
+
 # (tags of the words "w0 w1 ...", the entities as (type, first word, last word + 1))
 NER_TABLE = [
     (["B-PER", "I-PER", "O", "B-LOC"], [("PER", 0, 2), ("LOC", 3, 4)]),  # IOB2

@@ -271,7 +271,8 @@ def args_pipeline(p: argparse.ArgumentParser, name: str) -> None:
         choices={"precision": PRECISIONS, "quantize": ("int8",)},
         help={
             **INFERENCE_HELP,
-            "batch_size": "texts per batch",
+            "batch_size": "rows per batch (default: 32 on the CPU, 512 on a GPU)",
+            "max_tokens": "pieces a batch may hold, padded (default: none on the CPU, 65536 on a GPU)",
             "max_length": "pieces per window (default: the model's)",
             "stride": "pieces between windows of a longer text (default: half a window)",
             "truncate": "read only the first window of a longer text",

@@ -104,13 +104,17 @@ class Pipeline:
         *,
         device: str | None = None,
         precision: str = "auto",
-        batch_size: int = 32,
+        batch_size: int | None = None,
+        max_tokens: int | None = None,
         max_length: int | None = None,
         stride: int | None = None,
         truncate: bool = False,
         quantize: str | None = None,
     ) -> None:
-        """max_length: pieces per row (default: the model's; embed: its sentence-transformers
+        """batch_size: rows per batch (default: 32 on the CPU, 512 on a GPU); max_tokens: the
+        pieces a batch may hold, padded (default: no cap on the CPU, 65,536 on a GPU): rows of
+        similar length go together, so short texts make large batches and long ones small.
+        max_length: pieces per row (default: the model's; embed: its sentence-transformers
         max_seq_length). A longer text is read in windows `stride` pieces apart (default: half
         a window), each piece from the window where it has the most context (tasks.windows);
         truncate: the first window only. Sentence pairs are truncated, longer one first.
@@ -119,7 +123,7 @@ class Pipeline:
         cost in accuracy (benchmarks/inference_throughput.py measures both)."""
         self.path = resolve(model)  # a hub name: its local snapshot
         self.tok = Tokenizer.from_pretrained(self.path)
-        self.runner = Runner.create(device, precision, batch_size)
+        self.runner = Runner.create(device, precision, batch_size, max_tokens)
         self.device = self.runner.device
         self.max_length, self.stride, self.truncate = max_length, stride, truncate
         for name, value in (("max_length", max_length), ("stride", stride)):

@@ -92,13 +92,20 @@ def device_of(name: str | None) -> torch.device:
     return device
 
 
-def length_batches(lengths: Sequence[int] | np.ndarray, batch_size: int) -> Iterator[np.ndarray]:
-    """Row indices in length order, cut into batches (see the module docstring)."""
+def length_batches(
+    lengths: Sequence[int] | np.ndarray, batch_size: int, max_tokens: int | None = None
+) -> Iterator[np.ndarray]:
+    """Row indices in length order, cut into batches (see the module docstring); with
+    max_tokens, also before the batch, padded to its longest row, would exceed that many pieces
+    (a row longer than that alone is a batch of its own)."""
     order = np.argsort(np.asarray(lengths), kind="stable")
     start, tokens = 0, 0
+    budget = max_tokens or np.inf
     for k, r in enumerate(order):
         n, length = k - start, int(lengths[r])
-        if n and (n == batch_size or (n + 1) * length > 2 * (tokens + length)):
+        if n and (
+            n == batch_size or (n + 1) * length > 2 * (tokens + length) or (n + 1) * length > budget
+        ):
             yield order[start:k]
             start, tokens = k, 0
         tokens += length
@@ -106,26 +113,47 @@ def length_batches(lengths: Sequence[int] | np.ndarray, batch_size: int) -> Iter
         yield order[start:]
 
 
+# Rows per batch and the pieces a batch may hold (None: no cap) where the caller leaves them to
+# the device: a GPU is left idle by small batches (per batch, the host's work is the same), and
+# a cap on pieces keeps a batch of long texts within its memory. The GPU's are chosen, not yet
+# measured against others: sentence-transformers' best batch was 512 rows for MiniLM and 256 for
+# BERT-base on an H200 (benchmarks/results/gpu.md).
+BATCH_DEFAULTS = {"cpu": (32, None), "cuda": (512, 65_536)}
+
+
 @dataclass
 class Runner:
-    """Where and how inference runs: device, resolved precision, rows per batch; overlap (None:
-    on a GPU) says whether the host works ahead of the device (see `overlaps`)."""
+    """Where and how inference runs: device, resolved precision, rows per batch and the pieces
+    a batch may hold (None: no cap); overlap (None: on a GPU) says whether the host works ahead
+    of the device (see `overlaps`)."""
 
     device: torch.device
     precision: str  # fp32, bf16 or fp16 (resolved)
     batch_size: int = 64
     overlap: bool | None = None
+    max_tokens: int | None = None
 
     @property
     def pad_multiple(self) -> int:
         return pad_multiple(self.precision)
 
     @classmethod
-    def create(cls, device: str | None, precision: str, batch_size: int = 64) -> Runner:
-        if batch_size < 1:
-            raise ConfigError(f"batch_size={batch_size}: must be at least 1")
+    def create(
+        cls,
+        device: str | None,
+        precision: str,
+        batch_size: int | None = 64,
+        max_tokens: int | None = None,
+    ) -> Runner:
+        """batch_size, max_tokens None: the device's defaults (BATCH_DEFAULTS)."""
         d = device_of(device)
-        return cls(d, resolve_precision(precision, d), batch_size)
+        rows, tokens = BATCH_DEFAULTS.get(d.type, BATCH_DEFAULTS["cpu"])
+        batch_size = rows if batch_size is None else batch_size
+        max_tokens = tokens if max_tokens is None else max_tokens
+        for name, value in (("batch_size", batch_size), ("max_tokens", max_tokens)):
+            if value is not None and value < 1:
+                raise ConfigError(f"{name}={value}: must be at least 1")
+        return cls(d, resolve_precision(precision, d), batch_size, max_tokens=max_tokens)
 
     def __call__(
         self,
@@ -150,7 +178,8 @@ class Runner:
         # The next batch is made on this thread while the device runs this one (a Later is read
         # only after): a worker thread made it before, which cost more in handing the GIL to
         # and fro (+0.3 s per 50,000 sentences on the CPU) than it saved.
-        batches = prepared(length_batches(lengths, self.batch_size), make_batch, False)
+        cut = length_batches(lengths, self.batch_size, self.max_tokens)
+        batches = prepared(cut, make_batch, False)
         with torch.inference_mode(), autocast(self.precision, self.device):
             for rows, batch in batches:
                 result = fn(batch)
