@@ -299,7 +299,7 @@ def embed(dev: torch.device, args: Any, results: dict) -> None:
                 secs[name].append(time.perf_counter() - t)
         best = {k: min(v) for k, v in secs.items()}
         st_best = min((v, k) for k, v in best.items() if k.startswith("st_"))
-        row = {"model": kind, "sentences": len(texts), "ours_batch": args.embed_batch}
+        row = {"model": kind, "sentences": len(texts), "ours_batch": pipe.runner.batch_size}
         row.update({f"{k}_per_s": len(texts) / v for k, v in best.items()})
         row["st_best_batch"] = int(st_best[1].split("_")[1])
         row["ours_vs_st"] = st_best[0] / best["ours"]
@@ -542,7 +542,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--steps-per-round", type=int, default=5)
     ap.add_argument("--sentences", type=int, default=50_000)
-    ap.add_argument("--embed-batch", type=int, default=256)
+    ap.add_argument(
+        "--embed-batch", type=int, default=None, help="rows per batch (default: Pipeline's)"
+    )
     ap.add_argument("--sst2-rows", type=int, default=20_000, help="0: all 67,349")
     ap.add_argument(
         "--finetune-compile",
