@@ -20,7 +20,9 @@ for HF's separate query/key/value tensors.
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -249,18 +251,25 @@ class Packing:
         """Attention within each row of packed (N, nh, hs) q, k, v: flash attention over the
         variable-length rows on a GPU; elsewhere (the CPU, tests) SDPA over the re-padded batch,
         the same numbers."""
-        if q.is_cuda and varlen_attn is not None:  # CUDA only: PyTorch's varlen flash kernel
-            return varlen_attn(q, k, v, self.starts, self.starts, self.longest, self.longest)
+        varlen = varlen_attention() if q.is_cuda else None  # CUDA only: the varlen flash kernel
+        if varlen is not None:
+            return varlen(q, k, v, self.starts, self.starts, self.longest, self.longest)
         mask = self.unpack(torch.ones(len(q), dtype=torch.bool, device=q.device))
         q, k, v = (self.unpack(t).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None, None, :])
         return self.pack(y.transpose(1, 2))
 
 
-try:  # torch >= 2.10
-    from torch.nn.attention.varlen import varlen_attn
-except ImportError:  # pragma: no cover - older torch: the padded path
-    varlen_attn = None
+@functools.cache
+def varlen_attention() -> Callable[..., torch.Tensor] | None:
+    """PyTorch's variable-length flash attention (torch >= 2.10), None where torch lacks it.
+    Imported on first use, by a GPU: importing it loads torch._dynamo, 2 s of every command's
+    start on the CPU."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:  # pragma: no cover - older torch: the padded path
+        return None
+    return varlen_attn
 
 
 def check_inputs(
@@ -405,7 +414,7 @@ def unpads(x: torch.Tensor, training: bool) -> bool:
     fp16 (the variable-length flash kernel's types), where torch has that kernel. Not for
     training (its attention dropout) nor on the CPU (length-sorted batches pad little there,
     and the re-padding fallback would cost more)."""
-    if not (UNPAD_ON_GPU and x.is_cuda and varlen_attn is not None) or training:
+    if not (UNPAD_ON_GPU and x.is_cuda and varlen_attention() is not None) or training:
         return False
     half = (torch.float16, torch.bfloat16)
     autocast = torch.is_autocast_enabled("cuda") and torch.get_autocast_dtype("cuda") in half
