@@ -212,6 +212,19 @@ def test_src_never_imports_the_references() -> None:
             assert not [n for n in names if n.split(".")[0] in references], path
 
 
+def test_starting_the_cli_loads_no_compiler() -> None:
+    """Every command imports bertforge.cli; torch's compiler (torch._dynamo, pulled in by the
+    variable-length attention and by torch.compile) is loaded only where it is used: it was 2 s
+    of every command's start on a CPU."""
+    import subprocess
+    import sys
+
+    probe = "import sys, bertforge.cli; print('torch._dynamo' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
+
+
 def test_no_function_over_80_lines() -> None:
     assert not long_functions(SRC)
 
