@@ -109,6 +109,9 @@ def test_stitching_rows_in_any_order_equals_concatenation() -> None:
         ]
         max_length, stride = int(rng.integers(3, 20)), int(rng.integers(1, 20))
         _, windows = split(encodings, max_length, stride, truncate=bool(rng.random() < 0.2))
+        listed = list(windows)  # the arrays read as TextWindows, from either end
+        assert [w.text for w in listed] == windows.text.tolist() and len(listed) == len(windows)
+        assert (windows[-1].best == listed[-1].best).all() and windows[-1].text == listed[-1].text
         rows = [rng.normal(size=(len(w.best) + 2, 3)).astype(np.float32) for w in windows]
         some = [k for k in range(len(windows)) if rng.random() < 0.7]
         for keep in (list(range(len(windows))), some, [k for k in some if windows[k].text % 2]):

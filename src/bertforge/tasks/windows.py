@@ -96,6 +96,7 @@ class Windows(Sequence[TextWindow]):
         return len(self.text)
 
     def __getitem__(self, k: int) -> TextWindow:  # type: ignore[override]
+        k = range(len(self))[k]  # a negative index counts from the end; past it: IndexError
         return TextWindow(int(self.text[k]), int(self.start[k]), self.best(k))
 
     def best(self, k: int) -> np.ndarray:
