@@ -73,7 +73,9 @@ class IndexOptions:
     approximate: str | None = option(
         None, "an HNSW graph (faiss) for millions of vectors", choices=("hnsw",)
     )
-    batch_size: int = option(32, "windows per batch")
+    batch_size: int | None = option(
+        None, "windows per batch (default: 32 on the CPU, 512 on a GPU)", min=1
+    )
     precision: str = option("auto", choices=PRECISIONS)  # help: the command line's, as elsewhere
     device: str | None = option(None)
     progress: bool = option(True, "no progress bar", flag="--no-progress")
