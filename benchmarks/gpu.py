@@ -6,7 +6,8 @@ pretrain  a pre-training step of BERT-base in bf16 (seq 128 x 256 rows, seq 512 
           transformers' BertForPreTraining (SDPA) eager and under torch.compile. Same weights,
           same batches, interleaved rounds; tokens/s and MFU against the chip's spec dense
           bf16 peak (989 TFLOP/s, H100 SXM and H200), useful FLOPs counted alike for both
-          (benchmarks/pretrain_throughput.model_flops).
+          (benchmarks/pretrain_throughput.model_flops). At seq 128 also ours with
+          model.LOW_PRECISION_LAYERNORM (MosaicBERT's bf16 LayerNorm), "ours_lp_layernorm".
 check     correctness in the same run: 50 steps of the compiled step against the eager one
           (same weights and batches of mixed lengths, dropout 0), their losses' largest
           relative difference; embeddings of the unpadded bf16 path against padded fp32,
@@ -84,8 +85,11 @@ def our_loss(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
     return mlm_sum / (batch.mlm_labels != -100).sum() + nsp_sum / len(batch.nsp_labels)
 
 
-def steps_of(ours, hf, batch, dev):
-    """name -> one optimizer step (forward, loss, backward, AdamW), bf16 autocast."""
+def steps_of(ours, hf, batch, dev, low_precision_layernorm: bool = False):
+    """name -> one optimizer step (forward, loss, backward, AdamW), bf16 autocast; with
+    low_precision_layernorm also ours compiled with model.LOW_PRECISION_LAYERNORM on."""
+    from bertforge import model as model_module
+
     opt_ours = build_optimizer(ours, "adamw", 1e-4, 0.01)  # fused on CUDA
     opt_hf = torch.optim.AdamW(hf.parameters(), lr=1e-4, weight_decay=0.01)  # fused default on CUDA
     ours_compiled = compiled(our_loss)
@@ -113,12 +117,25 @@ def steps_of(ours, hf, batch, dev):
             ).loss
         )
 
-    return {
+    def low(run):  # the switch on for the whole step (a guard of the compiled graph)
+        def switched():
+            model_module.LOW_PRECISION_LAYERNORM = True
+            try:
+                run()
+            finally:
+                model_module.LOW_PRECISION_LAYERNORM = False
+
+        return switched
+
+    fns = {
         "ours": step(lambda: ours_compiled(ours, ob), opt_ours),
         "ours_eager": step(lambda: our_loss(ours, ob), opt_ours),
         "hf_eager": step(hf_call(hf), opt_hf),
         "hf_compiled": step(hf_call(hf_compiled), opt_hf),
     }
+    if low_precision_layernorm:
+        fns["ours_lp_layernorm"] = low(step(lambda: ours_compiled(ours, ob), opt_ours))
+    return fns
 
 
 def time_steps(fns: dict, rounds: int, per_round: int) -> dict[str, float]:
@@ -143,7 +160,7 @@ def pretrain(dev: torch.device, args: Any, results: dict) -> None:
     for seq, bs in ((128, 256), (512, 64)):
         config, ours, hf = build("base", seq, dev)  # the CPU benchmark's pair
         batch = make_batch(config, bs, seq, dev)
-        fns = steps_of(ours, hf, batch, dev)
+        fns = steps_of(ours, hf, batch, dev, low_precision_layernorm=seq == 128)
         compile_s = {}
         for name, fn in fns.items():  # warm-up: compiles, autotunes, allocates
             t = time.perf_counter()
@@ -497,9 +514,11 @@ def markdown(results: dict) -> str:
     ]
     if results.get("pretrain"):
         cols = ["seq", "batch"] + [
-            f"{n}_tok_s" for n in ("ours", "ours_eager", "hf_eager", "hf_compiled")
+            f"{n}_tok_s"
+            for n in ("ours", "ours_lp_layernorm", "ours_eager", "hf_eager", "hf_compiled")
         ]
-        cols += ["ours_mfu", "hf_compiled_mfu", "ours_vs_hf_compiled", "ours_vs_hf_eager"]
+        cols += ["ours_mfu", "ours_lp_layernorm_mfu", "hf_compiled_mfu", "ours_vs_hf_compiled"]
+        cols += ["ours_vs_hf_eager"]
         lines += [
             "## Pre-training step (BERT-base, bf16)",
             "",

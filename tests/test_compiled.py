@@ -132,6 +132,43 @@ def test_compiled_step_gives_the_eager_losses_and_gradients_on_mixed_lengths() -
         assert max((a - c).abs().max().item() for a, c in zip(g1, g2, strict=True)) < 1e-5
 
 
+def test_low_precision_layernorm_keeps_the_stream_in_bf16_close_to_fp32(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """model.LOW_PRECISION_LAYERNORM (MosaicBERT's, off by default): under bf16 autocast the
+    LayerNorms, and so the residual stream, run in bf16; loss and gradients stay close to the
+    fp32 LayerNorm's, the step compiles as one graph; without autocast nothing changes."""
+    from bertforge import model as model_module
+
+    torch.manual_seed(0)
+    model = BertForPreTraining(BertConfig(**SMALL)).train()
+    b = batch([16, 7, 12], 4, 2)
+    runs = []
+    for low in (False, True):
+        monkeypatch.setattr(model_module, "LOW_PRECISION_LAYERNORM", low)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = step_loss(model, b)
+            state = model.bert(b.input_ids, None, b.attention_mask).last_hidden_state
+        loss.backward()
+        runs.append((loss.detach(), state.dtype, [p.grad.clone() for p in model.parameters()]))
+        model.zero_grad()
+    (l32, d32, g32), (l16, d16, g16) = runs
+    assert (d32, d16) == (torch.float32, torch.bfloat16)
+    assert torch.allclose(l32, l16, rtol=1e-3)
+    for a, c in zip(g32, g16, strict=True):
+        assert (a - c).abs().max() <= 0.05 * a.abs().max() + 1e-6
+    with torch.no_grad():  # no autocast: exactly nn.LayerNorm
+        torch.manual_seed(1)
+        want = model.bert(b.input_ids, None, b.attention_mask).last_hidden_state
+        monkeypatch.setattr(model_module, "LOW_PRECISION_LAYERNORM", False)
+        torch.manual_seed(1)
+        assert torch.equal(model.bert(b.input_ids, None, b.attention_mask).last_hidden_state, want)
+    monkeypatch.setattr(model_module, "LOW_PRECISION_LAYERNORM", True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        explained = torch._dynamo.explain(step_loss)(model, b)
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0)
+
+
 def test_cross_entropy_sum_is_the_same_on_both_paths() -> None:
     logits = torch.randn(70, 50, requires_grad=True)
     labels = torch.randint(0, 50, (70,))

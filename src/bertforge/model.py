@@ -106,6 +106,27 @@ class BertOutput:
     attentions: tuple[torch.Tensor, ...] | None = None
 
 
+# Under bf16/fp16 autocast, LayerNorm runs in fp32 (autocast's rule), so the residual stream
+# between the layers is fp32. True: LayerNorm in the autocast dtype, and the stream with it
+# (MosaicBERT's low-precision LayerNorm): half the bytes for the memory-bound work around each
+# LayerNorm, 16 of a 48.6 ms BERT-base step on an H200 (benchmarks/results/gpu.md). Off until
+# a GPU measures it (benchmarks/gpu.py's pre-training variant "ours_lp_layernorm").
+LOW_PRECISION_LAYERNORM = False
+
+
+class LayerNorm(nn.LayerNorm):
+    """nn.LayerNorm; in bf16 under bf16 autocast where LOW_PRECISION_LAYERNORM says so."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        kind, bf16 = x.device.type, torch.bfloat16  # not fp16: its range is too narrow
+        low = LOW_PRECISION_LAYERNORM and torch.is_autocast_enabled(kind)
+        if low and torch.get_autocast_dtype(kind) == bf16:
+            with torch.autocast(kind, enabled=False):
+                weight, bias = self.weight.to(bf16), self.bias.to(bf16)
+                return F.layer_norm(x.to(bf16), self.normalized_shape, weight, bias, self.eps)
+        return super().forward(x)
+
+
 class Embeddings(nn.Module):
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
@@ -115,7 +136,7 @@ class Embeddings(nn.Module):
         self.token_type = (
             nn.Embedding(config.type_vocab_size, H) if config.type_vocab_size else None
         )
-        self.norm = nn.LayerNorm(H, eps=config.layer_norm_eps)
+        self.norm = LayerNorm(H, eps=config.layer_norm_eps)
         self.p = config.hidden_dropout_prob
         self.sinusoidal = config.sinusoidal_pos_embds
 
@@ -157,9 +178,9 @@ class Layer(nn.Module):
         self.nh = config.num_attention_heads
         self.attn_dropout = config.attention_probs_dropout_prob
         self.attn = nn.ModuleDict({"qkv": nn.Linear(H, 3 * H), "out": nn.Linear(H, H)})
-        self.attn_norm = nn.LayerNorm(H, eps=config.layer_norm_eps)
+        self.attn_norm = LayerNorm(H, eps=config.layer_norm_eps)
         self.ffn = nn.ModuleDict({"up": nn.Linear(H, I), "down": nn.Linear(I, H)})
-        self.ffn_norm = nn.LayerNorm(H, eps=config.layer_norm_eps)
+        self.ffn_norm = LayerNorm(H, eps=config.layer_norm_eps)
         self.act = activation(config.hidden_act)
         self.p = config.hidden_dropout_prob
 

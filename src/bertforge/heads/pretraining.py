@@ -20,7 +20,7 @@ from torch import nn
 
 from ..checkpoint import Pretrained
 from ..config import BertConfig
-from ..model import BertModel, BertOutput, activation, init_bert_weights
+from ..model import BertModel, BertOutput, LayerNorm, activation, init_bert_weights
 
 
 class MaskedLMHead(nn.Module):
@@ -30,7 +30,7 @@ class MaskedLMHead(nn.Module):
         super().__init__()
         self.transform = nn.Linear(config.hidden_size, config.hidden_size)
         self.act = activation(config.hidden_act)
-        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.norm = LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.bias = nn.Parameter(torch.zeros(config.vocab_size))
 
     def forward(self, h: torch.Tensor, word_embeddings: torch.Tensor) -> torch.Tensor:
