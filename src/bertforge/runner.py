@@ -210,9 +210,13 @@ class Runner:
             copied.record()
 
         def wait() -> Any:
-            if copied is not None:
-                copied.synchronize()
-            return finish(host.numpy())
+            if copied is None:
+                return finish(host.numpy())
+            copied.synchronize()
+            # out of the pinned buffer, which goes back to torch's cache for the next batches:
+            # rows a caller keeps would otherwise hold page-locked memory (a long NER run's
+            # per-token rows, gigabytes)
+            return finish(host.numpy().copy())
 
         return Later(wait)
 
