@@ -345,7 +345,10 @@ class TaskFamily:
     ) -> Any:
         """Predictions for the examples (their features run through `runner`); with score,
         (metrics, predictions)."""
-        rows = infer(runner, model, features, self.tok.pad_id, per_token=self.per_token)
+        config = getattr(model, "config", None)  # a head on the encoder: it takes rows=
+        rows = infer(
+            runner, model, features, self.tok.pad_id, per_token=self.per_token, encoder=config
+        )
         preds = self.decode(examples, features, rows)
         return (self.score(examples, features, rows, preds), preds) if score else preds
 

@@ -495,7 +495,7 @@ class SentenceTask(TaskFamily):
         examples (the nearest to 0.5 on a tie), and kept in the model's config."""
         problem = self.problem
         if isinstance(problem, MultiLabel) and self.options.tune_threshold:
-            logits = np.stack(infer(runner, model, features, self.tok.pad_id))
+            logits = np.stack(infer(runner, model, features, self.tok.pad_id, encoder=model.config))
             tuned = tune_thresholds(sigmoid(logits), np.asarray(features.labels) > 0.5)
             problem.thresholds = tuned
             model.config.extras[THRESHOLDS] = {n: float(t) for n, t in zip(problem.names, tuned)}
