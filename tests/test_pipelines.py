@@ -274,6 +274,9 @@ def test_a_token_budget_cuts_batches_by_their_padded_size() -> None:
         assert len(b) <= 64 and (len(b) * longest <= 1000 or len(b) == 1)
     assert [len(b) for b in batches if max(lengths[i] for i in b) >= 90] == [3, 1]
     assert [len(b) for b in length_batches([100] * 25, 64, max_tokens=1000)] == [10, 10, 5]
+    # the budget holds once collate rounds the width up (bf16: to 16): 129 pieces are 144
+    rounded = length_batches([129] * 600, 1024, max_tokens=65_536, multiple=16)
+    assert [len(b) for b in rounded] == [455, 145]
     assert max(len(b) for b in batches) == 64  # short rows: the row cap binds
     assert [list(b) for b in length_batches(lengths, 64)] == [
         list(b) for b in length_batches(lengths, 64, max_tokens=None)
@@ -689,6 +692,8 @@ def test_batches_made_ahead_give_the_same_batches_and_embeddings(
     with pytest.warns(UserWarning, match="^2 of 14 texts are longer") as said:
         truncating.embed(texts)
     assert len(said) == 1  # said once, not once per part
-    for bad, why in (("a string", "list of texts"), ([1.5], "input 0"), (["a", None], "input 1")):
+    assert np.allclose(pipe.embed([range(2023, 2026)]), pipe.embed([[2023, 2024, 2025]]))
+    bad_inputs = (("a string", "list of texts"), ([1.5], "input 0"), (["a", None], "input 1"))
+    for bad, why in (*bad_inputs, ([{"x": 1}], "input 0"), ([b"bytes"], "input 0")):
         with pytest.raises(InputError, match=why):  # read in parts or not
             pipe.embed(bad)  # type: ignore[arg-type]

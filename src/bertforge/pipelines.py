@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -250,10 +250,11 @@ class Pipeline:
         """An input given as piece ids (no [CLS]/[SEP]) as an encoding of its own (view=False:
         its ids as an array)."""
         vocab = self.tok.vocab_size
-        if not isinstance(ids, (list, tuple, np.ndarray)):
+        if isinstance(ids, (bytes, dict)) or not isinstance(ids, Iterable):
             raise InputError(
                 f"input {i}: expected a text or a list of piece ids, got {type(ids).__name__}"
             )
+        ids = list(ids)
         if not all(isinstance(k, (int, np.integer)) and 0 <= k < vocab for k in ids):
             raise InputError(f"input {i}: piece ids must be integers in [0, {vocab})")
         cls_id, sep_id = self.tok.convert_tokens_to_ids(["[CLS]", "[SEP]"])
@@ -361,8 +362,10 @@ class Pipeline:
         parts = self._parts(texts)
         limit = self.embedding_settings.max_length
 
+        listed = texts if len(parts) == 1 else list(texts)  # by position (a pandas Series too)
+
         def rows_of(part: np.ndarray) -> tuple[list[Any], Features, Windows]:
-            some = texts if len(parts) == 1 else [texts[i] for i in part]
+            some = texts if len(parts) == 1 else [listed[i] for i in part]
             return self.windows(some, limit, views=False, warn=len(parts) == 1)
 
         cut = 0
@@ -478,23 +481,26 @@ class Pipeline:
                 raise InputError(f"text {i}: no [MASK] token in {texts[i][:80]!r}")
 
         def fn(b: dict[str, Any]) -> list[list[dict[str, Any]]]:
-            logits = model(*b["inputs"], rows=b["packing"]).mlm_logits
-            probs = logits.float().softmax(-1)
-            out = []
-            for j in range(len(b["input_ids"])):
-                where = (b["input_ids"][j] == mask_id).nonzero().flatten().tolist()
-                per_mask = []
-                for pos in where:
-                    p, ids = probs[j, pos].topk(top_k)
-                    tokens = self.tok.convert_ids_to_tokens(ids.tolist())
-                    per_mask.append(
-                        [
-                            {"token": t, "id": int(k), "score": float(s)}
-                            for t, k, s in zip(tokens, ids.tolist(), p.tolist())
-                        ]
-                    )
-                out.append(per_mask)
-            return out
+            hits = b["input_ids"] == mask_id  # (B, T)
+            counts = hits.sum(1).tolist()
+            # each row's [MASK] positions first, in order: the head scores those only (the whole
+            # vocabulary at every position of a batch of 65,536 pieces would be 20 GB)
+            first = torch.argsort((~hits).to(torch.int8), dim=1, stable=True)[:, : max(counts)]
+            logits = model(*b["inputs"], rows=b["packing"], mlm_positions=first).mlm_logits
+            p, ids = logits.float().softmax(-1).topk(top_k, dim=-1)  # (B, P, top_k)
+            p, ids = p.tolist(), ids.tolist()
+            return [
+                [
+                    [
+                        {"token": t, "id": k, "score": s}
+                        for t, k, s in zip(
+                            self.tok.convert_ids_to_tokens(ids[j][m]), ids[j][m], p[j][m]
+                        )
+                    ]
+                    for m in range(n)
+                ]
+                for j, n in enumerate(counts)
+            ]
 
         return self.run(encodings, fn)
 

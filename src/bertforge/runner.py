@@ -93,18 +93,23 @@ def device_of(name: str | None) -> torch.device:
 
 
 def length_batches(
-    lengths: Sequence[int] | np.ndarray, batch_size: int, max_tokens: int | None = None
+    lengths: Sequence[int] | np.ndarray,
+    batch_size: int,
+    max_tokens: int | None = None,
+    multiple: int = 1,
 ) -> Iterator[np.ndarray]:
     """Row indices in length order, cut into batches (see the module docstring); with
-    max_tokens, also before the batch, padded to its longest row, would exceed that many pieces
-    (a row longer than that alone is a batch of its own)."""
+    max_tokens, also before the batch, padded to its longest row rounded up to `multiple`
+    (collate's), would exceed that many pieces (a row longer than that alone is a batch)."""
     order = np.argsort(np.asarray(lengths), kind="stable")
     start, tokens = 0, 0
     budget = max_tokens or np.inf
     for k, r in enumerate(order):
         n, length = k - start, int(lengths[r])
         if n and (
-            n == batch_size or (n + 1) * length > 2 * (tokens + length) or (n + 1) * length > budget
+            n == batch_size
+            or (n + 1) * length > 2 * (tokens + length)
+            or (n + 1) * (-(-length // multiple) * multiple) > budget
         ):
             yield order[start:k]
             start, tokens = k, 0
@@ -178,7 +183,7 @@ class Runner:
         # The next batch is made on this thread while the device runs this one (a Later is read
         # only after): a worker thread made it before, which cost more in handing the GIL to
         # and fro (+0.3 s per 50,000 sentences on the CPU) than it saved.
-        cut = length_batches(lengths, self.batch_size, self.max_tokens)
+        cut = length_batches(lengths, self.batch_size, self.max_tokens, self.pad_multiple)
         batches = prepared(cut, make_batch, False)
         with torch.inference_mode(), autocast(self.precision, self.device):
             for rows, batch in batches:
@@ -193,9 +198,10 @@ class Runner:
     @property
     def overlaps(self) -> bool:
         """Whether the host works ahead of the device (default: on a GPU, which would otherwise
-        wait for it; on the CPU the host is the device): the next batch made by a worker thread
-        while this one runs, batches' rows known on the host so the device reads nothing back,
-        results copied back behind the next batch's work (`later`)."""
+        wait for it; on the CPU the host is the device): batches' rows known on the host so the
+        device reads nothing back (tasks.base.on_device), results copied back behind the next
+        batch's work (`later`), so the host makes the next batch while the device runs this
+        one; and Pipeline.embed tokenises its next part in a thread (pipelines.PART)."""
         return self.device.type == "cuda" if self.overlap is None else self.overlap
 
     def later(self, result: torch.Tensor, finish: Callable[[np.ndarray], Any]) -> Any:
@@ -205,9 +211,11 @@ class Runner:
         if not self.overlaps:
             return finish(result.float().cpu().numpy())
         host = result.float().to("cpu", non_blocking=True)
-        copied = torch.cuda.Event() if result.is_cuda else None  # CUDA only: the copy's end
-        if copied is not None:
-            copied.record()
+        copied = None
+        if result.is_cuda:  # CUDA only: the copy's end, on the stream of result's own device
+            # (the current device's may be another GPU's); blocking: the host sleeps, not spins
+            copied = torch.cuda.Event(blocking=True)
+            copied.record(torch.cuda.current_stream(result.device))
 
         def wait() -> Any:
             if copied is None:
