@@ -361,7 +361,6 @@ class Pipeline:
         running: dict[int, embedding.RunningPool] = {}  # per long text: its pool so far
         parts = self._parts(texts)
         limit = self.embedding_settings.max_length
-
         listed = texts if len(parts) == 1 else list(texts)  # by position (a pandas Series too)
 
         def rows_of(part: np.ndarray) -> tuple[list[Any], Features, Windows]:
