@@ -382,8 +382,9 @@ class Pipeline:
         overlaps and every input is a string, parts of PART texts of similar lengths (sorted by
         characters, so the batches are still cut from rows of similar lengths)."""
         n = len(texts)
-        strings = not isinstance(texts, str) and all(isinstance(t, str) for t in texts)
-        if not (self.runner.overlaps and PART and strings) or n <= PART:
+        if not (self.runner.overlaps and PART) or n <= PART or isinstance(texts, str):
+            return [np.arange(n)]
+        if not all(isinstance(t, str) for t in texts):  # piece ids among them: all at once
             return [np.arange(n)]
         order = np.argsort(np.fromiter(map(len, texts), np.int64, n), kind="stable")
         return np.array_split(order, -(-n // PART))
