@@ -71,6 +71,14 @@ def test_max_context_flags_are_bit_identical_to_the_table(max_tokens: int) -> No
                     assert g.dtype == w.dtype and g.shape == w.shape and (g == w).all()
 
 
+def test_windows_that_would_never_end_are_refused() -> None:
+    from bertforge.errors import ConfigError
+
+    for max_tokens, stride in ((10, 0), (10, -2), (0, 5)):
+        with pytest.raises(ConfigError, match="both must be >= 1"):
+            windows_of(100, max_tokens, stride)
+
+
 def _peak_bytes(fn: object, *args: object) -> int:
     tracemalloc.start()
     try:

@@ -1239,3 +1239,62 @@ def test_requests_of_one_size_are_answered_in_the_order_they_came() -> None:
         ["r2i1:10", "r2i2:10", "r2i3:10"],
     ]
     assert done == [0, 1, 2]
+
+
+@pytest.fixture(scope="module")
+def qa_and_mlm(tmp_path_factory: pytest.TempPathFactory, classifier: Path) -> tuple[Path, Path]:
+    """The tiny classifier's encoder with a span-QA head, and with a masked-LM head."""
+    from bertforge.heads import BertForMaskedLM, BertForQuestionAnswering
+
+    out = []
+    for head in (BertForQuestionAnswering, BertForMaskedLM):
+        d = tmp_path_factory.mktemp(head.__name__)
+        torch.manual_seed(0)
+        head(BertConfig.from_pretrained(classifier)).save_pretrained(d)
+        Tokenizer.from_pretrained(classifier).save_pretrained(d)
+        out.append(d)
+    return out[0], out[1]
+
+
+def test_qa_fill_mask_and_summarize_are_bounded_before_any_model_call(
+    qa_and_mlm: tuple[Path, Path], classifier: Path
+) -> None:
+    """A stride of 0 never ends (422), masks x top_k answers count against the request's
+    limit (413), and /summarize counts a row per sentence."""
+    from fastapi.testclient import TestClient
+
+    from bertforge.catalogue import ENTRIES
+    from bertforge.data.tasks import SquadExample
+    from bertforge.serve import Limits, create_app
+    from bertforge.tasks.squad import featurize, pieces_read
+
+    qa, mlm = qa_and_mlm
+    context = "word " * 100
+    body = {"questions": ["q"], "contexts": [context], "max_seq_length": 16}
+    with TestClient(create_app(qa, precision="fp32")) as client:
+        for stride in (0, -3):
+            r = client.post("/qa", json={**body, "doc_stride": stride})
+            assert r.status_code == 422 and "doc_stride" in r.json()["error"], r.text
+        assert client.post("/qa", json={**body, "doc_stride": 4}).status_code == 200
+    tok = Tokenizer.from_pretrained(qa)
+    examples = [
+        SquadExample("0", "q", context, [], False, ""),
+        SquadExample("1", "a b", "c", [], False, ""),
+    ]
+    for stride in (1, 4, 128):
+        window = {"max_seq_length": 16, "doc_stride": stride}
+        features = featurize(examples, tok, **window)
+        made = np.bincount([w.example for w in features.meta], weights=features.lengths)
+        assert pieces_read(examples, tok, **window) == made.astype(int).tolist()
+    limits = Limits(max_request_tokens=1000)
+    with TestClient(create_app(mlm, limits, precision="fp32")) as client:
+        texts = ["a [MASK] b [MASK] c"] * 10  # 20 masks
+        assert client.post("/fill-mask", json={"texts": texts, "top_k": 50}).status_code == 200
+        r = client.post("/fill-mask", json={"texts": texts, "top_k": 51})
+        assert r.status_code == 413 and "20 [MASK] x top_k 51 = 1,020 answers" in r.text
+    with TestClient(create_app(classifier, precision="fp32")) as client:
+        served = client.app.state.server  # type: ignore[attr-defined]
+        cost = served.reading(ENTRIES["summarize"], 1)
+        text = "One short sentence. Another one here.\nA third in a new paragraph."
+        sentences = ["One short sentence.", "Another one here.", "A third in a new paragraph."]
+        assert cost([(text,)], {}) == [sum(len(e.ids) for e in tok.encode_batch(sentences))]

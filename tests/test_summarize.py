@@ -605,3 +605,152 @@ def test_the_document_summarizer_refuses_options_it_has_no_use_for(
     with pytest.raises(ConfigError, match="--micro-batch-size: not for --summarizer document"):
         run(cfg)
     assert not (tmp_path / "m" / ds.SCORER_FILE).exists()
+
+
+def test_rouge_words_are_rouge_scores_on_english_and_keep_other_scripts() -> None:
+    from bertforge.tasks.summarize import RougeWords
+
+    theirs = rouge_scorer.RougeScorer(["rouge1"], use_stemmer=True)._tokenizer
+    ours = RougeWords()
+    english = [
+        "The cats were running quickly, weren't they? 3,000 runners ran_fast in 2024.",
+        "Foo-bar BAZ qux... e.g. U.S.A. isn't (really) here; #hashtags & emails a@b.com",
+        "",
+    ]
+    for text in english:
+        assert ours.tokenize(text) == theirs.tokenize(text)
+    # rouge-score drops every letter outside [a-z0-9]: no words, ROUGE 0, an empty oracle
+    assert theirs.tokenize("Москва — столица России.") == []
+    assert ours.tokenize("Москва — столица России. Église") == [
+        "москва",
+        "столица",
+        "россии",
+        "église",
+    ]
+    assert ours.tokenize("東京は日本の首都") == list("東京は日本の首都")
+    assert rouge(["Москва — столица России."], ["Москва — столица"])["rouge1"] > 70
+    doc = ["Это город.", "Москва — столица России.", "Здесь живут люди."]
+    assert oracle(doc, "Москва — столица России.", 1) == [1]
+
+
+def test_jsonl_summaries_are_read_a_sentence_a_line(tmp_path: Path) -> None:
+    """ROUGE-Lsum's LCS is per sentence: a JSONL summary is split as Wikipedia's leads are."""
+    path = tmp_path / "docs.jsonl"
+    summary = "The cat sat down. The dog ran off."
+    row = {"text": "First one here. Second one there.", "summary": summary}
+    path.write_text(json.dumps(row) + "\n", encoding="utf-8")
+    [example] = read_documents(path)
+    assert example.summary == "The cat sat down.\nThe dog ran off."
+    # a chosen sentence with both, in the other order: the LCS of each reference sentence
+    # finds all its words, one LCS of the whole reference half of them
+    prediction = "The dog ran off, and the cat sat down."
+    split = rouge([example.summary], [prediction])["rougeL"]
+    whole = rouge([summary], [prediction])["rougeL"]
+    assert split > 90 and whole < 70
+
+
+def test_short_documents_are_kept_whole_and_bad_lengths_refused() -> None:
+    sentences = ["The cat sat on the mat.", "The cat sat on the mat again."]
+    assert select(np.array([1.0, 2.0]), sentences, 3) == [0, 1]  # blocking would drop one
+    assert select(np.array([1.0, 2.0]), sentences, 2) == [0, 1]
+    assert select(np.array([1.0, 2.0]), sentences, 1) == [1]
+    for bad in (2.5, True, "3", 0):
+        with pytest.raises(ConfigError, match="sentences"):
+            summary_length(5, bad)
+    with pytest.raises(ConfigError, match="ratio"):
+        summary_length(5, 3, float("nan"))
+
+
+def test_kmeans_distances_and_its_choices_block_trigrams(monkeypatch: pytest.MonkeyPatch) -> None:
+    from bertforge.tasks import summarize
+
+    rng = np.random.default_rng(0)
+    x, c = rng.normal(size=(50, 8)), rng.normal(size=(7, 8))
+    brute = ((x[:, None, :] - c[None]) ** 2).sum(-1)
+    assert np.allclose(summarize.squared_distances(x, c), brute, atol=1e-9)
+    # two centres on a sentence written twice: without blocking both copies are chosen
+    text = "This sentence is repeated word for word in the document."
+    other = "Other words entirely, in a sentence long enough to count."
+    sentences = ["The first sentence of the document, always kept.", text, text, other]
+    vectors = np.array([[0.0, 5.0], [1.0, 0.0], [1.0, 0.0], [0.0, -3.0]])
+    monkeypatch.setattr(summarize, "kmeans", lambda v, k: np.array([[1.0, 0.0], [1.0, 0.0]]))
+    assert summarize.unsupervised(vectors, sentences, 3, block_trigrams=False)[0] == [0, 1, 2]
+    assert summarize.unsupervised(vectors, sentences, 3, block_trigrams=True)[0] == [0, 1, 3]
+
+
+def test_a_scorer_config_is_checked_and_positions_start_small(tmp_path: Path) -> None:
+    from bertforge.errors import CheckpointError
+
+    scorer = ds.DocumentScorer(ds.ScorerConfig(dim=8))
+    assert float(scorer.position.weight.detach().std()) < 0.05  # untrained positions stay near zero
+    scorer.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / ds.SCORER_CONFIG).read_text())
+    assert ds.DocumentScorer.from_pretrained(tmp_path).config == scorer.config
+    for bad, word in (
+        ({"heads": 3}, "multiple of heads"),
+        ({"hidden": "big"}, "hidden"),
+        ({"layers": 0}, "layers"),
+        ({"dropout": 1.5}, "dropout"),
+    ):
+        (tmp_path / ds.SCORER_CONFIG).write_text(json.dumps({**config, **bad}))
+        with pytest.raises(CheckpointError, match=word):
+            ds.DocumentScorer.from_pretrained(tmp_path)
+    with pytest.raises(CheckpointError, match="pooling gives 16"):
+        ds.check_width(scorer, 16, tmp_path)
+
+
+def test_summarize_refuses_texts_that_are_not_strings(minilm_dir: Path) -> None:
+    from bertforge.errors import InputError
+
+    with pytest.raises(InputError, match="text 1: expected a string, got NoneType"):
+        Pipeline(minilm_dir).summarize(["A sentence here.", None])  # type: ignore[list-item]
+
+
+def test_wikipedia_counts_go_to_stderr(
+    tmp_path: Path, capsys: pytest.CaptureFixture, minilm_dir: Path
+) -> None:
+    """`evaluate --json` prints JSON alone on stdout."""
+    write_wiki(tmp_path / "wiki_00")
+    fam = family(TaskOptions(task="summarize"), Tokenizer.from_pretrained(minilm_dir))
+    fam.read(str(tmp_path / "wiki_00"))
+    out = capsys.readouterr()
+    assert out.out == "" and "Wikipedia articles" in out.err
+
+
+def test_a_scorer_over_two_pooling_modes_trains_and_checks_its_width(
+    tmp_path: Path, minilm_dir: Path
+) -> None:
+    """Pooling of [CLS] and mean gives vectors twice the encoder's width."""
+    import shutil
+
+    from bertforge.errors import CheckpointError
+    from bertforge.train.finetune import FinetuneConfig, run
+
+    model = tmp_path / "minilm-cls-mean"
+    shutil.copytree(minilm_dir, model)
+    pooling = json.loads((model / "1_Pooling" / "config.json").read_text())
+    (model / "1_Pooling" / "config.json").write_text(
+        json.dumps({**pooling, "pooling_mode_cls_token": True, "pooling_mode_mean_tokens": True})
+    )
+    rows = positional_documents(random.Random(1), 6)
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "summarizer"
+    config = FinetuneConfig(
+        model=str(model),
+        task="summarize",
+        train=str(tmp_path / "train.jsonl"),
+        out=str(out),
+        summary_sentences=1,
+        epochs=1,
+        precision="fp32",
+        progress=False,
+    )
+    run(config)
+    assert json.loads((out / ds.SCORER_CONFIG).read_text())["dim"] == 2 * 384
+    [result] = Pipeline(out).summarize([rows[0]["text"]], sentences=1)
+    assert len(result["sentences"]) == 1
+    pooling_file = out / "1_Pooling" / "config.json"
+    pooling = json.loads(pooling_file.read_text())
+    pooling_file.write_text(json.dumps({**pooling, "pooling_mode_cls_token": False}))
+    with pytest.raises(CheckpointError, match="pooling gives 384"):
+        Pipeline(out).summarize([rows[0]["text"]], sentences=1)

@@ -95,6 +95,22 @@ def _first(enc: Any, n: int) -> Any:
 PART = 4096
 
 
+def qa_options(
+    max_seq_length: int = 384,
+    doc_stride: int = 128,
+    max_answer_length: int = 30,
+    allow_no_answer: bool = False,
+) -> TaskOptions:
+    """Pipeline.qa's options as the SQuAD task reads them, checked (one ConfigError naming a
+    bad one: a stride under 1 would never end)."""
+    return TaskOptions(
+        task="squad2" if allow_no_answer else "squad",
+        max_seq_length=max_seq_length,
+        doc_stride=doc_stride,
+        max_answer_length=max_answer_length,
+    )
+
+
 class Pipeline:
     """One model directory; each task loads the head it needs once and keeps it."""
 
@@ -658,12 +674,7 @@ class Pipeline:
         if len(questions) != len(contexts):
             raise InputError(f"{len(questions)} questions but {len(contexts)} contexts")
         model = self.model_for("qa")
-        options = TaskOptions(
-            task="squad2" if allow_no_answer else "squad",
-            max_seq_length=max_seq_length,
-            doc_stride=doc_stride,
-            max_answer_length=max_answer_length,
-        )
+        options = qa_options(max_seq_length, doc_stride, max_answer_length, allow_no_answer)
         fam = family(options, self.tok)
         examples = [
             SquadExample(str(i), q, c, [], False, "")
@@ -710,6 +721,9 @@ class Pipeline:
         check_choice("mode", mode, summarize.MODES)
         if isinstance(texts, str):
             raise InputError("pass a list of texts (a single string is not a list)")
+        for i, t in enumerate(texts):
+            if not isinstance(t, str):
+                raise InputError(f"text {i}: expected a string, got {type(t).__name__}")
         docs = [document(t, str(i)) for i, t in enumerate(texts)]
         counts = [summarize.summary_length(len(d.sentences), sentences, ratio) for d in docs]
         if mode == "auto":
@@ -733,7 +747,10 @@ class Pipeline:
 
     @functools.cached_property
     def _document_scorer(self) -> document_scorer.DocumentScorer:
-        return document_scorer.DocumentScorer.from_pretrained(self.path).to(self.device)
+        scorer = document_scorer.DocumentScorer.from_pretrained(self.path).to(self.device)
+        width = document_scorer.vector_width(self.config, self.embedding_settings)
+        document_scorer.check_width(scorer, width, self.path)
+        return scorer
 
     def _summary_scores(self, docs: Sequence[SummaryExample]) -> list[np.ndarray]:
         """Each document's sentence scores by the model's summarizer: its document scorer over

@@ -17,9 +17,11 @@ from ..catalogue import ENTRIES, Entry
 from ..checkpoint import architectures
 from ..config import BertConfig
 from ..data.tasks import SquadExample
+from ..data.tasks.documents import document
 from ..hub import resolve
-from ..pipelines import Pipeline
-from ..tasks.squad import featurize as squad_featurize
+from ..pipelines import Pipeline, qa_options
+from ..tasks.squad import pieces_read as squad_pieces
+from ..tokenizer import MASK
 from .access import note
 from .batcher import Batcher, Cost
 from .errors import HTTPError
@@ -105,6 +107,20 @@ class Server:
             if not isinstance(t, str) and not all(0 <= k < vocab for k in t):
                 raise HTTPError(422, f"{what}[{i}]: piece ids must be in [0, {vocab})", what)
 
+    def check_answers(self, texts: list[Any], top_k: int) -> None:
+        """fill-mask's answer, top_k tokens for each [MASK], within max_request_tokens answers
+        (else 413): 64 texts of 2,000 masks at top_k 30,000 would be 4 billion."""
+        mask = self.pipe.tok.convert_tokens_to_ids([MASK])[0]
+        masks = sum(t.count(MASK) if isinstance(t, str) else list(t).count(mask) for t in texts)
+        limit = self.limits.max_request_tokens
+        if masks * max(int(top_k), 0) > limit:
+            raise HTTPError(
+                413,
+                f"top_k: {masks:,} [MASK] x top_k {top_k:,} = {masks * top_k:,} answers, more "
+                f"than the limit of {limit:,} per request (max_request_tokens)",
+                "top_k",
+            )
+
     def need(self, entry: Entry) -> None:
         if entry.name not in self.endpoints:
             raise HTTPError(404, self.absent(f"/{entry.name}") or entry.name)
@@ -189,7 +205,8 @@ class Server:
     def reading(self, entry: Entry, given: int) -> Cost:
         """How one of the catalogue's pipelines reads its inputs (of `given` columns): rerank
         and qa a long document or context in windows beside the query or question; fill-mask,
-        nsp and classify's pairs one row each, cut to the model's length; the rest windows."""
+        nsp and classify's pairs one row each, cut to the model's length; summarize each
+        sentence of a document; the rest windows."""
         pipe = self.pipe
 
         def owned(owners: Any, lengths: Any, n: int) -> list[int]:
@@ -205,9 +222,11 @@ class Server:
 
         def squad(items: list[Any], options: dict[str, Any]) -> list[int]:
             examples = [SquadExample(str(i), q, c, [], False, "") for i, (q, c) in enumerate(items)]
-            window = {k: options[k] for k in ("max_seq_length", "doc_stride")}
-            features = squad_featurize(examples, pipe.tok, **window)
-            return owned([w.example for w in features.meta], features.lengths, len(items))
+            qa = qa_options(**options)  # checked before any work: a stride of 0 never ends
+            window = {
+                k: getattr(qa, k) for k in ("max_seq_length", "doc_stride", "max_query_length")
+            }
+            return squad_pieces(examples, pipe.tok, **window)
 
         def cut(items: list[Any], options: dict[str, Any]) -> list[int]:
             columns = list(zip(*items))
@@ -221,6 +240,16 @@ class Server:
         if given > 1 or entry.name == "fill-mask":
             return cut
         windows = self.windows_read(pipe)
+
+        def sentences(items: list[Any], options: dict[str, Any]) -> list[int]:
+            docs = [document(x[0]).sentences for x in items]  # a sentence is a row of its own
+            flat = [s for d in docs for s in d]
+            read = np.cumsum([0, *(windows(flat, options) if flat else [])])
+            ends = np.cumsum([0, *map(len, docs)])
+            return (read[ends[1:]] - read[ends[:-1]]).tolist()
+
+        if entry.name == "summarize":
+            return sentences
         return lambda items, options: windows([x[0] for x in items], options)
 
     async def results(self, entry: Entry, req: Any, request: Any) -> list[Any]:
@@ -242,6 +271,8 @@ class Server:
 
         key = "+".join(i.param for i in given)  # classify with and without pairs: two queues
         options = {name: getattr(req, name) for name in entry.options}
+        if entry.name == "fill-mask":
+            self.check_answers(columns["texts"], options["top_k"])
         items, cost = list(zip(*columns.values())), self.reading(entry, len(given))
         return await self.submit(f"{entry.name}:{key}", run, items, options, request, cost, first)
 

@@ -148,6 +148,12 @@ def unit(vectors: np.ndarray) -> np.ndarray:
     return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
 
 
+def vector_width(config: Any, settings: embedding.Embedding) -> int:
+    """The width of a sentence's vector: the encoder's (its config's hidden_size), once per
+    pooling mode (pool joins several modes' vectors end to end)."""
+    return int(config.hidden_size) * len(settings.pooling)
+
+
 def sentence_vectors(
     runner: Runner,
     encoder: nn.Module,
@@ -160,7 +166,7 @@ def sentence_vectors(
     from .retrieval import Pooled
 
     if not sentences:
-        return np.zeros((0, encoder.config.hidden_size), np.float32)
+        return np.zeros((0, vector_width(encoder.config, settings)), np.float32)
     limit = min(settings.max_length or 512, encoder.config.max_position_embeddings)
     features = Features.from_encodings(tok.encode_batch(list(sentences), max_length=limit))
     pooled = Pooled(encoder, settings.pooling)
@@ -195,6 +201,9 @@ class DocumentScorer(nn.Module):
         h = config.hidden
         self.project = nn.Linear(config.dim + len(config.features), h)
         self.position = nn.Embedding(BLOCK, h)
+        # BERT's 0.02, not N(0, 1): positions past the longest training document are never
+        # trained, and at unit scale they would swamp those sentences' projections
+        nn.init.normal_(self.position.weight, std=0.02)
         layer = nn.TransformerEncoderLayer(
             h, config.heads, 2 * h, config.dropout, batch_first=True, norm_first=True
         )
@@ -239,16 +248,7 @@ class DocumentScorer(nn.Module):
         from safetensors.torch import load_file
 
         path = Path(directory)
-        raw = read_json(path / SCORER_CONFIG, CheckpointError)
-        try:
-            config = ScorerConfig(**{**raw, "features": tuple(raw.get("features", ()))})
-        except TypeError as e:
-            raise CheckpointError(f"{path / SCORER_CONFIG}: {e}") from None
-        if config.features != FEATURES or config.kind != "document":
-            raise CheckpointError(
-                f"{path / SCORER_CONFIG}: a scorer of features {list(config.features)} "
-                f"(kind {config.kind!r}); this bertforge reads {list(FEATURES)}"
-            )
+        config = read_scorer_config(path / SCORER_CONFIG)
         model = cls(config)
         try:
             state = load_file(str(path / SCORER_FILE))
@@ -256,6 +256,41 @@ class DocumentScorer(nn.Module):
         except Exception as e:  # SafetensorError, OSError, missing/unexpected/misshapen keys
             raise CheckpointError(f"{path / SCORER_FILE}: not this scorer's weights ({e})") from e
         return model.eval()
+
+
+def read_scorer_config(path: Path) -> ScorerConfig:
+    """A scorer's config file, checked: one CheckpointError naming it for unknown fields,
+    other features, or sizes a scorer cannot have."""
+    raw = read_json(path, CheckpointError)
+    try:
+        config = ScorerConfig(**{**raw, "features": tuple(raw.get("features", ()))})
+    except TypeError as e:
+        raise CheckpointError(f"{path}: {e}") from None
+    if config.features != FEATURES or config.kind != "document":
+        raise CheckpointError(
+            f"{path}: a scorer of features {list(config.features)} (kind {config.kind!r}); "
+            f"this bertforge reads {list(FEATURES)}"
+        )
+    for name in ("dim", "hidden", "layers", "heads"):
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise CheckpointError(f"{path}: {name}={value!r}, expected an integer >= 1")
+    if config.hidden % config.heads:
+        raise CheckpointError(f"{path}: hidden={config.hidden} is not a multiple of heads")
+    dropout = config.dropout
+    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
+        raise CheckpointError(f"{path}: dropout={dropout!r}, expected a number in [0, 1)")
+    return config
+
+
+def check_width(scorer: DocumentScorer, width: int, where: str | Path) -> None:
+    """One CheckpointError when a scorer reads vectors of another width than the encoder's
+    pooling gives (its pooling changed since it was trained)."""
+    if scorer.config.dim != width:
+        raise CheckpointError(
+            f"{Path(where) / SCORER_CONFIG}: the scorer reads sentence vectors of {scorer.config.dim}"
+            f" numbers, but the model's pooling gives {width}"
+        )
 
 
 def document_loss(logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

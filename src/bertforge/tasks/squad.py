@@ -103,27 +103,12 @@ def featurize(
 ) -> Features:
     """Windows of every question as rows; labels (rows, 2): the answer's start and end row
     positions in training ((0, 0): not in this window, or no answer), zeros otherwise."""
-    questions = tok.encode_batch(
-        [e.question for e in examples],
-        add_special_tokens=False,
-        max_length=max_query_length,
-    )
-    contexts: dict[str, Any] = {}
-    unique = list(dict.fromkeys(e.context for e in examples))
-    for text, enc in zip(
-        unique, tok.encode_batch(unique, add_special_tokens=False, truncation=False)
-    ):
-        contexts[text] = (np.asarray(enc.ids, np.int64), np.asarray(enc.offsets, np.int64))
+    questions, contexts = _encoded(examples, tok, max_query_length)
     cls_id, sep_id = tok.convert_tokens_to_ids(["[CLS]", "[SEP]"])
     ids, types, labels, meta = [], [], [], []
     for i, (e, q) in enumerate(zip(examples, questions)):
         ctx_ids, ctx_offsets = contexts[e.context]
-        max_tokens = max_seq_length - len(q.ids) - 3  # account for [CLS], [SEP], [SEP]
-        if max_tokens < 1:
-            raise ConfigError(
-                f"max_seq_length={max_seq_length} leaves no room for the context after a "
-                f"{len(q.ids)}-piece question; raise it or lower max_query_length"
-            )
+        max_tokens = _room(max_seq_length, len(q.ids))
         span = None
         if training and not e.is_impossible and e.answers:
             text, start_char = e.answers[0]
@@ -146,6 +131,55 @@ def featurize(
             labels.append(label)
             meta.append(Window(i, first, ctx_offsets[start : start + length], flags))
     return Features(ids, types, np.asarray(labels, np.int64).reshape(-1, 2), meta=meta)
+
+
+def pieces_read(
+    examples: Sequence[SquadExample],
+    tok: Any,
+    *,
+    max_seq_length: int = 384,
+    doc_stride: int = 128,
+    max_query_length: int = 64,
+) -> list[int]:
+    """How many pieces `featurize` gives each question: its windows' rows summed, counted
+    without making them (what a server bounds before the work)."""
+    questions, contexts = _encoded(examples, tok, max_query_length)
+    out = []
+    for e, q in zip(examples, questions):
+        spans = windows_of(
+            len(contexts[e.context][0]), _room(max_seq_length, len(q.ids)), doc_stride
+        )
+        out.append(sum(len(q.ids) + 3 + length for _, length in spans))
+    return out
+
+
+def _encoded(
+    examples: Sequence[SquadExample], tok: Any, max_query_length: int
+) -> tuple[list[Any], dict[str, tuple[np.ndarray, np.ndarray]]]:
+    """The questions' encodings (cut to max_query_length) and each distinct context's piece
+    ids and character offsets, without special tokens."""
+    questions = tok.encode_batch(
+        [e.question for e in examples], add_special_tokens=False, max_length=max_query_length
+    )
+    contexts: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    unique = list(dict.fromkeys(e.context for e in examples))
+    for text, enc in zip(
+        unique, tok.encode_batch(unique, add_special_tokens=False, truncation=False)
+    ):
+        contexts[text] = (np.asarray(enc.ids, np.int64), np.asarray(enc.offsets, np.int64))
+    return questions, contexts
+
+
+def _room(max_seq_length: int, question: int) -> int:
+    """Context pieces a window holds beside a question of `question` pieces, [CLS] and two
+    [SEP]; one ConfigError when there are none."""
+    room = max_seq_length - question - 3
+    if room < 1:
+        raise ConfigError(
+            f"max_seq_length={max_seq_length} leaves no room for the context after a "
+            f"{question}-piece question; raise it or lower max_query_length"
+        )
+    return room
 
 
 @dataclass

@@ -22,7 +22,8 @@ Selection. The `count` best-scored sentences (or count = ratio x sentences), ski
 that shares a word trigram with one already chosen (trigram blocking, on by default), returned
 in document order. ROUGE (the metric that picks the best epoch: ROUGE-2) is Google's rouge-score
 package, with its Porter stemmer: ROUGE-1, ROUGE-2 and ROUGE-Lsum (the summary-level LCS over
-sentences on lines, as pyrouge's ROUGE-L), F1 x 100, the mean over documents.
+sentences on lines, as pyrouge's ROUGE-L), F1 x 100, the mean over documents. Its words are
+rouge-score's on English text; other scripts' letters count too (RougeWords).
 
 The unsupervised mode (no training data: any embedding model) does what the
 bert-extractive-summarizer package does by default: the first sentence, and the sentence nearest
@@ -36,6 +37,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+import sys
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -66,18 +68,39 @@ _WORD = re.compile(r"\w+")
 # ROUGE (rouge-score) and the oracle
 
 
+# ROUGE's words: runs of letters and digits, except that a Chinese or Japanese character (text
+# written without spaces) is a word of its own
+_ROUGE_WORD = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]|[^\W_]+")
+
+
+class RougeWords:
+    """ROUGE's tokenizer: rouge-score's own on ASCII text (lower-cased runs of [a-z0-9], words
+    over 3 letters Porter-stemmed: the same tokens, so the same scores), and every other
+    script's letters kept. rouge-score's drops every character outside [a-z0-9], so a Russian,
+    Greek or Chinese summary has no words (ROUGE 0, an empty oracle) and "église" is "glise";
+    here a non-ASCII word is kept whole and not stemmed (Porter's rules are English)."""
+
+    def __init__(self) -> None:
+        from nltk.stem import porter
+
+        # Porter stemming is most of ROUGE's time and words repeat: the same stems, remembered
+        self._stem = functools.lru_cache(maxsize=1 << 17)(porter.PorterStemmer().stem)
+
+    def tokenize(self, text: str) -> list[str]:
+        return [
+            self._stem(w) if len(w) > 3 and w.isascii() else w
+            for w in _ROUGE_WORD.findall(text.lower())
+        ]
+
+
 @functools.cache
 def scorer() -> Any:
-    """rouge-score's scorer of ROUGE_TYPES with its Porter stemmer (made once)."""
+    """rouge-score's scorer of ROUGE_TYPES over RougeWords (made once)."""
     rouge_scorer = need_extra(
         "rouge_score.rouge_scorer",
         "summarization's ROUGE needs the rouge-score package: pip install 'bertforge[summarize]'",
     )
-    rouge = rouge_scorer.RougeScorer(list(ROUGE_TYPES), use_stemmer=True)
-    # Porter stemming is most of its time and words repeat: the same stems, remembered
-    stemmer = rouge._tokenizer._stemmer
-    stemmer.stem = functools.lru_cache(maxsize=1 << 17)(stemmer.stem)
-    return rouge
+    return rouge_scorer.RougeScorer(list(ROUGE_TYPES), tokenizer=RougeWords())
 
 
 def rouge(references: Sequence[str], predictions: Sequence[str]) -> dict[str, float]:
@@ -110,7 +133,7 @@ def oracle(sentences: Sequence[str], summary: str, size: int = 3) -> list[int]:
     from rouge_score.rouge_scorer import _create_ngrams
     from rouge_score.scoring import fmeasure
 
-    tokenizer = scorer()._tokenizer  # the stemming tokenizer its rouge1/rouge2 scores use
+    tokenizer = scorer()._tokenizer  # RougeWords: the tokens its rouge1/rouge2 scores count
     reference = tokenizer.tokenize(summary)
     ref1, ref2 = _create_ngrams(reference, 1), _create_ngrams(reference, 2)
     words = [tokenizer.tokenize(s) for s in sentences]
@@ -164,11 +187,11 @@ def summary_length(n: int, sentences: int | None = 3, ratio: float | None = None
     """How many of a document's n sentences a summary keeps: round(ratio x n) (at least 1) when
     ratio is given, else `sentences`; never more than n."""
     if ratio is not None:
-        if not 0 < ratio <= 1:
+        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio <= 1:
             raise ConfigError(f"ratio={ratio}: must be > 0 and <= 1")
         return min(n, max(1, round(ratio * n)))
-    if sentences is None or sentences < 1:
-        raise ConfigError(f"sentences={sentences}: must be >= 1 (or give a ratio)")
+    if isinstance(sentences, bool) or not isinstance(sentences, (int, np.integer)) or sentences < 1:
+        raise ConfigError(f"sentences={sentences!r}: must be an integer >= 1 (or give a ratio)")
     return min(n, sentences)
 
 
@@ -182,7 +205,10 @@ def select(
 ) -> list[int]:
     """The indices (in document order) of the `count` best-scored sentences, the higher score
     first on the way (the earlier sentence on a tie), skipping with block_trigrams a sentence
-    that shares a word trigram with one already chosen (BertSum's trigram blocking)."""
+    that shares a word trigram with one already chosen (BertSum's trigram blocking). A
+    document of no more than `count` sentences is kept whole."""
+    if count >= len(sentences):
+        return list(range(len(sentences)))
     chosen: list[int] = []
     seen: set[tuple[str, ...]] = set()
     for i in np.argsort(-np.asarray(scores, np.float64), kind="stable").tolist():
@@ -202,13 +228,14 @@ def kmeans(vectors: np.ndarray, k: int, seed: int = 0, iterations: int = 100) ->
     rng = np.random.default_rng(seed)
     x = np.asarray(vectors, np.float64)
     centres = [x[rng.integers(len(x))]]
+    d2 = ((x - centres[0]) ** 2).sum(1)  # (N,) each vector's squared distance to its nearest
     for _ in range(1, k):  # k-means++: the next centre drawn by squared distance
-        d2 = np.min([((x - c) ** 2).sum(1) for c in centres], axis=0)
         p = d2 / d2.sum() if d2.sum() > 0 else np.full(len(x), 1 / len(x))
         centres.append(x[rng.choice(len(x), p=p)])
+        d2 = np.minimum(d2, ((x - centres[-1]) ** 2).sum(1))
     c = np.stack(centres)
     for _ in range(iterations):
-        assign = ((x[:, None, :] - c[None]) ** 2).sum(-1).argmin(1)  # (N,)
+        assign = squared_distances(x, c).argmin(1)  # (N,)
         moved = np.stack(
             [x[assign == j].mean(0) if (assign == j).any() else c[j] for j in range(k)]
         )
@@ -216,6 +243,13 @@ def kmeans(vectors: np.ndarray, k: int, seed: int = 0, iterations: int = 100) ->
             break
         c = moved
     return c
+
+
+def squared_distances(x: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """(N, k) squared Euclidean distances of x (N, D) to c (k, D), as |x|^2 - 2 x.c + |c|^2
+    (no (N, k, D) array: 1,600 sentences and 1,500 centres of 384 would be 7 GB)."""
+    d2 = (x * x).sum(1)[:, None] - 2 * x @ c.T + (c * c).sum(1)[None]
+    return np.maximum(d2, 0.0)
 
 
 def unsupervised(
@@ -229,7 +263,8 @@ def unsupervised(
     embeddings (N, D), as bert-extractive-summarizer chooses by default: sentences under
     MIN_CHARS characters are not candidates (unless fewer than `count` are longer); kmeans
     keeps the first candidate and the candidate nearest each centre of k-means over the others
-    (k = count - 1; each sentence once; score: minus its distance to its nearest centre);
+    (k = count - 1; each sentence once, and with block_trigrams none sharing a word trigram
+    with one kept before it; score: minus its distance to its nearest centre);
     centroid keeps the candidates nearest (cosine) the document's mean embedding, as `select`
     keeps them (score: that cosine)."""
     x = np.asarray(vectors, np.float64)
@@ -245,14 +280,19 @@ def unsupervised(
     first, rest = candidates[0], np.asarray(candidates[1:], np.int64)
     scores = np.zeros(len(x))
     chosen = [first]
+    grams = [trigrams(t) if block_trigrams else set() for t in sentences]
+    seen = set(grams[first])
     if count > 1 and len(rest):
         centres = kmeans(x[rest], min(count - 1, len(rest)))
-        distances = np.sqrt(((x[:, None, :] - centres[None]) ** 2).sum(-1))  # (N, k)
+        distances = np.sqrt(squared_distances(x, centres))  # (N, k)
         scores = -distances.min(1)
-        for j in range(len(centres)):  # each centre's nearest candidate not already taken
+        taken = {first}
+        for j in range(len(centres)):  # each centre's nearest candidate not taken or blocked
             for i in rest[np.argsort(distances[rest, j], kind="stable")].tolist():
-                if i not in chosen:
+                if i not in taken and not grams[i] & seen:
                     chosen.append(i)
+                    taken.add(i)
+                    seen |= grams[i]
                     break
     return sorted(chosen), scores
 
@@ -427,6 +467,7 @@ class SummarizeTask(TaskFamily):
                 f"{path}: {counts.articles:,} Wikipedia articles, {counts.kept:,} kept; left out: "
                 f"{counts.short_body:,} with a body under 10 sentences, "
                 f"{counts.one_sentence_lead:,} with a lead of one sentence",
+                file=sys.stderr,  # stdout may be `evaluate --json`'s
                 flush=True,
             )
         return examples

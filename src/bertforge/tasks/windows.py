@@ -27,11 +27,15 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import ConfigError
 from .base import Features
 
 
 def windows_of(n: int, max_tokens: int, stride: int) -> list[tuple[int, int]]:
-    """(start, length) of each window of at most max_tokens over n pieces."""
+    """(start, length) of each window of at most max_tokens over n pieces, starting stride
+    pieces apart (both at least 1: a stride of 0 would never end)."""
+    if max_tokens < 1 or stride < 1:
+        raise ConfigError(f"windows of {max_tokens} pieces, {stride} apart: both must be >= 1")
     spans, start = [], 0
     while True:
         length = min(n - start, max_tokens)

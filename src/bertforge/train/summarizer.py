@@ -118,7 +118,7 @@ def embed_sentences(
             chunk = sentences[s : s + EMBED_CHUNK]
             parts.append(ds.sentence_vectors(runner, encoder, tok, settings, chunk))
             bar.update(len(chunk))
-    width = encoder.config.hidden_size
+    width = ds.vector_width(encoder.config, settings)
     return np.concatenate(parts) if parts else np.zeros((0, width), np.float32)
 
 
@@ -170,7 +170,8 @@ def train_document_summarizer(
         task.dev_docs = documents(task, encoder, dev, cfg.progress and d.is_main)
     prepared = time.perf_counter() - started
     torch.manual_seed(cfg.seed)
-    scorer = ds.DocumentScorer(ds.ScorerConfig(dim=encoder.config.hidden_size))
+    width = ds.vector_width(encoder.config, embedding.settings(task.family.source))
+    scorer = ds.DocumentScorer(ds.ScorerConfig(dim=width))
     header = (
         f"training a document summarizer over {cfg.model}'s sentence embeddings (the encoder "
         f"frozen): {len(train):,} training documents ({len(task.blocks):,} blocks), "
@@ -187,6 +188,7 @@ class TrainedSummarizer:
         self.settings = embedding.settings(path)
         self.encoder = load_trained(BertModel, path, "").to(runner.device).eval()
         self.scorer = ds.DocumentScorer.from_pretrained(path).to(runner.device)
+        ds.check_width(self.scorer, ds.vector_width(self.encoder.config, self.settings), path)
 
     def predict(self, examples: Sequence[Any]) -> list[Summary]:
         sentences = [e.sentences for e in examples]

@@ -150,5 +150,7 @@ def read_documents(
             summary = None
             if labelled:
                 summary = text_field(row.where, "summary", row.value("summary", "its summary"))
+                # a sentence a line, as Wikipedia's leads: ROUGE-Lsum's LCS is per sentence
+                summary = "\n".join(document(summary).sentences)
             out.append(document(text, f"{file.name}:{row.lineno}", summary, row.source))
     return out
