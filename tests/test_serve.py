@@ -1152,6 +1152,31 @@ def test_a_big_request_whose_client_left_is_not_computed_further() -> None:
     assert [items for _, items in calls] == [big[0:2], ["after:1"]]
 
 
+def test_an_input_refused_in_a_slice_is_named_by_its_place_in_the_request(
+    tiny_model: Path,
+) -> None:
+    """A request cut into model calls by max_batch_tokens (two texts each): the text the
+    pipeline refuses is named by its index in the request (20), not in its call (0)."""
+    from fastapi.testclient import TestClient
+
+    from bertforge.serve import Limits, create_app
+
+    texts = ["the [MASK] sat down ."] * 24  # 7 pieces each with [CLS] and [SEP]
+    texts[20] = "this has no mask ."
+    app = create_app(tiny_model, Limits(max_batch_tokens=14, max_wait_ms=0), precision="fp32")
+    pipe, calls = app.state.server.pipe, []
+    fill_mask = pipe.fill_mask
+    pipe.fill_mask = lambda texts, **options: calls.append(texts) or fill_mask(texts, **options)
+    with TestClient(app) as client:
+        r = client.post("/fill-mask", json={"texts": texts})
+        assert r.status_code == 422
+        assert r.json() == {"error": f"text 20: no [MASK] token in {texts[20]!r}"}
+        # the call that refused it read at most two texts: the pipeline numbered it 0 or 1
+        assert len(calls) > 10 and all(len(c) <= 2 for c in calls) and texts[20] in calls[-1]
+        r = client.post("/fill-mask", json={"texts": texts[:20]})
+        assert r.status_code == 200 and len(r.json()["results"]) == 20
+
+
 def test_search_texts_are_cut_at_return_chars(classifier: Path, tmp_path: Path) -> None:
     from fastapi.testclient import TestClient
 

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import ItemError
 from .errors import GONE, HTTPError
 from .limits import Limits
 from .metrics import Metrics
@@ -201,7 +202,7 @@ class Batcher:
     async def answer(self, slices: list[Slice]) -> None:
         """One model call for the slices, each request given its own rows (answered once all
         its rows are in); if it fails, each slice runs alone, so that one bad input fails only
-        its own request."""
+        its own request, named by its place in the request (not in the slice: ItemError)."""
         slices = [s for s in slices if not s.job.future.done()]  # clients gone meanwhile
         if not slices:
             return
@@ -214,8 +215,9 @@ class Batcher:
             if len(slices) > 1:
                 for s in slices:
                     await self.answer([s])
-            elif not first.future.done():
-                first.future.set_exception(e)
+            elif not first.future.done():  # an input named by its place in the request
+                shifted = e.shifted(slices[0].start) if isinstance(e, ItemError) else e
+                first.future.set_exception(shifted)
             return
         i = 0
         for s in slices:
