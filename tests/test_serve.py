@@ -324,7 +324,7 @@ def test_a_bad_request_among_valid_ones_fails_alone(server: str, classifier: Pat
             return await asyncio.gather(bad, *valid)
 
     bad, *rs = asyncio.run(go())
-    assert bad.status_code == 422 and "input[0]: piece ids" in bad.json()["error"]["message"]
+    assert bad.status_code == 422 and "input 0: piece ids" in bad.json()["error"]["message"]
     assert [r.status_code for r in rs] == [200] * 20
     want = Pipeline(classifier, precision="fp32").embed(texts)
     assert np.abs(np.array([r.json()["embeddings"][0] for r in rs]) - want).max() < 1e-4
@@ -1006,6 +1006,103 @@ def test_a_request_over_the_token_budget_is_413_before_any_model_call(
         assert r.status_code == 413 and r.json()["error"]["param"] == "documents"
         assert f"read as {read:,} pieces" in r.json()["error"]["message"]
         assert len(calls) == 1
+
+
+def test_usage_counts_the_pieces_the_model_reads(classifier_ce: Path) -> None:
+    """/v1/rerank's and /v1/embeddings' usage: what max_request_tokens counts, each input's rows
+    as the model reads them: a (query, document) row has [CLS] and two [SEP], and a long
+    document is read in windows, each beside the query again."""
+    from fastapi.testclient import TestClient
+
+    from bertforge.serve import create_app
+
+    text = "word " * 700  # one piece per word
+    with TestClient(create_app(classifier_ce, precision="fp32")) as client:
+        r = client.post("/v1/rerank", json={"query": "word", "documents": [text, "word"]})
+        pair = windows_read(700, 512, query=1)  # 512 + 450 (the test above)
+        assert r.status_code == 200 and r.json()["usage"] == {"total_tokens": pair + 5}
+        r = client.post("/v1/embeddings", json={"input": [text, "word"]})
+        read = windows_read(700, 512) + 3  # 512 + 447 (the test above); [CLS] word [SEP]
+        assert r.status_code == 200
+        assert r.json()["usage"] == {"prompt_tokens": read, "total_tokens": read}
+        r = client.post("/v1/embeddings", json={"input": [7, 8, 9]})  # piece ids
+        assert r.json()["usage"] == {"prompt_tokens": 5, "total_tokens": 5}
+
+
+def test_embeddings_usage_counts_the_models_default_prompt(
+    classifier: Path, tmp_path: Path
+) -> None:
+    """A model whose default prompt goes before every input (config_sentence_transformers.json):
+    /v1/embeddings' vectors are the prompted ones, and its usage counts the prompt's pieces."""
+    from fastapi.testclient import TestClient
+
+    from bertforge.serve import create_app
+
+    model = tmp_path / "prompted"
+    shutil.copytree(classifier, model)
+    (model / "1_Pooling").mkdir()
+    (model / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_mean_tokens": True}))
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {
+            "idx": 1,
+            "name": "1",
+            "path": "1_Pooling",
+            "type": "sentence_transformers.models.Pooling",
+        },
+    ]
+    (model / "modules.json").write_text(json.dumps(modules))
+    prompts = {"prompts": {"query": "query: "}, "default_prompt_name": "query"}
+    (model / "config_sentence_transformers.json").write_text(json.dumps(prompts))
+    texts = ["a fine film", "ok"]
+    pipe = Pipeline(model, precision="fp32")
+    want = pipe.embed(texts)
+    assert np.abs(want - pipe.embed(texts, prompt="")).max() > 1e-3  # the prompt is read
+    pieces = sum(len(e.ids) for e in pipe.tok.encode_batch([f"query: {t}" for t in texts]))
+    assert pieces == sum(len(e.ids) for e in pipe.tok.encode_batch(texts)) + 2 * 2  # query :
+    with TestClient(create_app(model, precision="fp32")) as client:
+        r = client.post("/v1/embeddings", json={"input": texts}).json()
+    assert np.abs(np.array([d["embedding"] for d in r["data"]]) - want).max() < 1e-5
+    assert r["usage"] == {"prompt_tokens": pieces, "total_tokens": pieces}
+
+
+def test_nothing_is_tokenised_on_the_event_loop(
+    classifier_ce: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every endpoint tokenises in threads (counting a request's pieces, cutting /v2/rerank's
+    documents, the model calls), never on the event loop: 64 texts of 10,000 characters
+    tokenised there would hold up every other client."""
+    from fastapi.testclient import TestClient
+
+    from bertforge.serve import create_app
+
+    app = create_app(classifier_ce, precision="fp32")
+    tok = app.state.server.pipe.tok
+    encode, on_loop = tok._encode_raw, []  # every encoding of the tokenizer goes through it
+
+    def watched(*args: Any, **kwargs: Any) -> Any:
+        try:
+            asyncio.get_running_loop()
+            on_loop.append(True)
+        except RuntimeError:  # no event loop runs in a worker thread
+            on_loop.append(False)
+        return encode(*args, **kwargs)
+
+    monkeypatch.setattr(tok, "_encode_raw", watched)
+    docs = ["the cat sat on the mat", "a dog ran"]
+    calls = [
+        ("/embed", {"texts": docs}),
+        ("/v1/embeddings", {"input": docs}),
+        ("/v1/embeddings", {"input": [[5, 6, 7]]}),
+        ("/rerank", {"query": "cat", "texts": docs}),
+        ("/v1/rerank", {"query": "cat", "documents": docs}),
+        ("/v2/rerank", {"model": "m", "query": "cat", "documents": docs, "max_tokens_per_doc": 2}),
+        ("/classify", {"texts": docs}),
+    ]
+    with TestClient(app) as client:
+        for path, body in calls:
+            assert client.post(path, json=body).status_code == 200, path
+    assert on_loop and not any(on_loop)
 
 
 def stub_batchers(

@@ -65,7 +65,10 @@ model call at a time for the whole server instead made the small /embed requests
 /rerank wait for its calls (p99 0.8 s against 0.3 s side by side; the big one took 11 s against
 16.5 s).
 A call that fails is run again one request's slice at a time, so a bad input fails only its own
-request. A request whose client has gone leaves uncomputed, even half done.
+request, and is named by its place in the request, not in the slice (ItemError.shifted). A
+request whose client has gone leaves uncomputed, even half done. The pieces a request is
+counted as read (the batcher's, once, in a thread) are also its usage on /v1/embeddings and
+/v1/rerank; nothing is tokenised on the event loop, which would hold up every client.
 
 With an API key (--api-key, or the environment's BERTFORGE_API_KEY) every request but GET
 /health must send `Authorization: Bearer KEY`, else 401 (Auth). Each request is one line of
