@@ -1274,7 +1274,9 @@ def test_an_input_refused_in_a_slice_is_named_by_its_place_in_the_request(
         assert r.status_code == 200 and len(r.json()["results"]) == 20
 
 
-def test_search_texts_are_cut_at_return_chars(classifier: Path, tmp_path: Path) -> None:
+def test_search_answers_are_bounded(classifier: Path, tmp_path: Path) -> None:
+    """A document's text is cut at return_chars; hits with a text or passage are at most
+    max_text_hits (queries x top_k), else 413 naming top_k before any search."""
     from fastapi.testclient import TestClient
 
     from bertforge.search import Index
@@ -1287,7 +1289,8 @@ def test_search_texts_are_cut_at_return_chars(classifier: Path, tmp_path: Path) 
     )
     options = {"progress": False, "precision": "fp32", "bm25": False}
     index = Index.build(classifier, corpus, tmp_path / "idx", **options)
-    app = create_app(classifier, Limits(return_chars=40), index=index.path, precision="fp32")
+    limits = Limits(return_chars=40, max_text_hits=10)  # one query of the default top_k
+    app = create_app(classifier, limits, index=index.path, precision="fp32")
     with TestClient(app) as client:
         r = client.post("/search", json={"queries": ["document"], "return_text": True})
         hits = {h["id"]: h for h in r.json()["results"][0]}
@@ -1295,6 +1298,20 @@ def test_search_texts_are_cut_at_return_chars(classifier: Path, tmp_path: Path) 
         assert hits["d1"]["text"] == docs[1][:40] and hits["d1"]["text_truncated"] is True
         r = client.post("/search", json={"queries": ["document"]})
         assert all("text" not in h and "text_truncated" not in h for h in r.json()["results"][0])
+        served = client.app.state.server  # type: ignore[attr-defined]
+        searched = served.batchers["search"].calls
+        queries = {"queries": ["document", "a"] * 2, "top_k": 3}  # 12 hits
+        for asked in ("return_text", "return_passage"):
+            r = client.post("/search", json={**queries, asked: True})
+            assert r.status_code == 413 and r.json() == {
+                "error": f"queries x top_k: 4 x 3 = 12 hits with {asked}, more than the limit "
+                "of 10 per request (max_text_hits): ask for fewer queries or a smaller top_k"
+            }
+        assert served.batchers["search"].calls == searched  # refused before any search
+        r = client.post("/search", json={**queries, "top_k": 2, "return_passage": True})
+        assert r.status_code == 200 and [len(x) for x in r.json()["results"]] == [2] * 4
+        r = client.post("/search", json=queries)  # no texts: not limited (two documents)
+        assert r.status_code == 200 and [len(x) for x in r.json()["results"]] == [2] * 4
 
 
 def test_a_big_request_is_not_starved_by_a_stream_of_small_ones() -> None:

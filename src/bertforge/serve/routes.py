@@ -244,6 +244,7 @@ def add_search(
     @app.post("/search", summary="search the index given with --index")
     async def search(req: SearchRequest, request: Request) -> dict[str, Any]:
         server.check(req.queries, "queries")
+        check_text_hits(req, server.limits.max_text_hits)
         options = {"top_k": req.top_k, "mode": req.mode, "text": req.return_text}
         options |= {"fusion": req.fusion, "alpha": req.alpha, "passage": req.return_passage}
         if req.where:  # metadata filters: a PostgreSQL index's (a directory's refuses, 422)
@@ -255,6 +256,22 @@ def add_search(
                 hit["text_truncated"] = len(hit["text"]) > cut
                 hit["text"] = hit["text"][:cut]
         return {"results": rows}
+
+
+def check_text_hits(req: SearchRequest, limit: int) -> None:
+    """A /search asking for texts or passages within max_text_hits hits (else 413, before any
+    work): each hit's text is up to return_chars characters, so queries x top_k bounds the
+    answer's size."""
+    asked = [name for name in ("return_text", "return_passage") if getattr(req, name)]
+    hits = len(req.queries) * req.top_k
+    if asked and hits > limit:
+        raise HTTPError(
+            413,
+            f"queries x top_k: {len(req.queries)} x {req.top_k} = {hits:,} hits with "
+            f"{' and '.join(asked)}, more than the limit of {limit:,} per request "
+            "(max_text_hits): ask for fewer queries or a smaller top_k",
+            "top_k",
+        )
 
 
 def add_status(app: Any, server: Server) -> None:
