@@ -324,7 +324,7 @@ def test_a_bad_request_among_valid_ones_fails_alone(server: str, classifier: Pat
             return await asyncio.gather(bad, *valid)
 
     bad, *rs = asyncio.run(go())
-    assert bad.status_code == 422 and "input[0]: piece ids" in bad.json()["error"]["message"]
+    assert bad.status_code == 422 and "input 0: piece ids" in bad.json()["error"]["message"]
     assert [r.status_code for r in rs] == [200] * 20
     want = Pipeline(classifier, precision="fp32").embed(texts)
     assert np.abs(np.array([r.json()["embeddings"][0] for r in rs]) - want).max() < 1e-4
@@ -1008,6 +1008,103 @@ def test_a_request_over_the_token_budget_is_413_before_any_model_call(
         assert len(calls) == 1
 
 
+def test_usage_counts_the_pieces_the_model_reads(classifier_ce: Path) -> None:
+    """/v1/rerank's and /v1/embeddings' usage: what max_request_tokens counts, each input's rows
+    as the model reads them: a (query, document) row has [CLS] and two [SEP], and a long
+    document is read in windows, each beside the query again."""
+    from fastapi.testclient import TestClient
+
+    from bertforge.serve import create_app
+
+    text = "word " * 700  # one piece per word
+    with TestClient(create_app(classifier_ce, precision="fp32")) as client:
+        r = client.post("/v1/rerank", json={"query": "word", "documents": [text, "word"]})
+        pair = windows_read(700, 512, query=1)  # 512 + 450 (the test above)
+        assert r.status_code == 200 and r.json()["usage"] == {"total_tokens": pair + 5}
+        r = client.post("/v1/embeddings", json={"input": [text, "word"]})
+        read = windows_read(700, 512) + 3  # 512 + 447 (the test above); [CLS] word [SEP]
+        assert r.status_code == 200
+        assert r.json()["usage"] == {"prompt_tokens": read, "total_tokens": read}
+        r = client.post("/v1/embeddings", json={"input": [7, 8, 9]})  # piece ids
+        assert r.json()["usage"] == {"prompt_tokens": 5, "total_tokens": 5}
+
+
+def test_embeddings_usage_counts_the_models_default_prompt(
+    classifier: Path, tmp_path: Path
+) -> None:
+    """A model whose default prompt goes before every input (config_sentence_transformers.json):
+    /v1/embeddings' vectors are the prompted ones, and its usage counts the prompt's pieces."""
+    from fastapi.testclient import TestClient
+
+    from bertforge.serve import create_app
+
+    model = tmp_path / "prompted"
+    shutil.copytree(classifier, model)
+    (model / "1_Pooling").mkdir()
+    (model / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_mean_tokens": True}))
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {
+            "idx": 1,
+            "name": "1",
+            "path": "1_Pooling",
+            "type": "sentence_transformers.models.Pooling",
+        },
+    ]
+    (model / "modules.json").write_text(json.dumps(modules))
+    prompts = {"prompts": {"query": "query: "}, "default_prompt_name": "query"}
+    (model / "config_sentence_transformers.json").write_text(json.dumps(prompts))
+    texts = ["a fine film", "ok"]
+    pipe = Pipeline(model, precision="fp32")
+    want = pipe.embed(texts)
+    assert np.abs(want - pipe.embed(texts, prompt="")).max() > 1e-3  # the prompt is read
+    pieces = sum(len(e.ids) for e in pipe.tok.encode_batch([f"query: {t}" for t in texts]))
+    assert pieces == sum(len(e.ids) for e in pipe.tok.encode_batch(texts)) + 2 * 2  # query :
+    with TestClient(create_app(model, precision="fp32")) as client:
+        r = client.post("/v1/embeddings", json={"input": texts}).json()
+    assert np.abs(np.array([d["embedding"] for d in r["data"]]) - want).max() < 1e-5
+    assert r["usage"] == {"prompt_tokens": pieces, "total_tokens": pieces}
+
+
+def test_nothing_is_tokenised_on_the_event_loop(
+    classifier_ce: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every endpoint tokenises in threads (counting a request's pieces, cutting /v2/rerank's
+    documents, the model calls), never on the event loop: 64 texts of 10,000 characters
+    tokenised there would hold up every other client."""
+    from fastapi.testclient import TestClient
+
+    from bertforge.serve import create_app
+
+    app = create_app(classifier_ce, precision="fp32")
+    tok = app.state.server.pipe.tok
+    encode, on_loop = tok._encode_raw, []  # every encoding of the tokenizer goes through it
+
+    def watched(*args: Any, **kwargs: Any) -> Any:
+        try:
+            asyncio.get_running_loop()
+            on_loop.append(True)
+        except RuntimeError:  # no event loop runs in a worker thread
+            on_loop.append(False)
+        return encode(*args, **kwargs)
+
+    monkeypatch.setattr(tok, "_encode_raw", watched)
+    docs = ["the cat sat on the mat", "a dog ran"]
+    calls = [
+        ("/embed", {"texts": docs}),
+        ("/v1/embeddings", {"input": docs}),
+        ("/v1/embeddings", {"input": [[5, 6, 7]]}),
+        ("/rerank", {"query": "cat", "texts": docs}),
+        ("/v1/rerank", {"query": "cat", "documents": docs}),
+        ("/v2/rerank", {"model": "m", "query": "cat", "documents": docs, "max_tokens_per_doc": 2}),
+        ("/classify", {"texts": docs}),
+    ]
+    with TestClient(app) as client:
+        for path, body in calls:
+            assert client.post(path, json=body).status_code == 200, path
+    assert on_loop and not any(on_loop)
+
+
 def stub_batchers(
     limits: Any, names: tuple[str, ...] = ("a",), held: int = 1
 ) -> tuple[dict[str, Any], list[tuple[str, list[str]]], list[threading.Event]]:
@@ -1152,7 +1249,34 @@ def test_a_big_request_whose_client_left_is_not_computed_further() -> None:
     assert [items for _, items in calls] == [big[0:2], ["after:1"]]
 
 
-def test_search_texts_are_cut_at_return_chars(classifier: Path, tmp_path: Path) -> None:
+def test_an_input_refused_in_a_slice_is_named_by_its_place_in_the_request(
+    tiny_model: Path,
+) -> None:
+    """A request cut into model calls by max_batch_tokens (two texts each): the text the
+    pipeline refuses is named by its index in the request (20), not in its call (0)."""
+    from fastapi.testclient import TestClient
+
+    from bertforge.serve import Limits, create_app
+
+    texts = ["the [MASK] sat down ."] * 24  # 7 pieces each with [CLS] and [SEP]
+    texts[20] = "this has no mask ."
+    app = create_app(tiny_model, Limits(max_batch_tokens=14, max_wait_ms=0), precision="fp32")
+    pipe, calls = app.state.server.pipe, []
+    fill_mask = pipe.fill_mask
+    pipe.fill_mask = lambda texts, **options: calls.append(texts) or fill_mask(texts, **options)
+    with TestClient(app) as client:
+        r = client.post("/fill-mask", json={"texts": texts})
+        assert r.status_code == 422
+        assert r.json() == {"error": f"text 20: no [MASK] token in {texts[20]!r}"}
+        # the call that refused it read at most two texts: the pipeline numbered it 0 or 1
+        assert len(calls) > 10 and all(len(c) <= 2 for c in calls) and texts[20] in calls[-1]
+        r = client.post("/fill-mask", json={"texts": texts[:20]})
+        assert r.status_code == 200 and len(r.json()["results"]) == 20
+
+
+def test_search_answers_are_bounded(classifier: Path, tmp_path: Path) -> None:
+    """A document's text is cut at return_chars; hits with a text or passage are at most
+    max_text_hits (queries x top_k), else 413 naming top_k before any search."""
     from fastapi.testclient import TestClient
 
     from bertforge.search import Index
@@ -1165,7 +1289,8 @@ def test_search_texts_are_cut_at_return_chars(classifier: Path, tmp_path: Path) 
     )
     options = {"progress": False, "precision": "fp32", "bm25": False}
     index = Index.build(classifier, corpus, tmp_path / "idx", **options)
-    app = create_app(classifier, Limits(return_chars=40), index=index.path, precision="fp32")
+    limits = Limits(return_chars=40, max_text_hits=10)  # one query of the default top_k
+    app = create_app(classifier, limits, index=index.path, precision="fp32")
     with TestClient(app) as client:
         r = client.post("/search", json={"queries": ["document"], "return_text": True})
         hits = {h["id"]: h for h in r.json()["results"][0]}
@@ -1173,6 +1298,20 @@ def test_search_texts_are_cut_at_return_chars(classifier: Path, tmp_path: Path) 
         assert hits["d1"]["text"] == docs[1][:40] and hits["d1"]["text_truncated"] is True
         r = client.post("/search", json={"queries": ["document"]})
         assert all("text" not in h and "text_truncated" not in h for h in r.json()["results"][0])
+        served = client.app.state.server  # type: ignore[attr-defined]
+        searched = served.batchers["search"].calls
+        queries = {"queries": ["document", "a"] * 2, "top_k": 3}  # 12 hits
+        for asked in ("return_text", "return_passage"):
+            r = client.post("/search", json={**queries, asked: True})
+            assert r.status_code == 413 and r.json() == {
+                "error": f"queries x top_k: 4 x 3 = 12 hits with {asked}, more than the limit "
+                "of 10 per request (max_text_hits): ask for fewer queries or a smaller top_k"
+            }
+        assert served.batchers["search"].calls == searched  # refused before any search
+        r = client.post("/search", json={**queries, "top_k": 2, "return_passage": True})
+        assert r.status_code == 200 and [len(x) for x in r.json()["results"]] == [2] * 4
+        r = client.post("/search", json=queries)  # no texts: not limited (two documents)
+        assert r.status_code == 200 and [len(x) for x in r.json()["results"]] == [2] * 4
 
 
 def test_a_big_request_is_not_starved_by_a_stream_of_small_ones() -> None:

@@ -32,6 +32,23 @@ class InputError(BertforgeError, ValueError):
     """Text or arguments given to a function do not fit (e.g. too long with truncation off)."""
 
 
+class ItemError(InputError):
+    """One input of a list does not fit, named by its place in the list ("text 4: no [MASK]
+    token ..."). A caller that passed a part of its own list (the server runs a request in
+    slices, each its own model call) names the input by its place in the whole: `shifted`."""
+
+    def __init__(self, noun: str, index: int, reason: str) -> None:
+        super().__init__(noun, index, reason)  # the args pickling makes it again from
+        self.noun, self.index, self.reason = noun, index, reason
+
+    def __str__(self) -> str:
+        return f"{self.noun} {self.index}: {self.reason}"
+
+    def shifted(self, offset: int) -> ItemError:
+        """The same error, the input `offset` places further on."""
+        return type(self)(self.noun, self.index + offset, self.reason)
+
+
 class DataError(BertforgeError):
     """A data file is malformed: the message names the file, line and field."""
 

@@ -42,7 +42,7 @@ from .config import BertConfig
 from .data.tasks import SquadExample
 from .data.tasks.documents import SummaryExample, document
 from .embedding import POOLINGS
-from .errors import ConfigError, InputError, check_choice
+from .errors import ConfigError, InputError, ItemError, check_choice
 from .heads import BertForTokenClassification
 from .hub import resolve
 from .runner import Runner, prepared
@@ -267,12 +267,11 @@ class Pipeline:
         its ids as an array)."""
         vocab = self.tok.vocab_size
         if isinstance(ids, (bytes, dict)) or not isinstance(ids, Iterable):
-            raise InputError(
-                f"input {i}: expected a text or a list of piece ids, got {type(ids).__name__}"
-            )
+            kind = type(ids).__name__
+            raise ItemError("input", i, f"expected a text or a list of piece ids, got {kind}")
         ids = list(ids)
         if not all(isinstance(k, (int, np.integer)) and 0 <= k < vocab for k in ids):
-            raise InputError(f"input {i}: piece ids must be integers in [0, {vocab})")
+            raise ItemError("input", i, f"piece ids must be integers in [0, {vocab})")
         cls_id, sep_id = self.tok.convert_tokens_to_ids(["[CLS]", "[SEP]"])
         row = [cls_id, *ids, sep_id]
         return SimpleNamespace(ids=row) if view else np.asarray(row, np.int64)
@@ -494,7 +493,7 @@ class Pipeline:
         encodings = self.encode(texts)
         for i, e in enumerate(encodings):
             if mask_id not in e.ids:
-                raise InputError(f"text {i}: no [MASK] token in {texts[i][:80]!r}")
+                raise ItemError("text", i, f"no [MASK] token in {texts[i][:80]!r}")
 
         def fn(b: dict[str, Any]) -> list[list[dict[str, Any]]]:
             hits = b["input_ids"] == mask_id  # (B, T)

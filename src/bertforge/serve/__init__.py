@@ -14,7 +14,8 @@
     POST /search     with --index DIR: {"queries", "top_k"?, "mode"?, "return_text"?,
                      "return_passage"?} -> {"results": [[{id, score, rank, text?,
                      text_truncated?, passage?}]]} (search/index.py); a document's text is cut at
-                     return_chars characters (text_truncated says whether it was)
+                     return_chars characters (text_truncated says whether it was), and with
+                     texts or passages queries x top_k is at most max_text_hits (else 413)
     POST /rerank     text-embeddings-inference's: {"query", "texts", "raw_scores"?, "return_text"?,
                      "truncate"?} -> [{index, score, text?}], best first (a cross-encoder)
     POST /v1/rerank  Cohere's (v1) and Jina's: {"query", "documents": [str | {"text"}], "top_n"?,
@@ -65,7 +66,10 @@ model call at a time for the whole server instead made the small /embed requests
 /rerank wait for its calls (p99 0.8 s against 0.3 s side by side; the big one took 11 s against
 16.5 s).
 A call that fails is run again one request's slice at a time, so a bad input fails only its own
-request. A request whose client has gone leaves uncomputed, even half done.
+request, and is named by its place in the request, not in the slice (ItemError.shifted). A
+request whose client has gone leaves uncomputed, even half done. The pieces a request is
+counted as read (the batcher's, once, in a thread) are also its usage on /v1/embeddings and
+/v1/rerank; nothing is tokenised on the event loop, which would hold up every client.
 
 With an API key (--api-key, or the environment's BERTFORGE_API_KEY) every request but GET
 /health must send `Authorization: Bearer KEY`, else 401 (Auth). Each request is one line of

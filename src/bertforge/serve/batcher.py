@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import ItemError
 from .errors import GONE, HTTPError
 from .limits import Limits
 from .metrics import Metrics
@@ -86,21 +87,14 @@ class Batcher:
         """Requests with items not yet handed to a model call."""
         return sum(j.waiting for j in self.jobs)
 
-    async def submit(
-        self,
-        items: list[Any],
-        options: dict[str, Any],
-        gone: Callable[[], Awaitable[Any]] | None = None,
-        field: str = "texts",
-    ) -> list[Any]:
-        """The rows of `items`, computed in slices that share model calls with other requests;
-        413 before any model work if the items are read as more than max_request_tokens pieces
-        (`field`: the request's field the message names); `gone` returns when the client has
-        left: the request then leaves uncomputed (499), even half done."""
-        if not items:
-            return []
-        # counted in a thread (it tokenizes): the event loop serves the other clients meanwhile
-        costs = await asyncio.to_thread(self.cost, items, options)
+    async def read(
+        self, items: list[Any], options: dict[str, Any], field: str = "texts"
+    ) -> list[int]:
+        """The pieces each item is read as (the batcher's `cost`: what a request's usage
+        counts); 413 if more than max_request_tokens in all (`field`: the request's field the
+        message names). Counted in a thread (it tokenizes): the event loop serves the other
+        clients meanwhile."""
+        costs = await asyncio.to_thread(self.cost, items, options) if items else []
         total, limit = sum(costs), self.limits.max_request_tokens
         if total > limit:
             raise HTTPError(
@@ -109,6 +103,24 @@ class Batcher:
                 f"included), more than the limit of {limit:,} per request (max_request_tokens)",
                 field,
             )
+        return costs
+
+    async def submit(
+        self,
+        items: list[Any],
+        options: dict[str, Any],
+        gone: Callable[[], Awaitable[Any]] | None = None,
+        field: str = "texts",
+        costs: list[int] | None = None,
+    ) -> list[Any]:
+        """The rows of `items`, computed in slices that share model calls with other requests;
+        413 before any model work if the items are read as more than max_request_tokens pieces
+        (`read`, unless their `costs` are given, read already); `gone` returns when the client
+        has left: the request then leaves uncomputed (499), even half done."""
+        if not items:
+            return []
+        costs = await self.read(items, options, field) if costs is None else costs
+        total = sum(costs)
         if self.waiting >= self.limits.max_queue:
             raise HTTPError(503, "server busy: the request queue is full; retry later")
         loop = asyncio.get_running_loop()
@@ -201,7 +213,7 @@ class Batcher:
     async def answer(self, slices: list[Slice]) -> None:
         """One model call for the slices, each request given its own rows (answered once all
         its rows are in); if it fails, each slice runs alone, so that one bad input fails only
-        its own request."""
+        its own request, named by its place in the request (not in the slice: ItemError)."""
         slices = [s for s in slices if not s.job.future.done()]  # clients gone meanwhile
         if not slices:
             return
@@ -214,8 +226,9 @@ class Batcher:
             if len(slices) > 1:
                 for s in slices:
                     await self.answer([s])
-            elif not first.future.done():
-                first.future.set_exception(e)
+            elif not first.future.done():  # an input named by its place in the request
+                shifted = e.shifted(slices[0].start) if isinstance(e, ItemError) else e
+                first.future.set_exception(shifted)
             return
         i = 0
         for s in slices:

@@ -38,6 +38,14 @@ class Limits:
     return_chars: int = option(
         10_000, "characters of a document's text in a /search answer (more: cut, flagged)", min=1
     )
+    # with return_chars, what bounds a /search answer's size: 1,000 hits of 10,000 characters
+    # are 10 million (and a window-long passage each); 64 queries x top_k 1,000 were 640 million
+    max_text_hits: int = option(
+        1_000,
+        "hits with a text or passage in a /search answer: queries x top_k with return_text or "
+        "return_passage (else 413)",
+        min=1,
+    )
 
     def __post_init__(self) -> None:
         check_options(self)

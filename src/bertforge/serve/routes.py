@@ -38,8 +38,9 @@ if TYPE_CHECKING:
 
 SEARCH_POOL = 4  # connections to a PostgreSQL index (the search batcher runs one call at a time)
 
-# a request's vectors (its inputs, the field they came in, its options, the request) (embedder)
-Vectors = Callable[[list[Any], str, dict[str, Any], Any], Awaitable[list]]
+# a request's vectors and the pieces the model read for them (its inputs, the field they came
+# in, its options, the request) (embedder)
+Vectors = Callable[[list[Any], str, dict[str, Any], Any], Awaitable[tuple[list, int]]]
 
 
 def add_pipeline(app: Any, server: Server, entry: Entry) -> None:
@@ -58,11 +59,14 @@ def add_pipeline(app: Any, server: Server, entry: Entry) -> None:
 
 def embedder(server: Server) -> Vectors:
     """The vectors of a request's inputs (what: the field a refusal names) from the batcher that
-    /embed and /v1/embeddings share: the inputs and prompt checked, the prompt resolved into
-    the batch's options, the dimensions checked (400) and applied to the request's own rows."""
+    /embed and /v1/embeddings share, and the pieces the model read for them (the prompt
+    before each input included): the inputs and prompt checked, the prompt resolved into the
+    batch's options, the dimensions checked (400) and applied to the request's own rows."""
     pipe = server.pipe
 
-    async def vectors(inputs: list[Any], what: str, options: dict[str, Any], request: Any) -> list:
+    async def vectors(
+        inputs: list[Any], what: str, options: dict[str, Any], request: Any
+    ) -> tuple[list, int]:
         server.check(inputs, what)
         if options.get("prompt") is not None:
             server.check([options["prompt"]], "prompt")
@@ -75,9 +79,9 @@ def embedder(server: Server) -> Vectors:
         except ConfigError as e:
             raise HTTPError(400, str(e).replace(" (--dimensions)", ""), "dimensions") from None
         options["prompt"] = prompt
-        rows = await server.submit("embed", run, inputs, options, request, read, what)
+        rows, pieces = await server.submit("embed", run, inputs, options, request, read, what)
         normalized = own.normalize if normalize is None else normalize
-        return list(embedding.shortened(np.stack(rows), dimensions, normalized))
+        return list(embedding.shortened(np.stack(rows), dimensions, normalized)), pieces
 
     def run(items: list[Any], options: dict[str, Any]) -> list[Any]:
         return list(pipe.embed(items, **options))
@@ -105,7 +109,8 @@ def add_embeddings(app: Any, server: Server) -> None:
     async def embed(req: EmbedRequest, request: Request) -> dict[str, Any]:
         options = {"pooling": req.pooling, "normalize": req.normalize, "dimensions": req.dimensions}
         options |= {"prompt_name": req.prompt_name, "prompt": req.prompt}
-        rows = np.stack(await vectors(req.texts, "texts", options, request))
+        found, _ = await vectors(req.texts, "texts", options, request)
+        rows = np.stack(found)
         return {"embeddings": server.quantized(rows, req.embedding_precision, options).tolist()}
 
     @app.post("/v1/embeddings", summary="OpenAI's embeddings API")
@@ -115,8 +120,7 @@ def add_embeddings(app: Any, server: Server) -> None:
             inputs = [inputs]
         options = {"pooling": None, "normalize": None, "dimensions": req.dimensions}
         options |= {"prompt_name": None, "prompt": None}  # the model's default prompt, if any
-        rows = await vectors(inputs, "input", options, request)
-        used = sum(server.pieces(x) for x in inputs)
+        rows, used = await vectors(inputs, "input", options, request)
         as_base64 = req.encoding_format == "base64"
         return {
             "object": "list",
@@ -144,7 +148,7 @@ def add_rerank(app: Any, server: Server) -> None:
     @app.post(tei, summary=ENTRIES["rerank"].help)
     async def rerank(req: RerankRequest, request: Request) -> list[dict[str, Any]]:
         options = {"raw_scores": req.raw_scores, "truncate": req.truncate}
-        scores = await server.scores(req.query, req.texts, "texts", options, request)
+        scores, _ = await server.scores(req.query, req.texts, "texts", options, request)
         return [
             {"index": i, "score": scores[i], **({"text": req.texts[i]} if req.return_text else {})}
             for i in ranking.ranked(scores)
@@ -153,8 +157,7 @@ def add_rerank(app: Any, server: Server) -> None:
     @app.post(v1, summary="Cohere's (v1) and Jina's rerank API")
     async def cohere_rerank(req: CohereRerankRequest, request: Request) -> dict[str, Any]:
         texts = [d if isinstance(d, str) else d.text for d in req.documents]
-        scores = await server.scores(req.query, texts, "documents", COHERE_OPTIONS, request)
-        used = sum(server.pieces((req.query, t)) for t in texts)
+        scores, used = await server.scores(req.query, texts, "documents", COHERE_OPTIONS, request)
         return {
             **cohere_answer(scores, texts, req.top_n, req.return_documents, "1"),
             "model": req.model or server.name,
@@ -164,8 +167,8 @@ def add_rerank(app: Any, server: Server) -> None:
     @app.post(v2, summary="Cohere's v2 rerank API")
     async def cohere_v2_rerank(req: CohereV2RerankRequest, request: Request) -> dict[str, Any]:
         server.check(req.documents, "documents")  # before they are read to be cut
-        texts = server.clip(req.documents, req.max_tokens_per_doc)
-        scores = await server.scores(req.query, texts, "documents", COHERE_OPTIONS, request)
+        texts = await server.clip(req.documents, req.max_tokens_per_doc)
+        scores, _ = await server.scores(req.query, texts, "documents", COHERE_OPTIONS, request)
         return cohere_answer(scores, req.documents, req.top_n, req.return_documents, "2")
 
 
@@ -241,17 +244,34 @@ def add_search(
     @app.post("/search", summary="search the index given with --index")
     async def search(req: SearchRequest, request: Request) -> dict[str, Any]:
         server.check(req.queries, "queries")
+        check_text_hits(req, server.limits.max_text_hits)
         options = {"top_k": req.top_k, "mode": req.mode, "text": req.return_text}
         options |= {"fusion": req.fusion, "alpha": req.alpha, "passage": req.return_passage}
         if req.where:  # metadata filters: a PostgreSQL index's (a directory's refuses, 422)
             options["where"] = req.where
-        rows = await server.submit("search", run, req.queries, options, request, read, "queries")
+        rows, _ = await server.submit("search", run, req.queries, options, request, read, "queries")
         if req.return_text:  # a document's text cut at return_chars: the answer stays bounded
             cut = server.limits.return_chars
             for hit in (h for row in rows for h in row):
                 hit["text_truncated"] = len(hit["text"]) > cut
                 hit["text"] = hit["text"][:cut]
         return {"results": rows}
+
+
+def check_text_hits(req: SearchRequest, limit: int) -> None:
+    """A /search asking for texts or passages within max_text_hits hits (else 413, before any
+    work): each hit's text is up to return_chars characters, so queries x top_k bounds the
+    answer's size."""
+    asked = [name for name in ("return_text", "return_passage") if getattr(req, name)]
+    hits = len(req.queries) * req.top_k
+    if asked and hits > limit:
+        raise HTTPError(
+            413,
+            f"queries x top_k: {len(req.queries)} x {req.top_k} = {hits:,} hits with "
+            f"{' and '.join(asked)}, more than the limit of {limit:,} per request "
+            "(max_text_hits): ask for fewer queries or a smaller top_k",
+            "top_k",
+        )
 
 
 def add_status(app: Any, server: Server) -> None:

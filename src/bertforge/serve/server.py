@@ -5,6 +5,7 @@ server's paths. No web framework: a request is read only for its notes and its d
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from collections.abc import Callable
 from pathlib import Path
@@ -84,9 +85,11 @@ class Server:
         return message
 
     def check(self, texts: list[Any], what: str = "texts") -> None:
-        """An input list within the limits (else 422 / 413 naming the field and item), piece
-        ids in the vocabulary: checked before the request joins a batch."""
-        limits, vocab = self.limits, self.pipe.tok.vocab_size
+        """An input list within the limits (else 422 / 413 naming the field and item), checked
+        before its pieces are counted. Piece ids are checked to be in the vocabulary as they
+        are counted (the pipeline's own check, Pipeline.windows), in the batcher's thread: a
+        loop over 64 x 10,000 ids here would hold up every client."""
+        limits = self.limits
         if not texts:
             raise HTTPError(422, f"{what}: empty list", what)
         if len(texts) > limits.max_texts:
@@ -104,8 +107,6 @@ class Server:
                     f"{what}[{i}]: {len(t):,} {unit}, more than the limit of {limits.max_chars:,}",
                     what,
                 )
-            if not isinstance(t, str) and not all(0 <= k < vocab for k in t):
-                raise HTTPError(422, f"{what}[{i}]: piece ids must be in [0, {vocab})", what)
 
     def check_answers(self, texts: list[Any], top_k: int) -> None:
         """fill-mask's answer, top_k tokens for each [MASK], within max_request_tokens answers
@@ -137,19 +138,6 @@ class Server:
         head = entry.architectures[0] + (f" of {entry.labels} label" if entry.labels else "")
         return f"{name}: this model has no {entry.needs} ({head})"
 
-    def pieces(self, item: Any) -> int:
-        """Pieces of one input with [CLS] and [SEP]: a text, piece ids, or a tuple of texts."""
-        n = 2
-        for part in item if isinstance(item, tuple) else (item,):
-            if isinstance(part, str):
-                encoded = self.pipe.tok.encode_batch(
-                    [part], add_special_tokens=False, truncation=False
-                )
-                n += len(encoded[0])
-            elif part is not None:
-                n += len(part)
-        return n
-
     def batcher(
         self, key: str, run: Callable[[list[Any], dict[str, Any]], list[Any]], cost: Cost
     ) -> Batcher:
@@ -166,9 +154,10 @@ class Server:
         request: Any,
         cost: Cost,
         field: str,
-    ) -> list[Any]:
+    ) -> tuple[list[Any], int]:
         """The rows of a request's items from the batcher `key` (made with `run`, its items
-        read as `cost` says), noting for the access log how many items it had and the model
+        read as `cost` says), and the pieces they were read as (a request's usage: counted
+        once, by the batcher), noting for the access log how many items it had and the model
         call's batch size they ran in (each row comes back from the worker beside that size);
         `field`: the request's field a 413 names."""
 
@@ -177,18 +166,26 @@ class Server:
 
         note(request, texts=len(items))
         b = self.batcher(key, sized, cost)
-        rows = await b.submit(items, options, functools.partial(client_gone, request), field)
+        costs = await b.read(items, options, field)
+        gone = functools.partial(client_gone, request)
+        rows = await b.submit(items, options, gone, field, costs)
         note(request, batch=max((n for _, n in rows), default=None))
-        return [row for row, _ in rows]
+        return [row for row, _ in rows], sum(costs)
 
-    def clip(self, texts: list[str], pieces: int) -> list[str]:
+    async def clip(self, texts: list[str], pieces: int) -> list[str]:
         """Each text cut after its first `pieces` pieces (Cohere's max_tokens_per_doc): at the
-        end of that piece's characters, so the cut text reads as those pieces again."""
-        encoded = self.pipe.tok.encode_batch(texts, add_special_tokens=False, truncation=False)
-        return [
-            t if len(e.offsets) <= pieces else t[: e.offsets[pieces - 1][1]]
-            for t, e in zip(texts, encoded)
-        ]
+        end of that piece's characters, so the cut text reads as those pieces again. Cut in a
+        thread (it tokenizes): the event loop serves the other clients meanwhile."""
+
+        def cut() -> list[str]:
+            tok = self.pipe.tok
+            encoded = tok.encode_batch(texts, add_special_tokens=False, truncation=False)
+            return [
+                t if len(e.offsets) <= pieces else t[: e.offsets[pieces - 1][1]]
+                for t, e in zip(texts, encoded)
+            ]
+
+        return await asyncio.to_thread(cut)
 
     @staticmethod
     def windows_read(pipe: Pipeline, max_length: int | None = None) -> Cost:
@@ -274,13 +271,17 @@ class Server:
         if entry.name == "fill-mask":
             self.check_answers(columns["texts"], options["top_k"])
         items, cost = list(zip(*columns.values())), self.reading(entry, len(given))
-        return await self.submit(f"{entry.name}:{key}", run, items, options, request, cost, first)
+        rows, _ = await self.submit(
+            f"{entry.name}:{key}", run, items, options, request, cost, first
+        )
+        return rows
 
     async def scores(
         self, query: str, texts: list[str], field: str, options: dict[str, Any], request: Any
-    ) -> list[float]:
+    ) -> tuple[list[float], int]:
         """A cross-encoder's scores of (query, text) for each text, in the batcher that
-        POST /rerank (the catalogue's entry) and /v1/rerank share."""
+        POST /rerank (the catalogue's entry) and /v1/rerank share, and the pieces the model
+        read for them (every window of a long text beside the query, [CLS] and two [SEP])."""
         entry = ENTRIES["rerank"]
         self.need(entry)
         self.check([query], "query")
