@@ -892,6 +892,34 @@ def test_a_late_bad_row_is_found_before_any_work_and_a_fixed_corpus_resumes(
     assert index.meta["corpus_sha256"] == fresh.meta["corpus_sha256"]
 
 
+def test_a_part_killed_between_its_new_listing_and_its_vectors_is_embedded_again(
+    minilm_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A finished part whose document then changed, its rebuild killed after the part's new
+    listing was written but before its vectors were: the next build embeds the new text (the
+    old vectors were once kept beside the new listing, the old text's hits served as new)."""
+    from bertforge.pipelines import Pipeline
+
+    path, out = corpus(tmp_path), tmp_path / "idx"
+    _killed_build(minilm_dir, path, out, monkeypatch)  # part 0 (d0, d1) whole, part 1 killed
+    lines = path.read_text().splitlines()
+    edited = [lines[0], json.dumps({"id": "d1", "text": "Dogs bark at the postman."}), *lines[2:]]
+    path.write_text("\n".join(edited) + "\n")
+
+    def killed(self, rows, *a, **k):  # type: ignore[no-untyped-def]
+        raise KeyboardInterrupt  # in part 0's embedding: after its listing
+
+    with monkeypatch.context() as m:
+        m.setattr(Pipeline, "embed", killed)
+        with pytest.raises(KeyboardInterrupt):
+            Index.build(minilm_dir, path, out, chunk=2, progress=False, precision="fp32")
+    assert "Dogs bark" in (out / "parts" / "000000.jsonl").read_text()
+    index = Index.build(minilm_dir, path, out, chunk=2, progress=False, precision="fp32")
+    fresh = Index.build(minilm_dir, path, tmp_path / "fresh", progress=False, precision="fp32")
+    np.testing.assert_allclose(np.asarray(index.vectors), np.asarray(fresh.vectors), atol=1e-6)
+    assert index.search(["which animal barks"], top_k=1)[0][0]["id"] == "d1"
+
+
 def test_corrupt_bm25_and_graph_files_are_one_error(
     built: Index, minilm_dir: Path, tmp_path: Path
 ) -> None:

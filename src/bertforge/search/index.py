@@ -646,13 +646,16 @@ def _build_part(
 ) -> None:
     """One chunk's part: documents (.jsonl), each window's document (.owners.npy, numbered from
     `first`) and characters (.spans.npy), and vectors (.npy, written last: its presence means
-    the part is whole). A part already there for the same documents is kept."""
+    the part is whole for the listing beside it). A part already there for the same documents
+    is kept; another part's vectors are removed before its new listing is written, so a build
+    killed while embedding leaves no vectors to pass for the new documents'."""
     listing = "".join(json_text({"id": i, "text": t}) + "\n" for i, t in docs)
     vectors = part.with_suffix(".npy")
     if vectors.is_file() and part.with_suffix(".jsonl").read_text(encoding="utf-8") == listing:
         bar.update(np.load(vectors, mmap_mode="r").shape[0])
         return
     pieces, owners, starts, lengths, spans = cut_windows(pipe, [t for _, t in docs], *cut[:2])
+    vectors.unlink(missing_ok=True)  # the old documents': never beside the new listing
     write_text(part.with_suffix(".jsonl"), listing)
     for name, array in {"owners": owners + first, "spans": spans}.items():
         with atomic_path(part.with_suffix(f".{name}.npy")) as tmp, open(tmp, "wb") as f:
