@@ -720,6 +720,25 @@ def test_mining_never_takes_the_positive_for_a_negative(built: Index) -> None:
             mine(built, [QUERIES[0]], [DOCS[2]], **bad)  # type: ignore[arg-type]
 
 
+def test_mining_leaves_out_every_positive_of_a_query(built: Index) -> None:
+    """Rows that share a query (its spacing and case aside: several relevant passages of one
+    question) never get each other's positives as negatives, by text or by id; another query's
+    positive stays a candidate."""
+    hits = built.search(QUERIES[:1], top_k=6)[0]
+    order = [int(h["id"][1:]) for h in hits]  # the dense ranking of all six documents
+    first, second = order[:2]
+    queries = [QUERIES[0], QUERIES[0].upper() + " ", QUERIES[1]]
+    positives = [DOCS[first], DOCS[second], DOCS[first]]
+    found = mine(built, queries, positives, negatives=2, depth=6)
+    want = [DOCS[d] for d in order[2:4]]  # the best two that are neither positive
+    assert found.negatives[:2] == [want, want]
+    other = [DOCS[int(h["id"][1:])] for h in built.search(QUERIES[1:2], 6)[0]]
+    assert found.negatives[2] == [t for t in other if t != DOCS[first]][:2]
+    ids = [f"d{first}", f"d{second}", None]
+    by_id = mine(built, queries, ["a", "b", DOCS[first]], positive_ids=ids, negatives=2, depth=6)
+    assert by_id.negatives[:2] == [want, want]
+
+
 def test_mine_command_reports_and_refuses(
     built: Index, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
