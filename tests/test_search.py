@@ -179,6 +179,13 @@ def test_a_query_that_shares_no_word_with_the_corpus(built: Index) -> None:
                 [[1 / (RRF_K + r) for r in range(1, 7)]] * 3,
             )
     assert mine(built, queries[:1], DOCS[:1], negatives=1, depth=6, mode="bm25").negatives == [None]
+    # --margin scores the positive as the search does: 0 for a query of unknown words, or of
+    # stopwords alone, no word left (bm25s itself raised IndexError on no words)
+    words = ["to be or not to be", "a b c", queries[0]]
+    assert built.search(words, top_k=6, mode="bm25") == [[], [], []]
+    assert built.scores_of(words, [2, 2, 2], "bm25").tolist() == [0.0, 0.0, 0.0]
+    margin = {"negatives": 1, "depth": 6, "mode": "bm25", "margin": 0.0}
+    assert mine(built, words[:1], DOCS[2:3], **margin).negatives == [None]  # type: ignore[arg-type]
     (one,) = built.search(["hamlet"], top_k=6, mode="bm25")
     assert [h["id"] for h in one] == ["d2"]
 

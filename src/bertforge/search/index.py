@@ -450,7 +450,8 @@ class Index:
         return np.array([pieces.span(a, a + n) for a, n in windows], np.int64)
 
     def scores_of(self, queries: Sequence[str], docs: Sequence[int], mode: str) -> np.ndarray:
-        """Each query's score of one document (docs[i] for queries[i]) as `mode` scores it."""
+        """Each query's score of one document (docs[i] for queries[i]) as `mode` scores it (BM25:
+        0 for a query with no words left once tokenized, stopwords only, as search scores it)."""
         if mode == "dense":
             q = self.queries(queries)
             spans = [(self.starts[d], self.ends[d]) for d in docs]
@@ -458,7 +459,8 @@ class Index:
         bm25 = self._bm25_index()
         tokenize = need_extra("bm25s", _BM25_EXTRA).tokenize
         words = tokenize(list(queries), stopwords="en", return_ids=False, show_progress=False)
-        return np.array([float(bm25.get_scores(w)[d]) for w, d in zip(words, docs)])
+        # bm25s' get_scores fails on no words (it reads the first to tell strings from ids)
+        return np.array([float(bm25.get_scores(w)[d]) if w else 0.0 for w, d in zip(words, docs)])
 
     def ranked(
         self,
