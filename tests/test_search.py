@@ -244,6 +244,24 @@ def test_hybrid_weighted_and_by_standardised_scores(built: Index) -> None:
             np.testing.assert_allclose([h["score"] for h in h_row], sorted(want.values())[::-1])
 
 
+def test_hybrid_gives_as_many_hits_as_asked_beyond_its_lists(
+    built: Index, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Hybrid search fuses lists FUSED (100) deep, deeper where more hits are asked for: a top_k
+    beyond it (search --top-k 500, --rerank-depth 300, mine --depth 300) once got 2 FUSED hits
+    at most, silently; here FUSED is 2 and top_k 5."""
+    import bertforge.search.index as index_module
+
+    monkeypatch.setattr(index_module, "FUSED", 2)
+    queries = ["zyxwv qwerty", QUERIES[0]]  # no BM25 hits; some
+    hits = built.search(queries, top_k=5, mode="hybrid")
+    assert [len(row) for row in hits] == [5, 5]
+    dense = built.search(queries, top_k=5)
+    assert [h["id"] for h in hits[0]] == [h["id"] for h in dense[0]]  # dense alone
+    (negs,) = mine(built, queries[1:], DOCS[2:3], negatives=4, depth=5, mode="hybrid").negatives
+    assert negs is not None and len(negs) == 4 and DOCS[2] not in negs
+
+
 def test_score_fusion_of_lists_that_differ(built: Index) -> None:
     """A document one list leaves out counts as that list's lowest; -1 pads a short list."""
     a = (np.array([[3, 1, 2]]), np.array([[0.9, 0.5, 0.1]]))

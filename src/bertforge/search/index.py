@@ -19,17 +19,18 @@ better (SQuAD's paragraphs: README, "Search and rerank").
 The finished index holds vectors.npy (float32, the model's own normalisation), windows.npy
 (each window's document), documents.jsonl (ids and texts), bm25/ (bm25s' files: arrays and
 JSON, no pickle) and, written last, index.json: the model's identity (identity.py: a sha256 of
-its config.json and weights), its embedding settings, the window settings and the counts. A
-search with another model is one error naming both.
+its config.json and weights, and what else makes its vectors: pooling, normalisation, length,
+tokenizer), its embedding settings, the window settings and the counts. A search with another
+model, or the same weights set up otherwise, is one error naming what differs.
 
 Dense search is exact by default: the queries' vectors times every window's, in blocks of
 queries and of windows (memory bounded for any corpus), the best window per document, the top
 k (ties: the earlier document first). An index built with approximate="hnsw"
 (`--approximate hnsw`, faiss) searches an HNSW graph of the windows instead (for millions of
-vectors). Hybrid search fuses the dense and BM25 top-100 lists: by reciprocal rank (k = 60;
-`fusion="rrf"`, the default) or by their scores standardised per query (`fusion="zscore"`: each
-list's z-scores, a document it leaves out given its lowest, summed; fusion.py); `alpha` weighs
-the dense list against BM25's (0.5: equal).
+vectors). Hybrid search fuses the dense and BM25 top-100 lists (top-k where more are asked
+for): by reciprocal rank (k = 60; `fusion="rrf"`, the default) or by their scores standardised
+per query (`fusion="zscore"`: each list's z-scores, a document it leaves out given its lowest,
+summed; fusion.py); `alpha` weighs the dense list against BM25's (0.5: equal).
 """
 
 from __future__ import annotations
@@ -480,7 +481,8 @@ class Index:
             return self.dense(queries, k, vectors)
         if mode == "bm25":
             return self.bm25(queries, k)
-        runs = [self.dense(queries, FUSED, vectors), self.bm25(queries, FUSED)]
+        n = max(FUSED, k)  # each list at least as deep as the hits asked for
+        runs = [self.dense(queries, n, vectors), self.bm25(queries, n)]
         return fuse_runs(runs, fusion, alpha, k)
 
 

@@ -421,7 +421,8 @@ class PgIndex:
             return self.dense(queries, k, vectors, where)
         if mode == "bm25":
             return self.text_search(queries, k, where)
-        runs = [self.dense(queries, FUSED, vectors, where), self.text_search(queries, FUSED, where)]
+        n = max(FUSED, k)  # each list at least as deep as the hits asked for
+        runs = [self.dense(queries, n, vectors, where), self.text_search(queries, n, where)]
         return fuse_runs(runs, fusion, alpha, k)
 
     def search(
