@@ -30,7 +30,7 @@ from bertforge.pipelines import Pipeline
 from bertforge.search import Index, PgOptions, fuse_runs, open_index
 from bertforge.search.pgsql import redacted
 from bertforge.search.postgres import PgIndex
-from tests.test_search import DOCS, QUERIES
+from tests.test_search import DOCS, QUERIES, set_up_otherwise
 
 pytest.importorskip("psycopg")
 REPO = Path(__file__).resolve().parents[1]
@@ -439,6 +439,21 @@ def test_the_model_is_checked_at_every_search(
         index.search(QUERIES, top_k=2)
     with pytest.raises(DataError, match="not a bertforge index"):
         PgIndex.open(postgres_dsn, PgOptions(table="nothing_here"))
+    # its weights set up otherwise (here another pooling): the directory index's rule
+    pooled = set_up_otherwise(minilm_dir, tmp_path / "pooled", "pooling")
+    with pytest.raises(ConfigError, match="weights this index was built with .*pooling"):
+        open_index(postgres_dsn, PgOptions(table="docs"), model=str(pooled))
+    with pytest.raises(ConfigError, match=r"another model or settings \(pooling differ"):
+        build(pooled, write_corpus(tmp_path / "c.jsonl"), postgres_dsn, "docs")
+    # a record written before the tokenizer and length were kept: checked without them
+    with index.db.connection() as conn:
+        conn.execute(  # the model's own sha256 again, the tokenizer and length unrecorded
+            "UPDATE swapped_index SET value = (value - 'tokenizer_sha256' - 'max_length') || "
+            "jsonb_build_object('model_sha256', %s::text)",
+            [pg.meta["model_sha256"]],
+        )
+    shorter = set_up_otherwise(minilm_dir, tmp_path / "shorter", "max_seq_length")
+    assert open_index(postgres_dsn, PgOptions(table="swapped"), model=str(shorter)) is not None
     with pytest.raises(ConfigError, match="directory index's"):
         build(minilm_dir, tmp_path / "c.jsonl", postgres_dsn, "other", approximate="hnsw")
     index.close()

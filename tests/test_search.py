@@ -847,6 +847,59 @@ def test_an_index_is_bound_to_its_model(
         Index.load(index.path).search(QUERIES, top_k=3)
 
 
+# a model's set-up changed in a copy of its weights: the file, the change, how errors name it
+SET_UP_OTHERWISE = {
+    "pooling": (
+        "1_Pooling/config.json",
+        lambda c: c | {"pooling_mode_mean_tokens": False, "pooling_mode_cls_token": True},
+    ),
+    "normalisation": (
+        "modules.json",
+        lambda modules: [m for m in modules if not m["type"].endswith("Normalize")],
+    ),
+    "max_seq_length": ("sentence_bert_config.json", lambda c: c | {"max_seq_length": 128}),
+    "tokenizer": ("tokenizer_config.json", lambda c: c | {"do_lower_case": False}),
+}
+
+
+def set_up_otherwise(minilm_dir: Path, out: Path, what: str) -> Path:
+    """A copy of MiniLM with one of SET_UP_OTHERWISE's changes: its weights, other vectors."""
+    shutil.rmtree(out, ignore_errors=True)
+    shutil.copytree(minilm_dir, out)
+    name, change = SET_UP_OTHERWISE[what]
+    (out / name).write_text(json.dumps(change(json.loads((out / name).read_text()))))
+    return out
+
+
+def test_an_index_is_bound_to_how_its_model_makes_vectors(
+    built: Index, minilm_dir: Path, tmp_path: Path
+) -> None:
+    """The index's weights set up otherwise (another pooling, no Normalize module, another
+    max_seq_length, another casing) make other vectors: given with --model, or served, such a
+    copy once passed and the hits silently changed; now each is one error naming what differs.
+    An index written before these were recorded is checked by what it records."""
+    pytest.importorskip("fastapi")
+    from bertforge.serve import create_app
+
+    for what in SET_UP_OTHERWISE:
+        model = set_up_otherwise(minilm_dir, tmp_path / "model", what)
+        with pytest.raises(ConfigError, match=f"weights this index was built with .*{what}"):
+            Index.load(built.path).use_model(model)
+        with pytest.raises(ConfigError, match=f"not the one served .*{what}"):
+            create_app(model, index=built.path, precision="fp32")
+    old = tmp_path / "old"
+    shutil.copytree(built.path, old)
+    meta = json.loads((old / "index.json").read_text())
+    for key in ("include_prompt", "max_length", "tokenizer_sha256"):
+        del meta[key]
+    (old / "index.json").write_text(json.dumps(meta))
+    assert Index.load(old).search(QUERIES, top_k=3) == built.search(QUERIES, top_k=3)
+    shorter = set_up_otherwise(minilm_dir, tmp_path / "model", "max_seq_length")
+    assert Index.load(old).use_model(shorter) is not None  # not recorded: not compared
+    with pytest.raises(ConfigError, match="pooling"):  # recorded from the start
+        Index.load(old).use_model(set_up_otherwise(minilm_dir, tmp_path / "model", "pooling"))
+
+
 def test_an_index_refuses_a_cross_encoder(tmp_path: Path, tiny_model: Path) -> None:
     from bertforge import BertConfig, BertForSequenceClassification, Tokenizer
 

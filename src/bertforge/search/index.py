@@ -51,12 +51,7 @@ from ..runner import release_memory
 from ..tasks.windows import windows_of
 from .corpus import DEFAULT_FORMAT, CorpusFormat, read_search_corpus
 from .fusion import FUSED, FUSIONS, best_columns, fuse_runs
-from .identity import (
-    build_start,
-    query_pipeline,
-    same_model,
-    sha256,
-)
+from .identity import build_start, model_mismatch, query_pipeline, sha256
 from .options import MODES, FirstStage, IndexOptions, PgOptions, QueryModel, SearchOptions
 from .windows import chunks, cut_windows, embedded_windows
 
@@ -256,13 +251,14 @@ class Index:
         the model's, as the index recorded it, unless changed)."""
         return self.use_model().embed(list(queries), prompt=self.query_prompt)
 
-    def adopt(self, pipe: Any) -> bool:
+    def adopt(self, pipe: Any) -> list[str]:
         """Embed queries with `pipe` (a Pipeline already loaded: the server's), if it is the
-        index's model in the index's precision; whether it was."""
-        if same_model(pipe, self.meta):
+        index's model in the index's precision; what differs, in words (identity.model_mismatch;
+        empty: adopted)."""
+        differs = model_mismatch(pipe, self.meta)
+        if not differs:
             self._pipe = pipe
-            return True
-        return False
+        return differs
 
     def dense(
         self, queries: Sequence[str], k: int, vectors: np.ndarray | None = None

@@ -57,7 +57,7 @@ import numpy as np
 from ..errors import ConfigError, DataError, check_choice
 from .corpus import DEFAULT_FORMAT, CorpusFormat, read_search_records
 from .fusion import FUSED, FUSIONS, fuse_runs
-from .identity import build_start, query_pipeline, same_model
+from .identity import build_start, model_differences, model_mismatch, query_pipeline
 from .options import EF_SEARCH_MAX, MODES, FirstStage, IndexOptions, PgOptions, SearchOptions
 from .pgsql import (
     COPY_HEADER,
@@ -76,10 +76,11 @@ __all__ = ["PgIndex", "is_dsn"]
 FORMAT = 1
 HNSW = "WITH (m = 16, ef_construction = 64)"  # pgvector's defaults, written down
 HALFVEC = (0, 7)  # the pgvector version that has halfvec
-# the record's settings a later build must share (the model's path and name may move)
+# the record's settings a later build must share besides its model (identity.model_differences;
+# the model's path and name may move)
 _BOUND = (
-    "format", "model_sha256", "pooling", "normalize", "document_prompt", "query_prompt",
-    "window", "stride", "precision", "dimensions", "metric",
+    "format", "document_prompt", "query_prompt", "window", "stride", "precision", "dimensions",
+    "metric",
 )  # fmt: skip
 _OPS = {"cosine": "<=>", "inner_product": "<#>"}  # pgvector's distance of each metric
 # the query's English words, any of them (plainto_tsquery's 'a' & 'b' made 'a' | 'b')
@@ -296,13 +297,13 @@ class PgIndex:
             self._pipe = query_pipeline(self.path, self.meta, recorded, model, **pipeline)
         return self._pipe
 
-    def adopt(self, pipe: Any) -> bool:
+    def adopt(self, pipe: Any) -> list[str]:
         """Embed queries with `pipe` (the server's Pipeline) if it is the index's model in the
-        index's precision; whether it was."""
-        if same_model(pipe, self.meta):
+        index's precision; what differs, in words (empty: adopted)."""
+        differs = model_mismatch(pipe, self.meta)
+        if not differs:
             self._pipe = pipe
-            return True
-        return False
+        return differs
 
     def queries(self, queries: Sequence[str]) -> np.ndarray:
         return self.use_model().embed(list(queries), prompt=self.query_prompt)
@@ -311,7 +312,7 @@ class PgIndex:
         """The table's record, read again: still this model's index (a table rebuilt with
         another model meanwhile would give other hits without a word)."""
         now = _record(conn, self.names, self.path)
-        if any(now.get(k) != self.meta.get(k) for k in (*_BOUND, "vector_type")):
+        if _differences(self.meta, now) or now.get("vector_type") != self.meta["vector_type"]:
             raise ConfigError(
                 f"{self.path}: now holds an index of another model or settings "
                 f"({now.get('model_name')}, sha256 {str(now.get('model_sha256'))[:12]}...) than "
@@ -609,6 +610,12 @@ def _refuse_directory_options(o: IndexOptions) -> None:
         )
 
 
+def _differences(held: Mapping[str, Any], settings: Mapping[str, Any]) -> list[str]:
+    """The fields of `settings` (a build's, or the record read again) that differ from the
+    record `held`: its model's (identity.model_differences), then the other bound settings."""
+    return model_differences(held, settings) + [k for k in _BOUND if held.get(k) != settings.get(k)]
+
+
 def _record(conn: Any, t: Mapping[str, Any], where: str) -> dict[str, Any]:
     """The index's record (T_index), or one DataError: no such table, or not an index."""
     exists = conn.execute("SELECT to_regclass(%s)", [t["meta"].as_string(conn)]).fetchone()[0]
@@ -626,8 +633,7 @@ def _start(conn: Any, t: Mapping[str, Any], settings: dict[str, Any], where: str
     conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
     if conn.execute("SELECT to_regclass(%s)", [t["meta"].as_string(conn)]).fetchone()[0]:
         held = _record(conn, t, where)
-        changed = [k for k in _BOUND if held.get(k) != settings.get(k)]
-        if changed:
+        if changed := _differences(held, settings):
             raise ConfigError(
                 f"{where}: holds an index of another model or settings ({', '.join(changed)} "
                 "differ): give another --table, or drop that one"

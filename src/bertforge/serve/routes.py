@@ -222,11 +222,11 @@ def add_search(
     app.state.index = index
     if index_model is not None:  # the index's model beside the served one, checked
         index.use_model(index_model, device=server.pipe.device.type)
-    elif not index.adopt(server.pipe):
+    elif differs := index.adopt(server.pipe):
         raise ConfigError(
             f"{index.path}: built with the model {index.meta['model_name']}, not the one served "
-            f"({server.name}, or not in its precision): serve that model, or name the index's "
-            "own with --index-model to search with it beside the served one"
+            f"({server.name}: {'; '.join(differs)} differ): serve that model, or name the "
+            "index's own with --index-model to search with it beside the served one"
         )
     server.endpoints.append("search")
     pipe = index.use_model()  # the queries are read as its embed reads them
