@@ -224,6 +224,41 @@ def test_a_selective_filter_still_finds_k(
     exact.close()
 
 
+def test_a_request_never_makes_postgres_score_the_whole_table(
+    pg: PgIndex, directory: Index, postgres_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the graph's candidates hold fewer than k documents, the exact scan runs only where
+    the windows it would score are at most EXACT_FALLBACK (every window of a small table, or
+    those of the documents a filter keeps); else the graph's answer stands. A top_k of 1,000
+    once made each query of a request score every window of the table. Here the graph gives 2
+    windows (EF_SEARCH_MAX 2; enable_sort off makes the planner take it) of the 6 documents."""
+    import bertforge.search.postgres as postgres
+
+    monkeypatch.setattr(postgres, "EF_SEARCH_MAX", 2)
+    index = PgIndex.open(postgres_dsn + "&options=-c%20enable_sort%3Doff", PgOptions(table="docs"))
+    windows = pg.count()[1]
+    with pg.db.connection() as conn:
+        (english,) = conn.execute(
+            "SELECT count(*) FROM docs_windows w JOIN docs d ON d.id = w.id "
+            "WHERE d.metadata ->> 'lang' = 'en'"
+        ).fetchone()
+    want = [[h["id"] for h in row] for row in directory.search(QUERIES, top_k=6)]
+    kept = {"d0", "d1", "d3", "d5"}  # the English ones
+    for bound, where, expect in (
+        (windows, None, want),  # every window: few enough, exact
+        (english, {"lang": "en"}, [[i for i in row if i in kept] for row in want]),
+        (windows - 1, None, None),  # more: the graph's documents (of its 2 windows)
+        (english - 1, {"lang": "en"}, None),
+    ):
+        monkeypatch.setattr(postgres, "EXACT_FALLBACK", bound)
+        got = [[h["id"] for h in row] for row in index.search(QUERIES, top_k=6, where=where)]
+        if expect is None:
+            assert all(len(row) <= 2 for row in got) and (where or all(got))
+        else:
+            assert got == expect
+    index.close()
+
+
 def one_version(hits: list[dict], refs: list[dict[str, dict]]) -> int:
     """Which version (an index of refs: {id: its hit when the table held that version}) every
     hit of one search is, whole: its text, its passage and its score; AssertionError if any
