@@ -259,6 +259,23 @@ def test_a_request_never_makes_postgres_score_the_whole_table(
     index.close()
 
 
+def test_a_nul_character_is_named_by_its_corpus_line(
+    minilm_dir: Path, postgres_dsn: str, tmp_path: Path
+) -> None:
+    """PostgreSQL's text and jsonb hold no NUL: a corpus line with one is an error naming the
+    line and field before anything is written (it once failed the write, naming the table)."""
+    for line, field in (
+        ({"id": "b", "text": "a NUL \u0000 here"}, "text"),
+        ({"id": "b", "text": "fine", "tags": ["x\u0000"]}, "tags"),
+    ):
+        path = tmp_path / "nul.jsonl"
+        path.write_text(json.dumps({"id": "a", "text": "fine"}) + "\n" + json.dumps(line) + "\n")
+        with pytest.raises(DataError, match=f'line 2: field "{field}": holds a NUL'):
+            build(minilm_dir, path, postgres_dsn, "nul")
+        with pytest.raises(DataError, match="not a bertforge index"):
+            PgIndex.open(postgres_dsn, PgOptions(table="nul"))
+
+
 def one_version(hits: list[dict], refs: list[dict[str, dict]]) -> int:
     """Which version (an index of refs: {id: its hit when the table held that version}) every
     hit of one search is, whole: its text, its passage and its score; AssertionError if any

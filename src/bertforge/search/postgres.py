@@ -51,6 +51,7 @@ import sys
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -142,9 +143,8 @@ class PgIndex:
         _refuse_directory_options(o)
         names(table)  # checked before the model loads
         corpus = Path(corpus)
-        pipe, record, total = build_start(
-            model, corpus, o, lambda: sum(1 for _ in read_search_records(corpus, fmt))
-        )
+        read = partial(read_search_records, corpus, fmt, refuse_nul=True)  # no NUL: PostgreSQL's
+        pipe, record, total = build_start(model, corpus, o, lambda: sum(1 for _ in read()))
         settings = {
             "format": FORMAT,
             **record,
@@ -154,7 +154,7 @@ class PgIndex:
         }
         index = cls.create(dsn, table, settings)
         index._pipe = pipe
-        index.written = index.write(read_search_records(corpus, fmt), o.chunk, o.progress, total)
+        index.written = index.write(read(), o.chunk, o.progress, total)
         index.make_hnsw()
         return index
 
