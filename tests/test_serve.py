@@ -1153,6 +1153,8 @@ def test_a_big_request_whose_client_left_is_not_computed_further() -> None:
 
 
 def test_search_texts_are_cut_at_return_chars(classifier: Path, tmp_path: Path) -> None:
+    """/search cuts each text and passage at return_chars, saying so (a passage once came
+    whole: a one-window document's whole text, or one long word's)."""
     from fastapi.testclient import TestClient
 
     from bertforge.search import Index
@@ -1171,8 +1173,13 @@ def test_search_texts_are_cut_at_return_chars(classifier: Path, tmp_path: Path) 
         hits = {h["id"]: h for h in r.json()["results"][0]}
         assert hits["d0"]["text"] == docs[0] and hits["d0"]["text_truncated"] is False
         assert hits["d1"]["text"] == docs[1][:40] and hits["d1"]["text_truncated"] is True
+        r = client.post("/search", json={"queries": ["document"], "return_passage": True})
+        hits = {h["id"]: h for h in r.json()["results"][0]}  # one window each: the whole text
+        assert hits["d0"]["passage"] == docs[0] and hits["d0"]["passage_truncated"] is False
+        assert hits["d1"]["passage"] == docs[1][:40] and hits["d1"]["passage_truncated"] is True
         r = client.post("/search", json={"queries": ["document"]})
         assert all("text" not in h and "text_truncated" not in h for h in r.json()["results"][0])
+        assert all("passage_truncated" not in h for h in r.json()["results"][0])
 
 
 def test_a_big_request_is_not_starved_by_a_stream_of_small_ones() -> None:

@@ -13,8 +13,9 @@
         /nsp         {"texts": [...], "pairs": [...]}   -> [P(IsNext)]
     POST /search     with --index DIR: {"queries", "top_k"?, "mode"?, "return_text"?,
                      "return_passage"?} -> {"results": [[{id, score, rank, text?,
-                     text_truncated?, passage?}]]} (search/index.py); a document's text is cut at
-                     return_chars characters (text_truncated says whether it was)
+                     text_truncated?, passage?, passage_truncated?}]]} (search/index.py); a
+                     document's text and passage are cut at return_chars characters
+                     (text_truncated, passage_truncated say whether they were)
     POST /rerank     text-embeddings-inference's: {"query", "texts", "raw_scores"?, "return_text"?,
                      "truncate"?} -> [{index, score, text?}], best first (a cross-encoder)
     POST /v1/rerank  Cohere's (v1) and Jina's: {"query", "documents": [str | {"text"}], "top_n"?,

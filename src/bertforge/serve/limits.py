@@ -36,7 +36,9 @@ class Limits:
         16 * 2**20, "bytes per request body, counted as it arrives (else 413)", min=1
     )
     return_chars: int = option(
-        10_000, "characters of a document's text in a /search answer (more: cut, flagged)", min=1
+        10_000,
+        "characters of a document's text or passage in a /search answer (more: cut, flagged)",
+        min=1,
     )
 
     def __post_init__(self) -> None:
