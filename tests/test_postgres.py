@@ -30,7 +30,7 @@ from bertforge.pipelines import Pipeline
 from bertforge.search import Index, PgOptions, fuse_runs, open_index
 from bertforge.search.pgsql import redacted
 from bertforge.search.postgres import PgIndex
-from tests.test_search import DOCS, QUERIES
+from tests.test_search import DOCS, QUERIES, set_up_otherwise
 
 pytest.importorskip("psycopg")
 REPO = Path(__file__).resolve().parents[1]
@@ -222,6 +222,58 @@ def test_a_selective_filter_still_finds_k(
     assert sorted(h["id"] for h in few) == ["d37", "d67", "d7", "d97"]
     index.close()
     exact.close()
+
+
+def test_a_request_never_makes_postgres_score_the_whole_table(
+    pg: PgIndex, directory: Index, postgres_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the graph's candidates hold fewer than k documents, the exact scan runs only where
+    the windows it would score are at most EXACT_FALLBACK (every window of a small table, or
+    those of the documents a filter keeps); else the graph's answer stands. A top_k of 1,000
+    once made each query of a request score every window of the table. Here the graph gives 2
+    windows (EF_SEARCH_MAX 2; enable_sort off makes the planner take it) of the 6 documents."""
+    import bertforge.search.postgres as postgres
+
+    monkeypatch.setattr(postgres, "EF_SEARCH_MAX", 2)
+    index = PgIndex.open(postgres_dsn + "&options=-c%20enable_sort%3Doff", PgOptions(table="docs"))
+    windows = pg.count()[1]
+    with pg.db.connection() as conn:
+        (english,) = conn.execute(
+            "SELECT count(*) FROM docs_windows w JOIN docs d ON d.id = w.id "
+            "WHERE d.metadata ->> 'lang' = 'en'"
+        ).fetchone()
+    want = [[h["id"] for h in row] for row in directory.search(QUERIES, top_k=6)]
+    kept = {"d0", "d1", "d3", "d5"}  # the English ones
+    for bound, where, expect in (
+        (windows, None, want),  # every window: few enough, exact
+        (english, {"lang": "en"}, [[i for i in row if i in kept] for row in want]),
+        (windows - 1, None, None),  # more: the graph's documents (of its 2 windows)
+        (english - 1, {"lang": "en"}, None),
+    ):
+        monkeypatch.setattr(postgres, "EXACT_FALLBACK", bound)
+        got = [[h["id"] for h in row] for row in index.search(QUERIES, top_k=6, where=where)]
+        if expect is None:
+            assert all(len(row) <= 2 for row in got) and (where or all(got))
+        else:
+            assert got == expect
+    index.close()
+
+
+def test_a_nul_character_is_named_by_its_corpus_line(
+    minilm_dir: Path, postgres_dsn: str, tmp_path: Path
+) -> None:
+    """PostgreSQL's text and jsonb hold no NUL: a corpus line with one is an error naming the
+    line and field before anything is written (it once failed the write, naming the table)."""
+    for line, field in (
+        ({"id": "b", "text": "a NUL \u0000 here"}, "text"),
+        ({"id": "b", "text": "fine", "tags": ["x\u0000"]}, "tags"),
+    ):
+        path = tmp_path / "nul.jsonl"
+        path.write_text(json.dumps({"id": "a", "text": "fine"}) + "\n" + json.dumps(line) + "\n")
+        with pytest.raises(DataError, match=f'line 2: field "{field}": holds a NUL'):
+            build(minilm_dir, path, postgres_dsn, "nul")
+        with pytest.raises(DataError, match="not a bertforge index"):
+            PgIndex.open(postgres_dsn, PgOptions(table="nul"))
 
 
 def one_version(hits: list[dict], refs: list[dict[str, dict]]) -> int:
@@ -439,6 +491,21 @@ def test_the_model_is_checked_at_every_search(
         index.search(QUERIES, top_k=2)
     with pytest.raises(DataError, match="not a bertforge index"):
         PgIndex.open(postgres_dsn, PgOptions(table="nothing_here"))
+    # its weights set up otherwise (here another pooling): the directory index's rule
+    pooled = set_up_otherwise(minilm_dir, tmp_path / "pooled", "pooling")
+    with pytest.raises(ConfigError, match="weights this index was built with .*pooling"):
+        open_index(postgres_dsn, PgOptions(table="docs"), model=str(pooled))
+    with pytest.raises(ConfigError, match=r"another model or settings \(pooling differ"):
+        build(pooled, write_corpus(tmp_path / "c.jsonl"), postgres_dsn, "docs")
+    # a record written before the tokenizer and length were kept: checked without them
+    with index.db.connection() as conn:
+        conn.execute(  # the model's own sha256 again, the tokenizer and length unrecorded
+            "UPDATE swapped_index SET value = (value - 'tokenizer_sha256' - 'max_length') || "
+            "jsonb_build_object('model_sha256', %s::text)",
+            [pg.meta["model_sha256"]],
+        )
+    shorter = set_up_otherwise(minilm_dir, tmp_path / "shorter", "max_seq_length")
+    assert open_index(postgres_dsn, PgOptions(table="swapped"), model=str(shorter)) is not None
     with pytest.raises(ConfigError, match="directory index's"):
         build(minilm_dir, tmp_path / "c.jsonl", postgres_dsn, "other", approximate="hnsw")
     index.close()

@@ -179,6 +179,13 @@ def test_a_query_that_shares_no_word_with_the_corpus(built: Index) -> None:
                 [[1 / (RRF_K + r) for r in range(1, 7)]] * 3,
             )
     assert mine(built, queries[:1], DOCS[:1], negatives=1, depth=6, mode="bm25").negatives == [None]
+    # --margin scores the positive as the search does: 0 for a query of unknown words, or of
+    # stopwords alone, no word left (bm25s itself raised IndexError on no words)
+    words = ["to be or not to be", "a b c", queries[0]]
+    assert built.search(words, top_k=6, mode="bm25") == [[], [], []]
+    assert built.scores_of(words, [2, 2, 2], "bm25").tolist() == [0.0, 0.0, 0.0]
+    margin = {"negatives": 1, "depth": 6, "mode": "bm25", "margin": 0.0}
+    assert mine(built, words[:1], DOCS[2:3], **margin).negatives == [None]  # type: ignore[arg-type]
     (one,) = built.search(["hamlet"], top_k=6, mode="bm25")
     assert [h["id"] for h in one] == ["d2"]
 
@@ -235,6 +242,24 @@ def test_hybrid_weighted_and_by_standardised_scores(built: Index) -> None:
                     want[h["id"]] = want.get(h["id"], 0.0) + part
             assert [h["id"] for h in h_row] == sorted(want, key=lambda i: -want[i])
             np.testing.assert_allclose([h["score"] for h in h_row], sorted(want.values())[::-1])
+
+
+def test_hybrid_gives_as_many_hits_as_asked_beyond_its_lists(
+    built: Index, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Hybrid search fuses lists FUSED (100) deep, deeper where more hits are asked for: a top_k
+    beyond it (search --top-k 500, --rerank-depth 300, mine --depth 300) once got 2 FUSED hits
+    at most, silently; here FUSED is 2 and top_k 5."""
+    import bertforge.search.index as index_module
+
+    monkeypatch.setattr(index_module, "FUSED", 2)
+    queries = ["zyxwv qwerty", QUERIES[0]]  # no BM25 hits; some
+    hits = built.search(queries, top_k=5, mode="hybrid")
+    assert [len(row) for row in hits] == [5, 5]
+    dense = built.search(queries, top_k=5)
+    assert [h["id"] for h in hits[0]] == [h["id"] for h in dense[0]]  # dense alone
+    (negs,) = mine(built, queries[1:], DOCS[2:3], negatives=4, depth=5, mode="hybrid").negatives
+    assert negs is not None and len(negs) == 4 and DOCS[2] not in negs
 
 
 def test_score_fusion_of_lists_that_differ(built: Index) -> None:
@@ -541,7 +566,7 @@ def test_server_search(built: Index, minilm_dir: Path) -> None:
         assert r.json()["results"][0][0]["text"] == DOCS[2]
         r = client.post("/search", json={"queries": QUERIES, "top_k": 6, "return_passage": True})
         want = built.search(QUERIES, top_k=6, passage=True)
-        assert r.json()["results"] == want
+        assert r.json()["results"] == [[h | {"passage_truncated": False} for h in w] for w in want]
         long = [h["passage"] for row in want for h in row if h["id"] == "d5"]
         assert len(long) == 4 and all(p in DOCS[5] and p != DOCS[5] for p in long)
         assert client.post("/search", json={"queries": [], "top_k": 3}).status_code == 422
@@ -720,6 +745,25 @@ def test_mining_never_takes_the_positive_for_a_negative(built: Index) -> None:
             mine(built, [QUERIES[0]], [DOCS[2]], **bad)  # type: ignore[arg-type]
 
 
+def test_mining_leaves_out_every_positive_of_a_query(built: Index) -> None:
+    """Rows that share a query (its spacing and case aside: several relevant passages of one
+    question) never get each other's positives as negatives, by text or by id; another query's
+    positive stays a candidate."""
+    hits = built.search(QUERIES[:1], top_k=6)[0]
+    order = [int(h["id"][1:]) for h in hits]  # the dense ranking of all six documents
+    first, second = order[:2]
+    queries = [QUERIES[0], QUERIES[0].upper() + " ", QUERIES[1]]
+    positives = [DOCS[first], DOCS[second], DOCS[first]]
+    found = mine(built, queries, positives, negatives=2, depth=6)
+    want = [DOCS[d] for d in order[2:4]]  # the best two that are neither positive
+    assert found.negatives[:2] == [want, want]
+    other = [DOCS[int(h["id"][1:])] for h in built.search(QUERIES[1:2], 6)[0]]
+    assert found.negatives[2] == [t for t in other if t != DOCS[first]][:2]
+    ids = [f"d{first}", f"d{second}", None]
+    by_id = mine(built, queries, ["a", "b", DOCS[first]], positive_ids=ids, negatives=2, depth=6)
+    assert by_id.negatives[:2] == [want, want]
+
+
 def test_mine_command_reports_and_refuses(
     built: Index, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
@@ -801,6 +845,59 @@ def test_an_index_is_bound_to_its_model(
     shutil.rmtree(model)
     with pytest.raises(ConfigError, match="is gone; pass the same model"):
         Index.load(index.path).search(QUERIES, top_k=3)
+
+
+# a model's set-up changed in a copy of its weights: the file, the change, how errors name it
+SET_UP_OTHERWISE = {
+    "pooling": (
+        "1_Pooling/config.json",
+        lambda c: c | {"pooling_mode_mean_tokens": False, "pooling_mode_cls_token": True},
+    ),
+    "normalisation": (
+        "modules.json",
+        lambda modules: [m for m in modules if not m["type"].endswith("Normalize")],
+    ),
+    "max_seq_length": ("sentence_bert_config.json", lambda c: c | {"max_seq_length": 128}),
+    "tokenizer": ("tokenizer_config.json", lambda c: c | {"do_lower_case": False}),
+}
+
+
+def set_up_otherwise(minilm_dir: Path, out: Path, what: str) -> Path:
+    """A copy of MiniLM with one of SET_UP_OTHERWISE's changes: its weights, other vectors."""
+    shutil.rmtree(out, ignore_errors=True)
+    shutil.copytree(minilm_dir, out)
+    name, change = SET_UP_OTHERWISE[what]
+    (out / name).write_text(json.dumps(change(json.loads((out / name).read_text()))))
+    return out
+
+
+def test_an_index_is_bound_to_how_its_model_makes_vectors(
+    built: Index, minilm_dir: Path, tmp_path: Path
+) -> None:
+    """The index's weights set up otherwise (another pooling, no Normalize module, another
+    max_seq_length, another casing) make other vectors: given with --model, or served, such a
+    copy once passed and the hits silently changed; now each is one error naming what differs.
+    An index written before these were recorded is checked by what it records."""
+    pytest.importorskip("fastapi")
+    from bertforge.serve import create_app
+
+    for what in SET_UP_OTHERWISE:
+        model = set_up_otherwise(minilm_dir, tmp_path / "model", what)
+        with pytest.raises(ConfigError, match=f"weights this index was built with .*{what}"):
+            Index.load(built.path).use_model(model)
+        with pytest.raises(ConfigError, match=f"not the one served .*{what}"):
+            create_app(model, index=built.path, precision="fp32")
+    old = tmp_path / "old"
+    shutil.copytree(built.path, old)
+    meta = json.loads((old / "index.json").read_text())
+    for key in ("include_prompt", "max_length", "tokenizer_sha256"):
+        del meta[key]
+    (old / "index.json").write_text(json.dumps(meta))
+    assert Index.load(old).search(QUERIES, top_k=3) == built.search(QUERIES, top_k=3)
+    shorter = set_up_otherwise(minilm_dir, tmp_path / "model", "max_seq_length")
+    assert Index.load(old).use_model(shorter) is not None  # not recorded: not compared
+    with pytest.raises(ConfigError, match="pooling"):  # recorded from the start
+        Index.load(old).use_model(set_up_otherwise(minilm_dir, tmp_path / "model", "pooling"))
 
 
 def test_an_index_refuses_a_cross_encoder(tmp_path: Path, tiny_model: Path) -> None:
@@ -890,6 +987,34 @@ def test_a_late_bad_row_is_found_before_any_work_and_a_fixed_corpus_resumes(
     fresh = Index.build(minilm_dir, path, tmp_path / "fresh", progress=False, precision="fp32")
     np.testing.assert_allclose(np.asarray(index.vectors), np.asarray(fresh.vectors), atol=1e-6)
     assert index.meta["corpus_sha256"] == fresh.meta["corpus_sha256"]
+
+
+def test_a_part_killed_between_its_new_listing_and_its_vectors_is_embedded_again(
+    minilm_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A finished part whose document then changed, its rebuild killed after the part's new
+    listing was written but before its vectors were: the next build embeds the new text (the
+    old vectors were once kept beside the new listing, the old text's hits served as new)."""
+    from bertforge.pipelines import Pipeline
+
+    path, out = corpus(tmp_path), tmp_path / "idx"
+    _killed_build(minilm_dir, path, out, monkeypatch)  # part 0 (d0, d1) whole, part 1 killed
+    lines = path.read_text().splitlines()
+    edited = [lines[0], json.dumps({"id": "d1", "text": "Dogs bark at the postman."}), *lines[2:]]
+    path.write_text("\n".join(edited) + "\n")
+
+    def killed(self, rows, *a, **k):  # type: ignore[no-untyped-def]
+        raise KeyboardInterrupt  # in part 0's embedding: after its listing
+
+    with monkeypatch.context() as m:
+        m.setattr(Pipeline, "embed", killed)
+        with pytest.raises(KeyboardInterrupt):
+            Index.build(minilm_dir, path, out, chunk=2, progress=False, precision="fp32")
+    assert "Dogs bark" in (out / "parts" / "000000.jsonl").read_text()
+    index = Index.build(minilm_dir, path, out, chunk=2, progress=False, precision="fp32")
+    fresh = Index.build(minilm_dir, path, tmp_path / "fresh", progress=False, precision="fp32")
+    np.testing.assert_allclose(np.asarray(index.vectors), np.asarray(fresh.vectors), atol=1e-6)
+    assert index.search(["which animal barks"], top_k=1)[0][0]["id"] == "d1"
 
 
 def test_corrupt_bm25_and_graph_files_are_one_error(

@@ -1275,7 +1275,8 @@ def test_an_input_refused_in_a_slice_is_named_by_its_place_in_the_request(
 
 
 def test_search_answers_are_bounded(classifier: Path, tmp_path: Path) -> None:
-    """A document's text is cut at return_chars; hits with a text or passage are at most
+    """A document's text and passage are cut at return_chars, saying so (a passage once came
+    whole: a one-window document's whole text); hits with a text or passage are at most
     max_text_hits (queries x top_k), else 413 naming top_k before any search."""
     from fastapi.testclient import TestClient
 
@@ -1296,8 +1297,13 @@ def test_search_answers_are_bounded(classifier: Path, tmp_path: Path) -> None:
         hits = {h["id"]: h for h in r.json()["results"][0]}
         assert hits["d0"]["text"] == docs[0] and hits["d0"]["text_truncated"] is False
         assert hits["d1"]["text"] == docs[1][:40] and hits["d1"]["text_truncated"] is True
+        r = client.post("/search", json={"queries": ["document"], "return_passage": True})
+        hits = {h["id"]: h for h in r.json()["results"][0]}  # one window each: the whole text
+        assert hits["d0"]["passage"] == docs[0] and hits["d0"]["passage_truncated"] is False
+        assert hits["d1"]["passage"] == docs[1][:40] and hits["d1"]["passage_truncated"] is True
         r = client.post("/search", json={"queries": ["document"]})
         assert all("text" not in h and "text_truncated" not in h for h in r.json()["results"][0])
+        assert all("passage_truncated" not in h for h in r.json()["results"][0])
         served = client.app.state.server  # type: ignore[attr-defined]
         searched = served.batchers["search"].calls
         queries = {"queries": ["document", "a"] * 2, "top_k": 3}  # 12 hits

@@ -51,10 +51,12 @@ def read_search_corpus(
 
 
 def read_search_records(
-    path: str | Path, fmt: CorpusFormat = DEFAULT_FORMAT
+    path: str | Path, fmt: CorpusFormat = DEFAULT_FORMAT, refuse_nul: bool = False
 ) -> Iterator[tuple[str, str, dict[str, Any]]]:
     """(id, text, metadata) of each document of a corpus file, checked as read_search_corpus
-    checks them; metadata: a JSONL object's other fields, a table row's other columns."""
+    checks them; metadata: a JSONL object's other fields, a table row's other columns. With
+    `refuse_nul` (PostgreSQL's text and jsonb hold no NUL character), a NUL in the id, the
+    text or a metadata field is one DataError naming the line and field, not a failed write."""
     path = Path(path)
     seen: dict[str, int] = {}
     readers = {".jsonl": _jsonl_documents, ".csv": _table_documents, ".tsv": _table_documents}
@@ -63,7 +65,23 @@ def read_search_records(
         if doc_id in seen:
             raise DataError(f"{path}: line {lineno}: id {doc_id!r} repeats line {seen[doc_id]}")
         seen[doc_id] = lineno
+        fields = {fmt.id_field: doc_id, fmt.text_field: text, **metadata}
+        if refuse_nul and _has_nul(fields):
+            bad = next(k for k, v in fields.items() if _has_nul(k) or _has_nul(v))
+            raise DataError(
+                f'{path}: line {lineno}: field "{bad}": holds a NUL character (\\0), which '
+                "PostgreSQL cannot store: remove it"
+            )
         yield doc_id, text, metadata
+
+
+def _has_nul(value: Any) -> bool:
+    """Whether a JSON value holds a NUL character in any string (a key of an object too)."""
+    if isinstance(value, str):
+        return "\0" in value
+    if isinstance(value, dict):
+        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+    return isinstance(value, list) and any(_has_nul(v) for v in value)
 
 
 def _line_documents(path: Path, fmt: CorpusFormat) -> Iterator[Row]:

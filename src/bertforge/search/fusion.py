@@ -17,7 +17,7 @@ import numpy as np
 
 FUSIONS = ("rrf", "zscore")  # hybrid: by reciprocal rank, or by standardised scores
 RRF_K = 60  # reciprocal-rank fusion: 1 / (k + rank)
-FUSED = 100  # documents per list that fusion reads
+FUSED = 100  # documents per list that hybrid search fuses (more where more hits are asked for)
 
 
 def best_columns(values: np.ndarray, k: int) -> np.ndarray:

@@ -19,17 +19,18 @@ better (SQuAD's paragraphs: README, "Search and rerank").
 The finished index holds vectors.npy (float32, the model's own normalisation), windows.npy
 (each window's document), documents.jsonl (ids and texts), bm25/ (bm25s' files: arrays and
 JSON, no pickle) and, written last, index.json: the model's identity (identity.py: a sha256 of
-its config.json and weights), its embedding settings, the window settings and the counts. A
-search with another model is one error naming both.
+its config.json and weights, and what else makes its vectors: pooling, normalisation, length,
+tokenizer), its embedding settings, the window settings and the counts. A search with another
+model, or the same weights set up otherwise, is one error naming what differs.
 
 Dense search is exact by default: the queries' vectors times every window's, in blocks of
 queries and of windows (memory bounded for any corpus), the best window per document, the top
 k (ties: the earlier document first). An index built with approximate="hnsw"
 (`--approximate hnsw`, faiss) searches an HNSW graph of the windows instead (for millions of
-vectors). Hybrid search fuses the dense and BM25 top-100 lists: by reciprocal rank (k = 60;
-`fusion="rrf"`, the default) or by their scores standardised per query (`fusion="zscore"`: each
-list's z-scores, a document it leaves out given its lowest, summed; fusion.py); `alpha` weighs
-the dense list against BM25's (0.5: equal).
+vectors). Hybrid search fuses the dense and BM25 top-100 lists (top-k where more are asked
+for): by reciprocal rank (k = 60; `fusion="rrf"`, the default) or by their scores standardised
+per query (`fusion="zscore"`: each list's z-scores, a document it leaves out given its lowest,
+summed; fusion.py); `alpha` weighs the dense list against BM25's (0.5: equal).
 """
 
 from __future__ import annotations
@@ -50,12 +51,7 @@ from ..runner import release_memory
 from ..tasks.windows import windows_of
 from .corpus import DEFAULT_FORMAT, CorpusFormat, read_search_corpus
 from .fusion import FUSED, FUSIONS, best_columns, fuse_runs
-from .identity import (
-    build_start,
-    query_pipeline,
-    same_model,
-    sha256,
-)
+from .identity import build_start, model_mismatch, query_pipeline, sha256
 from .options import MODES, FirstStage, IndexOptions, PgOptions, QueryModel, SearchOptions
 from .windows import chunks, cut_windows, embedded_windows
 
@@ -255,13 +251,14 @@ class Index:
         the model's, as the index recorded it, unless changed)."""
         return self.use_model().embed(list(queries), prompt=self.query_prompt)
 
-    def adopt(self, pipe: Any) -> bool:
+    def adopt(self, pipe: Any) -> list[str]:
         """Embed queries with `pipe` (a Pipeline already loaded: the server's), if it is the
-        index's model in the index's precision; whether it was."""
-        if same_model(pipe, self.meta):
+        index's model in the index's precision; what differs, in words (identity.model_mismatch;
+        empty: adopted)."""
+        differs = model_mismatch(pipe, self.meta)
+        if not differs:
             self._pipe = pipe
-            return True
-        return False
+        return differs
 
     def dense(
         self, queries: Sequence[str], k: int, vectors: np.ndarray | None = None
@@ -450,7 +447,8 @@ class Index:
         return np.array([pieces.span(a, a + n) for a, n in windows], np.int64)
 
     def scores_of(self, queries: Sequence[str], docs: Sequence[int], mode: str) -> np.ndarray:
-        """Each query's score of one document (docs[i] for queries[i]) as `mode` scores it."""
+        """Each query's score of one document (docs[i] for queries[i]) as `mode` scores it (BM25:
+        0 for a query with no words left once tokenized, stopwords only, as search scores it)."""
         if mode == "dense":
             q = self.queries(queries)
             spans = [(self.starts[d], self.ends[d]) for d in docs]
@@ -458,7 +456,8 @@ class Index:
         bm25 = self._bm25_index()
         tokenize = need_extra("bm25s", _BM25_EXTRA).tokenize
         words = tokenize(list(queries), stopwords="en", return_ids=False, show_progress=False)
-        return np.array([float(bm25.get_scores(w)[d]) for w, d in zip(words, docs)])
+        # bm25s' get_scores fails on no words (it reads the first to tell strings from ids)
+        return np.array([float(bm25.get_scores(w)[d]) if w else 0.0 for w, d in zip(words, docs)])
 
     def ranked(
         self,
@@ -478,7 +477,8 @@ class Index:
             return self.dense(queries, k, vectors)
         if mode == "bm25":
             return self.bm25(queries, k)
-        runs = [self.dense(queries, FUSED, vectors), self.bm25(queries, FUSED)]
+        n = max(FUSED, k)  # each list at least as deep as the hits asked for
+        runs = [self.dense(queries, n, vectors), self.bm25(queries, n)]
         return fuse_runs(runs, fusion, alpha, k)
 
 
@@ -646,13 +646,16 @@ def _build_part(
 ) -> None:
     """One chunk's part: documents (.jsonl), each window's document (.owners.npy, numbered from
     `first`) and characters (.spans.npy), and vectors (.npy, written last: its presence means
-    the part is whole). A part already there for the same documents is kept."""
+    the part is whole for the listing beside it). A part already there for the same documents
+    is kept; another part's vectors are removed before its new listing is written, so a build
+    killed while embedding leaves no vectors to pass for the new documents'."""
     listing = "".join(json_text({"id": i, "text": t}) + "\n" for i, t in docs)
     vectors = part.with_suffix(".npy")
     if vectors.is_file() and part.with_suffix(".jsonl").read_text(encoding="utf-8") == listing:
         bar.update(np.load(vectors, mmap_mode="r").shape[0])
         return
     pieces, owners, starts, lengths, spans = cut_windows(pipe, [t for _, t in docs], *cut[:2])
+    vectors.unlink(missing_ok=True)  # the old documents': never beside the new listing
     write_text(part.with_suffix(".jsonl"), listing)
     for name, array in {"owners": owners + first, "spans": spans}.items():
         with atomic_path(part.with_suffix(f".{name}.npy")) as tmp, open(tmp, "wb") as f:

@@ -1,6 +1,6 @@
 """Hard negatives mined from an index (`bertforge mine`): for each (query, positive) the
-query's top candidates that are neither its positive nor a near-copy of it, optionally
-scored by a teacher cross-encoder for distillation.
+query's top candidates that are neither one of its positives nor a near-copy of one,
+optionally scored by a teacher cross-encoder for distillation.
 
     found = mine(index, queries, positives, negatives=4, depth=50, mode="hybrid")
     groups = mined_groups(read_retrieval("train.jsonl"), found)  # or mine_examples(index, rows)
@@ -9,7 +9,9 @@ scored by a teacher cross-encoder for distillation.
 The positive's own document is found by its id where the row gives one, else by its text
 (Unicode NFKC, case folded, spacing aside: a trailing space once made a query's own paragraph
 its "hard negative"); a candidate whose word set is near_duplicate (Jaccard) like the
-positive's is left out too.
+positive's is left out too. A query of several rows (several relevant passages) has all their
+positives: none of them is a negative of any of its rows (as sentence-transformers'
+mine_hard_negatives does), the rows grouped by the query's normalized text.
 
 Memory is bounded by the rows, not the corpus: the documents are read once, in one pass, for
 the positives' ids and texts (only those kept), and the queries are searched QUERIES_AT_ONCE at
@@ -117,17 +119,18 @@ def mine(
     sources: Sequence[str] | None = None,
 ) -> Mined:
     """Hard negatives per (query, positive): the query's candidates at ranks skip+1..depth of
-    `mode`'s search, leaving out its positive's document (found by id, else by normalized
-    text: find_positives), any candidate whose words are `near_duplicate` or more like the
-    positive's (likeness: a copy with other spacing or a small edit is no negative) and, with
-    margin, any candidate scored above the positive's score minus margin (likely relevant
-    though unlabelled); the first `negatives` left, or None where fewer are left. A positive
-    not in the corpus is one DataError naming the rows (`sources`: each row's file:line)
-    unless `missing` is "skip" (no negatives for the row) or "keep" (mined all the same,
-    guarded by likeness alone)."""
+    `mode`'s search, leaving out the documents of its positives (the positives of every row of
+    the same normalized query; found by id, else by normalized text: find_positives), any
+    candidate whose words are `near_duplicate` or more like one of those positives' (likeness:
+    a copy with other spacing or a small edit is no negative) and, with margin, any candidate
+    scored above the row's positive's score minus margin (likely relevant though unlabelled);
+    the first `negatives` left, or None where fewer are left. A positive not in the corpus is
+    one DataError naming the rows (`sources`: each row's file:line) unless `missing` is "skip"
+    (no negatives for the row) or "keep" (mined all the same, guarded by likeness alone)."""
     _check_mining(negatives, skip, depth, mode, margin, near_duplicate, missing)
     found, n_id, n_text = find_positives(index, positives, positive_ids)
     result = Mined([], found, n_id, n_text)
+    theirs = _query_positives(queries, positives, found)
     if result.missing and (missing == "error" or margin is not None):
         by_id = positive_ids is not None
         raise _not_in_corpus(result.missing, len(positives), index, by_id, margin, sources)
@@ -146,34 +149,50 @@ def mine(
                 result.negatives.append(None)
                 continue
             candidates = zip(row_d[skip:].tolist(), row_s[skip:].tolist())
-            kept, near = _kept(candidates, texts, words, found[q], positives[q], low, negatives,
-                               near_duplicate)  # fmt: skip
+            group = theirs[normalized(queries[q])]
+            kept, near = _kept(candidates, texts, words, group, low, negatives, near_duplicate)
             result.near_duplicates += near
             result.negatives.append(kept if len(kept) == negatives else None)
     return result
+
+
+Positives = tuple[set[int], set[frozenset[str]]]  # a query's documents and word sets
+
+
+def _query_positives(
+    queries: Sequence[str], positives: Sequence[str], found: Sequence[int | None]
+) -> dict[str, Positives]:
+    """Each query's positives over all its rows (the rows grouped by the query's normalized
+    text): their documents (those found) and their distinct word sets."""
+    out: dict[str, Positives] = {}
+    for query, positive, d in zip(queries, positives, found):
+        docs, word_sets = out.setdefault(normalized(query), (set(), set()))
+        if d is not None:
+            docs.add(d)
+        word_sets.add(_words(positive))
+    return out
 
 
 def _kept(
     candidates: Iterable[tuple[int, float]],
     texts: Mapping[int, str],
     words: dict[int, frozenset[str]],
-    positive_doc: int | None,
-    positive: str,
+    positives: Positives,
     floor: float,
     negatives: int,
     near_duplicate: float,
 ) -> tuple[list[str], int]:
-    """A query's first `negatives` candidates ((number, score), best first) that are not its
-    positive's document, score below floor and are less than near_duplicate like the
-    positive's words: their texts; and how many were left out as near-duplicates (`words`:
-    each candidate's word set, filled as read)."""
-    own, kept, near = _words(positive), [], 0
+    """A query's first `negatives` candidates ((number, score), best first) that are none of
+    its positives' documents, score below floor and are less than near_duplicate like each of
+    its positives' words: their texts; and how many were left out as near-duplicates
+    (`words`: each candidate's word set, filled as read)."""
+    (docs, own), kept, near = positives, [], 0
     for d, s in candidates:
-        if d < 0 or d == positive_doc or s >= floor or len(kept) == negatives:
+        if d < 0 or d in docs or s >= floor or len(kept) == negatives:
             continue
         if d not in words:
             words[d] = _words(texts[d])
-        if likeness(words[d], own) >= near_duplicate:
+        if max(likeness(words[d], w) for w in own) >= near_duplicate:
             near += 1
             continue
         kept.append(texts[d])

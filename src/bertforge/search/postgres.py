@@ -34,11 +34,13 @@ document scored by its best among them, as the directory's approximate search do
 scores every window (each document's best, as the directory's exact search). Full text is
 PostgreSQL's: ts_rank of the text's tsvector against the query's English words, any of them
 matching (mode "bm25": the text-search list, not BM25). Hybrid fuses the two top-100 lists
-(fusion.py). `where` keeps documents whose metadata field equals the value (as text). Where
-the graph's candidates hold fewer than k documents (pgvector before 0.8 filters them after the
-scan: a filter that keeps few documents keeps few of them), dense search scans the windows of
-every document the filter keeps instead: the top k of the matching documents, always, at the
-cost of an exact search over them (PgIndex.dense).
+(top-k where k is larger; fusion.py). `where` keeps documents whose metadata field equals the
+value (as text). Where the graph's candidates hold fewer than k documents (pgvector before 0.8
+filters them after the scan: a filter that keeps few documents keeps few of them), dense search
+scans the windows of every document the filter keeps instead, when they are at most
+EXACT_FALLBACK: the top k of the matching documents, at the cost of an exact search over them;
+where they are more, the graph's answer stands, so no request forces a scan of the table
+(PgIndex.dense).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ import sys
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +60,7 @@ import numpy as np
 from ..errors import ConfigError, DataError, check_choice
 from .corpus import DEFAULT_FORMAT, CorpusFormat, read_search_records
 from .fusion import FUSED, FUSIONS, fuse_runs
-from .identity import build_start, query_pipeline, same_model
+from .identity import build_start, model_differences, model_mismatch, query_pipeline
 from .options import EF_SEARCH_MAX, MODES, FirstStage, IndexOptions, PgOptions, SearchOptions
 from .pgsql import (
     COPY_HEADER,
@@ -76,10 +79,14 @@ __all__ = ["PgIndex", "is_dsn"]
 FORMAT = 1
 HNSW = "WITH (m = 16, ef_construction = 64)"  # pgvector's defaults, written down
 HALFVEC = (0, 7)  # the pgvector version that has halfvec
-# the record's settings a later build must share (the model's path and name may move)
+# windows dense search may score exactly, a query, where the graph's candidates fall short (a
+# filter's few documents, a top k beyond them): above it, the graph's answer (PgIndex.dense)
+EXACT_FALLBACK = 50_000
+# the record's settings a later build must share besides its model (identity.model_differences;
+# the model's path and name may move)
 _BOUND = (
-    "format", "model_sha256", "pooling", "normalize", "document_prompt", "query_prompt",
-    "window", "stride", "precision", "dimensions", "metric",
+    "format", "document_prompt", "query_prompt", "window", "stride", "precision", "dimensions",
+    "metric",
 )  # fmt: skip
 _OPS = {"cosine": "<=>", "inner_product": "<#>"}  # pgvector's distance of each metric
 # the query's English words, any of them (plainto_tsquery's 'a' & 'b' made 'a' | 'b')
@@ -136,9 +143,8 @@ class PgIndex:
         _refuse_directory_options(o)
         names(table)  # checked before the model loads
         corpus = Path(corpus)
-        pipe, record, total = build_start(
-            model, corpus, o, lambda: sum(1 for _ in read_search_records(corpus, fmt))
-        )
+        read = partial(read_search_records, corpus, fmt, refuse_nul=True)  # no NUL: PostgreSQL's
+        pipe, record, total = build_start(model, corpus, o, lambda: sum(1 for _ in read()))
         settings = {
             "format": FORMAT,
             **record,
@@ -148,7 +154,7 @@ class PgIndex:
         }
         index = cls.create(dsn, table, settings)
         index._pipe = pipe
-        index.written = index.write(read_search_records(corpus, fmt), o.chunk, o.progress, total)
+        index.written = index.write(read(), o.chunk, o.progress, total)
         index.make_hnsw()
         return index
 
@@ -296,13 +302,13 @@ class PgIndex:
             self._pipe = query_pipeline(self.path, self.meta, recorded, model, **pipeline)
         return self._pipe
 
-    def adopt(self, pipe: Any) -> bool:
+    def adopt(self, pipe: Any) -> list[str]:
         """Embed queries with `pipe` (the server's Pipeline) if it is the index's model in the
-        index's precision; whether it was."""
-        if same_model(pipe, self.meta):
+        index's precision; what differs, in words (empty: adopted)."""
+        differs = model_mismatch(pipe, self.meta)
+        if not differs:
             self._pipe = pipe
-            return True
-        return False
+        return differs
 
     def queries(self, queries: Sequence[str]) -> np.ndarray:
         return self.use_model().embed(list(queries), prompt=self.query_prompt)
@@ -311,7 +317,7 @@ class PgIndex:
         """The table's record, read again: still this model's index (a table rebuilt with
         another model meanwhile would give other hits without a word)."""
         now = _record(conn, self.names, self.path)
-        if any(now.get(k) != self.meta.get(k) for k in (*_BOUND, "vector_type")):
+        if _differences(self.meta, now) or now.get("vector_type") != self.meta["vector_type"]:
             raise ConfigError(
                 f"{self.path}: now holds an index of another model or settings "
                 f"({now.get('model_name')}, sha256 {str(now.get('model_sha256'))[:12]}...) than "
@@ -351,24 +357,56 @@ class PgIndex:
         document by its best among them. pgvector (before 0.8) filters the graph's candidates
         after the scan, so a filter that keeps few documents leaves few of them: where fewer
         than k documents are left, the graph again at its most (EF_SEARCH_MAX candidates), and
-        where still fewer, the exact scan of the windows of every document `where` keeps: the
-        top k of the matching documents (all of them where fewer match), always, at the cost
-        of scoring each matching document's windows."""
+        where still fewer, the exact scan of the windows that can be hits (every window, or
+        those of the documents `where` keeps), when they number at most EXACT_FALLBACK: the top
+        k of the matching documents (all of them where fewer match). Where they are more, the
+        graph's answer stands (fewer than k documents): a request never forces an exact scan
+        of more than EXACT_FALLBACK windows a query (pg.exact scans every window, as asked)."""
         q = self.queries(queries) if vectors is None else vectors
         filters, bound = _filters(where)
         exact, graph = (_dense_sql(self.names, self.meta, filters, g) for g in (False, True))
         ef, rows = min(EF_SEARCH_MAX, max(self.pg.ef_search, 4 * k)), []
+        fallback: tuple[Any, dict[str, Any]] | None = None  # decided at the first query short
         with self.snapshot() as conn:
             self._check(conn)
             if not self.pg.exact:
                 _ef_search(conn, ef)
             for vector in q:
                 args = {"q": vector_text(vector), "k": k, **bound}
-                got = [] if self.pg.exact else self._near(conn, graph, args, k, ef)
-                if len(got) < k:  # exact, or the graph's candidates fell short
-                    got = conn.execute(exact, args).fetchall()
+                if self.pg.exact:
+                    rows.append(conn.execute(exact, args).fetchall())
+                    continue
+                got = self._near(conn, graph, args, k, ef)
+                if len(got) < k:  # the graph's candidates fell short
+                    fallback = fallback or self._fallback(conn, filters, bound)
+                    if fallback[0] is not None:
+                        got = conn.execute(fallback[0], {**args, **fallback[1]}).fetchall()
                 rows.append(got)
         return _padded(rows, k)
+
+    def _fallback(
+        self, conn: Any, filters: str, bound: dict[str, str]
+    ) -> tuple[Any, dict[str, Any]]:
+        """The exact scan (statement, its arguments) of the queries the graph falls short on,
+        where the windows it would score number at most EXACT_FALLBACK, else (None, {}): the
+        graph's answer stands. Without a filter, every window (counted up to one past the
+        bound); with one, the windows of the documents it keeps, those found once (read up to
+        one past the bound, their windows counted by the primary key) and read by id."""
+        cap = {"cap": EXACT_FALLBACK + 1}
+        if not filters:
+            count = "SELECT count(*) FROM (SELECT 1 FROM {windows} LIMIT %(cap)s) x"
+            (n,) = conn.execute(sql(count, self.names), cap).fetchone()
+            few = int(n) <= EXACT_FALLBACK
+            return (_dense_sql(self.names, self.meta, "", False), {}) if few else (None, {})
+        kept = (
+            "SELECT d.id, (SELECT count(*) FROM {windows} w WHERE w.id = d.id) FROM {docs} d "
+            "WHERE true" + filters + " LIMIT %(cap)s"
+        )
+        found = conn.execute(sql(kept, self.names), {**bound, **cap}).fetchall()
+        if sum(int(n) for _, n in found) > EXACT_FALLBACK:
+            return None, {}
+        by_id = _dense_sql(self.names, self.meta, " AND w.id = ANY(%(ids)s)", False)
+        return by_id, {"ids": [i for i, _ in found]}
 
     def _near(self, conn: Any, graph: Any, args: dict[str, Any], k: int, ef: int) -> list:
         """The graph's top k documents: among the 4 k nearest windows (ef candidates), else,
@@ -421,7 +459,8 @@ class PgIndex:
             return self.dense(queries, k, vectors, where)
         if mode == "bm25":
             return self.text_search(queries, k, where)
-        runs = [self.dense(queries, FUSED, vectors, where), self.text_search(queries, FUSED, where)]
+        n = max(FUSED, k)  # each list at least as deep as the hits asked for
+        runs = [self.dense(queries, n, vectors, where), self.text_search(queries, n, where)]
         return fuse_runs(runs, fusion, alpha, k)
 
     def search(
@@ -608,6 +647,12 @@ def _refuse_directory_options(o: IndexOptions) -> None:
         )
 
 
+def _differences(held: Mapping[str, Any], settings: Mapping[str, Any]) -> list[str]:
+    """The fields of `settings` (a build's, or the record read again) that differ from the
+    record `held`: its model's (identity.model_differences), then the other bound settings."""
+    return model_differences(held, settings) + [k for k in _BOUND if held.get(k) != settings.get(k)]
+
+
 def _record(conn: Any, t: Mapping[str, Any], where: str) -> dict[str, Any]:
     """The index's record (T_index), or one DataError: no such table, or not an index."""
     exists = conn.execute("SELECT to_regclass(%s)", [t["meta"].as_string(conn)]).fetchone()[0]
@@ -625,8 +670,7 @@ def _start(conn: Any, t: Mapping[str, Any], settings: dict[str, Any], where: str
     conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
     if conn.execute("SELECT to_regclass(%s)", [t["meta"].as_string(conn)]).fetchone()[0]:
         held = _record(conn, t, where)
-        changed = [k for k in _BOUND if held.get(k) != settings.get(k)]
-        if changed:
+        if changed := _differences(held, settings):
             raise ConfigError(
                 f"{where}: holds an index of another model or settings ({', '.join(changed)} "
                 "differ): give another --table, or drop that one"

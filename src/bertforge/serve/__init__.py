@@ -13,8 +13,9 @@
         /nsp         {"texts": [...], "pairs": [...]}   -> [P(IsNext)]
     POST /search     with --index DIR: {"queries", "top_k"?, "mode"?, "return_text"?,
                      "return_passage"?} -> {"results": [[{id, score, rank, text?,
-                     text_truncated?, passage?}]]} (search/index.py); a document's text is cut at
-                     return_chars characters (text_truncated says whether it was), and with
+                     text_truncated?, passage?, passage_truncated?}]]} (search/index.py); a
+                     document's text and passage are cut at return_chars characters
+                     (text_truncated, passage_truncated say whether they were), and with
                      texts or passages queries x top_k is at most max_text_hits (else 413)
     POST /rerank     text-embeddings-inference's: {"query", "texts", "raw_scores"?, "return_text"?,
                      "truncate"?} -> [{index, score, text?}], best first (a cross-encoder)

@@ -36,7 +36,9 @@ class Limits:
         16 * 2**20, "bytes per request body, counted as it arrives (else 413)", min=1
     )
     return_chars: int = option(
-        10_000, "characters of a document's text in a /search answer (more: cut, flagged)", min=1
+        10_000,
+        "characters of a document's text or passage in a /search answer (more: cut, flagged)",
+        min=1,
     )
     # with return_chars, what bounds a /search answer's size: 1,000 hits of 10,000 characters
     # are 10 million (and a window-long passage each); 64 queries x top_k 1,000 were 640 million

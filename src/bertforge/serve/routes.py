@@ -206,7 +206,8 @@ def add_search(
     pg: PgOptions | None = None,
 ) -> None:
     """POST /search: {"queries", "top_k"?, "mode"?: dense | bm25 | hybrid, "return_text"?,
-    "return_passage"?, "where"?} -> {"results": [[{id, score, rank, text?, passage?}]]}, over
+    "return_passage"?, "where"?} -> {"results": [[{id, score, rank, text?, passage?}]]} (each
+    text and passage cut at return_chars, text_truncated / passage_truncated said), over
     the index (loaded now, so a broken index stops `serve` before it listens): a directory, or
     a PostgreSQL DSN (`pg`: its table and search settings; searched through a pool of
     connections; the database down or slow is a 503 until it is back). The served model
@@ -225,11 +226,11 @@ def add_search(
     app.state.index = index
     if index_model is not None:  # the index's model beside the served one, checked
         index.use_model(index_model, device=server.pipe.device.type)
-    elif not index.adopt(server.pipe):
+    elif differs := index.adopt(server.pipe):
         raise ConfigError(
             f"{index.path}: built with the model {index.meta['model_name']}, not the one served "
-            f"({server.name}, or not in its precision): serve that model, or name the index's "
-            "own with --index-model to search with it beside the served one"
+            f"({server.name}: {'; '.join(differs)} differ): serve that model, or name the "
+            "index's own with --index-model to search with it beside the served one"
         )
     server.endpoints.append("search")
     pipe = index.use_model()  # the queries are read as its embed reads them
@@ -250,12 +251,19 @@ def add_search(
         if req.where:  # metadata filters: a PostgreSQL index's (a directory's refuses, 422)
             options["where"] = req.where
         rows, _ = await server.submit("search", run, req.queries, options, request, read, "queries")
-        if req.return_text:  # a document's text cut at return_chars: the answer stays bounded
-            cut = server.limits.return_chars
-            for hit in (h for row in rows for h in row):
-                hit["text_truncated"] = len(hit["text"]) > cut
-                hit["text"] = hit["text"][:cut]
-        return {"results": rows}
+        asked = [k for k, on in (("text", req.return_text), ("passage", req.return_passage)) if on]
+        return {"results": _cut(rows, asked, server.limits.return_chars)}
+
+
+def _cut(rows: list[list[dict[str, Any]]], keys: list[str], chars: int) -> list[Any]:
+    """/search's hits with each of `keys` (text, passage) cut at `chars` and KEY_truncated
+    saying whether it was: the answer stays bounded (a passage is a window's words, and one
+    word, or a one-window document's whole text, can be any length)."""
+    for hit in (h for row in rows for h in row):
+        for key in keys:
+            hit[f"{key}_truncated"] = len(hit[key]) > chars
+            hit[key] = hit[key][:chars]
+    return rows
 
 
 def check_text_hits(req: SearchRequest, limit: int) -> None:
