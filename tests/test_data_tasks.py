@@ -363,8 +363,13 @@ def test_generic_errors(tmp_path: Path) -> None:
     empty = _write(tmp_path / "e.tsv", "text\tlabel\n\tpos\n")
     assert 'line 2: field "text": empty text' in _error(read_examples, empty, "text", "label")
 
-    bad_csv = _write(tmp_path / "bad.csv", 'text,label\n"unclosed,1\n')
-    assert "malformed CSV" in _error(read_examples, bad_csv, "text", "label")
+    # a quote left open swallows the rest of the file: named where its record starts
+    bad_csv = _write(tmp_path / "bad.csv", 'text,label\nok,1\n"unclosed,1\nmore,0\nrows,1\n')
+    msg = _error(read_examples, bad_csv, "text", "label")
+    assert f"{bad_csv}: line 3: a quoted field never closed" in msg
+    stray = _write(tmp_path / "stray.csv", 'text,label\nok,1\n"two\nlines"x,0\n')
+    msg = _error(read_examples, stray, "text", "label")
+    assert f"{stray}: line 4: malformed CSV (in the record from line 3)" in msg
     ragged = _write(tmp_path / "ragged.csv", "text,label\nok,1\ntoo,many,fields\n")
     assert "line 3: 3 fields, expected 2" in _error(read_examples, ragged, "text", "label")
 

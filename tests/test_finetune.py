@@ -662,16 +662,19 @@ def _bad_inputs(tmp: Path) -> list[tuple[str, list[str], str]]:
     )
     conll = tmp / "conll.txt"
     conll.write_text("EU NNP B-NP B-ORG\nrejects VBZ B-VP\n")
+    unclosed = tmp / "open.csv"
+    unclosed.write_text('text,label\ngood film,1\n"bad film,0\nfine film,1\n')
     return [
         ("sst2", [str(missing)], rf"{missing}: line 3: .*(column|field)"),
         ("sst2", [str(unknown)], rf"{unknown}: line 3: .*label.*'maybe'"),
         ("sst2", [str(empty)], rf"{empty}: line 3: .*sentence.*empty"),
         ("squad", [str(squad)], rf"{squad}: .*q1.*answer_start"),
         ("conll2003", [str(conll)], rf"{conll}: line 2: 3 columns, expected 4"),
+        ("csv", [str(unclosed)], rf"{unclosed}: line 3: a quoted field never closed"),
     ]
 
 
-@pytest.mark.parametrize("case", range(5))
+@pytest.mark.parametrize("case", range(6))
 def test_bad_input_is_one_clear_error(
     case: int, tmp_path: Path, tiny_model: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -685,7 +688,7 @@ def test_bad_input_is_one_clear_error(
             "--task",
             task,
             "--train",
-            files[0],
+            *files,  # the file, and any options it needs
             "--out",
             str(out),
             "--no-progress",
