@@ -625,6 +625,35 @@ def test_dev_split_and_glue_predictions(tmp_path: Path, tiny_model: Path) -> Non
     assert lines[0] == "index\tprediction" and [x.split("\t")[0] for x in lines[1:]] == ["7", "9"]
 
 
+def test_dev_split_keeps_the_whole_files_label_set(tmp_path: Path, tiny_model: Path) -> None:
+    """A class whose every row --dev-split holds out is still one of the model's."""
+    from bertforge.data.tasks import split_train_test
+    from bertforge.tasks import family
+    from bertforge.train.distributed import Dist
+    from bertforge.train.supervised import SupervisedTask, load_data
+
+    n = 20
+    _, held_out = split_train_test(list(range(n)), 0.25)
+    labels = ["rare" if i == held_out[0] else "ab"[i % 2] for i in range(n)]
+    table = tmp_path / "train.tsv"
+    table.write_text("".join(f"{y}\tmessage number {i}\n" for i, y in enumerate(labels)))
+    cfg = FinetuneConfig(
+        model=str(tiny_model),
+        task="csv",
+        train=str(table),
+        out=str(tmp_path / "o"),
+        dev_split=0.25,
+        no_header=True,
+        text_column="1",
+        label_column="0",
+        progress=False,
+    )
+    task = SupervisedTask(family(cfg, Tokenizer.from_pretrained(tiny_model)), cfg, Dist())
+    train, dev = load_data(task, cfg)
+    assert "rare" not in {e.label for e in train} and "rare" in {e.label for e in dev or []}
+    assert task.family.spec.labels == ("a", "b", "rare")  # type: ignore[attr-defined]
+
+
 # ------------------------------------------------------------------------------------------------
 # Bad input through the command line: one line naming file, line and field; no traceback
 
