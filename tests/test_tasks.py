@@ -568,3 +568,37 @@ def test_ner_labels_sit_on_first_pieces(minilm_dir: Path) -> None:
     with pytest.warns(UserWarning, match="2 words beyond max_seq_length=3"):
         cut = tag_featurize([s], tok, labels, 3)
     assert (cut.meta[0] < 0).sum() == 2
+
+
+# ------------------------------------------------------------------------------------------------
+# What the families refuse as they read, before any training: a tag set entities cannot be
+# decoded from, a v2.0 question for a v1.1 task, columns --no-header cannot find
+
+
+def test_squad_task_reads_its_version_and_predict_answers_every_question(
+    heads: dict[str, Path], tmp_path: Path
+) -> None:
+    from bertforge.errors import DataError
+    from bertforge.train.finetune import predict
+
+    v2 = squad_file(tmp_path / "v2.json", version_2=True)
+    # --task squad on a v2.0 file: refused as read, naming the file and the question
+    with pytest.raises(DataError, match=rf"{v2}: .*\(id q2\).*--task squad2"):
+        evaluate_model(str(heads["squad"]), "squad", str(v2), max_seq_length=32, doc_stride=8)
+    # predict needs no answers: a question without any, or with a wrong offset, is answered
+    data = json.loads(v2.read_text())
+    qas = data["data"][0]["paragraphs"][0]["qas"]
+    del qas[0]["answers"]
+    qas[1]["answers"][0]["answer_start"] += 1
+    unlabelled = tmp_path / "questions.json"
+    unlabelled.write_text(json.dumps(data))
+    predict(
+        str(heads["squad"]),
+        "squad",
+        str(unlabelled),
+        str(tmp_path / "p"),
+        max_seq_length=32,
+        doc_stride=8,
+    )
+    answers = json.loads((tmp_path / "p" / "predictions.json").read_text())
+    assert set(answers) == {f"q{i}" for i in range(5)}
