@@ -691,6 +691,8 @@ def _bad_inputs(tmp: Path) -> list[tuple[str, list[str], str]]:
     )
     conll = tmp / "conll.txt"
     conll.write_text("EU NNP B-NP B-ORG\nrejects VBZ B-VP\n")
+    pos = tmp / "pos.txt"  # POS tags: no entities to decode (the dev metric, `ner`)
+    pos.write_text("EU NNP B-NP B-ORG\nrejects VBZ B-VP O\n")
     v2 = squad_file(tmp / "v2.json", version_2=True)
     unclosed = tmp / "open.csv"
     unclosed.write_text('text,label\ngood film,1\n"bad film,0\nfine film,1\n')
@@ -700,12 +702,13 @@ def _bad_inputs(tmp: Path) -> list[tuple[str, list[str], str]]:
         ("sst2", [str(empty)], rf"{empty}: line 3: .*sentence.*empty"),
         ("squad", [str(squad)], rf"{squad}: .*q1.*answer_start"),
         ("conll2003", [str(conll)], rf"{conll}: line 2: 3 columns, expected 4"),
+        ("conll2003", [str(pos), "--tag-column", "1"], rf"{pos}: line 1: .*'NNP' is not O or"),
         ("squad", [str(v2)], rf"{v2}: .*\(id q2\).*--task squad2"),
         ("csv", [str(unclosed)], rf"{unclosed}: line 3: a quoted field never closed"),
     ]
 
 
-@pytest.mark.parametrize("case", range(7))
+@pytest.mark.parametrize("case", range(8))
 def test_bad_input_is_one_clear_error(
     case: int, tmp_path: Path, tiny_model: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -575,6 +575,31 @@ def test_ner_labels_sit_on_first_pieces(minilm_dir: Path) -> None:
 # decoded from, a v2.0 question for a v1.1 task, columns --no-header cannot find
 
 
+def test_conll2003_reads_entity_tags_only(minilm_dir: Path, tmp_path: Path) -> None:
+    from bertforge.errors import ConfigError, DataError
+
+    tok = Tokenizer.from_pretrained(minilm_dir)
+    path = tmp_path / "ner.txt"
+    path.write_text("Alice NNP B-PER\nran VBD O\n\nBob NNP B-PER\nsat VBD X-Y\n")
+    ner = family(TaskOptions(task="conll2003"), tok)
+    # the word's own line, though its sentence starts on line 4
+    with pytest.raises(DataError, match=rf"{path}: line 5: field \"tag\" .*'X-Y' is not O or B-"):
+        ner.read(str(path))
+    pos = family(TaskOptions(task="conll2003", tag_column=1), tok)
+    with pytest.raises(DataError, match=rf"{path}: line 1: .*\(--tag-column 1\): 'NNP'"):
+        pos.read(str(path))
+    # predict reads no tags: nothing to refuse
+    assert [s.tokens for s in pos.read(str(path), labelled=False)] == [
+        ["Alice", "ran"],
+        ["Bob", "sat"],
+    ]
+    with pytest.raises(ConfigError, match=r"labels='O,NNP' \(--labels\): 'NNP' is not O or B-"):
+        family(TaskOptions(task="conll2003", labels="O,NNP"), tok)
+    ok = tmp_path / "ok.txt"
+    ok.write_text("EU B-ORG\nrejects O\nit S-MISC\n")  # IOB2 and IOBES tags are entity tags
+    assert [s.tags for s in ner.read(str(ok))] == [["B-ORG", "O", "S-MISC"]]
+
+
 def test_squad_task_reads_its_version_and_predict_answers_every_question(
     heads: dict[str, Path], tmp_path: Path
 ) -> None:
