@@ -694,6 +694,8 @@ def _bad_inputs(tmp: Path) -> list[tuple[str, list[str], str]]:
     pos = tmp / "pos.txt"  # POS tags: no entities to decode (the dev metric, `ner`)
     pos.write_text("EU NNP B-NP B-ORG\nrejects VBZ B-VP O\n")
     v2 = squad_file(tmp / "v2.json", version_2=True)
+    spam = tmp / "spam.tsv"
+    spam.write_text("ham\tsee you\nspam\twin now\n")
     unclosed = tmp / "open.csv"
     unclosed.write_text('text,label\ngood film,1\n"bad film,0\nfine film,1\n')
     return [
@@ -704,11 +706,12 @@ def _bad_inputs(tmp: Path) -> list[tuple[str, list[str], str]]:
         ("conll2003", [str(conll)], rf"{conll}: line 2: 3 columns, expected 4"),
         ("conll2003", [str(pos), "--tag-column", "1"], rf"{pos}: line 1: .*'NNP' is not O or"),
         ("squad", [str(v2)], rf"{v2}: .*\(id q2\).*--task squad2"),
+        ("csv", [str(spam), "--no-header", "--text-column", "1"], r"\(--label-column\)"),
         ("csv", [str(unclosed)], rf"{unclosed}: line 3: a quoted field never closed"),
     ]
 
 
-@pytest.mark.parametrize("case", range(8))
+@pytest.mark.parametrize("case", range(9))
 def test_bad_input_is_one_clear_error(
     case: int, tmp_path: Path, tiny_model: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

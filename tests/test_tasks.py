@@ -627,3 +627,17 @@ def test_squad_task_reads_its_version_and_predict_answers_every_question(
     )
     answers = json.loads((tmp_path / "p" / "predictions.json").read_text())
     assert set(answers) == {f"q{i}" for i in range(5)}
+
+
+def test_csv_columns_by_index_are_checked_as_options(minilm_dir: Path, tmp_path: Path) -> None:
+    from bertforge.errors import ConfigError
+
+    tok = Tokenizer.from_pretrained(minilm_dir)
+    table = tmp_path / "spam.tsv"
+    table.write_text("ham\tsee you soon\nspam\twin a prize\n")
+    fam = family(TaskOptions(task="csv", no_header=True, text_column="1"), tok)
+    with pytest.raises(ConfigError, match=r"label_column='label' \(--label-column\): with --no-h"):
+        fam.read(str(table))
+    assert [e.text for e in fam.read(str(table), labelled=False)] == ["see you soon", "win a prize"]
+    with pytest.raises(ConfigError, match=r"label_column='0,1' \(--label-column\) with --no-head"):
+        TaskOptions(task="csv", multi_label=True, no_header=True, label_column="0,1")

@@ -420,19 +420,31 @@ class SentenceTask(TaskFamily):
         if o.task != "csv":
             return read_glue(o.task, path, labelled=labelled)
 
-        def column(name: str | None) -> str | int | None:
-            return None if name is None else int(name) if o.no_header else name
+        def column(name: str | None, option: str) -> str | int | None:
+            if name is None or not o.no_header:
+                return name
+            try:
+                return int(name)
+            except ValueError:
+                flag = "--" + option.replace("_", "-")
+                raise ConfigError(
+                    f"{option}={name!r} ({flag}): with --no-header columns are 0-based "
+                    f"indices; give the column's index ({flag} 0 for the first)"
+                ) from None
 
+        text = column(o.text_column, "text_column")
+        pair = column(o.text_pair_column, "text_pair_column")
         flags = self._flag_columns()
+        labels: Any = None  # unlabelled: no label column read
+        if labelled and flags:
+            labels = [column(c, "label_column") for c in flags]
+        elif labelled:
+            labels = column(o.label_column, "label_column")
         return read_examples(
             path,
-            column(o.text_column),  # type: ignore[arg-type]
-            (
-                ([column(c) for c in flags] if flags else column(o.label_column))
-                if labelled
-                else None
-            ),  # type: ignore[arg-type]
-            column(o.text_pair_column),
+            text,  # type: ignore[arg-type]
+            labels,
+            pair,
             delimiter={"\\t": "\t", "tab": "\t"}.get(o.delimiter or "", o.delimiter),
             header=not o.no_header,
             labels=self.spec.labels or None,
