@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -29,7 +30,15 @@ from bertforge.train.distributed import Dist
 from bertforge.train.finetune import FinetuneConfig, evaluate_model
 from bertforge.train.supervised import SupervisedTask
 from tests.conftest import TINY
-from tests.task_files import SWAG_HEADER, conll_text, keyword_table, ner_sentences, squad_file
+from tests.task_files import (
+    BAD,
+    GOOD,
+    SWAG_HEADER,
+    conll_text,
+    keyword_table,
+    ner_sentences,
+    squad_file,
+)
 
 transformers = pytest.importorskip("transformers")
 
@@ -641,3 +650,54 @@ def test_csv_columns_by_index_are_checked_as_options(minilm_dir: Path, tmp_path:
     assert [e.text for e in fam.read(str(table), labelled=False)] == ["see you soon", "win a prize"]
     with pytest.raises(ConfigError, match=r"label_column='0,1' \(--label-column\) with --no-head"):
         TaskOptions(task="csv", multi_label=True, no_header=True, label_column="0,1")
+
+
+def test_evaluate_fits_the_model_head_to_the_glue_task(tiny_model: Path, tmp_path: Path) -> None:
+    """A GLUE task's head must be the task's: its size, and its label names in the task's order
+    or mapped to it (an HF MNLI checkpoint says entailment, neutral, contradiction)."""
+    from bertforge.errors import ConfigError
+    from bertforge.heads import BertForSequenceClassification
+    from bertforge.train.finetune import predict
+
+    tok = Tokenizer.from_pretrained(tiny_model)
+    config = BertConfig(**{**TINY, "vocab_size": tok.vocab_size})
+
+    def head(name: str, pairs: list[tuple[str, str]] | None = None, **kwargs: Any) -> str:
+        torch.manual_seed(3)
+        model = BertForSequenceClassification(config.replace(**kwargs)).eval()
+        model.classifier.weight.data *= 50  # a random head that does not say one thing for all
+        if pairs:  # centred on these pairs, so that every label wins some
+            with torch.no_grad():
+                logits = model(**tok([a for a, _ in pairs], [b for _, b in pairs])).logits
+                model.classifier.bias -= logits.mean(0)
+        model.save_pretrained(tmp_path / name)
+        tok.save_pretrained(tmp_path / name)
+        return str(tmp_path / name)
+
+    sst2 = keyword_table(tmp_path / "sst2.tsv", 12, seed=1)
+    three = head("three", id2label={0: "a", 1: "b", 2: "c"})
+    with pytest.raises(ConfigError, match=r"--task sst2: 2 labels \(0, 1\); .* 3 labels: a, b, c"):
+        evaluate_model(three, "sst2", str(sst2))
+    with pytest.raises(ConfigError, match=r"--task sst2: .*one output \(a regression head\)"):
+        predict(head("score", num_labels=1), "sst2", str(sst2), str(tmp_path / "p"))
+    with pytest.raises(ConfigError, match=r"--task stsb: regression, one output; .* a, b, c"):
+        evaluate_model(three, "stsb", str(sst2))
+    with pytest.raises(ConfigError, match=r"labels in order 0, 1; .* names NEGATIVE, POSITIVE"):
+        evaluate_model(head("named", id2label={0: "NEGATIVE", 1: "POSITIVE"}), "sst2", str(sst2))
+    assert "accuracy" in evaluate_model(head("generic", num_labels=2), "sst2", str(sst2))
+
+    # an HF MNLI head: evaluate maps its order to the task's, so it agrees with classify (which
+    # answers in the model's own names); gold = classify's answers scores 1
+    pairs = [(f"the {w} film was shown", f"people saw {v} things") for w in GOOD for v in BAD]
+    names = {0: "ENTAILMENT", 1: "neutral", 2: "contradiction"}
+    mnli = head("mnli", pairs, id2label=names)
+    got = Pipeline(mnli, precision="fp32").classify([a for a, _ in pairs], [b for _, b in pairs])
+    labels = [g["label"].lower() for g in got]
+    assert len(set(labels)) > 1  # a comparison that can fail
+    dev = tmp_path / "dev_matched.tsv"
+    rows = [f"{i}\t{a}\t{b}\t{y}" for i, ((a, b), y) in enumerate(zip(pairs, labels))]
+    dev.write_text("index\tsentence1\tsentence2\tgold_label\n" + "\n".join(rows) + "\n")
+    metrics = evaluate_model(mnli, "mnli", str(dev), out=str(tmp_path / "ev"), precision="fp32")
+    assert metrics["accuracy"] == 1.0
+    written = (tmp_path / "ev" / "predictions_mnli.tsv").read_text().splitlines()[1:]
+    assert [x.split("\t")[1] for x in written] == labels
