@@ -363,8 +363,13 @@ def test_generic_errors(tmp_path: Path) -> None:
     empty = _write(tmp_path / "e.tsv", "text\tlabel\n\tpos\n")
     assert 'line 2: field "text": empty text' in _error(read_examples, empty, "text", "label")
 
-    bad_csv = _write(tmp_path / "bad.csv", 'text,label\n"unclosed,1\n')
-    assert "malformed CSV" in _error(read_examples, bad_csv, "text", "label")
+    # a quote left open swallows the rest of the file: named where its record starts
+    bad_csv = _write(tmp_path / "bad.csv", 'text,label\nok,1\n"unclosed,1\nmore,0\nrows,1\n')
+    msg = _error(read_examples, bad_csv, "text", "label")
+    assert f"{bad_csv}: line 3: a quoted field never closed" in msg
+    stray = _write(tmp_path / "stray.csv", 'text,label\nok,1\n"two\nlines"x,0\n')
+    msg = _error(read_examples, stray, "text", "label")
+    assert f"{stray}: line 4: malformed CSV (in the record from line 3)" in msg
     ragged = _write(tmp_path / "ragged.csv", "text,label\nok,1\ntoo,many,fields\n")
     assert "line 3: 3 fields, expected 2" in _error(read_examples, ragged, "text", "label")
 
@@ -439,6 +444,27 @@ def test_squad_errors(tmp_path: Path) -> None:
     assert 'top level: field "data" missing' in _error(
         read_squad, _write(tmp_path / "x.json", "{}")
     )
+
+
+def test_squad_no_answer_questions_and_unlabelled_reads(tmp_path: Path) -> None:
+    good = {"id": "q1", "question": "Who sat?", "answers": [{"text": "The cat", "answer_start": 0}]}
+    none = {"id": "n", "question": "Why?", "answers": [], "is_impossible": True}
+    v2 = _squad(tmp_path, [{**good, "is_impossible": False}, none])
+    # a v1.1 task (no_answer=False) refuses a v2.0 question without an answer, naming it
+    msg = _error(read_squad, v2, no_answer=False)
+    assert f"{v2}: data[0].paragraphs[0].qas[1] (id n)" in msg and "--task squad2" in msg
+    assert [e.qid for e in read_squad(v2)] == ["q1", "n"]  # v2.0 reads it
+    # unlabelled (predict): no answers read or checked, every question kept, no warning
+    off = {"id": "q2", "question": "Where?", "answers": [{"text": "the mat", "answer_start": 16}]}
+    bare = {"id": "q3", "question": "What?"}
+    path = _squad(tmp_path, [good, off, bare, none])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = read_squad(path, labelled=False, no_answer=False)
+    assert [(e.qid, e.answers, e.is_impossible) for e in got] == [
+        (q, [], False) for q in ("q1", "q2", "q3", "n")
+    ]
+    assert "duplicate" in _error(read_squad, _squad(tmp_path, [bare, bare]), labelled=False)
 
 
 def test_conll_errors(tmp_path: Path) -> None:

@@ -625,6 +625,35 @@ def test_dev_split_and_glue_predictions(tmp_path: Path, tiny_model: Path) -> Non
     assert lines[0] == "index\tprediction" and [x.split("\t")[0] for x in lines[1:]] == ["7", "9"]
 
 
+def test_dev_split_keeps_the_whole_files_label_set(tmp_path: Path, tiny_model: Path) -> None:
+    """A class whose every row --dev-split holds out is still one of the model's."""
+    from bertforge.data.tasks import split_train_test
+    from bertforge.tasks import family
+    from bertforge.train.distributed import Dist
+    from bertforge.train.supervised import SupervisedTask, load_data
+
+    n = 20
+    _, held_out = split_train_test(list(range(n)), 0.25)
+    labels = ["rare" if i == held_out[0] else "ab"[i % 2] for i in range(n)]
+    table = tmp_path / "train.tsv"
+    table.write_text("".join(f"{y}\tmessage number {i}\n" for i, y in enumerate(labels)))
+    cfg = FinetuneConfig(
+        model=str(tiny_model),
+        task="csv",
+        train=str(table),
+        out=str(tmp_path / "o"),
+        dev_split=0.25,
+        no_header=True,
+        text_column="1",
+        label_column="0",
+        progress=False,
+    )
+    task = SupervisedTask(family(cfg, Tokenizer.from_pretrained(tiny_model)), cfg, Dist())
+    train, dev = load_data(task, cfg)
+    assert "rare" not in {e.label for e in train} and "rare" in {e.label for e in dev or []}
+    assert task.family.spec.labels == ("a", "b", "rare")  # type: ignore[attr-defined]
+
+
 # ------------------------------------------------------------------------------------------------
 # Bad input through the command line: one line naming file, line and field; no traceback
 
@@ -662,16 +691,27 @@ def _bad_inputs(tmp: Path) -> list[tuple[str, list[str], str]]:
     )
     conll = tmp / "conll.txt"
     conll.write_text("EU NNP B-NP B-ORG\nrejects VBZ B-VP\n")
+    pos = tmp / "pos.txt"  # POS tags: no entities to decode (the dev metric, `ner`)
+    pos.write_text("EU NNP B-NP B-ORG\nrejects VBZ B-VP O\n")
+    v2 = squad_file(tmp / "v2.json", version_2=True)
+    spam = tmp / "spam.tsv"
+    spam.write_text("ham\tsee you\nspam\twin now\n")
+    unclosed = tmp / "open.csv"
+    unclosed.write_text('text,label\ngood film,1\n"bad film,0\nfine film,1\n')
     return [
         ("sst2", [str(missing)], rf"{missing}: line 3: .*(column|field)"),
         ("sst2", [str(unknown)], rf"{unknown}: line 3: .*label.*'maybe'"),
         ("sst2", [str(empty)], rf"{empty}: line 3: .*sentence.*empty"),
         ("squad", [str(squad)], rf"{squad}: .*q1.*answer_start"),
         ("conll2003", [str(conll)], rf"{conll}: line 2: 3 columns, expected 4"),
+        ("conll2003", [str(pos), "--tag-column", "1"], rf"{pos}: line 1: .*'NNP' is not O or"),
+        ("squad", [str(v2)], rf"{v2}: .*\(id q2\).*--task squad2"),
+        ("csv", [str(spam), "--no-header", "--text-column", "1"], r"\(--label-column\)"),
+        ("csv", [str(unclosed)], rf"{unclosed}: line 3: a quoted field never closed"),
     ]
 
 
-@pytest.mark.parametrize("case", range(5))
+@pytest.mark.parametrize("case", range(9))
 def test_bad_input_is_one_clear_error(
     case: int, tmp_path: Path, tiny_model: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -685,7 +725,7 @@ def test_bad_input_is_one_clear_error(
             "--task",
             task,
             "--train",
-            files[0],
+            *files,  # the file, and any options it needs
             "--out",
             str(out),
             "--no-progress",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -29,7 +30,15 @@ from bertforge.train.distributed import Dist
 from bertforge.train.finetune import FinetuneConfig, evaluate_model
 from bertforge.train.supervised import SupervisedTask
 from tests.conftest import TINY
-from tests.task_files import SWAG_HEADER, conll_text, keyword_table, ner_sentences, squad_file
+from tests.task_files import (
+    BAD,
+    GOOD,
+    SWAG_HEADER,
+    conll_text,
+    keyword_table,
+    ner_sentences,
+    squad_file,
+)
 
 transformers = pytest.importorskip("transformers")
 
@@ -568,3 +577,127 @@ def test_ner_labels_sit_on_first_pieces(minilm_dir: Path) -> None:
     with pytest.warns(UserWarning, match="2 words beyond max_seq_length=3"):
         cut = tag_featurize([s], tok, labels, 3)
     assert (cut.meta[0] < 0).sum() == 2
+
+
+# ------------------------------------------------------------------------------------------------
+# What the families refuse as they read, before any training: a tag set entities cannot be
+# decoded from, a v2.0 question for a v1.1 task, columns --no-header cannot find
+
+
+def test_conll2003_reads_entity_tags_only(minilm_dir: Path, tmp_path: Path) -> None:
+    from bertforge.errors import ConfigError, DataError
+
+    tok = Tokenizer.from_pretrained(minilm_dir)
+    path = tmp_path / "ner.txt"
+    path.write_text("Alice NNP B-PER\nran VBD O\n\nBob NNP B-PER\nsat VBD X-Y\n")
+    ner = family(TaskOptions(task="conll2003"), tok)
+    # the word's own line, though its sentence starts on line 4
+    with pytest.raises(DataError, match=rf"{path}: line 5: field \"tag\" .*'X-Y' is not O or B-"):
+        ner.read(str(path))
+    pos = family(TaskOptions(task="conll2003", tag_column=1), tok)
+    with pytest.raises(DataError, match=rf"{path}: line 1: .*\(--tag-column 1\): 'NNP'"):
+        pos.read(str(path))
+    # predict reads no tags: nothing to refuse
+    assert [s.tokens for s in pos.read(str(path), labelled=False)] == [
+        ["Alice", "ran"],
+        ["Bob", "sat"],
+    ]
+    with pytest.raises(ConfigError, match=r"labels='O,NNP' \(--labels\): 'NNP' is not O or B-"):
+        family(TaskOptions(task="conll2003", labels="O,NNP"), tok)
+    ok = tmp_path / "ok.txt"
+    ok.write_text("EU B-ORG\nrejects O\nit S-MISC\n")  # IOB2 and IOBES tags are entity tags
+    assert [s.tags for s in ner.read(str(ok))] == [["B-ORG", "O", "S-MISC"]]
+
+
+def test_squad_task_reads_its_version_and_predict_answers_every_question(
+    heads: dict[str, Path], tmp_path: Path
+) -> None:
+    from bertforge.errors import DataError
+    from bertforge.train.finetune import predict
+
+    v2 = squad_file(tmp_path / "v2.json", version_2=True)
+    # --task squad on a v2.0 file: refused as read, naming the file and the question
+    with pytest.raises(DataError, match=rf"{v2}: .*\(id q2\).*--task squad2"):
+        evaluate_model(str(heads["squad"]), "squad", str(v2), max_seq_length=32, doc_stride=8)
+    # predict needs no answers: a question without any, or with a wrong offset, is answered
+    data = json.loads(v2.read_text())
+    qas = data["data"][0]["paragraphs"][0]["qas"]
+    del qas[0]["answers"]
+    qas[1]["answers"][0]["answer_start"] += 1
+    unlabelled = tmp_path / "questions.json"
+    unlabelled.write_text(json.dumps(data))
+    predict(
+        str(heads["squad"]),
+        "squad",
+        str(unlabelled),
+        str(tmp_path / "p"),
+        max_seq_length=32,
+        doc_stride=8,
+    )
+    answers = json.loads((tmp_path / "p" / "predictions.json").read_text())
+    assert set(answers) == {f"q{i}" for i in range(5)}
+
+
+def test_csv_columns_by_index_are_checked_as_options(minilm_dir: Path, tmp_path: Path) -> None:
+    from bertforge.errors import ConfigError
+
+    tok = Tokenizer.from_pretrained(minilm_dir)
+    table = tmp_path / "spam.tsv"
+    table.write_text("ham\tsee you soon\nspam\twin a prize\n")
+    fam = family(TaskOptions(task="csv", no_header=True, text_column="1"), tok)
+    with pytest.raises(ConfigError, match=r"label_column='label' \(--label-column\): with --no-h"):
+        fam.read(str(table))
+    assert [e.text for e in fam.read(str(table), labelled=False)] == ["see you soon", "win a prize"]
+    with pytest.raises(ConfigError, match=r"label_column='0,1' \(--label-column\) with --no-head"):
+        TaskOptions(task="csv", multi_label=True, no_header=True, label_column="0,1")
+
+
+def test_evaluate_fits_the_model_head_to_the_glue_task(tiny_model: Path, tmp_path: Path) -> None:
+    """A GLUE task's head must be the task's: its size, and its label names in the task's order
+    or mapped to it (an HF MNLI checkpoint says entailment, neutral, contradiction)."""
+    from bertforge.errors import ConfigError
+    from bertforge.heads import BertForSequenceClassification
+    from bertforge.train.finetune import predict
+
+    tok = Tokenizer.from_pretrained(tiny_model)
+    config = BertConfig(**{**TINY, "vocab_size": tok.vocab_size})
+
+    def head(name: str, pairs: list[tuple[str, str]] | None = None, **kwargs: Any) -> str:
+        torch.manual_seed(3)
+        model = BertForSequenceClassification(config.replace(**kwargs)).eval()
+        model.classifier.weight.data *= 50  # a random head that does not say one thing for all
+        if pairs:  # centred on these pairs, so that every label wins some
+            with torch.no_grad():
+                logits = model(**tok([a for a, _ in pairs], [b for _, b in pairs])).logits
+                model.classifier.bias -= logits.mean(0)
+        model.save_pretrained(tmp_path / name)
+        tok.save_pretrained(tmp_path / name)
+        return str(tmp_path / name)
+
+    sst2 = keyword_table(tmp_path / "sst2.tsv", 12, seed=1)
+    three = head("three", id2label={0: "a", 1: "b", 2: "c"})
+    with pytest.raises(ConfigError, match=r"--task sst2: 2 labels \(0, 1\); .* 3 labels: a, b, c"):
+        evaluate_model(three, "sst2", str(sst2))
+    with pytest.raises(ConfigError, match=r"--task sst2: .*one output \(a regression head\)"):
+        predict(head("score", num_labels=1), "sst2", str(sst2), str(tmp_path / "p"))
+    with pytest.raises(ConfigError, match=r"--task stsb: regression, one output; .* a, b, c"):
+        evaluate_model(three, "stsb", str(sst2))
+    with pytest.raises(ConfigError, match=r"labels in order 0, 1; .* names NEGATIVE, POSITIVE"):
+        evaluate_model(head("named", id2label={0: "NEGATIVE", 1: "POSITIVE"}), "sst2", str(sst2))
+    assert "accuracy" in evaluate_model(head("generic", num_labels=2), "sst2", str(sst2))
+
+    # an HF MNLI head: evaluate maps its order to the task's, so it agrees with classify (which
+    # answers in the model's own names); gold = classify's answers scores 1
+    pairs = [(f"the {w} film was shown", f"people saw {v} things") for w in GOOD for v in BAD]
+    names = {0: "ENTAILMENT", 1: "neutral", 2: "contradiction"}
+    mnli = head("mnli", pairs, id2label=names)
+    got = Pipeline(mnli, precision="fp32").classify([a for a, _ in pairs], [b for _, b in pairs])
+    labels = [g["label"].lower() for g in got]
+    assert len(set(labels)) > 1  # a comparison that can fail
+    dev = tmp_path / "dev_matched.tsv"
+    rows = [f"{i}\t{a}\t{b}\t{y}" for i, ((a, b), y) in enumerate(zip(pairs, labels))]
+    dev.write_text("index\tsentence1\tsentence2\tgold_label\n" + "\n".join(rows) + "\n")
+    metrics = evaluate_model(mnli, "mnli", str(dev), out=str(tmp_path / "ev"), precision="fp32")
+    assert metrics["accuracy"] == 1.0
+    written = (tmp_path / "ev" / "predictions_mnli.tsv").read_text().splitlines()[1:]
+    assert [x.split("\t")[1] for x in written] == labels

@@ -464,12 +464,22 @@ def _best_threshold(
 # --------------------------------------------------------------------------- entity F1
 
 
+ENTITY_TAGS = "O or B-/I-/E-/S- followed by a type"  # the tags entity_spans reads
+
+
+def is_entity_tag(tag: object) -> bool:
+    """Whether entity_spans reads `tag` (ENTITY_TAGS): IOB1, IOB2 and IOBES tags are."""
+    return tag == "O" or (
+        isinstance(tag, str) and len(tag) > 2 and tag[0] in "BIES" and tag[1] == "-"
+    )
+
+
 def _split_tag(tag: str, where: str) -> tuple[str, str]:
     if tag == "O":
         return "O", ""
-    if isinstance(tag, str) and len(tag) > 2 and tag[0] in "BIES" and tag[1] == "-":
+    if is_entity_tag(tag):
         return tag[0], tag[2:]
-    raise InputError(f"{where}: tag {tag!r} is not O or B-/I-/E-/S- followed by a type")
+    raise InputError(f"{where}: tag {tag!r} is not {ENTITY_TAGS}")
 
 
 def entity_spans(tags: Sequence[str], where: str = "tags") -> list[tuple[str, int, int]]:

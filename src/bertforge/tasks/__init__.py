@@ -170,6 +170,12 @@ class TaskOptions:
             )
         if self.multi_label and (self.task != "csv" or self.regression):
             raise ConfigError("multi_label (--multi-label) is for --task csv classification")
+        if self.multi_label and self.no_header and "," in self.label_column:
+            raise ConfigError(
+                f"label_column={self.label_column!r} (--label-column) with --no-header: one 0/1 "
+                "column per label takes each label's name from the header; give the file a "
+                "header row naming the labels, or one column of names separated by |"
+            )
         if self.max_seq_length is None:
             task = self.task or ""
             self.max_seq_length = (

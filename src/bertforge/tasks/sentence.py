@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config import BertConfig
+from ..config import BertConfig, default_labels
 from ..data.tasks import Example, TaskSpec, glue_task, label_set, read_examples, read_glue
 from ..errors import ConfigError, DataError, InputError
 from ..evaluate import class_scores, compute_metrics, label_scores
@@ -342,6 +342,40 @@ def tune_thresholds(probs: np.ndarray, refs: np.ndarray) -> np.ndarray:
     return np.array(best)
 
 
+def head_order(spec: TaskSpec, config: BertConfig) -> np.ndarray | None:
+    """Which of a model's outputs is each of a GLUE task's labels (or a table's regression
+    score): None where they are in the task's order, or where the model names them only
+    LABEL_i (position is all there is). A head of another size, or whose names are not the
+    task's labels (case aside), is a ConfigError naming both."""
+    n = config.num_labels
+    names = [config.labels[i] for i in range(n)]
+    where = f"--task {spec.name}"
+    if spec.labels is None:
+        if n != 1:
+            raise ConfigError(
+                f"{where}: regression, one output; the model's head has {n} labels: "
+                f"{', '.join(names)}"
+            )
+        return None
+    if n != len(spec.labels):
+        has = "one output (a regression head)" if n == 1 else f"{n} labels: {', '.join(names)}"
+        raise ConfigError(
+            f"{where}: {len(spec.labels)} labels ({', '.join(spec.labels)}); the model's head "
+            f"has {has}"
+        )
+    if names == list(default_labels(n).values()):
+        return None
+    index = {name.lower(): i for i, name in enumerate(names)}
+    if len(index) != n or set(index) != {label.lower() for label in spec.labels}:
+        raise ConfigError(
+            f"{where}: labels in order {', '.join(spec.labels)}; the model's head (config.json "
+            f"id2label) names {', '.join(names)}, not the same labels: use a model of this task, "
+            "or name its labels as the task does in its config.json"
+        )
+    order = np.array([index[label.lower()] for label in spec.labels])
+    return None if (order == np.arange(n)).all() else order
+
+
 # ------------------------------------------------------------------------------------------------
 # Features and the family
 
@@ -370,6 +404,7 @@ class SentenceTask(TaskFamily):
 
     def __init__(self, options: Any, tok: Any) -> None:
         super().__init__(options, tok)
+        self.order: np.ndarray | None = None  # the model's output of each label (head_order)
         self._settle(None)
         self.metric = self.spec.metrics[0]
         self.reports_accuracy = not self.spec.is_regression
@@ -420,19 +455,31 @@ class SentenceTask(TaskFamily):
         if o.task != "csv":
             return read_glue(o.task, path, labelled=labelled)
 
-        def column(name: str | None) -> str | int | None:
-            return None if name is None else int(name) if o.no_header else name
+        def column(name: str | None, option: str) -> str | int | None:
+            if name is None or not o.no_header:
+                return name
+            try:
+                return int(name)
+            except ValueError:
+                flag = "--" + option.replace("_", "-")
+                raise ConfigError(
+                    f"{option}={name!r} ({flag}): with --no-header columns are 0-based "
+                    f"indices; give the column's index ({flag} 0 for the first)"
+                ) from None
 
+        text = column(o.text_column, "text_column")
+        pair = column(o.text_pair_column, "text_pair_column")
         flags = self._flag_columns()
+        labels: Any = None  # unlabelled: no label column read
+        if labelled and flags:
+            labels = [column(c, "label_column") for c in flags]
+        elif labelled:
+            labels = column(o.label_column, "label_column")
         return read_examples(
             path,
-            column(o.text_column),  # type: ignore[arg-type]
-            (
-                ([column(c) for c in flags] if flags else column(o.label_column))
-                if labelled
-                else None
-            ),  # type: ignore[arg-type]
-            column(o.text_pair_column),
+            text,  # type: ignore[arg-type]
+            labels,
+            pair,
             delimiter={"\\t": "\t", "tab": "\t"}.get(o.delimiter or "", o.delimiter),
             header=not o.no_header,
             labels=self.spec.labels or None,
@@ -443,10 +490,17 @@ class SentenceTask(TaskFamily):
     def set_labels(
         self, train: Sequence[Example] | None = None, config: BertConfig | None = None
     ) -> None:
-        """For --task csv: the label set from --labels, else the train file, else the model."""
+        """For --task csv: the label set from --labels, else the train file, else the model. A
+        GLUE task (or regression) keeps its own: the model's head must fit it (head_order)."""
         if self.options.task != "csv" or self.options.regression:
+            if config is not None:
+                self.order = head_order(self.spec, config)
             return
         if config is not None:
+            if config.num_labels == 1:
+                raise ConfigError(
+                    "the model's head has one output (a regression head): give --regression"
+                )
             names = config.labels
             self._settle([names[i] for i in range(len(names))], thresholds_of(config))
         elif not self.spec.labels:
@@ -482,10 +536,16 @@ class SentenceTask(TaskFamily):
 
     # -- evaluation and predictions ------------------------------------------------------------
 
+    def logits(self, rows: list[np.ndarray]) -> np.ndarray:
+        """(N, K) the rows' logits, each label at the task's index (the model's order mapped:
+        head_order)."""
+        logits = np.stack(rows)
+        return logits if self.order is None else logits[:, self.order]
+
     def decode(
         self, examples: Sequence[Any], features: Features, rows: list[np.ndarray]
     ) -> np.ndarray:
-        return self.problem.predictions(self.problem.probabilities(np.stack(rows)))
+        return self.problem.predictions(self.problem.probabilities(self.logits(rows)))
 
     def evaluate(
         self, runner: Any, model: nn.Module, examples: Sequence[Any], features: Features
@@ -511,7 +571,7 @@ class SentenceTask(TaskFamily):
         )
         metrics = compute_metrics(spec.metrics, refs, preds, positive_label=positive)
         metrics.update(self.problem.class_metrics(refs, preds))
-        return {**metrics, "loss": self.problem.eval_loss(np.stack(rows), refs)}
+        return {**metrics, "loss": self.problem.eval_loss(self.logits(rows), refs)}
 
     def write_predictions(self, out: Path, examples: Sequence[Example], preds: Any) -> list[Path]:
         """GLUE's submission format: `index<TAB>prediction`, one row per example in order."""

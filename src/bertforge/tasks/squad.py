@@ -273,9 +273,10 @@ class SquadTask(TaskFamily):
         return self.options.task == "squad2"
 
     def read(self, path: str, labelled: bool = True) -> list[SquadExample]:
-        # Training: a bad answer offset is an error (strict); evaluation files are only scored
-        # against their answer texts, so offsets there need not be checked.
-        return read_squad(path, strict=labelled)
+        # Labelled (train, dev, evaluate): answers read and their offsets checked, a wrong one
+        # an error; --task squad refuses a v2.0 no-answer question (it could neither learn nor
+        # score one). Unlabelled (predict): no answers read, every question answered.
+        return read_squad(path, labelled=labelled, no_answer=self.version_2)
 
     def featurize(self, examples: Sequence[SquadExample], training: bool = False) -> Features:
         names = ("max_seq_length", "doc_stride", "max_query_length")

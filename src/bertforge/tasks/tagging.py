@@ -5,7 +5,9 @@ Words are tokenized as given by the file (split_into_words), so every word maps 
 line; the pipeline tokenizes raw text and takes the same first pieces. A sentence longer than
 max_seq_length pieces keeps its first words; the words cut off are predicted "O" and counted in
 one warning. Tags become entities by one decoder for the metric and the pipeline alike
-(evaluate.entity_spans: conlleval's rules for IOB1, IOB2 and IOBES). Scores are entity-level
+(evaluate.entity_spans: conlleval's rules for IOB1, IOB2 and IOBES), so the family is entity
+tagging only: a labelled file's tags and --labels must be entity tags, checked as they are read
+(a POS column is refused there, not at the first dev evaluation). Scores are entity-level
 precision, recall and F1; predictions are written as a CoNLL column file: `token gold
 predicted` (conlleval's input) or `token predicted` for unlabelled input.
 """
@@ -23,7 +25,7 @@ import torch
 from ..config import BertConfig
 from ..data.tasks import TaggedSentence, read_conll
 from ..errors import ConfigError, DataError
-from ..evaluate import entity_scores, entity_spans
+from ..evaluate import ENTITY_TAGS, entity_scores, entity_spans, is_entity_tag
 from ..fileio import write_text
 from ..heads import BertForTokenClassification
 from .base import IGNORE_INDEX, Batch, Features, TaskFamily, classification_loss, softmax
@@ -44,6 +46,19 @@ def tag_set(sentences: Sequence[TaggedSentence]) -> list[str]:
     """ "O" first, then the other tags sorted (B-/I- of a type side by side)."""
     tags = {t for s in sentences for t in s.tags}
     return [OUTSIDE, *sorted(tags - {OUTSIDE}, key=lambda t: (t[2:], t))]
+
+
+def check_entity_tags(sentences: Sequence[TaggedSentence], tag_column: int) -> None:
+    """Every tag one that entity_spans reads: the dev metric, `ner` and the probe all decode
+    entities, so a tag set that is not one (POS tags, --tag-column 1) is refused as it is read,
+    naming its file and line, not at the first dev evaluation or in a saved model."""
+    for s in sentences:
+        for w, tag in enumerate(s.tags):
+            if not is_entity_tag(tag):
+                raise DataError(
+                    f'{s.where(w)}: field "tag" (--tag-column {tag_column}): {tag!r} is not '
+                    f"{ENTITY_TAGS}: conll2003 tags entities; is that the entity column?"
+                )
 
 
 def first_pieces(word_ids: Sequence[int | None], num_words: int) -> np.ndarray:
@@ -144,11 +159,21 @@ class TaggingTask(TaskFamily):
         self.labels: list[str] = (
             [x.strip() for x in labels.split(",") if x.strip()] if labels else []
         )
+        if bad := [t for t in self.labels if not is_entity_tag(t)]:
+            raise ConfigError(
+                f"labels={labels!r} (--labels): {bad[0]!r} is not {ENTITY_TAGS}: conll2003 "
+                "tags entities"
+            )
 
     def read(self, path: str, labelled: bool = True) -> list[TaggedSentence]:
-        return read_conll(
-            path, tag_column=self.options.tag_column, labels=self.labels or None, labelled=labelled
+        """The file's sentences; labelled, their tags checked (check_entity_tags)."""
+        o = self.options
+        sentences = read_conll(
+            path, tag_column=o.tag_column, labels=self.labels or None, labelled=labelled
         )
+        if labelled:
+            check_entity_tags(sentences, o.tag_column)
+        return sentences
 
     def set_labels(
         self, train: Sequence[TaggedSentence] | None = None, config: BertConfig | None = None

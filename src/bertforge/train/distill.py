@@ -589,6 +589,12 @@ def _task(run: RunDir, source: Path, tok: Tokenizer) -> dict[str, Any]:
     )
     cfg.check_model(teacher.config)
     fam.set_labels(config=teacher.config)  # the student predicts the teacher's labels
+    if getattr(fam, "order", None) is not None:  # evaluate maps them; the soft targets cannot
+        raise ConfigError(
+            f"--teacher {cfg.teacher}: its head names --task {cfg.task}'s labels in another "
+            f"order ({', '.join(teacher.config.labels.values())}); a student learns the "
+            "teacher's outputs as they are: name them in the task's order in its config.json"
+        )
     teacher = teacher.to(d.device).eval().requires_grad_(False)
     task = TaskDistillTask(fam, cfg, d, teacher)
     train_examples, dev_examples = load_data(task, cfg)

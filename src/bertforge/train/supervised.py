@@ -332,11 +332,12 @@ def load_data(task: SupervisedTask, cfg: TrainingOptions) -> tuple[list[Any], li
     train_examples = fam.read(cfg.train)
     if len(train_examples) == 0:
         raise DataError(f"{cfg.train}: no examples")
+    # the labels of the whole training file: a try on a few rows has the full run's head, and
+    # a rare class that --dev-split holds out wholly is still one
+    fam.set_labels(train_examples)
     dev_examples = None
     if cfg.dev_split:  # the same split whatever the row limits keep of its parts
         train_examples, dev_examples = split_train_test(train_examples, cfg.dev_split)
-    # the labels of all the training rows: a try on a few rows has the full run's head
-    fam.set_labels(train_examples)
     # row limits are a prefix in the file's order, not a sample: the same n, the same rows
     train_examples = train_examples[: cfg.max_train_rows]
     if cfg.dev:

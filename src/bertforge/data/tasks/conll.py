@@ -34,6 +34,12 @@ class TaggedSentence:
     tags: list[str]
     source: str
 
+    def where(self, word: int) -> str:
+        """ "file: line N" of the word at index `word`: a sentence's tokens are on consecutive
+        lines, the first at `source`'s."""
+        path, _, line = self.source.rpartition(":")
+        return f"{path}: line {int(line) + word}"
+
 
 @dataclass
 class _Columns:

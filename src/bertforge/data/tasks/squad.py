@@ -12,7 +12,12 @@ answers are dropped, a question left with no answer is skipped, and one warning 
 
 Version: a file is read as v2.0 when any question has an "is_impossible" key (the file's own
 "version" field is not trusted: the derived v1.1-format train subset in shared/data says
-"v2.0"). v2.0 no-answer questions have is_impossible=True and answers [].
+"v2.0"). v2.0 no-answer questions have is_impossible=True and answers []. A v1.1 task can
+refuse them (no_answer=False): trained on, they teach the [CLS] "no answer" that its decoding
+never reads, and its metric cannot score an empty gold answer.
+
+Unlabelled (labelled=False, what `predict` reads): ids, questions and contexts only; the
+answers are neither read nor checked, so every question is kept and answered.
 
 Errors name the JSON path (data[i].paragraphs[j].qas[k]) and the question id, since a
 SQuAD file is often a single line.
@@ -23,7 +28,7 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
@@ -62,20 +67,26 @@ def _get(obj: object, key: str, kind: type[T], where: str) -> T:
     return value
 
 
-def read_squad(path: str | os.PathLike[str], *, strict: bool = True) -> list[SquadExample]:
+def read_squad(
+    path: str | os.PathLike[str],
+    *,
+    strict: bool = True,
+    labelled: bool = True,
+    no_answer: bool = True,
+) -> list[SquadExample]:
     """Questions of a SQuAD JSON file, in file order.
 
     Read as v2.0 iff a question has "is_impossible". See the module docstring for strict.
-    Question ids must be unique (they key predictions).
+    Question ids must be unique (they key predictions). labelled=False reads no answers (nor
+    "is_impossible"): every question is kept, with answers [] (the input of `predict`).
+    no_answer=False refuses a v2.0 no-answer question, naming it (a v1.1 task can neither
+    learn nor score "no answer").
     """
     path = Path(path)
     root = read_json(path, obj=False)
     articles = _get(root, "data", list, f"{path}: top level")
-    v2 = _is_v2(articles)
+    reader = _Questions(labelled and _is_v2(articles), strict, labelled, no_answer)
     out: list[SquadExample] = []
-    seen: dict[str, str] = {}
-    bad_answers = 0
-    dropped: list[str] = []
     for i, article in enumerate(articles):
         where_a = f"{path}: data[{i}]"
         title = article.get("title", "") if isinstance(article, dict) else ""
@@ -85,17 +96,14 @@ def read_squad(path: str | os.PathLike[str], *, strict: bool = True) -> list[Squ
             context = text_field(where_p, "context", _get(para, "context", str, where_p))
             qas = _get(para, "qas", list, where_p)
             for k, qa in enumerate(qas):
-                where_q = f"{where_p}.qas[{k}]"
-                example, bad = _read_question(qa, where_q, context, str(title), v2, strict, seen)
-                bad_answers += bad
-                if not example.is_impossible and not example.answers:
-                    dropped.append(example.qid)
-                    continue
-                out.append(example)
-    if bad_answers:
+                example = reader.question(qa, f"{where_p}.qas[{k}]", context, str(title))
+                if example is not None:
+                    out.append(example)
+    if reader.bad_answers:
+        dropped = reader.dropped
         warnings.warn(
-            f"{path}: skipped {bad_answers} answers whose answer_start does not point at their "
-            f"text, and {len(dropped)} questions left without an answer"
+            f"{path}: skipped {reader.bad_answers} answers whose answer_start does not point at "
+            f"their text, and {len(dropped)} questions left without an answer"
             + (f" (e.g. {', '.join(dropped[:3])})" if dropped else ""),
             stacklevel=2,
         )
@@ -115,39 +123,54 @@ def _is_v2(articles: list[object]) -> bool:
     )
 
 
-def _read_question(
-    qa: object,
-    where_q: str,
-    context: str,
-    title: str,
-    v2: bool,
-    strict: bool,
-    seen: dict[str, str],
-) -> tuple[SquadExample, int]:
-    """One question checked, with the answers that point at their text, and how many answers
-    strict=False skipped. `seen` (question id -> where it was first read) gains its id."""
-    qid = _get(qa, "id", str, where_q)
-    where_q = f"{where_q} (id {qid})"
-    if qid in seen:
-        raise DataError(f'{where_q}: field "id": duplicate, first at {seen[qid]}')
-    seen[qid] = where_q
-    question = text_field(where_q, "question", _get(qa, "question", str, where_q))
-    impossible = False
-    if v2:
-        impossible = _get(qa, "is_impossible", bool, where_q)
-    raw_answers = _get(qa, "answers", list, where_q)
-    if impossible and raw_answers:
-        raise DataError(
-            f'{where_q}: field "answers": is_impossible is true but there are '
-            f"{len(raw_answers)} answers (v2.0 keeps them in plausible_answers)"
-        )
-    if not impossible and not raw_answers:
-        raise DataError(
-            f'{where_q}: field "answers": empty'
-            + (" and is_impossible is false" if v2 else " (a v1.1 file)")
-        )
-    answers, bad = _checked_answers(raw_answers, where_q, context, strict)
-    return SquadExample(qid, question, context, answers, impossible, title), bad
+@dataclass
+class _Questions:
+    """How read_squad reads each question (see its arguments), what strict=False skipped, and
+    the question ids seen so far (id -> where it was first read)."""
+
+    v2: bool
+    strict: bool
+    labelled: bool
+    no_answer: bool
+    seen: dict[str, str] = field(default_factory=dict)
+    bad_answers: int = 0
+    dropped: list[str] = field(default_factory=list)  # ids strict=False left without an answer
+
+    def question(self, qa: object, where_q: str, context: str, title: str) -> SquadExample | None:
+        """One question checked, with the answers that point at their text; None when
+        strict=False skipped all its answers."""
+        qid = _get(qa, "id", str, where_q)
+        where_q = f"{where_q} (id {qid})"
+        if qid in self.seen:
+            raise DataError(f'{where_q}: field "id": duplicate, first at {self.seen[qid]}')
+        self.seen[qid] = where_q
+        question = text_field(where_q, "question", _get(qa, "question", str, where_q))
+        if not self.labelled:
+            return SquadExample(qid, question, context, [], False, title)
+        impossible = self.v2 and _get(qa, "is_impossible", bool, where_q)
+        if impossible and not self.no_answer:
+            raise DataError(
+                f'{where_q}: field "is_impossible": a SQuAD v2.0 question without an answer, '
+                "which a v1.1 task can neither learn nor score: read the file as v2.0 "
+                "(--task squad2)"
+            )
+        raw_answers = _get(qa, "answers", list, where_q)
+        if impossible and raw_answers:
+            raise DataError(
+                f'{where_q}: field "answers": is_impossible is true but there are '
+                f"{len(raw_answers)} answers (v2.0 keeps them in plausible_answers)"
+            )
+        if not impossible and not raw_answers:
+            raise DataError(
+                f'{where_q}: field "answers": empty'
+                + (" and is_impossible is false" if self.v2 else " (a v1.1 file)")
+            )
+        answers, bad = _checked_answers(raw_answers, where_q, context, self.strict)
+        self.bad_answers += bad
+        if not impossible and not answers:
+            self.dropped.append(qid)
+            return None
+        return SquadExample(qid, question, context, answers, impossible, title)
 
 
 def _checked_answers(

@@ -82,10 +82,22 @@ def iter_rows(
         except StopIteration:
             return
         except csv.Error as e:
-            raise DataError(f"{path}: line {reader.line_num}: malformed CSV: {e}") from None
+            raise _csv_error(path, start, reader.line_num, e) from None
         consumed = reader.line_num
         if any(f.strip() for f in fields):
             yield start, fields
+
+
+def _csv_error(path: str | os.PathLike[str], start: int, line: int, e: csv.Error) -> DataError:
+    """A CSV record's error: a quote the file ends inside (the csv module's "unexpected end of
+    data", seen at the last line) is named at the line where its record starts; another at
+    the line where the parser met it."""
+    if "unexpected end of data" in str(e):
+        return DataError(
+            f"{path}: line {start}: a quoted field never closed (the file ends inside it)"
+        )
+    record = f" (in the record from line {start})" if line != start else ""
+    return DataError(f"{path}: line {line}: malformed CSV{record}: {e}")
 
 
 def header_error(path: str | os.PathLike[str], header: Sequence[str], problem: str) -> DataError:
