@@ -111,3 +111,27 @@ def heads_dir_qa(tmp_path: Path, tiny_model: Path) -> Path:
     )
     tok.save_pretrained(out)
     return out
+
+
+def test_googles_layout_has_no_head_and_every_front_door_says_so(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    """A directory with Google's bert_config.json and no config.json (which BertConfig reads):
+    info, the server, export and rerank read it as naming no head, as its config names none."""
+    from bertforge import BertConfig, CheckpointError
+    from bertforge.export import export_onnx
+    from bertforge.serve.server import available as served
+    from bertforge.tasks.ranking import activation
+
+    google = tmp_path / "google"
+    google.mkdir()
+    for name in ("vocab.txt", "tokenizer_config.json", "model.safetensors"):
+        (google / name).write_bytes((tiny_model / name).read_bytes())
+    BertConfig.from_pretrained(tiny_model).save(google / "bert_config.json", google=True)
+    assert inspect(google).pipelines == ["embed", "features", "summarize"]
+    assert served(google) == ["embed", "summarize"]
+    assert activation(google) == "sigmoid"
+    with pytest.raises(CheckpointError, match=r"google: has no trained cross-encoder"):
+        Pipeline(google, precision="fp32").rerank("q", ["a document"])
+    result = export_onnx(google, tmp_path / "model.onnx")
+    assert result["architecture"] == "BertModel" and result["max_abs_diff"]

@@ -117,3 +117,17 @@ def test_bad_files_name_the_file(tmp_path: Path) -> None:
     empty.mkdir()
     with pytest.raises(ConfigError, match="empty: no config.json or bert_config.json"):
         BertConfig.from_pretrained(empty)
+
+
+@pytest.mark.parametrize("key", ["is_decoder", "add_cross_attention"])
+def test_a_decoder_config_is_refused_naming_the_file(tmp_path: Path, key: str) -> None:
+    """transformers' BertModel attends causally (is_decoder) or to an encoder's states
+    (add_cross_attention): bertforge's encoder would attend both ways, so the file is refused
+    rather than its key kept as an unused extra."""
+    config = BertConfig.from_size("tiny").to_dict()
+    (tmp_path / "config.json").write_text(json.dumps({**config, key: True}))
+    with pytest.raises(ConfigError, match=rf"config.json: {key}=True: a BERT decoder"):
+        BertConfig.from_pretrained(tmp_path)
+    # older transformers write both keys, false: an encoder
+    (tmp_path / "config.json").write_text(json.dumps({**config, key: False}))
+    assert BertConfig.from_pretrained(tmp_path).hidden_size == 128

@@ -28,7 +28,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from .config import CONFIG_FILES, BertConfig
+from .config import BertConfig, config_file
 from .errors import CheckpointError, CheckpointWarning, FreshWeightsWarning, VocabError
 from .fileio import atomic_path, inside, read_json
 from .hub import resolve
@@ -232,7 +232,7 @@ M = TypeVar("M", bound=nn.Module)
 _CONFIG_KEYS = ({f.name for f in fields(BertConfig)} - {"extras"}) | {"num_labels"}
 
 
-def check_vocab_file(vocab_file: Path, config: BertConfig, config_file: str) -> None:
+def check_vocab_file(vocab_file: Path, config: BertConfig, config_name: str) -> None:
     """A vocab.txt (or tokenizer.json) with more tokens than the embedding matrix has rows
     cannot work."""
     if vocab_file.suffix == ".json":
@@ -249,14 +249,14 @@ def check_vocab_file(vocab_file: Path, config: BertConfig, config_file: str) -> 
             n = sum(1 for _ in f)
     if n > config.vocab_size:
         raise VocabError(
-            f"{vocab_file} has {n} tokens but {config_file} says vocab_size={config.vocab_size}: "
+            f"{vocab_file} has {n} tokens but {config_name} says vocab_size={config.vocab_size}: "
             "the vocabulary does not belong to this model"
         )
     if n < config.vocab_size:
         # Padded embedding matrices (vocab_size rounded up for speed) are common and harmless.
         warnings.warn(
             f"{vocab_file} has {n} tokens, fewer than vocab_size={config.vocab_size} in "
-            f"{config_file}: the last {config.vocab_size - n} embedding rows are never used",
+            f"{config_name}: the last {config.vocab_size - n} embedding rows are never used",
             CheckpointWarning,
             stacklevel=4,
         )
@@ -387,10 +387,9 @@ def load_pretrained(
         config = BertConfig.from_pretrained(directory)
     if overrides:
         config = config.replace(**overrides)
-    config_file = next((directory / n for n in CONFIG_FILES if (directory / n).exists()), directory)
     vocab_file = next((directory / n for n in VOCAB_FILES if (directory / n).is_file()), None)
     if vocab_file is not None:
-        check_vocab_file(vocab_file, config, str(config_file))
+        check_vocab_file(vocab_file, config, str(config_file(directory) or directory))
     tensors, origin = read_tensors(directory)
     model = cls(config, **kwargs)  # type: ignore[call-arg]
     load_state(model, tensors, origin)
@@ -464,9 +463,13 @@ def load_with_fresh(
 
 def architectures(path: str | os.PathLike[str]) -> list[str]:
     """The `architectures` a checkpoint's config.json names, as HF's BertFor... class names
-    (a DistilBertFor... is read as the BertFor... that bertforge loads it into)."""
-    config_file = resolve(path) / "config.json"
-    names = read_json(config_file, CheckpointError).get("architectures")
+    (a DistilBertFor... is read as the BertFor... that bertforge loads it into); none for
+    Google's bert_config.json, which names no head."""
+    directory = resolve(path)
+    found = config_file(directory) or directory / "config.json"  # neither: the error names it
+    if found.name != "config.json":
+        return []
+    names = read_json(found, CheckpointError).get("architectures")
     return [str(a).replace("DistilBert", "Bert") for a in names] if isinstance(names, list) else []
 
 

@@ -47,6 +47,8 @@ GOOGLE_KEYS = (
     "vocab_size",
 )
 
+# HF config keys that turn BERT into a decoder: refused when true (older files write them false).
+_DECODER_KEYS = ("is_decoder", "add_cross_attention")
 # Keys HF writes that carry no information for us; dropped on read so they are not echoed back.
 _HF_NOISE = {"model_type", "architectures", "transformers_version", "torch_dtype", "dtype"}
 
@@ -314,6 +316,14 @@ class BertConfig:
                 f"{source}: model_type={model_type!r}: only 'bert' and 'distilbert' checkpoints "
                 "are supported"
             )
+        decoder = [k for k in _DECODER_KEYS if d.get(k)]
+        if decoder:
+            # HF's BertModel then attends causally (and to an encoder's states); ours would
+            # attend both ways and give other outputs without a word
+            raise ConfigError(
+                f"{source}: {decoder[0]}={d[decoder[0]]!r}: a BERT decoder (causal attention, "
+                "cross-attention) is not supported; bertforge's encoder attends both ways"
+            )
         try:
             if "num_labels" in d:
                 values = _resolve_num_labels(None, {**values, "num_labels": d["num_labels"]})
@@ -331,10 +341,10 @@ class BertConfig:
         """From a checkpoint directory (config.json, else bert_config.json) or a JSON file."""
         path = Path(path)
         if path.is_dir():
-            for name in CONFIG_FILES:
-                if (path / name).is_file():
-                    return cls.from_json_file(path / name)
-            raise ConfigError(f"{path}: no config.json or bert_config.json in this directory")
+            found = config_file(path)
+            if found is None:
+                raise ConfigError(f"{path}: no config.json or bert_config.json in this directory")
+            return cls.from_json_file(found)
         return cls.from_json_file(path)
 
     # ----------------------------------------------------------------------------------------
@@ -369,6 +379,13 @@ class BertConfig:
         d = self.to_dict(google=google)
         d.update(extra)
         write_json(path, d)
+
+
+def config_file(directory: str | os.PathLike[str]) -> Path | None:
+    """A checkpoint directory's config: config.json, else Google's bert_config.json (None when
+    it has neither)."""
+    directory = Path(directory)
+    return next((directory / n for n in CONFIG_FILES if (directory / n).is_file()), None)
 
 
 def _label_pairs(label2id: object) -> list[tuple[str, int]]:

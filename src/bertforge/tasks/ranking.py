@@ -40,7 +40,8 @@ def activation(path: str | os.PathLike[str]) -> str:
     """The activation a cross-encoder directory names (one of ACTIVATIONS), sigmoid if none."""
     path = Path(path)
     config_file, st_file = path / "config.json", path / "config_sentence_transformers.json"
-    config = read_json(config_file, CheckpointError)
+    # Google's bert_config.json (a directory without config.json) names no activation
+    config = read_json(config_file, CheckpointError) if config_file.is_file() else {}
     st_config = read_json(st_file, CheckpointError) if st_file.is_file() else {}
     places = [  # version 6's place comes first; each a file, its JSON and the keys to the name
         (st_file, st_config, ("activation_fn",)),
