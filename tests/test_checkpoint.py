@@ -295,3 +295,37 @@ def test_corrupt_json_files_are_one_error_naming_the_file(
         message = str(e.value)
         assert message.startswith(str(path)), message
         assert any(w in message for w in ("invalid JSON", "expected a JSON object", "not UTF-8"))
+
+
+def _without_pooler(model: torch.nn.Module, out: Path) -> Path:
+    """`model` saved with its pooler's tensors left out."""
+    model.save_pretrained(out)
+    state = {k: v for k, v in hf_state_dict(model).items() if ".pooler." not in k}
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out
+
+
+def test_a_head_that_reads_the_pooler_needs_the_trained_pooler(tmp_path: Path) -> None:
+    """A classifier (or NSP head) on a freshly initialised pooler gives made-up outputs: for
+    inference that is an error naming the file and the tensors; heads that read no pooler
+    (token classification, QA, the masked LM) and a bare encoder load as they are."""
+    from bertforge.checkpoint import load_trained
+    from bertforge.heads import BertForSequenceClassification, BertForTokenClassification
+
+    config = BertConfig(**TINY, id2label={0: "no", 1: "yes"})
+    classifier = _without_pooler(BertForSequenceClassification(config), tmp_path / "cls")
+    weights = classifier / "model.safetensors"
+    pooler = r"bert\.pooler\.dense\.weight, bert\.pooler\.dense\.bias"
+    with pytest.raises(CheckpointError, match=rf"^{weights}: has no pooler \({pooler}\)"):
+        load_trained(BertForSequenceClassification, classifier, "classifier")
+    pretrained = BertForPreTraining(config)
+    nsp = _without_pooler(pretrained, tmp_path / "nsp")
+    with pytest.raises(CheckpointError, match=r"has no pooler .* which the next-sentence head"):
+        load_trained(BertForPreTraining, nsp, "next-sentence head")
+    tagger = BertForTokenClassification(config)
+    tagger.save_pretrained(tmp_path / "tagger")
+    assert _same_params(
+        load_trained(BertForTokenClassification, tmp_path / "tagger", "token classifier"), tagger
+    )
+    encoder = load_trained(BertModel, nsp, "")  # an encoder's pooler is read by no head
+    assert _same_params(encoder.layers, pretrained.bert.layers)

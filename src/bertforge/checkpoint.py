@@ -480,10 +480,20 @@ def load_trained(
     remedy: str = "fine-tune it first, or use a checkpoint that has one",
 ) -> Any:
     """`cls.from_pretrained(path)` for inference: an error naming `head` and the `remedy` when
-    the checkpoint lacks the trained head that `cls` adds (a fresh pooler is fine)."""
+    the checkpoint lacks the trained head that `cls` adds, or the pooler that head reads (a
+    fresh pooler is fine only where nothing reads it: an encoder's own)."""
     model, fresh = load_with_fresh(cls, path)
-    if any("pooler" not in n and "pre_classifier" not in n for n in fresh):
+    pooler = [n for n in fresh if "pooler" in n or "pre_classifier" in n]
+    if len(pooler) < len(fresh):
         raise CheckpointError(f"{path}: has no trained {head}; {remedy}")
+    # a head builds a pooler only to read it (sequence classification, multiple choice, NSP);
+    # token classification, QA and the masked LM have none, and a bare encoder's is not read
+    if pooler and getattr(getattr(model, "bert", None), "pooler", None) is not None:
+        files = ", ".join(str(f) for f in weights_files(resolve(path)))
+        raise CheckpointError(
+            f"{files}: has no pooler ({', '.join(pooler)}), which the {head or 'head'} reads: "
+            f"it would run on freshly initialised weights; {remedy}"
+        )
     return model
 
 
