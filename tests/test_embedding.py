@@ -5,6 +5,7 @@ quantised embeddings bit for bit equal to its quantize_embeddings."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -315,3 +316,43 @@ def test_embed_command_errors(
     assert status == 2
     assert message in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_a_hub_download_fetches_the_sentence_transformers_files(
+    minilm_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`bertforge embed sentence-transformers/all-MiniLM-L6-v2` from the hub (here a fake
+    snapshot_download serving the local copy, matching patterns as huggingface_hub does)
+    embeds as the local directory: its modules, Pooling config and settings are fetched."""
+    import fnmatch
+    import shutil
+
+    import huggingface_hub
+
+    asked: list[list[str]] = []
+
+    def snapshot_download(repo_id: str, allow_patterns: list[str]) -> str:
+        asked.append(list(allow_patterns))
+        out = tmp_path / "hub" / repo_id.replace("/", "--")
+        for f in minilm_dir.rglob("*"):
+            name = f.relative_to(minilm_dir).as_posix()
+            if f.is_file() and any(fnmatch.fnmatch(name, p) for p in allow_patterns):
+                (out / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(f, out / name)
+        return str(out)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    name = "sentence-transformers/all-MiniLM-L6-v2"
+    pipe, local = Pipeline(name, precision="fp32"), Pipeline(minilm_dir, precision="fp32")
+    fetched = {f.relative_to(pipe.path).as_posix() for f in pipe.path.rglob("*") if f.is_file()}
+    wanted = {
+        "modules.json",
+        "1_Pooling/config.json",
+        "sentence_bert_config.json",
+        "config_sentence_transformers.json",
+    }
+    assert wanted <= fetched and "README.md" not in fetched and len(asked) == 2
+    theirs, ours = local.embedding_settings, pipe.embedding_settings
+    assert (ours.pooling, ours.normalize, ours.max_length) == (("mean",), True, 256)
+    assert ours == dataclasses.replace(theirs, source=ours.source)
+    assert np.array_equal(pipe.embed(TEXTS), local.embed(TEXTS))

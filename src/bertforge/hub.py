@@ -2,13 +2,16 @@
 
 Local paths never touch the network. A name that is not a local path but looks like a hub
 repository id ("bert-base-uncased", "org/model") is fetched with `huggingface_hub` (the `hub`
-extra) into its usual cache.
+extra) into its usual cache: the files bertforge reads (config, tokenizer, weights, and a
+sentence-transformers model's modules.json, module configs and settings), nothing else.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 from .errors import CheckpointError, need_extra
@@ -26,6 +29,14 @@ _FILES = [
     "model-*.safetensors",
 ]
 _PICKLES = ["pytorch_model.bin", "pytorch_model.bin.index.json", "pytorch_model-*.bin"]
+# a sentence-transformers model's own files (embedding.py reads them): without them its vectors
+# would be mean-pooled, not normalised, over the model's whole window; each module's folder
+# (modules.json names it) gives its config files too
+_SENTENCE_FILES = [
+    "modules.json",
+    "sentence_bert_config.json",
+    "config_sentence_transformers.json",
+]
 
 
 def resolve(path: str | os.PathLike[str]) -> Path:
@@ -48,11 +59,34 @@ def resolve(path: str | os.PathLike[str]) -> Path:
         CheckpointError,
     ).snapshot_download
     try:
-        local = Path(snapshot_download(repo_id=name, allow_patterns=_FILES))
-        if not any(local.glob("*.safetensors")):  # older repositories have only the pickle
-            local = Path(snapshot_download(repo_id=name, allow_patterns=[*_FILES, *_PICKLES]))
-        return local
+        return _download(snapshot_download, name)
     except Exception as e:  # network, auth, missing repo: all end the same way for the user
         raise CheckpointError(
             f"{name}: not a local directory, and the hub download failed: {e}"
         ) from None
+
+
+def _download(snapshot_download: Callable[..., str], name: str) -> Path:
+    """The snapshot of the files bertforge reads: a second call (files already there are not
+    fetched again) adds the config files of the modules that modules.json names, and the
+    pickled weights of an older repository that has no safetensors."""
+    patterns = [*_FILES, *_SENTENCE_FILES]
+    local = Path(snapshot_download(repo_id=name, allow_patterns=patterns))
+    more = _module_files(local)
+    if not any(local.glob("*.safetensors")):
+        more += _PICKLES
+    if more:
+        local = Path(snapshot_download(repo_id=name, allow_patterns=[*patterns, *more]))
+    return local
+
+
+def _module_files(snapshot: Path) -> list[str]:
+    """Patterns for the JSON files in the folder of each module modules.json names (a
+    Pooling's config.json); none when it is absent or unreadable (embedding.settings names
+    the fault, and confines the folders, when the model is used)."""
+    try:
+        modules = json.loads((snapshot / "modules.json").read_text(encoding="utf-8"))
+        folders = {str(m.get("path") or "").strip("/") for m in modules}
+    except (OSError, ValueError, TypeError, AttributeError):
+        return []
+    return sorted(f"{folder}/*.json" for folder in folders if folder not in ("", "."))
