@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import itertools
+import json
 import random
+import shutil
 import unicodedata
 import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -294,3 +297,129 @@ def test_a_long_text_encoded_in_segments_is_the_whole(minilm_vocab: Path) -> Non
     assert segment_cuts("y" * 50, 10, look=20) == [(0, 10), (10, 20), (20, 50)]
     with pytest.raises(InputError, match="list of texts"):
         tok.encode_long("one string")
+
+
+def test_a_byte_order_mark_is_named_and_kept_as_transformers_keeps_it(tmp_path: Path) -> None:
+    from transformers.models.bert.tokenization_bert import load_vocab
+
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_bytes(b"\xef\xbb\xbf[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nhello\n")
+    assert "\ufeff[PAD]" in load_vocab(str(vocab))  # part of line 1's token
+    with pytest.raises(
+        VocabError,
+        match=r"vocab.txt: missing BERT special tokens \[PAD\] \(.*\); line 1 \('\\ufeff\[PAD\]'\) "
+        "starts with a byte order mark",
+    ):
+        Tokenizer.from_pretrained(vocab)
+    vocab.write_bytes(b"\xef\xbb\xbfhi\n[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nhello\n")
+    with pytest.warns(UserWarning, match=r"line 1 \('\\ufeffhi'\) starts with a byte order mark"):
+        tok = Tokenizer.from_pretrained(vocab, lowercase=True)
+    assert tok.tokens[0] == "\ufeffhi" and tok.tokenize("hello hi") == ["hello", "[UNK]"]
+
+
+# tokens added with transformers' add_tokens (and a special one), in the texts around them
+ADDED = ["<ent>", "</ent>", "new_word", "hello"]  # hello: a vocabulary token, kept whole
+ADDED_SPECIAL = "[MARK]"
+ADDED_TEXTS = [
+    "An <ent>Paris</ent> visit, with NEW_WORD and new_words.",
+    "no<ent>space [MARK] here  [MARK]s and helloworld, Hello!",
+    "plain text without any of them",
+]
+
+
+@pytest.fixture(scope="module")
+def added_dir(tmp_path_factory: pytest.TempPathFactory, minilm_dir: Path) -> tuple[Path, Any]:
+    """MiniLM's tokenizer with tokens added by transformers, saved as transformers 4 saves it
+    (the installed transformers 5 writes tokenizer.json and tokenizer_config.json; 4 also
+    wrote vocab.txt, added_tokens.json, special_tokens_map.json, and the added tokens in
+    tokenizer_config.json's added_tokens_decoder); and the transformers tokenizer itself."""
+    import transformers
+
+    ref = transformers.BertTokenizerFast.from_pretrained(str(minilm_dir))
+    ref.add_tokens(ADDED)
+    ref.add_special_tokens({"additional_special_tokens": [ADDED_SPECIAL]})
+    out = tmp_path_factory.mktemp("added")
+    ref.save_pretrained(str(out))
+    (out / "vocab.txt").write_bytes((minilm_dir / "vocab.txt").read_bytes())
+    new = {t: i for t, i in ref.get_added_vocab().items() if i >= 30522}
+    (out / "added_tokens.json").write_text(json.dumps(new))
+    (out / "special_tokens_map.json").write_text(
+        json.dumps({"additional_special_tokens": [ADDED_SPECIAL]})
+    )
+    listed = json.loads((out / "tokenizer.json").read_text())["added_tokens"]
+    config = json.loads((out / "tokenizer_config.json").read_text())
+    config["added_tokens_decoder"] = {str(t.pop("id")): t for t in listed}
+    (out / "tokenizer_config.json").write_text(json.dumps(config))
+    return out, ref
+
+
+def _only(directory: Path, out: Path, source: str) -> Path:
+    """A copy of `directory` whose added tokens are listed in `source` alone ("transformers 5":
+    tokenizer.json and tokenizer_config.json, no vocab.txt, as transformers 5 saves)."""
+    shutil.copytree(directory, out)
+    config = json.loads((out / "tokenizer_config.json").read_text())
+    tokenizer = json.loads((out / "tokenizer.json").read_text())
+    if source == "transformers 5":
+        for name in ("vocab.txt", "added_tokens.json", "special_tokens_map.json"):
+            (out / name).unlink()
+        return out
+    if source != "tokenizer_config.json":
+        config.pop("added_tokens_decoder")
+    if source != "tokenizer.json":
+        kept = [t for t in tokenizer["added_tokens"] if t["content"] not in (*ADDED, "[MARK]")]
+        tokenizer["added_tokens"] = kept
+    if source != "added_tokens.json":
+        (out / "added_tokens.json").unlink()
+    (out / "tokenizer_config.json").write_text(json.dumps(config))
+    (out / "tokenizer.json").write_text(json.dumps(tokenizer))
+    return out
+
+
+@pytest.mark.parametrize(
+    "source", ["tokenizer_config.json", "tokenizer.json", "added_tokens.json", "transformers 5"]
+)
+def test_added_tokens_are_read_and_written_as_transformers_does(
+    added_dir: tuple[Path, Any], tmp_path: Path, source: str
+) -> None:
+    from transformers import BertTokenizer
+
+    from bertforge import BertConfig, BertModel
+    from tests.conftest import TINY
+
+    directory, ref = added_dir
+    d = _only(directory, tmp_path / "model", source)
+    tok, want = Tokenizer.from_pretrained(d), BertTokenizer.from_pretrained(str(d))
+    assert len(tok) == len(want) == len(ref) == 30522 + 4 and tok.vocab[ADDED_SPECIAL] == 30525
+    # (ASCII: where transformers' Rust tokenizer and Google's rules, bertforge's, agree)
+    for text in [*ADDED_TEXTS, *(t for t in HARD_CASES if t.isascii())]:
+        assert tok.tokenize(text) == want.tokenize(text), text
+        assert tok.encode(text).ids == want(text)["input_ids"], text
+    # added_tokens.json lists only the tokens outside the vocabulary: "hello" is not kept whole
+    assert (tok.tokenize("helloworld") == ["hello", "world"]) is (source != "added_tokens.json")
+    ids = ref(ADDED_TEXTS[1])["input_ids"]
+    assert tok.decode(ids) == ref.decode(ids, skip_special_tokens=True)
+    # a model whose embeddings were resized for them: no warning about unused rows
+    BertModel(BertConfig(**{**TINY, "vocab_size": len(ref)})).save_pretrained(d)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        BertModel.from_pretrained(d)
+    # written back as transformers writes them: both read the save alike
+    tok.save_pretrained(tmp_path / "saved")
+    again, theirs = (
+        Tokenizer.from_pretrained(tmp_path / "saved"),
+        BertTokenizer.from_pretrained(str(tmp_path / "saved")),
+    )
+    assert again.tokens == tok.tokens and again.added == tok.added
+    for text in ADDED_TEXTS:
+        assert again.encode(text).ids == theirs(text)["input_ids"] == want(text)["input_ids"]
+
+
+def test_added_tokens_at_other_ids_are_refused(added_dir: tuple[Path, Any], tmp_path: Path) -> None:
+    d = _only(added_dir[0], tmp_path / "model", "added_tokens.json")
+    (d / "added_tokens.json").write_text(json.dumps({"<ent>": 30530}))
+    with pytest.raises(
+        VocabError,
+        match=r"added_tokens.json: added token '<ent>' has id 30530, but the next id after it "
+        r"is 30522",
+    ):
+        Tokenizer.from_pretrained(d)

@@ -244,7 +244,7 @@ def _no_mask(data: dict[str, Any]) -> None:
         (_set("pre_tokenizer", {"type": "Whitespace"}), r"pre_tokenizer \['Whitespace'\]"),
         (
             _set("model.vocab.[PAD]", 5),
-            r"model.vocab gives '\[\w+\]' the id 5; ids must run from 0",
+            r"model.vocab gives '\[\w+\]' the id 5; each id must be given once",
         ),
         (_set("model.max_input_chars_per_word", 0), r"model.max_input_chars_per_word must be"),
         (_no_mask, r"missing BERT special tokens \[MASK\]"),
@@ -270,12 +270,42 @@ def test_special_tokens_other_than_berts_are_refused(hf_dir: Path, tmp_path: Pat
         Tokenizer.from_pretrained(bad)
 
 
-def test_added_tokens_outside_the_vocabulary_are_named(hf_dir: Path, tmp_path: Path) -> None:
+def test_added_tokens_outside_the_vocabulary_are_found_whole(hf_dir: Path, tmp_path: Path) -> None:
     def add(data: dict[str, Any]) -> None:
         data["added_tokens"].append({"id": 30522, "content": "<new>", "special": True})
 
-    with pytest.warns(UserWarning, match=r"1 added tokens outside the WordPiece .*'<new>'"):
-        Tokenizer.from_pretrained(_edited(hf_dir, tmp_path / "added", add))
+    tok = Tokenizer.from_pretrained(_edited(hf_dir, tmp_path / "added", add))
+    assert tok.tokenize("a<new>b") == ["a", "<new>", "b"] and tok.vocab["<new>"] == 30522
+    assert tok.decode(tok.encode("a <new> b").ids) == "a b" and len(tok) == 30523
+
+
+def test_a_tokenizer_json_with_unused_ids_reads_as_transformers_does(
+    minilm_vocab: Path, tmp_path: Path
+) -> None:
+    """transformers converts a vocab.txt with a duplicate line into a tokenizer.json whose ids
+    skip the earlier line's: read with a placeholder there, as bertforge reads the vocab.txt."""
+    import transformers
+
+    lines = minilm_vocab.read_text(encoding="utf-8").splitlines()
+    word = next(t for t in lines[2500:] if t.isalpha())
+    lines[2000] = word  # the word's later line wins: id 2000 is given to no token
+    source = tmp_path / "dup"
+    source.mkdir()
+    (source / "vocab.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    ref = transformers.BertTokenizer.from_pretrained(str(source))
+    ref.save_pretrained(str(tmp_path / "hf"))
+    _without_vocab_txt(tmp_path / "hf")
+    vocab = json.loads((tmp_path / "hf" / "tokenizer.json").read_text())["model"]["vocab"]
+    assert 2000 not in vocab.values() and max(vocab.values()) == len(vocab) == len(lines) - 1
+    with pytest.warns(UserWarning, match=r"model.vocab leaves 1 ids unused \(2000; a vocab.txt"):
+        ours = Tokenizer.from_pretrained(tmp_path / "hf")
+    assert len(ours) == len(lines) and ours.tokens[2000] == "[unused id 2000]"
+    with pytest.warns(UserWarning, match=r"1 duplicate tokens"):
+        plain = Tokenizer.from_pretrained(source)
+    for text in [f"the {word}, {lines[1999]} and {lines[2001]}", *HARD_CASES]:
+        assert ours.encode(text).ids == plain.encode(text).ids, text
+        if text.isascii():  # where transformers' Rust tokenizer follows Google's rules too
+            assert ours.encode(text).ids == ref(text)["input_ids"], text
 
 
 def test_a_directory_without_a_vocabulary(tmp_path: Path) -> None:

@@ -32,7 +32,7 @@ from .config import BertConfig, config_file
 from .errors import CheckpointError, CheckpointWarning, FreshWeightsWarning, VocabError
 from .fileio import atomic_path, inside, read_json
 from .hub import resolve
-from .tokenizer import VOCAB_FILES
+from .tokenizer import VOCAB_FILES, id_count
 
 SAFETENSORS = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -233,20 +233,11 @@ _CONFIG_KEYS = ({f.name for f in fields(BertConfig)} - {"extras"}) | {"num_label
 
 
 def check_vocab_file(vocab_file: Path, config: BertConfig, config_name: str) -> None:
-    """A vocab.txt (or tokenizer.json) with more tokens than the embedding matrix has rows
-    cannot work."""
-    if vocab_file.suffix == ".json":
-        try:
-            model = read_json(vocab_file, VocabError).get("model")
-        except VocabError:
-            return  # the weights load without it; the tokenizer names the fault when loaded
-        vocab = model.get("vocab") if isinstance(model, dict) else None
-        if not isinstance(vocab, dict):
-            return  # not a WordPiece tokenizer.json: the tokenizer says so when it is loaded
-        n = len(vocab)
-    else:
-        with open(vocab_file, "rb") as f:
-            n = sum(1 for _ in f)
+    """A vocab.txt (or tokenizer.json) with more tokens (its added tokens counted) than the
+    embedding matrix has rows cannot work."""
+    n = id_count(vocab_file)
+    if n is None:
+        return  # the weights load without it; the tokenizer names the fault when loaded
     if n > config.vocab_size:
         raise VocabError(
             f"{vocab_file} has {n} tokens but {config_name} says vocab_size={config.vocab_size}: "

@@ -17,13 +17,19 @@ model_max_length); or, when it has no vocab.txt, a `tokenizers` tokenizer.json (
 transformers 5 and sentence-transformers 6 save): its WordPiece vocabulary, normalizer
 (BertNormalizer) and pre-tokenizer (BertPreTokenizer), with tokenizer_config.json winning on
 casing as it does in transformers, and special tokens from tokenizer_config.json and
-special_tokens_map.json, which must be BERT's five. A bare vocab.txt or tokenizer.json file
-is read alike. A tokenizer.json of another kind (BPE, Unigram) is refused. save_pretrained
-writes vocab.txt and tokenizer_config.json.
+special_tokens_map.json, which must be BERT's five; ids a tokenizer.json leaves out (as
+transformers converts a vocab.txt with duplicate lines) are placeholders, with a warning. A bare
+vocab.txt or tokenizer.json file is read alike. A tokenizer.json of another kind (BPE, Unigram)
+is refused. Tokens added to a vocabulary (transformers' add_tokens, listed in
+tokenizer_config.json's added_tokens_decoder, tokenizer.json's added_tokens or
+added_tokens.json) are found whole in the text before WordPiece runs, at transformers' ids and
+with its flags. save_pretrained writes vocab.txt and tokenizer_config.json (added tokens in its
+added_tokens_decoder, as transformers does).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import warnings
@@ -48,6 +54,10 @@ SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)
 MAX_INPUT_CHARS_PER_WORD = 100  # Google: longer words become [UNK]
 PREFIX = "##"  # WordPiece's mark of a piece that continues a word
 VOCAB_FILES = ("vocab.txt", "tokenizer.json")  # where a directory's vocabulary is, in that order
+# where a directory's added tokens are listed (transformers writes all three), in that order
+ADDED_FILES = ("tokenizer_config.json", "tokenizer.json", "added_tokens.json")
+GAP = "[unused id {}]"  # the token of an id a tokenizer.json leaves out (no text encodes to it)
+BOM = "\ufeff"  # a byte order mark: Google's and transformers' loaders keep it in line 1's token
 _UNLIMITED = 10**9
 SEGMENT_CHARS = 1 << 16  # encode_long: characters encoded at once
 # transformers' clean_up_tokenization, applied by decode (in this order)
@@ -132,6 +142,24 @@ class Pieces:
         first = int(np.searchsorted(self.words, self.words[start], "left"))
         last = int(np.searchsorted(self.words, self.words[stop - 1], "right")) - 1
         return int(self.offsets[first, 0]), int(self.offsets[last, 1])
+
+
+@dataclass(frozen=True)
+class Added:
+    """A token added to the vocabulary (transformers' add_tokens, an AddedToken): found whole in
+    the text before WordPiece runs, with transformers' flags. A token outside the vocabulary
+    takes an id after it; one inside keeps its own."""
+
+    content: str
+    id: int
+    special: bool = False  # left out by decode(skip_special_tokens=True)
+    normalized: bool = True  # matched in the normalised (e.g. lower-cased) text, else the raw
+    lstrip: bool = False  # takes the whitespace on its left (right) with it
+    rstrip: bool = False
+    single_word: bool = False  # only where it is a whole word
+    file: str = dataclasses.field(
+        default="", compare=False, repr=False
+    )  # where it is listed (errors)
 
 
 def segment_cuts(text: str, size: int, look: int = 4096) -> list[tuple[int, int]]:
@@ -235,11 +263,19 @@ def _check_vocab(tokens: Sequence[str], source: str) -> dict[str, int]:
         shown = ", ".join(f"{t!r} (lines {a} and {b})" for t, a, b in duplicates[:5])
         warnings.warn(f"{source}: {len(duplicates)} duplicate tokens: {shown}", stacklevel=3)
     missing = [t for t in SPECIAL_TOKENS if t not in vocab]
+    bom = (
+        f"; line 1 ({tokens[0]!r}) starts with a byte order mark, which is part of its token "
+        "as Google's and transformers' loaders read it: save the file as UTF-8 without a BOM"
+        if tokens and tokens[0].startswith(BOM)
+        else ""
+    )
     if missing:
         raise VocabError(
             f"{source}: missing BERT special tokens {', '.join(missing)} "
-            f"(a BERT vocabulary needs {', '.join(SPECIAL_TOKENS)})"
+            f"(a BERT vocabulary needs {', '.join(SPECIAL_TOKENS)}){bom}"
         )
+    if bom:
+        warnings.warn(f"{source}: {bom[2:]}", stacklevel=3)
     return vocab
 
 
@@ -296,6 +332,40 @@ def _build_engine(
     return engine
 
 
+def _add_tokens(
+    engine: Engine, vocab: dict[str, int], size: int, added: Sequence[Added], source: str
+) -> tuple[Added, ...]:
+    """Give the engine the added tokens, at the ids their file gives them, as transformers does:
+    one in the vocabulary keeps its id; the others take the ids after it, in order (a file that
+    gives other ids is refused: the model's embedding rows would not be theirs). size: the
+    vocabulary's ids; source: the file named for an added token without its own."""
+    added = sorted(added, key=lambda a: a.id)
+    new = [a.content for a in added if a.content not in vocab]
+    for a in added:
+        want = vocab[a.content] if a.content in vocab else size + new.index(a.content)
+        if a.id != want:
+            where = "its id in the vocabulary" if a.content in vocab else "the next id after it"
+            raise VocabError(
+                f"{a.file or source}: added token {a.content!r} has id {a.id}, but {where} is {want} "
+                f"(the vocabulary has {size} ids, the added tokens come after it in order)"
+            )
+        token = AddedToken(
+            a.content,
+            single_word=a.single_word,
+            lstrip=a.lstrip,
+            rstrip=a.rstrip,
+            normalized=a.normalized,
+            special=a.special,
+        )
+        (engine.add_special_tokens if a.special else engine.add_tokens)([token])
+        if engine.token_to_id(a.content) != a.id:  # a vocabulary with duplicate lines
+            raise VocabError(
+                f"{a.file or source}: added token {a.content!r} cannot take its id {a.id}: the "
+                f"vocabulary has {size} lines but only {len(vocab)} distinct tokens (duplicates)"
+            )
+    return tuple(added)
+
+
 def truncate_pair_lengths(la: int, lb: int, budget: int) -> tuple[int, int]:
     """Lengths after Google's `_truncate_seq_pair`: drop one token at a time from the end of
     the longer sequence (the second one on ties) until the pair fits in `budget`."""
@@ -325,9 +395,12 @@ class Tokenizer:
         model_max_length: int = 512,
         max_input_chars_per_word: int = MAX_INPUT_CHARS_PER_WORD,
         source: str = "vocabulary",
+        added: Sequence[Added] = (),
     ) -> None:
+        """vocab: the WordPiece tokens by id; added: tokens added to it (read_added_tokens)."""
         self.tokens = list(vocab)
         self.vocab = _check_vocab(self.tokens, source)
+        self.base_size = len(self.tokens)  # WordPiece's own; the added tokens come after
         self.lowercase = lowercase
         self.strip_accents = strip_accents
         self.tokenize_chinese_chars = tokenize_chinese_chars
@@ -338,6 +411,9 @@ class Tokenizer:
         self._engine = _build_engine(
             self.vocab, lowercase, strip, tokenize_chinese_chars, max_input_chars_per_word
         )
+        self.added = _add_tokens(self._engine, self.vocab, self.base_size, added, source)
+        self.tokens += [a.content for a in self.added if a.id >= self.base_size]
+        self.vocab = {**self.vocab, **{a.content: a.id for a in self.added}}
         self._fix = EngineFix(self._engine, lowercase, strip, tokenize_chinese_chars)
         self._truncating: dict[int, Engine] = {}
         self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (
@@ -351,7 +427,8 @@ class Tokenizer:
         cls, path: str | os.PathLike[str], *, lowercase: bool | None = None, **kwargs: Any
     ) -> Tokenizer:
         """From a model directory (vocab.txt, else tokenizer.json; optional
-        tokenizer_config.json), or a vocab.txt or tokenizer.json file (the module docstring).
+        tokenizer_config.json; added tokens where transformers lists them, read_added_tokens),
+        or a vocab.txt or tokenizer.json file (the module docstring).
 
         Casing comes from `lowercase` if given, else tokenizer_config.json's do_lower_case,
         else tokenizer.json's normalizer, else is inferred from the vocabulary (a vocabulary
@@ -376,7 +453,7 @@ class Tokenizer:
         elif "lowercase" not in settings:
             settings["lowercase"] = not _looks_cased(tokens)
         settings.update(kwargs)
-        return cls(tokens, source=str(vocab_file), **settings)
+        return cls(tokens, source=str(vocab_file), added=read_added_tokens(path), **settings)
 
     @staticmethod
     def exists(directory: str | os.PathLike[str]) -> bool:
@@ -384,10 +461,19 @@ class Tokenizer:
         return any((Path(directory) / name).is_file() for name in VOCAB_FILES)
 
     def save_pretrained(self, directory: str | os.PathLike[str]) -> None:
-        """Write vocab.txt and tokenizer_config.json (readable by transformers' BertTokenizer)."""
+        """Write vocab.txt and tokenizer_config.json (readable by transformers' BertTokenizer),
+        the added tokens in its added_tokens_decoder, with BERT's special tokens, as
+        transformers writes them."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        write_text(directory / "vocab.txt", "".join(t + "\n" for t in self.tokens))
+        vocab = self.tokens[: self.base_size]
+        write_text(directory / "vocab.txt", "".join(t + "\n" for t in vocab))
+        specials = [Added(t, self.vocab[t], special=True, normalized=False) for t in SPECIAL_TOKENS]
+        flags = ("lstrip", "normalized", "rstrip", "single_word", "special")
+        decoder = {
+            str(a.id): {"content": a.content, **{f: getattr(a, f) for f in flags}}
+            for a in sorted((*specials, *self.added), key=lambda a: a.id)
+        }
         # Only a word limit other than Google's is written: what transformers reads stays as is.
         limit = self.max_input_chars_per_word
         extra = {} if limit == MAX_INPUT_CHARS_PER_WORD else {"max_input_chars_per_word": limit}
@@ -405,6 +491,7 @@ class Tokenizer:
                 "cls_token": CLS,
                 "mask_token": MASK,
                 "clean_up_tokenization_spaces": True,
+                "added_tokens_decoder": decoder,
                 **extra,
             },
         )
@@ -671,7 +758,8 @@ class Tokenizer:
             ids = ids.tolist()
         tokens = self.convert_ids_to_tokens(ids)
         if skip_special_tokens:
-            tokens = [t for t in tokens if t not in SPECIAL_TOKENS]
+            special = {*SPECIAL_TOKENS, *(a.content for a in self.added if a.special)}
+            tokens = [t for t in tokens if t not in special]
         text = " ".join(tokens).replace(" ##", "").strip()
         for dirty, clean in _CLEANUP:
             text = text.replace(dirty, clean)
@@ -715,6 +803,86 @@ def _read_tokenizer_config(path: Path) -> dict[str, Any]:
     return settings
 
 
+def read_added_tokens(path: str | os.PathLike[str]) -> list[Added]:
+    """The tokens added to a directory's vocabulary (transformers' add_tokens), as transformers
+    gathers them: those of every file of ADDED_FILES (tokenizer_config.json's
+    added_tokens_decoder, tokenizer.json's added_tokens, added_tokens.json: transformers 4
+    writes all three), a token listed twice as the first file lists it; a tokenizer.json
+    file: its own. BERT's special tokens are left out (every Tokenizer has them)."""
+    path = Path(path)
+    files = [path / n for n in ADDED_FILES] if path.is_dir() else [path]
+    found: dict[str, Added] = {}
+    for f in files:
+        if f.suffix == ".json" and f.is_file():
+            for a in _added_entries(read_json(f, VocabError), f):
+                found.setdefault(a.content, a)
+    return [a for a in found.values() if a.content not in SPECIAL_TOKENS]
+
+
+def _added_entries(d: dict[str, Any], f: Path) -> list[Added]:
+    """The added tokens a file lists, each of ADDED_FILES its own way."""
+    if f.name == "added_tokens.json":  # {content: id}, flags as transformers gives them
+        specials = _additional_special_tokens(f.parent / "special_tokens_map.json")
+        return [
+            _added({"content": t, "special": t in specials, "normalized": t not in specials}, i, f)
+            for t, i in d.items()
+        ]
+    if f.name == "tokenizer.json":
+        given = d.get("added_tokens") or []
+        if not isinstance(given, list):
+            raise VocabError(f"{f}: added_tokens must be a list of tokens")
+        return [_added(t, t.get("id") if isinstance(t, dict) else None, f) for t in given]
+    given = d.get("added_tokens_decoder") or {}
+    if not isinstance(given, dict):
+        raise VocabError(f"{f}: added_tokens_decoder must be an object of id: token")
+    return [_added(t, _integer(i), f) for i, t in given.items()]
+
+
+def _integer(text: str) -> int | str:
+    """added_tokens_decoder's key (a JSON key: a string) as an id, else as it is (refused)."""
+    return int(text) if text.isdigit() else text
+
+
+def _added(entry: Any, i: Any, f: Path) -> Added:
+    """One added token from its file's entry (content and flags) and id, checked."""
+    content = entry.get("content") if isinstance(entry, dict) else None
+    if not isinstance(content, str) or not content:
+        raise VocabError(f"{f}: added token {entry!r} has no content (a non-empty string)")
+    if isinstance(i, bool) or not isinstance(i, int) or i < 0:
+        raise VocabError(f"{f}: added token {content!r} has id {i!r}, not an integer >= 0")
+    flags = {}
+    for name in ("special", "normalized", "lstrip", "rstrip", "single_word"):
+        value = entry.get(name, not entry.get("special") if name == "normalized" else False)
+        if not isinstance(value, bool):
+            raise VocabError(f"{f}: added token {content!r}: {name} must be true or false")
+        flags[name] = value
+    return Added(content, i, **flags, file=str(f))
+
+
+def _additional_special_tokens(path: Path) -> set[str]:
+    """special_tokens_map.json's additional_special_tokens (strings or AddedToken objects)."""
+    given = read_json(path, VocabError).get("additional_special_tokens") if path.is_file() else []
+    tokens = [t.get("content") if isinstance(t, dict) else t for t in given or []]
+    return {t for t in tokens if isinstance(t, str)}
+
+
+def id_count(vocab_file: Path) -> int | None:
+    """The ids a directory's tokenizer uses (its vocab.txt's lines or tokenizer.json's highest
+    id + 1, and the added tokens after them): the embedding rows it needs. None when the files
+    cannot be read: the tokenizer names the fault when it is loaded."""
+    try:
+        if vocab_file.suffix == ".json":
+            model = read_json(vocab_file, VocabError).get("model")
+            n = 1 + max(i for i in model["vocab"].values() if isinstance(i, int))
+        else:
+            with open(vocab_file, "rb") as f:
+                n = sum(1 for _ in f)
+        added = read_added_tokens(vocab_file.parent)
+    except (VocabError, OSError, AttributeError, KeyError, TypeError, ValueError):
+        return None
+    return max([n, *(a.id + 1 for a in added)])
+
+
 def _positive_int(value: Any, path: Path, field: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise VocabError(f"{path}: {field} must be a positive integer, got {value!r}")
@@ -749,31 +917,39 @@ def read_tokenizer_json(path: str | os.PathLike[str]) -> tuple[list[str], dict[s
     vocab = model.get("vocab")
     if not isinstance(vocab, dict) or not vocab:
         raise VocabError(f"{path}: model.vocab must be a non-empty table of token -> id")
-    tokens: list[str | None] = [None] * len(vocab)
-    for token, i in vocab.items():
-        valid = isinstance(i, int) and not isinstance(i, bool) and 0 <= i < len(tokens)
-        if not valid or tokens[i] is not None:
-            raise VocabError(
-                f"{path}: model.vocab gives {token!r} the id {i!r}; ids must run from 0 to "
-                f"{len(tokens) - 1}, each once"
-            )
-        tokens[i] = token
-    added = [t.get("content") for t in d.get("added_tokens") or [] if isinstance(t, dict)]
-    outside = [t for t in added if t not in vocab]
-    if outside:
-        # vocab.txt cannot hold them either: bertforge splits them like any other text.
-        warnings.warn(
-            f"{path}: {len(outside)} added tokens outside the WordPiece vocabulary are read as "
-            f"plain text: {', '.join(repr(t) for t in outside[:5])}",
-            stacklevel=3,
-        )
+    tokens = _tokens_by_id(vocab, path)
     settings = _normalizer_settings(d.get("normalizer"), path)
     _check_pre_tokenizer(d.get("pre_tokenizer"), path)
     limit = model.get("max_input_chars_per_word", MAX_INPUT_CHARS_PER_WORD)
     settings["max_input_chars_per_word"] = _positive_int(
         limit, path, "model.max_input_chars_per_word"
     )
-    return [t for t in tokens if t is not None], settings
+    return tokens, settings
+
+
+def _tokens_by_id(vocab: dict[str, Any], path: Path) -> list[str]:
+    """model.vocab's tokens by id: each id once. An id left out (transformers converts a
+    vocab.txt with duplicate lines so: the last line's id wins, the earlier one is unused) gets
+    a placeholder no text encodes to (it holds a space), with a warning, as such a vocab.txt
+    has the duplicate there."""
+    by_id: dict[int, str] = {}
+    for token, i in vocab.items():
+        valid = isinstance(i, int) and not isinstance(i, bool) and 0 <= i < 2 * len(vocab)
+        if not valid or i in by_id:
+            raise VocabError(
+                f"{path}: model.vocab gives {token!r} the id {i!r}; each id must be given once, "
+                f"an integer from 0 (and fewer ids left out than given: below {2 * len(vocab)})"
+            )
+        by_id[i] = token
+    gaps = [i for i in range(max(by_id) + 1) if i not in by_id]
+    if gaps:
+        warnings.warn(
+            f"{path}: model.vocab leaves {len(gaps)} ids unused ({', '.join(map(str, gaps[:5]))}"
+            f"{', ...' if len(gaps) > 5 else ''}; a vocab.txt with duplicate lines converts so): "
+            f"read as placeholder tokens {GAP.format(gaps[0])!r}...",
+            stacklevel=4,
+        )
+    return [by_id.get(i, GAP.format(i)) for i in range(max(by_id) + 1)]
 
 
 def _steps(node: Any) -> list[Any]:
