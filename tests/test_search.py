@@ -1159,3 +1159,18 @@ def test_a_quantised_index(built: Index, minilm_dir: Path, tmp_path: Path, preci
             approximate="hnsw",
             progress=False,
         )
+
+
+def test_a_model_in_googles_layout_has_an_identity(tiny_model: Path, tmp_path: Path) -> None:
+    """Only bert_config.json (Google's name): the identity hashes it, as it hashes config.json."""
+    import shutil
+
+    from bertforge.search.identity import model_identity
+
+    google = tmp_path / "google"
+    shutil.copytree(tiny_model, google)
+    (google / "config.json").rename(google / "bert_config.json")
+    before = model_identity(google)
+    assert len(before) == 64 and before != model_identity(tiny_model)  # its name is hashed
+    (google / "bert_config.json").write_text("{}")
+    assert model_identity(google) != before  # and its bytes

@@ -30,11 +30,13 @@ SETUP = {
 
 
 def model_identity(path: str | Path) -> str:
-    """sha256 over a model directory's config.json and weight files (names and bytes)."""
+    """sha256 over a model directory's config (config.json, else Google's bert_config.json)
+    and weight files (names and bytes)."""
     from ..checkpoint import weights_files
+    from ..config import config_file
 
     path = Path(path)
-    return sha256([path / "config.json", *weights_files(path)], names=True)
+    return sha256([config_file(path) or path / "config.json", *weights_files(path)], names=True)
 
 
 def sha256(files: Sequence[Path], names: bool = False) -> str:
