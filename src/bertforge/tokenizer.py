@@ -629,9 +629,22 @@ class Tokenizer:
         return self.encode(text, add_special_tokens=False, truncation=False).tokens
 
     def encode_ids(self, texts: Sequence[str]) -> list[list[int]]:
-        """Token ids of each text, no special tokens, no truncation: the lean path for corpora."""
+        """Token ids of each text, no special tokens, no truncation: the lean path for corpora.
+
+        A special token's string in the text ("use [SEP] between") is text here, as Google's
+        FullTokenizer reads a corpus ("[", "sep", "]"): pre-training data holds no control
+        token it did not place itself. (encode and __call__ keep them special: "[MASK]" for
+        fill-mask.)"""
         prepared = [self._fix.prepare(t)[0] for t in texts]
-        return [e.ids for e in self._engine.encode_batch(prepared, add_special_tokens=False)]
+        engine = self._text_engine
+        return [e.ids for e in engine.encode_batch(prepared, add_special_tokens=False)]
+
+    @functools.cached_property
+    def _text_engine(self) -> Engine:
+        """A copy of the engine that reads special tokens' strings as text (encode_ids)."""
+        engine = Engine.from_str(self._engine.to_str())
+        engine.encode_special_tokens = True
+        return engine
 
     def encode_long(self, texts: Sequence[str], segment: int | None = None) -> list[Pieces]:
         """The pieces of texts of any length (no special tokens, no truncation) as arrays, in
