@@ -69,6 +69,39 @@ def test_wikiextractor_format(tmp_path: Path) -> None:
     assert [d.line for d in docs] == [1, 7]
 
 
+def test_a_wikiextractor_file_with_a_bom_is_read_as_wiki(tmp_path: Path) -> None:
+    f = tmp_path / "wiki_bom"
+    text = '<doc id="1" url="u" title="Alpha">\nAlpha\n\nAlpha is a letter.\n</doc>\n'
+    f.write_bytes(b"\xef\xbb\xbf" + text.encode("utf-8"))
+    assert detect_format(f) == "wiki"
+    assert [d.sentences for d in read_documents(f)] == [["Alpha is a letter."]]
+
+
+def test_vocab_train_reads_jsonl_and_wikiextractor_as_prepare_does(tmp_path: Path) -> None:
+    """`bertforge vocab train` learns the text, not JSONL's field names or WikiExtractor's
+    markup (read line by line, "text", "doc", "url" and "title" became whole words)."""
+    from bertforge.cli import main
+    from bertforge.tokenizer import Tokenizer
+
+    words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota"]
+    words += ["kappa", "lambda"]
+    sentences = [" ".join(words[i % 11 :] + words[: i % 11]) + "." for i in range(60)]
+    jsonl = tmp_path / "docs.jsonl"
+    jsonl.write_text("".join(json.dumps({"text": t}) + "\n" for t in sentences[:30]))
+    wiki = tmp_path / "wiki_00"
+    wiki.write_text(
+        "".join(
+            f'<doc id="{i}" url="https://x.org/?curid={i}" title="Kappa">\nKappa\n\n{t}\n</doc>\n'
+            for i, t in enumerate(sentences[30:])
+        )
+    )
+    out = tmp_path / "vocab"
+    assert main(["vocab", "train", str(jsonl), str(wiki), "--size", "200", "--out", str(out)]) == 0
+    vocab = set(Tokenizer.from_pretrained(out).tokens)
+    assert set(words) <= vocab
+    assert not {"text", "doc", "url", "title", "id", "https", "curid"} & vocab
+
+
 def test_hard_wrapped_paragraphs_are_joined(tmp_path: Path) -> None:
     f = tmp_path / "book.txt"
     para = (

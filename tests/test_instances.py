@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 import pytest
 
 from bertforge.data.instances import MaskingSpec, mask_tokens, plan_shard
 
 MAX_LEN = 128
+PLANS_SHA256 = "0ae058e49e3549dbcc94557ee906a89a5701ca95fe37491d5e48904cf689c517"
 
 
 def synthetic_shard(seed: int = 0, docs: int = 6000) -> tuple[np.ndarray, np.ndarray]:
@@ -81,6 +84,34 @@ def test_single_sentence_documents_still_give_is_next() -> None:
     assert abs(p[:, 4].mean() - 0.5) < 0.03
     is_next = p[:, 4] == 0
     assert (p[is_next, 1] == p[is_next, 2]).all()  # A and B are the two halves of one sentence
+
+
+def test_not_next_text_always_comes_from_another_document() -> None:
+    """Google's ten draws at another document fail on one in 1,024 NotNext pairs of a two-document
+    shard, and on every one of a one-document shard; then it pairs a document with itself."""
+    lengths = np.full(40_000, 20)
+    sentences = np.concatenate(([0], np.cumsum(lengths)))
+    two = plan_shard(sentences, np.array([0, 20_000, 40_000]), np.random.default_rng(0), MAX_LEN)
+    not_next = two[:, 4] == 1
+    assert not_next.sum() > 2000
+    doc_a, doc_b = (_doc_of(two[:, c], sentences, np.array([0, 20_000, 40_000])) for c in (0, 2))
+    assert (doc_a[not_next] != doc_b[not_next]).all()
+    # one document: no NotNext pair at all, IsNext ones as usual
+    one = plan_shard(sentences, np.array([0, 40_000]), np.random.default_rng(0), MAX_LEN)
+    assert len(one) > 5000 and (one[:, 4] == 0).all()
+    assert (one[:, 2] >= one[:, 1]).all()  # B follows A
+    # one document of one sentence of one token: no pair can be made, none is
+    tiny = plan_shard(np.array([0, 1]), np.array([0, 1]), np.random.default_rng(0), MAX_LEN)
+    assert tiny.shape == (0, 5)
+
+
+def test_instances_of_shards_with_other_documents_did_not_change() -> None:
+    """Drawing until another document comes makes the same draws as ten tries wherever those
+    found one: the instances of a many-document shard are the ones planned before (sha256 of
+    the plans made by the ten-try version)."""
+    sentences, documents = synthetic_shard(docs=200)
+    plans = plan_shard(sentences, documents, np.random.default_rng(7))
+    assert hashlib.sha256(plans.tobytes()).hexdigest() == PLANS_SHA256
 
 
 VOCAB = 30522

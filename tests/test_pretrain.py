@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -104,6 +106,29 @@ def finished_run(data: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[
     return out, args
 
 
+def torchrun(cmd: list[str], processes: int = 2) -> list[str]:
+    """A `python -m bertforge ...` command under torchrun."""
+    launch = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"]
+    return [cmd[0], *launch, *cmd[1:]]
+
+
+def process_tree(pid: int) -> list[int]:
+    """pid and its descendants, parents first (Linux: /proc/PID/task/TID/children)."""
+    found, i = [pid], 0
+    while i < len(found):
+        for task in Path(f"/proc/{found[i]}/task").glob("*"):
+            with contextlib.suppress(OSError):
+                found.extend(int(c) for c in (task / "children").read_text().split())
+        i += 1
+    return found
+
+
+def _zombie(pid: int) -> bool:
+    with contextlib.suppress(OSError):
+        return "\nState:\tZ" in Path(f"/proc/{pid}/status").read_text()
+    return False
+
+
 def kill_and_resume(
     data: Path,
     reference: Path,
@@ -111,26 +136,36 @@ def kill_and_resume(
     args: list[str],
     at_step: int,
     before_resume: Callable[[], None] | None = None,
+    launch: Callable[[list[str]], list[str]] = lambda cmd: cmd,
 ) -> None:
-    """Run into `out`, SIGKILL it once checkpoint `at_step` exists, run the same command again:
-    the parameters and the logged losses equal those of the uninterrupted `reference` (which
-    `before_resume` may make, from what the killed run wrote)."""
+    """Run into `out` (as `launch` makes the command: e.g. torchrun), SIGKILL it (all of its
+    processes) once checkpoint `at_step` exists, run the same command again: the parameters and
+    the logged losses equal those of the uninterrupted `reference` (which `before_resume` may
+    make, from what the killed run wrote)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(
-        pretrain_cmd(data, out, *args), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env
+        launch(pretrain_cmd(data, out, *args)),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=env,
     )
     deadline = time.time() + 300
     while not (out / "checkpoints" / f"step-{at_step:08d}").exists():
         assert proc.poll() is None, proc.stderr.read().decode()[-2000:] if proc.stderr else ""
         assert time.time() < deadline
         time.sleep(0.02)
-    proc.send_signal(signal.SIGKILL)
+    killed = process_tree(proc.pid)  # torchrun's workers run in sessions of their own
+    for pid in killed:
+        os.kill(pid, signal.SIGKILL)
     proc.wait()
+    while any(Path(f"/proc/{pid}/status").exists() and not _zombie(pid) for pid in killed[1:]):
+        time.sleep(0.01)  # the workers are gone before the run starts again
     assert not (out / "model.safetensors").exists()  # it really died before the end
     if before_resume is not None:
         before_resume()
-    result = run(pretrain_cmd(data, out, *args))
+    result = run(launch(pretrain_cmd(data, out, *args)))
     assert result.returncode == 0, result.stderr[-3000:]
+    assert "resuming from" in result.stdout
     a, b = load_file(reference / "model.safetensors"), load_file(out / "model.safetensors")
     assert a.keys() == b.keys()
     assert all(torch.equal(a[k], b[k]) for k in a)
@@ -153,22 +188,23 @@ def test_two_processes_follow_one_process(data: Path, nodrop: Path, tmp_path: Pa
     model = ("--config", str(nodrop))
     single = run(pretrain_cmd(data, tmp_path / "one", *common, model=model))
     assert single.returncode == 0, single.stderr[-3000:]
-    cmd = pretrain_cmd(data, tmp_path / "two", *common, model=model)
-    cmd[1:3] = [
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node",
-        "2",
-        "-m",
-        "bertforge",
-    ]
-    double = run(cmd)
+    double = run(torchrun(pretrain_cmd(data, tmp_path / "two", *common, model=model)))
     assert double.returncode == 0, double.stderr[-3000:]
     assert "2 process(es)" in double.stdout
     one, two = losses(tmp_path / "one"), losses(tmp_path / "two")
     assert [s for s, _ in one] == [s for s, _ in two] == list(range(1, 7))
     assert max(abs(x - y) for (_, x), (_, y) in zip(one, two)) < 1e-5, (one, two)
+
+
+@pytest.mark.slow
+def test_two_processes_killed_and_resumed_end_as_never_stopped(data: Path, tmp_path: Path) -> None:
+    """With dropout each process draws its own masks; killed and resumed, every process draws
+    what it would have drawn (a checkpoint holds rank 0's random state only)."""
+    args = ["--steps", "40", "--save-every", "4", "--eval-every", "0", "--dropout", "0.1"]
+    reference = run(torchrun(pretrain_cmd(data, tmp_path / "A", *args)))
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    assert "2 process(es)" in reference.stdout
+    kill_and_resume(data, tmp_path / "A", tmp_path / "B", args, at_step=4, launch=torchrun)
 
 
 @pytest.mark.slow
@@ -296,6 +332,115 @@ def test_bad_arguments_give_one_line_errors(data: Path, tmp_path: Path) -> None:
         and "max_seq_length=1024 is more than the model's max_position_embeddings=512"
         in too_long.stderr
     )
+
+
+def test_a_resume_on_other_data_is_refused(tmp_path: Path, minilm_dir: Path) -> None:
+    """--data names a directory: prepared again from other text, the run does not go on
+    from its checkpoint on it; prepared again from the same files, it does."""
+    from bertforge.errors import DataError
+    from bertforge.train.pretrain import PretrainConfig
+    from bertforge.train.pretrain import run as pretrain
+
+    files = write_corpus(tmp_path / "corpus", docs=40)
+    tok, shards = Tokenizer.from_pretrained(minilm_dir), tmp_path / "shards"
+    prepare(files, tok, shards, shard_tokens=4000, progress=False)
+    cfg = {"data": str(shards), "out": str(tmp_path / "run"), "model_size": "tiny"}
+    small = {"batch_size": 4, "max_seq_length": 32, "eval_every": 0, "progress": False}
+    assert not pretrain(PretrainConfig(**cfg, **small, steps=1))["interrupted"]
+    shutil.rmtree(shards)
+    prepare(files[:2], tok, shards, shard_tokens=4000, progress=False)
+    with pytest.raises(DataError, match=r"run was trained on other data than .*shards holds now"):
+        pretrain(PretrainConfig(**cfg, **small, steps=2))
+    shutil.rmtree(shards)
+    prepare(files, tok, shards, shard_tokens=4000, progress=False)  # the same files again
+    assert pretrain(PretrainConfig(**cfg, **small, steps=2))["step"] == 2
+
+
+def test_nsp_warns_of_shards_of_a_single_document(tmp_path: Path, minilm_dir: Path) -> None:
+    from bertforge.data.shards import ShardSet
+    from bertforge.train.distributed import Dist
+    from bertforge.train.pretrain import PretrainConfig, make_task
+
+    book = tmp_path / "book.txt"  # hard-wrapped prose: the whole file one document
+    book.write_text("\n\n".join("the cat sat\non the mat and\nlooked at me" for _ in range(30)))
+    prepare([book], Tokenizer.from_pretrained(minilm_dir), tmp_path / "one", progress=False)
+    shards = ShardSet(tmp_path / "one")
+    cfg = PretrainConfig(data=str(shards.directory), out="-", eval_every=0)
+    with pytest.warns(UserWarning, match=r"1 of 1 training shards .* hold a single document"):
+        make_task(cfg, shards, Dist())
+
+
+def test_tokens_per_s_counts_training_time_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a clock that evaluation and saving move by 1,000 s (a step by a few ms), the logged
+    throughput is that of the steps: evaluation and checkpoint time stay out of its window."""
+    from bertforge.train import loop
+    from bertforge.train.distributed import Dist
+
+    now = [0.0]
+
+    def clock() -> float:
+        now[0] += 0.001
+        return now[0]
+
+    monkeypatch.setattr(loop.time, "perf_counter", clock)
+    cfg = loop.LoopConfig(
+        steps=6, lr=1e-3, warmup_steps=0, decay_steps=None, weight_decay=0.0, optimizer="adamw",
+        clip_norm=1.0, precision="fp32", log_every=3, eval_every=2, save_every=5,
+        keep_checkpoints=1, progress=False, seed=0,
+    )  # fmt: skip
+    loop.train(_Linear(now), _ClockTask(now), cfg, tmp_path, Dist())
+    rows = [json.loads(ln) for ln in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    records = [r for r in rows if "tokens_per_s" in r]
+    assert [r["step"] for r in records] == [3, 6]
+    for r in records:  # 300 tokens in 3 steps of a few clock ticks each
+        assert r["tokens_per_s"] > 1000, r
+        assert r["train_seconds"] < 1, r
+
+
+class _Linear(torch.nn.Linear):
+    """A model whose saving takes 1,000 s of the test's clock."""
+
+    def __init__(self, now: list[float]) -> None:
+        super().__init__(4, 1)
+        self.now = now
+
+    def save_pretrained(self, directory: Path) -> None:
+        self.now[0] += 1000.0
+        (Path(directory) / "weights.txt").write_text(str(self.weight.tolist()))
+
+
+class _Micro:
+    num_tokens = 100
+
+    def to(self, device: object) -> _Micro:
+        return self
+
+
+class _ClockTask:
+    """A task whose evaluation takes 1,000 s of the test's clock."""
+
+    def __init__(self, now: list[float]) -> None:
+        self.now = now
+
+    def batches(self, position: object):
+        while True:
+            yield [_Micro()], None
+
+    def normalizers(self, micro_batches: list[_Micro]) -> torch.Tensor:
+        return torch.ones(1)
+
+    def loss(self, model: torch.nn.Module, micro: _Micro, totals: torch.Tensor):
+        loss = model(torch.ones(1, 4)).square().sum()
+        return loss, loss.detach().reshape(1)
+
+    def summarize(self, stats: torch.Tensor) -> dict[str, float]:
+        return {"loss": float(stats[0])}
+
+    def evaluate(self, model: torch.nn.Module) -> dict[str, float]:
+        self.now[0] += 1000.0
+        return {"score": 1.0}
 
 
 def test_param_groups_schedule_and_lamb() -> None:

@@ -149,6 +149,41 @@ def test_prepare_again_and_with_other_settings(
         prepare(files, tok, tmp_path / "out", heldout=0.5, progress=False)
 
 
+def test_prepare_notices_an_input_edited_to_the_same_size(tmp_path: Path, tok: Tokenizer) -> None:
+    files = write_corpus(tmp_path / "corpus", docs=12)
+    prepare(files, tok, tmp_path / "out", progress=False)
+    text = files[0].read_text()
+    files[0].write_text(text.replace("fox", "cat"))  # the same size, other text
+    assert files[0].stat().st_size == len(text)
+    with pytest.raises(
+        DataError, match=rf"already holds shards .*\(meta.json: {files[0].resolve()} changed\)"
+    ):
+        prepare(files, tok, tmp_path / "out", progress=False)
+    with pytest.raises(DataError, match=r"shard_tokens=0 \(--shard-tokens\): must be at least 1"):
+        prepare(files, tok, tmp_path / "other", shard_tokens=0, progress=False)
+    assert not (tmp_path / "other").exists()
+
+
+def test_special_token_strings_in_the_corpus_are_text(tmp_path: Path, tok: Tokenizer) -> None:
+    """Google's FullTokenizer reads "[SEP]" in a corpus as "[", "sep", "]": the shards hold no
+    control token the text wrote; encode keeps them special for inference (fill-mask)."""
+    corpus = tmp_path / "specials.txt"
+    corpus.write_text(
+        "Use [SEP] between the two parts.\nA [MASK] or a [CLS] here, [PAD] and [UNK] there.\n"
+    )
+    prepare([corpus], tok, tmp_path / "out", fmt="lines", heldout=0.0, progress=False)
+    s = ShardSet(tmp_path / "out")
+    tokens = s.load(s.names("train")[0]).tokens
+    specials = {tok.pad_id, tok.unk_id, tok.cls_id, tok.sep_id, tok.mask_id}
+    assert not specials & set(tokens.tolist())
+    assert tok.convert_ids_to_tokens(tokens[:5].tolist()) == ["use", "[", "sep", "]", "between"]
+    # inference still reads them as the special tokens they are
+    assert tok.mask_id in tok.encode("Paris is the [MASK] of France.").ids
+    # and text without them is encoded as before
+    plain = ["The quick brown fox jumps over the lazy dog.", "Ünïcödé, 東京, naïve cafés!"]
+    assert tok.encode_ids(plain) == [tok.encode(t, add_special_tokens=False).ids for t in plain]
+
+
 def test_prepare_says_how_it_reads_each_file_and_warns_when_nothing_is_held_out(
     tmp_path: Path, tok: Tokenizer, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -190,6 +225,39 @@ def test_damaged_shard_is_reported(tmp_path: Path, tok: Tokenizer) -> None:
     path.write_bytes(path.read_bytes()[:-40])
     with pytest.raises(DataError, match=rf"{name}"):
         s.load(name)
+
+
+@pytest.mark.parametrize(
+    ("suffix", "damage"),
+    [
+        (".tokens.npy", lambda b: b""),  # numpy: EOFError
+        (".index.npz", lambda b: b""),  # numpy: EOFError
+        (".index.npz", lambda b: b[: len(b) // 2]),  # zipfile.BadZipFile
+        (".tokens.npy", lambda b: b[:60]),  # the header alone
+    ],
+)
+def test_empty_or_truncated_shard_files_are_one_data_error(
+    tmp_path: Path, tok: Tokenizer, suffix: str, damage
+) -> None:
+    files = write_corpus(tmp_path / "corpus", docs=12)
+    prepare(files, tok, tmp_path / "out", progress=False)
+    s = ShardSet(tmp_path / "out")
+    name = s.names("train")[0]
+    path = tmp_path / "out" / f"{name}{suffix}"
+    path.write_bytes(damage(path.read_bytes()))
+    with pytest.raises(DataError, match=rf"{tmp_path / 'out' / name}"):
+        s.load(name)
+
+
+def test_the_fingerprint_of_prepared_data_follows_its_content(
+    tmp_path: Path, tok: Tokenizer
+) -> None:
+    files = write_corpus(tmp_path / "corpus", docs=12)
+    prepare(files, tok, tmp_path / "a", progress=False)
+    prepare(files, tok, tmp_path / "b", progress=False)
+    prepare(files, tok, tmp_path / "c", heldout=0.5, progress=False)
+    a, b, c = (ShardSet(tmp_path / x).fingerprint() for x in "abc")
+    assert a == b != c  # the same inputs and settings: the same data, wherever it lies
 
 
 @pytest.mark.slow

@@ -78,6 +78,7 @@ def cmd_info(args: argparse.Namespace) -> None:
 
 
 def args_vocab(p: argparse.ArgumentParser) -> None:
+    from .data.corpus import FORMATS
     from .fileio import ENCODING_ERRORS
     from .tokenizer import train_vocab
 
@@ -87,6 +88,13 @@ def args_vocab(p: argparse.ArgumentParser) -> None:
     t.add_argument("files", nargs="+", help="text files, directories or glob patterns (UTF-8)")
     t.add_argument("--out", required=True, help="output directory for vocab.txt")
     t.add_argument("--cased", action="store_true", help="keep case and accents (default: uncased)")
+    t.add_argument(
+        "--format",
+        dest="fmt",
+        choices=FORMATS,
+        default="auto",
+        help="input format, read as prepare reads it (auto: detected per file)",
+    )
     add_options(
         t,
         train_vocab,
@@ -103,7 +111,8 @@ def args_vocab(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_vocab_train(args: argparse.Namespace) -> None:
-    from .tokenizer import train_vocab
+    from .data.corpus import corpus_sentences
+    from .tokenizer import train_vocab, train_vocab_from_texts
 
     files = expand_inputs(args.files)
     if not files:
@@ -112,7 +121,10 @@ def cmd_vocab_train(args: argparse.Namespace) -> None:
         f"training a {'cased' if args.cased else 'uncased'} WordPiece vocabulary of "
         f"{args.vocab_size:,} tokens on {len(files)} file(s)",
     )
-    tok = train_vocab(files, lowercase=not args.cased, **options_of(args, train_vocab))
+    options = options_of(args, train_vocab)
+    # read as prepare reads them: JSONL's fields and WikiExtractor's markup stay out
+    texts = corpus_sentences(files, args.fmt, options.pop("encoding_errors"))
+    tok = train_vocab_from_texts(texts, lowercase=not args.cased, **options)
     tok.save_pretrained(args.out)
     print(
         f"wrote {Path(args.out) / 'vocab.txt'} ({tok.vocab_size:,} tokens) "

@@ -716,9 +716,22 @@ class Tokenizer:
         return self.encode(text, add_special_tokens=False, truncation=False).tokens
 
     def encode_ids(self, texts: Sequence[str]) -> list[list[int]]:
-        """Token ids of each text, no special tokens, no truncation: the lean path for corpora."""
+        """Token ids of each text, no special tokens, no truncation: the lean path for corpora.
+
+        A special token's string in the text ("use [SEP] between") is text here, as Google's
+        FullTokenizer reads a corpus ("[", "sep", "]"): pre-training data holds no control
+        token it did not place itself. (encode and __call__ keep them special: "[MASK]" for
+        fill-mask.)"""
         prepared = [self._fix.prepare(t)[0] for t in texts]
-        return [e.ids for e in self._engine.encode_batch(prepared, add_special_tokens=False)]
+        engine = self._text_engine
+        return [e.ids for e in engine.encode_batch(prepared, add_special_tokens=False)]
+
+    @functools.cached_property
+    def _text_engine(self) -> Engine:
+        """A copy of the engine that reads special tokens' strings as text (encode_ids)."""
+        engine = Engine.from_str(self._engine.to_str())
+        engine.encode_special_tokens = True
+        return engine
 
     def encode_long(self, texts: Sequence[str], segment: int | None = None) -> list[Pieces]:
         """The pieces of texts of any length (no special tokens, no truncation) as arrays, in
@@ -1039,15 +1052,40 @@ def train_vocab(
     encoding_errors: str = "strict",
     show_progress: bool = True,
 ) -> Tokenizer:
-    """Train a WordPiece vocabulary on text files, with BERT's special tokens first.
+    """Train a WordPiece vocabulary on plain text files (each line a text), with BERT's special
+    tokens first. JSONL or WikiExtractor files would put their markup into the vocabulary: read
+    them with bertforge.data.corpus.corpus_sentences into train_vocab_from_texts, as
+    `bertforge vocab train` does.
+    """
+    if not files:
+        raise InputError("no training files given")
+    lines = (line for f in files for _, line in read_lines(Path(f), encoding_errors))
+    return train_vocab_from_texts(
+        lines,
+        vocab_size,
+        lowercase=lowercase,
+        min_frequency=min_frequency,
+        limit_alphabet=limit_alphabet,
+        show_progress=show_progress,
+    )
+
+
+def train_vocab_from_texts(
+    texts: Iterable[str],
+    vocab_size: int = 30522,
+    *,
+    lowercase: bool = True,
+    min_frequency: int = 2,
+    limit_alphabet: int = 1000,
+    show_progress: bool = True,
+) -> Tokenizer:
+    """Train a WordPiece vocabulary on texts, with BERT's special tokens first.
 
     The text goes through exactly the normalization the returned tokenizer applies, so every
     piece the trainer learns can be produced at encoding time.
     """
     if vocab_size < len(SPECIAL_TOKENS) + 1:
         raise InputError(f"vocab_size={vocab_size}: must be more than {len(SPECIAL_TOKENS)}")
-    if not files:
-        raise InputError("no training files given")
     engine = _build_engine(None, lowercase, lowercase, True)
     fix = EngineFix(engine, lowercase, lowercase, True)
     trainer = trainers.WordPieceTrainer(
@@ -1058,10 +1096,7 @@ def train_vocab(
         continuing_subword_prefix="##",
         show_progress=show_progress,
     )
-    lines = (
-        fix.prepare(line)[0] for f in files for _, line in read_lines(Path(f), encoding_errors)
-    )
-    engine.train_from_iterator(lines, trainer=trainer)
+    engine.train_from_iterator((fix.prepare(t)[0] for t in texts), trainer=trainer)
     vocab = engine.get_vocab()
     tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
     return Tokenizer(tokens, lowercase=lowercase, source="trained vocabulary")

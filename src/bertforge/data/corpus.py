@@ -79,7 +79,7 @@ def detect_format(path: Path) -> str:
     if path.suffix.lower() in (".jsonl", ".ndjson"):
         return "jsonl"
     with open(path, "rb") as f:
-        head = f.read(65536).decode("utf-8", errors="replace")
+        head = f.read(65536).decode("utf-8", errors="replace").removeprefix("\ufeff")  # a BOM
     lines = [ln.strip() for ln in head.splitlines() if ln.strip()][:400]
     if lines and lines[0].startswith("<doc"):
         return "wiki"
@@ -126,6 +126,15 @@ def read_corpus(
         raise ValueError(f"{len(formats)} formats for {len(files)} files")
     for path, file_fmt in zip(files, formats):
         yield from read_documents(path, file_fmt, encoding_errors, on_bytes)
+
+
+def corpus_sentences(
+    files: Iterable[Path], fmt: str | Sequence[str] = "auto", encoding_errors: str = "strict"
+) -> Iterator[str]:
+    """Every sentence of the corpus, read as `prepare` reads it: the text a vocabulary is
+    trained on, without JSONL's fields or WikiExtractor's markup."""
+    for doc in read_corpus(files, fmt, encoding_errors):
+        yield from doc.sentences
 
 
 def _lines(source: str, lines: Iterator[tuple[int, str]]) -> Iterator[Document]:

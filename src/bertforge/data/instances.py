@@ -15,6 +15,11 @@ Pairs (`plan_shard`), per document, as Google does:
 One deliberate difference: Google forces NotNext whenever a chunk holds a single sentence,
 which skews the labels towards NotNext on short documents; here such a chunk is split inside
 the sentence so that IsNext stays possible and the labels stay 50/50.
+NotNext text always comes from another document of the same shard. Google takes the document's
+own text (labelled NotNext) when ten draws miss every other document (1 in 1,024 NotNext pairs
+with two documents, every one with one); here the draws go on until another document comes,
+the same draws wherever ten found one. A shard of one document (a single book read as
+'paragraphs', a small held-out split) therefore gives IsNext pairs only.
 
 Packed rows (`plan_packed`), for masked-LM-only pre-training (RoBERTa's FULL-SENTENCES): the
 shard's documents read as one stream with [SEP] between documents, cut into consecutive rows of
@@ -103,8 +108,12 @@ def _plan_document(
             n = i + 1 - chunk_start  # sentences in the chunk
             a_end = chunk_start + (int(rng.integers(1, n)) if n >= 2 else 1)  # sentence index
             a = [S[chunk_start], S[a_end]]
-            random_next = (n == 1 and S[a_end] - S[chunk_start] < 2) or rng.random() < 0.5
-            if not random_next and n == 1:
+            too_short = n == 1 and S[a_end] - S[chunk_start] < 2  # no split inside it
+            # NotNext needs another document: the shard's only one never pairs with itself
+            random_next = num_docs >= 2 and (too_short or rng.random() < 0.5)
+            if not random_next and too_short:
+                b = [a[1], a[1]]  # neither IsNext nor NotNext: no pair (empty, dropped below)
+            elif not random_next and n == 1:
                 # one sentence: IsNext from a split inside it (Google would force NotNext)
                 cut = int(rng.integers(a[0] + 1, a[1]))
                 a, b = [a[0], cut], [cut, a[1]]
@@ -112,11 +121,7 @@ def _plan_document(
                 b = [S[a_end], S[i + 1]]
             else:
                 target_b = target - (a[1] - a[0])
-                r = d
-                for _ in range(10):  # Google: ten tries at another document
-                    r = int(rng.integers(0, num_docs))
-                    if r != d:
-                        break
+                r = _other_document(d, num_docs, rng)
                 r_first, r_end = D[r], D[r + 1]
                 j = int(rng.integers(r_first, r_end))
                 b = [S[j], S[j]]
@@ -131,6 +136,15 @@ def _plan_document(
                 rows.append((a[0], a[1], b[0], b[1], int(random_next)))
             chunk_start, length = i + 1, 0
         i += 1
+
+
+def _other_document(d: int, num_docs: int, rng: np.random.Generator) -> int:
+    """A random document other than d (num_docs >= 2), drawn until one comes: Google's ten
+    tries, without its fallback to d itself when all ten hit d (see the module docstring)."""
+    while True:
+        r = int(rng.integers(0, num_docs))
+        if r != d:
+            return r
 
 
 def _truncate_pair(

@@ -22,10 +22,12 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import itertools
+import json
 import os
 import shutil
 import time
 import warnings
+import zipfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -302,13 +304,15 @@ def _settings(
         raise DataError(f"heldout={heldout}: must be in [0, 1)")
     if not 0 <= seed <= MAX_SEED:
         raise DataError(f"seed={seed} (--seed): must be >= 0 and <= {MAX_SEED}")
+    if shard_tokens < 1:
+        raise DataError(f"shard_tokens={shard_tokens} (--shard-tokens): must be at least 1")
     files = expand_inputs(inputs)
     if not files:
         raise DataError("no input files")
     settings = {
         "format_version": FORMAT_VERSION,
         "tokenizer": tokenizer_identity(tokenizer),
-        "inputs": [{"path": str(f.resolve()), "bytes": f.stat().st_size} for f in files],
+        "inputs": [_input_identity(f) for f in files],
         "format": fmt,
         "heldout": heldout,
         "shard_tokens": shard_tokens,
@@ -316,6 +320,13 @@ def _settings(
         "encoding_errors": encoding_errors,
     }
     return files, settings
+
+
+def _input_identity(path: Path) -> dict[str, Any]:
+    """What says an input file is the one an earlier run read: its path, size and modification
+    time (an edit that keeps the size changes the time)."""
+    st = path.stat()
+    return {"path": str(path.resolve()), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
 
 
 def _earlier_run(
@@ -331,12 +342,26 @@ def _earlier_run(
             if saved.get("settings") != settings:
                 raise DataError(
                     f"{out} already holds shards prepared with other settings or inputs "
-                    f"({existing.name}); choose a new --out or remove that directory"
+                    f"({existing.name}: {_differences(saved.get('settings') or {}, settings)}); "
+                    "choose a new --out or remove that directory"
                 )
             if existing.name == "meta.json":
                 return saved, state
             state = saved["state"]
     return None, state
+
+
+def _differences(saved: dict[str, Any], mine: dict[str, Any]) -> str:
+    """The settings that differ, and the first input file that is not the one read before."""
+    shown = []
+    for key in sorted(k for k in mine.keys() | saved.keys() if saved.get(k) != mine.get(k)):
+        theirs = saved.get(key)
+        if key == "inputs" and isinstance(theirs, list) and len(theirs) == len(mine[key]):
+            changed = [m["path"] for t, m in zip(theirs, mine[key]) if t != m]
+            more = f" and {len(changed) - 1} more" if len(changed) > 1 else ""
+            key = f"{changed[0]}{more} changed"
+        shown.append(key)
+    return ", ".join(shown)
 
 
 def _counts(shards: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
@@ -431,6 +456,13 @@ class ShardSet:
     def tokenizer(self) -> Tokenizer:
         return Tokenizer.from_pretrained(self.directory)
 
+    def fingerprint(self) -> str:
+        """sha256 of what identifies the prepared data: meta.json's settings (the tokenizer's
+        identity; the inputs with their sizes and modification times) and its list of shards
+        with their counts. A training run keeps it, so that resuming on other data is refused."""
+        what = {"settings": self.meta["settings"], "shards": self.meta.get("shards")}
+        return hashlib.sha256(json.dumps(what, sort_keys=True).encode("utf-8")).hexdigest()
+
     def check_tokenizer(self, tok: Tokenizer, what: str) -> None:
         """The model's tokenizer must be the one the shards were made with."""
         theirs = tokenizer_identity(tok)
@@ -454,8 +486,16 @@ class ShardSet:
             tokens = np.load(tokens_file, mmap_mode="r")
             with np.load(index_file) as index:
                 sentences, documents = index["sentences"], index["documents"]
-        except (OSError, ValueError, KeyError) as e:
-            raise DataError(f"{tokens_file.parent / name}: unreadable shard ({e})") from None
-        if sentences[-1] != len(tokens) or documents[-1] != len(sentences) - 1:
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
+            # EOFError: an empty .npy or .npz; BadZipFile: a truncated .npz
+            raise DataError(
+                f"{tokens_file.parent / name}: unreadable shard ({type(e).__name__}: {e})"
+            ) from None
+        if (
+            len(sentences) == 0
+            or len(documents) == 0
+            or sentences[-1] != len(tokens)
+            or documents[-1] != len(sentences) - 1
+        ):
             raise DataError(f"{tokens_file}: shard is inconsistent with its index (truncated?)")
         return Shard(name, tokens, sentences, documents)

@@ -3,9 +3,11 @@
 Each optimizer step: take the step's micro-batches, compute the loss of each under the chosen
 precision, accumulate gradients (DDP synchronises only on the last micro-batch), clip, step,
 follow the warmup-then-linear-decay schedule. Around it: progress bar and metrics, held-out
-evaluation, checkpoints every N steps and on SIGINT/SIGTERM, exact resume. Training that
-diverges (a loss or gradient norm that is not finite) stops with one TrainingError before
-anything of it is evaluated or saved: no checkpoint after it, no model, run.json unfinished.
+evaluation, checkpoints every N steps and on SIGINT/SIGTERM, exact resume (each process draws
+a step's dropout from a seed of (seed, rank, step): the same after a resume, on every process).
+Training that diverges (a loss or gradient norm that is not finite) stops with one
+TrainingError before anything of it is evaluated or saved: no checkpoint after it, no model,
+run.json unfinished.
 
 What is task-specific comes in through `Task`: the batches (with their resumable position),
 the loss of a micro-batch, and the evaluation.
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -167,9 +170,6 @@ class _Training:
         self.scaler = torch.amp.GradScaler("cuda") if self.precision == "fp16" else None
         self.loss = compiled(task.loss) if compiles(cfg.compile, device) else task.loss
         self.step, self.position, self.train_seconds = self._resume()
-        if d.enabled:
-            # Each rank its own dropout stream (a resumed run restores rank 0's only: re-derive).
-            torch.manual_seed(cfg.seed + 1_000_003 * d.rank + 7_919 * self.step)
         self.log = MetricsLog(run_dir, enabled=d.is_main)
         self.log.truncate_after(self.step)
         self.last_eval: dict[str, float] = {}
@@ -225,6 +225,7 @@ class _Training:
         with _StopFlag() as stop, contextlib.closing(bar), contextlib.closing(self.log):
             while self.step < cfg.steps:
                 micro_batches, next_position = next(data)
+                torch.manual_seed(step_seed(cfg.seed, d.rank, self.step + 1))  # its dropout
                 lr = self.lr_at(self.step + 1)
                 set_lr(self.optimizer, lr)
                 step_loss, grad_norm = self._step(micro_batches)
@@ -292,26 +293,33 @@ class _Training:
             self.diverged.check(step, d, self.lr_at)  # so nothing of a diverged model is kept
         if evaluating or saving:
             self.train_seconds = self.trained_for()
-        if evaluating:
-            self._evaluate(bar)
-        if saving and d.is_main:
-            checkpoints.save(
-                self.run_dir,
-                step,
-                self.model,
-                self.optimizer,
-                self.scaler,
-                {
-                    "position": self.position,
-                    "precision": self.precision,
-                    "train_seconds": self.train_seconds,
-                },
-                keep=cfg.keep_checkpoints,
-                extra_files=self.save_extra,
-            )
-        if evaluating or saving:
+            paused = time.perf_counter()
+            if evaluating:
+                self._evaluate(bar)
+            if saving and d.is_main:
+                self._save()
+            # the time of evaluating and saving is not training: out of train_seconds and out
+            # of the record's window (its tokens_per_s)
             self.segment_start = time.perf_counter()
+            self.window_start += self.segment_start - paused
         return stopping
+
+    def _save(self) -> None:
+        """A checkpoint of this step (the main process writes it)."""
+        checkpoints.save(
+            self.run_dir,
+            self.step,
+            self.model,
+            self.optimizer,
+            self.scaler,
+            {
+                "position": self.position,
+                "precision": self.precision,
+                "train_seconds": self.train_seconds,
+            },
+            keep=self.cfg.keep_checkpoints,
+            extra_files=self.save_extra,
+        )
 
     def _record(self, bar: Any, lr: float, grad_norm: torch.Tensor) -> None:
         """The window's numbers, summed over processes, into metrics.jsonl and the bar."""
@@ -428,6 +436,14 @@ def compiled(fn: Callable[..., Any]) -> Callable[..., Any]:
         torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT
     )
     return torch.compile(fn)
+
+
+def step_seed(seed: int, rank: int, step: int) -> int:
+    """The torch seed of one process's optimizer step (its dropout masks): a function of
+    (seed, rank, step) alone, drawn afresh at every step, so that each process has its own
+    stream and a resumed run draws what an uninterrupted one draws on every process (a
+    checkpoint holds the random state of the process that writes it only)."""
+    return int(np.random.SeedSequence([seed, rank, step]).generate_state(1, np.uint64)[0])
 
 
 def _agree(flag: bool, d: Dist) -> bool:

@@ -33,6 +33,7 @@ import itertools
 import math
 import statistics
 import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -44,7 +45,7 @@ from ..config import SIZES, BertConfig
 from ..data.instances import IGNORE_INDEX, MaskingSpec
 from ..data.pretraining import Batch, Position, PretrainingStream
 from ..data.shards import ShardSet
-from ..errors import ConfigError
+from ..errors import ConfigError, DataError
 from ..heads import BertForMaskedLM, BertForPreTraining
 from ..hub import resolve
 from ..model import set_dropout
@@ -306,6 +307,8 @@ def make_task(cfg: PretrainConfig, shards: ShardSet, d: distributed.Dist) -> Pre
         "sep_id": tok.sep_id,
         "pad_id": tok.pad_id,
     }
+    if cfg.nsp and d.is_main:
+        _warn_single_documents(shards)
     stream = PretrainingStream(
         shards, spec, seed=cfg.seed, dupe_factor=cfg.dupe_factor, packed=not cfg.nsp, **common
     )
@@ -322,6 +325,22 @@ def make_task(cfg: PretrainConfig, shards: ShardSet, d: distributed.Dist) -> Pre
         if cfg.nsp:
             heldout["nsp"] = PretrainingStream(shards, spec, **fixed, **common)
     return PretrainingTask(stream, heldout, cfg, d)
+
+
+def _warn_single_documents(shards: ShardSet) -> None:
+    """A warning for shards of one document: NSP takes NotNext text from another document of
+    the same shard, so theirs are IsNext pairs only (data/instances.py)."""
+    for split, what in (("train", "training"), ("heldout", "held-out")):
+        listed = [s for s in shards.meta["shards"] if s["split"] == split]
+        single = [s["name"] for s in listed if s["documents"] < 2]
+        if single:
+            warnings.warn(
+                f"{len(single)} of {len(listed)} {what} shards of {shards.directory} hold a single "
+                f"document (e.g. {single[0]}): their NSP pairs are all IsNext (NotNext text comes "
+                "from another document of the same shard); more documents per shard "
+                "(prepare --shard-tokens, --format lines) or --no-nsp avoid it",
+                stacklevel=2,
+            )
 
 
 def heldout_scores(cfg: PretrainConfig, model: nn.Module) -> dict[str, float]:
@@ -374,21 +393,37 @@ def seconds_per_step(
 
 
 def _with_steps(
-    cfg: PretrainConfig, d: distributed.Dist, steps: int
+    cfg: PretrainConfig, d: distributed.Dist, steps: int, run: RunDir
 ) -> tuple[PretrainConfig, RunDir]:
     """A --minutes run's config and run directory once its step count is known."""
     cfg = dataclasses.replace(cfg, steps=steps)
-    return cfg, RunDir(cfg.out, cfg, d, steps=steps)
+    return cfg, RunDir(cfg.out, cfg, d, **{**run.record, "steps": steps})
+
+
+def _check_data(run: RunDir, shards: ShardSet) -> None:
+    """The data a run resumes on is the data it started on: run.json keeps its fingerprint
+    (ShardSet.fingerprint), since --data names only a directory, which may have been prepared
+    again since. A run.json without one (an older run) is taken as it is."""
+    mine = shards.fingerprint()
+    theirs = (run.saved or {}).get("data_sha256")
+    if theirs is not None and theirs != mine:
+        raise DataError(
+            f"{run.path} was trained on other data than {shards.directory} holds now (its "
+            "meta.json differs: prepared again, or from changed files?): resume with the data it "
+            "started on, or give another --out"
+        )
+    run.record["data_sha256"] = mine
 
 
 def _run(cfg: PretrainConfig, d: distributed.Dist) -> dict[str, Any]:
     resolve_precision(cfg.precision, d.device)  # fp16 on a CPU: an error before anything is written
     run = RunDir(cfg.out, cfg, d, steps=cfg.steps)
     if cfg.minutes is not None and run.saved:  # the count chosen when it started: no new timing
-        cfg, run = _with_steps(cfg, d, run.saved["steps"])
+        cfg, run = _with_steps(cfg, d, run.saved["steps"], run)
     if run.finished(f"this run already finished ({cfg.steps:,} steps); the model is in {run.path}"):
         return {"step": cfg.steps, "interrupted": False, "already_finished": True}
     shards = ShardSet(cfg.data)
+    _check_data(run, shards)
     tok = shards.tokenizer()
     if cfg.init:
         shards.check_tokenizer(Tokenizer.from_pretrained(cfg.init), f"the tokenizer of {cfg.init}")
@@ -397,7 +432,7 @@ def _run(cfg: PretrainConfig, d: distributed.Dist) -> dict[str, Any]:
     task = make_task(cfg, shards, d)
     if cfg.minutes is not None and not run.saved:
         seconds, timed = seconds_per_step(cfg, model, task, d)
-        cfg, run = _with_steps(cfg, d, max(1, math.floor(cfg.minutes * 60 / seconds)))
+        cfg, run = _with_steps(cfg, d, max(1, math.floor(cfg.minutes * 60 / seconds)), run)
         if d.is_main:
             print(
                 f"--minutes {cfg.minutes:g}: {seconds:.4f} s per step (timed over {timed} "
