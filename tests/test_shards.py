@@ -304,3 +304,21 @@ def test_prepare_cli_errors_keep_earlier_work(tmp_path: Path, minilm_dir: Path) 
     )
     assert ok.returncode == 0, ok.stderr
     assert "documents" in ok.stdout
+
+
+def test_a_directory_prepared_before_inputs_kept_their_time_is_still_prepared(
+    tmp_path: Path, tok: Tokenizer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """meta.json written before mtime_ns was recorded: compared on path and size, as then."""
+    files = write_corpus(tmp_path / "corpus", docs=12)
+    prepare(files, tok, tmp_path / "out", progress=False)
+    meta_file = tmp_path / "out" / "meta.json"
+    meta = json.loads(meta_file.read_text())
+    for record in meta["settings"]["inputs"]:
+        del record["mtime_ns"]
+    meta_file.write_text(json.dumps(meta))
+    prepare(files, tok, tmp_path / "out", progress=True)
+    assert "already prepared" in capsys.readouterr().out
+    files[0].write_text(files[0].read_text() + "One more sentence here.\n")
+    with pytest.raises(DataError, match="changed"):
+        prepare(files, tok, tmp_path / "out", progress=False)

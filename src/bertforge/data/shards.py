@@ -339,16 +339,27 @@ def _earlier_run(
     for existing in (out / "meta.json", out / "progress.json"):
         if existing.is_file():
             saved = read_json(existing)
-            if saved.get("settings") != settings:
+            mine = _as_recorded(settings, saved.get("settings"))
+            if saved.get("settings") != mine:
                 raise DataError(
                     f"{out} already holds shards prepared with other settings or inputs "
-                    f"({existing.name}: {_differences(saved.get('settings') or {}, settings)}); "
+                    f"({existing.name}: {_differences(saved.get('settings') or {}, mine)}); "
                     "choose a new --out or remove that directory"
                 )
             if existing.name == "meta.json":
                 return saved, state
             state = saved["state"]
     return None, state
+
+
+def _as_recorded(settings: dict[str, Any], saved: Any) -> dict[str, Any]:
+    """Our settings as an earlier run recorded them: a run from before inputs kept their
+    modification time (mtime_ns) is compared on path and size, as it was then."""
+    inputs = saved.get("inputs") if isinstance(saved, dict) else None
+    if not isinstance(inputs, list) or any("mtime_ns" in i for i in inputs if isinstance(i, dict)):
+        return settings
+    old = [{k: v for k, v in i.items() if k != "mtime_ns"} for i in settings["inputs"]]
+    return {**settings, "inputs": old}
 
 
 def _differences(saved: dict[str, Any], mine: dict[str, Any]) -> str:
