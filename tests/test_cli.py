@@ -219,6 +219,15 @@ features {X} {P} --layers 99                   | layer 99
 fill-mask {M} {P}                              | no [MASK] token
 classify {X} {P}                               | no trained classifier
 qa {M} {tmp}/qa.txt                            | tab-separated fields
+qa {M} {tmp}/qa.txt --max-length 64            | --max-length is not used by qa: qa's windows are --max-seq-length pieces
+qa {M} {tmp}/qa.txt --stride 8                 | --stride is not used by qa: qa's windows are --doc-stride pieces apart
+qa {M} {tmp}/qa.txt --truncate                 | --truncate is not used by qa
+fill-mask {M} {P} --stride 8                   | --stride is not used by fill-mask: each input is one row
+nsp {M} {P} --truncate                         | --truncate is not used by nsp
+classify {X} {P} --pairs --stride 8            | --stride is not used by classify --pairs
+classify {X} {tmp}/pairs.jsonl                 | line 1: field "text_pair" is read with --pairs
+embed {X} {P} --out {P}                        | --out {P} is the input file
+embed {X} {P} --quantize int8 --precision bf16 | quantize=int8 with precision=bf16
 serve {X} --max-batch 0                        | max_batch=0 (--max-batch): must be >= 1
 prepare {tmp}/corpus.txt --tokenizer {M} --out {O} --heldout 1.5 | heldout=1.5
 prepare {tmp}/corpus.txt --tokenizer {M} --out {O} --format nope | invalid choice: 'nope'
@@ -249,6 +258,7 @@ def bad_lines(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path, minilm
     keyword_table(tmp / "train.tsv", 20, seed=0)
     (tmp / "plain.txt").write_text("no mask in this line\n")
     (tmp / "qa.txt").write_text("a question without its context\n")
+    (tmp / "pairs.jsonl").write_text('{"text": "a premise", "text_pair": "its hypothesis"}\n')
     config = {
         "hidden_size": 64,
         "num_hidden_layers": 1,
@@ -513,6 +523,10 @@ def test_help_texts_say_what_the_flags_do() -> None:
     for verb in ("pretrain", "finetune", "distill", "demo"):
         assert "--no-progress no progress bars" in shown(verb), verb
     assert "--task {cola,sst2,csv,conll2003}" in shown("probe")
+    # a pipeline verb offers the Pipeline options it reads, not those it does not
+    assert "--max-length" in shown("embed") and "--stride" in shown("classify")
+    assert "--max-seq-length" in shown("qa") and "--max-length" not in shown("qa")
+    assert "--stride" not in shown("fill-mask") and "--truncate" not in shown("nsp")
     assert "default: none, metrics only" in shown("evaluate")
     assert "default: the task of the model's run.json" in shown("predict")
     assert "--max-train-rows MAX_TRAIN_ROWS train on the first N" in shown("finetune")

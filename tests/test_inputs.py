@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -44,7 +45,7 @@ def test_a_line_that_is_not_one_input_is_one_error_naming_it(
     path = tmp_path / name
     path.write_text(text)
     with pytest.raises(DataError) as e:
-        read_inputs(str(path), TEXTS, pair_flag="--pairs", **options)
+        read_inputs(str(path), TEXTS, unasked=ENTRIES["classify"].inputs[1:], **options)
     assert message in str(e.value)
 
 
@@ -71,3 +72,47 @@ def test_rows_answer_lines_in_jsonl_or_the_entrys_array_file(
     write_results(ENTRIES["embed"], str(npy), rows, columns(rows, TEXTS), vectors)
     np.testing.assert_array_equal(np.load(npy), vectors)
     assert "its rows are input lines 1, 3 (blank lines skipped)" in capsys.readouterr().err
+
+
+def test_a_jsonl_pair_without_its_flag_is_refused_and_the_suffix_is_read_in_any_case(
+    tmp_path: Path,
+) -> None:
+    """A JSONL line with the field of an input not asked for (classify's text_pair without
+    --pairs) is an error naming the line and the flag, as a tab in a text line is: read as one
+    text it would be classified without its pair. `.JSONL` is JSONL too."""
+    text, pair = ENTRIES["classify"].inputs
+    path = tmp_path / "t.JSONL"
+    path.write_text('{"text": "a", "id": 4}\n{"text": "b", "text_pair": "c"}\n')
+    with pytest.raises(DataError) as e:
+        read_inputs(str(path), (text,), unasked=(pair,))
+    assert f'{path}: line 2: field "text_pair" is read with --pairs' in str(e.value)
+    path.write_text('{"text": "a", "id": 4}\n')
+    assert read_inputs(str(path), (text,), unasked=(pair,)) == [InputLine(1, 4, ("a",))]
+
+
+def test_jsonl_rows_are_written_as_they_come_and_atomically(tmp_path: Path) -> None:
+    """Rows go to the file one by one (a features file can be gigabytes: the whole text is never
+    held), through a temporary file renamed at the end: a failure midway leaves the previous
+    file whole and no temporary file behind."""
+    import tracemalloc
+
+    rows = [InputLine(i + 1, None, ("x",)) for i in range(2000)]
+    out = tmp_path / "big.jsonl"
+    tracemalloc.start()
+    try:
+        write_jsonl(str(out), rows, ({"text": "y" * 1000} for _ in rows))  # 2 MB written
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    lines = out.read_text().splitlines()
+    assert len(lines) == 2000 and json.loads(lines[-1]) == {"line": 2000, "text": "y" * 1000}
+    assert out.stat().st_size > 2_000_000 and peak < 500_000, peak
+
+    def failing() -> Any:
+        yield {"x": 1}
+        raise RuntimeError("the pipeline failed")
+
+    before = out.read_bytes()
+    with pytest.raises(RuntimeError):
+        write_jsonl(str(out), rows, failing())
+    assert out.read_bytes() == before and sorted(tmp_path.iterdir()) == [out]

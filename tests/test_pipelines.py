@@ -697,3 +697,118 @@ def test_batches_made_ahead_give_the_same_batches_and_embeddings(
     for bad, why in (*bad_inputs, ([{"x": 1}], "input 0"), ([b"bytes"], "input 0")):
         with pytest.raises(InputError, match=why):  # read in parts or not
             pipe.embed(bad)  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------------------------------------
+# Rows no longer than the model reads, options that are used or refused, outputs that keep inputs
+
+
+@pytest.fixture(scope="module")
+def short_model(tmp_path_factory: pytest.TempPathFactory, minilm_dir: Path) -> Path:
+    """A tiny BERT of 40 positions (its MLM/NSP heads) saved with a tokenizer that says
+    model_max_length 512, as a model pre-trained at 128 pieces is; and a QA head of its size."""
+    from bertforge.heads import BertForQuestionAnswering
+    from tests.conftest import save_tiny
+
+    out = save_tiny(tmp_path_factory.mktemp("short"), minilm_dir, max_position_embeddings=40)
+    torch.manual_seed(1)
+    BertForQuestionAnswering(BertConfig.from_pretrained(out)).save_pretrained(out / "qa")
+    Tokenizer.from_pretrained(out).save_pretrained(out / "qa")
+    return out
+
+
+def test_rows_read_whole_are_cut_to_the_models_positions(short_model: Path) -> None:
+    """nsp and fill-mask rows (Pipeline.encode) and qa's default windows stop at the model's
+    positions, not the tokenizer's model_max_length: the answers of max_length 40; a [MASK] the
+    cut leaves out is said to be cut off, not missing."""
+    pipe = Pipeline(short_model, precision="fp32")
+    assert pipe.tok.model_max_length == 512
+    at40 = Pipeline(short_model, precision="fp32", max_length=40)
+    long = " ".join(["word"] * 60)  # 60 pieces
+    assert np.allclose(pipe.nsp([long, "a"], ["b", long]), at40.nsp([long, "a"], ["b", long]))
+    masked = ["the [MASK] sat on " + long]
+    assert pipe.fill_mask(masked) == at40.fill_mask(masked)
+    with pytest.raises(InputError) as e:
+        pipe.fill_mask(["a [MASK].", long + " [MASK]"])
+    assert str(e.value).startswith("text 1: its [MASK] is piece 61 of 63, cut off by the length")
+    assert "limit of 40 pieces" in str(e.value)
+    qa = Pipeline(short_model / "qa", precision="fp32")
+    (answer,) = qa.qa(["which word?"], [long])
+    assert answer["answer"] and long[answer["start"] : answer["end"]] == answer["answer"]
+    with pytest.raises(ConfigError, match="max_seq_length=64 .* max_position_embeddings=40"):
+        qa.qa(["which word?"], [long], max_seq_length=64)
+
+
+def test_bf16_padding_stops_at_the_models_positions(short_model: Path) -> None:
+    """bf16 rounds a batch's length up to a multiple of 16, but not past the position table:
+    a 37-piece row of a 40-position model is padded to 40, not 48."""
+    from bertforge.tasks.base import Features, collate
+
+    features = Features([np.arange(1, 38), np.arange(1, 30)], [np.zeros(37), np.zeros(29)], [])
+    features.labels = np.zeros(2, np.int64)
+    assert collate(features, [0], 0, 16, positions=40).input_ids.shape == (1, 40)
+    assert collate(features, [1], 0, 16, positions=40).input_ids.shape == (1, 32)
+    text = " ".join(["word"] * 35)  # 37 pieces
+    fp32, bf16 = (Pipeline(short_model, precision=p).embed([text])[0] for p in ("fp32", "bf16"))
+    assert fp32 @ bf16 / np.linalg.norm(fp32) / np.linalg.norm(bf16) > 0.99
+    is_next = Pipeline(short_model, precision="fp32").nsp([text], [text])
+    assert np.allclose(
+        Pipeline(short_model, precision="bf16").nsp([text], [text]), is_next, atol=0.05
+    )
+
+
+@pytest.fixture(scope="module")
+def cross_encoder(tmp_path_factory: pytest.TempPathFactory, heads_dir: dict[str, Path]) -> Path:
+    """A random one-label BertForSequenceClassification: a cross-encoder."""
+    torch.manual_seed(2)
+    out = tmp_path_factory.mktemp("cross")
+    config = BertConfig.from_pretrained(heads_dir["cls"]).replace(num_labels=1)
+    BertForSequenceClassification(config).save_pretrained(out)
+    Tokenizer.from_pretrained(heads_dir["cls"]).save_pretrained(out)
+    return out
+
+
+def test_score_truncate_overrides_the_pipelines_and_short_rows_are_refused(
+    cross_encoder: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """score(truncate=False) reads every window of a pipeline built with truncate=True (and
+    truncate=True the first only of one built without); a max_length too short for a pair's
+    row is one ConfigError naming it, a CLI error with status 2."""
+    long = " ".join(f"line {i} tells of Paris." for i in range(40))
+    truncating = Pipeline(cross_encoder, precision="fp32", max_length=64, truncate=True)
+    whole = Pipeline(cross_encoder, precision="fp32", max_length=64)
+    assert len(truncating.pair_rows(["paris?"], [long])[0]) == 1
+    assert len(truncating.pair_rows(["paris?"], [long], truncate=False)[0]) > 1
+    assert truncating.score(["paris?"], [long], truncate=False) == whole.score(["paris?"], [long])
+    assert whole.score(["paris?"], [long], truncate=True) == truncating.score(["paris?"], [long])
+    with pytest.raises(ConfigError, match="max_length=4: a .query, document. row needs at least"):
+        Pipeline(cross_encoder, max_length=4).score(["q"], ["d"])
+    pairs = tmp_path / "pairs.txt"
+    pairs.write_text("paris?\tParis is a city.\n")
+    assert main(["rerank", str(cross_encoder), str(pairs), "--max-length", "4"]) == 2
+    assert "bertforge: error: max_length=4" in capsys.readouterr().err
+
+
+def test_out_is_never_an_input_and_options_are_used_or_refused(
+    tmp_path: Path, heads_dir: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--out naming the input file (or embed's --calibration file) is refused before any work
+    (the model is not even read), and the file is left as it was; --quantize int8 with a
+    precision other than fp32 is refused; classify reads --stride without --pairs."""
+    texts = tmp_path / "in.txt"
+    texts.write_text("a [MASK] here\n")
+    calibration = tmp_path / "c.npy"
+    np.save(calibration, np.eye(4, dtype=np.float32))
+    before = calibration.read_bytes()
+    missing = str(tmp_path / "no-model")
+    assert main(["fill-mask", missing, str(texts), "--out", str(tmp_path / "." / "in.txt")]) == 2
+    assert f"--out {tmp_path / '.' / 'in.txt'} is the input file" in capsys.readouterr().err
+    int8 = ("--embedding-precision", "int8", "--calibration", str(calibration))
+    assert main(["embed", missing, str(texts), *int8, "--out", str(calibration)]) == 2
+    assert f"--out {calibration} is the calibration file" in capsys.readouterr().err
+    assert texts.read_text() == "a [MASK] here\n" and calibration.read_bytes() == before
+    with pytest.raises(ConfigError, match="quantize=int8 with precision=bf16"):
+        Pipeline(heads_dir["cls"], quantize="int8", precision="bf16")
+    assert Pipeline(heads_dir["cls"], quantize="int8", precision="fp32").precision == "fp32"
+    assert main(["classify", str(heads_dir["cls"]), str(texts), "--stride", "2"]) == 0
+    assert json.loads(capsys.readouterr().out)["label"] in ("neg", "pos")

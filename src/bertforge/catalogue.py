@@ -79,6 +79,11 @@ class Entry:
     served: bool = True  # POST /<name> (with {"results": [...]}; /embed has its own shape)
     onnx: tuple[str, ...] = ()  # graph outputs of `export --onnx` for a checkpoint with the head
     labels: int | None = None  # the outputs its head must have (rerank: 1; None: any)
+    # Pipeline options (max_length, stride, truncate) the method does not read, and why: the
+    # CLI leaves them out of the verb's help and refuses them by name rather than ignore them;
+    # paired_unused: those it does not read when its optional second input is given
+    unused: dict[str, str] = field(default_factory=dict)
+    paired_unused: dict[str, str] = field(default_factory=dict)
 
     @property
     def architectures(self) -> tuple[str, ...]:
@@ -154,6 +159,11 @@ def _google_features(inputs: dict[str, Any], result: dict[str, Any], i: int) -> 
 
 
 PAIRS = (Input("texts", "text"), Input("pairs", "text_pair"))
+# what fill-mask, nsp and classify --pairs do with a long input: one row, cut (Pipeline.encode)
+ONE_ROW = {
+    "stride": "each input is one row of at most --max-length pieces, not read in windows",
+    "truncate": "each input is one row, always cut to --max-length pieces",
+}
 FINE_TUNE = "fine-tune one first (bertforge finetune), or use a checkpoint that has one"
 PRE_TRAIN = "a pre-training checkpoint (bertforge pretrain, or BERT's own) has one"
 # a sequence or token classifier: the same tensors, told apart by the architecture
@@ -219,6 +229,7 @@ ENTRIES: dict[str, Entry] = {
             tensors=("cls.predictions.", "vocab_transform."),
             head_label="masked LM (mlm)",
             options={"top_k": "tokens per [MASK]"},
+            unused=ONE_ROW,
         ),
         Entry(
             "nsp",
@@ -231,6 +242,7 @@ ENTRIES: dict[str, Entry] = {
             remedy=PRE_TRAIN,
             tensors=("cls.seq_relationship.",),
             head_label="next sentence (nsp)",
+            unused=ONE_ROW,
         ),
         Entry(
             "classify",
@@ -240,6 +252,7 @@ ENTRIES: dict[str, Entry] = {
             lambda x, r, i: r,
             inputs=(Input("texts", "text"), Input("pairs", "text_pair", optional=True)),
             needs="classifier",
+            paired_unused=ONE_ROW,
             **CLASSIFIER,
         ),
         Entry(
@@ -263,10 +276,15 @@ ENTRIES: dict[str, Entry] = {
             tensors=("qa_outputs.",),
             head_label="span QA",
             options={
-                "max_seq_length": "pieces per window",
+                "max_seq_length": "pieces per window (default: 384, at most the model's positions)",
                 "doc_stride": "pieces between windows of a long context",
                 "max_answer_length": "longest answer in pieces",
                 "allow_no_answer": "answer '' when no span beats [CLS] (SQuAD v2.0)",
+            },
+            unused={  # its windows are SQuAD's, set by its own options
+                "max_length": "qa's windows are --max-seq-length pieces",
+                "stride": "qa's windows are --doc-stride pieces apart",
+                "truncate": "qa reads every window of a long context (the answer may be in any)",
             },
             onnx=("start_logits", "end_logits"),
         ),

@@ -27,7 +27,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import __version__
 from .data.corpus import expand_inputs
@@ -44,6 +44,9 @@ from .options import (
     show_defaults,
     values_of,
 )
+
+if TYPE_CHECKING:
+    from .catalogue import Entry, Input
 
 INFERENCE_HELP = {
     "device": "cpu, cuda, cuda:1 (default: a GPU if there is one)",
@@ -280,6 +283,7 @@ def args_pipeline(p: argparse.ArgumentParser, name: str) -> None:
     add_options(
         p,
         Pipeline,
+        skip=tuple(entry.unused),
         choices={"precision": PRECISIONS, "quantize": ("int8",)},
         help={
             **INFERENCE_HELP,
@@ -309,21 +313,52 @@ def args_pipeline(p: argparse.ArgumentParser, name: str) -> None:
     add_options(p, method, skip=hidden, choices=entry.choices, help=entry.options)
     if entry.post:  # e.g. embed's --embedding-precision
         add_options(p, entry.post, choices=entry.choices, help=entry.post_options)
+    for unused in entry.unused:  # given anyway: refused by name (_refuse_unused), not ignored
+        flag = f"--{unused.replace('_', '-')}"
+        p.add_argument(flag, dest=f"unused_{unused}", nargs="?", const="", help=argparse.SUPPRESS)
     p.set_defaults(pipeline=name)
+
+
+def _refuse_unused(args: argparse.Namespace, entry: Entry, second: Input | None) -> None:
+    """A ConfigError naming a Pipeline option the verb does not read (entry.unused; with its
+    optional second input `second` given, entry.paired_unused too), instead of ignoring it."""
+    from .pipelines import Pipeline
+
+    refused = [
+        (name, why, entry.name)
+        for name, why in entry.unused.items()
+        if getattr(args, f"unused_{name}", None) is not None
+    ]
+    if second is not None:
+        defaults = {name: default for name, default, *_ in parameters(Pipeline)}
+        refused += [
+            (name, why, f"{entry.name} --{second.param}")
+            for name, why in entry.paired_unused.items()
+            if getattr(args, name) != defaults[name]
+        ]
+    if refused:
+        name, why, verb = refused[0]
+        raise ConfigError(f"--{name.replace('_', '-')} is not used by {verb}: {why}")
 
 
 def cmd_pipeline(args: argparse.Namespace) -> None:
     """Read the inputs, run the entry's Pipeline method, write JSONL rows (each with its input's
-    line number, and id if the JSONL input had one) or the entry's arrays."""
+    line number, and id if the JSONL input had one) or the entry's arrays. Refused before any
+    work: an option the verb does not read, an --out that is one of its input files."""
     from .catalogue import ENTRIES
+    from .fileio import refuse_overwrite
     from .inputs import columns, read_inputs, write_results
     from .pipelines import Pipeline
 
     entry = ENTRIES[args.pipeline]
     inputs = [i for i in entry.inputs if not i.optional or getattr(args, i.param)]
-    flags = [f"--{i.param}" for i in entry.inputs if i.optional]
+    unasked = [i for i in entry.inputs if i not in inputs]
+    _refuse_unused(args, entry, next((i for i in inputs if i.optional), None))
+    if args.out:
+        files = {"input": args.input, "calibration": getattr(args, "calibration", None)}
+        refuse_overwrite(args.out, files, "--out")
     keep_tabs = getattr(args, "keep_tabs", False)
-    rows = read_inputs(args.input, inputs, args.skip_blank, keep_tabs, "".join(flags[:1]))
+    rows = read_inputs(args.input, inputs, args.skip_blank, keep_tabs, unasked)
     texts = columns(rows, inputs)
     pipe = Pipeline(args.model, **options_of(args, Pipeline))
     results = entry.run(pipe, texts, options_of(args, getattr(Pipeline, entry.method)))

@@ -12,15 +12,15 @@ JSON request bodies instead).
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from .catalogue import Entry, Input
 from .data.tasks.table import json_object
 from .errors import DataError
-from .fileio import json_text, read_lines, write_text
+from .fileio import atomic_path, json_text, read_lines
 
 
 @dataclass
@@ -37,16 +37,19 @@ def read_inputs(
     inputs: Sequence[Input],
     skip_blank: bool = False,
     keep_tabs: bool = False,
-    pair_flag: str = "",
+    unasked: Sequence[Input] = (),
 ) -> list[InputLine]:
     """Inputs of a pipeline command, one per line: JSONL objects with the inputs' fields (file
-    ends in .jsonl), or lines of text (several inputs: tab-separated); "-" reads stdin, checked
-    for UTF-8 as files are. Every line is one input, so output rows answer input lines one to
-    one: a blank line is an error unless skip_blank (then each output row's "line" says which
-    line it answers); a tab in a single-text line is an error unless keep_tabs (a TSV line given
-    without --pairs would otherwise be read as one text, its other columns included)."""
+    ends in .jsonl, in any case), or lines of text (several inputs: tab-separated); "-" reads
+    stdin, checked for UTF-8 as files are. Every line is one input, so output rows answer input
+    lines one to one: a blank line is an error unless skip_blank (then each output row's "line"
+    says which line it answers); a tab in a single-text line is an error unless keep_tabs (a
+    TSV line given without --pairs would otherwise be read as one text, its other columns
+    included). unasked: optional inputs whose flag was not given (classify's --pairs): a JSONL
+    line with one's field is an error, not a pair read as a single text."""
     names = [i.field for i in inputs]
     where = "<stdin>" if path == "-" else path
+    jsonl = where.lower().endswith(".jsonl")
     rows: list[InputLine] = []
     for lineno, line in read_lines(Path(path), hint=""):
         at = f"{where}: line {lineno}"
@@ -57,16 +60,12 @@ def read_inputs(
                 f"{at}: blank line: remove it, or pass --skip-blank to drop blank lines (each "
                 "output row then carries its line number)"
             )
-        if where.endswith(".jsonl"):
-            obj = json_object(line, at)
-            missing = [n for n in names if not isinstance(obj.get(n), str)]
-            if missing:
-                raise DataError(f'{at}: field "{missing[0]}": missing or not text')
-            rows.append(InputLine(lineno, obj.get("id"), tuple(obj[n] for n in names)))
+        if jsonl:
+            rows.append(_json_input(line, at, lineno, names, unasked))
             continue
         parts = line.split("\t") if len(names) > 1 else [line]
         if len(parts) != len(names) or (len(names) == 1 and "\t" in line and not keep_tabs):
-            pairs = f"TEXT<TAB>PAIR: {pair_flag}; " if pair_flag else ""
+            pairs = f"TEXT<TAB>PAIR: --{unasked[0].param}; " if unasked else ""
             hint = f" ({pairs}a tab inside the text: --keep-tabs)"
             raise DataError(
                 f"{at}: {line.count(chr(9)) + 1} tab-separated fields, expected {len(names)} "
@@ -76,23 +75,48 @@ def read_inputs(
     return rows
 
 
+def _json_input(
+    line: str, at: str, lineno: int, names: Sequence[str], unasked: Sequence[Input]
+) -> InputLine:
+    """One JSONL input line: its fields `names` (text each), its id; a field of an input not
+    asked for (`unasked`) is refused."""
+    obj = json_object(line, at)
+    missing = [n for n in names if not isinstance(obj.get(n), str)]
+    if missing:
+        raise DataError(f'{at}: field "{missing[0]}": missing or not text')
+    for i in unasked:
+        if i.field in obj:
+            raise DataError(
+                f'{at}: field "{i.field}" is read with --{i.param}: pass --{i.param}, or remove '
+                "the field (without it each line is one text)"
+            )
+    return InputLine(lineno, obj.get("id"), tuple(obj[n] for n in names))
+
+
 def columns(rows: Sequence[InputLine], inputs: Sequence[Input]) -> dict[str, list[str]]:
     """The inputs' texts by the method's parameter ("texts", "pairs"), one column each."""
     return {i.param: [r.texts[k] for r in rows] for k, i in enumerate(inputs)}
 
 
-def write_jsonl(out: str | None, rows: Sequence[InputLine], items: Sequence[Any]) -> None:
+def write_jsonl(out: str | None, rows: Sequence[InputLine], items: Iterable[Any]) -> None:
     """Output rows, each after its input's line number (and id, if the JSONL input had one):
-    to the file `out` (written atomically), or stdout when it is None."""
-    text = "".join(
-        json_text({"line": r.line, **({"id": r.id} if r.id is not None else {}), **x}) + "\n"
-        for r, x in zip(rows, items)
-    )
+    to the file `out` (written atomically: a temporary file renamed once complete), or stdout
+    when it is None. Row by row, as `items` gives them: a features file can be gigabytes."""
+
+    def write(f: TextIO) -> int:
+        n = 0
+        for r, x in zip(rows, items):
+            f.write(json_text({"line": r.line, **({"id": r.id} if r.id is not None else {}), **x}))
+            f.write("\n")
+            n += 1
+        return n
+
     if out is None:
-        sys.stdout.write(text)
-    else:
-        write_text(out, text)
-        print(f"wrote {len(items):,} lines to {out}", file=sys.stderr)
+        write(sys.stdout)
+        return
+    with atomic_path(out) as tmp, open(tmp, "w", encoding="utf-8") as f:
+        n = write(f)
+    print(f"wrote {n:,} lines to {out}", file=sys.stderr)
 
 
 def write_results(
@@ -112,5 +136,5 @@ def write_results(
             more = ", ..." if len(rows) > 10 else ""
             print(f"its rows are input lines {kept}{more} (blank lines skipped)", file=sys.stderr)
         return
-    items = [entry.row({k: v[n] for k, v in texts.items()}, r, n) for n, r in enumerate(results)]
+    items = (entry.row({k: v[n] for k, v in texts.items()}, r, n) for n, r in enumerate(results))
     write_jsonl(out, rows, items)

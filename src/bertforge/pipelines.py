@@ -96,13 +96,13 @@ PART = 4096
 
 
 def qa_options(
-    max_seq_length: int = 384,
+    max_seq_length: int | None = None,
     doc_stride: int = 128,
     max_answer_length: int = 30,
     allow_no_answer: bool = False,
 ) -> TaskOptions:
     """Pipeline.qa's options as the SQuAD task reads them, checked (one ConfigError naming a
-    bad one: a stride under 1 would never end)."""
+    bad one: a stride under 1 would never end); max_seq_length None: SQuAD's (TaskOptions)."""
     return TaskOptions(
         task="squad2" if allow_no_answer else "squad",
         max_seq_length=max_seq_length,
@@ -133,10 +133,14 @@ class Pipeline:
         max_length: pieces per row (default: the model's; embed: its sentence-transformers
         max_seq_length). A longer text is read in windows `stride` pieces apart (default: half
         a window), each piece from the window where it has the most context (tasks.windows);
-        truncate: the first window only. Sentence pairs are truncated, longer one first.
+        truncate: the first window only. A sentence pair (nsp, classify with pairs) and a
+        fill-mask text are one row each, cut to max_length (default: the tokenizer's
+        model_max_length), the longer text of a pair first; all rows at most the model's
+        positions. qa reads its own windows (its max_seq_length and doc_stride).
         quantize "int8": dynamic int8 quantisation of the Linear layers (CPU only; weights
-        int8, activations quantised per batch): faster on CPUs without bf16 units, at a small
-        cost in accuracy (benchmarks/inference_throughput.py measures both)."""
+        int8, activations quantised per batch; precision auto or fp32, as its kernels take
+        fp32 activations): faster on CPUs without bf16 units, at a small cost in accuracy
+        (benchmarks/inference_throughput.py measures both)."""
         self.path = resolve(model)  # a hub name: its local snapshot
         self.tok = Tokenizer.from_pretrained(self.path)
         self.runner = Runner.create(device, precision, batch_size, max_tokens)
@@ -149,6 +153,11 @@ class Pipeline:
             raise ConfigError(f"quantize={quantize!r}: must be None or int8")
         if quantize and self.device.type != "cpu":
             raise ConfigError("quantize=int8 is for the CPU (dynamic quantisation)")
+        if quantize and precision not in ("auto", "fp32"):
+            raise ConfigError(
+                f"quantize=int8 with precision={precision}: int8 kernels take fp32 activations; "
+                "leave precision auto (or fp32), or drop quantize"
+            )
         if quantize:
             self.runner.precision = "fp32"  # int8 kernels take fp32 activations
         self.quantize = quantize
@@ -306,11 +315,20 @@ class Pipeline:
             sizes = [len(parts[0][i]) for i in range(len(results))]
         return [_first(e, n) for e, n in zip(encodings, sizes)], results
 
+    def _row_limit(self) -> int:
+        """Pieces per row read whole, not in windows (a sentence pair, a cross-encoder's row, a
+        fill-mask text): the pipeline's max_length, else the tokenizer's model_max_length, at
+        most the model's positions (a model pre-trained at 128 saves model_max_length 512)."""
+        positions = self.config.max_position_embeddings
+        return min(self.max_length or self.tok.model_max_length, positions)
+
     def encode(self, texts: Sequence[str], pairs: Sequence[str] | None = None) -> list[Any]:
+        """Each text (or pair) as one row, cut to `_row_limit` pieces (a pair: the longer text
+        loses pieces first)."""
         if isinstance(texts, str):
             raise InputError("pass a list of texts (a single string is not a list)")
         return self.tok.encode_batch(
-            list(texts), None if pairs is None else list(pairs), max_length=self.max_length
+            list(texts), None if pairs is None else list(pairs), max_length=self._row_limit()
         )
 
     # -- the pipelines -------------------------------------------------------------------------
@@ -493,7 +511,7 @@ class Pipeline:
         encodings = self.encode(texts)
         for i, e in enumerate(encodings):
             if mask_id not in e.ids:
-                raise ItemError("text", i, f"no [MASK] token in {texts[i][:80]!r}")
+                raise ItemError("text", i, self._no_mask(texts[i], mask_id))
 
         def fn(b: dict[str, Any]) -> list[list[dict[str, Any]]]:
             hits = b["input_ids"] == mask_id  # (B, T)
@@ -518,6 +536,17 @@ class Pipeline:
             ]
 
         return self.run(encodings, fn)
+
+    def _no_mask(self, text: str, mask_id: int) -> str:
+        """Why a text's row has no [MASK]: it has none, or the length limit cut it off."""
+        whole = self.tok.encode(text, truncation=False).ids
+        if mask_id not in whole:
+            return f"no [MASK] token in {text[:80]!r}"
+        return (
+            f"its [MASK] is piece {whole.index(mask_id)} of {len(whole)}, cut off by the length "
+            f"limit of {self._row_limit()} pieces (max_length, at most the model's "
+            f"{self.config.max_position_embeddings} positions): shorten the text before it"
+        )
 
     def nsp(self, texts: Sequence[str], pairs: Sequence[str]) -> list[float]:
         """P(IsNext) of each (text, pair): does the pair follow the text?"""
@@ -596,19 +625,16 @@ class Pipeline:
         self, queries: Sequence[str], documents: Sequence[str], truncate: bool | None = None
     ) -> tuple[Features, np.ndarray]:
         """The rows a cross-encoder reads for (query, document) pairs (ranking.pair_rows: a long
-        document in windows beside the query) and (rows,) the pair each row reads; the server
-        counts a request's pieces with it."""
+        document in windows beside the query; truncate, None: the pipeline's) and (rows,) the
+        pair each row reads; the server counts a request's pieces with it."""
         pieces = self.tok.encode_batch(
             [*queries, *documents], add_special_tokens=False, truncation=False
         )
-        positions = self.config.max_position_embeddings
-        limit = min(self.max_length or self.tok.model_max_length, positions)
+        limit, first = self._row_limit(), self.truncate if truncate is None else truncate
         special = tuple(self.tok.convert_tokens_to_ids(["[CLS]", "[SEP]"]))
         ids, types, owners = [], [], []
         for i, (q, d) in enumerate(zip(pieces[: len(queries)], pieces[len(queries) :])):
-            for row, kinds in ranking.pair_rows(
-                q.ids, d.ids, special, limit, self.stride, truncate or self.truncate
-            ):
+            for row, kinds in ranking.pair_rows(q.ids, d.ids, special, limit, self.stride, first):
                 ids.append(row)
                 types.append(kinds)
                 owners.append(i)
@@ -663,17 +689,24 @@ class Pipeline:
         questions: Sequence[str],
         contexts: Sequence[str],
         *,
-        max_seq_length: int = 384,
+        max_seq_length: int | None = None,
         doc_stride: int = 128,
         max_answer_length: int = 30,
         allow_no_answer: bool = False,
     ) -> list[dict[str, Any]]:
         """Per question: the answer text, its probability among the n-best, its character span
-        in the context: SQuAD's family (windows, max-context, n-best), as `evaluate` answers."""
+        in the context: SQuAD's family (windows, max-context, n-best), as `evaluate` answers.
+        Its windows are max_seq_length pieces (default: SQuAD's 384, at most the model's
+        positions), doc_stride apart, whatever the pipeline's max_length, stride and truncate."""
         if len(questions) != len(contexts):
             raise InputError(f"{len(questions)} questions but {len(contexts)} contexts")
         model = self.model_for("qa")
         options = qa_options(max_seq_length, doc_stride, max_answer_length, allow_no_answer)
+        if max_seq_length is None:  # SQuAD's 384; a model of 128 positions reads 128
+            assert options.max_seq_length is not None  # TaskOptions sets it
+            rows = min(options.max_seq_length, self.config.max_position_embeddings)
+            options = dataclasses.replace(options, max_seq_length=rows)
+        options.check_model(self.config)
         fam = family(options, self.tok)
         examples = [
             SquadExample(str(i), q, c, [], False, "")

@@ -79,13 +79,21 @@ class Batch:
 
 
 def collate(
-    features: Features, rows: Sequence[int] | np.ndarray, pad_id: int, multiple: int = 1
+    features: Features,
+    rows: Sequence[int] | np.ndarray,
+    pad_id: int,
+    multiple: int = 1,
+    positions: int | None = None,
 ) -> Batch:
     """The rows padded on the right to their longest ([PAD] ids, mask 0, token labels ignored),
-    rounded up to a multiple of `multiple` pieces."""
+    rounded up to a multiple of `multiple` pieces but not past `positions` (the model's
+    max_position_embeddings: a model of 100 positions reads a row of 99 padded to 100, not 112)."""
     B = len(rows)
     lengths = np.fromiter((features.input_ids[i].shape[-1] for i in rows), np.int64, B)
-    T = -(-int(lengths.max()) // multiple) * multiple
+    longest = int(lengths.max())
+    T = -(-longest // multiple) * multiple
+    if positions is not None:
+        T = max(longest, min(T, positions))
     lead = features.input_ids[rows[0]].shape[:-1]  # () or (C,)
     if lead:  # multiple choice: (C, T) per row, choices padded to the row's longest
         ids = np.full((B, *lead, T), pad_id, np.int64)
@@ -125,11 +133,13 @@ def on_device(
     runner: Runner,
     config: BertConfig | None = None,
 ) -> tuple[Batch, Packing | None]:
-    """The rows' batch (collate) on the runner's device; and, where the runner overlaps and the
-    model is an encoder of `config` (or a head on one), its rows packed on the host, its ids
-    checked there against config: what BertModel's `rows=` takes, so the device reads nothing
-    back (lengths: every row's, features.lengths, computed once by the caller)."""
-    batch = collate(features, rows, pad_id, runner.pad_multiple)
+    """The rows' batch (collate: padded no further than config's positions) on the runner's
+    device; and, where the runner overlaps and the model is an encoder of `config` (or a head
+    on one), its rows packed on the host, its ids checked there against config: what
+    BertModel's `rows=` takes, so the device reads nothing back (lengths: every row's,
+    features.lengths, computed once by the caller)."""
+    positions = None if config is None else config.max_position_embeddings
+    batch = collate(features, rows, pad_id, runner.pad_multiple, positions)
     packing = None
     if runner.overlaps and config is not None and batch.input_ids.dim() == 2:
         check_inputs(config, batch.input_ids, batch.token_type_ids)

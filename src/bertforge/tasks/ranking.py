@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..data.tasks import RetrievalExample, read_retrieval, teacher_scores
-from ..errors import CheckpointError, DataError
+from ..errors import CheckpointError, ConfigError, DataError
 from ..evaluate import retrieval_scores
 from ..fileio import json_text, read_json, write_json, write_text
 from ..heads import BertForSequenceClassification
@@ -100,7 +100,10 @@ def pair_rows(
     cls_id, sep_id = ids
     room = max_length - 3
     if room < 2:
-        raise ValueError(f"max_length={max_length}: a pair needs at least 5 pieces")
+        raise ConfigError(
+            f"max_length={max_length}: a (query, document) row needs at least 5 pieces ([CLS], "
+            "[SEP], [SEP] and a piece of each)"
+        )
     q = list(query)[: max(room - len(document), min(len(query), room // 2))]
     size = room - len(q)
     spans = windows_of(len(document), size, stride or max(1, size // 2))
