@@ -798,3 +798,18 @@ def test_two_stages_a_general_student_then_the_task(
         str(tmp_path / "y"),
     ]
     assert main(bad) == 2 and "missing" in capsys.readouterr().err
+
+
+def test_general_distillation_reads_special_tokens_strings_as_text(minilm_dir: Path) -> None:
+    """Corpus rows are prepare's: "[SEP]" written in a sentence is text, not a control id;
+    other sentences are the tokenizer's rows, cut the same way."""
+    from bertforge.train.distill import corpus_rows
+
+    tok = Tokenizer.from_pretrained(minilm_dir)
+    plain = ["A plain sentence about cats.", "word " * 40]
+    rows = corpus_rows(tok, plain, 16)
+    want = tok.encode_batch(plain, max_length=16)
+    assert [r.tolist() for r in rows.input_ids] == [e.ids for e in want]
+    [row] = corpus_rows(tok, ["use [SEP] between [MASK] segments"], 64).input_ids
+    sep, mask = tok.convert_tokens_to_ids(["[SEP]", "[MASK]"])
+    assert row[-1] == sep and sep not in row[1:-1].tolist() and mask not in row.tolist()

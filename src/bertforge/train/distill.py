@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
@@ -609,16 +610,26 @@ def _task(run: RunDir, source: Path, tok: Tokenizer) -> dict[str, Any]:
     )
 
 
+def corpus_rows(tok: Tokenizer, sentences: list[str], max_length: int) -> Features:
+    """[CLS] sentence [SEP] rows of corpus text, cut to max_length: a special token's string
+    in the text ("use [SEP] between") is text, as prepare reads a corpus (Tokenizer.encode_ids)."""
+    cls_id, sep_id = tok.convert_tokens_to_ids(["[CLS]", "[SEP]"])
+    rows = [
+        np.asarray([cls_id, *ids[: max_length - 2], sep_id], np.int64)
+        for ids in tok.encode_ids(sentences)
+    ]
+    return Features(rows, [np.zeros(len(r), np.int64) for r in rows], np.zeros(len(rows), np.int64))
+
+
 def _general(run: RunDir, source: Path, tok: Tokenizer) -> dict[str, Any]:
     cfg, d = run.cfg, run.d
     own = embedding.settings(source)
     teacher = load_with_fresh(BertModel, source)[0].to(d.device).eval().requires_grad_(False)
-    torch.manual_seed(cfg.seed)  # the student's initialisation and dropout masks
+    torch.manual_seed(cfg.seed)  # the student's initialisation
     trainee = make_trainee(cfg, teacher).to(d.device)
     sentences = read_sentences(cfg)
     task = DistillTask(cfg, d, tok, teacher, own)
-    encodings = tok.encode_batch(sentences, max_length=cfg.max_seq_length)
-    task.train = Features.from_encodings(encodings)
+    task.train = corpus_rows(tok, sentences, cfg.max_seq_length)
     epochs = math.ceil(cfg.steps / math.ceil(len(task.train) / cfg.batch_size))
     run.start(
         f"{_describe(cfg, trainee, teacher)} on {len(sentences):,} sentences; "
