@@ -16,7 +16,8 @@ memory); `symmetric` adds the other direction (each positive against the batch's
 be cut; `teacher_weight` adds a cross-encoder's knowledge (rows of `bertforge mine --teacher`):
 that weight times ListNet over each query's own passages, the KL divergence of its softmax over
 their scaled cosines from the teacher's softmax over its scores. Scored pairs (STS-B style)
-train by CoSENT instead and are scored by Spearman.
+train by CoSENT instead and are scored by Spearman; the training file's kind is how the model
+trains, the dev file's how it is scored.
 Sentences are pooled as the model directory says (bertforge.embedding); the dev set is scored
 each epoch by retrieval metrics (evaluate.retrieval_scores: every dev query against all dev
 passages), MRR@10 first. The result is written in the sentence-transformers layout
@@ -132,6 +133,11 @@ class Pooled(nn.Module):
         return embedding.pool(h, mask, self.modes)
 
 
+def is_scored(examples: Sequence[RetrievalExample]) -> bool:
+    """Whether the examples are scored pairs (a file's rows are all one kind)."""
+    return bool(examples) and examples[0].score is not None
+
+
 def _digest(text: str) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") >> 1
 
@@ -165,12 +171,8 @@ class RetrievalTask(TaskFamily):
         return dims  # type: ignore[return-value]
 
     def read(self, path: str, labelled: bool = True) -> list[RetrievalExample]:
-        """The file's examples; scored pairs make the task CoSENT's (Spearman on dev)."""
-        examples = read_retrieval(path)
-        self.scored = bool(examples) and examples[0].score is not None
-        self.metric = "spearman" if self.scored else "mrr@10"
-        self.reports_accuracy = not self.scored  # CoSENT ranks pairs: no accuracy to report
-        return examples
+        """The file's examples: (query, positive) pairs or scored pairs, as featurize sees."""
+        return read_retrieval(path)
 
     @property
     def hardness(self) -> tuple[str, float] | None:
@@ -185,20 +187,26 @@ class RetrievalTask(TaskFamily):
     def featurize(self, examples: Sequence[RetrievalExample], training: bool = False) -> Features:
         """Training: (C, T) rows of query, positive, negatives; labels: each passage's text
         digest (to find the same passage twice in a batch), then, with teacher_weight, the
-        teacher's scores of the passages (float64 bits in the int64 array). Else: the queries
-        alone."""
+        teacher's scores of the passages (float64 bits in the int64 array); scored pairs: the
+        (2, T) pair and its score. Else: the queries alone.
+        The training file's kind is how the task trains (CoSENT or in-batch negatives); a dev
+        file's is how it is scored (Spearman or MRR@10 first), whatever the training file's:
+        a model trained on pairs scored on STS-style pairs is sentence-transformers' own recipe
+        (NLI pairs, STS-B dev), and one trained on scores can be scored on retrieval."""
+        scored = is_scored(examples)
+        if training:
+            self.scored = scored
+            self.reports_accuracy = not scored  # CoSENT ranks pairs: no accuracy to report
+        else:
+            self.metric = "spearman" if scored else "mrr@10"
         texts = [[e.query, e.positive, *e.negatives] for e in examples]
         if not training:
             texts = [t[:1] for t in texts]
         ids, types = grouped_rows(texts, self.tok, self.options.max_seq_length)
         digests = np.asarray([[_digest(t) for t in row[1:]] or [0] for row in texts], np.int64)
-        if self.scored:  # labels: the pairs' scores
-            if self.teacher_weight is not None:
-                raise ConfigError("--teacher-weight: scored pairs (CoSENT) have no teacher")
-            for flag in ("symmetric", "group_batches", "hardness_mode"):
-                if getattr(self.options, flag, False):
-                    name = "--" + flag.replace("_", "-")
-                    raise ConfigError(f"{name}: scored pairs train by CoSENT, not in-batch")
+        if scored:  # labels: the pairs' scores
+            if training:
+                self._check_cosent()
             return Features(ids, types, np.array([e.score for e in examples], np.float32))
         if training and self.teacher_weight is not None:
             teacher = np.array(teacher_scores(examples, "--teacher-weight"), np.float64)
@@ -215,6 +223,15 @@ class RetrievalTask(TaskFamily):
                 names.setdefault(e.group, len(names))
             groups = np.array([names[e.group] for e in examples], np.int64)  # type: ignore[index]
         return Features(ids, types, digests, groups)
+
+    def _check_cosent(self) -> None:
+        """The options of in-batch negatives are errors for a scored training file."""
+        if self.teacher_weight is not None:
+            raise ConfigError("--teacher-weight: scored pairs (CoSENT) have no teacher")
+        for flag in ("symmetric", "group_batches", "hardness_mode"):
+            if getattr(self.options, flag, False):
+                name = "--" + flag.replace("_", "-")
+                raise ConfigError(f"{name}: scored pairs train by CoSENT, not in-batch")
 
     def batch_keys(self, features: Features) -> np.ndarray | None:
         """The positive's digest: a passage is never in one batch twice (a false negative)."""
@@ -321,7 +338,7 @@ class RetrievalTask(TaskFamily):
     def evaluate(
         self, runner: Runner, model: nn.Module, examples: Sequence[Any], features: Features
     ) -> tuple[dict[str, float], Any]:
-        if self.scored:  # Spearman and Pearson of the pairs' cosines against their scores
+        if is_scored(examples):  # Spearman and Pearson of the pairs' cosines against their scores
             a = self.embed(runner, model, [e.query for e in examples])
             b = self.embed(runner, model, [e.positive for e in examples])
             cos, gold = (a * b).sum(-1), [e.score for e in examples]
@@ -343,7 +360,7 @@ class RetrievalTask(TaskFamily):
         lines = [
             json_text(
                 {"text": e.query, "text_pair": e.positive, **preds[str(i)]}
-                if self.scored
+                if e.score is not None
                 else {"query": e.query, "top": list(preds[str(i)].items())[:10]}
             )
             for i, e in enumerate(examples)
