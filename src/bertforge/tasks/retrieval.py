@@ -17,7 +17,9 @@ be cut; `teacher_weight` adds a cross-encoder's knowledge (rows of `bertforge mi
 that weight times ListNet over each query's own passages, the KL divergence of its softmax over
 their scaled cosines from the teacher's softmax over its scores. Scored pairs (STS-B style)
 train by CoSENT instead and are scored by Spearman; the training file's kind is how the model
-trains, the dev file's how it is scored.
+trains, the dev file's how it is scored. Both losses are over the whole batch: no accumulation
+(finetune refuses --micro-batch-size), and under torchrun every process's vectors are gathered
+(gather_rows), each process taking the loss of the whole batch.
 Sentences are pooled as the model directory says (bertforge.embedding); the dev set is scored
 each epoch by retrieval metrics (evaluate.retrieval_scores: every dev query against all dev
 passages), MRR@10 first. The result is written in the sentence-transformers layout
@@ -38,6 +40,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
@@ -131,6 +134,54 @@ class Pooled(nn.Module):
         ids, types, mask = input_ids[:, :T], token_type_ids[:, :T], attention_mask[:, :T]
         h = self.encoder(ids, types, mask).last_hidden_state
         return embedding.pool(h, mask, self.modes)
+
+
+def gather_rows(
+    vectors: torch.Tensor, labels: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, slice]:
+    """Every process's rows of the step's batch, in rank order, for a loss over the whole batch
+    (in-batch negatives are the batch's under torchrun too, as sentence-transformers'
+    gather_across_devices): (B, C, H) vectors, this process's joined to its graph, their
+    labels, and the slice of them that is this process's. In one process, its own rows."""
+    labels = labels.to(vectors.device)
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        return vectors, labels, slice(0, len(vectors))
+    n = torch.tensor([len(vectors)], device=vectors.device)
+    sizes = [torch.zeros_like(n) for _ in range(dist.get_world_size())]
+    dist.all_gather(sizes, n)
+    counts = [int(s) for s in sizes]  # a batch's rows split unevenly: 3 and 2
+    start = sum(counts[: dist.get_rank()])
+    mine = slice(start, start + len(vectors))
+    return _Gathered.apply(vectors.float(), counts, mine), _gather(labels, counts), mine
+
+
+def _gather(x: torch.Tensor, counts: list[int]) -> torch.Tensor:
+    """The processes' x (counts[r] rows on process r), concatenated in rank order."""
+    padded = torch.cat([x, x.new_zeros((max(counts) - len(x), *x.shape[1:]))])  # same shapes
+    parts = [torch.empty_like(padded) for _ in counts]
+    dist.all_gather(parts, padded.contiguous())
+    return torch.cat([p[:c] for p, c in zip(parts, counts)])
+
+
+class _Gathered(torch.autograd.Function):
+    """_gather with a gradient. Every process takes the same loss of the gathered rows, so each
+    finds the whole loss's gradient of its own rows in its own backward: their part of the
+    gradient, nothing exchanged here (DDP's exchange of the parameters' gradients joins them)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, counts: list[int], mine: slice) -> torch.Tensor:
+        ctx.mine = mine
+        return _gather(x, counts)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        return grad[ctx.mine], None, None
+
+
+def own_share(loss: torch.Tensor, mine: slice, n: int) -> torch.Tensor:
+    """The whole batch's loss with its gradient, valued at this process's share of its n rows:
+    summed over the processes (the logs), the loss."""
+    return loss + loss.detach() * ((mine.stop - mine.start) / n - 1)
 
 
 def is_scored(examples: Sequence[RetrievalExample]) -> bool:
@@ -241,22 +292,36 @@ class RetrievalTask(TaskFamily):
         """The rows' groups, with --group-batches (featurize keeps them in meta)."""
         return features.meta if isinstance(features.meta, np.ndarray) else None
 
+    def freeze_unused(self, model: nn.Module) -> list[str]:
+        """The pooler: a sentence vector pools the token states and no loss here reads it, so it
+        stays as loaded (DDP stops at the second step over a parameter without a gradient)."""
+        pooler = getattr(model, "pooler", None)
+        if pooler is None:
+            return []
+        pooler.requires_grad_(False)
+        return [f"pooler.{name}" for name, _ in pooler.named_parameters()]
+
     def loss_sum(self, model: nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """The summed loss of the step's batch (its rows on every process: gather_rows), the
+        value of this process's share of it, and the number of its queries ranked right."""
         pooled = Pooled(model, self.settings.pooling)
         chunk = getattr(self.options, "cache_chunk", None)
+        if chunk is not None and not self.scored:  # one process: finetune refuses torchrun
+            return self._cached(pooled, batch, chunk)
+        vectors, labels, mine = gather_rows(pooled(*batch.inputs()), batch.labels)
         if self.scored:  # a batch-level loss: times B, as the loop divides the sum by B
-            vectors = pooled(*batch.inputs())
-            loss = cosent_loss(vectors[:, 0], vectors[:, 1], batch.labels.to(vectors.device))
-            return loss * len(vectors), torch.zeros((), device=vectors.device)
-        if chunk is None:
-            return self._loss(pooled(*batch.inputs()), batch.labels)
-        return self._cached(pooled, batch, chunk)
+            loss = cosent_loss(vectors[:, 0], vectors[:, 1], labels) * len(vectors)
+            correct = torch.zeros((), device=vectors.device)
+        else:
+            loss, correct = self._loss(vectors, labels, mine)
+        return own_share(loss, mine, len(vectors)), correct
 
     def _loss(
-        self, vectors: torch.Tensor, labels: torch.Tensor
+        self, vectors: torch.Tensor, labels: torch.Tensor, mine: slice = slice(None)
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(summed loss, queries whose positive scores best) of (B, C, H) row vectors and their
-        (B, C - 1) passage digests, then any teacher scores (featurize's labels)."""
+        """(summed loss, queries of the rows `mine` whose positive scores best) of (B, C, H) row
+        vectors and their (B, C - 1) passage digests, then any teacher scores (featurize's
+        labels)."""
         B, C = vectors.shape[:2]
         if C < 2:
             raise DataError("retrieval training rows need a query and a positive")
@@ -282,7 +347,7 @@ class RetrievalTask(TaskFamily):
             loss = loss + self.teacher_weight * soft_cross_entropy(SCALE * own, teacher, 1.0)
         with torch.no_grad():
             q = F.normalize(vectors[:, 0], dim=-1) @ F.normalize(passages, dim=-1).T
-            correct = (q.masked_fill(same, -torch.inf).argmax(-1) == targets).sum()
+            correct = (q.masked_fill(same, -torch.inf).argmax(-1) == targets)[mine].sum()
         return loss, correct
 
     def _cached(
