@@ -798,3 +798,23 @@ def test_two_stages_a_general_student_then_the_task(
         str(tmp_path / "y"),
     ]
     assert main(bad) == 2 and "missing" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("task", ["retrieval", "rerank"])
+def test_task_distillation_refuses_retrieval_and_rerank(
+    task: str, tmp_path: Path, tiny_model: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """Their losses are over (B, C, T) rows of passages, with no output distribution to learn:
+    refused by the config, before anything is written, naming what teaches them instead."""
+    from bertforge.train.distill import DistillConfig
+
+    with pytest.raises(ConfigError, match=f"--task {task}: task distillation"):
+        DistillConfig(teacher="-", out="-", student_layers="0", task=task, train="-")
+    data = tmp_path / "rows.jsonl"
+    data.write_text(json.dumps({"query": "q", "positive": "p", "negatives": ["n"]}) + "\n")
+    out = tmp_path / "student"
+    args = ["distill", "--teacher", str(tiny_model), "--task", task, "--train", str(data)]
+    assert main([*args, "--student-layers", "0", "--out", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert f"--task {task}: task distillation" in err and "bertforge mine --teacher" in err
+    assert not out.exists()
