@@ -813,3 +813,23 @@ def test_general_distillation_reads_special_tokens_strings_as_text(minilm_dir: P
     [row] = corpus_rows(tok, ["use [SEP] between [MASK] segments"], 64).input_ids
     sep, mask = tok.convert_tokens_to_ids(["[SEP]", "[MASK]"])
     assert row[-1] == sep and sep not in row[1:-1].tolist() and mask not in row.tolist()
+
+
+@pytest.mark.parametrize("task", ["retrieval", "rerank"])
+def test_task_distillation_refuses_retrieval_and_rerank(
+    task: str, tmp_path: Path, tiny_model: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """Their losses are over (B, C, T) rows of passages, with no output distribution to learn:
+    refused by the config, before anything is written, naming what teaches them instead."""
+    from bertforge.train.distill import DistillConfig
+
+    with pytest.raises(ConfigError, match=f"--task {task}: task distillation"):
+        DistillConfig(teacher="-", out="-", student_layers="0", task=task, train="-")
+    data = tmp_path / "rows.jsonl"
+    data.write_text(json.dumps({"query": "q", "positive": "p", "negatives": ["n"]}) + "\n")
+    out = tmp_path / "student"
+    args = ["distill", "--teacher", str(tiny_model), "--task", task, "--train", str(data)]
+    assert main([*args, "--student-layers", "0", "--out", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert f"--task {task}: task distillation" in err and "bertforge mine --teacher" in err
+    assert not out.exists()

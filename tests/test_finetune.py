@@ -274,6 +274,45 @@ def test_epoch_batches_cover_every_example_once_grouped_by_length() -> None:
     assert [b.tolist() for b in epoch_batches(lengths, 32, 3, 2)] != [b.tolist() for b in batches]
 
 
+def test_every_process_has_rows_in_every_step(tmp_path: Path, minilm_dir: Path) -> None:
+    """Two processes, 17 rows in batches of 8: the batch of one row would leave a process
+    without rows (it went on to the next batch while the other trained on this one, out of
+    step); it is left out of the epoch, and every step gives both processes rows of one batch.
+    Fewer rows than processes: an error naming the file."""
+    from bertforge.tasks import family
+    from bertforge.train.distributed import Dist
+    from bertforge.train.supervised import SupervisedTask, load_data
+
+    tok = Tokenizer.from_pretrained(minilm_dir)
+    train = keyword_table(tmp_path / "train.tsv", 17, seed=0)
+    cfg = FinetuneConfig(
+        model=str(minilm_dir), task="sst2", train=str(train), out=str(tmp_path / "x"), batch_size=8
+    )
+    tasks = [
+        SupervisedTask(family(cfg, tok), cfg, Dist(r, 2, r, torch.device("cpu"))) for r in (0, 1)
+    ]
+    for task in tasks:
+        load_data(task, cfg)
+    assert [task.steps_per_epoch for task in tasks] == [2, 2]
+    streams = [task.batches(None) for task in tasks]
+    for step in range(6):  # three epochs
+        (micro0, at0), (micro1, at1) = (next(s) for s in streams)
+        epoch, second = divmod(step, 2)
+        assert (
+            at0
+            == at1
+            == ({"epoch": epoch + 1, "batch": 0} if second else {"epoch": epoch, "batch": 1})
+        )
+        assert [len(m.input_ids) for m in micro0 + micro1] == [4, 4]
+    one = keyword_table(tmp_path / "one.tsv", 1, seed=0)
+    small = FinetuneConfig(
+        model=str(minilm_dir), task="sst2", train=str(one), out=str(tmp_path / "y"), batch_size=8
+    )
+    task = SupervisedTask(family(small, tok), small, Dist(0, 2, 0, torch.device("cpu")))
+    with pytest.raises(DataError, match=r"one.tsv: 1 training rows for 2 processes"):
+        load_data(task, small)
+
+
 def test_pairs_are_truncated_longest_first(minilm_dir: Path) -> None:
     tok = Tokenizer.from_pretrained(minilm_dir)
     from bertforge.data.tasks import Example

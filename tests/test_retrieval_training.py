@@ -401,14 +401,19 @@ def test_cosent_is_sentence_transformers_cosent_loss() -> None:
     assert float(cosent_loss(a, b, scores)) == pytest.approx(float(want), rel=1e-5)
 
 
-def test_scored_pairs_train_by_cosent(minilm_dir: Path, tmp_path: Path) -> None:
+def scored_pairs(path: Path) -> Path:
+    """STS-style rows: each of 4 topics' fact against each topic, scored 1 for its own."""
     rows = [
         {"text": f"a {t} fact", "text_pair": f"about {u}", "score": float(t == u)}
         for t in TOPICS[:4]
         for u in TOPICS[:4]
     ]
-    train = tmp_path / "sts.jsonl"
-    train.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_scored_pairs_train_by_cosent(minilm_dir: Path, tmp_path: Path) -> None:
+    train = scored_pairs(tmp_path / "sts.jsonl")
     out = tmp_path / "out"
     args = ["finetune", "--task", "retrieval", "--model", str(minilm_dir), "--train", str(train)]
     args += ["--dev", str(train), "--out", str(out), "--epochs", "2", "--batch-size", "8"]
@@ -550,3 +555,110 @@ def test_group_batches_read_the_rows_group(
     assert "group_batches (--group-batches) is for --task retrieval" in capsys.readouterr().err
     assert main([*args, str(grouped), "--out", str(tmp_path / "o"), *tail]) == 0
     assert (tmp_path / "o" / "model.safetensors").is_file()
+
+
+def test_the_training_file_decides_how_retrieval_trains(tiny_model: Path, tmp_path: Path) -> None:
+    """Read in either order (finetune reads --dev before it featurizes train), the training
+    file's kind is how the task trains and the dev file's how it is scored."""
+    from bertforge import Tokenizer
+    from bertforge.tasks import TaskOptions
+    from bertforge.tasks.retrieval import RetrievalTask
+
+    fam = RetrievalTask(TaskOptions(task="retrieval"), Tokenizer.from_pretrained(tiny_model))
+    pairs = fam.read(str(toy(tmp_path / "pairs.jsonl")))
+    scored = fam.read(str(scored_pairs(tmp_path / "sts.jsonl")))
+    train = fam.featurize(pairs, training=True)  # in-batch negatives: passage digests
+    fam.featurize(scored)
+    assert not fam.scored and fam.reports_accuracy and fam.metric == "spearman"
+    assert train.labels.dtype == np.int64 and fam.batch_keys(train) is not None
+    fam.read(str(tmp_path / "pairs.jsonl"))
+    train = fam.featurize(scored, training=True)  # CoSENT: the pairs' scores
+    fam.featurize(pairs)
+    assert fam.scored and not fam.reports_accuracy and fam.metric == "mrr@10"
+    assert train.labels.tolist() == [e.score for e in scored]
+
+
+def test_a_dev_file_of_the_other_kind_is_scored_by_its_own_metric(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    """Pairs trained on (in-batch negatives, --symmetric), scored dev pairs: Spearman, as
+    sentence-transformers' NLI-then-STS-B recipe; scored pairs trained on (CoSENT), a pairs dev
+    file: MRR@10. The training log shows accuracy for in-batch negatives only."""
+    pairs, scored = toy(tmp_path / "pairs.jsonl"), scored_pairs(tmp_path / "sts.jsonl")
+    for train, dev, metric, extra in [
+        (pairs, scored, "spearman", ["--symmetric"]),
+        (scored, pairs, "mrr@10", []),
+    ]:
+        out = tmp_path / f"out-{metric}"
+        args = ["finetune", "--task", "retrieval", "--model", str(tiny_model), "--train"]
+        args += [str(train), "--dev", str(dev), "--out", str(out), "--epochs", "1"]
+        args += ["--batch-size", "8", "--log-every", "1", "--no-progress", *extra]
+        assert main(args) == 0
+        results = json.loads((out / "eval_results.json").read_text())
+        assert np.isfinite(results[metric]) and {"spearman", "mrr@10"} - {metric} - set(results)
+        logged = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+        steps = [r for r in logged if "loss" in r]
+        assert steps and all(np.isfinite(r["loss"]) for r in steps)
+        assert all(("acc" in r) == (train == pairs) for r in steps)
+
+
+def test_retrieval_refuses_accumulation(
+    tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """--micro-batch-size would give each micro-batch its own, smaller set of negatives."""
+    train, out = toy(tmp_path / "t.jsonl"), tmp_path / "o"
+    args = ["finetune", "--task", "retrieval", "--model", str(tiny_model), "--train", str(train)]
+    assert main([*args, "--out", str(out), "--micro-batch-size", "4", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "--micro-batch-size 4: retrieval's loss is over the whole batch" in err
+    assert "--cache-chunk" in err and not out.exists()
+
+
+@pytest.mark.slow
+def test_two_processes_train_retrieval_as_one(tmp_path: Path, tiny_model_nodrop: Path) -> None:
+    """torchrun --nproc_per_node 2 (gloo, CPU): every process's vectors join the loss, so the
+    steps are one process's (the same losses, the same model), with batches split unevenly
+    (17 rows in batches of 6: the last one 3 + 2) and the pooler, which no loss reads, frozen
+    (DDP stops at the second step over a parameter without a gradient)."""
+    import subprocess
+    import sys
+
+    train = toy(tmp_path / "train.jsonl", negatives=True)
+    rows = train.read_text().splitlines()
+    train.write_text("\n".join([*rows, json.dumps({**json.loads(rows[0]), "query": "x"})]) + "\n")
+    dev = toy(tmp_path / "dev.jsonl", negatives=True)
+
+    def finetune(out: Path, *launcher: str) -> subprocess.CompletedProcess[str]:
+        args = ["finetune", "--task", "retrieval", "--model", str(tiny_model_nodrop)]
+        args += ["--train", str(train), "--dev", str(dev), "--out", str(out), "--epochs", "2"]
+        args += ["--batch-size", "6", "--lr", "1e-4", "--precision", "fp32", "--symmetric"]
+        args += ["--log-every", "1"]
+        command = [sys.executable, "-m", *launcher, "bertforge", *args, "--no-progress"]
+        return subprocess.run(command, capture_output=True, text=True, timeout=600)
+
+    one = finetune(tmp_path / "one")
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = finetune(
+        tmp_path / "two", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m"
+    )
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert "over 2 processes" in two.stdout
+
+    def curve(out: Path) -> tuple[list[tuple[int, float, float]], list[float]]:
+        rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+        steps = [(r["step"], r["loss"], r["acc"]) for r in rows if "loss" in r]
+        return steps, [r["eval_mrr@10"] for r in rows if "eval_mrr@10" in r]
+
+    (loss1, eval1), (loss2, eval2) = curve(tmp_path / "one"), curve(tmp_path / "two")
+    assert [s for s, *_ in loss1] == [s for s, *_ in loss2] == [1, 2, 3, 4, 5, 6]
+    assert len(eval1) == 2
+    assert max(abs(a[1] - b[1]) for a, b in zip(loss1, loss2)) < 1e-5, (loss1, loss2)
+    assert [a[2] for a in loss1] == [b[2] for b in loss2]
+    assert eval2 == pytest.approx(eval1, abs=1e-6)
+    from safetensors.torch import load_file
+
+    a, b = (load_file(tmp_path / run / "model.safetensors") for run in ("one", "two"))
+    assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-4
+    start = load_file(tiny_model_nodrop / "model.safetensors")
+    pooler = [k for k in b if "pooler" in k]
+    assert pooler and all(torch.equal(b[k], start[f"bert.{k}"]) for k in pooler)

@@ -766,7 +766,8 @@ def cmd_plot(args: argparse.Namespace) -> None:
 def cmd_demo(args: argparse.Namespace) -> None:
     from .demo import run_demo
 
-    run_demo(Path(args.out), **options_of(args, run_demo))
+    if run_demo(Path(args.out), **options_of(args, run_demo)).get("interrupted"):
+        raise SystemExit(130)  # stopped by Ctrl-C, checkpoint saved: as cmd_train
 
 
 # ------------------------------------------------------------------------------------------------

@@ -12,7 +12,9 @@
                     same words shuffled? (= bertforge finetune --task csv); held-out accuracy
     7. use it       classify new sentences                          (= bertforge classify)
 
-Every step calls the same functions as the real commands; the outputs stay in --out.
+Every step calls the same functions as the real commands; the outputs stay in --out. Ctrl-C
+stops it where it is (a training step's checkpoint saved); the same command resumes it there,
+and on a finished --out shows its results again.
 """
 
 from __future__ import annotations
@@ -175,12 +177,16 @@ def run_demo(
     masked = masked_sentences(_sentences_of(task_docs, 200, rng), tok, rng, ranks, PROBE_SENTENCES)
     recipe = _pretrain_recipe(out, seed, minutes, steps, progress)
     acc_before, before, top5_before = _before_pretraining(out, tok, recipe, masked, seed)
-    summary, acc_after, after, top5 = _pretrain(
-        recipe, minutes, steps, masked, acc_before, top5_before
-    )
-    classifier, accuracy, dev_rows = _finetune(
+    summary = _pretrain(recipe, minutes, steps)
+    if summary.get("interrupted"):
+        return _interrupted(summary)
+    acc_after, after, top5 = _after_pretraining(recipe, masked, acc_before, top5_before)
+    best = _finetune(
         out, Path(recipe.out), task_docs, corpus_docs, rng, seed, sentences, epochs, progress
     )
+    if best.get("interrupted"):
+        return _interrupted(best)
+    classifier, accuracy, dev_rows = best["classifier"], best["accuracy"], best["dev_rows"]
     _use(classifier, dev_rows)
     elapsed = time.time() - t0
     _say_next(out, classifier, elapsed)
@@ -223,11 +229,23 @@ def _corpus(out: Path, seed: int) -> tuple[list[list[str]], list[list[str]], Pat
 
 
 def _vocabulary(out: Path, corpus: Path, vocab_size: int, progress: bool) -> Tokenizer:
-    """2. A WordPiece vocabulary trained on the corpus, saved under out/vocab."""
+    """2. A WordPiece vocabulary trained on the corpus, saved under out/vocab; an earlier run's,
+    when out has one: the shards, the model and the run resumed or finished are of that one,
+    and training again on the same corpus gave other pieces here (the trainer is not
+    deterministic), which the shards refused."""
     _say(f"2. vocabulary: WordPiece, {vocab_size:,} tokens, uncased  (bertforge vocab train)")
-    tok = train_vocab([corpus], vocab_size, show_progress=progress)
     vocab_dir = out / "vocab"
-    tok.save_pretrained(vocab_dir)
+    if (vocab_dir / "vocab.txt").is_file():
+        tok = Tokenizer.from_pretrained(vocab_dir)
+        if tok.vocab_size != vocab_size:
+            raise ConfigError(
+                f"{vocab_dir}: an earlier demo's vocabulary of {tok.vocab_size:,} tokens, not "
+                f"{vocab_size:,}: choose a new --out or remove that directory"
+            )
+        print(f"{vocab_dir}: the vocabulary of an earlier run here")
+    else:
+        tok = train_vocab([corpus], vocab_size, show_progress=progress)
+        tok.save_pretrained(vocab_dir)
     print(
         f"{tok.vocab_size:,} tokens -> {vocab_dir}; e.g. {tok.tokenize('unaffable subprocesses')}"
     )
@@ -315,25 +333,30 @@ def _before_pretraining(
     return acc_before, before, top5_before
 
 
-def _pretrain(
-    recipe: PretrainConfig,
-    minutes: float,
-    steps: int | None,
-    masked: list[tuple[str, str]],
-    acc_before: float,
-    top5_before: tuple[int, int],
-) -> tuple[dict[str, Any], float, list[str], tuple[int, int]]:
-    """5. Pre-training by the recipe; its summary, its held-out masked-LM accuracy, the
-    probes' top guesses after, and the top-5 share on the masked held-out sentences."""
+def _pretrain(recipe: PretrainConfig, minutes: float, steps: int | None) -> dict[str, Any]:
+    """5. Pre-training by the recipe (resumed where a Ctrl-C stopped it; nothing to do when it
+    finished before); its summary."""
     from .train.pretrain import run as pretrain
 
     length = f"{steps} steps" if steps else f"{minutes:g} minutes"
     _say(
         f"5. pre-train: tiny BERT (2 layers, hidden 128), masked LM, {length}  (bertforge pretrain)"
     )
+    return pretrain(recipe)
+
+
+def _after_pretraining(
+    recipe: PretrainConfig,
+    masked: list[tuple[str, str]],
+    acc_before: float,
+    top5_before: tuple[int, int],
+) -> tuple[float, list[str], tuple[int, int]]:
+    """The pre-trained model (this run's or an earlier one's): its held-out masked-LM accuracy,
+    the probes' top guesses, and the top-5 share on the masked held-out sentences."""
+    from .train.pretrain import heldout_scores
+
     run_dir = Path(recipe.out)
-    summary = pretrain(recipe)
-    acc_after = summary["eval"].get("mlm_acc", float("nan"))
+    acc_after = heldout_scores(recipe, BertForMaskedLM.from_pretrained(run_dir))["mlm_acc"]
     print(f"held-out masked-LM accuracy {acc_before:.1%} -> {acc_after:.1%}; now it guesses:")
     after = _show_fill_mask(run_dir)
     print(
@@ -346,7 +369,13 @@ def _pretrain(
         f"with {top5[1]} different first guesses (before pre-training: {top5_before[0]} of "
         f"{len(masked)}, {top5_before[1]} different)"
     )
-    return summary, acc_after, after, top5
+    return acc_after, after, top5
+
+
+def _interrupted(result: dict[str, Any]) -> dict[str, Any]:
+    """A step stopped by Ctrl-C (its checkpoint saved): the demo stops there too."""
+    print("interrupted; run the same command to resume", flush=True)
+    return {"interrupted": True, "step": result.get("step")}
 
 
 def _finetune(
@@ -359,10 +388,11 @@ def _finetune(
     sentences: int,
     epochs: float,
     progress: bool,
-) -> tuple[Path, float, list[tuple[str, str]]]:
+) -> dict[str, Any]:
     """6. The acceptability task (training rows from the corpus, dev rows from the held-out
     documents) under out/acceptability, fine-tuned from the pre-trained model into
-    out/classifier. Returns that directory, its held-out accuracy and the dev rows."""
+    out/classifier. Returns that directory, its held-out accuracy and the dev rows
+    ("classifier", "accuracy", "dev_rows"), or fine-tuning's {"interrupted": True, ...}."""
     from .train.finetune import FinetuneConfig
     from .train.finetune import run as finetune
 
@@ -378,7 +408,7 @@ def _finetune(
     n_dev = len(dev_sentences)
     print(f"{len(train_sentences):,} training and {n_dev:,} held-out sentences -> {data}")
     classifier = out / "classifier"
-    best = finetune(
+    best: dict[str, Any] = finetune(
         FinetuneConfig(
             model=str(run_dir),
             task="csv",
@@ -395,8 +425,10 @@ def _finetune(
             progress=progress,
         )
     )
+    if best.get("interrupted"):
+        return best
     print(f"held-out accuracy {best['accuracy']:.1%} (chance 50%)")
-    return classifier, best["accuracy"], dev_rows
+    return {"classifier": classifier, "accuracy": best["accuracy"], "dev_rows": dev_rows}
 
 
 def _use(classifier: Path, dev_rows: list[tuple[str, str]]) -> None:

@@ -299,6 +299,12 @@ class TaskFamily:
     def head_kwargs(self) -> dict[str, Any]:
         return {}
 
+    def freeze_unused(self, model: nn.Module) -> list[str]:
+        """Before training: freeze the parameters of `model` that no loss of the family reads
+        (DDP stops at the second step over one without a gradient); their names. None for most
+        families."""
+        return []
+
     # -- training ------------------------------------------------------------------------------
 
     def count(self, batch: Batch) -> int:

@@ -16,7 +16,10 @@ memory); `symmetric` adds the other direction (each positive against the batch's
 be cut; `teacher_weight` adds a cross-encoder's knowledge (rows of `bertforge mine --teacher`):
 that weight times ListNet over each query's own passages, the KL divergence of its softmax over
 their scaled cosines from the teacher's softmax over its scores. Scored pairs (STS-B style)
-train by CoSENT instead and are scored by Spearman.
+train by CoSENT instead and are scored by Spearman; the training file's kind is how the model
+trains, the dev file's how it is scored. Both losses are over the whole batch: no accumulation
+(finetune refuses --micro-batch-size), and under torchrun every process's vectors are gathered
+(gather_rows), each process taking the loss of the whole batch.
 Sentences are pooled as the model directory says (bertforge.embedding); the dev set is scored
 each epoch by retrieval metrics (evaluate.retrieval_scores: every dev query against all dev
 passages), MRR@10 first. The result is written in the sentence-transformers layout
@@ -37,6 +40,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
@@ -132,6 +136,59 @@ class Pooled(nn.Module):
         return embedding.pool(h, mask, self.modes)
 
 
+def gather_rows(
+    vectors: torch.Tensor, labels: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, slice]:
+    """Every process's rows of the step's batch, in rank order, for a loss over the whole batch
+    (in-batch negatives are the batch's under torchrun too, as sentence-transformers'
+    gather_across_devices): (B, C, H) vectors, this process's joined to its graph, their
+    labels, and the slice of them that is this process's. In one process, its own rows."""
+    labels = labels.to(vectors.device)
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        return vectors, labels, slice(0, len(vectors))
+    n = torch.tensor([len(vectors)], device=vectors.device)
+    sizes = [torch.zeros_like(n) for _ in range(dist.get_world_size())]
+    dist.all_gather(sizes, n)
+    counts = [int(s) for s in sizes]  # a batch's rows split unevenly: 3 and 2
+    start = sum(counts[: dist.get_rank()])
+    mine = slice(start, start + len(vectors))
+    return _Gathered.apply(vectors.float(), counts, mine), _gather(labels, counts), mine
+
+
+def _gather(x: torch.Tensor, counts: list[int]) -> torch.Tensor:
+    """The processes' x (counts[r] rows on process r), concatenated in rank order."""
+    padded = torch.cat([x, x.new_zeros((max(counts) - len(x), *x.shape[1:]))])  # same shapes
+    parts = [torch.empty_like(padded) for _ in counts]
+    dist.all_gather(parts, padded.contiguous())
+    return torch.cat([p[:c] for p, c in zip(parts, counts)])
+
+
+class _Gathered(torch.autograd.Function):
+    """_gather with a gradient. Every process takes the same loss of the gathered rows, so each
+    finds the whole loss's gradient of its own rows in its own backward: their part of the
+    gradient, nothing exchanged here (DDP's exchange of the parameters' gradients joins them)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, counts: list[int], mine: slice) -> torch.Tensor:
+        ctx.mine = mine
+        return _gather(x, counts)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        return grad[ctx.mine], None, None
+
+
+def own_share(loss: torch.Tensor, mine: slice, n: int) -> torch.Tensor:
+    """The whole batch's loss with its gradient, valued at this process's share of its n rows:
+    summed over the processes (the logs), the loss."""
+    return loss + loss.detach() * ((mine.stop - mine.start) / n - 1)
+
+
+def is_scored(examples: Sequence[RetrievalExample]) -> bool:
+    """Whether the examples are scored pairs (a file's rows are all one kind)."""
+    return bool(examples) and examples[0].score is not None
+
+
 def _digest(text: str) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") >> 1
 
@@ -165,12 +222,8 @@ class RetrievalTask(TaskFamily):
         return dims  # type: ignore[return-value]
 
     def read(self, path: str, labelled: bool = True) -> list[RetrievalExample]:
-        """The file's examples; scored pairs make the task CoSENT's (Spearman on dev)."""
-        examples = read_retrieval(path)
-        self.scored = bool(examples) and examples[0].score is not None
-        self.metric = "spearman" if self.scored else "mrr@10"
-        self.reports_accuracy = not self.scored  # CoSENT ranks pairs: no accuracy to report
-        return examples
+        """The file's examples: (query, positive) pairs or scored pairs, as featurize sees."""
+        return read_retrieval(path)
 
     @property
     def hardness(self) -> tuple[str, float] | None:
@@ -185,20 +238,26 @@ class RetrievalTask(TaskFamily):
     def featurize(self, examples: Sequence[RetrievalExample], training: bool = False) -> Features:
         """Training: (C, T) rows of query, positive, negatives; labels: each passage's text
         digest (to find the same passage twice in a batch), then, with teacher_weight, the
-        teacher's scores of the passages (float64 bits in the int64 array). Else: the queries
-        alone."""
+        teacher's scores of the passages (float64 bits in the int64 array); scored pairs: the
+        (2, T) pair and its score. Else: the queries alone.
+        The training file's kind is how the task trains (CoSENT or in-batch negatives); a dev
+        file's is how it is scored (Spearman or MRR@10 first), whatever the training file's:
+        a model trained on pairs scored on STS-style pairs is sentence-transformers' own recipe
+        (NLI pairs, STS-B dev), and one trained on scores can be scored on retrieval."""
+        scored = is_scored(examples)
+        if training:
+            self.scored = scored
+            self.reports_accuracy = not scored  # CoSENT ranks pairs: no accuracy to report
+        else:
+            self.metric = "spearman" if scored else "mrr@10"
         texts = [[e.query, e.positive, *e.negatives] for e in examples]
         if not training:
             texts = [t[:1] for t in texts]
         ids, types = grouped_rows(texts, self.tok, self.options.max_seq_length)
         digests = np.asarray([[_digest(t) for t in row[1:]] or [0] for row in texts], np.int64)
-        if self.scored:  # labels: the pairs' scores
-            if self.teacher_weight is not None:
-                raise ConfigError("--teacher-weight: scored pairs (CoSENT) have no teacher")
-            for flag in ("symmetric", "group_batches", "hardness_mode"):
-                if getattr(self.options, flag, False):
-                    name = "--" + flag.replace("_", "-")
-                    raise ConfigError(f"{name}: scored pairs train by CoSENT, not in-batch")
+        if scored:  # labels: the pairs' scores
+            if training:
+                self._check_cosent()
             return Features(ids, types, np.array([e.score for e in examples], np.float32))
         if training and self.teacher_weight is not None:
             teacher = np.array(teacher_scores(examples, "--teacher-weight"), np.float64)
@@ -216,6 +275,15 @@ class RetrievalTask(TaskFamily):
             groups = np.array([names[e.group] for e in examples], np.int64)  # type: ignore[index]
         return Features(ids, types, digests, groups)
 
+    def _check_cosent(self) -> None:
+        """The options of in-batch negatives are errors for a scored training file."""
+        if self.teacher_weight is not None:
+            raise ConfigError("--teacher-weight: scored pairs (CoSENT) have no teacher")
+        for flag in ("symmetric", "group_batches", "hardness_mode"):
+            if getattr(self.options, flag, False):
+                name = "--" + flag.replace("_", "-")
+                raise ConfigError(f"{name}: scored pairs train by CoSENT, not in-batch")
+
     def batch_keys(self, features: Features) -> np.ndarray | None:
         """The positive's digest: a passage is never in one batch twice (a false negative)."""
         return None if self.scored else np.asarray(features.labels)[:, 0]
@@ -224,22 +292,36 @@ class RetrievalTask(TaskFamily):
         """The rows' groups, with --group-batches (featurize keeps them in meta)."""
         return features.meta if isinstance(features.meta, np.ndarray) else None
 
+    def freeze_unused(self, model: nn.Module) -> list[str]:
+        """The pooler: a sentence vector pools the token states and no loss here reads it, so it
+        stays as loaded (DDP stops at the second step over a parameter without a gradient)."""
+        pooler = getattr(model, "pooler", None)
+        if pooler is None:
+            return []
+        pooler.requires_grad_(False)
+        return [f"pooler.{name}" for name, _ in pooler.named_parameters()]
+
     def loss_sum(self, model: nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """The summed loss of the step's batch (its rows on every process: gather_rows), the
+        value of this process's share of it, and the number of its queries ranked right."""
         pooled = Pooled(model, self.settings.pooling)
         chunk = getattr(self.options, "cache_chunk", None)
+        if chunk is not None and not self.scored:  # one process: finetune refuses torchrun
+            return self._cached(pooled, batch, chunk)
+        vectors, labels, mine = gather_rows(pooled(*batch.inputs()), batch.labels)
         if self.scored:  # a batch-level loss: times B, as the loop divides the sum by B
-            vectors = pooled(*batch.inputs())
-            loss = cosent_loss(vectors[:, 0], vectors[:, 1], batch.labels.to(vectors.device))
-            return loss * len(vectors), torch.zeros((), device=vectors.device)
-        if chunk is None:
-            return self._loss(pooled(*batch.inputs()), batch.labels)
-        return self._cached(pooled, batch, chunk)
+            loss = cosent_loss(vectors[:, 0], vectors[:, 1], labels) * len(vectors)
+            correct = torch.zeros((), device=vectors.device)
+        else:
+            loss, correct = self._loss(vectors, labels, mine)
+        return own_share(loss, mine, len(vectors)), correct
 
     def _loss(
-        self, vectors: torch.Tensor, labels: torch.Tensor
+        self, vectors: torch.Tensor, labels: torch.Tensor, mine: slice = slice(None)
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(summed loss, queries whose positive scores best) of (B, C, H) row vectors and their
-        (B, C - 1) passage digests, then any teacher scores (featurize's labels)."""
+        """(summed loss, queries of the rows `mine` whose positive scores best) of (B, C, H) row
+        vectors and their (B, C - 1) passage digests, then any teacher scores (featurize's
+        labels)."""
         B, C = vectors.shape[:2]
         if C < 2:
             raise DataError("retrieval training rows need a query and a positive")
@@ -265,7 +347,7 @@ class RetrievalTask(TaskFamily):
             loss = loss + self.teacher_weight * soft_cross_entropy(SCALE * own, teacher, 1.0)
         with torch.no_grad():
             q = F.normalize(vectors[:, 0], dim=-1) @ F.normalize(passages, dim=-1).T
-            correct = (q.masked_fill(same, -torch.inf).argmax(-1) == targets).sum()
+            correct = (q.masked_fill(same, -torch.inf).argmax(-1) == targets)[mine].sum()
         return loss, correct
 
     def _cached(
@@ -321,7 +403,7 @@ class RetrievalTask(TaskFamily):
     def evaluate(
         self, runner: Runner, model: nn.Module, examples: Sequence[Any], features: Features
     ) -> tuple[dict[str, float], Any]:
-        if self.scored:  # Spearman and Pearson of the pairs' cosines against their scores
+        if is_scored(examples):  # Spearman and Pearson of the pairs' cosines against their scores
             a = self.embed(runner, model, [e.query for e in examples])
             b = self.embed(runner, model, [e.positive for e in examples])
             cos, gold = (a * b).sum(-1), [e.score for e in examples]
@@ -343,7 +425,7 @@ class RetrievalTask(TaskFamily):
         lines = [
             json_text(
                 {"text": e.query, "text_pair": e.positive, **preds[str(i)]}
-                if self.scored
+                if e.score is not None
                 else {"query": e.query, "top": list(preds[str(i)].items())[:10]}
             )
             for i, e in enumerate(examples)

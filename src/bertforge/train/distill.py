@@ -102,6 +102,16 @@ MODE_DEFAULTS: dict[str, tuple[float | None, float | None]] = {  # option: (gene
 }
 
 
+# The task families a teacher's soft targets do not fit (in-batch and grouped losses over
+# (B, C, T) rows), and how they learn from a teacher instead.
+NOT_DISTILLED = {
+    "retrieval": "a bi-encoder learns a cross-encoder's scores with bertforge mine --teacher "
+    "and finetune --task retrieval --teacher-weight",
+    "rerank": "a cross-encoder learns a teacher's scores with bertforge mine --teacher and "
+    "finetune --task rerank --rerank-loss margin-mse (or listnet)",
+}
+
+
 @dataclass(kw_only=True)
 class DistillConfig(TrainingOptions):
     """`bertforge distill`: teacher, student, data and hyper-parameters (with --task, also
@@ -180,6 +190,11 @@ class DistillConfig(TrainingOptions):
         for name, defaults in MODE_DEFAULTS.items():
             if getattr(self, name) is None:
                 setattr(self, name, defaults[0 if general else 1])
+        if self.task in NOT_DISTILLED:
+            raise ConfigError(
+                f"--task {self.task}: task distillation learns a teacher's output distributions, "
+                f"and {self.task} has none to learn; {NOT_DISTILLED[self.task]}"
+            )
         if not general and self.token_weight:
             raise ConfigError(
                 f"token_weight={self.token_weight} (--token-weight) is for general distillation; "

@@ -95,6 +95,12 @@ def _run(cfg: FinetuneConfig, d: distributed.Dist) -> dict[str, Any]:
             "--cache-chunk replaces accumulation: one process, no --micro-batch-size (GradCache "
             "sees the whole batch at once)"
         )
+    if cfg.task == "retrieval" and cfg.micro_batch_size:
+        raise ConfigError(
+            f"--micro-batch-size {cfg.micro_batch_size}: retrieval's loss is over the whole "
+            "batch (in-batch negatives, CoSENT's pairs), which accumulation would cut into "
+            "smaller ones; --cache-chunk N bounds memory and keeps the whole batch's negatives"
+        )
     if cfg.cache_chunk is not None and resolve_precision(cfg.precision, d.device) == "fp16":
         raise ConfigError("--cache-chunk needs bf16 or fp32 (its backward runs unscaled)")
     if cfg.task == "summarize" and cfg.summarizer == "document":
@@ -107,6 +113,8 @@ def _run(cfg: FinetuneConfig, d: distributed.Dist) -> dict[str, Any]:
     # a missing task head is what fine-tuning expects: said in the first lines, not warned about
     model, fresh = load_with_fresh(task.family.head, cfg.model, **task.family.head_kwargs())
     cfg.check_model(model.config)
+    frozen = tuple(task.family.freeze_unused(model))  # not trained: not said to be
+    fresh = [n for n in fresh if not n.endswith(frozen)]
     rows = f" ({len(task.train):,} windows)" if len(task.train) != len(train_examples) else ""
     header = (
         f"fine-tuning {cfg.model} on {cfg.task}: {len(train_examples):,} training examples"

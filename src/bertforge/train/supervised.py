@@ -201,7 +201,8 @@ def _swap_in(batches: list[list[int]], t: int, row: int, keys: np.ndarray) -> in
 class LengthGroupedBatches:
     """How fine-tuning and distillation walk their training rows (train/loop.py's batches):
     each epoch's batches from epoch_batches, each one's rows dealt over the processes and cut
-    into micro-batches; the position after a step ({"epoch", "batch"}) resumes exactly."""
+    into micro-batches; the position after a step ({"epoch", "batch"}) resumes exactly. A batch
+    with fewer rows than processes is left out (per_epoch)."""
 
     cfg: TrainingOptions  # batch_size (the command's), micro_batch_size, seed
     d: distributed.Dist
@@ -217,9 +218,18 @@ class LengthGroupedBatches:
         if size % w:
             raise ConfigError(f"batch_size={size} must split evenly into {w} processes")
 
+    def per_epoch(self, n: int) -> int:
+        """The batches (optimizer steps) of an epoch of n rows: a batch of fewer rows than
+        processes (the one batch_size does not fill) is left out of it, so that every process
+        has rows in every step and all of them step together."""
+        full, rest = divmod(n, self.cfg.batch_size)
+        return full + (rest >= self.d.world_size)
+
     def batches(self, features: Features, position: Any) -> Iterator[tuple[list[Batch], Any]]:
         epoch, b = (position["epoch"], position["batch"]) if position else (0, 0)
         r, w = self.d.rank, self.d.world_size
+        if self.per_epoch(len(features)) == 0:
+            raise DataError(f"{len(features)} training rows for {w} processes: fewer than one each")
         while True:
             batches = epoch_batches(
                 features.lengths,
@@ -229,12 +239,11 @@ class LengthGroupedBatches:
                 self.keys(features) if self.keys else None,
                 self.groups(features) if self.groups else None,
             )
+            batches = [rows for rows in batches if len(rows) >= w]  # as per_epoch counts
             for i in range(b, len(batches)):
                 last = i + 1 == len(batches)
                 nxt = {"epoch": epoch + 1, "batch": 0} if last else {"epoch": epoch, "batch": i + 1}
                 rows = batches[i][r::w]
-                if len(rows) == 0:  # a last batch smaller than the number of processes
-                    continue
                 m = self.cfg.micro_batch_size or len(rows)  # accumulated over micro-batches
                 yield (
                     [
@@ -269,7 +278,7 @@ class SupervisedTask:
 
     @property
     def steps_per_epoch(self) -> int:
-        return math.ceil(len(self.train) / self.cfg.batch_size)
+        return self.grouped.per_epoch(len(self.train))
 
     def batches(self, position: Any) -> Iterator[tuple[list[Batch], Any]]:
         return self.grouped.batches(self.train, position)
@@ -345,6 +354,11 @@ def load_data(task: SupervisedTask, cfg: TrainingOptions) -> tuple[list[Any], li
     if dev_examples is not None:
         dev_examples = dev_examples[: cfg.max_dev_rows]
     task.train = fam.featurize(train_examples, training=True)
+    if task.steps_per_epoch == 0:  # fewer rows than processes
+        raise DataError(
+            f"{cfg.train}: {len(task.train)} training rows for {task.d.world_size} processes, "
+            "which need one each"
+        )
     if dev_examples:
         task.dev = (dev_examples, fam.featurize(dev_examples))
     return train_examples, dev_examples
