@@ -886,3 +886,23 @@ def test_row_limits_and_evaluate_predict_from_the_run(
     assert set(json.loads(capsys.readouterr().out)) >= {"accuracy"}
     assert main(["evaluate", "--model", str(out), "--data", str(dev), "--max-rows", "0"]) == 2
     assert "max_rows=0 (--max-rows): must be >= 1" in capsys.readouterr().err
+
+
+def test_training_batches_are_not_padded_past_the_models_positions() -> None:
+    """bf16 rounds a batch's length up to 16 pieces, but not past max_position_embeddings: a
+    model of 40 positions reads 37-piece rows padded to 40, not 48."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from bertforge.tasks.base import Features
+    from bertforge.train.supervised import LengthGroupedBatches
+
+    rows = [np.arange(1, 38, dtype=np.int64)] * 4
+    features = Features(rows, [np.zeros(37, np.int64)] * 4, np.zeros(4, np.int64))
+    cfg = SimpleNamespace(batch_size=4, micro_batch_size=None, seed=0)
+    d = SimpleNamespace(rank=0, world_size=1)
+    for positions, width in ((None, 48), (40, 40)):
+        grouped = LengthGroupedBatches(cfg, d, 0, multiple=16, positions=positions)  # type: ignore[arg-type]
+        [batch], _ = next(grouped.batches(features, None))
+        assert batch.input_ids.shape == (4, width)

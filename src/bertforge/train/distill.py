@@ -481,7 +481,11 @@ class DistillTask:
         own: embedding.Embedding,
     ) -> None:
         self.grouped = LengthGroupedBatches(
-            cfg, d, tok.pad_id, multiple=pad_multiple(resolve_precision(cfg.precision, d.device))
+            cfg,
+            d,
+            tok.pad_id,
+            multiple=pad_multiple(resolve_precision(cfg.precision, d.device)),
+            positions=teacher.config.max_position_embeddings,
         )
         self.cfg, self.d, self.teacher, self.own = cfg, d, teacher, own
         self.train: Features | None = None

@@ -212,6 +212,7 @@ class LengthGroupedBatches:
     # a group per row: batches cut from one group's rows (TaskFamily.batch_groups)
     groups: Callable[[Features], np.ndarray | None] | None = None
     multiple: int = 1  # each micro-batch's length rounded up to it (runner.pad_multiple)
+    positions: int | None = None  # but not past the model's max_position_embeddings
 
     def __post_init__(self) -> None:
         size, w = self.cfg.batch_size, self.d.world_size
@@ -247,7 +248,9 @@ class LengthGroupedBatches:
                 m = self.cfg.micro_batch_size or len(rows)  # accumulated over micro-batches
                 yield (
                     [
-                        collate(features, rows[j : j + m], self.pad_id, self.multiple)
+                        collate(
+                            features, rows[j : j + m], self.pad_id, self.multiple, self.positions
+                        )
                         for j in range(0, len(rows), m)
                     ],
                     nxt,
@@ -398,6 +401,8 @@ def fit(
     cfg, d, out = run.cfg, run.d, run.path
     kept = model if kept is None else kept
     savers = (kept.save_pretrained, tok.save_pretrained, task.family.save_files)
+    config = getattr(kept, "config", None)  # a BERT's rows are not padded past its positions
+    task.grouped.positions = getattr(config, "max_position_embeddings", None)
     model.train()
     steps = max(1, math.ceil(cfg.epochs * task.steps_per_epoch))
     main_metric = task.metric
