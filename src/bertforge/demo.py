@@ -31,6 +31,7 @@ from .data.corpus import split_sentences
 from .data.shards import prepare
 from .data.stdlib_corpus import stdlib_documents
 from .errors import ConfigError
+from .fileio import write_text
 from .heads import BertForMaskedLM
 from .options import MAX_SEED
 from .pipelines import Pipeline
@@ -142,9 +143,8 @@ def acceptability_rows(sentences: list[str], rng: random.Random) -> list[tuple[s
 
 
 def _write_table(path: Path, rows: list[tuple[str, str]]) -> None:
-    path.write_text(
-        "sentence\tlabel\n" + "".join(f"{t.replace(chr(9), ' ')}\t{y}\n" for t, y in rows),
-        encoding="utf-8",
+    write_text(
+        path, "sentence\tlabel\n" + "".join(f"{t.replace(chr(9), ' ')}\t{y}\n" for t, y in rows)
     )
 
 
@@ -222,8 +222,12 @@ def _corpus(out: Path, seed: int) -> tuple[list[list[str]], list[list[str]], Pat
     n_task = max(1, len(docs) // 10)  # a tenth of the documents: held out for the task's dev set
     task_docs, corpus_docs = docs[:n_task], docs[n_task:]
     corpus = out / "stdlib_docstrings.txt"
-    # Google's pre-training format: one paragraph per line, a blank line between documents.
-    corpus.write_text("\n\n".join("\n".join(d) for d in corpus_docs) + "\n", encoding="utf-8")
+    # Google's pre-training format: one paragraph per line, a blank line between documents;
+    # written only when it changed: prepare knows its inputs by size and modification time, so
+    # rewriting the same text would make a re-run's shards look stale
+    text = "\n\n".join("\n".join(d) for d in corpus_docs) + "\n"
+    if not corpus.is_file() or corpus.read_text(encoding="utf-8") != text:
+        write_text(corpus, text)
     print(f"{len(corpus_docs):,} documents, {corpus.stat().st_size / 1e6:.1f} MB -> {corpus}")
     return task_docs, corpus_docs, corpus
 
