@@ -95,22 +95,6 @@ def _first(enc: Any, n: int) -> Any:
 PART = 4096
 
 
-def qa_options(
-    max_seq_length: int | None = None,
-    doc_stride: int = 128,
-    max_answer_length: int = 30,
-    allow_no_answer: bool = False,
-) -> TaskOptions:
-    """Pipeline.qa's options as the SQuAD task reads them, checked (one ConfigError naming a
-    bad one: a stride under 1 would never end); max_seq_length None: SQuAD's (TaskOptions)."""
-    return TaskOptions(
-        task="squad2" if allow_no_answer else "squad",
-        max_seq_length=max_seq_length,
-        doc_stride=doc_stride,
-        max_answer_length=max_answer_length,
-    )
-
-
 class Pipeline:
     """One model directory; each task loads the head it needs once and keeps it."""
 
@@ -684,6 +668,30 @@ class Pipeline:
             results.append(tagging.entities(text, tags, scores, spans))
         return results
 
+    def qa_options(
+        self,
+        max_seq_length: int | None = None,
+        doc_stride: int = 128,
+        max_answer_length: int = 30,
+        allow_no_answer: bool = False,
+    ) -> TaskOptions:
+        """`qa`'s options as the SQuAD task reads them, checked against this model (one
+        ConfigError naming a bad one: a stride under 1 would never end); max_seq_length None:
+        SQuAD's 384, at most the model's positions. The server counts a request's pieces by
+        them before any work."""
+        options = TaskOptions(
+            task="squad2" if allow_no_answer else "squad",
+            max_seq_length=max_seq_length,
+            doc_stride=doc_stride,
+            max_answer_length=max_answer_length,
+        )
+        if max_seq_length is None:  # SQuAD's 384; a model of 128 positions reads 128
+            assert options.max_seq_length is not None  # TaskOptions sets it
+            rows = min(options.max_seq_length, self.config.max_position_embeddings)
+            options = dataclasses.replace(options, max_seq_length=rows)
+        options.check_model(self.config)
+        return options
+
     def qa(
         self,
         questions: Sequence[str],
@@ -701,12 +709,7 @@ class Pipeline:
         if len(questions) != len(contexts):
             raise InputError(f"{len(questions)} questions but {len(contexts)} contexts")
         model = self.model_for("qa")
-        options = qa_options(max_seq_length, doc_stride, max_answer_length, allow_no_answer)
-        if max_seq_length is None:  # SQuAD's 384; a model of 128 positions reads 128
-            assert options.max_seq_length is not None  # TaskOptions sets it
-            rows = min(options.max_seq_length, self.config.max_position_embeddings)
-            options = dataclasses.replace(options, max_seq_length=rows)
-        options.check_model(self.config)
+        options = self.qa_options(max_seq_length, doc_stride, max_answer_length, allow_no_answer)
         fam = family(options, self.tok)
         examples = [
             SquadExample(str(i), q, c, [], False, "")

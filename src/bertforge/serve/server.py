@@ -20,7 +20,7 @@ from ..config import BertConfig
 from ..data.tasks import SquadExample
 from ..data.tasks.documents import document
 from ..hub import resolve
-from ..pipelines import Pipeline, qa_options
+from ..pipelines import Pipeline
 from ..tasks.squad import pieces_read as squad_pieces
 from ..tokenizer import MASK
 from .access import note
@@ -219,7 +219,7 @@ class Server:
 
         def squad(items: list[Any], options: dict[str, Any]) -> list[int]:
             examples = [SquadExample(str(i), q, c, [], False, "") for i, (q, c) in enumerate(items)]
-            qa = qa_options(**options)  # checked before any work: a stride of 0 never ends
+            qa = pipe.qa_options(**options)  # checked before any work: a stride of 0 never ends
             window = {
                 k: getattr(qa, k) for k in ("max_seq_length", "doc_stride", "max_query_length")
             }
