@@ -468,3 +468,23 @@ def test_retrieval_scores_count_a_missing_query_as_zero_and_refuse_unjudged_ones
         retrieval_scores(qrels, {"z": {"d1": 1.0}})
     with pytest.raises(InputError, match="at least one query"):
         retrieval_scores({"c": {"d3": 0}}, run)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_retrieval_scores_refuse_a_score_that_is_not_finite(bad: float) -> None:
+    """NaN compares false both ways, so sorting left it where it was: a positive listed first
+    that scored NaN (an fp16 overflow) ranked first, MRR 1.0 for a broken model."""
+    from bertforge.evaluate import retrieval_scores
+
+    run = {"q": {"0": bad, "1": 0.3, "2": 0.9}}
+    with pytest.raises(InputError, match=r"query 'q', document '0': score (nan|-?inf)"):
+        retrieval_scores({"q": {"0": 1}}, run, recall_at=(1,))
+
+
+def test_multi_label_scores_refuse_no_rows() -> None:
+    from bertforge.evaluate import multi_label_scores
+
+    with pytest.raises(InputError, match="no references and predictions to score"):
+        multi_label_scores(np.zeros((0, 3)), np.zeros((0, 3)))
+    with pytest.raises(InputError, match="no labels"):
+        multi_label_scores(np.zeros((2, 0)), np.zeros((2, 0)))

@@ -150,6 +150,10 @@ def _multi_hot(references: ArrayLike, predictions: ArrayLike) -> tuple[np.ndarra
         raise InputError(
             f"multi-label scores need two (N, K) arrays, got {ref.shape} and {pred.shape}"
         )
+    if ref.shape[0] == 0:
+        raise InputError("no references and predictions to score")
+    if ref.shape[1] == 0:
+        raise InputError("no labels to score: the (N, K) arrays have K = 0")
     return ref, pred
 
 
@@ -177,8 +181,8 @@ def multi_label_scores(references: ArrayLike, predictions: ArrayLike) -> dict[st
     denominator = c["n_gold"].sum() + c["n_pred"].sum()
     return {
         "micro_f1": float(2 * c["tp"].sum() / denominator) if denominator else 0.0,
-        "macro_f1": float(c["f1"].mean()) if c["f1"].size else 0.0,
-        "exact_match": float(np.mean((ref == pred).all(1))) if len(ref) else 0.0,
+        "macro_f1": float(c["f1"].mean()),
+        "exact_match": float(np.mean((ref == pred).all(1))),
     }
 
 
@@ -558,8 +562,28 @@ RECALL_AT = (1, 5, 20, 100)
 
 def ranking(scores: Mapping[str, float]) -> list[str]:
     """Document ids by decreasing score, ties by decreasing id (trec_eval's order, so that
-    equal scores rank the same way here and there)."""
+    equal scores rank the same way here and there). The scores must be finite (check_rankable):
+    NaN compares false both ways, so sorting leaves it wherever it was."""
     return [d for d, _ in sorted(scores.items(), key=lambda x: (x[1], x[0]), reverse=True)]
+
+
+def unrankable(where: str, score: float) -> InputError:
+    """The error of a score that is not a finite number: `where` names its query and document.
+    A model whose outputs overflowed (fp16) or diverged scores NaN or infinity, and a NaN left in
+    a ranking keeps its place: a positive listed first would rank first (MRR 1.0)."""
+    return InputError(
+        f"{where}: score {score}: rankings need finite scores (did the model's outputs overflow, "
+        "e.g. in fp16 (--precision), or did training diverge?)"
+    )
+
+
+def check_rankable(run: Mapping[str, Mapping[str, float]]) -> None:
+    """unrankable's InputError for the first score of `run` that is not finite."""
+    for q, scores in run.items():
+        values = np.fromiter(scores.values(), np.float64, len(scores))
+        if not np.isfinite(values).all():
+            k = int(np.flatnonzero(~np.isfinite(values))[0])
+            raise unrankable(f"query {q!r}, document {list(scores)[k]!r}", values[k])
 
 
 def retrieval_scores(
@@ -578,7 +602,8 @@ def retrieval_scores(
     (precision at each relevant document in the top 100, summed, / relevant documents).
 
     The mean is over the judged queries that have a relevant document; one missing from `run`
-    scores 0 (trec_eval -c), so leaving a query out never raises a score."""
+    scores 0 (trec_eval -c), so leaving a query out never raises a score. A score that is not
+    finite is an InputError naming its query and document (check_rankable)."""
     queries = [q for q, judged in qrels.items() if any(r > 0 for r in judged.values())]
     if not queries:
         raise InputError("retrieval scores need at least one query with a relevant document")
@@ -586,6 +611,7 @@ def retrieval_scores(
     if unknown:
         shown = ", ".join(sorted(map(repr, unknown))[:5])
         raise InputError(f"{len(unknown)} queries of the run have no judgements: {shown}")
+    check_rankable(run)
     names = [f"mrr@{mrr_at}", f"ndcg@{ndcg_at}", *(f"recall@{k}" for k in recall_at)]
     names.append(f"map@{map_at}")
     totals = dict.fromkeys(names, 0.0)
