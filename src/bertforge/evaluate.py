@@ -9,8 +9,9 @@ Here they are numpy only, and tests/test_evaluate.py checks each against its ref
 
 Conventions:
 - Arguments are (references, predictions), scikit-learn's (y_true, y_pred) order.
-- accuracy, f1, mcc, pearson, spearman and the entity scores are fractions (as sklearn,
-  scipy and seqeval give them); SQuAD scores are percentages, as the official scripts print.
+- accuracy, f1, mcc, pearson, spearman, the entity and the retrieval scores are fractions (as
+  sklearn, scipy, seqeval and trec_eval give them); SQuAD scores are percentages, as the
+  official scripts print (metric_notes says which, where the scores are printed).
 - Wrong input (lengths differ, nothing to score, string labels against integer
   predictions, a tag that is not BIO) raises `InputError` with one clear message.
 """
@@ -205,6 +206,8 @@ def class_scores(
         raise InputError(f"labels must be a non-empty list of classes, got {labels!r}")
     if (classes.dtype.kind in "US") != (ref.dtype.kind in "US"):
         raise InputError(f"labels are {_kind(classes)} but the references are {_kind(ref)}")
+    if "macro" in classes.tolist():
+        raise InputError("a class named 'macro': its macro_f1 would be the classes' mean's key")
     c = _per_class(ref[:, None] == classes[None], pred[:, None] == classes[None])  # (N, K)
     out = {"macro_f1": float(c["f1"].mean())}
     for k, name in enumerate(classes):
@@ -262,12 +265,37 @@ def class_table(scores: Mapping[str, float]) -> str:
     return "\n".join(lines)
 
 
+TUNED = "tuned_"  # the prefix of a score at decision thresholds tuned on the examples it scores
+
+
+def metric_notes(scores: Mapping[str, Any]) -> list[str]:
+    """What a reader of a metrics dict needs beside the numbers: their scale (SQuAD's exact match
+    and F1 and ROUGE are percentages, as their official scripts print them; every other score a
+    fraction, as scikit-learn, scipy, seqeval and trec_eval give it: `f1 88.1` and `f1 0.881`
+    are the same F1), and that tuned_* scores are optimistic."""
+    squad = "total" in scores and ("exact_match" in scores or "exact" in scores)
+    rouge = [k for k in scores if k.startswith("rouge")]
+    if squad:
+        notes = ["scale: exact match and F1 in percent (0-100, as SQuAD's official scripts)"]
+    elif rouge:
+        notes = [f"scale: {', '.join(rouge)} in percent (F1 x 100, as the ROUGE scripts)"]
+    else:
+        notes = ["scale: fractions, not percent (an F1 of 0.88 is 88%)"]
+    if any(k.startswith(TUNED) for k in scores):
+        notes.append(
+            f"{TUNED}*: at thresholds tuned on these same examples (optimistic); the others at "
+            "the thresholds before tuning"
+        )
+    return notes
+
+
 def metrics_text(scores: Mapping[str, float]) -> str:
     """A metrics dict as `bertforge evaluate` prints it: each score of no class on a line of
-    its own, then the per-class table (class_table)."""
+    its own, then the per-class table (class_table), then metric_notes."""
     overall, _ = split_classes(scores)
     lines = [f"{k:>20}  {v:.4f}" for k, v in overall.items()]
-    return "\n".join([*lines, *filter(None, [class_table(scores)])])
+    table = class_table(scores)
+    return "\n".join([*lines, *filter(None, [table]), *metric_notes(scores)])
 
 
 def single_class(scores: Mapping[str, float]) -> str | None:
