@@ -426,6 +426,8 @@ def test_one_class_for_every_row_and_the_table() -> None:
     ]
     with pytest.raises(InputError, match="labels are strings but the references are int64"):
         class_scores([0, 1], [1, 1], ["a", "b"])
+    with pytest.raises(InputError, match="a class named 'macro'"):
+        class_scores(["macro", "a"], ["a", "a"])
 
 
 def test_retrieval_scores_match_trec_eval() -> None:
@@ -468,3 +470,36 @@ def test_retrieval_scores_count_a_missing_query_as_zero_and_refuse_unjudged_ones
         retrieval_scores(qrels, {"z": {"d1": 1.0}})
     with pytest.raises(InputError, match="at least one query"):
         retrieval_scores({"c": {"d3": 0}}, run)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_retrieval_scores_refuse_a_score_that_is_not_finite(bad: float) -> None:
+    """NaN compares false both ways, so sorting left it where it was: a positive listed first
+    that scored NaN (an fp16 overflow) ranked first, MRR 1.0 for a broken model."""
+    from bertforge.evaluate import retrieval_scores
+
+    run = {"q": {"0": bad, "1": 0.3, "2": 0.9}}
+    with pytest.raises(InputError, match=r"query 'q', document '0': score (nan|-?inf)"):
+        retrieval_scores({"q": {"0": 1}}, run, recall_at=(1,))
+
+
+def test_multi_label_scores_refuse_no_rows() -> None:
+    from bertforge.evaluate import multi_label_scores
+
+    with pytest.raises(InputError, match="no references and predictions to score"):
+        multi_label_scores(np.zeros((0, 3)), np.zeros((0, 3)))
+    with pytest.raises(InputError, match="no labels"):
+        multi_label_scores(np.zeros((2, 0)), np.zeros((2, 0)))
+
+
+def test_the_printed_scores_say_their_scale() -> None:
+    """`f1 88.1234` (SQuAD, percent) and `f1 0.9123` (GLUE, a fraction) printed alike."""
+    from bertforge.evaluate import metrics_text
+
+    squad = metrics_text(squad_scores({"q": ["a cat"]}, {"q": "a cat"}))
+    assert squad.splitlines()[-1] == (
+        "scale: exact match and F1 in percent (0-100, as SQuAD's official scripts)"
+    )
+    assert "in percent (F1 x 100" in metrics_text({"rouge1": 41.0, "rouge2": 18.0})
+    glue = metrics_text(compute_metrics(["accuracy", "f1"], [1, 0, 1], [1, 1, 1]))
+    assert glue.splitlines()[-1] == "scale: fractions, not percent (an F1 of 0.88 is 88%)"

@@ -326,6 +326,29 @@ def test_training_writes_a_crossencoder(minilm_dir: Path, tmp_path: Path, loss: 
     ]
 
 
+def test_a_dev_pass_that_scores_nan_stops_training_with_the_row_named(
+    tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A positive (always listed first) that scores NaN, as an fp16 overflow gives, kept its
+    place in the sort: MRR 1.0, and the broken model kept as the best epoch. Now the run stops
+    at that dev pass with one message naming the dev row, and keeps nothing of it."""
+    forward = ranking._Grouped.forward
+
+    def nan_on_dev(self: ranking._Grouped, *inputs: torch.Tensor) -> torch.Tensor:
+        scores = forward(self, *inputs)
+        return scores if self.model.training else scores.index_fill(1, torch.tensor([0]), np.nan)
+
+    monkeypatch.setattr(ranking._Grouped, "forward", nan_on_dev)
+    train, dev, out = tmp_path / "groups.jsonl", tmp_path / "dev.jsonl", tmp_path / "ce"
+    train.write_text("".join(json.dumps(r) + "\n" for r in groups()))
+    dev.write_text("".join(json.dumps(r) + "\n" for r in groups()))
+    args = ["finetune", "--task", "rerank", "--model", str(tiny_model), "--train", str(train)]
+    assert main([*args, "--dev", str(dev), "--out", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert f"bertforge: error: {dev}:1: passage 0 (the positive): score nan" in err, err
+    assert "Traceback" not in err and not (out / "eval_results.json").exists()
+
+
 def test_rerank_training_needs_negatives(
     minilm_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:

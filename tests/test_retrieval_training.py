@@ -5,7 +5,9 @@ the result loads in SentenceTransformer with the vectors `bertforge embed` gives
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -13,7 +15,7 @@ import torch
 
 from bertforge.cli import main
 from bertforge.data.tasks import read_retrieval
-from bertforge.errors import DataError
+from bertforge.errors import DataError, InputError
 from bertforge.pipelines import Pipeline
 from bertforge.tasks.retrieval import ranking_loss
 
@@ -662,3 +664,91 @@ def test_two_processes_train_retrieval_as_one(tmp_path: Path, tiny_model_nodrop:
     start = load_file(tiny_model_nodrop / "model.safetensors")
     pooler = [k for k in b if "pooler" in k]
     assert pooler and all(torch.equal(b[k], start[f"bert.{k}"]) for k in pooler)
+
+
+def several_positives(path: Path) -> Path:
+    """Dev rows of 4 queries, each with two positives (two rows, one negative each)."""
+    rows = [
+        {
+            "query": f"tell me about {t}",
+            "positive": f"All about {t}: fact {k}.",
+            "negatives": [f"All about {TOPICS[(i + 1) % 4]}: fact {k}."],
+        }
+        for i, t in enumerate(TOPICS[:4])
+        for k in range(2)
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def retrieval_task(model_dir: Path) -> Any:
+    from bertforge import Tokenizer
+    from bertforge.tasks import TaskOptions
+    from bertforge.tasks.retrieval import RetrievalTask
+
+    fam = RetrievalTask(TaskOptions(task="retrieval"), Tokenizer.from_pretrained(model_dir))
+    fam.set_model(str(model_dir))
+    return fam
+
+
+def test_a_query_of_several_rows_is_one_query_with_every_rows_positive(
+    minilm_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each dev row was a query of its own with one relevant passage: the same query's other
+    positives counted as misses, and it was averaged once per row. A model that ranks both of
+    a query's positives first scored MRR 0.75 (the second row finds its positive second); it
+    is a perfect ranking: MRR, nDCG and MAP 1, recall@1 1/2 (one of two relevant in the top
+    1), as sentence-transformers' InformationRetrievalEvaluator and trec_eval say."""
+    fam = retrieval_task(minilm_dir)
+    examples = read_retrieval(several_positives(tmp_path / "dev.jsonl"))
+    topic = {t: i for i, t in enumerate(TOPICS[:4])}
+
+    def perfect(runner: Any, model: Any, texts: Sequence[str]) -> np.ndarray:
+        vectors = np.zeros((len(texts), 5), np.float32)
+        for i, text in enumerate(texts):  # a topic's axis; the second fact a little off it
+            t = text.split()[-1] if text.startswith("tell") else text.split()[2].rstrip(":")
+            vectors[i, topic[t]], vectors[i, 4] = 1.0, 0.1 * text.endswith("fact 1.")
+        return vectors / np.linalg.norm(vectors, axis=-1, keepdims=True)
+
+    monkeypatch.setattr(fam, "embed", perfect)
+    metrics, run = fam.evaluate(None, None, examples, fam.featurize(examples))
+    assert metrics["mrr@10"] == 1 and metrics["ndcg@10"] == pytest.approx(1)
+    assert metrics["map@100"] == 1 and metrics["recall@1"] == 0.5 and metrics["recall@5"] == 1
+    assert list(run) == [f"tell me about {t}" for t in TOPICS[:4]]  # one ranking per query
+
+    def broken(runner: Any, model: Any, texts: Sequence[str]) -> np.ndarray:
+        vectors = perfect(runner, model, texts)
+        return np.where(np.array(texts)[:, None] == "All about dogs: fact 1.", np.nan, vectors)
+
+    monkeypatch.setattr(fam, "embed", broken)  # a NaN passage sorted last would hide
+    with pytest.raises(InputError, match=r"dev.jsonl:1: query 'tell me about cats', passage 'Al"):
+        fam.evaluate(None, None, examples, fam.featurize(examples))
+
+
+def test_dev_retrieval_scores_are_information_retrieval_evaluators(
+    minilm_dir: Path, tmp_path: Path
+) -> None:
+    st = pytest.importorskip("sentence_transformers")
+    ir = pytest.importorskip("sentence_transformers.sentence_transformer.evaluation")
+    from bertforge.model import BertModel
+    from bertforge.runner import Runner
+
+    fam = retrieval_task(minilm_dir)
+    examples = read_retrieval(several_positives(tmp_path / "dev.jsonl"))
+    model = BertModel.from_pretrained(minilm_dir).eval()
+    with torch.no_grad():
+        ours, _ = fam.evaluate(Runner.create("cpu", "fp32"), model, examples, None)
+    queries = {e.query: e.query for e in examples}
+    corpus = {t: t for e in examples for t in (e.positive, *e.negatives)}
+    relevant: dict[str, set[str]] = {}
+    for e in examples:
+        relevant.setdefault(e.query, set()).add(e.positive)
+    evaluator = ir.InformationRetrievalEvaluator(
+        queries, corpus, relevant, precision_recall_at_k=[1, 5], write_csv=False
+    )
+    ref = evaluator(st.SentenceTransformer(str(minilm_dir), device="cpu"))
+    for name, key in [("mrr@10", "mrr@10"), ("ndcg@10", "ndcg@10"), ("map@100", "map@100")]:
+        assert ours[name] == pytest.approx(ref[f"cosine_{key}"], abs=1e-6), name
+    for k in (1, 5):
+        assert ours[f"recall@{k}"] == pytest.approx(ref[f"cosine_recall@{k}"], abs=1e-6)
+    assert ours["recall@1"] < 1  # two relevant passages: the top 1 holds half of them

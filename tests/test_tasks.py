@@ -701,3 +701,75 @@ def test_evaluate_fits_the_model_head_to_the_glue_task(tiny_model: Path, tmp_pat
     assert metrics["accuracy"] == 1.0
     written = (tmp_path / "ev" / "predictions_mnli.tsv").read_text().splitlines()[1:]
     assert [x.split("\t")[1] for x in written] == labels
+
+
+def multi_label_case(tmp_path: Path, tiny_model: Path, **options: Any) -> tuple[Any, ...]:
+    """A csv multi-label family on a table of 24 rows and a random 3-label head that scales its
+    logits up (so thresholds away from 0.5 change decisions)."""
+    from bertforge.heads import BertForSequenceClassification
+
+    rng = np.random.default_rng(0)
+    names = ["good", "bad", "music"]
+    lines = ["text\tlabels"]
+    for i in range(24):
+        have = [n for n in names if rng.random() < 0.5] or ["good"]
+        lines.append(f"row {i} is {' and '.join(have)} news\t{'|'.join(have)}")
+    (table := tmp_path / "ml.tsv").write_text("\n".join(lines) + "\n")
+    tok = Tokenizer.from_pretrained(tiny_model)
+    opts = TaskOptions(task="csv", label_column="labels", multi_label=True, **options)
+    fam = family(opts, tok)
+    examples = fam.read(str(table))
+    fam.set_labels(examples)
+    config = BertConfig(**{**TINY, "vocab_size": tok.vocab_size}).replace(
+        id2label=dict(enumerate(fam.spec.labels)), problem_type="multi_label_classification"
+    )
+    torch.manual_seed(1)
+    model = BertForSequenceClassification(config).eval()
+    model.classifier.weight.data *= 20
+    return fam, model, examples, fam.featurize(examples)
+
+
+def test_tune_threshold_reports_the_untuned_scores_first_and_the_tuned_beside(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    """Thresholds tuned on the dev set scored on that same set are optimistic, and picked the best
+    epoch: the scores at the thresholds before tuning (0.5) keep their names, those at the tuned
+    thresholds are tuned_*, said in the printed summary; the tuned ones go to config.json."""
+    from bertforge.evaluate import metrics_text, multi_label_scores
+    from bertforge.runner import Runner
+    from bertforge.tasks.sentence import sigmoid, tune_thresholds
+
+    fam, model, examples, features = multi_label_case(tmp_path, tiny_model, tune_threshold=True)
+    refs = np.asarray(features.labels) > 0.5
+    with torch.no_grad():
+        probs = sigmoid(model(**fam.tok([e.text for e in examples])).logits.numpy())
+    tuned = tune_thresholds(probs, refs)
+    assert (tuned != 0.5).any()
+    want, want_tuned = (
+        multi_label_scores(refs, probs >= 0.5),
+        multi_label_scores(refs, probs >= tuned),
+    )
+    assert want_tuned["micro_f1"] > want["micro_f1"]
+    runner = Runner.create("cpu", "fp32")
+    for _ in range(2):  # the second epoch's scores are again at 0.5, not the first's tuning
+        with torch.no_grad():
+            metrics, preds = fam.evaluate(runner, model, examples, features)
+        for name in ("micro_f1", "macro_f1", "exact_match"):
+            assert metrics[name] == pytest.approx(want[name]), name
+            assert metrics[f"tuned_{name}"] == pytest.approx(want_tuned[name]), name
+        assert np.array_equal(preds, probs >= tuned)  # what the saved thresholds decide
+    saved = model.config.extras["multi_label_thresholds"]
+    assert [saved[n] for n in fam.spec.labels] == pytest.approx(tuned.tolist())
+    assert "tuned_*: at thresholds tuned on these same examples" in metrics_text(metrics)
+    assert "tuned_micro_f1" in fam.metrics  # --metric can pick by it
+
+
+@pytest.mark.parametrize(("multi", "label"), [(False, "macro"), (True, "micro"), (True, "macro")])
+def test_a_label_whose_scores_would_overwrite_the_overall_ones_is_refused(
+    minilm_dir: Path, multi: bool, label: str
+) -> None:
+    from bertforge.errors import ConfigError
+
+    opts = TaskOptions(task="csv", labels=f"a,{label}", multi_label=multi)
+    with pytest.raises(ConfigError, match=f"label '{label}': its score {label}_f1 would overwrite"):
+        family(opts, Tokenizer.from_pretrained(minilm_dir))

@@ -9,8 +9,9 @@ Here they are numpy only, and tests/test_evaluate.py checks each against its ref
 
 Conventions:
 - Arguments are (references, predictions), scikit-learn's (y_true, y_pred) order.
-- accuracy, f1, mcc, pearson, spearman and the entity scores are fractions (as sklearn,
-  scipy and seqeval give them); SQuAD scores are percentages, as the official scripts print.
+- accuracy, f1, mcc, pearson, spearman, the entity and the retrieval scores are fractions (as
+  sklearn, scipy, seqeval and trec_eval give them); SQuAD scores are percentages, as the
+  official scripts print (metric_notes says which, where the scores are printed).
 - Wrong input (lengths differ, nothing to score, string labels against integer
   predictions, a tag that is not BIO) raises `InputError` with one clear message.
 """
@@ -150,6 +151,10 @@ def _multi_hot(references: ArrayLike, predictions: ArrayLike) -> tuple[np.ndarra
         raise InputError(
             f"multi-label scores need two (N, K) arrays, got {ref.shape} and {pred.shape}"
         )
+    if ref.shape[0] == 0:
+        raise InputError("no references and predictions to score")
+    if ref.shape[1] == 0:
+        raise InputError("no labels to score: the (N, K) arrays have K = 0")
     return ref, pred
 
 
@@ -177,8 +182,8 @@ def multi_label_scores(references: ArrayLike, predictions: ArrayLike) -> dict[st
     denominator = c["n_gold"].sum() + c["n_pred"].sum()
     return {
         "micro_f1": float(2 * c["tp"].sum() / denominator) if denominator else 0.0,
-        "macro_f1": float(c["f1"].mean()) if c["f1"].size else 0.0,
-        "exact_match": float(np.mean((ref == pred).all(1))) if len(ref) else 0.0,
+        "macro_f1": float(c["f1"].mean()),
+        "exact_match": float(np.mean((ref == pred).all(1))),
     }
 
 
@@ -201,6 +206,8 @@ def class_scores(
         raise InputError(f"labels must be a non-empty list of classes, got {labels!r}")
     if (classes.dtype.kind in "US") != (ref.dtype.kind in "US"):
         raise InputError(f"labels are {_kind(classes)} but the references are {_kind(ref)}")
+    if "macro" in classes.tolist():
+        raise InputError("a class named 'macro': its macro_f1 would be the classes' mean's key")
     c = _per_class(ref[:, None] == classes[None], pred[:, None] == classes[None])  # (N, K)
     out = {"macro_f1": float(c["f1"].mean())}
     for k, name in enumerate(classes):
@@ -258,12 +265,37 @@ def class_table(scores: Mapping[str, float]) -> str:
     return "\n".join(lines)
 
 
+TUNED = "tuned_"  # the prefix of a score at decision thresholds tuned on the examples it scores
+
+
+def metric_notes(scores: Mapping[str, Any]) -> list[str]:
+    """What a reader of a metrics dict needs beside the numbers: their scale (SQuAD's exact match
+    and F1 and ROUGE are percentages, as their official scripts print them; every other score a
+    fraction, as scikit-learn, scipy, seqeval and trec_eval give it: `f1 88.1` and `f1 0.881`
+    are the same F1), and that tuned_* scores are optimistic."""
+    squad = "total" in scores and ("exact_match" in scores or "exact" in scores)
+    rouge = [k for k in scores if k.startswith("rouge")]
+    if squad:
+        notes = ["scale: exact match and F1 in percent (0-100, as SQuAD's official scripts)"]
+    elif rouge:
+        notes = [f"scale: {', '.join(rouge)} in percent (F1 x 100, as the ROUGE scripts)"]
+    else:
+        notes = ["scale: fractions, not percent (an F1 of 0.88 is 88%)"]
+    if any(k.startswith(TUNED) for k in scores):
+        notes.append(
+            f"{TUNED}*: at thresholds tuned on these same examples (optimistic); the others at "
+            "the thresholds before tuning"
+        )
+    return notes
+
+
 def metrics_text(scores: Mapping[str, float]) -> str:
     """A metrics dict as `bertforge evaluate` prints it: each score of no class on a line of
-    its own, then the per-class table (class_table)."""
+    its own, then the per-class table (class_table), then metric_notes."""
     overall, _ = split_classes(scores)
     lines = [f"{k:>20}  {v:.4f}" for k, v in overall.items()]
-    return "\n".join([*lines, *filter(None, [class_table(scores)])])
+    table = class_table(scores)
+    return "\n".join([*lines, *filter(None, [table]), *metric_notes(scores)])
 
 
 def single_class(scores: Mapping[str, float]) -> str | None:
@@ -558,8 +590,28 @@ RECALL_AT = (1, 5, 20, 100)
 
 def ranking(scores: Mapping[str, float]) -> list[str]:
     """Document ids by decreasing score, ties by decreasing id (trec_eval's order, so that
-    equal scores rank the same way here and there)."""
+    equal scores rank the same way here and there). The scores must be finite (check_rankable):
+    NaN compares false both ways, so sorting leaves it wherever it was."""
     return [d for d, _ in sorted(scores.items(), key=lambda x: (x[1], x[0]), reverse=True)]
+
+
+def unrankable(where: str, score: float) -> InputError:
+    """The error of a score that is not a finite number: `where` names its query and document.
+    A model whose outputs overflowed (fp16) or diverged scores NaN or infinity, and a NaN left in
+    a ranking keeps its place: a positive listed first would rank first (MRR 1.0)."""
+    return InputError(
+        f"{where}: score {score}: rankings need finite scores (did the model's outputs overflow, "
+        "e.g. in fp16 (--precision), or did training diverge?)"
+    )
+
+
+def check_rankable(run: Mapping[str, Mapping[str, float]]) -> None:
+    """unrankable's InputError for the first score of `run` that is not finite."""
+    for q, scores in run.items():
+        values = np.fromiter(scores.values(), np.float64, len(scores))
+        if not np.isfinite(values).all():
+            k = int(np.flatnonzero(~np.isfinite(values))[0])
+            raise unrankable(f"query {q!r}, document {list(scores)[k]!r}", values[k])
 
 
 def retrieval_scores(
@@ -578,7 +630,8 @@ def retrieval_scores(
     (precision at each relevant document in the top 100, summed, / relevant documents).
 
     The mean is over the judged queries that have a relevant document; one missing from `run`
-    scores 0 (trec_eval -c), so leaving a query out never raises a score."""
+    scores 0 (trec_eval -c), so leaving a query out never raises a score. A score that is not
+    finite is an InputError naming its query and document (check_rankable)."""
     queries = [q for q, judged in qrels.items() if any(r > 0 for r in judged.values())]
     if not queries:
         raise InputError("retrieval scores need at least one query with a relevant document")
@@ -586,6 +639,7 @@ def retrieval_scores(
     if unknown:
         shown = ", ".join(sorted(map(repr, unknown))[:5])
         raise InputError(f"{len(unknown)} queries of the run have no judgements: {shown}")
+    check_rankable(run)
     names = [f"mrr@{mrr_at}", f"ndcg@{ndcg_at}", *(f"recall@{k}" for k in recall_at)]
     names.append(f"map@{map_at}")
     totals = dict.fromkeys(names, 0.0)

@@ -24,7 +24,7 @@ from torch import nn
 
 from ..data.tasks import RetrievalExample, read_retrieval, teacher_scores
 from ..errors import CheckpointError, ConfigError, DataError
-from ..evaluate import retrieval_scores
+from ..evaluate import retrieval_scores, unrankable
 from ..fileio import json_text, read_json, write_json, write_text
 from ..heads import BertForSequenceClassification
 from ..runner import Runner
@@ -175,7 +175,7 @@ class RerankTask(TaskFamily):
     [SEP], the positive first; `rerank_loss` listwise (softmax over the group), pointwise
     (binary cross-entropy per pair), or distilled from a teacher's scores of the group's pairs
     (margin-mse, listnet). Dev: the positive's rank among its group (MRR@10,
-    recall@1). Saved as sentence-transformers saves a CrossEncoder (one label; its activation,
+    recall@1); a score that is not finite is an error naming the dev row. Saved as sentence-transformers saves a CrossEncoder (one label; its activation,
     sigmoid, named where each version reads it: save_activation). A step reads its groups'
     pairs in one pass unless --micro-batch-size cuts it: 32 groups of 8 are 256 pairs, 7.7 GB for
     MiniLM on the CPU (bf16, 128 pieces); --micro-batch-size 4, 2.0 GB and faster, the same
@@ -218,6 +218,11 @@ class RerankTask(TaskFamily):
         self, runner: Runner, model: nn.Module, examples: Sequence[Any], features: Features
     ) -> tuple[dict[str, float], Any]:
         rows = infer(runner, _Grouped(model), features, self.tok.pad_id, outputs=lambda out: out)
+        for e, r in zip(examples, rows):  # a NaN positive (listed first) would rank first
+            if not np.isfinite(r).all():
+                j = int(np.flatnonzero(~np.isfinite(r))[0])
+                what = "the positive" if j == 0 else f"negative {j}"
+                raise unrankable(f"{e.source}: passage {j} ({what})", float(r[j]))
         run = {str(i): {str(j): float(s) for j, s in enumerate(r)} for i, r in enumerate(rows)}
         qrels = {str(i): {"0": 1} for i in range(len(examples))}
         return retrieval_scores(qrels, run, recall_at=(1,)), run

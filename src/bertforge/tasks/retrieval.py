@@ -21,8 +21,8 @@ trains, the dev file's how it is scored. Both losses are over the whole batch: n
 (finetune refuses --micro-batch-size), and under torchrun every process's vectors are gathered
 (gather_rows), each process taking the loss of the whole batch.
 Sentences are pooled as the model directory says (bertforge.embedding); the dev set is scored
-each epoch by retrieval metrics (evaluate.retrieval_scores: every dev query against all dev
-passages), MRR@10 first. The result is written in the sentence-transformers layout
+each epoch by retrieval metrics (evaluate.retrieval_scores: every distinct dev query, its
+relevant passages the positives of all its rows, against all dev passages), MRR@10 first. The result is written in the sentence-transformers layout
 (modules.json, pooling, normalisation), so `SentenceTransformer(dir)`, `bertforge embed` and
 `bertforge index` give the same vectors.
 Memory: a step's forward keeps every text of the batch for backward, about 18 MB each at 128
@@ -34,6 +34,7 @@ train/finetune.py).
 from __future__ import annotations
 
 import hashlib
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -48,7 +49,7 @@ from .. import embedding
 from ..config import BertConfig
 from ..data.tasks import RetrievalExample, read_retrieval, teacher_scores
 from ..errors import ConfigError, DataError
-from ..evaluate import pearson, retrieval_scores, spearman
+from ..evaluate import pearson, retrieval_scores, spearman, unrankable
 from ..fileio import json_text, write_text
 from ..hub import resolve
 from ..model import BertModel
@@ -409,27 +410,44 @@ class RetrievalTask(TaskFamily):
             cos, gold = (a * b).sum(-1), [e.score for e in examples]
             metrics = {"spearman": spearman(gold, cos), "pearson": pearson(gold, cos)}
             return metrics, {str(i): {"cosine": float(c)} for i, c in enumerate(cos)}
+        return self._ranked(runner, model, examples)
+
+    def _ranked(
+        self, runner: Runner, model: nn.Module, examples: Sequence[RetrievalExample]
+    ) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+        """Retrieval metrics of every distinct dev query against every dev passage, and each
+        query's top 100 ({query: {passage index: score}}). A query's relevant passages are the
+        positives of all its rows (a query of several rows is one query, as trec_eval and
+        sentence-transformers' InformationRetrievalEvaluator take it: a row's own positive
+        alone would make the others misses, and count the query once per row)."""
         corpus = list(dict.fromkeys(t for e in examples for t in (e.positive, *e.negatives)))
         where = {t: str(i) for i, t in enumerate(corpus)}
-        queries = self.embed(runner, model, [e.query for e in examples])
-        passages = self.embed(runner, model, corpus)
-        scores = queries @ passages.T
+        qrels: dict[str, dict[str, int]] = {}
+        for e in examples:
+            qrels.setdefault(e.query, {})[where[e.positive]] = 1
+        queries = list(qrels)
+        scores = self.embed(runner, model, queries) @ self.embed(runner, model, corpus).T  # (Q, P)
+        if not np.isfinite(scores).all():  # argsort puts NaN last: a broken passage would hide
+            i, j = np.argwhere(~np.isfinite(scores))[0]
+            source = next(e.source for e in examples if e.query == queries[i])
+            passage = textwrap.shorten(corpus[j], 60)
+            raise unrankable(f"{source}: query {queries[i]!r}, passage {passage!r}", scores[i, j])
         top = np.argsort(-scores, axis=1, kind="stable")[:, :100]
-        run = {str(i): {str(j): float(scores[i, j]) for j in top[i]} for i in range(len(examples))}
-        qrels = {str(i): {where[e.positive]: 1} for i, e in enumerate(examples)}
+        run = {q: {str(j): float(scores[i, j]) for j in top[i]} for i, q in enumerate(queries)}
         return retrieval_scores(qrels, run), run
 
     def write_predictions(self, out: Any, examples: Sequence[Any], preds: Any) -> list[Path]:
-        """predictions_retrieval.jsonl: per dev query its top 10 dev passages (index, score);
-        per scored pair, its cosine."""
-        lines = [
-            json_text(
-                {"text": e.query, "text_pair": e.positive, **preds[str(i)]}
-                if e.score is not None
-                else {"query": e.query, "top": list(preds[str(i)].items())[:10]}
-            )
-            for i, e in enumerate(examples)
-        ]
+        """predictions_retrieval.jsonl: per distinct dev query its top 10 dev passages (index,
+        score); per scored pair, its cosine."""
+        if is_scored(examples):
+            lines = [
+                json_text({"text": e.query, "text_pair": e.positive, **preds[str(i)]})
+                for i, e in enumerate(examples)
+            ]
+        else:
+            lines = [
+                json_text({"query": q, "top": list(top.items())[:10]}) for q, top in preds.items()
+            ]
         path = Path(out) / "predictions_retrieval.jsonl"
         write_text(path, "".join(line + "\n" for line in lines))
         return [path]

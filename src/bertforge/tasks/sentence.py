@@ -44,7 +44,7 @@ from torch import nn
 from ..config import BertConfig, default_labels
 from ..data.tasks import Example, TaskSpec, glue_task, label_set, read_examples, read_glue
 from ..errors import ConfigError, DataError, InputError
-from ..evaluate import class_scores, compute_metrics, label_scores
+from ..evaluate import CLASS_SCORES, TUNED, class_scores, compute_metrics, label_scores
 from ..fileio import write_text
 from ..heads import BertForSequenceClassification
 from .base import (
@@ -405,6 +405,7 @@ class SentenceTask(TaskFamily):
     def __init__(self, options: Any, tok: Any) -> None:
         super().__init__(options, tok)
         self.order: np.ndarray | None = None  # the model's output of each label (head_order)
+        self.untuned: np.ndarray | float | None = None  # --tune-threshold: the thresholds before
         self._settle(None)
         self.metric = self.spec.metrics[0]
         self.reports_accuracy = not self.spec.is_regression
@@ -412,13 +413,28 @@ class SentenceTask(TaskFamily):
     @property
     def metrics(self) -> tuple[str, ...]:
         """The metrics `score` reports that can pick the best epoch (finetune --metric): the
-        spec's, and each class's precision, recall and F1 (single-label: their macro F1)."""
-        return (*self.spec.metrics, *self.problem.selectable())
+        spec's (and with --tune-threshold, tuned_* of each), and each class's precision, recall
+        and F1 (single-label: their macro F1)."""
+        tuned = isinstance(self.problem, MultiLabel) and self.options.tune_threshold
+        return (
+            *self.spec.metrics,
+            *(TUNED + m for m in self.spec.metrics if tuned),
+            *self.problem.selectable(),
+        )
 
     def _settle(self, labels: Sequence[str] | None, thresholds: np.ndarray | None = None) -> None:
         """The spec for these labels and its problem (multi-label: a model's thresholds)."""
         self.spec = self._spec(labels)
         self.problem = problem_of(self.spec.labels, self.spec.multi_label, thresholds)
+        overall = {*self.spec.metrics, "macro_f1", "loss"}
+        overall |= {TUNED + m for m in overall}
+        for name in self.spec.labels or ():  # its scores' keys are "{name}_{score}"
+            for key in (f"{name}_{s}" for s in CLASS_SCORES):
+                if key in overall:
+                    raise ConfigError(
+                        f"label {name!r}: its score {key} would overwrite the overall {key} in "
+                        "the metrics; rename the label (in the data, or --labels)"
+                    )
 
     def _spec(self, labels: Sequence[str] | None) -> TaskSpec:
         """The GLUE spec, or one made for a table of your own from the options and labels."""
@@ -550,16 +566,28 @@ class SentenceTask(TaskFamily):
     def evaluate(
         self, runner: Any, model: nn.Module, examples: Sequence[Any], features: Features
     ) -> tuple[dict[str, float], Any]:
-        """Metrics and predictions; with --tune-threshold (multi-label), each label's threshold
-        first set to the one of 0.05, 0.10, ..., 0.95 that gives it the best F1 on these
-        examples (the nearest to 0.5 on a tie), and kept in the model's config."""
+        """Metrics and predictions; with --tune-threshold (multi-label), the metrics at the
+        thresholds before tuning (0.5, or the model's config.json's), and beside them as tuned_*
+        the spec's metrics at each label's threshold tuned on these same examples: the one of
+        0.05, 0.10, ..., 0.95 that gives it the best F1 (the nearest to 0.5 on a tie). Those are
+        fitted to the set they score (optimistic), so they pick no epoch unless --metric names
+        one. The tuned thresholds decide the predictions and are kept in the model's config."""
         problem = self.problem
-        if isinstance(problem, MultiLabel) and self.options.tune_threshold:
-            logits = np.stack(infer(runner, model, features, self.tok.pad_id, encoder=model.config))
-            tuned = tune_thresholds(sigmoid(logits), np.asarray(features.labels) > 0.5)
-            problem.thresholds = tuned
-            model.config.extras[THRESHOLDS] = {n: float(t) for n, t in zip(problem.names, tuned)}
-        return super().evaluate(runner, model, examples, features)
+        if not (isinstance(problem, MultiLabel) and self.options.tune_threshold):
+            return super().evaluate(runner, model, examples, features)
+        if self.untuned is None:  # the thresholds before any tuning (0.5, or the model's)
+            self.untuned = problem.thresholds
+        rows = infer(runner, model, features, self.tok.pad_id, encoder=model.config)
+        probs = problem.probabilities(self.logits(rows))  # (N, K)
+        problem.thresholds = self.untuned
+        metrics = self.score(examples, features, rows, problem.predictions(probs))
+        tuned = tune_thresholds(probs, np.asarray(features.labels) > 0.5)
+        problem.thresholds = tuned
+        preds = problem.predictions(probs)
+        scores = compute_metrics(self.spec.metrics, features.labels, preds)  # type: ignore[arg-type]
+        metrics.update({TUNED + k: v for k, v in scores.items()})
+        model.config.extras[THRESHOLDS] = {n: float(t) for n, t in zip(problem.names, tuned)}
+        return metrics, preds
 
     def score(
         self, examples: Sequence[Any], features: Features, rows: list[np.ndarray], preds: Any

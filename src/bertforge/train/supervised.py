@@ -27,7 +27,7 @@ from torch import nn
 
 from ..data.tasks import split_train_test
 from ..errors import ConfigError, DataError
-from ..evaluate import class_table, single_class, split_classes
+from ..evaluate import class_table, metric_notes, single_class, split_classes
 from ..fileio import write_json
 from ..options import MAX_SEED, option
 from ..runner import PRECISIONS, Runner
@@ -486,8 +486,8 @@ def _start_line(header: str, task: SupervisedTask, steps: int, d: distributed.Di
 
 
 def _done_line(best: dict[str, Any], task: SupervisedTask, out: Path) -> str:
-    """fit's last line: the best dev metrics (each class's in a table below) and where the model
-    is."""
+    """fit's last line: the best dev metrics (each class's in a table below, then their scale and
+    notes: metric_notes) and where the model is."""
     overall, _ = split_classes(best)
     shown = ", ".join(
         f"{k} {math.nan if v is None else v:.4f}"
@@ -499,4 +499,4 @@ def _done_line(best: dict[str, Any], task: SupervisedTask, out: Path) -> str:
     done = f"best dev{by} {shown} (epoch {best['epoch']:g}); {where}" if best else f"done: {where}"
     if table := class_table(best):
         done += "\n" + table
-    return done
+    return "\n".join([done, *metric_notes(best)]) if best else done
