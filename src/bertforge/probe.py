@@ -10,6 +10,8 @@ features of each layer choice and scored on the dev set. Layer choices (the pape
     concat:-1,-2,-3,-4  their concatenation
     sum:all             every layer's sum
 
+A bare choice is one layer: "-1,-2" (features' spelling) is refused, not silently summed.
+
 Which layer is best says how far up the network a task's information lives. Tagging tasks
 (CoNLL-2003) take the token-level path: per-word features, a BiLSTM, entity F1
 (probe_tokens.py, which adds `mix:...`, a learned weighted sum).
