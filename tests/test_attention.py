@@ -97,3 +97,33 @@ def test_html_view_renders_in_headless_chromium(tmp_path: Path, minilm_dir: Path
     # wide after a 16 px margin), token labels left of them and right of them
     assert blue[:, 150:300].sum() > 500, "no attention lines rendered"
     assert dark[:, :140].sum() > 100 and dark[:, 310:440].sum() > 100, "no token labels rendered"
+
+
+def test_long_texts_are_cut_at_the_models_positions_and_big_views_refused(
+    tmp_path: Path, minilm_dir: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """A text longer than the model reads is cut at its positions (40 here, fewer than the
+    tokenizer's 512), with a warning saying how many pieces were left out (--max-length cuts
+    shorter); an HTML view of more than 2 million numbers is refused, naming --max-length."""
+    from tests.conftest import save_tiny
+
+    short = save_tiny(tmp_path / "short", minilm_dir, max_position_embeddings=40)
+    text = " ".join(["word"] * 100)  # [CLS] + 100 pieces + [SEP]
+    with pytest.warns(UserWarning, match="102 pieces: the last 62 left out"):
+        tokens, probs = attention_maps(short, text)
+    assert len(tokens) == 40 and tokens[-1] == "[SEP]" and probs.shape == (2, 2, 40, 40)
+    with pytest.warns(UserWarning, match="the last 92 left out .--max-length 10."):
+        tokens, probs = attention_maps(short, text, max_length=10)
+    assert len(tokens) == 10 and probs.shape == (2, 2, 10, 10)
+    out = tmp_path / "v.html"
+    assert main(["attention", str(short), text, "--max-length", "41", "--out", str(out)]) == 2
+    assert "--max-length 41: more than this model's 40 positions" in capsys.readouterr().err
+    # 2 layers x 32 heads x 300^2 = 5.8M numbers: refused; at 250 pieces 4.0M, at 176 1.98M
+    wide = save_tiny(tmp_path / "wide", minilm_dir, num_attention_heads=32)
+    text = " ".join(["word"] * 298)
+    assert main(["attention", str(wide), text, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "5,760,000 numbers" in err and "--max-length 176" in err and not out.exists()
+    with pytest.warns(UserWarning, match="the last 124 left out"):
+        assert main(["attention", str(wide), text, "--max-length", "176", "--out", str(out)]) == 0
+    assert out.stat().st_size < 20e6

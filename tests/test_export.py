@@ -122,3 +122,30 @@ def test_every_pooling_mode_goes_into_the_graph(
         assert main(["export", str(every), "--onnx", str(refused)]) == 0
     outputs = [o.name for o in ort.InferenceSession(str(refused)).get_outputs()]
     assert outputs == ["last_hidden_state", "pooler_output"]
+
+
+@pytest.mark.slow
+def test_a_hub_name_exports_its_sentence_transformers_pooling(
+    tmp_path: Path, minilm_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`bertforge export sentence-transformers/all-MiniLM-L6-v2` (a hub name; here a fake
+    snapshot_download serving the local copy): the graph carries the directory's pooling and
+    Normalize by default, as for the local directory: vectors of norm 1 equal to embed's."""
+    import huggingface_hub
+
+    from bertforge.pipelines import Pipeline
+
+    def snapshot_download(repo_id: str, allow_patterns: list[str]) -> str:
+        assert repo_id == "sentence-transformers/all-MiniLM-L6-v2"
+        return str(minilm_dir)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    out = tmp_path / "hub.onnx"
+    assert main(["export", "sentence-transformers/all-MiniLM-L6-v2", "--onnx", str(out)]) == 0
+    outputs = [o.name for o in ort.InferenceSession(str(out)).get_outputs()]
+    assert outputs == ["last_hidden_state", "pooler_output", "sentence_embedding"]
+    texts = ["Hi", "A man is playing a guitar.", "北京是中国的首都"]
+    vectors = _sentence_embeddings(out, Tokenizer.from_pretrained(minilm_dir), texts)
+    want = Pipeline(minilm_dir, precision="fp32").embed(texts)
+    assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+    assert np.abs(vectors - want).max() < 1e-4

@@ -15,7 +15,6 @@ from bertforge import (
     BertConfig,
     BertForPreTraining,
     BertForSequenceClassification,
-    BertModel,
     Tokenizer,
 )
 from bertforge.cli import main
@@ -103,6 +102,41 @@ def test_wise_ft_of_minilm_loads_in_sentence_transformers(tmp_path: Path, minilm
     assert abs(torch.as_tensor(ours) - torch.as_tensor(original)).max() > 1e-3
 
 
+def test_wise_ft_of_a_classifier_keeps_its_head(
+    tmp_path: Path, minilm_dir: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """docs/export.md's `merge runs/sst2 path/to/base --weights 0.9,0.1`: the base (a
+    pre-training checkpoint) has no classifier and heads of its own. The merged classifier
+    loads without a warning, its encoder is the 0.9/0.1 average, its head the fine-tuned
+    one's, and the base's MLM/NSP heads are left out; listed the other way round, the merged
+    model is the base's, with a warning that the classifier's head was left out."""
+    tok = Tokenizer.from_pretrained(minilm_dir)
+    base = _tiny(tmp_path / "base", tok, 0)
+    tuned = _tiny(
+        tmp_path / "sst2", tok, 1, BertForSequenceClassification, id2label={0: "neg", 1: "pos"}
+    )
+    out = tmp_path / "wise"
+    assert main(["merge", str(tuned), str(base), "--weights", "0.9,0.1", "--out", str(out)]) == 0
+    tb, tt = load_file(base / "model.safetensors"), load_file(tuned / "model.safetensors")
+    merged = load_file(out / "model.safetensors")
+    assert set(merged) == set(tt) and any(n.startswith("classifier.") for n in merged)
+    for name, t in tt.items():
+        want = t if name.startswith("classifier.") else (0.9 * t.double() + 0.1 * tb[name].double()).float()  # fmt: skip
+        assert torch.equal(merged[name], want), name
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no fresh tensors, nothing unused
+        model = BertForSequenceClassification.from_pretrained(out)
+    assert torch.equal(model.classifier.weight, tt["classifier.weight"])
+    back = tmp_path / "back"
+    with pytest.warns(UserWarning, match="classifier.bias .and 1 more. not in"):
+        assert main(["merge", str(base), str(tuned), "--weights", "0.1,0.9", "--out", str(back)]) == 0  # fmt: skip
+    merged = load_file(back / "model.safetensors")
+    assert set(merged) == set(tb)
+    assert torch.equal(merged["cls.seq_relationship.weight"], tb["cls.seq_relationship.weight"])
+
+
 def _refused(args: list[str], capsys: pytest.CaptureFixture, *words: str) -> str:
     try:
         status = main(args)
@@ -133,9 +167,15 @@ def test_mismatches_are_one_error_and_leave_nothing(
         BertForSequenceClassification(config).save_pretrained(path)
         tok.save_pretrained(path)
     _refused(["merge", *map(str, labels), "--out", str(out)], capsys, "id2label", "'pos'")
-    encoder = _tiny(tmp_path / "encoder", tok, 3, cls=BertModel)  # no pre-training heads
-    _refused(["merge", str(a), str(encoder), "--out", str(out)], capsys, "has no tensor", "cls.")
-    _refused(["merge", str(encoder), str(a), "--out", str(out)], capsys, "no counterpart", "cls.")
+    w = "bert.encoder.layer.1.output.dense.weight"
+    short, more = tmp_path / "short", tmp_path / "more"  # an encoder tensor too few, one too many
+    for path, change in ((short, lambda t: t.pop(w)), (more, lambda t: t.update(x=t[w].clone()))):
+        shutil.copytree(b, path)
+        tensors = load_file(path / "model.safetensors")
+        change(tensors)
+        save_file({("bert.encoder.layer.9.x" if n == "x" else n): t for n, t in tensors.items()}, str(path / "model.safetensors"))  # fmt: skip
+    _refused(["merge", str(a), str(short), "--out", str(out)], capsys, "has no tensor", w)
+    _refused(["merge", str(a), str(more), "--out", str(out)], capsys, "no counterpart", "layer.9.x")
     other = tmp_path / "other_vocab"
     shutil.copytree(b, other)
     lines = (other / "vocab.txt").read_text().splitlines()

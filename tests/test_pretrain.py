@@ -176,8 +176,16 @@ def kill_and_resume(
 def test_sigkill_and_resume_ends_with_identical_parameters(
     data: Path, finished_run, tmp_path: Path
 ) -> None:
+    """Killed after a checkpoint, its metrics.jsonl ending in half a record (what a kill in the
+    middle of an append leaves): the same command resumes, the torn line dropped with the
+    records after the checkpoint, and ends as the run never stopped."""
     reference, args = finished_run
-    kill_and_resume(data, reference, tmp_path / "B", args, at_step=16)
+
+    def tear() -> None:
+        with open(tmp_path / "B" / "metrics.jsonl", "a", encoding="utf-8") as f:
+            f.write('{"step": 17, "lo')
+
+    kill_and_resume(data, reference, tmp_path / "B", args, at_step=16, before_resume=tear)
 
 
 @pytest.mark.slow

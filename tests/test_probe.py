@@ -262,6 +262,7 @@ def test_token_probe_bilstm_is_deterministic_given_the_seed(
         ("mix:a,b", "layers are integers"),
         ("-1;concat:-1,-4", "layer -4 is not in -3..2 (this model has 2 layers"),
         ("3", "layer 3 is not in -3..2"),
+        ("-1,-2", "layer choice '-1,-2': 2 layers; a bare choice is one layer"),
     ],
 )
 def test_token_probe_bad_layer_choices_are_one_clear_error(
@@ -318,6 +319,19 @@ def test_mix_is_the_token_probes_alone() -> None:
         combine(f, "mix:-1,-2")
     assert parse_choice("mix:all", 4, KINDS) == ("mix", [0, 1, 2, 3])
     assert parse_choice("concat:-1,-2", 4, KINDS) == ("concat", [3, 2])
+
+
+def test_a_bare_choice_of_several_layers_is_refused() -> None:
+    """features' spelling `-1,-2,-3,-4` (or `all`) is not a layer choice: it named a row after
+    a list and summed it; the error names the prefixes that combine layers."""
+    f = np.zeros((2, 5, 3), np.float32)
+    for choice, n in (("-1,-2,-3,-4", 4), ("all", 5)):
+        with pytest.raises(ConfigError, match=f"{n} layers; a bare choice is one layer") as e:
+            combine(f, choice)
+        assert "sum:" in str(e.value) and "concat:" in str(e.value)
+        with pytest.raises(ConfigError, match="use sum:, concat: or mix:"):
+            parse_choice(choice, 5, KINDS)
+    assert parse_choice("-2", 5) == ("one", [3])
 
 
 def test_token_probe_resumes_a_stopped_row_from_its_last_epoch(

@@ -122,6 +122,68 @@ def test_json_files_hold_null_for_numbers_that_are_not_finite(tmp_path: Path) ->
     assert math.isnan(back["loss"]) and back["lr"] == 1e-4
 
 
+GOOD = '{"step": 1, "loss": 2.5}\n{"step": 2, "loss": 2.0, "lr": null}\n'
+
+
+def test_a_torn_last_line_is_skipped_with_a_warning(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """A run killed (or out of disk) mid-append leaves half a line at the end: plot draws the
+    records before it, with a warning; a resumed run drops it with the records after its
+    checkpoint, the file rewritten atomically (a crash there keeps the old one)."""
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(GOOD + '{"step": 3, "lo')
+    with pytest.warns(UserWarning, match=r"metrics.jsonl: line 3: .* left out"):
+        records = read_metrics(tmp_path)
+    assert [r["step"] for r in records] == [1, 2] and math.isnan(records[1]["lr"])
+    with pytest.warns(UserWarning, match="line 3"):
+        assert main(["plot", str(tmp_path), "--out", str(tmp_path / "c.png")]) == 0
+    assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    torn = path.read_text()
+
+    def crash(*args: Any) -> None:
+        raise OSError(28, "No space left on device")
+
+    log = MetricsLog(tmp_path)
+    with pytest.MonkeyPatch.context() as m, pytest.raises(OSError), pytest.warns(UserWarning):
+        m.setattr("os.replace", crash)
+        log.truncate_after(1)
+    assert path.read_text() == torn  # the history is still there
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+    with pytest.warns(UserWarning, match="line 3"):
+        log.truncate_after(1)
+    log.close()
+    assert path.read_text() == '{"step": 1, "loss": 2.5}\n'
+
+
+@pytest.mark.parametrize(
+    ("lines", "message"),
+    [
+        ('{"step": 1}\n{"step": 2, "lo\n{"step": 3}\n', "line 2: not JSON"),
+        ('{"step": 1}\n[1, 2]\n', "line 2: not a JSON object"),
+        ('{"step": 1}\n{"loss": 2.0}\n', 'line 2: no integer "step"'),
+        ('{"step": "x"}\n', 'line 1: no integer "step"'),
+        ('{"step": 1}\n\xff{"step": 2}\n', "line 2: not UTF-8"),
+    ],
+)
+def test_a_bad_metrics_line_is_one_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture, lines: str, message: str
+) -> None:
+    """Any other bad line (not only a torn last one) is one DataError naming file and line, for
+    plot (exit status 2) and for a resumed run."""
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(lines.encode().replace("\xff".encode(), b"\xff"))  # a byte, not UTF-8
+    before = path.read_bytes()
+    assert main(["plot", str(tmp_path), "--out", str(tmp_path / "c.png")]) == 2
+    err = capsys.readouterr().err
+    assert f"metrics.jsonl: {message}" in err and len(err.strip().splitlines()) == 1, err
+    log = MetricsLog(tmp_path)
+    with pytest.raises(DataError, match=message):
+        log.truncate_after(1)
+    log.close()
+    assert path.read_bytes() == before
+
+
 # ------------------------------------------------------------------------------------------------
 # Fine-tuning: one class for every row, classes, --metric, checkpoints
 

@@ -7,14 +7,17 @@
     --out view.png    a heatmap of one layer's head (or the heads' mean): rows attend to columns
 
 The probabilities are the model's own (output_attentions=True: softmax(QK^T / sqrt(d)) over
-the real tokens), for one text or a text pair.
+the real tokens), for one text or a text pair, cut where the model stops reading (or at
+--max-length) with a warning; an HTML view of more than HTML_NUMBERS weights is refused.
 """
 
 from __future__ import annotations
 
 import html
 import json
+import math
 import os
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -27,16 +30,35 @@ from .tokenizer import Tokenizer
 
 
 def attention_maps(
-    model_dir: str | os.PathLike[str], text: str, pair: str | None = None
+    model_dir: str | os.PathLike[str],
+    text: str,
+    pair: str | None = None,
+    max_length: int | None = None,
 ) -> tuple[list[str], np.ndarray]:
-    """(tokens, probabilities (layers, heads, T, T)) of one input."""
+    """(tokens, probabilities (layers, heads, T, T)) of one input, cut at what the model reads
+    (the tokenizer's model_max_length and the model's positions, or the shorter max_length),
+    with a warning saying how many pieces were left out."""
     tok = Tokenizer.from_pretrained(model_dir)
     model = BertModel.from_pretrained(model_dir).eval()
-    batch = tok([text], None if pair is None else [pair])
+    limit = min(tok.model_max_length, model.config.max_position_embeddings)
+    if max_length is not None and not 3 <= max_length <= limit:
+        raise ConfigError(
+            f"--max-length {max_length}: "
+            + (f"more than this model's {limit} positions" if max_length > limit else "below 3")
+        )
+    cut = limit if max_length is None else max_length
+    whole = len(tok.encode(text, pair, truncation=False).ids)
+    if whole > cut:
+        warnings.warn(
+            f"the input has {whole} pieces: the last {whole - cut} left out (--max-length "
+            f"{cut}; the model reads at most {limit})",
+            stacklevel=2,
+        )
+    batch = tok([text], None if pair is None else [pair], max_length=cut)
     with torch.no_grad():
         out = model(**batch, output_attentions=True)
     probs = torch.stack([a[0] for a in out.attentions]).float().numpy()  # (L, nh, T, T)
-    return tok.encode(text, pair).tokens, probs
+    return tok.encode(text, pair, max_length=cut).tokens, probs
 
 
 def _select(probs: np.ndarray, layer: int, head: int | None) -> np.ndarray:
@@ -136,13 +158,28 @@ draw(null);
 """
 
 
+# The most attention weights an HTML view holds: 2 million numbers make a page of some 16 MB
+# (BERT-base: 117 pieces, MiniLM-L6: 166) that a browser still opens and redraws; BERT-base at
+# 512 pieces would be 38 million.
+HTML_NUMBERS = 2_000_000
+
+
 def write_html(
     path: Path, tokens: list[str], probs: np.ndarray, layer: int, head: int | None, title: str
 ) -> None:
     _select(probs, layer, head)  # validates layer and head
+    L, H, T = probs.shape[:3]
+    if probs.size > HTML_NUMBERS:
+        fits = math.isqrt(HTML_NUMBERS // (L * H))
+        raise ConfigError(
+            f"--out {path}: an HTML view of {T} pieces holds {probs.size:,} numbers ({L} layers "
+            f"x {H} heads x {T} x {T}), more than {HTML_NUMBERS:,}: a page too big to use; pass "
+            f"--max-length {fits} (or less), or write a .png of one layer"
+        )
     data = {
         "tokens": tokens,
-        "attention": np.round(probs, 4).tolist(),
+        # rounded in float64: float32's 0.0123 is 0.012299999594688416 in JSON, 2.5 times longer
+        "attention": np.round(probs.astype(np.float64), 4).tolist(),
         "layer": layer % probs.shape[0],
         "head": head,
     }
@@ -159,12 +196,14 @@ def render(
     pair: str | None = None,
     layer: int = -1,
     head: int | None = None,
+    max_length: int | None = None,
 ) -> Path:
-    """Write the view (.html or .png by the suffix of `out`)."""
+    """Write the view (.html or .png by the suffix of `out`) of the input's first `max_length`
+    pieces (None: as many as the model reads)."""
     path = Path(out)
     if path.suffix.lower() not in (".html", ".png"):
         raise ConfigError(f"{out}: the output must end in .html or .png")
-    tokens, probs = attention_maps(model_dir, text, pair)
+    tokens, probs = attention_maps(model_dir, text, pair, max_length)
     if path.suffix.lower() == ".png":
         write_png(path, tokens, probs, layer, head)
     else:

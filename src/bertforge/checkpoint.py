@@ -96,7 +96,8 @@ _COMPILED = {
     kind: [(re.compile(pattern + "$"), names) for pattern, names in table]
     for kind, table in (("bert", KEY_TABLE), ("distilbert", DISTILBERT_TABLE))
 }
-_HEADS = ("cls.", "classifier.", "qa_outputs.", "pre_classifier.", "vocab_")
+PRETRAINING_HEADS = ("cls.", "vocab_")  # BERT's and DistilBERT's MLM (and NSP) heads
+_HEADS = (*PRETRAINING_HEADS, "classifier.", "qa_outputs.", "pre_classifier.")
 _KNOWN_HEADS = (*_HEADS, "bert.pooler.", "pooler.")  # file tensors not warned about if unused
 
 # Alternative spellings found in files, tried when the canonical HF name is absent.
@@ -216,6 +217,12 @@ def counterpart(name: str, tensors: dict[str, Any], model_type: str = "bert") ->
     """The name under which `tensors` (another file's, read by read_tensors) holds HF `name`
     of a `model_type` checkpoint, or None: what load_state matches a name by."""
     return _find(name, tensors, _PREFIXES[model_type])
+
+
+def is_head(name: str) -> bool:
+    """Whether a file's tensor belongs to a head or the pooler (parts a checkpoint may lack, or
+    have fresh) rather than the encoder's embeddings and layers, which every one has."""
+    return name.startswith(_KNOWN_HEADS)
 
 
 def ignored(name: str) -> bool:

@@ -603,6 +603,8 @@ def args_attention(p: argparse.ArgumentParser) -> None:
             "pair": "a second text (sentence pair)",
             "layer": "layer (-1: the last)",
             "head": "head (default: the mean of all heads)",
+            "max_length": "pieces shown, the rest left out with a warning (default: as many as "
+            "the model reads; an HTML view holds at most 2 million weights)",
         },
     )
 

@@ -36,6 +36,7 @@ from .catalogue import ENTRIES
 from .checkpoint import architectures
 from .errors import ConfigError, need_extra
 from .fileio import atomic_path
+from .hub import resolve
 from .tokenizer import Tokenizer
 
 INPUTS = ["input_ids", "token_type_ids", "attention_mask"]
@@ -95,7 +96,7 @@ def export_onnx(
     )
     if not atol > 0:
         raise ConfigError(f"atol={atol} (--atol): must be > 0")
-    model_dir = Path(model_dir)
+    model_dir = resolve(model_dir)  # a hub name: its snapshot, whose modules.json says the pooling
     # the first pipeline of the catalogue with a graph for this checkpoint's head, else the encoder
     found = architectures(model_dir)
     entry = next(

@@ -8,8 +8,12 @@ set. Whether it helps is for a dev set to say; merge only does the arithmetic, i
 each tensor written back in the first model's dtype.
 
 The models must have one architecture (config.json's sizes, activation and position
-settings), one vocabulary (the same pieces and casing) and the same tensors with the same
-shapes; each mismatch is one error naming the file and the tensor or field. Buffers that
+settings), one vocabulary (the same pieces and casing) and the same encoder tensors with the
+same shapes; each mismatch is one error naming the file and the tensor or field. Heads may
+differ: the merged model has the first model's, each averaged over the models that have it
+(their weights scaled to sum to 1), so WiSE-FT of a classifier with its pre-training base keeps
+the classifier's head and leaves the base's MLM/NSP heads out; a task head the first model
+lacks is left out with a warning. Buffers that
 loading ignores (position_ids) are not needed in every model. OUT gets the first model's
 files (config, tokenizer, sentence-transformers modules, any README), its training records
 (run.json, metrics.jsonl, ...) left out, merge.json naming the models and weights, and
@@ -32,7 +36,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from .checkpoint import counterpart, ignored, read_tensors
+from .checkpoint import PRETRAINING_HEADS, counterpart, ignored, is_head, read_tensors
 from .config import CONFIG_FILES, BertConfig
 from .embedding import write_layout
 from .errors import CheckpointError, ConfigError
@@ -115,44 +119,71 @@ def average(
     """The weighted average of the models' tensors, under the first model's names (the others'
     found with or without the encoder's prefix), each in the first model's dtype; integer
     tensors are the first model's. Models are read one at a time. `kind`: the models'
-    model_type (config.json), which names the encoder's prefix."""
+    model_type (config.json), which names the encoder's prefix.
+
+    The encoder's tensors must be in every model. A head's (or the pooler's) that only some
+    models have is the average over those, their weights scaled to sum to 1: WiSE-FT of a
+    classifier and its base keeps the classifier's head. Heads the first model lacks are left
+    out (the merged model is the first's): a base's pre-training heads quietly, a task head with
+    a warning (the model whose head was wanted is not first)."""
     first, origin = read_tensors(models[0])
     sums = {n: t.double() * weights[0] for n, t in first.items() if t.is_floating_point()}
-    keep = set(first)
+    totals = {n: weights[0] for n in first}  # the weight of the models that have each tensor
+    keep, partial = set(first), set()  # partial: tensors some model lacks (heads)
     for path, weight in zip(models[1:], weights[1:]):
         tensors, where = read_tensors(path)
         used = set()
         for name, t in first.items():
             found = counterpart(name, tensors, kind)
             if found is None:
-                if not ignored(name):
+                if not (ignored(name) or is_head(name)):
                     raise CheckpointError(
                         f"{path}: has no tensor {name} (it is in {origin[name]}): only models "
-                        "with the same tensors can be merged"
+                        "with the same encoder tensors can be merged"
                     )
-                keep.discard(name)  # a buffer the loader ignores: not needed in the output
+                if ignored(name):
+                    keep.discard(name)  # a buffer the loader ignores: not needed in the output
+                partial.add(name)
                 continue
             used.add(found)
-            other = tensors[found]
-            if other.shape != t.shape:
+            if tensors[found].shape != t.shape:
                 raise CheckpointError(
-                    f"{where[found]}: tensor {found} has shape {tuple(other.shape)}, "
+                    f"{where[found]}: tensor {found} has shape {tuple(tensors[found].shape)}, "
                     f"{tuple(t.shape)} in {origin[name]}"
                 )
+            totals[name] += weight
             if name in sums:
-                sums[name] += other.double() * weight
-        extra = sorted(n for n in set(tensors) - used if not ignored(n))
-        if extra:
-            raise CheckpointError(
-                f"{where[extra[0]]}: tensor {extra[0]} has no counterpart in {models[0]}"
-                + (f" (nor {len(extra) - 1} more)" if len(extra) > 1 else "")
-                + ": only models with the same tensors can be merged"
-            )
+                sums[name] += tensors[found].double() * weight
+        _extra(models[0], path, where, sorted(n for n in set(tensors) - used if not ignored(n)))
     return {
-        n: (sums[n].to(t.dtype) if n in sums else t).contiguous()
+        # a tensor in every model is the plain weighted sum (the weights sum to 1)
+        n: (
+            (sums[n] / totals[n] if n in partial else sums[n]).to(t.dtype) if n in sums else t
+        ).contiguous()
         for n, t in first.items()
         if n in keep
     }
+
+
+def _extra(first: Path, path: Path, where: dict[str, Path], extra: list[str]) -> None:
+    """Tensors of `path` with no counterpart in the first model: a CheckpointError for the
+    encoder's, a warning for a task head's (left out), nothing for a pre-training head's."""
+    body = [n for n in extra if not is_head(n)]
+    if body:
+        raise CheckpointError(
+            f"{where[body[0]]}: tensor {body[0]} has no counterpart in {first}"
+            + (f" (nor {len(body) - 1} more)" if len(body) > 1 else "")
+            + ": only models with the same encoder tensors can be merged"
+        )
+    task = [n for n in extra if not n.startswith(PRETRAINING_HEADS)]
+    if task:
+        warnings.warn(
+            f"{path}: head tensor {task[0]}"
+            + (f" (and {len(task) - 1} more)" if len(task) > 1 else "")
+            + f" not in {first}: left out, the merged model has {first}'s head (list the model "
+            "whose head you want first)",
+            stacklevel=3,
+        )
 
 
 def merge(

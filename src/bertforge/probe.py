@@ -10,6 +10,8 @@ features of each layer choice and scored on the dev set. Layer choices (the pape
     concat:-1,-2,-3,-4  their concatenation
     sum:all             every layer's sum
 
+A bare choice is one layer: "-1,-2" (features' spelling) is refused, not silently summed.
+
 Which layer is best says how far up the network a task's information lives. Tagging tasks
 (CoNLL-2003) take the token-level path: per-word features, a BiLSTM, entity F1
 (probe_tokens.py, which adds `mix:...`, a learned weighted sum).
@@ -76,6 +78,13 @@ def parse_choice(
         layers = list(range(n_layers)) if spec == "all" else [int(x) for x in spec.split(",")]
     except ValueError:
         raise ConfigError(f"layer choice {choice!r}: layers are integers") from None
+    if how == "one" and len(layers) != 1:  # features' spelling: which combination is meant?
+        prefixes = [f"{k}:" for k in kinds if k != "one"]
+        combining = " or ".join(filter(None, (", ".join(prefixes[:-1]), prefixes[-1])))
+        raise ConfigError(
+            f"layer choice {choice!r}: {len(layers)} layers; a bare choice is one layer: to "
+            f"combine layers use {combining} (e.g. sum:{spec})"
+        )
     for k in layers:
         if not -n_layers <= k < n_layers:
             raise ConfigError(
@@ -91,7 +100,7 @@ def combine(features: np.ndarray, choice: str) -> np.ndarray:
     picked = features[:, layers]  # (N, k, H)
     if how == "concat":
         return picked.reshape(len(features), -1)
-    return picked.sum(1) if how == "sum" or len(layers) > 1 else picked[:, 0]
+    return picked.sum(1) if how == "sum" else picked[:, 0]
 
 
 def probe(

@@ -11,10 +11,12 @@ import math
 import socket
 import struct
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
-from ..fileio import json_text
+from ..errors import DataError
+from ..fileio import json_text, write_text
 
 # ------------------------------------------------------------------------------------------------
 # TensorBoard event files
@@ -137,12 +139,12 @@ class MetricsLog:
             self._events.scalars(step, numbers)
 
     def truncate_after(self, step: int) -> None:
-        """Drop records after `step` (a resumed run repeats those steps)."""
+        """Drop records after `step` (a resumed run repeats those steps), and a torn last line;
+        the file is rewritten atomically (a crash here keeps the run's history)."""
         if not self.enabled or not self.path.exists():
             return
-        lines = self.path.read_text(encoding="utf-8").splitlines()
-        kept = [ln for ln in lines if ln.strip() and json.loads(ln).get("step", 0) <= step]
-        self.path.write_text("".join(ln + "\n" for ln in kept), encoding="utf-8")
+        kept = [text for _, text, r in _records(self.path) if r["step"] <= step]
+        write_text(self.path, "".join(text + "\n" for text in kept))
 
     def close(self) -> None:
         if self._events is not None:
@@ -154,5 +156,43 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     path = run_dir / "metrics.jsonl"
     if not path.exists():
         return []
-    records = [json.loads(ln) for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
+    records = [r for _, _, r in _records(path)]
     return [{k: math.nan if v is None else v for k, v in r.items()} for r in records]
+
+
+def _records(path: Path) -> list[tuple[int, str, dict[str, Any]]]:
+    """(line number, text, record) of each line of a metrics.jsonl. A last line that has no
+    line ending and is not a record is what a run killed (or out of disk) mid-append leaves:
+    left out, with a warning; any other bad line is one DataError naming file and line."""
+    pieces = path.read_bytes().split(b"\n")  # the last piece: b"" when the file ends in "\n"
+    out = []
+    for lineno, raw in enumerate(pieces, start=1):
+        if not raw.strip():
+            continue
+        try:
+            text = raw.decode("utf-8").rstrip("\r")
+            out.append((lineno, text, _record(text)))
+        except ValueError as e:  # UnicodeDecodeError and JSONDecodeError too
+            why = "not UTF-8" if isinstance(e, UnicodeDecodeError) else str(e)
+            if lineno < len(pieces):
+                raise DataError(f"{path}: line {lineno}: {why}") from None
+            warnings.warn(
+                f"{path}: line {lineno}: a torn last record ({why}; the run was stopped while "
+                "writing it?): left out",
+                stacklevel=3,
+            )
+    return out
+
+
+def _record(text: str) -> dict[str, Any]:
+    """One metrics record, or a ValueError saying what the line is instead."""
+    try:
+        record = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"not JSON ({e.msg}, column {e.colno})") from None
+    if not isinstance(record, dict):
+        raise ValueError(f"not a JSON object but {type(record).__name__}")
+    step = record.get("step")
+    if not isinstance(step, int) or isinstance(step, bool):
+        raise ValueError('no integer "step"')
+    return record
