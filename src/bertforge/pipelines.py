@@ -303,8 +303,7 @@ class Pipeline:
         """Pieces per row read whole, not in windows (a sentence pair, a cross-encoder's row, a
         fill-mask text): the pipeline's max_length, else the tokenizer's model_max_length, at
         most the model's positions (a model pre-trained at 128 saves model_max_length 512)."""
-        positions = self.config.max_position_embeddings
-        return min(self.max_length or self.tok.model_max_length, positions)
+        return self._limit(self.tok.model_max_length)
 
     def encode(self, texts: Sequence[str], pairs: Sequence[str] | None = None) -> list[Any]:
         """Each text (or pair) as one row, cut to `_row_limit` pieces (a pair: the longer text

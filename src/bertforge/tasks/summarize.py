@@ -424,9 +424,7 @@ def summaries(
     examples: Sequence[SummaryExample], scores: Sequence[np.ndarray], count: int
 ) -> list[Summary]:
     """Each document's `count` best-scored sentences (select, trigram blocking on)."""
-    return [
-        Summary(select(s, e.sentences, min(count, len(s))), s) for e, s in zip(examples, scores)
-    ]
+    return [Summary(select(s, e.sentences, count), s) for e, s in zip(examples, scores)]
 
 
 def rouge_of(examples: Sequence[SummaryExample], preds: Sequence[Summary]) -> dict[str, float]:
