@@ -441,7 +441,7 @@ def test_sentence_features_of_small_and_empty_documents() -> None:
 
 def test_blocks_score_every_sentence_once() -> None:
     """A document longer than BLOCK sentences is scored in blocks; every sentence gets exactly
-    one score, that of its block read alone."""
+    one score, that of its block read alone at its place in the document."""
     torch.manual_seed(0)
     scorer = ds.DocumentScorer(ds.ScorerConfig(dim=4, hidden=8, layers=1, heads=2)).eval()
     rng = np.random.default_rng(1)
@@ -453,9 +453,8 @@ def test_blocks_score_every_sentence_once() -> None:
     ]
     long, short, empty = ds.score_documents(scorer, docs, batch_size=2)
     assert long.shape == (ds.BLOCK + 37,) and short.shape == (3,) and empty.shape == (0,)
-    (tail,) = ds.score_documents(
-        scorer, [ds.ScoredDocument(docs[0].vectors[ds.BLOCK :], docs[0].features[ds.BLOCK :])]
-    )
+    rest = docs[0].vectors[ds.BLOCK :], docs[0].features[ds.BLOCK :]
+    (tail,) = ds.score_documents(scorer, [ds.ScoredDocument(*rest, start=ds.BLOCK)])
     assert np.allclose(long[ds.BLOCK :], tail, atol=1e-5)
 
 
@@ -754,3 +753,25 @@ def test_a_scorer_over_two_pooling_modes_trains_and_checks_its_width(
     pooling_file.write_text(json.dumps({**pooling, "pooling_mode_cls_token": False}))
     with pytest.raises(CheckpointError, match="pooling gives 384"):
         Pipeline(out).summarize([rows[0]["text"]], sentences=1)
+
+
+def test_positions_past_a_block_do_not_start_again_at_the_lead() -> None:
+    """A document of more than BLOCK sentences is read in blocks; the second block's first
+    sentence read the position slot of the document's first (what the scorer learns as "the
+    lead"). With that slot and the last made to dominate every other input, sentence BLOCK
+    scores as sentence BLOCK - 1 does, not as sentence 0."""
+    torch.manual_seed(0)
+    scorer = ds.DocumentScorer(ds.ScorerConfig(dim=4, hidden=8, layers=1, heads=2)).eval()
+    direction = torch.randn(8)
+    direction -= direction.mean()  # LayerNorm removes a vector's mean: keep none to remove
+    with torch.no_grad():
+        scorer.position.weight[0] = 1e4 * direction
+        scorer.position.weight[ds.BLOCK - 1] = -1e4 * direction
+    rng = np.random.default_rng(0)
+    n = ds.BLOCK + 20
+    doc = ds.ScoredDocument(
+        ds.unit(rng.normal(size=(n, 4))), rng.normal(size=(n, len(ds.FEATURES))).astype("f")
+    )
+    (scores,) = ds.score_documents(scorer, [doc])
+    assert abs(scores[0] - scores[ds.BLOCK - 1]) > 0.1  # the two slots score apart
+    assert np.allclose(scores[ds.BLOCK :], scores[ds.BLOCK - 1], atol=1e-3), scores[-20:]

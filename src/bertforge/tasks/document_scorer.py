@@ -6,8 +6,9 @@ Why. BertSum's own input reads a document in windows of 512 pieces; a Wikipedia 
 the whole article (about 140 sentences, a window sees about 8), and fine-tuning the encoder on
 a CPU gets a few hundred steps. Here the encoder is not trained: every sentence is embedded
 once (pooled as the model directory says), and what trains is the scorer, whose attention
-spans up to BLOCK sentences at a time (a longer document is read in blocks of BLOCK). It trains
-on 1,388 Wikipedia articles in minutes on a CPU.
+spans up to BLOCK sentences at a time (a longer document is read in blocks of BLOCK, its
+sentences past the position table on its last slot: block_positions). It trains on 1,388
+Wikipedia articles in minutes on a CPU.
 
 Input per sentence: its unit-length embedding and FEATURES (document-wide, computed from the
 sentences and their embeddings): its position (i / n, log(1 + i), first or not), its length in
@@ -193,7 +194,8 @@ class ScorerConfig:
 
 class DocumentScorer(nn.Module):
     """Scores (B, n) of documents' sentences from their embeddings (B, n, D) and features
-    (B, n, F); mask (B, n): real sentences. n at most BLOCK."""
+    (B, n, F); mask (B, n): real sentences; positions (B, n): each sentence's slot in the
+    position table (block_positions). n at most BLOCK."""
 
     def __init__(self, config: ScorerConfig) -> None:
         super().__init__()
@@ -211,10 +213,17 @@ class DocumentScorer(nn.Module):
         self.norm = nn.LayerNorm(h)
         self.score = nn.Linear(h, 1)
 
-    def forward(self, vectors: torch.Tensor, features: torch.Tensor, mask: torch.Tensor) -> Any:
-        n = vectors.shape[1]
+    def forward(
+        self,
+        vectors: torch.Tensor,
+        features: torch.Tensor,
+        mask: torch.Tensor,
+        positions: torch.Tensor | None = None,
+    ) -> Any:
+        if positions is None:  # one block that starts its document
+            positions = torch.arange(vectors.shape[1], device=vectors.device)[None]
         h = self.project(torch.cat([vectors, features], -1))
-        h = h + self.position(torch.arange(n, device=h.device))[None]
+        h = h + self.position(positions)
         h = self.layers(h, src_key_padding_mask=~mask)
         return self.score(self.norm(h)).squeeze(-1)
 
@@ -318,6 +327,7 @@ class ScoredDocument:
     vectors: np.ndarray  # (n, D) unit embeddings
     features: np.ndarray  # (n, F)
     labels: np.ndarray | None = None  # (n,) 1 for an oracle sentence
+    start: int = 0  # a block's first sentence's index in its document
 
 
 def blocks(n: int) -> list[range]:
@@ -325,21 +335,34 @@ def blocks(n: int) -> list[range]:
     return [range(s, min(s + BLOCK, n)) for s in range(0, n, BLOCK)]
 
 
+def block_positions(start: int, n: int) -> np.ndarray:
+    """(n,) the position slots of a block's sentences: their indices in the document, those
+    past the table's last slot on that slot. Not counted again from 0: slot 0 is what the
+    scorer learns as the lead, and sentence BLOCK read there scored as the document's first.
+    Not wrapped or spread either: every slot past the longest training document is as
+    untrained as the next (near zero, DocumentScorer), so the last one says "late in a long
+    document" as well as any, and the document-wide features (position, log_index) still
+    tell those sentences apart."""
+    return np.minimum(np.arange(start, start + n), BLOCK - 1)
+
+
 @dataclass
 class DocumentBatch:
     """Documents' blocks padded to the longest: vectors (B, n, D), features (B, n, F), mask
-    (B, n) of real sentences, labels (B, n) (0 where a document has none)."""
+    (B, n) of real sentences, positions (B, n) (block_positions), labels (B, n) (0 where a
+    document has none)."""
 
     vectors: torch.Tensor
     features: torch.Tensor
     mask: torch.Tensor
+    positions: torch.Tensor
     labels: torch.Tensor
 
     def to(self, device: torch.device | str) -> DocumentBatch:
         return DocumentBatch(*(t.to(device) for t in self.inputs()), self.labels.to(device))
 
-    def inputs(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return self.vectors, self.features, self.mask
+    def inputs(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.vectors, self.features, self.mask, self.positions
 
     @property
     def num_tokens(self) -> int:  # what the training loop counts: real sentences
@@ -354,14 +377,16 @@ def collate_documents(docs: Sequence[ScoredDocument]) -> DocumentBatch:
     f = torch.zeros(len(docs), n, width)
     y = torch.zeros(len(docs), n)
     mask = torch.zeros(len(docs), n, dtype=torch.bool)
+    positions = torch.zeros(len(docs), n, dtype=torch.long)  # padding: any slot, masked
     for b, d in enumerate(docs):
         k = len(d.vectors)
         x[b, :k] = torch.from_numpy(d.vectors)
         f[b, :k] = torch.from_numpy(d.features)
         mask[b, :k] = True
+        positions[b, :k] = torch.from_numpy(block_positions(d.start, k))
         if d.labels is not None:
             y[b, :k] = torch.from_numpy(d.labels)
-    return DocumentBatch(x, f, mask, y)
+    return DocumentBatch(x, f, mask, positions, y)
 
 
 def split_blocks(docs: Sequence[ScoredDocument]) -> tuple[list[ScoredDocument], list[int]]:
@@ -369,10 +394,9 @@ def split_blocks(docs: Sequence[ScoredDocument]) -> tuple[list[ScoredDocument], 
     parts, owner = [], []
     for k, d in enumerate(docs):
         for r in blocks(len(d.vectors)):
-            labels = None if d.labels is None else d.labels[r.start : r.stop]
-            parts.append(
-                ScoredDocument(d.vectors[r.start : r.stop], d.features[r.start : r.stop], labels)
-            )
+            at = slice(r.start, r.stop)
+            labels = None if d.labels is None else d.labels[at]
+            parts.append(ScoredDocument(d.vectors[at], d.features[at], labels, d.start + r.start))
             owner.append(k)
     return parts, owner
 
