@@ -775,3 +775,92 @@ def test_positions_past_a_block_do_not_start_again_at_the_lead() -> None:
     (scores,) = ds.score_documents(scorer, [doc])
     assert abs(scores[0] - scores[ds.BLOCK - 1]) > 0.1  # the two slots score apart
     assert np.allclose(scores[ds.BLOCK :], scores[ds.BLOCK - 1], atol=1e-3), scores[-20:]
+
+
+@pytest.fixture
+def scorer_dir(tmp_path: Path, minilm_dir: Path) -> Path:
+    """all-MiniLM-L6-v2 (its weights linked) with an untrained document scorer beside it: a
+    summarizer's directory as the pipeline reads it, made in a moment."""
+    import shutil
+
+    d = tmp_path / "scorer-dir"
+    shutil.copytree(minilm_dir, d, ignore=shutil.ignore_patterns("*.safetensors", "*.bin"))
+    (d / "model.safetensors").symlink_to(minilm_dir / "model.safetensors")
+    torch.manual_seed(0)
+    ds.DocumentScorer(ds.ScorerConfig(dim=384)).save_pretrained(d)
+    return d
+
+
+THREE = ["The river runs through the old town. Its bridges are old. Boats carry goods on it."]
+
+
+@pytest.mark.parametrize("missing", [ds.SCORER_CONFIG, ds.SCORER_FILE])
+def test_a_summarizer_with_a_file_missing_is_one_error_naming_it(
+    scorer_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture, missing: str
+) -> None:
+    """Half a summarizer is refused, not read as k-means over its encoder with "mode":
+    "kmeans" the only sign; k-means asked for by name still reads the encoder."""
+    from bertforge.cli import main
+    from bertforge.errors import CheckpointError
+    from bertforge.train.finetune import evaluate_model
+
+    (scorer_dir / missing).unlink()
+    message = rf"^{scorer_dir}: has .* but not {missing}: the summarizer is incomplete"
+    with pytest.raises(CheckpointError, match=message):
+        Pipeline(scorer_dir).summarize(THREE)
+    data = tmp_path / "docs.jsonl"
+    data.write_text(json.dumps({"text": THREE[0], "summary": "Its bridges are old."}) + "\n")
+    with pytest.raises(CheckpointError, match=message):
+        evaluate_model(str(scorer_dir), "summarize", str(data))
+    assert main(["summarize", str(scorer_dir), str(data), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"but not {missing}" in err, err
+    assert not (tmp_path / "o").exists()
+    (kmeans,) = Pipeline(scorer_dir).summarize(THREE, sentences=1, mode="kmeans")
+    assert kmeans["mode"] == "kmeans" and len(kmeans["sentences"]) == 1
+
+
+def test_non_finite_scorer_weights_are_one_error_naming_the_file_and_the_tensor(
+    scorer_dir: Path,
+) -> None:
+    """A NaN in the scorer gave every sentence a NaN score ("score": null) and an arbitrary
+    choice with "mode": "trained"."""
+    from safetensors.torch import load_file, save_file
+
+    from bertforge.errors import CheckpointError
+
+    weights = scorer_dir / ds.SCORER_FILE
+    state = load_file(weights)
+    name = "layers.layers.1.linear1.weight"
+    state[name][0, 7] = float("nan")
+    save_file(state, str(weights))
+    with pytest.raises(CheckpointError, match=rf"^{weights}: tensor '{name}' has 1 number"):
+        Pipeline(scorer_dir).summarize(THREE)
+
+
+def test_an_edited_scorer_config_is_one_line_naming_the_file_and_the_field(
+    scorer_dir: Path,
+) -> None:
+    """A size edited in summarizer.json is one line naming the file and the field (not
+    PyTorch's multi-line size mismatch, nor a silent change of heads); an unknown or missing
+    field is named too (not a Python TypeError's text)."""
+    from bertforge.errors import CheckpointError
+
+    path = scorer_dir / ds.SCORER_CONFIG
+    config = json.loads(path.read_text())
+    for edit, want in (
+        ({"hidden": 64}, "hidden=64, but"),
+        ({"layers": 3}, "layers=3, but"),
+        ({"dim": 768}, "dim=768, but"),
+        ({"heads": 2}, "heads=2, but"),
+        ({"extra": 1}, "unknown field 'extra'"),
+        ({"dim": None}, "missing field 'dim'"),
+    ):
+        edited = {k: v for k, v in {**config, **edit}.items() if v is not None}
+        path.write_text(json.dumps(edited))
+        with pytest.raises(CheckpointError) as e:
+            ds.DocumentScorer.from_pretrained(scorer_dir)
+        message = str(e.value)
+        assert message.startswith(f"{path}: {want}") and "\n" not in message, message
+    path.write_text(json.dumps(config))
+    assert ds.DocumentScorer.from_pretrained(scorer_dir).config.heads == 4

@@ -169,6 +169,15 @@ def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
+def safetensors_metadata(path: Path) -> dict[str, str]:
+    """The string metadata of a safetensors file's header (no tensor read)."""
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            return dict(f.metadata() or {})
+    except Exception as e:  # as read_safetensors
+        raise CheckpointError(f"{path}: corrupt or truncated safetensors file: {e}") from None
+
+
 def read_pickle(path: Path) -> dict[str, torch.Tensor]:
     state = load_torch(path, "a PyTorch state dict")
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
