@@ -864,3 +864,25 @@ def test_an_edited_scorer_config_is_one_line_naming_the_file_and_the_field(
         assert message.startswith(f"{path}: {want}") and "\n" not in message, message
     path.write_text(json.dumps(config))
     assert ds.DocumentScorer.from_pretrained(scorer_dir).config.heads == 4
+
+
+def test_sentences_and_ratio_together_are_refused(
+    minilm_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """The ratio won silently over --sentences; either alone is as before."""
+    from bertforge.cli import main
+
+    with pytest.raises(ConfigError, match=r"sentences \(--sentences\) or ratio \(--ratio\)"):
+        summary_length(10, 2, 0.5)
+    assert summary_length(10, None, 0.5) == 5 and summary_length(10) == 3
+    pipe = Pipeline(minilm_dir)
+    with pytest.raises(ConfigError, match="not both"):
+        pipe.summarize(THREE, sentences=1, ratio=0.5)
+    data = tmp_path / "docs.jsonl"
+    data.write_text(json.dumps({"text": THREE[0]}) + "\n")
+    out = tmp_path / "out.jsonl"
+    assert main(["summarize", str(minilm_dir), str(data), "--sentences", "1", "--ratio", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "--sentences" in err and "--ratio" in err and err.count("\n") == 1, err
+    assert main(["summarize", str(minilm_dir), str(data), "--ratio", "1", "--out", str(out)]) == 0
+    assert len(json.loads(out.read_text())["sentences"]) == 3

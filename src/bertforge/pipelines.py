@@ -735,16 +735,16 @@ class Pipeline:
     def summarize(
         self,
         texts: Sequence[str],
-        sentences: int = 3,
+        sentences: int | None = None,
         ratio: float | None = None,
         mode: str = "auto",
         block_trigrams: bool = True,
     ) -> list[dict[str, Any]]:
         """Per document (its paragraphs on lines): an extractive summary, {"summary": the chosen
         sentences joined by spaces, "sentences": [{index, text, start, end, score}] in document
-        order (character offsets into the text), "mode"}. `sentences` per summary, or
-        round(ratio x the document's sentences); trigram blocking skips a sentence sharing
-        a word trigram with one chosen before it (tasks.summarize).
+        order (character offsets into the text), "mode"}. `sentences` per summary (default 3),
+        or round(ratio x the document's sentences), not both; trigram blocking skips a sentence
+        sharing a word trigram with one chosen before it (tasks.summarize).
 
         mode: trained, the sentences a fine-tuned summarizer (finetune --task summarize) scores
         best; kmeans, with any embedding model, the sentence nearest each centre of k-means over
@@ -753,6 +753,7 @@ class Pipeline:
         embedding; auto, trained for a summarizer, else kmeans. An empty document has an empty
         summary; one shorter than the summary is kept whole."""
         check_choice("mode", mode, summarize.MODES)
+        summarize.summary_length(0, sentences, ratio)  # checked before any work, or any text
         if isinstance(texts, str):
             raise InputError("pass a list of texts (a single string is not a list)")
         for i, t in enumerate(texts):
