@@ -755,28 +755,6 @@ def test_a_scorer_over_two_pooling_modes_trains_and_checks_its_width(
         Pipeline(out).summarize([rows[0]["text"]], sentences=1)
 
 
-def test_positions_past_a_block_do_not_start_again_at_the_lead() -> None:
-    """A document of more than BLOCK sentences is read in blocks; the second block's first
-    sentence read the position slot of the document's first (what the scorer learns as "the
-    lead"). With that slot and the last made to dominate every other input, sentence BLOCK
-    scores as sentence BLOCK - 1 does, not as sentence 0."""
-    torch.manual_seed(0)
-    scorer = ds.DocumentScorer(ds.ScorerConfig(dim=4, hidden=8, layers=1, heads=2)).eval()
-    direction = torch.randn(8)
-    direction -= direction.mean()  # LayerNorm removes a vector's mean: keep none to remove
-    with torch.no_grad():
-        scorer.position.weight[0] = 1e4 * direction
-        scorer.position.weight[ds.BLOCK - 1] = -1e4 * direction
-    rng = np.random.default_rng(0)
-    n = ds.BLOCK + 20
-    doc = ds.ScoredDocument(
-        ds.unit(rng.normal(size=(n, 4))), rng.normal(size=(n, len(ds.FEATURES))).astype("f")
-    )
-    (scores,) = ds.score_documents(scorer, [doc])
-    assert abs(scores[0] - scores[ds.BLOCK - 1]) > 0.1  # the two slots score apart
-    assert np.allclose(scores[ds.BLOCK :], scores[ds.BLOCK - 1], atol=1e-3), scores[-20:]
-
-
 @pytest.fixture
 def scorer_dir(tmp_path: Path, minilm_dir: Path) -> Path:
     """all-MiniLM-L6-v2 (its weights linked) with an untrained document scorer beside it: a
@@ -886,3 +864,54 @@ def test_sentences_and_ratio_together_are_refused(
     assert "--sentences" in err and "--ratio" in err and err.count("\n") == 1, err
     assert main(["summarize", str(minilm_dir), str(data), "--ratio", "1", "--out", str(out)]) == 0
     assert len(json.loads(out.read_text())["sentences"]) == 3
+
+
+def test_positions_past_a_block_do_not_start_again_at_the_lead() -> None:
+    """A document of more than BLOCK sentences is read in blocks; the second block's first
+    sentence read the position slot of the document's first (what the scorer learns as "the
+    lead"). With that slot and the last made to dominate every other input, sentence BLOCK
+    scores as sentence BLOCK - 1 does, not as sentence 0."""
+    torch.manual_seed(0)
+    scorer = ds.DocumentScorer(ds.ScorerConfig(dim=4, hidden=8, layers=1, heads=2)).eval()
+    direction = torch.randn(8)
+    direction -= direction.mean()  # LayerNorm removes a vector's mean: keep none to remove
+    with torch.no_grad():
+        scorer.position.weight[0] = 1e4 * direction
+        scorer.position.weight[ds.BLOCK - 1] = -1e4 * direction
+    rng = np.random.default_rng(0)
+    n = ds.BLOCK + 20
+    doc = ds.ScoredDocument(
+        ds.unit(rng.normal(size=(n, 4))), rng.normal(size=(n, len(ds.FEATURES))).astype("f")
+    )
+    (scores,) = ds.score_documents(scorer, [doc])
+    assert abs(scores[0] - scores[ds.BLOCK - 1]) > 0.1  # the two slots score apart
+    assert np.allclose(scores[ds.BLOCK :], scores[ds.BLOCK - 1], atol=1e-3), scores[-20:]
+
+
+def test_summarize_shows_its_progress_in_lines_off_a_terminal(
+    minilm_dir: Path,
+    scorer_dir: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A long document took minutes with no sign of life: the CLI shows how many of the
+    sentences are read (a bar on a terminal; off one, a line every so often: here always)."""
+    from bertforge import runner
+    from bertforge.cli import main
+
+    monkeypatch.setattr(runner, "LINE_SECONDS", 0.0)
+    text = " ".join(f"Sentence number {i} of a long document is here." for i in range(40))
+    Pipeline(minilm_dir).summarize([text, THREE[0]])
+    assert capsys.readouterr().err == ""  # the library is quiet unless asked
+    for model, mode in ((minilm_dir, "kmeans"), (scorer_dir, "trained")):
+        (result, _) = Pipeline(model).summarize([text, THREE[0]], progress=True)
+        lines = capsys.readouterr().err.splitlines()
+        assert result["mode"] == mode and lines, lines
+        assert all(line.startswith("summarize: ") for line in lines), lines
+        assert lines[-1].startswith("summarize: 43/43 sentences (100%)"), lines
+    data = tmp_path / "docs.jsonl"
+    data.write_text(json.dumps({"text": text}) + "\n")
+    assert main(["summarize", str(minilm_dir), str(data), "--out", str(tmp_path / "o")]) == 0
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[-2].startswith("summarize: 40/40 sentences (100%)"), lines  # then "wrote ..."
