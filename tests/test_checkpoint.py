@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import warnings
@@ -329,3 +330,38 @@ def test_a_head_that_reads_the_pooler_needs_the_trained_pooler(tmp_path: Path) -
     )
     encoder = load_trained(BertModel, nsp, "")  # an encoder's pooler is read by no head
     assert _same_params(encoder.layers, pretrained.bert.layers)
+
+
+@pytest.mark.parametrize(
+    ("layout", "value"), [("model.safetensors", math.nan), ("pytorch_model.bin", -math.inf)]
+)
+def test_non_finite_weights_are_one_error_naming_the_file_and_the_tensor(
+    tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture, layout: str, value: float
+) -> None:
+    """A damaged checkpoint (one number NaN or infinite) loaded the usual way (`embed`, the
+    pipelines) is refused, not run: every output would be NaN, or a choice made among NaNs."""
+    from safetensors.torch import load_file
+
+    from bertforge.cli import main
+    from bertforge.pipelines import Pipeline
+
+    damaged = tmp_path / "damaged"
+    shutil.copytree(tiny_model, damaged)
+    state = load_file(damaged / "model.safetensors")
+    name = "bert.encoder.layer.1.output.dense.weight"
+    state[name][3, 5] = value
+    (damaged / "model.safetensors").unlink()
+    if layout == "model.safetensors":
+        save_file(state, str(damaged / layout), metadata={"format": "pt"})
+    else:
+        torch.save(state, damaged / layout)
+    message = rf"^{damaged / layout}: tensor '{name}' has 1 number that is not finite \({value}\)"
+    with pytest.raises(CheckpointError, match=message):
+        Pipeline(damaged).embed(["a sentence"])
+    texts = tmp_path / "texts.txt"
+    texts.write_text("a sentence\n", encoding="utf-8")
+    out = tmp_path / "vectors.jsonl"
+    assert main(["embed", str(damaged), str(texts), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{layout}: tensor '{name}'" in err, err
+    assert not out.exists()

@@ -150,6 +150,11 @@ def test_summarize_answers_its_shape_and_refuses_bad_options(server: str, classi
     for bad in ({"ratio": 2}, {"sentences": 0}, {"mode": "magic"}, {"mode": "trained"}):
         r = httpx.post(f"{server}/summarize", json={"texts": texts, **bad})
         assert 400 <= r.status_code < 500 and r.json()["error"], (bad, r.text)
+    # the ratio won silently over sentences; either alone answers
+    r = httpx.post(f"{server}/summarize", json={"texts": texts, "sentences": 1, "ratio": 1.0})
+    assert r.status_code == 422 and re.search(r"sentences .* or ratio .*not both", r.text), r.text
+    r = httpx.post(f"{server}/summarize", json={"texts": texts, "ratio": 1.0})
+    assert r.status_code == 200 and len(r.json()["results"][0]["sentences"]) == 3, r.text
     r = httpx.post(f"{server}/summarize", json={"texts": "not a list"})
     assert r.status_code == 422
 

@@ -441,7 +441,7 @@ def test_sentence_features_of_small_and_empty_documents() -> None:
 
 def test_blocks_score_every_sentence_once() -> None:
     """A document longer than BLOCK sentences is scored in blocks; every sentence gets exactly
-    one score, that of its block read alone."""
+    one score, that of its block read alone at its place in the document."""
     torch.manual_seed(0)
     scorer = ds.DocumentScorer(ds.ScorerConfig(dim=4, hidden=8, layers=1, heads=2)).eval()
     rng = np.random.default_rng(1)
@@ -453,9 +453,8 @@ def test_blocks_score_every_sentence_once() -> None:
     ]
     long, short, empty = ds.score_documents(scorer, docs, batch_size=2)
     assert long.shape == (ds.BLOCK + 37,) and short.shape == (3,) and empty.shape == (0,)
-    (tail,) = ds.score_documents(
-        scorer, [ds.ScoredDocument(docs[0].vectors[ds.BLOCK :], docs[0].features[ds.BLOCK :])]
-    )
+    rest = docs[0].vectors[ds.BLOCK :], docs[0].features[ds.BLOCK :]
+    (tail,) = ds.score_documents(scorer, [ds.ScoredDocument(*rest, start=ds.BLOCK)])
     assert np.allclose(long[ds.BLOCK :], tail, atol=1e-5)
 
 
@@ -754,3 +753,165 @@ def test_a_scorer_over_two_pooling_modes_trains_and_checks_its_width(
     pooling_file.write_text(json.dumps({**pooling, "pooling_mode_cls_token": False}))
     with pytest.raises(CheckpointError, match="pooling gives 384"):
         Pipeline(out).summarize([rows[0]["text"]], sentences=1)
+
+
+@pytest.fixture
+def scorer_dir(tmp_path: Path, minilm_dir: Path) -> Path:
+    """all-MiniLM-L6-v2 (its weights linked) with an untrained document scorer beside it: a
+    summarizer's directory as the pipeline reads it, made in a moment."""
+    import shutil
+
+    d = tmp_path / "scorer-dir"
+    shutil.copytree(minilm_dir, d, ignore=shutil.ignore_patterns("*.safetensors", "*.bin"))
+    (d / "model.safetensors").symlink_to(minilm_dir / "model.safetensors")
+    torch.manual_seed(0)
+    ds.DocumentScorer(ds.ScorerConfig(dim=384)).save_pretrained(d)
+    return d
+
+
+THREE = ["The river runs through the old town. Its bridges are old. Boats carry goods on it."]
+
+
+@pytest.mark.parametrize("missing", [ds.SCORER_CONFIG, ds.SCORER_FILE])
+def test_a_summarizer_with_a_file_missing_is_one_error_naming_it(
+    scorer_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture, missing: str
+) -> None:
+    """Half a summarizer is refused, not read as k-means over its encoder with "mode":
+    "kmeans" the only sign; k-means asked for by name still reads the encoder."""
+    from bertforge.cli import main
+    from bertforge.errors import CheckpointError
+    from bertforge.train.finetune import evaluate_model
+
+    (scorer_dir / missing).unlink()
+    message = rf"^{scorer_dir}: has .* but not {missing}: the summarizer is incomplete"
+    with pytest.raises(CheckpointError, match=message):
+        Pipeline(scorer_dir).summarize(THREE)
+    data = tmp_path / "docs.jsonl"
+    data.write_text(json.dumps({"text": THREE[0], "summary": "Its bridges are old."}) + "\n")
+    with pytest.raises(CheckpointError, match=message):
+        evaluate_model(str(scorer_dir), "summarize", str(data))
+    assert main(["summarize", str(scorer_dir), str(data), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"but not {missing}" in err, err
+    assert not (tmp_path / "o").exists()
+    (kmeans,) = Pipeline(scorer_dir).summarize(THREE, sentences=1, mode="kmeans")
+    assert kmeans["mode"] == "kmeans" and len(kmeans["sentences"]) == 1
+
+
+def test_non_finite_scorer_weights_are_one_error_naming_the_file_and_the_tensor(
+    scorer_dir: Path,
+) -> None:
+    """A NaN in the scorer gave every sentence a NaN score ("score": null) and an arbitrary
+    choice with "mode": "trained"."""
+    from safetensors.torch import load_file, save_file
+
+    from bertforge.errors import CheckpointError
+
+    weights = scorer_dir / ds.SCORER_FILE
+    state = load_file(weights)
+    name = "layers.layers.1.linear1.weight"
+    state[name][0, 7] = float("nan")
+    save_file(state, str(weights))
+    with pytest.raises(CheckpointError, match=rf"^{weights}: tensor '{name}' has 1 number"):
+        Pipeline(scorer_dir).summarize(THREE)
+
+
+def test_an_edited_scorer_config_is_one_line_naming_the_file_and_the_field(
+    scorer_dir: Path,
+) -> None:
+    """A size edited in summarizer.json is one line naming the file and the field (not
+    PyTorch's multi-line size mismatch, nor a silent change of heads); an unknown or missing
+    field is named too (not a Python TypeError's text)."""
+    from bertforge.errors import CheckpointError
+
+    path = scorer_dir / ds.SCORER_CONFIG
+    config = json.loads(path.read_text())
+    for edit, want in (
+        ({"hidden": 64}, "hidden=64, but"),
+        ({"layers": 3}, "layers=3, but"),
+        ({"dim": 768}, "dim=768, but"),
+        ({"heads": 2}, "heads=2, but"),
+        ({"extra": 1}, "unknown field 'extra'"),
+        ({"dim": None}, "missing field 'dim'"),
+    ):
+        edited = {k: v for k, v in {**config, **edit}.items() if v is not None}
+        path.write_text(json.dumps(edited))
+        with pytest.raises(CheckpointError) as e:
+            ds.DocumentScorer.from_pretrained(scorer_dir)
+        message = str(e.value)
+        assert message.startswith(f"{path}: {want}") and "\n" not in message, message
+    path.write_text(json.dumps(config))
+    assert ds.DocumentScorer.from_pretrained(scorer_dir).config.heads == 4
+
+
+def test_sentences_and_ratio_together_are_refused(
+    minilm_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """The ratio won silently over --sentences; either alone is as before."""
+    from bertforge.cli import main
+
+    with pytest.raises(ConfigError, match=r"sentences \(--sentences\) or ratio \(--ratio\)"):
+        summary_length(10, 2, 0.5)
+    assert summary_length(10, None, 0.5) == 5 and summary_length(10) == 3
+    pipe = Pipeline(minilm_dir)
+    with pytest.raises(ConfigError, match="not both"):
+        pipe.summarize(THREE, sentences=1, ratio=0.5)
+    data = tmp_path / "docs.jsonl"
+    data.write_text(json.dumps({"text": THREE[0]}) + "\n")
+    out = tmp_path / "out.jsonl"
+    assert main(["summarize", str(minilm_dir), str(data), "--sentences", "1", "--ratio", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "--sentences" in err and "--ratio" in err and err.count("\n") == 1, err
+    assert main(["summarize", str(minilm_dir), str(data), "--ratio", "1", "--out", str(out)]) == 0
+    assert len(json.loads(out.read_text())["sentences"]) == 3
+
+
+def test_positions_past_a_block_do_not_start_again_at_the_lead() -> None:
+    """A document of more than BLOCK sentences is read in blocks; the second block's first
+    sentence read the position slot of the document's first (what the scorer learns as "the
+    lead"). With that slot and the last made to dominate every other input, sentence BLOCK
+    scores as sentence BLOCK - 1 does, not as sentence 0."""
+    torch.manual_seed(0)
+    scorer = ds.DocumentScorer(ds.ScorerConfig(dim=4, hidden=8, layers=1, heads=2)).eval()
+    direction = torch.randn(8)
+    direction -= direction.mean()  # LayerNorm removes a vector's mean: keep none to remove
+    with torch.no_grad():
+        scorer.position.weight[0] = 1e4 * direction
+        scorer.position.weight[ds.BLOCK - 1] = -1e4 * direction
+    rng = np.random.default_rng(0)
+    n = ds.BLOCK + 20
+    doc = ds.ScoredDocument(
+        ds.unit(rng.normal(size=(n, 4))), rng.normal(size=(n, len(ds.FEATURES))).astype("f")
+    )
+    (scores,) = ds.score_documents(scorer, [doc])
+    assert abs(scores[0] - scores[ds.BLOCK - 1]) > 0.1  # the two slots score apart
+    assert np.allclose(scores[ds.BLOCK :], scores[ds.BLOCK - 1], atol=1e-3), scores[-20:]
+
+
+def test_summarize_shows_its_progress_in_lines_off_a_terminal(
+    minilm_dir: Path,
+    scorer_dir: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A long document took minutes with no sign of life: the CLI shows how many of the
+    sentences are read (a bar on a terminal; off one, a line every so often: here always)."""
+    from bertforge import runner
+    from bertforge.cli import main
+
+    monkeypatch.setattr(runner, "LINE_SECONDS", 0.0)
+    text = " ".join(f"Sentence number {i} of a long document is here." for i in range(40))
+    Pipeline(minilm_dir).summarize([text, THREE[0]])
+    assert capsys.readouterr().err == ""  # the library is quiet unless asked
+    for model, mode in ((minilm_dir, "kmeans"), (scorer_dir, "trained")):
+        (result, _) = Pipeline(model).summarize([text, THREE[0]], progress=True)
+        lines = capsys.readouterr().err.splitlines()
+        assert result["mode"] == mode and lines, lines
+        assert all(line.startswith("summarize: ") for line in lines), lines
+        assert lines[-1].startswith("summarize: 43/43 sentences (100%)"), lines
+    data = tmp_path / "docs.jsonl"
+    data.write_text(json.dumps({"text": text}) + "\n")
+    assert main(["summarize", str(minilm_dir), str(data), "--out", str(tmp_path / "o")]) == 0
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[-2].startswith("summarize: 40/40 sentences (100%)"), lines  # then "wrote ..."

@@ -314,8 +314,9 @@ ENTRIES: dict[str, Entry] = {
             BertModel,
             lambda x, r, i: r,
             options={
-                "sentences": "sentences per summary",
-                "ratio": "keep this share of each document's sentences instead (0 < r <= 1)",
+                "sentences": "sentences per summary (default: 3)",
+                "ratio": "keep this share of each document's sentences instead of --sentences "
+                "(0 < r <= 1)",
                 "mode": "trained (a summarizer's scores), kmeans or centroid (sentence "
                 "embeddings); auto: trained for a summarizer, else kmeans",
                 "block_trigrams": "keep a sentence that shares a word trigram with one chosen "

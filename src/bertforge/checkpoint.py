@@ -156,26 +156,67 @@ def _shards(directory: Path, index_name: str) -> list[Path]:
 
 
 def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a safetensors file, each finite (check_finite)."""
     try:
         with safe_open(str(path), framework="pt", device="cpu") as f:
-            return {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118
+            tensors = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118
     except Exception as e:  # SafetensorError, OSError, JSON errors in the header
         size = path.stat().st_size if path.exists() else 0
         raise CheckpointError(
             f"{path}: corrupt or truncated safetensors file ({size} bytes): {e}"
         ) from None
+    check_finite(tensors, path)
+    return tensors
+
+
+def safetensors_metadata(path: Path) -> dict[str, str]:
+    """The string metadata of a safetensors file's header (no tensor read)."""
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            return dict(f.metadata() or {})
+    except Exception as e:  # as read_safetensors
+        raise CheckpointError(f"{path}: corrupt or truncated safetensors file: {e}") from None
 
 
 def read_pickle(path: Path) -> dict[str, torch.Tensor]:
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # UnpicklingError for unsafe content, EOFError/RuntimeError if truncated
-        raise CheckpointError(
-            f"{path}: cannot read as a PyTorch state dict (weights_only=True): {e}"
-        ) from None
+    state = load_torch(path, "a PyTorch state dict")
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise CheckpointError(f"{path}: expected a dict of tensors (a state_dict)")
     return state
+
+
+def load_torch(path: Path, what: str) -> Any:
+    """A file of torch.save read with weights_only=True (tensors, numbers, strings and
+    containers of them; never a full unpickle), its tensors finite (check_finite); one
+    CheckpointError naming the file and `what` it should be when it cannot be read."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # UnpicklingError for unsafe content, EOFError/RuntimeError if truncated
+        raise CheckpointError(f"{path}: cannot read as {what} (weights_only=True): {e}") from None
+    check_finite(state, path)
+    return state
+
+
+def check_finite(state: Any, path: Path, name: str = "") -> None:
+    """One CheckpointError naming the file and the tensor where a floating tensor in `state`
+    (a tensor, or dicts, lists and tuples of them) holds a NaN or an infinity. Every weights
+    file is read through here: a damaged one would otherwise run, every output NaN or a
+    choice made among NaNs, with no error anywhere."""
+    if isinstance(state, torch.Tensor):
+        if state.is_floating_point() and not bool(torch.isfinite(state).all()):
+            bad = state[~torch.isfinite(state)]
+            n = bad.numel()
+            numbers = "1 number that is" if n == 1 else f"{n:,} numbers that are"
+            raise CheckpointError(
+                f"{path}: tensor {name!r} has {numbers} not finite ({bad[0].item()}): "
+                "the file is damaged, or saved from a run that diverged"
+            )
+    elif isinstance(state, dict):
+        for key, value in state.items():
+            check_finite(value, path, f"{name}.{key}" if name else str(key))
+    elif isinstance(state, (list, tuple)):
+        for i, value in enumerate(state):
+            check_finite(value, path, f"{name}[{i}]")
 
 
 def read_tensors(directory: Path) -> tuple[dict[str, torch.Tensor], dict[str, Path]]:

@@ -361,7 +361,11 @@ def cmd_pipeline(args: argparse.Namespace) -> None:
     rows = read_inputs(args.input, inputs, args.skip_blank, keep_tabs, unasked)
     texts = columns(rows, inputs)
     pipe = Pipeline(args.model, **options_of(args, Pipeline))
-    results = entry.run(pipe, texts, options_of(args, getattr(Pipeline, entry.method)))
+    method = getattr(Pipeline, entry.method)
+    options = options_of(args, method)
+    if any(name == "progress" for name, *_ in parameters(method)):  # long inputs show how far
+        options["progress"] = True
+    results = entry.run(pipe, texts, options)
     if entry.post:
         results = entry.post(results, **options_of(args, entry.post))
     write_results(entry, args.out, rows, texts, results)

@@ -45,7 +45,7 @@ from .embedding import POOLINGS
 from .errors import ConfigError, InputError, ItemError, check_choice
 from .heads import BertForTokenClassification
 from .hub import resolve
-from .runner import Runner, prepared
+from .runner import Runner, prepared, progress_bar
 from .tasks import (
     TaskOptions,
     document_scorer,
@@ -735,24 +735,27 @@ class Pipeline:
     def summarize(
         self,
         texts: Sequence[str],
-        sentences: int = 3,
+        sentences: int | None = None,
         ratio: float | None = None,
         mode: str = "auto",
         block_trigrams: bool = True,
+        progress: bool = False,
     ) -> list[dict[str, Any]]:
         """Per document (its paragraphs on lines): an extractive summary, {"summary": the chosen
         sentences joined by spaces, "sentences": [{index, text, start, end, score}] in document
-        order (character offsets into the text), "mode"}. `sentences` per summary, or
-        round(ratio x the document's sentences); trigram blocking skips a sentence sharing
-        a word trigram with one chosen before it (tasks.summarize).
+        order (character offsets into the text), "mode"}. `sentences` per summary (default 3),
+        or round(ratio x the document's sentences), not both; trigram blocking skips a sentence
+        sharing a word trigram with one chosen before it (tasks.summarize).
 
         mode: trained, the sentences a fine-tuned summarizer (finetune --task summarize) scores
         best; kmeans, with any embedding model, the sentence nearest each centre of k-means over
         the document's sentence embeddings (k = the summary's length), as the
         bert-extractive-summarizer package does; centroid, those nearest the document's mean
         embedding; auto, trained for a summarizer, else kmeans. An empty document has an empty
-        summary; one shorter than the summary is kept whole."""
+        summary; one shorter than the summary is kept whole. progress: show how many of the
+        sentences are read (runner.progress_bar; the CLI's, whose documents may take minutes)."""
         check_choice("mode", mode, summarize.MODES)
+        summarize.summary_length(0, sentences, ratio)  # checked before any work, or any text
         if isinstance(texts, str):
             raise InputError("pass a list of texts (a single string is not a list)")
         for i, t in enumerate(texts):
@@ -762,14 +765,18 @@ class Pipeline:
         counts = [summarize.summary_length(len(d.sentences), sentences, ratio) for d in docs]
         if mode == "auto":
             mode = "trained" if self._is_summarizer else "kmeans"
-        if mode == "trained":
-            scores = self._summary_scores(docs)
-            chosen = [
-                summarize.select(s, d.sentences, k, block_trigrams)
-                for d, s, k in zip(docs, scores, counts)
-            ]
-        else:
-            chosen, scores = self._unsupervised_summaries(docs, counts, mode, block_trigrams)
+        total = sum(len(d.sentences) for d in docs)  # a row each (BertSum's: _summary_scores)
+        with self.runner.showing(
+            progress_bar("summarize", total, "sentences") if progress else None
+        ):
+            if mode == "trained":
+                scores = self._summary_scores(docs)
+                chosen = [
+                    summarize.select(s, d.sentences, k, block_trigrams)
+                    for d, s, k in zip(docs, scores, counts)
+                ]
+            else:
+                chosen, scores = self._unsupervised_summaries(docs, counts, mode, block_trigrams)
         return [summarize.answer(d, c, s, mode) for d, c, s in zip(docs, chosen, scores)]
 
     @property
@@ -812,6 +819,9 @@ class Pipeline:
         )
         fam = family(dataclasses.replace(options, max_seq_length=rows), self.tok)
         features = fam.featurize(docs)
+        if self.runner.progress is not None:  # its rows are windows of sentences
+            self.runner.progress.unit = " windows"
+            self.runner.progress.reset(total=len(features.input_ids))
         rows = infer(
             self.runner, model, features, self.tok.pad_id, per_token=True, encoder=self.config
         )

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from .checkpoint import load_torch
 from .data.tasks import TaggedSentence
 from .errors import ConfigError, DataError
 from .evaluate import entity_scores
@@ -290,7 +291,7 @@ class _ChoiceRun:
 
     def load(self, resume: Path) -> None:
         """The training as `save` kept it after its last epoch."""
-        state = torch.load(resume, weights_only=True)  # our own file: tensors and strings
+        state = load_torch(resume, "a probe's saved training")  # tensors and strings
         self.net.load_state_dict(state["net"])
         self.optim.load_state_dict(state["optim"])
         self.rng.bit_generator.state = json.loads(state["rng"])

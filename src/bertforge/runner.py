@@ -16,12 +16,16 @@ length grew by about 16 MB per 500 texts (benchmarks/results/retrieval.md, index
 shapes keep it flat, and GPUs' tensor cores want such multiples anyway. Training batches follow
 the same rule (pad_multiple). fp32 keeps the exact lengths (the reference comparisons are
 bitwise there).
+
+Progress. A long run can show how far it is (Runner.showing): each batch advances a
+progress_bar by its rows, drawn in place on a terminal and written as whole lines off one.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +38,7 @@ from .errors import ConfigError, check_choice
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 PAD_MULTIPLE = 16  # bf16/fp16 batches: their length rounded up to a multiple of this
+LINE_SECONDS = 30.0  # off a terminal: a progress line at most this often, none for a shorter run
 
 
 def cpu_supports_bf16() -> bool:
@@ -137,6 +142,7 @@ class Runner:
     batch_size: int = 64
     overlap: bool | None = None
     max_tokens: int | None = None
+    progress: Any = None  # a progress_bar each batch advances by its rows (showing); None: none
 
     @property
     def pad_multiple(self) -> int:
@@ -190,9 +196,23 @@ class Runner:
                 if pending is not None:
                     place(*pending)
                 pending = rows, result
+                if self.progress is not None:
+                    self.progress.update(len(rows))
             if pending is not None:
                 place(*pending)
         return out
+
+    @contextlib.contextmanager
+    def showing(self, bar: Any) -> Iterator[Any]:
+        """`bar` (a progress_bar; None: nothing shown) advanced by the rows of every batch run
+        meanwhile, closed at the end."""
+        self.progress = bar
+        try:
+            yield bar
+        finally:
+            self.progress = None
+            if bar is not None:
+                bar.close()
 
     @property
     def overlaps(self) -> bool:
@@ -226,6 +246,42 @@ class Runner:
             return finish(host.numpy().copy())
 
         return Later(wait)
+
+
+def progress_bar(desc: str, total: int | None, unit: str) -> Any:
+    """A tqdm bar on stderr: on a terminal drawn in place; off one (a log file, a pipe, where
+    tqdm's carriage returns pile up on one line) a line `desc: n/total unit (p%), rate, time
+    left` at most every LINE_SECONDS, the last one at the end, and none for a shorter run."""
+    from tqdm.auto import tqdm
+
+    if sys.stderr.isatty():
+        return tqdm(total=total, desc=desc, unit=f" {unit}", dynamic_ncols=True, file=sys.stderr)
+
+    class Lines(tqdm):  # type: ignore[misc, valid-type]
+        def display(self, msg: str | None = None, pos: int | None = None) -> bool:
+            if msg is None:  # a refresh (msg "" is a clear: nothing to clear in a log)
+                self.fp.write(f"{self}\n")
+                self.fp.flush()
+            return msg is None
+
+        def close(self) -> None:
+            shown = getattr(self, "last_print_t", -1.0) >= self.start_t + self.delay
+            if not self.disable and shown and self.last_print_n < self.n:
+                self.display()  # where it ended
+            super().close()
+
+    counted = "{n_fmt}/{total_fmt}{unit} ({percentage:.0f}%), {rate_fmt}, {remaining} left"
+    return Lines(
+        total=total,
+        desc=desc,
+        unit=f" {unit}",
+        file=sys.stderr,
+        bar_format="{desc}: " + (counted if total else "{n_fmt}{unit}, {rate_fmt}"),
+        mininterval=LINE_SECONDS,
+        delay=LINE_SECONDS,
+        miniters=1,  # no dynamic miniters: tqdm's monitor thread would print between lines
+        leave=False,  # close's final line is ours (a kept bar would end in a blank line)
+    )
 
 
 @dataclass

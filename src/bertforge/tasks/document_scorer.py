@@ -6,8 +6,9 @@ Why. BertSum's own input reads a document in windows of 512 pieces; a Wikipedia 
 the whole article (about 140 sentences, a window sees about 8), and fine-tuning the encoder on
 a CPU gets a few hundred steps. Here the encoder is not trained: every sentence is embedded
 once (pooled as the model directory says), and what trains is the scorer, whose attention
-spans up to BLOCK sentences at a time (a longer document is read in blocks of BLOCK). It trains
-on 1,388 Wikipedia articles in minutes on a CPU.
+spans up to BLOCK sentences at a time (a longer document is read in blocks of BLOCK, its
+sentences past the position table on its last slot: block_positions). It trains on 1,388
+Wikipedia articles in minutes on a CPU.
 
 Input per sentence: its unit-length embedding and FEATURES (document-wide, computed from the
 sentences and their embeddings): its position (i / n, log(1 + i), first or not), its length in
@@ -28,7 +29,7 @@ import math
 import re
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,7 @@ import torch
 from torch import nn
 
 from .. import embedding
+from ..checkpoint import read_safetensors, safetensors_metadata
 from ..errors import CheckpointError, need_extra
 from ..fileio import atomic_path, read_json, write_json
 from ..runner import Runner
@@ -45,6 +47,7 @@ from .base import Features, infer
 
 SCORER_FILE = "summarizer.safetensors"
 SCORER_CONFIG = "summarizer.json"
+SIZES = ("dim", "hidden", "layers", "heads")  # ScorerConfig's sizes, also in SCORER_FILE's header
 POS_WEIGHT = 5.0  # the loss's weight of an oracle sentence (about 2% of Wikipedia's sentences)
 BLOCK = 512  # sentences the scorer attends over at once (its position table's size)
 FEATURES = (
@@ -193,7 +196,8 @@ class ScorerConfig:
 
 class DocumentScorer(nn.Module):
     """Scores (B, n) of documents' sentences from their embeddings (B, n, D) and features
-    (B, n, F); mask (B, n): real sentences. n at most BLOCK."""
+    (B, n, F); mask (B, n): real sentences; positions (B, n): each sentence's slot in the
+    position table (block_positions). n at most BLOCK."""
 
     def __init__(self, config: ScorerConfig) -> None:
         super().__init__()
@@ -211,61 +215,112 @@ class DocumentScorer(nn.Module):
         self.norm = nn.LayerNorm(h)
         self.score = nn.Linear(h, 1)
 
-    def forward(self, vectors: torch.Tensor, features: torch.Tensor, mask: torch.Tensor) -> Any:
-        n = vectors.shape[1]
+    def forward(
+        self,
+        vectors: torch.Tensor,
+        features: torch.Tensor,
+        mask: torch.Tensor,
+        positions: torch.Tensor | None = None,
+    ) -> Any:
+        if positions is None:  # one block that starts its document
+            positions = torch.arange(vectors.shape[1], device=vectors.device)[None]
         h = self.project(torch.cat([vectors, features], -1))
-        h = h + self.position(torch.arange(n, device=h.device))[None]
+        h = h + self.position(positions)
         h = self.layers(h, src_key_padding_mask=~mask)
         return self.score(self.norm(h)).squeeze(-1)
 
     def save_pretrained(self, directory: str | Path) -> None:
-        """SCORER_FILE and SCORER_CONFIG into `directory` (each written whole, then renamed)."""
+        """SCORER_FILE (its header also holds the SIZES: the number of heads is in no
+        tensor's shape) and SCORER_CONFIG into `directory` (each written whole, then renamed)."""
         from safetensors.torch import save_file
 
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
+        sizes = {name: str(getattr(self.config, name)) for name in SIZES}
         with atomic_path(out / SCORER_FILE) as tmp:
             state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
-            save_file(state, str(tmp), metadata={"format": "pt"})
+            save_file(state, str(tmp), metadata={"format": "pt", **sizes})
         config = asdict(self.config)
         config["features"] = list(self.config.features)
         write_json(out / SCORER_CONFIG, config)
 
     def load_checkpoint(self, directory: str | Path) -> None:
         """The weights of a training checkpoint of this scorer (train/checkpoints.load)."""
-        from safetensors.torch import load_file
-
-        path = Path(directory) / SCORER_FILE
-        try:
-            self.load_state_dict(load_file(str(path)), strict=True)
-        except Exception as e:
-            raise CheckpointError(f"{path}: not this scorer's weights ({e})") from e
+        self.load_state_dict(scorer_state(self, Path(directory)))
 
     @classmethod
     def from_pretrained(cls, directory: str | Path) -> DocumentScorer:
         """The scorer of a summarizer directory; one CheckpointError naming the file for a
-        config of other features or sizes, or missing, extra or misshapen weights."""
-        from safetensors.torch import load_file
-
+        config of other features or sizes, or missing, extra, misshapen or non-finite
+        weights."""
         path = Path(directory)
-        config = read_scorer_config(path / SCORER_CONFIG)
-        model = cls(config)
-        try:
-            state = load_file(str(path / SCORER_FILE))
-            model.load_state_dict(state, strict=True)
-        except Exception as e:  # SafetensorError, OSError, missing/unexpected/misshapen keys
-            raise CheckpointError(f"{path / SCORER_FILE}: not this scorer's weights ({e})") from e
+        model = cls(read_scorer_config(path / SCORER_CONFIG))
+        model.load_state_dict(scorer_state(model, path))
         return model.eval()
+
+
+def scorer_state(model: DocumentScorer, directory: Path) -> dict[str, torch.Tensor]:
+    """SCORER_FILE's tensors (read as every checkpoint is: checkpoint.read_safetensors, so
+    corrupt or non-finite ones are refused), checked against `model`, whose config is
+    SCORER_CONFIG's: a size the file was saved with that the config does not give names the
+    config's field (one line, where load_state_dict gives a size mismatch per tensor); then
+    a missing, extra or misshapen tensor names the weights."""
+    weights, config = directory / SCORER_FILE, directory / SCORER_CONFIG
+    state = read_safetensors(weights)
+    for name, saved in saved_sizes(state, safetensors_metadata(weights)).items():
+        given = getattr(model.config, name)
+        if given != saved:
+            raise CheckpointError(
+                f"{config}: {name}={given}, but {weights.name} holds a scorer of {name}={saved}"
+            )
+    expected = model.state_dict()
+    missing = [k for k in expected if k not in state]
+    extra = [k for k in state if k not in expected]
+    if missing or extra:
+        found = [f"missing {', '.join(missing[:3])}"] if missing else []
+        found += [f"unexpected {', '.join(extra[:3])}"] if extra else []
+        raise CheckpointError(f"{weights}: not this scorer's weights ({'; '.join(found)})")
+    for k, t in state.items():
+        if t.shape != expected[k].shape:
+            raise CheckpointError(
+                f"{weights}: tensor {k!r} has shape {tuple(t.shape)} but {config.name} gives "
+                f"{tuple(expected[k].shape)}"
+            )
+    return state
+
+
+def saved_sizes(state: dict[str, torch.Tensor], metadata: dict[str, str]) -> dict[str, int]:
+    """The SIZES a scorer's tensors were saved with: from the file's header where it has them
+    (save_pretrained), else those its shapes show (every size but heads)."""
+    sizes: dict[str, int] = {}
+    project = state.get("project.weight")  # (hidden, dim + len(FEATURES))
+    if project is not None and project.dim() == 2:
+        sizes["hidden"], sizes["dim"] = project.shape[0], project.shape[1] - len(FEATURES)
+    layers = {k.split(".")[2] for k in state if k.startswith("layers.layers.")}
+    if layers:
+        sizes["layers"] = len(layers)
+    sizes.update({k: int(v) for k, v in metadata.items() if k in SIZES and v.isdigit()})
+    return sizes
 
 
 def read_scorer_config(path: Path) -> ScorerConfig:
     """A scorer's config file, checked: one CheckpointError naming it for unknown fields,
     other features, or sizes a scorer cannot have."""
     raw = read_json(path, CheckpointError)
-    try:
-        config = ScorerConfig(**{**raw, "features": tuple(raw.get("features", ()))})
-    except TypeError as e:
-        raise CheckpointError(f"{path}: {e}") from None
+    names = [f.name for f in fields(ScorerConfig)]
+    unknown = [k for k in raw if k not in names]
+    if unknown:
+        raise CheckpointError(
+            f"{path}: unknown field {unknown[0]!r} (a scorer's fields: {', '.join(names)})"
+        )
+    required = [f.name for f in fields(ScorerConfig) if f.default is MISSING]
+    missing = [k for k in required if k not in raw]
+    if missing:
+        raise CheckpointError(f"{path}: missing field {missing[0]!r}")
+    features = raw.get("features", [])
+    if not isinstance(features, list):
+        raise CheckpointError(f"{path}: features={features!r}, expected a list of names")
+    config = ScorerConfig(**{**raw, "features": tuple(features)})
     if config.features != FEATURES or config.kind != "document":
         raise CheckpointError(
             f"{path}: a scorer of features {list(config.features)} (kind {config.kind!r}); "
@@ -303,8 +358,18 @@ def document_loss(logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor
 
 
 def is_document_summarizer(path: str | Path) -> bool:
-    """Whether a model directory holds a document scorer (SCORER_CONFIG)."""
-    return (Path(path) / SCORER_CONFIG).is_file()
+    """Whether a model directory holds a document scorer (SCORER_FILE and SCORER_CONFIG). One
+    of them alone is a damaged summarizer, not an encoder to summarize with by k-means: one
+    CheckpointError naming the file that is missing."""
+    directory = Path(path)
+    present = [name for name in (SCORER_FILE, SCORER_CONFIG) if (directory / name).is_file()]
+    if len(present) == 1:
+        (missing,) = {SCORER_FILE, SCORER_CONFIG} - set(present)
+        raise CheckpointError(
+            f"{directory}: has {present[0]} but not {missing}: the summarizer is incomplete "
+            "(copy its directory whole; `summarize --mode kmeans` reads its encoder alone)"
+        )
+    return len(present) == 2
 
 
 # ------------------------------------------------------------------------------------------------
@@ -318,6 +383,7 @@ class ScoredDocument:
     vectors: np.ndarray  # (n, D) unit embeddings
     features: np.ndarray  # (n, F)
     labels: np.ndarray | None = None  # (n,) 1 for an oracle sentence
+    start: int = 0  # a block's first sentence's index in its document
 
 
 def blocks(n: int) -> list[range]:
@@ -325,21 +391,34 @@ def blocks(n: int) -> list[range]:
     return [range(s, min(s + BLOCK, n)) for s in range(0, n, BLOCK)]
 
 
+def block_positions(start: int, n: int) -> np.ndarray:
+    """(n,) the position slots of a block's sentences: their indices in the document, those
+    past the table's last slot on that slot. Not counted again from 0: slot 0 is what the
+    scorer learns as the lead, and sentence BLOCK read there scored as the document's first.
+    Not wrapped or spread either: every slot past the longest training document is as
+    untrained as the next (near zero, DocumentScorer), so the last one says "late in a long
+    document" as well as any, and the document-wide features (position, log_index) still
+    tell those sentences apart."""
+    return np.minimum(np.arange(start, start + n), BLOCK - 1)
+
+
 @dataclass
 class DocumentBatch:
     """Documents' blocks padded to the longest: vectors (B, n, D), features (B, n, F), mask
-    (B, n) of real sentences, labels (B, n) (0 where a document has none)."""
+    (B, n) of real sentences, positions (B, n) (block_positions), labels (B, n) (0 where a
+    document has none)."""
 
     vectors: torch.Tensor
     features: torch.Tensor
     mask: torch.Tensor
+    positions: torch.Tensor
     labels: torch.Tensor
 
     def to(self, device: torch.device | str) -> DocumentBatch:
         return DocumentBatch(*(t.to(device) for t in self.inputs()), self.labels.to(device))
 
-    def inputs(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return self.vectors, self.features, self.mask
+    def inputs(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.vectors, self.features, self.mask, self.positions
 
     @property
     def num_tokens(self) -> int:  # what the training loop counts: real sentences
@@ -354,14 +433,16 @@ def collate_documents(docs: Sequence[ScoredDocument]) -> DocumentBatch:
     f = torch.zeros(len(docs), n, width)
     y = torch.zeros(len(docs), n)
     mask = torch.zeros(len(docs), n, dtype=torch.bool)
+    positions = torch.zeros(len(docs), n, dtype=torch.long)  # padding: any slot, masked
     for b, d in enumerate(docs):
         k = len(d.vectors)
         x[b, :k] = torch.from_numpy(d.vectors)
         f[b, :k] = torch.from_numpy(d.features)
         mask[b, :k] = True
+        positions[b, :k] = torch.from_numpy(block_positions(d.start, k))
         if d.labels is not None:
             y[b, :k] = torch.from_numpy(d.labels)
-    return DocumentBatch(x, f, mask, y)
+    return DocumentBatch(x, f, mask, positions, y)
 
 
 def split_blocks(docs: Sequence[ScoredDocument]) -> tuple[list[ScoredDocument], list[int]]:
@@ -369,10 +450,9 @@ def split_blocks(docs: Sequence[ScoredDocument]) -> tuple[list[ScoredDocument], 
     parts, owner = [], []
     for k, d in enumerate(docs):
         for r in blocks(len(d.vectors)):
-            labels = None if d.labels is None else d.labels[r.start : r.stop]
-            parts.append(
-                ScoredDocument(d.vectors[r.start : r.stop], d.features[r.start : r.stop], labels)
-            )
+            at = slice(r.start, r.stop)
+            labels = None if d.labels is None else d.labels[at]
+            parts.append(ScoredDocument(d.vectors[at], d.features[at], labels, d.start + r.start))
             owner.append(k)
     return parts, owner
 

@@ -61,6 +61,7 @@ ROUGE_TYPES = ("rouge1", "rouge2", "rougeLsum")
 METRICS = {"rouge1": "rouge1", "rouge2": "rouge2", "rougeLsum": "rougeL"}  # ours: rouge-score's
 MODES = ("auto", "trained", "kmeans", "centroid")  # Pipeline.summarize's modes
 MIN_CHARS = 40  # the unsupervised modes' shortest candidate sentence (bert-extractive-summarizer's)
+SENTENCES = 3  # a summary's sentences unless told otherwise (BertSum's)
 _WORD = re.compile(r"\w+")
 
 
@@ -183,13 +184,20 @@ def oracle(sentences: Sequence[str], summary: str, size: int = 3) -> list[int]:
 # Choosing sentences
 
 
-def summary_length(n: int, sentences: int | None = 3, ratio: float | None = None) -> int:
+def summary_length(n: int, sentences: int | None = None, ratio: float | None = None) -> int:
     """How many of a document's n sentences a summary keeps: round(ratio x n) (at least 1) when
-    ratio is given, else `sentences`; never more than n."""
+    ratio is given, else `sentences` (SENTENCES when neither is); never more than n. Both
+    given is an error: one of them would be ignored without a word."""
+    if ratio is not None and sentences is not None:
+        raise ConfigError(
+            f"give sentences (--sentences) or ratio (--ratio), not both: sentences={sentences} "
+            f"and ratio={ratio} ask for different lengths"
+        )
     if ratio is not None:
         if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio <= 1:
             raise ConfigError(f"ratio={ratio}: must be > 0 and <= 1")
         return min(n, max(1, round(ratio * n)))
+    sentences = SENTENCES if sentences is None else sentences
     if isinstance(sentences, bool) or not isinstance(sentences, (int, np.integer)) or sentences < 1:
         raise ConfigError(f"sentences={sentences!r}: must be an integer >= 1 (or give a ratio)")
     return min(n, sentences)

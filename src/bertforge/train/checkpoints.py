@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..checkpoint import load_state, read_tensors
+from ..checkpoint import load_state, load_torch, read_tensors
 from ..errors import CheckpointError, ConfigError
 from ..fileio import read_json, write_json
 from .distributed import Dist, barrier
@@ -192,7 +192,7 @@ def load(
     """Restore model, optimizer, scaler and RNG states from a checkpoint; returns its info."""
     try:
         info = read_json(path / INFO, CheckpointError)
-        state = torch.load(path / STATE, map_location="cpu", weights_only=True)
+        state = load_torch(path / STATE, "a trainer state")
     except Exception as e:  # truncated or foreign files
         raise CheckpointError(f"{path}: unreadable training checkpoint ({e})") from None
     if hasattr(model, "load_checkpoint"):  # a model with more than one weights file

@@ -51,11 +51,17 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import nn
 
 from .. import embedding
-from ..checkpoint import load_state, load_trained, load_with_fresh, read_tensors
+from ..checkpoint import (
+    load_state,
+    load_trained,
+    load_with_fresh,
+    read_safetensors,
+    read_tensors,
+)
 from ..config import SIZES, BertConfig
 from ..data.corpus import expand_inputs, read_corpus
 from ..data.tasks import TASK_NAMES
@@ -342,7 +348,7 @@ class Trainee(nn.Module):
                 raise CheckpointError(
                     f"{directory}: no {PROJECTIONS} for the student's projections"
                 )
-            self.projections.load_state_dict(load_file(str(directory / PROJECTIONS)))
+            self.projections.load_state_dict(read_safetensors(directory / PROJECTIONS))
 
 
 def make_trainee(cfg: DistillConfig, teacher: nn.Module, **head_kwargs: Any) -> Trainee:

@@ -28,7 +28,7 @@ from ..checkpoint import load_trained, load_with_fresh
 from ..data.tasks import split_train_test
 from ..errors import ConfigError, DataError
 from ..model import BertModel
-from ..runner import Runner
+from ..runner import Runner, progress_bar
 from ..tasks import TaskFamily, TaskOptions, family
 from ..tasks import document_scorer as ds
 from ..tasks.summarize import Summary, oracle, rouge_of, summaries
@@ -37,7 +37,7 @@ from . import distributed
 from .checkpoints import RunDir
 from .supervised import SupervisedTask, TrainingOptions, fit
 
-EMBED_CHUNK = 4096  # sentences embedded between two updates of the progress bar
+EMBED_CHUNK = 4096  # sentences embedded at a time (their encodings held at once)
 
 
 class Summarizer:
@@ -107,17 +107,13 @@ def embed_sentences(
     sentences: Sequence[str],
     progress: bool,
 ) -> np.ndarray:
-    """ds.sentence_vectors of many sentences, in chunks, with a progress bar."""
-    from tqdm import tqdm
-
+    """ds.sentence_vectors of many sentences, in chunks, with the runner's progress bar."""
     parts = []
-    with tqdm(
-        total=len(sentences), desc="embedding sentences", unit="sent", disable=not progress
-    ) as bar:
+    bar = progress_bar("embedding sentences", len(sentences), "sentences") if progress else None
+    with runner.showing(bar):
         for s in range(0, len(sentences), EMBED_CHUNK):
             chunk = sentences[s : s + EMBED_CHUNK]
             parts.append(ds.sentence_vectors(runner, encoder, tok, settings, chunk))
-            bar.update(len(chunk))
     width = ds.vector_width(encoder.config, settings)
     return np.concatenate(parts) if parts else np.zeros((0, width), np.float32)
 
