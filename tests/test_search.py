@@ -702,11 +702,19 @@ def test_bad_stride_and_corrupt_files_are_one_error(
     broken = tmp_path / "broken"
     shutil.copytree(built.path, broken)
     (broken / "bm25" / "params.index.json").write_text("{")
-    with pytest.raises(DataError, match="broken/bm25: a missing, corrupt or truncated BM25"):
-        Index.load(broken).search(QUERIES, mode="bm25")
-    np.save(broken / "windows.npy", np.sort(built.windows)[::-1])
-    with pytest.raises(DataError, match="windows.npy does not number the documents"):
+    with pytest.raises(DataError, match="params.index.json: not the file this index was built"):
         Index.load(broken)
+    shutil.copy(built.path / "bm25" / "params.index.json", broken / "bm25")
+    np.save(broken / "windows.npy", np.sort(built.windows)[::-1])
+    with pytest.raises(DataError, match="windows.npy: not the file this index was built with"):
+        Index.load(broken)
+    # the checks behind the digests: an index built before them
+    with pytest.warns(UserWarning), pytest.raises(DataError, match="windows.npy does not number"):
+        Index.load(_built_before_digests(broken))
+    shutil.copy(built.path / "windows.npy", broken)
+    (broken / "bm25" / "params.index.json").write_text("{")
+    with pytest.warns(UserWarning), pytest.raises(DataError, match="broken/bm25: a missing, corr"):
+        Index.load(broken).search(QUERIES, mode="bm25")
 
 
 # -- what a tester found: each case as it was met ---------------------------------------------
@@ -1020,21 +1028,124 @@ def test_a_part_killed_between_its_new_listing_and_its_vectors_is_embedded_again
 def test_corrupt_bm25_and_graph_files_are_one_error(
     built: Index, minilm_dir: Path, tmp_path: Path
 ) -> None:
+    """What an index's recorded digests would catch first (an index built before them)."""
     copy = tmp_path / "copy"
     shutil.copytree(built.path, copy)
+    _built_before_digests(copy)
     indices = next((copy / "bm25").glob("indices*.npy"))
     values = np.load(indices)
     np.save(indices, values + 1000)  # document numbers past the corpus
-    with pytest.raises(DataError, match="bm25: a missing, corrupt or truncated BM25 file"):
+    with (
+        pytest.warns(UserWarning),
+        pytest.raises(DataError, match="bm25: a missing, corrupt or truncated BM25 file"),
+    ):
         Index.load(copy).search(QUERIES, 3, mode="bm25")
     graph = Index.build(
         minilm_dir, corpus(tmp_path), tmp_path / "hnsw", approximate="hnsw", progress=False
     )
+    _built_before_digests(graph.path)
     data = (graph.path / "hnsw.faiss").read_bytes()
     for broken in (data[: len(data) // 2], b"not a graph"):
         (graph.path / "hnsw.faiss").write_bytes(broken)
-        with pytest.raises(DataError, match="hnsw.faiss: a missing, corrupt or truncated graph"):
+        with (
+            pytest.warns(UserWarning),
+            pytest.raises(DataError, match="hnsw.faiss: a missing, corrupt or truncated graph"),
+        ):
             Index.load(graph.path).search(QUERIES, 3)
+
+
+def _rows_reversed(path: Path) -> None:
+    """The array at `path` saved again with its rows in reverse order: its shape and type kept."""
+    np.save(path, np.load(path, allow_pickle=False)[::-1])
+
+
+def _texts_swapped(path: Path) -> None:
+    """documents.jsonl with its first two documents' texts swapped, their ids in place."""
+    docs = [json.loads(x) for x in path.read_text().splitlines()]
+    docs[0]["text"], docs[1]["text"] = docs[1]["text"], docs[0]["text"]
+    path.write_text("".join(json.dumps(d) + "\n" for d in docs))
+
+
+def test_an_index_file_changed_in_place_is_one_error(
+    built: Index, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """Every file of a directory index is checked at open against the sha256 its build recorded
+    in index.json: vectors.npy with its rows reversed (the same shape: it once loaded and gave
+    the wrong documents with plausible scores), spans.npy likewise, two documents' texts
+    swapped, BM25's scores scaled: each one error naming the file and saying to rebuild, and
+    `bertforge search` exits 2 with it."""
+    bm25_data = next(f.name for f in (built.path / "bm25").glob("data*.npy"))
+    edits = {
+        "vectors.npy": _rows_reversed,
+        "spans.npy": _rows_reversed,
+        "documents.jsonl": _texts_swapped,
+        f"bm25/{bm25_data}": lambda p: np.save(p, np.load(p) * 2),
+    }
+    for name, edit in edits.items():
+        broken = tmp_path / f"edited-{name.replace('/', '-')}"
+        shutil.copytree(built.path, broken)
+        edit(broken / name)
+        with pytest.raises(DataError, match=rf"^{broken / name}: .* rebuild the index"):
+            Index.load(broken)
+    queries = tmp_path / "q.txt"
+    queries.write_text("\n".join(QUERIES) + "\n")
+    assert main(["search", str(tmp_path / "edited-vectors.npy"), str(queries)]) == 2
+    err = capsys.readouterr().err
+    assert f"bertforge: error: {tmp_path / 'edited-vectors.npy' / 'vectors.npy'}: " in err
+    assert "Traceback" not in err
+
+
+def _built_before_digests(path: Path) -> Path:
+    """The index at `path` as one built before index.json recorded its files' sha256."""
+    meta = json.loads((path / "index.json").read_text())
+    del meta["files_sha256"]
+    (path / "index.json").write_text(json.dumps(meta))
+    return path
+
+
+def test_an_index_built_before_digests_loads_with_a_warning(built: Index, tmp_path: Path) -> None:
+    """An index whose index.json records no sha256 of its files (built before they were) still
+    loads and searches as before, with one warning that its files are not checked."""
+    old = tmp_path / "old"
+    shutil.copytree(built.path, old)
+    _built_before_digests(old)
+    with pytest.warns(UserWarning, match=rf"^{old}: built before .* not checked") as said:
+        index = Index.load(old)
+    assert len(said) == 1
+    assert index.search(QUERIES, 3) == built.search(QUERIES, 3)
+    meta = json.loads((old / "index.json").read_text())
+    for bad in ([1, 2], {"vectors.npy": 1}, {"../index.json": "0" * 64}):
+        (old / "index.json").write_text(json.dumps({**meta, "files_sha256": bad}))
+        with pytest.raises(DataError, match=r"files_sha256 is not|not a file of the index"):
+            Index.load(old)
+
+
+def test_a_graph_or_quantised_files_changed_in_place_are_one_error(
+    built: Index, minilm_dir: Path, tmp_path: Path
+) -> None:
+    """An approximate index's graph (one of the same vectors in reverse order: a valid graph
+    that finds other windows) and an int8 index's vectors and ranges are checked alike."""
+    from bertforge.search.index import _write_hnsw
+
+    graph = Index.build(
+        minilm_dir, corpus(tmp_path), tmp_path / "hnsw", approximate="hnsw", progress=False
+    )
+    np.save(tmp_path / "reversed.npy", np.asarray(graph.vectors)[::-1])
+    _write_hnsw(tmp_path / "reversed.npy", graph.path / "hnsw.faiss")
+    with pytest.raises(DataError, match=rf"^{graph.path / 'hnsw.faiss'}: .* rebuild the index"):
+        Index.load(graph.path)
+    int8 = Index.build(
+        minilm_dir, corpus(tmp_path), tmp_path / "int8", embedding_precision="int8", progress=False
+    )
+    for name, edit in {
+        "vectors.npy": _rows_reversed,
+        "ranges.npy": lambda p: np.save(p, np.load(p) * 2),
+    }.items():
+        broken = tmp_path / f"int8-{name}"
+        shutil.copytree(int8.path, broken)
+        edit(broken / name)
+        with pytest.raises(DataError, match=rf"^{broken / name}: .* rebuild the index"):
+            Index.load(broken)
 
 
 def test_a_huge_document_is_indexed_a_block_at_a_time(

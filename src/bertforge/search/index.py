@@ -20,7 +20,9 @@ The finished index holds vectors.npy (float32, the model's own normalisation), w
 (each window's document), documents.jsonl (ids and texts), bm25/ (bm25s' files: arrays and
 JSON, no pickle) and, written last, index.json: the model's identity (identity.py: a sha256 of
 its config.json and weights, and what else makes its vectors: pooling, normalisation, length,
-tokenizer), its embedding settings, the window settings and the counts. A search with another
+tokenizer), its embedding settings, the window settings, the counts and a sha256 of each of
+the index's other files, all checked at every load (a file damaged or replaced in place, even by
+one of the same shape, would give other documents with plausible scores). A search with another
 model, or the same weights set up otherwise, is one error naming what differs.
 
 Dense search is exact by default: the queries' vectors times every window's, in blocks of
@@ -38,6 +40,7 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from itertools import pairwise
 from pathlib import Path
@@ -198,6 +201,7 @@ class Index:
             _write_hnsw(out / "vectors.npy", out / "hnsw.faiss")
         meta = {**settings, "documents": documents, "vectors": int(total), "dimensions": int(dim)}
         meta["bm25"], meta["approximate"] = bm25, approximate
+        meta["files_sha256"] = {name: sha256([out / name]) for name in _index_files(out, meta)}
         write_json(out / "index.json", meta)
         shutil.rmtree(out / "parts")
         (out / "build.json").unlink()
@@ -217,6 +221,7 @@ class Index:
         for name in ("vectors.npy", "windows.npy", "documents.jsonl"):
             if not (path / name).is_file():
                 raise DataError(f"{path}: {name} missing: rebuild the index")
+        _check_files(path, meta)
         return cls(path, meta)
 
     # -- searching -----------------------------------------------------------------------------
@@ -542,6 +547,45 @@ def _read_ranges(path: Path, dimensions: int) -> np.ndarray:
     if ranges.shape != (2, dimensions) or ranges.dtype.kind != "f":
         raise DataError(f"{path}: not the quantisation ranges of this index: rebuild it")
     return ranges
+
+
+def _index_files(out: Path, meta: Mapping[str, Any]) -> list[str]:
+    """The files of a finished index (relative to it) whose sha256 index.json records."""
+    names = ["vectors.npy", "windows.npy", "spans.npy", "documents.jsonl"]
+    if meta["embedding_precision"].endswith("int8"):
+        names.append("ranges.npy")
+    if meta["bm25"]:
+        names += sorted(f"bm25/{f.name}" for f in (out / "bm25").iterdir() if f.is_file())
+    if meta["approximate"]:
+        names.append("hnsw.faiss")
+    return names
+
+
+def _check_files(path: Path, meta: Mapping[str, Any]) -> None:
+    """Each file index.json records a sha256 of (_index_files), whole and unchanged, before
+    anything is read from it: a file damaged or replaced in place by one of the same shape
+    (its rows reversed) passes every other check and gives other documents with plausible
+    scores. An index built before the digests were recorded: a warning, nothing checked."""
+    recorded = meta.get("files_sha256")
+    if recorded is None:
+        warnings.warn(
+            f"{path}: built before bertforge recorded its files' sha256 in index.json, so they "
+            "are not checked (a file damaged in place goes unnoticed); rebuild it to have them "
+            "checked",
+            stacklevel=3,
+        )
+        return
+    if not isinstance(recorded, dict) or not all(isinstance(v, str) for v in recorded.values()):
+        raise DataError(f"{path}/index.json: files_sha256 is not {{file: sha256}}: rebuild it")
+    for name, digest in recorded.items():
+        f = path / name
+        if Path(name).is_absolute() or ".." in Path(name).parts or not f.is_file():
+            raise DataError(f"{f}: missing, or not a file of the index: rebuild the index")
+        if sha256([f]) != digest:
+            raise DataError(
+                f"{f}: not the file this index was built with (its sha256 is not the one "
+                "index.json records): damaged or replaced; rebuild the index"
+            )
 
 
 def _bm25_fits(scores: dict[str, Any], documents: int) -> bool:
