@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -1023,6 +1024,46 @@ def test_a_part_killed_between_its_new_listing_and_its_vectors_is_embedded_again
     fresh = Index.build(minilm_dir, path, tmp_path / "fresh", progress=False, precision="fp32")
     np.testing.assert_allclose(np.asarray(index.vectors), np.asarray(fresh.vectors), atol=1e-6)
     assert index.search(["which animal barks"], top_k=1)[0][0]["id"] == "d1"
+
+
+@pytest.mark.parametrize(
+    ("name", "damage"),
+    [
+        ("000000.npy", lambda b: b[: len(b) // 2]),  # truncated
+        ("000000.npy", lambda b: b"not an array"),  # np.load's "pickled (object) data"
+        ("000000.npy", None),  # its rows reversed: the same shape
+        ("000000.owners.npy", lambda b: b[:-8]),
+        ("000000.spans.npy", lambda b: b[:-1] + bytes([b[-1] ^ 1])),  # a bit of its last span
+    ],
+)
+def test_a_damaged_part_of_an_unfinished_build_is_built_again(
+    built: Index,
+    minilm_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    name: str,
+    damage: Any,
+) -> None:
+    """A finished part of a killed build, damaged before the build is run again (once a
+    traceback from np.load, or kept and joined): embedded again like a missing part, and the
+    index comes out as an uninterrupted build's."""
+    path, out = corpus(tmp_path), tmp_path / "idx"
+    _killed_build(minilm_dir, path, out, monkeypatch)  # part 0 (d0, d1) whole, part 1 killed
+    part = out / "parts" / name
+    if damage is None:
+        _rows_reversed(part)
+    else:
+        part.write_bytes(damage(part.read_bytes()))
+    embedded: list[int] = []
+    real = Pipeline.embed
+    monkeypatch.setattr(
+        Pipeline, "embed", lambda s, *a, **k: (embedded.append(1), real(s, *a, **k))[1]
+    )
+    index = Index.build(minilm_dir, path, out, chunk=2, progress=False, precision="fp32")
+    assert len(embedded) == 3  # part 0 again, then parts 1 and 2
+    np.testing.assert_allclose(np.asarray(index.vectors), np.asarray(built.vectors), atol=1e-6)
+    assert index.ids == built.ids and np.array_equal(index.windows, built.windows)
+    assert np.array_equal(index.spans, built.spans)
 
 
 def test_corrupt_bm25_and_graph_files_are_one_error(
