@@ -531,7 +531,7 @@ def test_mining_from_python_is_the_mine_command(
     train = tmp_path / "train.jsonl"
     rows = [
         {"query": QUERIES[0], "positive": DOCS[2], "group": "plays"},
-        {"query": QUERIES[1], "positive": "anything", "positive_id": "d0"},
+        {"query": QUERIES[1], "positive": DOCS[0], "positive_id": "d0"},
         {"query": QUERIES[2], "positive": "not a document here"},
     ]
     train.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -735,9 +735,13 @@ def test_mining_never_takes_the_positive_for_a_negative(built: Index) -> None:
     assert found.positives == [2, 1, 2]
     for negs, d in zip(found.negatives, found.positives):
         assert negs is not None and DOCS[d] not in negs  # type: ignore[index]
-    # by id: the row's text can be anything, its document is still never a negative
-    by_id = mine(built, [QUERIES[0]], ["a summary of the play"], positive_ids=["d2"], depth=6)
+    # by id: its document's text, spacing and case aside, is still never a negative
+    by_id = mine(built, [QUERIES[0]], [DOCS[2].lower() + " "], positive_ids=["d2"], depth=6)
     assert by_id.by_id == 1 and DOCS[2] not in (by_id.negatives[0] or [])
+    # an id whose document is not the row's positive: which is meant is not known
+    with pytest.raises(DataError, match=r"1 of 2 positives .* row 2: positive_id 'd2'"):
+        ids = ["d0", "d2"]
+        mine(built, QUERIES[:2], [DOCS[0], "a summary of the play"], positive_ids=ids, depth=6)
     # not in the corpus: the rows named, nothing mined
     edited = "Hamlet is a tragedy, written by William Shakespeare!"  # a near-copy of d2
     with pytest.raises(DataError, match=r"1 of 2 positives are not documents .* row 2"):
@@ -769,7 +773,8 @@ def test_mining_leaves_out_every_positive_of_a_query(built: Index) -> None:
     other = [DOCS[int(h["id"][1:])] for h in built.search(QUERIES[1:2], 6)[0]]
     assert found.negatives[2] == [t for t in other if t != DOCS[first]][:2]
     ids = [f"d{first}", f"d{second}", None]
-    by_id = mine(built, queries, ["a", "b", DOCS[first]], positive_ids=ids, negatives=2, depth=6)
+    texts = [DOCS[first] + " ", DOCS[second].upper(), DOCS[first]]
+    by_id = mine(built, queries, texts, positive_ids=ids, negatives=2, depth=6)
     assert by_id.negatives[:2] == [want, want]
 
 
@@ -783,7 +788,7 @@ def test_mine_command_reports_and_refuses(
             "query": QUERIES[2],
             "positive": "cats are  carnivores and eat meat such as fish and mice.",
         },
-        {"query": QUERIES[1], "positive": "anything", "positive_id": "d0"},
+        {"query": QUERIES[1], "positive": DOCS[0], "positive_id": "d0"},
     ]
     train.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "mined.jsonl"
@@ -794,6 +799,13 @@ def test_mine_command_reports_and_refuses(
     mined = [json.loads(x) for x in out.read_text().splitlines()]
     assert [DOCS[i] in m["negatives"] for m, i in zip(mined, (2, 1, 0))] == [False] * 3
     assert mined[2]["positive_id"] == "d0"
+    # a positive_id naming another document than the row's positive: refused, nothing written
+    wrong = tmp_path / "wrong.jsonl"
+    wrong.write_text("".join(json.dumps({**r, "positive_id": "d1"}) + "\n" for r in rows[1:]))
+    assert main(["mine", str(built.path), str(wrong), "--out", str(tmp_path / "w")]) == 2
+    err = capsys.readouterr().err
+    assert f"{wrong}:2: positive_id 'd1'" in err and f"{wrong}:1" not in err
+    assert not (tmp_path / "w").exists()
     before = train.read_bytes()
     assert main([*base, "--out", str(train)]) == 2  # the input itself
     assert "is the train file" in capsys.readouterr().err and train.read_bytes() == before
