@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -530,7 +531,7 @@ def test_mining_from_python_is_the_mine_command(
     train = tmp_path / "train.jsonl"
     rows = [
         {"query": QUERIES[0], "positive": DOCS[2], "group": "plays"},
-        {"query": QUERIES[1], "positive": "anything", "positive_id": "d0"},
+        {"query": QUERIES[1], "positive": DOCS[0], "positive_id": "d0"},
         {"query": QUERIES[2], "positive": "not a document here"},
     ]
     train.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -702,11 +703,19 @@ def test_bad_stride_and_corrupt_files_are_one_error(
     broken = tmp_path / "broken"
     shutil.copytree(built.path, broken)
     (broken / "bm25" / "params.index.json").write_text("{")
-    with pytest.raises(DataError, match="broken/bm25: a missing, corrupt or truncated BM25"):
-        Index.load(broken).search(QUERIES, mode="bm25")
-    np.save(broken / "windows.npy", np.sort(built.windows)[::-1])
-    with pytest.raises(DataError, match="windows.npy does not number the documents"):
+    with pytest.raises(DataError, match="params.index.json: not the file this index was built"):
         Index.load(broken)
+    shutil.copy(built.path / "bm25" / "params.index.json", broken / "bm25")
+    np.save(broken / "windows.npy", np.sort(built.windows)[::-1])
+    with pytest.raises(DataError, match="windows.npy: not the file this index was built with"):
+        Index.load(broken)
+    # the checks behind the digests: an index built before them
+    with pytest.warns(UserWarning), pytest.raises(DataError, match="windows.npy does not number"):
+        Index.load(_built_before_digests(broken))
+    shutil.copy(built.path / "windows.npy", broken)
+    (broken / "bm25" / "params.index.json").write_text("{")
+    with pytest.warns(UserWarning), pytest.raises(DataError, match="broken/bm25: a missing, corr"):
+        Index.load(broken).search(QUERIES, mode="bm25")
 
 
 # -- what a tester found: each case as it was met ---------------------------------------------
@@ -726,9 +735,13 @@ def test_mining_never_takes_the_positive_for_a_negative(built: Index) -> None:
     assert found.positives == [2, 1, 2]
     for negs, d in zip(found.negatives, found.positives):
         assert negs is not None and DOCS[d] not in negs  # type: ignore[index]
-    # by id: the row's text can be anything, its document is still never a negative
-    by_id = mine(built, [QUERIES[0]], ["a summary of the play"], positive_ids=["d2"], depth=6)
+    # by id: its document's text, spacing and case aside, is still never a negative
+    by_id = mine(built, [QUERIES[0]], [DOCS[2].lower() + " "], positive_ids=["d2"], depth=6)
     assert by_id.by_id == 1 and DOCS[2] not in (by_id.negatives[0] or [])
+    # an id whose document is not the row's positive: which is meant is not known
+    with pytest.raises(DataError, match=r"1 of 2 positives .* row 2: positive_id 'd2'"):
+        ids = ["d0", "d2"]
+        mine(built, QUERIES[:2], [DOCS[0], "a summary of the play"], positive_ids=ids, depth=6)
     # not in the corpus: the rows named, nothing mined
     edited = "Hamlet is a tragedy, written by William Shakespeare!"  # a near-copy of d2
     with pytest.raises(DataError, match=r"1 of 2 positives are not documents .* row 2"):
@@ -760,7 +773,8 @@ def test_mining_leaves_out_every_positive_of_a_query(built: Index) -> None:
     other = [DOCS[int(h["id"][1:])] for h in built.search(QUERIES[1:2], 6)[0]]
     assert found.negatives[2] == [t for t in other if t != DOCS[first]][:2]
     ids = [f"d{first}", f"d{second}", None]
-    by_id = mine(built, queries, ["a", "b", DOCS[first]], positive_ids=ids, negatives=2, depth=6)
+    texts = [DOCS[first] + " ", DOCS[second].upper(), DOCS[first]]
+    by_id = mine(built, queries, texts, positive_ids=ids, negatives=2, depth=6)
     assert by_id.negatives[:2] == [want, want]
 
 
@@ -774,7 +788,7 @@ def test_mine_command_reports_and_refuses(
             "query": QUERIES[2],
             "positive": "cats are  carnivores and eat meat such as fish and mice.",
         },
-        {"query": QUERIES[1], "positive": "anything", "positive_id": "d0"},
+        {"query": QUERIES[1], "positive": DOCS[0], "positive_id": "d0"},
     ]
     train.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "mined.jsonl"
@@ -785,6 +799,13 @@ def test_mine_command_reports_and_refuses(
     mined = [json.loads(x) for x in out.read_text().splitlines()]
     assert [DOCS[i] in m["negatives"] for m, i in zip(mined, (2, 1, 0))] == [False] * 3
     assert mined[2]["positive_id"] == "d0"
+    # a positive_id naming another document than the row's positive: refused, nothing written
+    wrong = tmp_path / "wrong.jsonl"
+    wrong.write_text("".join(json.dumps({**r, "positive_id": "d1"}) + "\n" for r in rows[1:]))
+    assert main(["mine", str(built.path), str(wrong), "--out", str(tmp_path / "w")]) == 2
+    err = capsys.readouterr().err
+    assert f"{wrong}:2: positive_id 'd1'" in err and f"{wrong}:1" not in err
+    assert not (tmp_path / "w").exists()
     before = train.read_bytes()
     assert main([*base, "--out", str(train)]) == 2  # the input itself
     assert "is the train file" in capsys.readouterr().err and train.read_bytes() == before
@@ -1017,24 +1038,167 @@ def test_a_part_killed_between_its_new_listing_and_its_vectors_is_embedded_again
     assert index.search(["which animal barks"], top_k=1)[0][0]["id"] == "d1"
 
 
+@pytest.mark.parametrize(
+    ("name", "damage"),
+    [
+        ("000000.npy", lambda b: b[: len(b) // 2]),  # truncated
+        ("000000.npy", lambda b: b"not an array"),  # np.load's "pickled (object) data"
+        ("000000.npy", None),  # its rows reversed: the same shape
+        ("000000.owners.npy", lambda b: b[:-8]),
+        ("000000.spans.npy", lambda b: b[:-1] + bytes([b[-1] ^ 1])),  # a bit of its last span
+    ],
+)
+def test_a_damaged_part_of_an_unfinished_build_is_built_again(
+    built: Index,
+    minilm_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    name: str,
+    damage: Any,
+) -> None:
+    """A finished part of a killed build, damaged before the build is run again (once a
+    traceback from np.load, or kept and joined): embedded again like a missing part, and the
+    index comes out as an uninterrupted build's."""
+    path, out = corpus(tmp_path), tmp_path / "idx"
+    _killed_build(minilm_dir, path, out, monkeypatch)  # part 0 (d0, d1) whole, part 1 killed
+    part = out / "parts" / name
+    if damage is None:
+        _rows_reversed(part)
+    else:
+        part.write_bytes(damage(part.read_bytes()))
+    embedded: list[int] = []
+    real = Pipeline.embed
+    monkeypatch.setattr(
+        Pipeline, "embed", lambda s, *a, **k: (embedded.append(1), real(s, *a, **k))[1]
+    )
+    index = Index.build(minilm_dir, path, out, chunk=2, progress=False, precision="fp32")
+    assert len(embedded) == 3  # part 0 again, then parts 1 and 2
+    np.testing.assert_allclose(np.asarray(index.vectors), np.asarray(built.vectors), atol=1e-6)
+    assert index.ids == built.ids and np.array_equal(index.windows, built.windows)
+    assert np.array_equal(index.spans, built.spans)
+
+
 def test_corrupt_bm25_and_graph_files_are_one_error(
     built: Index, minilm_dir: Path, tmp_path: Path
 ) -> None:
+    """What an index's recorded digests would catch first (an index built before them)."""
     copy = tmp_path / "copy"
     shutil.copytree(built.path, copy)
+    _built_before_digests(copy)
     indices = next((copy / "bm25").glob("indices*.npy"))
     values = np.load(indices)
     np.save(indices, values + 1000)  # document numbers past the corpus
-    with pytest.raises(DataError, match="bm25: a missing, corrupt or truncated BM25 file"):
+    with (
+        pytest.warns(UserWarning),
+        pytest.raises(DataError, match="bm25: a missing, corrupt or truncated BM25 file"),
+    ):
         Index.load(copy).search(QUERIES, 3, mode="bm25")
     graph = Index.build(
         minilm_dir, corpus(tmp_path), tmp_path / "hnsw", approximate="hnsw", progress=False
     )
+    _built_before_digests(graph.path)
     data = (graph.path / "hnsw.faiss").read_bytes()
     for broken in (data[: len(data) // 2], b"not a graph"):
         (graph.path / "hnsw.faiss").write_bytes(broken)
-        with pytest.raises(DataError, match="hnsw.faiss: a missing, corrupt or truncated graph"):
+        with (
+            pytest.warns(UserWarning),
+            pytest.raises(DataError, match="hnsw.faiss: a missing, corrupt or truncated graph"),
+        ):
             Index.load(graph.path).search(QUERIES, 3)
+
+
+def _rows_reversed(path: Path) -> None:
+    """The array at `path` saved again with its rows in reverse order: its shape and type kept."""
+    np.save(path, np.load(path, allow_pickle=False)[::-1])
+
+
+def _texts_swapped(path: Path) -> None:
+    """documents.jsonl with its first two documents' texts swapped, their ids in place."""
+    docs = [json.loads(x) for x in path.read_text().splitlines()]
+    docs[0]["text"], docs[1]["text"] = docs[1]["text"], docs[0]["text"]
+    path.write_text("".join(json.dumps(d) + "\n" for d in docs))
+
+
+def test_an_index_file_changed_in_place_is_one_error(
+    built: Index, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """Every file of a directory index is checked at open against the sha256 its build recorded
+    in index.json: vectors.npy with its rows reversed (the same shape: it once loaded and gave
+    the wrong documents with plausible scores), spans.npy likewise, two documents' texts
+    swapped, BM25's scores scaled: each one error naming the file and saying to rebuild, and
+    `bertforge search` exits 2 with it."""
+    bm25_data = next(f.name for f in (built.path / "bm25").glob("data*.npy"))
+    edits = {
+        "vectors.npy": _rows_reversed,
+        "spans.npy": _rows_reversed,
+        "documents.jsonl": _texts_swapped,
+        f"bm25/{bm25_data}": lambda p: np.save(p, np.load(p) * 2),
+    }
+    for name, edit in edits.items():
+        broken = tmp_path / f"edited-{name.replace('/', '-')}"
+        shutil.copytree(built.path, broken)
+        edit(broken / name)
+        with pytest.raises(DataError, match=rf"^{broken / name}: .* rebuild the index"):
+            Index.load(broken)
+    queries = tmp_path / "q.txt"
+    queries.write_text("\n".join(QUERIES) + "\n")
+    assert main(["search", str(tmp_path / "edited-vectors.npy"), str(queries)]) == 2
+    err = capsys.readouterr().err
+    assert f"bertforge: error: {tmp_path / 'edited-vectors.npy' / 'vectors.npy'}: " in err
+    assert "Traceback" not in err
+
+
+def _built_before_digests(path: Path) -> Path:
+    """The index at `path` as one built before index.json recorded its files' sha256."""
+    meta = json.loads((path / "index.json").read_text())
+    del meta["files_sha256"]
+    (path / "index.json").write_text(json.dumps(meta))
+    return path
+
+
+def test_an_index_built_before_digests_loads_with_a_warning(built: Index, tmp_path: Path) -> None:
+    """An index whose index.json records no sha256 of its files (built before they were) still
+    loads and searches as before, with one warning that its files are not checked."""
+    old = tmp_path / "old"
+    shutil.copytree(built.path, old)
+    _built_before_digests(old)
+    with pytest.warns(UserWarning, match=rf"^{old}: built before .* not checked") as said:
+        index = Index.load(old)
+    assert len(said) == 1
+    assert index.search(QUERIES, 3) == built.search(QUERIES, 3)
+    meta = json.loads((old / "index.json").read_text())
+    for bad in ([1, 2], {"vectors.npy": 1}, {"../index.json": "0" * 64}):
+        (old / "index.json").write_text(json.dumps({**meta, "files_sha256": bad}))
+        with pytest.raises(DataError, match=r"files_sha256 is not|not a file of the index"):
+            Index.load(old)
+
+
+def test_a_graph_or_quantised_files_changed_in_place_are_one_error(
+    built: Index, minilm_dir: Path, tmp_path: Path
+) -> None:
+    """An approximate index's graph (one of the same vectors in reverse order: a valid graph
+    that finds other windows) and an int8 index's vectors and ranges are checked alike."""
+    from bertforge.search.index import _write_hnsw
+
+    graph = Index.build(
+        minilm_dir, corpus(tmp_path), tmp_path / "hnsw", approximate="hnsw", progress=False
+    )
+    np.save(tmp_path / "reversed.npy", np.asarray(graph.vectors)[::-1])
+    _write_hnsw(tmp_path / "reversed.npy", graph.path / "hnsw.faiss")
+    with pytest.raises(DataError, match=rf"^{graph.path / 'hnsw.faiss'}: .* rebuild the index"):
+        Index.load(graph.path)
+    int8 = Index.build(
+        minilm_dir, corpus(tmp_path), tmp_path / "int8", embedding_precision="int8", progress=False
+    )
+    for name, edit in {
+        "vectors.npy": _rows_reversed,
+        "ranges.npy": lambda p: np.save(p, np.load(p) * 2),
+    }.items():
+        broken = tmp_path / f"int8-{name}"
+        shutil.copytree(int8.path, broken)
+        edit(broken / name)
+        with pytest.raises(DataError, match=rf"^{broken / name}: .* rebuild the index"):
+            Index.load(broken)
 
 
 def test_a_huge_document_is_indexed_a_block_at_a_time(

@@ -9,8 +9,10 @@ hard negatives from it, rerank.py reranks its hits).
 The corpus is a text file (one document per line, its id the line number), JSONL objects with
 an id and a text field, or a CSV/TSV table with a header naming them (corpus.py). Documents
 are embedded in chunks of `chunk` documents, each chunk written as a part file when it is done
-(no more than a chunk's texts and vectors are held while embedding), and a killed build resumes
-at the first missing part; a part made with another model, corpus or settings is refused. A
+(no more than a chunk's texts and vectors are held while embedding, a sha256 of its files
+written last), and a killed build resumes at the first part missing or not whole (its files not
+the bytes its sha256 records: damaged since, it is made again); a part made with another model,
+corpus or settings is refused. A
 document longer than a window (`window` pieces, default the model's length) is cut into
 overlapping windows (`stride` pieces apart, default half a window), each embedded on its own; a
 document's score is its best window's (max inner product). Queries are read at the model's
@@ -20,7 +22,9 @@ The finished index holds vectors.npy (float32, the model's own normalisation), w
 (each window's document), documents.jsonl (ids and texts), bm25/ (bm25s' files: arrays and
 JSON, no pickle) and, written last, index.json: the model's identity (identity.py: a sha256 of
 its config.json and weights, and what else makes its vectors: pooling, normalisation, length,
-tokenizer), its embedding settings, the window settings and the counts. A search with another
+tokenizer), its embedding settings, the window settings, the counts and a sha256 of each of
+the index's other files, all checked at every load (a file damaged or replaced in place, even by
+one of the same shape, would give other documents with plausible scores). A search with another
 model, or the same weights set up otherwise, is one error naming what differs.
 
 Dense search is exact by default: the queries' vectors times every window's, in blocks of
@@ -38,6 +42,7 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from itertools import pairwise
 from pathlib import Path
@@ -88,7 +93,9 @@ class Index:
             self.vectors = np.load(path / "vectors.npy", mmap_mode="r", allow_pickle=False)
             self.windows = np.load(path / "windows.npy", allow_pickle=False)
             spans = path / "spans.npy"  # an index built before spans were kept has none
-            self.spans = np.load(spans, mmap_mode="r") if spans.is_file() else None
+            self.spans = (
+                np.load(spans, mmap_mode="r", allow_pickle=False) if spans.is_file() else None
+            )
             docs = [json.loads(line) for _, line in read_lines(path / "documents.jsonl")]
             self.ids = [d["id"] for d in docs]
             self.texts = [d["text"] for d in docs]
@@ -181,11 +188,13 @@ class Index:
     ) -> Index:
         """The parts joined into the index's files; index.json written last."""
         parts = sorted((out / "parts").glob("*[0-9].npy"))
-        sizes = [np.load(p, mmap_mode="r").shape for p in parts]
+        sizes = [np.load(p, mmap_mode="r", allow_pickle=False).shape for p in parts]
         total, dim = sum(s[0] for s in sizes), sizes[0][1]
         _join_vectors(out, parts, settings["embedding_precision"])
         for name in ("owners", "spans"):  # windows.npy: each window's document; spans.npy
-            joined = np.concatenate([np.load(p.with_suffix(f".{name}.npy")) for p in parts])
+            joined = np.concatenate(
+                [np.load(p.with_suffix(f".{name}.npy"), allow_pickle=False) for p in parts]
+            )
             target = out / ("windows.npy" if name == "owners" else "spans.npy")
             with atomic_path(target) as tmp, open(tmp, "wb") as f:
                 np.save(f, joined)
@@ -198,6 +207,7 @@ class Index:
             _write_hnsw(out / "vectors.npy", out / "hnsw.faiss")
         meta = {**settings, "documents": documents, "vectors": int(total), "dimensions": int(dim)}
         meta["bm25"], meta["approximate"] = bm25, approximate
+        meta["files_sha256"] = {name: sha256([out / name]) for name in _index_files(out, meta)}
         write_json(out / "index.json", meta)
         shutil.rmtree(out / "parts")
         (out / "build.json").unlink()
@@ -217,6 +227,7 @@ class Index:
         for name in ("vectors.npy", "windows.npy", "documents.jsonl"):
             if not (path / name).is_file():
                 raise DataError(f"{path}: {name} missing: rebuild the index")
+        _check_files(path, meta)
         return cls(path, meta)
 
     # -- searching -----------------------------------------------------------------------------
@@ -511,7 +522,7 @@ def _join_vectors(out: Path, parts: Sequence[Path], precision: str, block: int =
     int8/uint8, the buckets' ends over all of them in ranges.npy; a block at a time."""
     from ..embedding import quantize
 
-    tables = [np.load(p, mmap_mode="r") for p in parts]
+    tables = [np.load(p, mmap_mode="r", allow_pickle=False) for p in parts]
     total, dim = sum(len(t) for t in tables), tables[0].shape[1]
     ranges = None
     if precision.endswith("int8"):
@@ -544,6 +555,45 @@ def _read_ranges(path: Path, dimensions: int) -> np.ndarray:
     return ranges
 
 
+def _index_files(out: Path, meta: Mapping[str, Any]) -> list[str]:
+    """The files of a finished index (relative to it) whose sha256 index.json records."""
+    names = ["vectors.npy", "windows.npy", "spans.npy", "documents.jsonl"]
+    if meta["embedding_precision"].endswith("int8"):
+        names.append("ranges.npy")
+    if meta["bm25"]:
+        names += sorted(f"bm25/{f.name}" for f in (out / "bm25").iterdir() if f.is_file())
+    if meta["approximate"]:
+        names.append("hnsw.faiss")
+    return names
+
+
+def _check_files(path: Path, meta: Mapping[str, Any]) -> None:
+    """Each file index.json records a sha256 of (_index_files), whole and unchanged, before
+    anything is read from it: a file damaged or replaced in place by one of the same shape
+    (its rows reversed) passes every other check and gives other documents with plausible
+    scores. An index built before the digests were recorded: a warning, nothing checked."""
+    recorded = meta.get("files_sha256")
+    if recorded is None:
+        warnings.warn(
+            f"{path}: built before bertforge recorded its files' sha256 in index.json, so they "
+            "are not checked (a file damaged in place goes unnoticed); rebuild it to have them "
+            "checked",
+            stacklevel=3,
+        )
+        return
+    if not isinstance(recorded, dict) or not all(isinstance(v, str) for v in recorded.values()):
+        raise DataError(f"{path}/index.json: files_sha256 is not {{file: sha256}}: rebuild it")
+    for name, digest in recorded.items():
+        f = path / name
+        if Path(name).is_absolute() or ".." in Path(name).parts or not f.is_file():
+            raise DataError(f"{f}: missing, or not a file of the index: rebuild the index")
+        if sha256([f]) != digest:
+            raise DataError(
+                f"{f}: not the file this index was built with (its sha256 is not the one "
+                "index.json records): damaged or replaced; rebuild the index"
+            )
+
+
 def _bm25_fits(scores: dict[str, Any], documents: int) -> bool:
     """Whether bm25s' sparse matrix (CSC: per word, its documents and scores) is whole and
     numbers `documents` documents: a document number past them would be an IndexError at
@@ -561,7 +611,7 @@ def _write_hnsw(vectors: Path, out: Path, block: int = 65_536) -> None:
     """An HNSW graph (32 links per node, efConstruction 200, inner product) over the vectors,
     added a block at a time from the memory-mapped file; written atomically."""
     faiss = need_extra("faiss", _FAISS_EXTRA)
-    data = np.load(vectors, mmap_mode="r")
+    data = np.load(vectors, mmap_mode="r", allow_pickle=False)
     graph = faiss.IndexHNSWFlat(data.shape[1], 32, faiss.METRIC_INNER_PRODUCT)
     graph.hnsw.efConstruction = 200
     for start in range(0, len(data), block):
@@ -645,17 +695,18 @@ def _build_part(
     bar: Any,
 ) -> None:
     """One chunk's part: documents (.jsonl), each window's document (.owners.npy, numbered from
-    `first`) and characters (.spans.npy), and vectors (.npy, written last: its presence means
-    the part is whole for the listing beside it). A part already there for the same documents
-    is kept; another part's vectors are removed before its new listing is written, so a build
-    killed while embedding leaves no vectors to pass for the new documents'."""
+    `first`) and characters (.spans.npy), vectors (.npy), and, written last, a sha256 of those
+    four (.sha256): the part is whole. A part already whole for the same documents is kept;
+    any other is made again, its record removed first, so that a build killed while making it,
+    or a part damaged since (truncated, overwritten: once a traceback from np.load, or joined
+    into the index), is never taken for whole."""
     listing = "".join(json_text({"id": i, "text": t}) + "\n" for i, t in docs)
-    vectors = part.with_suffix(".npy")
-    if vectors.is_file() and part.with_suffix(".jsonl").read_text(encoding="utf-8") == listing:
-        bar.update(np.load(vectors, mmap_mode="r").shape[0])
+    vectors, record = part.with_suffix(".npy"), part.with_suffix(".sha256")
+    if _part_whole(part, listing):
+        bar.update(np.load(vectors, mmap_mode="r", allow_pickle=False).shape[0])
         return
     pieces, owners, starts, lengths, spans = cut_windows(pipe, [t for _, t in docs], *cut[:2])
-    vectors.unlink(missing_ok=True)  # the old documents': never beside the new listing
+    record.unlink(missing_ok=True)
     write_text(part.with_suffix(".jsonl"), listing)
     for name, array in {"owners": owners + first, "spans": spans}.items():
         with atomic_path(part.with_suffix(f".{name}.npy")) as tmp, open(tmp, "wb") as f:
@@ -671,7 +722,25 @@ def _build_part(
             bar.update(len(block))
         table.flush()  # type: ignore[union-attr]
         del table
+    write_text(record, sha256(_part_files(part)))
     release_memory()  # what the chunk's batches used, before the next one
+
+
+def _part_files(part: Path) -> list[Path]:
+    """A part's files, as its .sha256 hashes them."""
+    return [part.with_suffix(s) for s in (".jsonl", ".owners.npy", ".spans.npy", ".npy")]
+
+
+def _part_whole(part: Path, listing: str) -> bool:
+    """Whether a part is whole for the documents `listing` lists: its record written and its
+    files still the bytes it records."""
+    record, files = part.with_suffix(".sha256"), _part_files(part)
+    return (
+        record.is_file()
+        and all(f.is_file() for f in files)
+        and files[0].read_bytes() == listing.encode("utf-8")
+        and record.read_bytes() == sha256(files).encode()
+    )
 
 
 def _write_bm25(out: Path) -> None:

@@ -75,29 +75,42 @@ def likeness(a: frozenset[str], b: frozenset[str]) -> float:
 
 
 def find_positives(
-    index: Index, positives: Sequence[str], ids: Sequence[str | None] | None = None
+    index: Index,
+    positives: Sequence[str],
+    ids: Sequence[str | None] | None = None,
+    sources: Sequence[str] | None = None,
 ) -> tuple[list[int | None], int, int]:
     """The document of each positive: by its id where `ids` gives one (an unknown id: not
     found), else by its normalized text (the first document with it); (documents, found by id,
-    found by text). The documents are read in one pass, only the positives' kept."""
+    found by text). An id whose document's normalized text is not the row's positive is one
+    DataError naming the rows (`sources`: each row's file:line): which of the two the row
+    means is not known, and mining around the other would leave the trained positive free to
+    be picked as a negative. The documents are read in one pass, only the positives' kept."""
     rows = ids if ids is not None else [None] * len(positives)
     want_ids = {str(i) for i in rows if i is not None}
     want_texts = {normalized(p) for p, i in zip(positives, rows) if i is None}
-    by_id: dict[str, int] = {}
+    by_id: dict[str, tuple[int, str]] = {}  # id: (document, its normalized text)
     by_text: dict[str, int] = {}
     for d, doc_id, t in index.documents():
         if doc_id in want_ids:
-            by_id[doc_id] = d
+            by_id[doc_id] = (d, normalized(t))
         if want_texts and (key := normalized(t)) in want_texts:
             by_text.setdefault(key, d)
     found: list[int | None] = []
     n_id = n_text = 0
-    for i, positive in enumerate(positives):
-        doc_id = ids[i] if ids is not None else None
-        d = by_id.get(str(doc_id)) if doc_id is not None else by_text.get(normalized(positive))
+    disagree = []
+    for i, (positive, doc_id) in enumerate(zip(positives, rows)):
+        if doc_id is None:
+            d = by_text.get(normalized(positive))
+        else:
+            d, text = by_id.get(str(doc_id), (None, None))
+            if d is not None and text != normalized(positive):
+                disagree.append(i)
         found.append(d)
         n_id += d is not None and doc_id is not None
         n_text += d is not None and doc_id is None
+    if disagree:
+        raise _not_its_document(disagree, rows, len(positives), index, sources)
     return found, n_id, n_text
 
 
@@ -126,9 +139,10 @@ def mine(
     scored above the row's positive's score minus margin (likely relevant though unlabelled);
     the first `negatives` left, or None where fewer are left. A positive not in the corpus is
     one DataError naming the rows (`sources`: each row's file:line) unless `missing` is "skip"
-    (no negatives for the row) or "keep" (mined all the same, guarded by likeness alone)."""
+    (no negatives for the row) or "keep" (mined all the same, guarded by likeness alone); a
+    positive_id naming a document whose text is not the row's positive is one always."""
     _check_mining(negatives, skip, depth, mode, margin, near_duplicate, missing)
-    found, n_id, n_text = find_positives(index, positives, positive_ids)
+    found, n_id, n_text = find_positives(index, positives, positive_ids, sources)
     result = Mined([], found, n_id, n_text)
     theirs = _query_positives(queries, positives, found)
     if result.missing and (missing == "error" or margin is not None):
@@ -219,6 +233,22 @@ def _not_in_corpus(
         f"(by {'id' if by_id else 'text, spacing and case aside'}; "
         f"{', '.join(where)}{', ...' if len(lost) > 3 else ''}): mining could pick them as "
         f"negatives; {why}"
+    )
+
+
+def _not_its_document(
+    rows: Sequence[int],
+    ids: Sequence[str | None],
+    total: int,
+    index: Index,
+    sources: Sequence[str] | None,
+) -> DataError:
+    """The error of positives whose positive_id names a document with another text (`rows`)."""
+    where = [f"{sources[i] if sources else f'row {i + 1}'}: positive_id {ids[i]!r}" for i in rows]
+    return DataError(
+        f"{len(rows):,} of {total:,} positives are not the text of the document their "
+        f"positive_id names in {index.path} (spacing and case aside; {', '.join(where[:3])}"
+        f"{', ...' if len(rows) > 3 else ''}): fix the id or the text"
     )
 
 
