@@ -601,7 +601,7 @@ def args_merge(p: argparse.ArgumentParser) -> None:
 
 
 def args_attention(p: argparse.ArgumentParser) -> None:
-    from .attention import render
+    from .attention import PNG_PIECES, render
 
     p.add_argument("model", help="model directory")
     p.add_argument("text", help="the text to look at")
@@ -614,7 +614,8 @@ def args_attention(p: argparse.ArgumentParser) -> None:
             "layer": "layer (-1: the last)",
             "head": "head (default: the mean of all heads)",
             "max_length": "pieces shown, the rest left out with a warning (default: as many as "
-            "the model reads; an HTML view holds at most 2 million weights)",
+            f"the model reads; an HTML view holds at most 2 million weights, a PNG {PNG_PIECES} "
+            "pieces)",
         },
     )
 
