@@ -743,6 +743,28 @@ def test_rows_read_whole_are_cut_to_the_models_positions(short_model: Path) -> N
         qa.qa(["which word?"], [long], max_seq_length=64)
 
 
+def test_masks_past_the_length_limit_are_an_error_naming_the_text_and_how_many(
+    short_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A text whose first [MASK] is read but whose later ones fall past the limit was answered
+    for the first one only, without a word: now one error naming the text and the masks cut."""
+    pipe = Pipeline(short_model, precision="fp32")
+    long = " ".join(["word"] * 60)
+    text = f"the [MASK] sat {long} [MASK] and [MASK]"  # [MASK]s at pieces 2, 64 and 66 of 68
+    with pytest.raises(InputError) as e:
+        pipe.fill_mask(["a [MASK].", text])
+    said = str(e.value)
+    assert said.startswith("text 1: 2 of its 3 [MASK] tokens are past the length limit of 40")
+    assert "(pieces 64, 66 of 68" in said and repr(text[:40]) in said
+    short = "the [MASK] sat " + " ".join(["word"] * 30) + " [MASK]"  # 36 pieces: all read
+    assert [len(masks) for masks in pipe.fill_mask([short])] == [2]
+    lines = tmp_path / "in.txt"
+    lines.write_text(f"a [MASK].\n{text}\n")
+    assert main(["fill-mask", str(short_model), str(lines)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("bertforge: error: ") and "2 of its 3 [MASK] tokens" in err
+
+
 def test_bf16_padding_stops_at_the_models_positions(short_model: Path) -> None:
     """bf16 rounds a batch's length up to a multiple of 16, but not past the position table:
     a 37-piece row of a 40-position model is padded to 40, not 48."""
