@@ -327,6 +327,32 @@ def test_ner_pipeline_and_entity_metric_decode_tags_alike(tags: list[str], spans
     assert (scores["n_gold"], scores["n_pred"], scores["f1"]) == (len(spans), len(spans), 1.0)
 
 
+def test_ner_on_a_tagger_of_other_labels_names_its_config_and_id2label(
+    tmp_path: Path, tiny_model: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A token classifier whose labels are not entity tags (a part-of-speech tagger, HF's
+    unnamed LABEL_i) failed in the decoder on its first tag, naming no file: refused before any
+    work, naming the model's config.json, its id2label and what ner needs."""
+    tok = Tokenizer.from_pretrained(tiny_model)
+    config = BertConfig(**{**TINY, "vocab_size": tok.vocab_size})
+    for name, labels in (("pos", ["O", "NOUN", "VERB"]), ("unnamed", None)):
+        d = tmp_path / name
+        given = {"num_labels": 2} if labels is None else {"id2label": dict(enumerate(labels))}
+        BertForTokenClassification(config.replace(**given)).save_pretrained(d)
+        tok.save_pretrained(d)
+        with pytest.raises(CheckpointError) as e:
+            Pipeline(d, precision="fp32").ner(["Alice lives in Paris."])
+        said = str(e.value)
+        assert said.startswith(f"{d / 'config.json'}: id2label ")
+        wrong = "'NOUN'" if labels else "'LABEL_0'"
+        assert wrong in said and "O or B-/I-/E-/S- followed by a type" in said
+    texts = tmp_path / "in.txt"
+    texts.write_text("Alice lives in Paris.\n")
+    assert main(["ner", str(tmp_path / "pos"), str(texts)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"bertforge: error: {tmp_path / 'pos' / 'config.json'}: id2label")
+
+
 def test_qa_spans_and_long_contexts(heads_dir: dict[str, Path]) -> None:
     pipe = Pipeline(heads_dir["qa"], precision="fp32")
     long = " ".join(f"sentence {i} says the value is {i * 7}." for i in range(120))

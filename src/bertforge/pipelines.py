@@ -659,7 +659,7 @@ class Pipeline:
         piece and the tags decoded into spans by the metric's own decoder (tasks.tagging),
         character offsets into the text."""
         model = self.model_for("ner")
-        names = model.config.labels
+        tags = tagging.model_tags(model.config, self.path)
 
         def fn(b: dict[str, Any]) -> list[np.ndarray]:
             logits = model(*b["inputs"], rows=b["packing"]).logits
@@ -678,8 +678,8 @@ class Pipeline:
                         enc.offsets[j][0] if j == first[w] else spans[w][0],
                         enc.offsets[j][1],
                     ]
-            tags, scores = tagging.word_tags(logits, first, [names[i] for i in range(len(names))])
-            results.append(tagging.entities(text, tags, scores, spans))
+            predicted, scores = tagging.word_tags(logits, first, tags)
+            results.append(tagging.entities(text, predicted, scores, spans))
         return results
 
     def qa_options(
