@@ -127,3 +127,25 @@ def test_long_texts_are_cut_at_the_models_positions_and_big_views_refused(
     with pytest.warns(UserWarning, match="the last 124 left out"):
         assert main(["attention", str(wide), text, "--max-length", "176", "--out", str(out)]) == 0
     assert out.stat().st_size < 20e6
+
+
+def test_a_png_too_big_to_draw_is_refused_naming_the_max_length_that_fits(
+    tmp_path: Path, minilm_dir: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """A PNG is 0.35 inch a piece at 120 dpi: 300 pieces would be 12,840 px a side (512 some
+    21,700, 1.9 GB of pixels to draw); refused above 8,000 px, naming --max-length 184, which
+    draws a PNG of at most 8,000 px a side."""
+    from tests.conftest import save_tiny
+
+    model = save_tiny(tmp_path / "tiny", minilm_dir)
+    text = " ".join(["word"] * 298)  # [CLS] + 298 pieces + [SEP]
+    out = tmp_path / "v.png"
+    assert main(["attention", str(model), text, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "a PNG of 300 pieces is 12,840 pixels a side, more than 8,000" in err
+    assert "--max-length 184" in err and not out.exists()
+    with pytest.warns(UserWarning, match="the last 116 left out"):
+        assert main(["attention", str(model), text, "--max-length", "184", "--out", str(out)]) == 0
+    header = out.read_bytes()[:24]  # PNG signature, IHDR: width and height, big-endian
+    width, height = int.from_bytes(header[16:20], "big"), int.from_bytes(header[20:24], "big")
+    assert 7_000 < width <= 8_000 and 7_000 < height <= 8_000

@@ -512,6 +512,100 @@ def test_row_limits_budgets_and_run_settings_errors(
         assert not (tmp / "out").exists(), (argv, "wrote something")
 
 
+# Every path a command writes, where it resolves inside something the command reads (an
+# index, a model directory, shards, a corpus directory, a run's files), links followed: one
+# line naming the option, the path and the input, status 2, and nothing written or changed.
+# {L} is a link to the model directory {M}; {K} a link to {M}/config.json.
+INSIDE_INPUTS = """
+mine {I} {Y} --out {I}/documents.jsonl            | --out {I}/documents.jsonl is inside the index directory {I}
+mine {I} {Y} --out {I}/index.json                 | --out {I}/index.json is inside the index directory {I}
+mine {I} {Y} --out {I}/vectors.npy                | --out {I}/vectors.npy is inside the index directory {I}
+mine {I} {Y} --out {I}                            | --out {I} is the index directory {I}
+mine {I} {Y} --out {K}                            | --out {K} is inside the index's model directory
+search {I} {Q} --out {I}/documents.jsonl          | --out {I}/documents.jsonl is inside the index directory {I}
+search {I} {Q} --out {L}/vocab.txt                | --out {L}/vocab.txt is inside the index's model directory
+search {I} {Q} --rerank {N} --out {N}/c.jsonl     | --out {N}/c.jsonl is inside the reranker directory {N}
+embed {L} {P} --out {M}/config.json               | --out {M}/config.json is inside the model directory {L}
+embed {M} {P} --out {K}                           | --out {K} is inside the model directory {M}
+features {M} {P} --out {L}/f.npy                  | --out {L}/f.npy is inside the model directory {M}
+fill-mask {M} {P} --out {M}                       | --out {M} is the model directory {M}
+summarize {M} {P} --out {M}/summarizer.json       | --out {M}/summarizer.json is inside the model directory {M}
+index {M} {C} --out {L}/idx                       | --out {L}/idx is inside the model directory {M}
+merge {M} {N} --out {M}/merged                    | --out {M}/merged is inside the model directory {M}
+export {M} --onnx {M}/model.onnx                  | --onnx {M}/model.onnx is inside the model directory {M}
+attention {M} hello --out {L}/view.png            | --out {L}/view.png is inside the model directory {M}
+probe --model {M} --train {T} --dev {T} --json {M}/p.json | --json {M}/p.json is inside the model directory {M}
+plot {R} --out {R}/metrics.jsonl                  | --out {R}/metrics.jsonl is the metrics file
+evaluate --model {M} --task sst2 --data {T} --out {M}/p | --out {M}/p is inside the model directory {M}
+predict --model {M} --task sst2 --data {T} --out {L} | --out {L} is the model directory {M}
+prepare {C} --tokenizer {M} --out {M}/shards      | --out {M}/shards is inside the tokenizer directory {M}
+prepare {D} --tokenizer {M} --out {D}/shards      | --out {D}/shards is inside the corpus directory {D}
+vocab train {D} --size 200 --out {D}/vocab        | --out {D}/vocab is inside the corpus directory {D}
+pretrain --data {S} --out {S}/run --steps 1       | --out {S}/run is inside the run's --data directory {S}
+pretrain --data {S} --init {L} --out {M}/run --steps 1 | --out {M}/run is inside the run's --init directory {L}
+finetune --model {M} --task sst2 --train {T} --out {L}/run --epochs 1 | --out {L}/run is inside the run's --model directory {M}
+finetune --model {M} --task sst2 --train {T} --dev {T} --out {T} --epochs 1 | --out {T} is the run's --train file
+distill --teacher {M} --student-layers 0 --data {D} --out {D}/s --steps 1 | --out {D}/s is inside the run's --data directory {D}
+distill --teacher {M} --student-layers 0 --data {P} --out {M}/s --steps 1 | --out {M}/s is inside the run's --teacher directory {M}
+"""
+
+
+def test_outputs_inside_what_a_command_reads_are_refused(
+    tmp_path: Path, tiny_model: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """mine --out idx/documents.jsonl and its kind wrote over the index, model or data the
+    command was reading, exit 0: each written path is now checked against every input."""
+    import os
+    import shutil
+
+    from bertforge.cli import main
+    from bertforge.data.shards import prepare
+    from bertforge.search import Index
+    from tests.task_files import keyword_table
+
+    model = Path(shutil.copytree(tiny_model, tmp_path / "model"))
+    shutil.copytree(tiny_model, tmp_path / "model2")
+    (tmp_path / "link").symlink_to(model, target_is_directory=True)
+    (tmp_path / "k.jsonl").symlink_to(model / "config.json")
+    docs = [f"Document {d} is about the number {d} and its neighbours." for d in range(6)]
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus" / "c.txt").write_text("\n".join(docs) + "\n")
+    tok = Tokenizer.from_pretrained(model)
+    prepare([tmp_path / "corpus" / "c.txt"], tok, tmp_path / "shards", fmt="lines", progress=False)
+    Index.build(model, tmp_path / "corpus" / "c.txt", tmp_path / "idx", progress=False)
+    (tmp_path / "q.txt").write_text("the number 3\n")
+    (tmp_path / "pairs.jsonl").write_text(json.dumps({"query": "3", "positive": docs[3]}) + "\n")
+    keyword_table(tmp_path / "train.tsv", 12, seed=0)
+    (tmp_path / "plain.txt").write_text("a [MASK] here\n")
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "metrics.jsonl").write_text('{"step": 1, "loss": 1.0}\n')
+    files = {"I": "idx", "Y": "pairs.jsonl", "Q": "q.txt", "L": "link", "K": "k.jsonl"}
+    files |= {"M": "model", "P": "plain.txt", "C": "corpus/c.txt", "D": "corpus"}
+    files |= {"S": "shards", "T": "train.tsv", "R": "run", "N": "model2"}
+    names = {k: tmp_path / v for k, v in files.items()}
+
+    def snapshot() -> dict[str, bytes]:
+        return {
+            str(Path(d) / f): (Path(d) / f).read_bytes()
+            for d, _, fs in os.walk(tmp_path)
+            for f in fs
+        }
+
+    before, failures = snapshot(), []
+    for row in INSIDE_INPUTS.strip().splitlines():
+        args, expected = row.rsplit("|", 1)
+        argv = shlex.split(args.format(**names))
+        try:
+            code = main(argv)
+        except SystemExit as e:
+            code = e.code
+        err = capsys.readouterr().err.strip().splitlines()
+        said = expected.strip().format(**names)
+        if code != 2 or len(err) != 1 or said not in err[0] or snapshot() != before:
+            failures.append((args.strip(), code, err[-2:]))
+    assert not failures, "\n".join(map(str, failures))
+
+
 def test_help_texts_say_what_the_flags_do() -> None:
     from bertforge.cli import build_parser
 

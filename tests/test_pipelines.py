@@ -327,6 +327,32 @@ def test_ner_pipeline_and_entity_metric_decode_tags_alike(tags: list[str], spans
     assert (scores["n_gold"], scores["n_pred"], scores["f1"]) == (len(spans), len(spans), 1.0)
 
 
+def test_ner_on_a_tagger_of_other_labels_names_its_config_and_id2label(
+    tmp_path: Path, tiny_model: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A token classifier whose labels are not entity tags (a part-of-speech tagger, HF's
+    unnamed LABEL_i) failed in the decoder on its first tag, naming no file: refused before any
+    work, naming the model's config.json, its id2label and what ner needs."""
+    tok = Tokenizer.from_pretrained(tiny_model)
+    config = BertConfig(**{**TINY, "vocab_size": tok.vocab_size})
+    for name, labels in (("pos", ["O", "NOUN", "VERB"]), ("unnamed", None)):
+        d = tmp_path / name
+        given = {"num_labels": 2} if labels is None else {"id2label": dict(enumerate(labels))}
+        BertForTokenClassification(config.replace(**given)).save_pretrained(d)
+        tok.save_pretrained(d)
+        with pytest.raises(CheckpointError) as e:
+            Pipeline(d, precision="fp32").ner(["Alice lives in Paris."])
+        said = str(e.value)
+        assert said.startswith(f"{d / 'config.json'}: id2label ")
+        wrong = "'NOUN'" if labels else "'LABEL_0'"
+        assert wrong in said and "O or B-/I-/E-/S- followed by a type" in said
+    texts = tmp_path / "in.txt"
+    texts.write_text("Alice lives in Paris.\n")
+    assert main(["ner", str(tmp_path / "pos"), str(texts)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"bertforge: error: {tmp_path / 'pos' / 'config.json'}: id2label")
+
+
 def test_qa_spans_and_long_contexts(heads_dir: dict[str, Path]) -> None:
     pipe = Pipeline(heads_dir["qa"], precision="fp32")
     long = " ".join(f"sentence {i} says the value is {i * 7}." for i in range(120))
@@ -741,6 +767,28 @@ def test_rows_read_whole_are_cut_to_the_models_positions(short_model: Path) -> N
     assert answer["answer"] and long[answer["start"] : answer["end"]] == answer["answer"]
     with pytest.raises(ConfigError, match="max_seq_length=64 .* max_position_embeddings=40"):
         qa.qa(["which word?"], [long], max_seq_length=64)
+
+
+def test_masks_past_the_length_limit_are_an_error_naming_the_text_and_how_many(
+    short_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A text whose first [MASK] is read but whose later ones fall past the limit was answered
+    for the first one only, without a word: now one error naming the text and the masks cut."""
+    pipe = Pipeline(short_model, precision="fp32")
+    long = " ".join(["word"] * 60)
+    text = f"the [MASK] sat {long} [MASK] and [MASK]"  # [MASK]s at pieces 2, 64 and 66 of 68
+    with pytest.raises(InputError) as e:
+        pipe.fill_mask(["a [MASK].", text])
+    said = str(e.value)
+    assert said.startswith("text 1: 2 of its 3 [MASK] tokens are past the length limit of 40")
+    assert "(pieces 64, 66 of 68" in said and repr(text[:40]) in said
+    short = "the [MASK] sat " + " ".join(["word"] * 30) + " [MASK]"  # 36 pieces: all read
+    assert [len(masks) for masks in pipe.fill_mask([short])] == [2]
+    lines = tmp_path / "in.txt"
+    lines.write_text(f"a [MASK].\n{text}\n")
+    assert main(["fill-mask", str(short_model), str(lines)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("bertforge: error: ") and "2 of its 3 [MASK] tokens" in err
 
 
 def test_bf16_padding_stops_at_the_models_positions(short_model: Path) -> None:

@@ -8,7 +8,8 @@
 
 The probabilities are the model's own (output_attentions=True: softmax(QK^T / sqrt(d)) over
 the real tokens), for one text or a text pair, cut where the model stops reading (or at
---max-length) with a warning; an HTML view of more than HTML_NUMBERS weights is refused.
+--max-length) with a warning; an HTML view of more than HTML_NUMBERS weights, and a PNG of
+more than PNG_SIDE pixels a side (184 pieces), are refused naming the --max-length that fits.
 """
 
 from __future__ import annotations
@@ -70,6 +71,14 @@ def _select(probs: np.ndarray, layer: int, head: int | None) -> np.ndarray:
     return probs[layer].mean(0) if head is None else probs[layer, head]
 
 
+# A PNG heatmap keeps every piece's label legible: 0.35 inch a piece (8 pt labels) at PNG_DPI,
+# so its side grows with the pieces; 512 would be some 21,700 px square, 1.9 GB of pixels for
+# matplotlib to draw. PNG_SIDE px (184 pieces) is the most it draws; a longer input is refused
+# with the --max-length that fits, as an HTML view of more than HTML_NUMBERS weights is.
+PNG_DPI, PNG_INCHES_PER_PIECE, PNG_SIDE = 120, 0.35, 8_000
+PNG_PIECES = math.floor((PNG_SIDE / PNG_DPI - 2) / PNG_INCHES_PER_PIECE)  # 184
+
+
 def write_png(
     path: Path, tokens: list[str], probs: np.ndarray, layer: int, head: int | None
 ) -> None:
@@ -82,7 +91,14 @@ def write_png(
 
     m = _select(probs, layer, head)
     n = len(tokens)
-    fig, ax = plt.subplots(figsize=(max(4, 0.35 * n + 2), max(4, 0.35 * n + 1.5)))
+    width = max(4, PNG_INCHES_PER_PIECE * n + 2)  # inches: the pieces and the colour bar
+    if round(width * PNG_DPI) > PNG_SIDE:
+        raise ConfigError(
+            f"--out {path}: a PNG of {n} pieces is {round(width * PNG_DPI):,} pixels a side, "
+            f"more than {PNG_SIDE:,}: too big to draw or view; pass --max-length {PNG_PIECES} "
+            "(or less)"
+        )
+    fig, ax = plt.subplots(figsize=(width, max(4, PNG_INCHES_PER_PIECE * n + 1.5)))
     im = ax.imshow(m, cmap="Blues", vmin=0, vmax=max(float(m.max()), 1e-6))
     ax.set_xticks(range(n), tokens, rotation=90, fontsize=8)
     ax.set_yticks(range(n), tokens, fontsize=8)
@@ -94,7 +110,7 @@ def write_png(
     fig.colorbar(im, ax=ax, fraction=0.046)
     fig.tight_layout()
     with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=120)
+        fig.savefig(tmp, format="png", dpi=PNG_DPI)
     plt.close(fig)
 
 

@@ -115,11 +115,13 @@ def args_vocab(p: argparse.ArgumentParser) -> None:
 
 def cmd_vocab_train(args: argparse.Namespace) -> None:
     from .data.corpus import corpus_sentences
+    from .fileio import refuse_overwrite
     from .tokenizer import train_vocab, train_vocab_from_texts
 
     files = expand_inputs(args.files)
     if not files:
         raise DataError("no input files found")
+    refuse_overwrite(args.out, {"corpus": [*args.files, *files]}, "--out")
     print(
         f"training a {'cased' if args.cased else 'uncased'} WordPiece vocabulary of "
         f"{args.vocab_size:,} tokens on {len(files)} file(s)",
@@ -162,8 +164,11 @@ def args_prepare(p: argparse.ArgumentParser) -> None:
 
 def cmd_prepare(args: argparse.Namespace) -> None:
     from .data.shards import prepare
+    from .fileio import refuse_overwrite
     from .tokenizer import Tokenizer
 
+    corpus = [*args.inputs, *expand_inputs(args.inputs)]
+    refuse_overwrite(args.out, {"corpus": corpus, "tokenizer": args.tokenizer}, "--out")
     prepare(
         args.inputs,
         Tokenizer.from_pretrained(args.tokenizer),
@@ -241,8 +246,10 @@ def _run_task(args: argparse.Namespace, fn: Callable[..., Any]) -> Any:
     """fn (finetune.evaluate_model or predict) on --model, --task, --data and --out, with the
     task options given on the command line, those that differ from their defaults: the others
     come from the model's run.json (tasks.run_task_options)."""
+    from .fileio import refuse_overwrite
     from .tasks import TaskOptions
 
+    refuse_overwrite(args.out, {"model": args.model, "data": args.data}, "--out")
     changed = changed_options(args, TaskOptions)
     return fn(args.model, args.task, args.data, out=args.out, **options_of(args, fn), **changed)
 
@@ -354,9 +361,8 @@ def cmd_pipeline(args: argparse.Namespace) -> None:
     inputs = [i for i in entry.inputs if not i.optional or getattr(args, i.param)]
     unasked = [i for i in entry.inputs if i not in inputs]
     _refuse_unused(args, entry, next((i for i in inputs if i.optional), None))
-    if args.out:
-        files = {"input": args.input, "calibration": getattr(args, "calibration", None)}
-        refuse_overwrite(args.out, files, "--out")
+    files = {"input": args.input, "calibration": getattr(args, "calibration", None)}
+    refuse_overwrite(args.out, {**files, "model": args.model}, "--out")
     keep_tabs = getattr(args, "keep_tabs", False)
     rows = read_inputs(args.input, inputs, args.skip_blank, keep_tabs, unasked)
     texts = columns(rows, inputs)
@@ -405,6 +411,7 @@ def args_index(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_index(args: argparse.Namespace) -> None:
+    from .fileio import refuse_overwrite
     from .search import CorpusFormat, Index, IndexOptions, PgOptions
 
     fmt = CorpusFormat(**options_of(args, CorpusFormat))
@@ -416,6 +423,7 @@ def cmd_index(args: argparse.Namespace) -> None:
             "index MODEL CORPUS --out DIR, or --to DSN (PostgreSQL, --table T; with --delete "
             "IDS_FILE to remove documents): a directory index is built whole, not changed"
         )
+    refuse_overwrite(args.out, {"model": args.model, "corpus": args.corpus}, "--out")
     index = Index.build(
         args.model, args.corpus, args.out, fmt=fmt, **options_of(args, IndexOptions)
     )
@@ -462,11 +470,17 @@ def _search_args(p: argparse.ArgumentParser) -> None:
     add_options(p, PgOptions)
 
 
-def _open_index(args: argparse.Namespace) -> Any:
+def _open_index(args: argparse.Namespace, **inputs: str | None) -> Any:
+    """The index of search and mine; their --out refused first when it lies inside the index or
+    the command's other `inputs`, then inside the index's model, once that is known."""
+    from .fileio import refuse_overwrite
     from .search import PgOptions, QueryModel, open_index
 
+    refuse_overwrite(args.out, {"index": args.index, **inputs}, "--out")
     pg = PgOptions(**options_of(args, PgOptions))
-    return open_index(args.index, pg, **options_of(args, QueryModel))
+    index = open_index(args.index, pg, **options_of(args, QueryModel))
+    refuse_overwrite(args.out, {"index's model": index.use_model().path}, "--out")
+    return index
 
 
 def args_search(p: argparse.ArgumentParser) -> None:
@@ -491,15 +505,12 @@ def cmd_search(args: argparse.Namespace) -> None:
     cross-encoder's score (with --rerank-fuse: by the fusion of that order and the first
     stage's, each hit with its cross-encoder score as rerank_score)."""
     from .catalogue import TEXTS
-    from .fileio import refuse_overwrite
     from .inputs import read_inputs, write_jsonl
     from .search import FirstStage, SearchOptions, parse_where, search_queries
 
     options = SearchOptions(**options_of(args, SearchOptions))
     where = parse_where(args.where)
-    if args.out:
-        refuse_overwrite(args.out, {"queries": args.queries}, "--out")
-    index = _open_index(args)
+    index = _open_index(args, queries=args.queries, reranker=options.rerank)
     rows = read_inputs(args.queries, TEXTS, args.skip_blank)
     queries = [r.texts[0] for r in rows]
     stage = FirstStage(**options_of(args, FirstStage))
@@ -523,13 +534,12 @@ def args_mine(p: argparse.ArgumentParser) -> None:
 
 def cmd_mine(args: argparse.Namespace) -> None:
     from .data.tasks import read_retrieval
-    from .fileio import json_text, refuse_overwrite, write_text
+    from .fileio import json_text, write_text
     from .search import FirstStage, MineOptions, mine_groups
 
-    refuse_overwrite(args.out, {"train": args.train}, "--out")
-    index = _open_index(args)
-    examples = read_retrieval(args.train)
     options = MineOptions(**options_of(args, MineOptions))
+    index = _open_index(args, train=args.train, teacher=options.teacher)
+    examples = read_retrieval(args.train)
     stage = FirstStage(**options_of(args, FirstStage))
     groups, said = mine_groups(index, examples, options, stage, args.train)
     write_text(args.out, "".join(json_text(g) + "\n" for g in groups))
@@ -595,7 +605,7 @@ def args_merge(p: argparse.ArgumentParser) -> None:
 
 
 def args_attention(p: argparse.ArgumentParser) -> None:
-    from .attention import render
+    from .attention import PNG_PIECES, render
 
     p.add_argument("model", help="model directory")
     p.add_argument("text", help="the text to look at")
@@ -608,7 +618,8 @@ def args_attention(p: argparse.ArgumentParser) -> None:
             "layer": "layer (-1: the last)",
             "head": "head (default: the mean of all heads)",
             "max_length": "pieces shown, the rest left out with a warning (default: as many as "
-            "the model reads; an HTML view holds at most 2 million weights)",
+            f"the model reads; an HTML view holds at most 2 million weights, a PNG {PNG_PIECES} "
+            "pieces)",
         },
     )
 
@@ -697,7 +708,9 @@ def cmd_serve(args: argparse.Namespace) -> None:
 
 def cmd_export(args: argparse.Namespace) -> None:
     from .export import export_onnx
+    from .fileio import refuse_overwrite
 
+    refuse_overwrite(args.onnx, {"model": args.model}, "--onnx")
     result = export_onnx(args.model, args.onnx, **options_of(args, export_onnx))
     diffs = ", ".join(f"{k} {v:.1e}" for k, v in result["max_abs_diff"].items())
     print(
@@ -707,8 +720,10 @@ def cmd_export(args: argparse.Namespace) -> None:
 
 
 def cmd_merge(args: argparse.Namespace) -> None:
+    from .fileio import refuse_overwrite
     from .merge import merge
 
+    refuse_overwrite(args.out, {"model": args.models}, "--out")
     record = merge(args.models, args.out, args.weights)
     parts = ", ".join(f"{w:.3g} x {m}" for m, w in zip(record["models"], record["weights"]))
     print(f"wrote {args.out}: {parts}")
@@ -716,18 +731,22 @@ def cmd_merge(args: argparse.Namespace) -> None:
 
 def cmd_attention(args: argparse.Namespace) -> None:
     from .attention import render
+    from .fileio import refuse_overwrite
 
+    refuse_overwrite(args.out, {"model": args.model}, "--out")
     path = render(args.model, args.text, args.out, **options_of(args, render))
     print(f"wrote {path}")
 
 
 def cmd_probe(args: argparse.Namespace) -> None:
-    from .fileio import write_json
+    from .fileio import refuse_overwrite, write_json
     from .probe import DEFAULT_CHOICES, probe, read_task, table
     from .probe_tokens import TOKEN_CHOICES, TokenProbeOptions, probe_tagging
     from .tasks import TaskOptions
     from .tasks.tagging import TaggingTask
 
+    inputs = {"model": args.model, "train": args.train, "dev": args.dev}
+    refuse_overwrite(args.json, inputs, "--json")
     options = TaskOptions(task=args.task, **options_of(args, TaskOptions))
     fam, train, dev = read_task(args.model, options, args.train, args.dev, args.max_train)
     choices = args.layers.split(";") if args.layers else None
@@ -764,8 +783,10 @@ def cmd_probe(args: argparse.Namespace) -> None:
 
 
 def cmd_plot(args: argparse.Namespace) -> None:
+    from .fileio import refuse_overwrite
     from .train.plot import plot_run
 
+    refuse_overwrite(args.out, {"metrics": Path(args.run) / "metrics.jsonl"}, "--out")
     print(f"wrote {plot_run(args.run, args.out)}")
 
 

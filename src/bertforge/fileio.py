@@ -20,7 +20,7 @@ import math
 import os
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -101,22 +101,39 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
         raise
 
 
-def refuse_overwrite(out: str | os.PathLike[str], inputs: dict[str, Any], option: str) -> None:
+def refuse_overwrite(
+    out: str | os.PathLike[str] | None,
+    inputs: Mapping[str, str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | None],
+    option: str,
+) -> None:
     """One ConfigError, before any work, when the output `out` (given as `option`) is one of the
-    command's input files ({what: path}): writing it would lose the input."""
-    target = Path(out)
+    command's inputs ({what: path or paths}: a file, or a directory such as a model's or an
+    index's) or lies inside one, every link followed: writing it would damage what the command
+    reads. Inputs that are not there ("-", a DSN, a hub name) have nothing to lose; an input
+    inside an output directory is allowed (`predict --data test.tsv --out .`)."""
+    if out is None or str(out) == "-":
+        return
+    target = Path(out).resolve()
     for what, given in inputs.items():
-        if given is None or str(given) == "-":
-            continue
-        source = Path(given)
-        same = target.resolve() == source.resolve()
-        with contextlib.suppress(OSError):
-            same = same or os.path.samefile(target, source)
-        if same:
-            raise ConfigError(
-                f"{option} {out} is the {what} file: writing it would lose the input; give "
-                "another path"
-            )
+        paths = [given] if given is None or isinstance(given, (str, os.PathLike)) else given
+        for source in map(Path, (p for p in paths if p is not None and str(p) != "-")):
+            if not source.exists():
+                continue
+            real = source.resolve()
+            same = target == real
+            with contextlib.suppress(OSError):
+                same = same or os.path.samefile(target, real)  # a hard link
+            if same and not real.is_dir():
+                raise ConfigError(
+                    f"{option} {out} is the {what} file: writing it would lose the input; give "
+                    "another path"
+                )
+            if same or (real.is_dir() and target.is_relative_to(real)):
+                where = "is" if same else "is inside"
+                raise ConfigError(
+                    f"{option} {out} {where} the {what} directory {source}: writing there would "
+                    f"damage the {what}; give a path outside it"
+                )
 
 
 def write_text(path: str | os.PathLike[str], text: str) -> None:

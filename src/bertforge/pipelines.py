@@ -493,8 +493,8 @@ class Pipeline:
         mask_id = self.tok.convert_tokens_to_ids(["[MASK]"])[0]
         encodings = self.encode(texts)
         for i, e in enumerate(encodings):
-            if mask_id not in e.ids:
-                raise ItemError("text", i, self._no_mask(texts[i], mask_id))
+            if (why := self._masks_unread(texts[i], e.ids, mask_id)) is not None:
+                raise ItemError("text", i, why)
 
         def fn(b: dict[str, Any]) -> list[list[dict[str, Any]]]:
             hits = b["input_ids"] == mask_id  # (B, T)
@@ -520,15 +520,30 @@ class Pipeline:
 
         return self.run(encodings, fn)
 
-    def _no_mask(self, text: str, mask_id: int) -> str:
-        """Why a text's row has no [MASK]: it has none, or the length limit cut it off."""
+    def _masks_unread(self, text: str, row: Sequence[int], mask_id: int) -> str | None:
+        """Why a text's row (its pieces, cut at the length limit) cannot answer it: it has no
+        [MASK], or the limit cut off one or more of its [MASK]s (answering the others alone
+        would pass for the whole answer); None: the row holds every one."""
+        limit = self._row_limit()
+        if mask_id in row and len(row) < limit:
+            return None  # nothing was cut
         whole = self.tok.encode(text, truncation=False).ids
-        if mask_id not in whole:
+        at = [k for k, piece in enumerate(whole) if piece == mask_id]
+        cut = at[list(row).count(mask_id) :]
+        if not at:
             return f"no [MASK] token in {text[:80]!r}"
+        if not cut:
+            return None
+        why = f"max_length, at most the model's {self.config.max_position_embeddings} positions"
+        if len(at) == 1:
+            return (
+                f"its [MASK] is piece {at[0]} of {len(whole)}, cut off by the length limit of "
+                f"{limit} pieces ({why}): shorten the text before it"
+            )
         return (
-            f"its [MASK] is piece {whole.index(mask_id)} of {len(whole)}, cut off by the length "
-            f"limit of {self._row_limit()} pieces (max_length, at most the model's "
-            f"{self.config.max_position_embeddings} positions): shorten the text before it"
+            f"{len(cut)} of its {len(at)} [MASK] tokens are past the length limit of {limit} "
+            f"pieces (pieces {', '.join(map(str, cut))} of {len(whole)}; {why}) in "
+            f"{text[:40]!r}...: shorten the text before them, or split it"
         )
 
     def nsp(self, texts: Sequence[str], pairs: Sequence[str]) -> list[float]:
@@ -644,7 +659,7 @@ class Pipeline:
         piece and the tags decoded into spans by the metric's own decoder (tasks.tagging),
         character offsets into the text."""
         model = self.model_for("ner")
-        names = model.config.labels
+        tags = tagging.model_tags(model.config, self.path)
 
         def fn(b: dict[str, Any]) -> list[np.ndarray]:
             logits = model(*b["inputs"], rows=b["packing"]).logits
@@ -663,8 +678,8 @@ class Pipeline:
                         enc.offsets[j][0] if j == first[w] else spans[w][0],
                         enc.offsets[j][1],
                     ]
-            tags, scores = tagging.word_tags(logits, first, [names[i] for i in range(len(names))])
-            results.append(tagging.entities(text, tags, scores, spans))
+            predicted, scores = tagging.word_tags(logits, first, tags)
+            results.append(tagging.entities(text, predicted, scores, spans))
         return results
 
     def qa_options(

@@ -24,7 +24,7 @@ import torch
 
 from ..config import BertConfig
 from ..data.tasks import TaggedSentence, read_conll
-from ..errors import ConfigError, DataError
+from ..errors import CheckpointError, ConfigError, DataError
 from ..evaluate import ENTITY_TAGS, entity_scores, entity_spans, is_entity_tag
 from ..fileio import write_text
 from ..heads import BertForTokenClassification
@@ -59,6 +59,24 @@ def check_entity_tags(sentences: Sequence[TaggedSentence], tag_column: int) -> N
                     f'{s.where(w)}: field "tag" (--tag-column {tag_column}): {tag!r} is not '
                     f"{ENTITY_TAGS}: conll2003 tags entities; is that the entity column?"
                 )
+
+
+def model_tags(config: BertConfig, model_dir: str | Path) -> list[str]:
+    """A token classifier's tags in id order, when each is one entity_spans reads (ner decodes
+    entities from them); else a CheckpointError, before any work, naming its config.json and
+    id2label: a tagger of something else (parts of speech) or of unnamed labels (LABEL_0)."""
+    names = config.labels
+    tags = [names[i] for i in range(len(names))]
+    if bad := [t for t in tags if not is_entity_tag(t)]:
+        shown = ", ".join(f"{i}: {t!r}" for i, t in enumerate(tags[:8]))
+        raise CheckpointError(
+            f"{Path(model_dir) / 'config.json'}: id2label {{{shown}"
+            f"{', ...' if len(tags) > 8 else ''}}}: {len(bad)} of its {len(tags)} labels "
+            f"({bad[0]!r} first) are not {ENTITY_TAGS}; ner reads entity tags (a tagger of "
+            "CoNLL-2003's kind: finetune --task conll2003), and this token classifier tags "
+            "something else"
+        )
+    return tags
 
 
 def first_pieces(word_ids: Sequence[int | None], num_words: int) -> np.ndarray:

@@ -31,7 +31,7 @@ from torch import nn
 
 from ..checkpoint import load_state, load_torch, read_tensors
 from ..errors import CheckpointError, ConfigError
-from ..fileio import read_json, write_json
+from ..fileio import read_json, refuse_overwrite, write_json
 from .distributed import Dist, barrier
 
 STATE = "trainer_state.pt"
@@ -61,22 +61,22 @@ def check_run(run_dir: Path, cfg: Any, volatile: Collection[str]) -> dict[str, A
     return saved
 
 
-# a run's inputs that are directories: --out must not be one of them
-INPUT_DIRS = ("model", "init", "teacher", "data")
+# what a run reads (directories: models, shards; files: a task's, a config.json): --out is
+# none of them and lies inside none of them
+RUN_INPUTS = ("model", "init", "teacher", "data", "train", "dev", "config", "student_size")
 
 
 def check_output(out: Path, cfg: Any) -> None:
-    """--out is not one of the run's input directories (finetune --out = --model would write
-    the fine-tuned model over the pre-trained one): ConfigError naming both, before anything
-    is written."""
+    """--out is not one of the run's inputs nor inside one (finetune --out = --model would
+    write the fine-tuned model over the pre-trained one; --out MODEL/run, files into it):
+    ConfigError naming both, before anything is written (fileio.refuse_overwrite)."""
     flags = {f.name: f.metadata.get("flag") or f"--{f.name}" for f in dataclasses.fields(cfg)}
-    for name in INPUT_DIRS:
-        given = getattr(cfg, name, None)
-        if isinstance(given, str) and given and Path(given).resolve() == out.resolve():
-            raise ConfigError(
-                f"--out {out} is the run's {flags[name].replace('_', '-')}: the run would write "
-                "over its own input; give another --out"
-            )
+    inputs = {
+        f"run's {flags[name].replace('_', '-')}": getattr(cfg, name)
+        for name in RUN_INPUTS
+        if name in flags
+    }
+    refuse_overwrite(out, inputs, "--out")
 
 
 class RunDir:
