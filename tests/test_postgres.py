@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,10 +26,9 @@ import numpy as np
 import pytest
 
 from bertforge.cli import main
-from bertforge.errors import ConfigError, DataError, UnavailableError
+from bertforge.errors import ConfigError, DataError, UnavailableError, redacted
 from bertforge.pipelines import Pipeline
 from bertforge.search import Index, PgOptions, fuse_runs, open_index
-from bertforge.search.pgsql import redacted
 from bertforge.search.postgres import PgIndex
 from tests.test_search import DOCS, QUERIES, set_up_otherwise
 
@@ -574,6 +574,83 @@ def test_the_password_is_never_shown(
     assert "the database is unavailable" in out.err
     for s in (secret, "s3cr@t-Pa55"):
         assert s not in shown
+
+
+SECRET = "Sup3rS3cret"  # a password no output may show
+KEY = "k3y-N0t-To-Be-Shown"  # the server's API key: the same
+
+
+def test_no_verb_shows_a_password_or_the_api_key(
+    minilm_dir: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A password in a DSN of either form (a URI, libpq's key=value words, quoted or not), in
+    $DATABASE_URL or $PGPASSWORD, and the server's API key, through the error paths of every
+    verb that takes a DSN (index --to, index --delete, search, mine, serve --index: a server
+    that does not answer, 127.0.0.1 port 1; a DSN libpq cannot read; an option the verb lacks):
+    each one error, exit status 2, naming the database, and nothing printed, logged or warned
+    shows a secret."""
+    caplog.set_level(logging.DEBUG)
+    corpus, queries = write_corpus(tmp_path / "c.jsonl"), tmp_path / "q.txt"
+    queries.write_text("who wrote hamlet\n")
+    ids, train = tmp_path / "ids.txt", tmp_path / "train.jsonl"
+    ids.write_text("d1\n")
+    train.write_text(json.dumps({"query": QUERIES[0], "positive": DOCS[2]}) + "\n")
+    model, mined = str(minilm_dir), str(tmp_path / "mined.jsonl")
+
+    def verbs(dsn: str, to: list[str]) -> list[list[str]]:
+        return [
+            ["index", model, str(corpus), *to, "--precision", "fp32", "--no-progress"],
+            ["index", model, *to, "--delete", str(ids)],
+            ["search", dsn, str(queries)],
+            ["mine", dsn, str(train), "--out", mined],
+            ["serve", model, "--index", dsn, "--api-key", KEY, "--precision", "fp32"],
+        ]
+
+    uri = f"postgresql://bob:{SECRET}@127.0.0.1:1/db"
+    given = [uri, f"host=127.0.0.1 port=1 user=bob password={SECRET} dbname=db"]
+    given += [f"port=1 host = 127.0.0.1 password = '{SECRET} two words'"]
+    shown = []
+    with warnings.catch_warnings(record=True) as warned:
+        for dsn in given:
+            for argv in verbs(dsn, ["--to", dsn]):
+                assert main(argv) == 2, argv
+                err = capsys.readouterr().err
+                assert "the database is unavailable" in err, (argv, err)
+                assert "127.0.0.1" in err and "***" in err, err  # the database named, redacted
+                shown.append(err)
+        environments = [{"DATABASE_URL": uri}, {"PGHOST": "127.0.0.1", "PGPORT": "1"}]
+        environments[1]["PGPASSWORD"] = SECRET
+        for env in environments:
+            with monkeypatch.context() as m:
+                for name, value in env.items():
+                    m.setenv(name, value)
+                for argv in verbs("postgresql://", ["--to"]):
+                    assert main(argv) == 2, argv
+                    err = capsys.readouterr().err
+                    assert "the database is unavailable" in err, (argv, err)
+                    shown.append(err)
+        unreadable = f"host=127.0.0.1 password={SECRET} dbname='unterminated"
+        assert main(["search", unreadable, str(queries)]) == 2
+        assert "not a PostgreSQL DSN" in capsys.readouterr().err
+        for key in (["--api-key", KEY], [f"--api-key={KEY}"], ["--api", KEY]):
+            with pytest.raises(SystemExit, match="2"):  # a usage error: search has no key
+                main(["search", uri, str(queries), *key])
+            assert "unrecognized arguments" in capsys.readouterr().err
+        with monkeypatch.context() as m:
+            m.setenv("BERTFORGE_API_KEY", KEY)
+            assert main(["serve", model, "--index", given[1], "--precision", "fp32"]) == 2
+        for dsn in given:
+            with pytest.raises(UnavailableError) as caught:
+                open_index(dsn, PgOptions(table="docs"))
+            shown.append(str(caught.value))
+    out = capsys.readouterr()
+    shown += [out.out, out.err, caplog.text, *(str(w.message) for w in warned)]
+    for text in shown:
+        assert SECRET not in text and KEY not in text, text
 
 
 def test_cli_index_search_and_rerank(

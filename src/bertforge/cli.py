@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 import warnings
 from collections.abc import Callable, Sequence
@@ -31,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import __version__
 from .data.corpus import expand_inputs
-from .errors import BertforgeError, ConfigError, DataError
+from .errors import BertforgeError, ConfigError, DataError, hide, redacted
 from .options import (
     Parser,
     add_options,
@@ -387,8 +388,8 @@ def args_index(p: argparse.ArgumentParser) -> None:
         nargs="?",
         const="",
         metavar="DSN",
-        help="a PostgreSQL database (postgresql://user@host/db; alone: $DATABASE_URL or the PG* "
-        "environment) instead of --out: re-run with a changed corpus to update it in place",
+        help="a PostgreSQL database (postgresql://user@host/db or host=... dbname=...; alone: "
+        "$DATABASE_URL or the PG* environment) instead of --out: re-run with a changed corpus to update it in place",
     )
     p.add_argument(
         "--delete",
@@ -450,8 +451,9 @@ def _search_args(p: argparse.ArgumentParser) -> None:
 
     p.add_argument(
         "index",
-        help="index directory (bertforge index), or a PostgreSQL DSN (postgresql://...; "
-        "postgresql:// alone: $DATABASE_URL or the PG* environment) with --table",
+        help="index directory (bertforge index), or a PostgreSQL DSN (postgresql://... or "
+        "host=... dbname=...; postgresql:// alone: $DATABASE_URL or the PG* environment) with "
+        "--table",
     )
     add_options(p, FirstStage)
     add_options(p, QueryModel)
@@ -546,7 +548,7 @@ def args_serve(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--index",
         help="an index directory (bertforge index) of this model, or a PostgreSQL DSN "
-        "(postgresql://...) with --table: POST /search",
+        "(postgresql://... or host=... dbname=...) with --table: POST /search",
     )
     p.add_argument(
         "--index-model",
@@ -836,23 +838,40 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def hide_api_key(argv: Sequence[str]) -> None:
+    """The server's API key hidden (errors.hide) before argparse reads argv: a usage error
+    quotes what it did not take (`search ... --api-key KEY`: a verb without the option), and
+    argparse takes any long enough prefix of the option's name (--api KEY)."""
+    from .serve.limits import API_KEY_ENV
+
+    hide(os.environ.get(API_KEY_ENV))
+    for i, arg in enumerate(argv):
+        name, equals, value = arg.partition("=")
+        if len(name) >= len("--api") and "--api-key".startswith(name):
+            hide(value if equals else (argv[i + 1] if i + 1 < len(argv) else None))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    hide_api_key(argv)
     parser = build_parser()
-    args = parser.parse_args(join_layer_lists(list(sys.argv[1:] if argv is None else argv)))
+    args = parser.parse_args(join_layer_lists(argv))
     if not getattr(args, "func", None):
         parser.print_help()
         return 0
     warnings.simplefilter("default")
-    warnings.formatwarning = lambda message, *_, **__: f"bertforge: warning: {message}\n"
+    warnings.formatwarning = lambda message, *_, **__: (
+        f"bertforge: warning: {redacted(str(message))}\n"
+    )
     try:
         args.func(args)
-    except BertforgeError as e:
-        print(f"bertforge: error: {e}", file=sys.stderr)
+    except BertforgeError as e:  # redacted: a DSN or a key can be anywhere in what was given
+        print(f"bertforge: error: {redacted(str(e))}", file=sys.stderr)
         return 2
     except OSError as e:  # a path the user gave: missing, a directory, no permission, disk full
         where = e.filename2 if e.filename2 is not None else e.filename
-        what = e.strerror or str(e)
-        print(f"bertforge: error: {f'{where}: ' if where else ''}{what}", file=sys.stderr)
+        what = redacted(f"{f'{where}: ' if where else ''}{e.strerror or str(e)}")
+        print(f"bertforge: error: {what}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("bertforge: interrupted", file=sys.stderr)
