@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -406,7 +407,8 @@ PgIndex.build({str(minilm_dir)!r}, {str(path)!r}, {postgres_dsn!r}, table="kille
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     done = subprocess.run([sys.executable, "-c", script], env=env, cwd=REPO, timeout=300)
     assert done.returncode == -9
-    half = PgIndex.open(postgres_dsn, PgOptions(table="killed"))
+    with pytest.warns(UserWarning, match="build has not finished"):  # refused without it
+        half = PgIndex.open(postgres_dsn, PgOptions(table="killed", partial=True))
     before = half.count()
     assert before[0] == 4  # two whole chunks, nothing of the third
     embedded: list[int] = []
@@ -426,6 +428,77 @@ PgIndex.build({str(minilm_dir)!r}, {str(path)!r}, {postgres_dsn!r}, table="kille
     same_rows(resumed, whole)
     for index in (half, resumed, whole):
         index.close()
+
+
+def test_an_unfinished_build_is_refused_until_it_is_run_again(
+    minilm_dir: Path,
+    postgres_dsn: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A build stopped in its third chunk (two of three committed: 4 of 6 documents) is refused
+    by PgIndex.open, open_index, `search`, `mine` and the server, each saying that the build
+    has not finished, how many documents it holds and how to finish it; --partial
+    (PgOptions.partial) searches it as it is, with a warning; run again, the build finishes
+    and the table opens. A search of a table that was finished when opened and is being
+    built anew meanwhile is refused too, and a table recorded before builds recorded their
+    state (none: taken as finished) still opens."""
+    path, real, calls = write_corpus(tmp_path / "corpus.jsonl"), PgIndex._write_chunk, []
+
+    def stopped(self: PgIndex, *a: Any, **k: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 3:  # what a kill leaves: the chunks committed before it
+            raise KeyboardInterrupt
+        return real(self, *a, **k)
+
+    with monkeypatch.context() as m, pytest.raises(KeyboardInterrupt):
+        m.setattr(PgIndex, "_write_chunk", stopped)
+        build(minilm_dir, path, postgres_dsn, "unfinished")
+    said = "its build has not finished (4 of 6 documents so far)"
+    for opening in (
+        lambda: PgIndex.open(postgres_dsn, PgOptions(table="unfinished")),
+        lambda: open_index(postgres_dsn, PgOptions(table="unfinished")),
+    ):
+        with pytest.raises(DataError, match=re.escape(said)) as caught:
+            opening()
+        assert "--table unfinished" in str(caught.value) and "--partial" in str(caught.value)
+    queries, train = tmp_path / "q.txt", tmp_path / "train.jsonl"
+    queries.write_text("\n".join(QUERIES) + "\n")
+    train.write_text(json.dumps({"query": QUERIES[0], "positive": DOCS[2]}) + "\n")
+    search = ["search", postgres_dsn, str(queries), "--table", "unfinished"]
+    mine = ["mine", postgres_dsn, str(train), "--table", "unfinished", "--out"]
+    for argv in (search, [*mine, str(tmp_path / "mined.jsonl")]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert said in err and "run the index command" in err, err
+    assert not (tmp_path / "mined.jsonl").exists()
+    with pytest.warns(UserWarning, match=re.escape(said)):
+        partial = PgIndex.open(postgres_dsn, PgOptions(table="unfinished", partial=True))
+    assert len(partial.search(QUERIES, top_k=6)[0]) == 4  # what it holds
+    assert main([*search, "--partial"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == len(QUERIES)
+    pytest.importorskip("fastapi")
+    from bertforge.serve import create_app
+
+    with pytest.raises(DataError, match=re.escape(said)):
+        create_app(minilm_dir, index=postgres_dsn, index_options=PgOptions(table="unfinished"))
+    build(minilm_dir, path, postgres_dsn, "unfinished").close()  # run again: finished
+    index = PgIndex.open(postgres_dsn, PgOptions(table="unfinished"))
+    assert len(index.search(QUERIES, top_k=6)[0]) == 6
+    with partial.db.connection() as conn:  # built anew under a running search
+        conn.execute(
+            'UPDATE unfinished_index SET value = \'{"finished": false, "documents": 9}\' '
+            "WHERE key = 'build'"
+        )
+    with pytest.raises(DataError, match=re.escape("(6 of 9 documents so far)")):
+        index.search(QUERIES, top_k=6)
+    with partial.db.connection() as conn:  # as builds before this one left their tables
+        conn.execute("DELETE FROM unfinished_index WHERE key = 'build'")
+    assert len(index.search(QUERIES, top_k=6)[0]) == 6
+    PgIndex.open(postgres_dsn, PgOptions(table="unfinished")).close()
+    for i in (index, partial):
+        i.close()
 
 
 def test_upsert_embeds_only_what_changed_and_delete_removes(

@@ -20,6 +20,7 @@ pipeline verbs are one row per catalogue entry. Errors a user can cause print on
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import json
 import os
@@ -396,7 +397,7 @@ def args_index(p: argparse.ArgumentParser) -> None:
         metavar="IDS_FILE",
         help="with --to: remove these documents (one id a line) instead of indexing a corpus",
     )
-    add_options(p, PgOptions, skip=("ef_search", "exact", "statement_timeout"))
+    add_options(p, PgOptions, skip=("ef_search", "exact", "statement_timeout", "partial"))
     add_options(p, CorpusFormat)
     add_options(p, IndexOptions, help=INFERENCE_HELP)
 
@@ -431,8 +432,8 @@ def _index_postgres(args: argparse.Namespace, fmt: Any) -> None:
     if args.out is not None or (args.corpus is None) == (args.delete is None):
         raise ConfigError("index MODEL CORPUS --to DSN, or index MODEL --to DSN --delete IDS_FILE")
     pg = PgOptions(**options_of(args, PgOptions))
-    if args.delete is not None:
-        index = PgIndex.open(args.to, pg)
+    if args.delete is not None:  # no search: a table whose build has not finished takes it
+        index = PgIndex.open(args.to, dataclasses.replace(pg, partial=True))
         index.use_model(args.model)  # the table's model, checked
         removed = index.delete(read_ids(args.delete))
         print(f"deleted {removed:,} documents from {index.path}")

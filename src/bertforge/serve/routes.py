@@ -214,15 +214,9 @@ def add_search(
     embeds the queries, and must be the index's (its sha256 and precision): one model answers
     /embed and /search; an index of another model is refused unless `index_model` names it
     (checked to be the index's), which then embeds the queries beside the served model."""
-    from ..search import Index, PgOptions
-    from ..search.postgres import PgIndex, is_dsn
+    from ..search.index import load_index
 
-    if not is_dsn(path) and pg is not None and pg != PgOptions():
-        raise ConfigError(
-            f"{path}: --table, --ef-search, --exact and --statement-timeout are a PostgreSQL "
-            "index's"
-        )
-    index: Any = PgIndex.open(str(path), pg, pool=SEARCH_POOL) if is_dsn(path) else Index.load(path)
+    index = load_index(path, pg, pool=SEARCH_POOL)
     app.state.index = index
     if index_model is not None:  # the index's model beside the served one, checked
         index.use_model(index_model, device=server.pipe.device.type)
