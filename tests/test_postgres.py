@@ -536,10 +536,16 @@ def test_upsert_embeds_only_what_changed_and_delete_removes(
     model = str(minilm_dir)
     common = ["index", model, "--to", postgres_dsn, "--table", "upserted"]
     assert main([*common, "--delete", str(ids)]) == 0
-    assert "deleted 2 documents" in capsys.readouterr().out
-    assert again.count() == (5, fresh.count()[1] - 2)  # d1 and d6: one window each
+    said = capsys.readouterr().out
+    assert "deleted 2 documents" in said and "1 id not in the table: not-there" in said, said
+    ids.write_text("\n".join(["d1", "d0", *(f"gone{i}" for i in range(7)), "d6"]) + "\n")
+    assert main([*common, "--delete", str(ids)]) == 0
+    said = capsys.readouterr().out  # d0 deleted; d1 and d6 gone already; 7 never there
+    assert "deleted 1 documents" in said, said
+    assert "9 ids not in the table: d1, gone0, gone1, gone2, gone3 and 4 more" in said, said
+    assert again.count() == (4, fresh.count()[1] - 3)  # d0, d1 and d6: one window each
     hits = {h["id"] for row in again.search(QUERIES, top_k=7, mode="hybrid") for h in row}
-    assert not hits & {"d1", "d6"}
+    assert not hits & {"d0", "d1", "d6"}
     both = ["index", model, str(path), "--to", postgres_dsn, "--table", "upserted"]
     assert main([*both, "--delete", str(ids)]) == 2  # a corpus or --delete, not both
     assert main(["index", model, str(path), "--delete", str(ids), "--out", "x"]) == 2

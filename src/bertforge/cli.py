@@ -436,7 +436,10 @@ def _index_postgres(args: argparse.Namespace, fmt: Any) -> None:
         index = PgIndex.open(args.to, dataclasses.replace(pg, partial=True))
         index.use_model(args.model)  # the table's model, checked
         removed = index.delete(read_ids(args.delete))
-        print(f"deleted {removed:,} documents from {index.path}")
+        absent, first = index.absent
+        more = f" and {absent - len(first):,} more" if absent > len(first) else ""
+        named = f"; {absent:,} id{'s' * (absent != 1)} not in the table: {', '.join(first)}{more}"
+        print(f"deleted {removed:,} documents from {index.path}{named if absent else ''}")
     else:
         options = options_of(args, IndexOptions)
         index = PgIndex.build(args.model, args.corpus, args.to, table=pg.table, fmt=fmt, **options)

@@ -83,6 +83,7 @@ HALFVEC = (0, 7)  # the pgvector version that has halfvec
 # windows dense search may score exactly, a query, where the graph's candidates fall short (a
 # filter's few documents, a top k beyond them): above it, the graph's answer (PgIndex.dense)
 EXACT_FALLBACK = 50_000
+ABSENT_SHOWN = 5  # ids not there that a delete names (then: how many more)
 # the record's settings a later build must share besides its model (identity.model_differences;
 # the model's path and name may move)
 _BOUND = (
@@ -108,6 +109,7 @@ class PgIndex:
         self.path = f"{db.shown} table {pg.table}"  # what messages name
         self.query_prompt: str | None = meta.get("query_prompt")
         self.written: dict[str, int] = {}  # the last write's counts: new, changed, ...
+        self.absent: tuple[int, list[str]] = (0, [])  # the last delete's ids not there
         self._pipe: Any = None
         self._local = threading.local()  # this thread's snapshot, while one is open
 
@@ -294,12 +296,19 @@ class PgIndex:
 
     def delete(self, ids: Iterable[str], chunk: int = 10_000) -> int:
         """Documents (and their windows) removed by id, `chunk` ids per transaction; how many
-        there were (an id not there is no error)."""
-        removed = 0
+        there were. An id not there is no error, but is counted in `absent` (how many, the
+        first ABSENT_SHOWN of them): a file of wrong ids would otherwise delete nothing
+        without a word."""
+        removed, missing, first = 0, 0, []
+        statement = sql("DELETE FROM {docs} WHERE id = ANY(%s) RETURNING id", self.names)
         for part in chunks(iter(ids), chunk):
             with self.db.connection("deleting documents") as conn:
-                cur = conn.execute(sql("DELETE FROM {docs} WHERE id = ANY(%s)", self.names), [part])
-                removed += cur.rowcount
+                found = {i for (i,) in conn.execute(statement, [part])}
+            removed += len(found)
+            gone = [i for i in dict.fromkeys(part) if i not in found]
+            missing += len(gone)
+            first += gone[: ABSENT_SHOWN - len(first)]
+        self.absent = (missing, first)
         return removed
 
     def count(self) -> tuple[int, int]:
