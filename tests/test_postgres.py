@@ -782,8 +782,9 @@ def test_cli_index_search_and_rerank(
 def test_server_searches_postgres_and_answers_503_while_it_is_down(
     minilm_dir: Path, tmp_path: Path
 ) -> None:
-    """serve --index DSN: /search through the pool; the database stopped: 503 {"error"}; the
-    database back: answers again, the server never restarted."""
+    """serve --index DSN: /search through the pool; the database stopped: 503 {"error"}, and
+    /ready 503 saying so while /health stays 200 (alive: a restart would not help); the
+    database back: both answer again, the server never restarted."""
     pytest.importorskip("fastapi")
     from fastapi.testclient import TestClient
 
@@ -804,16 +805,22 @@ def test_server_searches_postgres_and_answers_503_while_it_is_down(
                 {h["id"] for h in row} <= {"d0", "d1", "d3", "d5"}
                 for row in first.json()["results"]
             )
+            assert client.get("/ready").json() == {"status": "ok"}
             stop(server)
             down = client.post("/search", json=body)
             assert down.status_code == 503
             assert "the database is unavailable" in down.json()["error"]
+            for method in ("GET", "HEAD"):
+                assert client.request(method, "/ready").status_code == 503
+                assert client.request(method, "/health").status_code == 200
+            assert "the database is unavailable" in client.get("/ready").json()["error"]
             restart(server)
             deadline = time.monotonic() + 60  # the pool reconnects in the background
             while (back := client.post("/search", json=body)).status_code != 200:
                 assert time.monotonic() < deadline, back.json()
                 time.sleep(0.5)
             assert back.status_code == 200 and back.json() == first.json()
+            assert client.get("/ready").status_code == 200
         app.state.index.close()
 
 
@@ -855,6 +862,74 @@ def test_server_answers_503_while_a_lock_holds_the_search_and_recovers(
         back = client.post("/search", json=body)
         assert back.status_code == 200 and back.json() == first.json()
     app.state.index.close()
+
+
+def test_a_refused_login_is_no_outage(
+    minilm_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """A wrong password, no password, a role or a database that does not exist: one
+    ConfigError naming the database (its password as ***) and what the server said, never
+    "unavailable ... retry when it is back" (retrying will not help); a server that does not
+    answer stays an UnavailableError. The right password: searched and served, and while the
+    database is down the server's 503s do not show it either."""
+    import psycopg
+
+    from tests.pg_server import running
+
+    with running() as server:
+        dsn = server.get_uri()
+        host = dsn.split("host=")[1]
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f"CREATE ROLE bob SUPERUSER LOGIN PASSWORD '{SECRET}'")
+        hba = Path(server.pgdata) / "pg_hba.conf"
+        hba.write_text("local all bob scram-sha-256\n" + hba.read_text())
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("SELECT pg_reload_conf()")
+        wrong = f"host={host} user=bob password=Wr0ng-{SECRET} dbname=postgres"
+        deadline = time.monotonic() + 30  # the server reads pg_hba.conf again on its own time
+        while time.monotonic() < deadline:
+            try:
+                psycopg.connect(wrong).close()
+                time.sleep(0.2)
+            except psycopg.OperationalError:
+                break
+        refusals = {
+            wrong: 'password authentication failed for user "bob"',
+            f"host={host} user=bob dbname=postgres": "no password supplied",
+            f"postgresql://bob:{SECRET}@/nodb?host={host}": 'database "nodb" does not exist',
+            f"host={host} user=nobody dbname=postgres": 'role "nobody" does not exist',
+        }
+        queries = tmp_path / "q.txt"
+        queries.write_text("who wrote hamlet\n")
+        for given, said in refusals.items():
+            with pytest.raises(ConfigError, match=re.escape(said)) as caught:
+                PgIndex.open(given)
+            message = str(caught.value)
+            assert "refused the connection" in message and "retry when" not in message, message
+            assert SECRET not in message and (host in message or "nodb" in message), message
+            assert main(["search", given, str(queries)]) == 2
+            err = capsys.readouterr().err
+            assert said in err and "unavailable" not in err and SECRET not in err, err
+        right = f"postgresql://bob:{SECRET}@/postgres?host={host}"
+        build(minilm_dir, write_corpus(tmp_path / "c.jsonl"), right, "bobs").close()
+        assert main(["search", right, str(queries), "--table", "bobs"]) == 0
+        assert json.loads(capsys.readouterr().out)["results"][0]["id"] == "d2"
+        pytest.importorskip("fastapi")
+        from fastapi.testclient import TestClient
+
+        from bertforge.serve import create_app
+        from tests.pg_server import stop
+
+        app = create_app(
+            minilm_dir, index=right, index_options=PgOptions(table="bobs"), precision="fp32"
+        )
+        with TestClient(app) as client:
+            assert client.get("/ready").status_code == 200
+            stop(server)
+            answers = [client.post("/search", json={"queries": ["who"]}), client.get("/ready")]
+        assert [a.status_code for a in answers] == [503, 503]
+        assert all(SECRET not in a.text and "***" in a.text for a in answers), answers[0].text
+        app.state.index.close()
 
 
 def test_the_dsn_from_the_environment(

@@ -220,6 +220,9 @@ class Index:
                 raise DataError(f"{path}: {name} missing: rebuild the index")
         return cls(path, meta)
 
+    def ready(self) -> None:
+        """Nothing: loaded, it searches in memory (PgIndex.ready checks its database)."""
+
     # -- searching -----------------------------------------------------------------------------
 
     def use_model(self, model: str | Path | None = None, **pipeline: Any) -> Any:

@@ -43,6 +43,13 @@ SCHEMES = ("postgresql://", "postgres://")
 POSTGRES_EXTRA = "a PostgreSQL index needs psycopg: pip install 'bertforge[postgres]'"
 CONNECT_TIMEOUT = 10  # seconds to wait for a connection (to be made, or free in the pool)
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,47}\Z")
+# what a server (or libpq) says when it refuses a login for good: a wrong or missing password,
+# no such role or database, no pg_hba.conf entry, a role that may not log in (a connection
+# failure carries no SQLSTATE: its words are all there is); retrying will not help
+_REFUSED = re.compile(
+    r"authentication failed|no password supplied|(role|database) \".*\" does not exist|"
+    r"no pg_hba\.conf entry|permission denied for database|not permitted to log in"
+)
 
 # the tables and indexes of an index named T: T's documents, their windows, the model's record
 SUFFIXES = {
@@ -154,7 +161,8 @@ class Database:
     @contextmanager
     def errors(self, what: str) -> Iterator[None]:
         """The database's errors while doing `what`, as one error each: unreachable, dropped
-        or timed out: UnavailableError; a table missing or another refusal: DataError."""
+        or timed out: UnavailableError; the login refused (_REFUSED): ConfigError; a table
+        missing or another refusal: DataError."""
         psycopg = need_extra("psycopg", POSTGRES_EXTRA)
         pool = need_extra("psycopg_pool", POSTGRES_EXTRA)
         try:
@@ -165,7 +173,17 @@ class Database:
                 f"({self.timeout:g} s, --statement-timeout) while {what} ({self.scrub(e)}); "
                 "retry later"
             ) from None
-        except (psycopg.OperationalError, pool.PoolTimeout, pool.PoolClosed) as e:
+        except psycopg.OperationalError as e:
+            if _REFUSED.search(str(e)):
+                raise ConfigError(
+                    f"{self.shown}: the database refused the connection ({self.scrub(e)}): "
+                    "check the DSN's user, password and database (retrying will not help)"
+                ) from None
+            raise UnavailableError(
+                f"{self.shown}: the database is unavailable while {what} ({self.scrub(e)}); "
+                "retry when it is back"
+            ) from None
+        except (pool.PoolTimeout, pool.PoolClosed) as e:
             raise UnavailableError(
                 f"{self.shown}: the database is unavailable while {what} ({self.scrub(e)}); "
                 "retry when it is back"
@@ -174,10 +192,11 @@ class Database:
             raise DataError(f"{self.shown}: {what}: {self.scrub(e)}") from None
 
     @contextmanager
-    def connection(self, what: str = "searching") -> Iterator[Any]:
+    def connection(self, what: str = "searching", timeout: float | None = None) -> Iterator[Any]:
         """A pooled connection in a transaction, committed when the block ends (rolled back
-        on an error); its errors as `errors` says."""
-        with self.errors(what), self.pool.connection() as conn:
+        on an error), waited for up to `timeout` seconds (CONNECT_TIMEOUT); its errors as
+        `errors` says."""
+        with self.errors(what), self.pool.connection(timeout=timeout) as conn:
             yield conn
 
     def close(self) -> None:

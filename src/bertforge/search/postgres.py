@@ -18,7 +18,9 @@ Tables (pgsql.py: T a checked identifier, every value a bound parameter):
                characters), embedding: vector(dim), or halfvec(dim) where pgvector (0.7+) has
                it; an HNSW index, cosine for a model that normalises, else inner product
     T_index    the model's record, the settings a directory's index.json holds (its sha256
-               identity, prompts, windows), checked when opened and at every search
+               identity, prompts, windows), checked when opened and at every search; and the
+               first build's state ('build': unfinished until its end: searches refuse the
+               table until then, unless PgOptions.partial)
 
 Writing reads the corpus a chunk (IndexOptions.chunk documents) at a time, so memory is bounded
 by a chunk: a document already there with the same text is kept (its metadata updated if it
@@ -83,6 +85,7 @@ HALFVEC = (0, 7)  # the pgvector version that has halfvec
 # windows dense search may score exactly, a query, where the graph's candidates fall short (a
 # filter's few documents, a top k beyond them): above it, the graph's answer (PgIndex.dense)
 EXACT_FALLBACK = 50_000
+READY_TIMEOUT = 2.0  # seconds a readiness check waits for a connection (a probe's answer)
 ABSENT_SHOWN = 5  # ids not there that a delete names (then: how many more)
 # the record's settings a later build must share besides its model (identity.model_differences;
 # the model's path and name may move)
@@ -310,6 +313,13 @@ class PgIndex:
             first += gone[: ABSENT_SHOWN - len(first)]
         self.absent = (missing, first)
         return removed
+
+    def ready(self, timeout: float = READY_TIMEOUT) -> None:
+        """Nothing where a search would find the database answering (within `timeout`
+        seconds), the table this model's index and its build finished (or pg.partial); else
+        the error such a search would raise (a server's readiness: serve's /ready)."""
+        with self.db.connection("checking that it answers", timeout=timeout) as conn:
+            self._check(conn)
 
     def count(self) -> tuple[int, int]:
         """(documents, windows) in the tables."""

@@ -80,7 +80,7 @@ def create_app(
 
 
 def declare_bearer(app: Any) -> None:
-    """/openapi.json says that every operation but GET /health needs the bearer key (clients
+    """/openapi.json says that every operation but OPEN_PATHS' needs the bearer key (clients
     generated from it send it)."""
     schema = app.openapi()  # built once and kept: changed here, it is what is served
     schemes = schema.setdefault("components", {}).setdefault("securitySchemes", {})
