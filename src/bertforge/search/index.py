@@ -510,9 +510,9 @@ def load_index(path: str | Path, pg: PgOptions | None = None, pool: int = 1) -> 
     if is_dsn(path):
         return PgIndex.open(str(path), pg or PgOptions(), pool)
     if pg is not None and pg != PgOptions():
-        flags = ", ".join(f"--{f.name.replace('_', '-')}" for f in dataclasses.fields(PgOptions))
+        *most, last = [f"--{f.name.replace('_', '-')}" for f in dataclasses.fields(PgOptions)]
         raise ConfigError(
-            f"{path}: {flags} are a PostgreSQL index's (a DSN: postgresql://... or host=... "
+            f"{path}: {', '.join(most)} and {last} are a PostgreSQL index's (a DSN: postgresql://... or host=... "
             "dbname=...); a directory index takes none"
         )
     return Index.load(path)
