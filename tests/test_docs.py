@@ -171,7 +171,7 @@ def routes() -> dict[tuple[str, str], Any]:
     table[("POST", v1)] = schemas.CohereRerankRequest
     table[("POST", v2)] = schemas.CohereV2RerankRequest
     table[("POST", "/search")] = schemas.SearchRequest
-    for path in ("/health", "/metadata", "/metrics", "/openapi.json"):
+    for path in ("/health", "/ready", "/metadata", "/metrics", "/openapi.json"):
         table[("GET", path)] = None
     return table
 

@@ -13,10 +13,12 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,10 +27,9 @@ import numpy as np
 import pytest
 
 from bertforge.cli import main
-from bertforge.errors import ConfigError, DataError, UnavailableError
+from bertforge.errors import ConfigError, DataError, UnavailableError, redacted
 from bertforge.pipelines import Pipeline
 from bertforge.search import Index, PgOptions, fuse_runs, open_index
-from bertforge.search.pgsql import redacted
 from bertforge.search.postgres import PgIndex
 from tests.test_search import DOCS, QUERIES, set_up_otherwise
 
@@ -406,7 +407,8 @@ PgIndex.build({str(minilm_dir)!r}, {str(path)!r}, {postgres_dsn!r}, table="kille
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     done = subprocess.run([sys.executable, "-c", script], env=env, cwd=REPO, timeout=300)
     assert done.returncode == -9
-    half = PgIndex.open(postgres_dsn, PgOptions(table="killed"))
+    with pytest.warns(UserWarning, match="build has not finished"):  # refused without it
+        half = PgIndex.open(postgres_dsn, PgOptions(table="killed", partial=True))
     before = half.count()
     assert before[0] == 4  # two whole chunks, nothing of the third
     embedded: list[int] = []
@@ -426,6 +428,77 @@ PgIndex.build({str(minilm_dir)!r}, {str(path)!r}, {postgres_dsn!r}, table="kille
     same_rows(resumed, whole)
     for index in (half, resumed, whole):
         index.close()
+
+
+def test_an_unfinished_build_is_refused_until_it_is_run_again(
+    minilm_dir: Path,
+    postgres_dsn: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A build stopped in its third chunk (two of three committed: 4 of 6 documents) is refused
+    by PgIndex.open, open_index, `search`, `mine` and the server, each saying that the build
+    has not finished, how many documents it holds and how to finish it; --partial
+    (PgOptions.partial) searches it as it is, with a warning; run again, the build finishes
+    and the table opens. A search of a table that was finished when opened and is being
+    built anew meanwhile is refused too, and a table recorded before builds recorded their
+    state (none: taken as finished) still opens."""
+    path, real, calls = write_corpus(tmp_path / "corpus.jsonl"), PgIndex._write_chunk, []
+
+    def stopped(self: PgIndex, *a: Any, **k: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 3:  # what a kill leaves: the chunks committed before it
+            raise KeyboardInterrupt
+        return real(self, *a, **k)
+
+    with monkeypatch.context() as m, pytest.raises(KeyboardInterrupt):
+        m.setattr(PgIndex, "_write_chunk", stopped)
+        build(minilm_dir, path, postgres_dsn, "unfinished")
+    said = "its build has not finished (4 of 6 documents so far)"
+    for opening in (
+        lambda: PgIndex.open(postgres_dsn, PgOptions(table="unfinished")),
+        lambda: open_index(postgres_dsn, PgOptions(table="unfinished")),
+    ):
+        with pytest.raises(DataError, match=re.escape(said)) as caught:
+            opening()
+        assert "--table unfinished" in str(caught.value) and "--partial" in str(caught.value)
+    queries, train = tmp_path / "q.txt", tmp_path / "train.jsonl"
+    queries.write_text("\n".join(QUERIES) + "\n")
+    train.write_text(json.dumps({"query": QUERIES[0], "positive": DOCS[2]}) + "\n")
+    search = ["search", postgres_dsn, str(queries), "--table", "unfinished"]
+    mine = ["mine", postgres_dsn, str(train), "--table", "unfinished", "--out"]
+    for argv in (search, [*mine, str(tmp_path / "mined.jsonl")]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert said in err and "run the index command" in err, err
+    assert not (tmp_path / "mined.jsonl").exists()
+    with pytest.warns(UserWarning, match=re.escape(said)):
+        partial = PgIndex.open(postgres_dsn, PgOptions(table="unfinished", partial=True))
+    assert len(partial.search(QUERIES, top_k=6)[0]) == 4  # what it holds
+    assert main([*search, "--partial"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == len(QUERIES)
+    pytest.importorskip("fastapi")
+    from bertforge.serve import create_app
+
+    with pytest.raises(DataError, match=re.escape(said)):
+        create_app(minilm_dir, index=postgres_dsn, index_options=PgOptions(table="unfinished"))
+    build(minilm_dir, path, postgres_dsn, "unfinished").close()  # run again: finished
+    index = PgIndex.open(postgres_dsn, PgOptions(table="unfinished"))
+    assert len(index.search(QUERIES, top_k=6)[0]) == 6
+    with partial.db.connection() as conn:  # built anew under a running search
+        conn.execute(
+            'UPDATE unfinished_index SET value = \'{"finished": false, "documents": 9}\' '
+            "WHERE key = 'build'"
+        )
+    with pytest.raises(DataError, match=re.escape("(6 of 9 documents so far)")):
+        index.search(QUERIES, top_k=6)
+    with partial.db.connection() as conn:  # as builds before this one left their tables
+        conn.execute("DELETE FROM unfinished_index WHERE key = 'build'")
+    assert len(index.search(QUERIES, top_k=6)[0]) == 6
+    PgIndex.open(postgres_dsn, PgOptions(table="unfinished")).close()
+    for i in (index, partial):
+        i.close()
 
 
 def test_upsert_embeds_only_what_changed_and_delete_removes(
@@ -463,10 +536,16 @@ def test_upsert_embeds_only_what_changed_and_delete_removes(
     model = str(minilm_dir)
     common = ["index", model, "--to", postgres_dsn, "--table", "upserted"]
     assert main([*common, "--delete", str(ids)]) == 0
-    assert "deleted 2 documents" in capsys.readouterr().out
-    assert again.count() == (5, fresh.count()[1] - 2)  # d1 and d6: one window each
+    said = capsys.readouterr().out
+    assert "deleted 2 documents" in said and "1 id not in the table: not-there" in said, said
+    ids.write_text("\n".join(["d1", "d0", *(f"gone{i}" for i in range(7)), "d6"]) + "\n")
+    assert main([*common, "--delete", str(ids)]) == 0
+    said = capsys.readouterr().out  # d0 deleted; d1 and d6 gone already; 7 never there
+    assert "deleted 1 documents" in said, said
+    assert "9 ids not in the table: d1, gone0, gone1, gone2, gone3 and 4 more" in said, said
+    assert again.count() == (4, fresh.count()[1] - 3)  # d0, d1 and d6: one window each
     hits = {h["id"] for row in again.search(QUERIES, top_k=7, mode="hybrid") for h in row}
-    assert not hits & {"d1", "d6"}
+    assert not hits & {"d0", "d1", "d6"}
     both = ["index", model, str(path), "--to", postgres_dsn, "--table", "upserted"]
     assert main([*both, "--delete", str(ids)]) == 2  # a corpus or --delete, not both
     assert main(["index", model, str(path), "--delete", str(ids), "--out", "x"]) == 2
@@ -576,6 +655,83 @@ def test_the_password_is_never_shown(
         assert s not in shown
 
 
+SECRET = "Sup3rS3cret"  # a password no output may show
+KEY = "k3y-N0t-To-Be-Shown"  # the server's API key: the same
+
+
+def test_no_verb_shows_a_password_or_the_api_key(
+    minilm_dir: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A password in a DSN of either form (a URI, libpq's key=value words, quoted or not), in
+    $DATABASE_URL or $PGPASSWORD, and the server's API key, through the error paths of every
+    verb that takes a DSN (index --to, index --delete, search, mine, serve --index: a server
+    that does not answer, 127.0.0.1 port 1; a DSN libpq cannot read; an option the verb lacks):
+    each one error, exit status 2, naming the database, and nothing printed, logged or warned
+    shows a secret."""
+    caplog.set_level(logging.DEBUG)
+    corpus, queries = write_corpus(tmp_path / "c.jsonl"), tmp_path / "q.txt"
+    queries.write_text("who wrote hamlet\n")
+    ids, train = tmp_path / "ids.txt", tmp_path / "train.jsonl"
+    ids.write_text("d1\n")
+    train.write_text(json.dumps({"query": QUERIES[0], "positive": DOCS[2]}) + "\n")
+    model, mined = str(minilm_dir), str(tmp_path / "mined.jsonl")
+
+    def verbs(dsn: str, to: list[str]) -> list[list[str]]:
+        return [
+            ["index", model, str(corpus), *to, "--precision", "fp32", "--no-progress"],
+            ["index", model, *to, "--delete", str(ids)],
+            ["search", dsn, str(queries)],
+            ["mine", dsn, str(train), "--out", mined],
+            ["serve", model, "--index", dsn, "--api-key", KEY, "--precision", "fp32"],
+        ]
+
+    uri = f"postgresql://bob:{SECRET}@127.0.0.1:1/db"
+    given = [uri, f"host=127.0.0.1 port=1 user=bob password={SECRET} dbname=db"]
+    given += [f"port=1 host = 127.0.0.1 password = '{SECRET} two words'"]
+    shown = []
+    with warnings.catch_warnings(record=True) as warned:
+        for dsn in given:
+            for argv in verbs(dsn, ["--to", dsn]):
+                assert main(argv) == 2, argv
+                err = capsys.readouterr().err
+                assert "the database is unavailable" in err, (argv, err)
+                assert "127.0.0.1" in err and "***" in err, err  # the database named, redacted
+                shown.append(err)
+        environments = [{"DATABASE_URL": uri}, {"PGHOST": "127.0.0.1", "PGPORT": "1"}]
+        environments[1]["PGPASSWORD"] = SECRET
+        for env in environments:
+            with monkeypatch.context() as m:
+                for name, value in env.items():
+                    m.setenv(name, value)
+                for argv in verbs("postgresql://", ["--to"]):
+                    assert main(argv) == 2, argv
+                    err = capsys.readouterr().err
+                    assert "the database is unavailable" in err, (argv, err)
+                    shown.append(err)
+        unreadable = f"host=127.0.0.1 password={SECRET} dbname='unterminated"
+        assert main(["search", unreadable, str(queries)]) == 2
+        assert "not a PostgreSQL DSN" in capsys.readouterr().err
+        for key in (["--api-key", KEY], [f"--api-key={KEY}"], ["--api", KEY]):
+            with pytest.raises(SystemExit, match="2"):  # a usage error: search has no key
+                main(["search", uri, str(queries), *key])
+            assert "unrecognized arguments" in capsys.readouterr().err
+        with monkeypatch.context() as m:
+            m.setenv("BERTFORGE_API_KEY", KEY)
+            assert main(["serve", model, "--index", given[1], "--precision", "fp32"]) == 2
+        for dsn in given:
+            with pytest.raises(UnavailableError) as caught:
+                open_index(dsn, PgOptions(table="docs"))
+            shown.append(str(caught.value))
+    out = capsys.readouterr()
+    shown += [out.out, out.err, caplog.text, *(str(w.message) for w in warned)]
+    for text in shown:
+        assert SECRET not in text and KEY not in text, text
+
+
 def test_cli_index_search_and_rerank(
     minilm_dir: Path,
     tiny_model: Path,
@@ -626,8 +782,9 @@ def test_cli_index_search_and_rerank(
 def test_server_searches_postgres_and_answers_503_while_it_is_down(
     minilm_dir: Path, tmp_path: Path
 ) -> None:
-    """serve --index DSN: /search through the pool; the database stopped: 503 {"error"}; the
-    database back: answers again, the server never restarted."""
+    """serve --index DSN: /search through the pool; the database stopped: 503 {"error"}, and
+    /ready 503 saying so while /health stays 200 (alive: a restart would not help); the
+    database back: both answer again, the server never restarted."""
     pytest.importorskip("fastapi")
     from fastapi.testclient import TestClient
 
@@ -648,16 +805,22 @@ def test_server_searches_postgres_and_answers_503_while_it_is_down(
                 {h["id"] for h in row} <= {"d0", "d1", "d3", "d5"}
                 for row in first.json()["results"]
             )
+            assert client.get("/ready").json() == {"status": "ok"}
             stop(server)
             down = client.post("/search", json=body)
             assert down.status_code == 503
             assert "the database is unavailable" in down.json()["error"]
+            for method in ("GET", "HEAD"):
+                assert client.request(method, "/ready").status_code == 503
+                assert client.request(method, "/health").status_code == 200
+            assert "the database is unavailable" in client.get("/ready").json()["error"]
             restart(server)
             deadline = time.monotonic() + 60  # the pool reconnects in the background
             while (back := client.post("/search", json=body)).status_code != 200:
                 assert time.monotonic() < deadline, back.json()
                 time.sleep(0.5)
             assert back.status_code == 200 and back.json() == first.json()
+            assert client.get("/ready").status_code == 200
         app.state.index.close()
 
 
@@ -699,6 +862,74 @@ def test_server_answers_503_while_a_lock_holds_the_search_and_recovers(
         back = client.post("/search", json=body)
         assert back.status_code == 200 and back.json() == first.json()
     app.state.index.close()
+
+
+def test_a_refused_login_is_no_outage(
+    minilm_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """A wrong password, no password, a role or a database that does not exist: one
+    ConfigError naming the database (its password as ***) and what the server said, never
+    "unavailable ... retry when it is back" (retrying will not help); a server that does not
+    answer stays an UnavailableError. The right password: searched and served, and while the
+    database is down the server's 503s do not show it either."""
+    import psycopg
+
+    from tests.pg_server import running
+
+    with running() as server:
+        dsn = server.get_uri()
+        host = dsn.split("host=")[1]
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f"CREATE ROLE bob SUPERUSER LOGIN PASSWORD '{SECRET}'")
+        hba = Path(server.pgdata) / "pg_hba.conf"
+        hba.write_text("local all bob scram-sha-256\n" + hba.read_text())
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("SELECT pg_reload_conf()")
+        wrong = f"host={host} user=bob password=Wr0ng-{SECRET} dbname=postgres"
+        deadline = time.monotonic() + 30  # the server reads pg_hba.conf again on its own time
+        while time.monotonic() < deadline:
+            try:
+                psycopg.connect(wrong).close()
+                time.sleep(0.2)
+            except psycopg.OperationalError:
+                break
+        refusals = {
+            wrong: 'password authentication failed for user "bob"',
+            f"host={host} user=bob dbname=postgres": "no password supplied",
+            f"postgresql://bob:{SECRET}@/nodb?host={host}": 'database "nodb" does not exist',
+            f"host={host} user=nobody dbname=postgres": 'role "nobody" does not exist',
+        }
+        queries = tmp_path / "q.txt"
+        queries.write_text("who wrote hamlet\n")
+        for given, said in refusals.items():
+            with pytest.raises(ConfigError, match=re.escape(said)) as caught:
+                PgIndex.open(given)
+            message = str(caught.value)
+            assert "refused the connection" in message and "retry when" not in message, message
+            assert SECRET not in message and (host in message or "nodb" in message), message
+            assert main(["search", given, str(queries)]) == 2
+            err = capsys.readouterr().err
+            assert said in err and "unavailable" not in err and SECRET not in err, err
+        right = f"postgresql://bob:{SECRET}@/postgres?host={host}"
+        build(minilm_dir, write_corpus(tmp_path / "c.jsonl"), right, "bobs").close()
+        assert main(["search", right, str(queries), "--table", "bobs"]) == 0
+        assert json.loads(capsys.readouterr().out)["results"][0]["id"] == "d2"
+        pytest.importorskip("fastapi")
+        from fastapi.testclient import TestClient
+
+        from bertforge.serve import create_app
+        from tests.pg_server import stop
+
+        app = create_app(
+            minilm_dir, index=right, index_options=PgOptions(table="bobs"), precision="fp32"
+        )
+        with TestClient(app) as client:
+            assert client.get("/ready").status_code == 200
+            stop(server)
+            answers = [client.post("/search", json={"queries": ["who"]}), client.get("/ready")]
+        assert [a.status_code for a in answers] == [503, 503]
+        assert all(SECRET not in a.text and "***" in a.text for a in answers), answers[0].text
+        app.state.index.close()
 
 
 def test_the_dsn_from_the_environment(

@@ -606,8 +606,14 @@ def keyed(cross_encoder: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
         yield url
 
 
-def test_every_endpoint_but_health_needs_the_key(keyed: str) -> None:
-    assert httpx.get(f"{keyed}/health").status_code == 200
+def test_every_endpoint_but_health_and_ready_needs_the_key(keyed: str) -> None:
+    """/health (alive) and /ready (able to answer: no index here, so once it listens) answer
+    GET and HEAD without the key, as probes send none; everything else needs it."""
+    for method in ("GET", "HEAD"):
+        for path in ("/health", "/ready"):
+            r = httpx.request(method, f"{keyed}{path}")
+            assert r.status_code == 200, (method, path, r.status_code)
+            assert r.json() == {"status": "ok"} if method == "GET" else r.content == b""
     calls = [
         ("POST", "/embed", {"texts": ["a"]}),
         ("POST", "/rerank", {"query": "q", "texts": ["a"]}),
@@ -638,6 +644,7 @@ def test_every_endpoint_but_health_needs_the_key(keyed: str) -> None:
     api = httpx.get(f"{keyed}/openapi.json", headers=AUTH).json()
     assert api["components"]["securitySchemes"]["bearer"] == {"type": "http", "scheme": "bearer"}
     assert "security" not in api["paths"]["/health"]["get"]
+    assert "security" not in api["paths"]["/ready"]["get"]
     assert api["paths"]["/v2/rerank"]["post"]["security"] == [{"bearer": []}]
     log = LOGS[keyed].read_text()
     assert KEY not in log and "wrong" not in log and "Authorization" not in log, log
@@ -714,11 +721,13 @@ def test_openapi_lists_only_what_the_model_serves(server: str, keyed: str) -> No
     paths is a route; their paths answer 404 naming the missing head, in each shape."""
     paths = set(httpx.get(f"{server}/openapi.json").json()["paths"])
     assert paths == {
-        *("/embed", "/v1/embeddings", "/classify", "/summarize", "/health", "/metadata", "/metrics")
+        *("/embed", "/v1/embeddings", "/classify", "/summarize", "/health", "/ready", "/metadata"),
+        "/metrics",
     }
     paths = set(httpx.get(f"{keyed}/openapi.json", headers=AUTH).json()["paths"])
     rerank = {"/rerank", "/v1/rerank", "/v2/rerank"}  # a one-label classifier: classify too
-    served = {"/embed", "/v1/embeddings", "/classify", "/summarize", "/health", "/metadata"}
+    served = {"/embed", "/v1/embeddings", "/classify", "/summarize", "/health", "/ready"}
+    served |= {"/metadata"}
     assert paths == served | {"/metrics"} | rerank
     r = httpx.post(f"{server}/ner", json={"texts": ["a"]})
     assert r.status_code == 404

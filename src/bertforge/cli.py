@@ -20,8 +20,10 @@ pipeline verbs are one row per catalogue entry. Errors a user can cause print on
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import json
+import os
 import sys
 import warnings
 from collections.abc import Callable, Sequence
@@ -31,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import __version__
 from .data.corpus import expand_inputs
-from .errors import BertforgeError, ConfigError, DataError
+from .errors import BertforgeError, ConfigError, DataError, hide, redacted
 from .options import (
     Parser,
     add_options,
@@ -397,15 +399,15 @@ def args_index(p: argparse.ArgumentParser) -> None:
         nargs="?",
         const="",
         metavar="DSN",
-        help="a PostgreSQL database (postgresql://user@host/db; alone: $DATABASE_URL or the PG* "
-        "environment) instead of --out: re-run with a changed corpus to update it in place",
+        help="a PostgreSQL database (postgresql://user@host/db or host=... dbname=...; alone: "
+        "$DATABASE_URL or the PG* environment) instead of --out: re-run with a changed corpus to update it in place",
     )
     p.add_argument(
         "--delete",
         metavar="IDS_FILE",
         help="with --to: remove these documents (one id a line) instead of indexing a corpus",
     )
-    add_options(p, PgOptions, skip=("ef_search", "exact", "statement_timeout"))
+    add_options(p, PgOptions, skip=("ef_search", "exact", "statement_timeout", "partial"))
     add_options(p, CorpusFormat)
     add_options(p, IndexOptions, help=INFERENCE_HELP)
 
@@ -442,11 +444,14 @@ def _index_postgres(args: argparse.Namespace, fmt: Any) -> None:
     if args.out is not None or (args.corpus is None) == (args.delete is None):
         raise ConfigError("index MODEL CORPUS --to DSN, or index MODEL --to DSN --delete IDS_FILE")
     pg = PgOptions(**options_of(args, PgOptions))
-    if args.delete is not None:
-        index = PgIndex.open(args.to, pg)
+    if args.delete is not None:  # no search: a table whose build has not finished takes it
+        index = PgIndex.open(args.to, dataclasses.replace(pg, partial=True))
         index.use_model(args.model)  # the table's model, checked
         removed = index.delete(read_ids(args.delete))
-        print(f"deleted {removed:,} documents from {index.path}")
+        absent, first = index.absent
+        more = f" and {absent - len(first):,} more" if absent > len(first) else ""
+        named = f"; {absent:,} id{'s' * (absent != 1)} not in the table: {', '.join(first)}{more}"
+        print(f"deleted {removed:,} documents from {index.path}{named if absent else ''}")
     else:
         options = options_of(args, IndexOptions)
         index = PgIndex.build(args.model, args.corpus, args.to, table=pg.table, fmt=fmt, **options)
@@ -462,8 +467,9 @@ def _search_args(p: argparse.ArgumentParser) -> None:
 
     p.add_argument(
         "index",
-        help="index directory (bertforge index), or a PostgreSQL DSN (postgresql://...; "
-        "postgresql:// alone: $DATABASE_URL or the PG* environment) with --table",
+        help="index directory (bertforge index), or a PostgreSQL DSN (postgresql://... or "
+        "host=... dbname=...; postgresql:// alone: $DATABASE_URL or the PG* environment) with "
+        "--table",
     )
     add_options(p, FirstStage)
     add_options(p, QueryModel)
@@ -560,7 +566,7 @@ def args_serve(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--index",
         help="an index directory (bertforge index) of this model, or a PostgreSQL DSN "
-        "(postgresql://...) with --table: POST /search",
+        "(postgresql://... or host=... dbname=...) with --table: POST /search",
     )
     p.add_argument(
         "--index-model",
@@ -861,23 +867,40 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def hide_api_key(argv: Sequence[str]) -> None:
+    """The server's API key hidden (errors.hide) before argparse reads argv: a usage error
+    quotes what it did not take (`search ... --api-key KEY`: a verb without the option), and
+    argparse takes any long enough prefix of the option's name (--api KEY)."""
+    from .serve.limits import API_KEY_ENV
+
+    hide(os.environ.get(API_KEY_ENV))
+    for i, arg in enumerate(argv):
+        name, equals, value = arg.partition("=")
+        if len(name) >= len("--api") and "--api-key".startswith(name):
+            hide(value if equals else (argv[i + 1] if i + 1 < len(argv) else None))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    hide_api_key(argv)
     parser = build_parser()
-    args = parser.parse_args(join_layer_lists(list(sys.argv[1:] if argv is None else argv)))
+    args = parser.parse_args(join_layer_lists(argv))
     if not getattr(args, "func", None):
         parser.print_help()
         return 0
     warnings.simplefilter("default")
-    warnings.formatwarning = lambda message, *_, **__: f"bertforge: warning: {message}\n"
+    warnings.formatwarning = lambda message, *_, **__: (
+        f"bertforge: warning: {redacted(str(message))}\n"
+    )
     try:
         args.func(args)
-    except BertforgeError as e:
-        print(f"bertforge: error: {e}", file=sys.stderr)
+    except BertforgeError as e:  # redacted: a DSN or a key can be anywhere in what was given
+        print(f"bertforge: error: {redacted(str(e))}", file=sys.stderr)
         return 2
     except OSError as e:  # a path the user gave: missing, a directory, no permission, disk full
         where = e.filename2 if e.filename2 is not None else e.filename
-        what = e.strerror or str(e)
-        print(f"bertforge: error: {f'{where}: ' if where else ''}{what}", file=sys.stderr)
+        what = redacted(f"{f'{where}: ' if where else ''}{e.strerror or str(e)}")
+        print(f"bertforge: error: {what}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("bertforge: interrupted", file=sys.stderr)

@@ -8,8 +8,10 @@ exits with status 2 instead of showing a stack trace. Messages name the file, li
 from __future__ import annotations
 
 import importlib
+import re
 from collections.abc import Sequence
 from typing import Any
+from urllib.parse import unquote
 
 
 class BertforgeError(Exception):
@@ -75,6 +77,46 @@ def need_extra(module: str, message: str, error: type[Exception] = ConfigError) 
         return importlib.import_module(module)
     except ImportError:
         raise error(message) from None
+
+
+# -- secrets: what no message, log line or answer shows -----------------------------------------
+
+_URI_PASSWORD = re.compile(r"(://[^:/?#@\s]*:)([^@/?#\s]*)@")  # scheme://user:PASSWORD@
+_KEY_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&]+)", re.IGNORECASE)
+_HIDDEN: set[str] = set()  # hide()'s values: process-wide, as the secrets they stand for
+
+
+def hide(*values: str | None) -> None:
+    """Values that no message may show from now on (a password from the environment, the
+    server's API key): redacted() puts *** in their place. Kept for the process: a secret
+    seen once can turn up in any later message (a driver's, a usage error's)."""
+    _HIDDEN.update(v for v in values if v)
+
+
+def hide_passwords(dsn: str) -> None:
+    """hide() the passwords of a DSN (URI user:PASSWORD@, key=value password=...), as written
+    and percent-decoded: the forms a server or a driver may quote back."""
+    found = [m.group(2) for m in _URI_PASSWORD.finditer(dsn)]
+    found += [m.group(2).removeprefix("'").removesuffix("'") for m in _KEY_PASSWORD.finditer(dsn)]
+    hide(*found, *(unquote(f) for f in found))
+
+
+def redacted(text: str) -> str:
+    """`text` as a message, log line or answer may show it: every value hide() was given, and
+    any DSN's password (URI or key=value, a DSN's form even where nothing hid it), as ***.
+    The one redaction: the CLI applies it to every error, warning and usage message, the
+    server to every error answer and log line, the PostgreSQL backend to what it quotes."""
+    for secret in sorted(_HIDDEN, key=len, reverse=True):  # longest first: none left in part
+        text = text.replace(secret, "***")
+    shown = _URI_PASSWORD.sub(lambda m: m.group(1) + ("***" if m.group(2) else "") + "@", text)
+    return _KEY_PASSWORD.sub(_key_password, shown)
+
+
+def _key_password(m: re.Match[str]) -> str:
+    """password=VALUE as password=***; a VALUE redacted already keeps what follows its ***
+    (a message redacted twice: "password=***: the database..." keeps its colon)."""
+    value = m.group(2)
+    return m.group(1) + "***" + (value[3:] if value.startswith("***") else "")
 
 
 class CheckpointWarning(UserWarning):

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from functools import partial
 from typing import Any, NoReturn
 
-from .errors import ConfigError
+from .errors import ConfigError, redacted
 
 # Seeds: numpy's default_rng and torch.manual_seed both take any value in [0, 2**32 - 1]; a
 # negative or larger one is an error naming the option rather than one from deep inside them.
@@ -217,11 +217,12 @@ def _key(target: Any) -> str:
 
 
 class Parser(argparse.ArgumentParser):
-    """Usage errors in one line on stderr, exit status 2 (as every error a user can cause)."""
+    """Usage errors in one line on stderr, exit status 2 (as every error a user can cause),
+    redacted: argparse quotes the arguments it refused, a DSN or a key among them."""
 
     def error(self, message: str) -> NoReturn:
         where = self.prog.removeprefix("bertforge ")
-        self.exit(2, f"bertforge: error: {where}: {message} (see --help)\n")
+        self.exit(2, f"bertforge: error: {where}: {redacted(message)} (see --help)\n")
 
 
 def show_defaults(parser: argparse.ArgumentParser) -> None:

@@ -39,6 +39,7 @@ summed; fusion.py); `alpha` weighs the dense list against BM25's (0.5: equal).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import sys
@@ -229,6 +230,9 @@ class Index:
                 raise DataError(f"{path}: {name} missing: rebuild the index")
         _check_files(path, meta)
         return cls(path, meta)
+
+    def ready(self) -> None:
+        """Nothing: loaded, it searches in memory (PgIndex.ready checks its database)."""
 
     # -- searching -----------------------------------------------------------------------------
 
@@ -499,22 +503,30 @@ def open_index(path: str | Path, pg: PgOptions | None = None, **options: Any) ->
     QueryModel's. Its model checked (`model`: the index's model at another path), its queries'
     prompt as `prompt_name` / `prompt` say (default: the one the index recorded)."""
     from ..embedding import prompt_text
-    from .postgres import PgIndex, is_dsn
 
     o = QueryModel(**options)
-    if is_dsn(path):
-        index: Any = PgIndex.open(str(path), pg or PgOptions())
-    elif pg is not None and pg != PgOptions():
-        raise ConfigError(
-            f"{path}: --table, --ef-search, --exact and --statement-timeout are a PostgreSQL "
-            "index's (a DSN, postgresql://...); a directory index takes none"
-        )
-    else:
-        index = Index.load(path)
+    index = load_index(path, pg)
     pipe = index.use_model(o.model)
     if o.prompt_name is not None or o.prompt is not None:
         index.query_prompt = prompt_text(pipe.embedding_settings, o.prompt_name, o.prompt)
     return index
+
+
+def load_index(path: str | Path, pg: PgOptions | None = None, pool: int = 1) -> Any:
+    """The index an index argument names (search, mine, serve --index): a PostgreSQL DSN
+    (pgsql.is_dsn: postgres.PgIndex, `pg` its table and search settings, `pool` connections),
+    else a directory (Index), which takes none of pg's settings (one ConfigError)."""
+    from .postgres import PgIndex, is_dsn
+
+    if is_dsn(path):
+        return PgIndex.open(str(path), pg or PgOptions(), pool)
+    if pg is not None and pg != PgOptions():
+        *most, last = [f"--{f.name.replace('_', '-')}" for f in dataclasses.fields(PgOptions)]
+        raise ConfigError(
+            f"{path}: {', '.join(most)} and {last} are a PostgreSQL index's (a DSN: postgresql://... or host=... "
+            "dbname=...); a directory index takes none"
+        )
+    return Index.load(path)
 
 
 def _join_vectors(out: Path, parts: Sequence[Path], precision: str, block: int = 65_536) -> None:

@@ -217,6 +217,11 @@ class PgOptions:
         above=0,
         max=3600,
     )
+    partial: bool = option(
+        False,
+        "PostgreSQL: search a table whose build has not finished (stopped midway, or still "
+        "running) as it is, its documents so far, with a warning (else an error)",
+    )
 
     def __post_init__(self) -> None:
         check_options(self)

@@ -6,11 +6,12 @@ names (checked identifiers) and their SQL, and the binary COPY rows the windows 
     with db.connection() as conn:                       # one transaction, committed on exit
         conn.execute(sql("SELECT count(*) FROM {docs}", names("docs_v1")))
 
-Safety. Every value is a bound parameter; a table name is an identifier checked here (letters,
-digits and _, not a digit first, at most 48 characters: room for the suffixes of the tables and
-indexes made beside it) and quoted by psycopg; the SQL texts are constants. A DSN's password is
-replaced by *** wherever a message shows the DSN, and taken out of what the server or the
-driver says before it is shown. A server that cannot be reached, drops the connection or runs a
+A DSN is a URI or libpq's key=value words (is_dsn: the one rule for --to and every index
+argument). Safety. Every value is a bound parameter; a table name is an identifier checked here
+(letters, digits and _, not a digit first, at most 48 characters: room for the suffixes of the
+tables and indexes made beside it) and quoted by psycopg; the SQL texts are constants. A DSN's
+password is replaced by *** wherever a message shows the DSN, and it (and PGPASSWORD) is
+hidden from whatever the server or the driver says (errors.redacted, errors.hide). A server that cannot be reached, drops the connection or runs a
 statement past the statement timeout (PgOptions.statement_timeout: a slow database, or a table
 locked by another session) is one UnavailableError (the server answers 503 and recovers with
 the database: the pool replaces broken connections); other database errors are one DataError
@@ -25,16 +26,30 @@ import struct
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
-from urllib.parse import unquote
 
 import numpy as np
 
-from ..errors import ConfigError, DataError, UnavailableError, need_extra
+from ..errors import (
+    ConfigError,
+    DataError,
+    UnavailableError,
+    hide,
+    hide_passwords,
+    need_extra,
+    redacted,
+)
 
 SCHEMES = ("postgresql://", "postgres://")
 POSTGRES_EXTRA = "a PostgreSQL index needs psycopg: pip install 'bertforge[postgres]'"
 CONNECT_TIMEOUT = 10  # seconds to wait for a connection (to be made, or free in the pool)
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,47}\Z")
+# what a server (or libpq) says when it refuses a login for good: a wrong or missing password,
+# no such role or database, no pg_hba.conf entry, a role that may not log in (a connection
+# failure carries no SQLSTATE: its words are all there is); retrying will not help
+_REFUSED = re.compile(
+    r"authentication failed|no password supplied|(role|database) \".*\" does not exist|"
+    r"no pg_hba\.conf entry|permission denied for database|not permitted to log in"
+)
 
 # the tables and indexes of an index named T: T's documents, their windows, the model's record
 SUFFIXES = {
@@ -47,9 +62,29 @@ SUFFIXES = {
 }
 
 
-def is_dsn(path: object) -> bool:
-    """Whether an index argument names a PostgreSQL server (postgresql:// or postgres://)."""
-    return str(path).startswith(SCHEMES)
+# libpq's connection keywords (PostgreSQL 17's): an argument that starts with one of them and =
+# is a DSN of key=value words; a path does not (a directory named so is the price)
+CONNINFO_KEYWORDS = frozenset((
+    "host", "hostaddr", "port", "dbname", "user", "password", "passfile", "require_auth",
+    "channel_binding", "connect_timeout", "client_encoding", "options", "application_name",
+    "fallback_application_name", "keepalives", "keepalives_idle", "keepalives_interval",
+    "keepalives_count", "tcp_user_timeout", "replication", "gssencmode", "sslmode",
+    "sslnegotiation", "requiressl", "sslcompression", "sslcert", "sslkey", "sslpassword",
+    "sslcertmode", "sslrootcert", "sslcrl", "sslcrldir", "sslsni", "requirepeer",
+    "ssl_min_protocol_version", "ssl_max_protocol_version", "krbsrvname", "gsslib",
+    "gssdelegation", "service", "target_session_attrs", "load_balance_hosts",
+))  # fmt: skip
+_FIRST_KEYWORD = re.compile(r"\s*([A-Za-z_]+)\s*=")
+
+
+def is_dsn(value: object) -> bool:
+    """Whether an index argument (search, mine, serve --index) or --to names a PostgreSQL
+    server rather than a directory: a URI (postgresql:// or postgres://; alone: the
+    environment's, resolve_dsn) or libpq's key=value words (host=db dbname=search ...), the
+    first of them one of libpq's keywords. The one rule for every verb and the server."""
+    text = str(value)
+    first = _FIRST_KEYWORD.match(text)
+    return text.startswith(SCHEMES) or (first is not None and first[1] in CONNINFO_KEYWORDS)
 
 
 def resolve_dsn(dsn: str | None) -> str:
@@ -58,25 +93,6 @@ def resolve_dsn(dsn: str | None) -> str:
     if not dsn or dsn in SCHEMES:
         return os.environ.get("DATABASE_URL", "")
     return dsn
-
-
-_URI_PASSWORD = re.compile(r"(://[^:/?#@\s]*:)([^@/?#\s]*)@")  # scheme://user:PASSWORD@
-_KEY_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&]+)", re.IGNORECASE)
-
-
-def redacted(dsn: str) -> str:
-    """The DSN as messages show it: its password, if any, as ***."""
-    shown = _URI_PASSWORD.sub(lambda m: m.group(1) + ("***" if m.group(2) else "") + "@", dsn)
-    return _KEY_PASSWORD.sub(r"\1***", shown)
-
-
-def secrets(dsn: str) -> list[str]:
-    """The passwords a DSN (or PGPASSWORD) holds, as written and percent-decoded: what is
-    scrubbed from anything the server or the driver says before it is shown."""
-    found = [m.group(2) for m in _URI_PASSWORD.finditer(dsn)]
-    found += [m.group(2).strip("'") for m in _KEY_PASSWORD.finditer(dsn)]
-    found += [os.environ["PGPASSWORD"]] if os.environ.get("PGPASSWORD") else []
-    return sorted({s for f in found for s in (f, unquote(f)) if s}, key=len, reverse=True)
 
 
 def names(table: str) -> dict[str, Any]:
@@ -110,12 +126,18 @@ class Database:
         pool = need_extra("psycopg_pool", POSTGRES_EXTRA)
         self.dsn = resolve_dsn(dsn)
         self.timeout = timeout
+        hide_passwords(self.dsn)
+        hide(os.environ.get("PGPASSWORD"))  # libpq's, where the DSN has none
         self.shown = redacted(self.dsn) or "the database of the PG* environment"
-        self._secrets = secrets(self.dsn)
         try:
+            if self.dsn and not is_dsn(self.dsn):  # a path given as --to, say
+                raise psycopg.ProgrammingError("neither a URI nor key=value words")
             psycopg.conninfo.conninfo_to_dict(self.dsn)
         except psycopg.Error as e:
-            raise ConfigError(f"{self.shown}: not a PostgreSQL DSN ({self.scrub(e)})") from None
+            raise ConfigError(
+                f"{self.shown}: not a PostgreSQL DSN ({self.scrub(e)}): postgresql://user@host/db "
+                "or libpq's key=value words (host=... dbname=...)"
+            ) from None
         self.pool = pool.ConnectionPool(
             self.dsn,
             min_size=1,
@@ -134,14 +156,13 @@ class Database:
     def scrub(self, error: object) -> str:
         """What the server or the driver said, its first line, the DSN's password out of it."""
         text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        for secret in self._secrets:
-            text = text.replace(secret, "***")
         return redacted(text)
 
     @contextmanager
     def errors(self, what: str) -> Iterator[None]:
         """The database's errors while doing `what`, as one error each: unreachable, dropped
-        or timed out: UnavailableError; a table missing or another refusal: DataError."""
+        or timed out: UnavailableError; the login refused (_REFUSED): ConfigError; a table
+        missing or another refusal: DataError."""
         psycopg = need_extra("psycopg", POSTGRES_EXTRA)
         pool = need_extra("psycopg_pool", POSTGRES_EXTRA)
         try:
@@ -152,7 +173,17 @@ class Database:
                 f"({self.timeout:g} s, --statement-timeout) while {what} ({self.scrub(e)}); "
                 "retry later"
             ) from None
-        except (psycopg.OperationalError, pool.PoolTimeout, pool.PoolClosed) as e:
+        except psycopg.OperationalError as e:
+            if _REFUSED.search(str(e)):
+                raise ConfigError(
+                    f"{self.shown}: the database refused the connection ({self.scrub(e)}): "
+                    "check the DSN's user, password and database (retrying will not help)"
+                ) from None
+            raise UnavailableError(
+                f"{self.shown}: the database is unavailable while {what} ({self.scrub(e)}); "
+                "retry when it is back"
+            ) from None
+        except (pool.PoolTimeout, pool.PoolClosed) as e:
             raise UnavailableError(
                 f"{self.shown}: the database is unavailable while {what} ({self.scrub(e)}); "
                 "retry when it is back"
@@ -161,10 +192,11 @@ class Database:
             raise DataError(f"{self.shown}: {what}: {self.scrub(e)}") from None
 
     @contextmanager
-    def connection(self, what: str = "searching") -> Iterator[Any]:
+    def connection(self, what: str = "searching", timeout: float | None = None) -> Iterator[Any]:
         """A pooled connection in a transaction, committed when the block ends (rolled back
-        on an error); its errors as `errors` says."""
-        with self.errors(what), self.pool.connection() as conn:
+        on an error), waited for up to `timeout` seconds (CONNECT_TIMEOUT); its errors as
+        `errors` says."""
+        with self.errors(what), self.pool.connection(timeout=timeout) as conn:
             yield conn
 
     def close(self) -> None:

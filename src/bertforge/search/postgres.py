@@ -18,7 +18,9 @@ Tables (pgsql.py: T a checked identifier, every value a bound parameter):
                characters), embedding: vector(dim), or halfvec(dim) where pgvector (0.7+) has
                it; an HNSW index, cosine for a model that normalises, else inner product
     T_index    the model's record, the settings a directory's index.json holds (its sha256
-               identity, prompts, windows), checked when opened and at every search
+               identity, prompts, windows), checked when opened and at every search; and the
+               first build's state ('build': unfinished until its end: searches refuse the
+               table until then, unless PgOptions.partial)
 
 Writing reads the corpus a chunk (IndexOptions.chunk documents) at a time, so memory is bounded
 by a chunk: a document already there with the same text is kept (its metadata updated if it
@@ -49,6 +51,7 @@ import hashlib
 import json
 import sys
 import threading
+import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from functools import partial
@@ -82,6 +85,8 @@ HALFVEC = (0, 7)  # the pgvector version that has halfvec
 # windows dense search may score exactly, a query, where the graph's candidates fall short (a
 # filter's few documents, a top k beyond them): above it, the graph's answer (PgIndex.dense)
 EXACT_FALLBACK = 50_000
+READY_TIMEOUT = 2.0  # seconds a readiness check waits for a connection (a probe's answer)
+ABSENT_SHOWN = 5  # ids not there that a delete names (then: how many more)
 # the record's settings a later build must share besides its model (identity.model_differences;
 # the model's path and name may move)
 _BOUND = (
@@ -107,6 +112,7 @@ class PgIndex:
         self.path = f"{db.shown} table {pg.table}"  # what messages name
         self.query_prompt: str | None = meta.get("query_prompt")
         self.written: dict[str, int] = {}  # the last write's counts: new, changed, ...
+        self.absent: tuple[int, list[str]] = (0, [])  # the last delete's ids not there
         self._pipe: Any = None
         self._local = threading.local()  # this thread's snapshot, while one is open
 
@@ -119,9 +125,14 @@ class PgIndex:
         pg = pg or PgOptions()
         t = names(pg.table)  # checked before connecting
         db = Database(dsn, pool, timeout=pg.statement_timeout)
-        with db.connection("reading the index's record") as conn:
-            meta = _record(conn, t, f"{db.shown} table {pg.table}")
-        return cls(db, pg, meta)
+        try:
+            with db.connection("reading the index's record") as conn:
+                index = cls(db, pg, _record(conn, t, f"{db.shown} table {pg.table}"))
+                index._finished(conn, warn=True)
+        except BaseException:
+            db.close()
+            raise
+        return index
 
     @classmethod
     def build(
@@ -152,21 +163,35 @@ class PgIndex:
             "dimensions": int(pipe.embed(["dimensions"]).shape[1]),
             "metric": "cosine" if pipe.embedding_settings.normalize else "inner_product",
         }
-        index = cls.create(dsn, table, settings)
+        index = cls.create(dsn, table, settings, total)
         index._pipe = pipe
         index.written = index.write(read(), o.chunk, o.progress, total)
         index.make_hnsw()
+        index.finish()
         return index
 
     @classmethod
-    def create(cls, dsn: str | None, table: str, settings: dict[str, Any]) -> PgIndex:
+    def create(
+        cls, dsn: str | None, table: str, settings: dict[str, Any], documents: int
+    ) -> PgIndex:
         """The index in `table`, its tables (and the vector extension) made when absent with
-        the record `settings` (the model's: build's), else checked to hold the same."""
+        the record `settings` (the model's: build's) and a build of `documents` documents
+        unfinished (until `finish`), else checked to hold the same."""
         pg = PgOptions(table=table)
         db = Database(dsn, timeout=pg.statement_timeout)
         with db.connection("creating the tables") as conn:
-            meta = _start(conn, names(table), settings, f"{db.shown} table {table}")
+            meta = _start(conn, names(table), settings, f"{db.shown} table {table}", documents)
         return cls(db, pg, meta)
+
+    def finish(self) -> None:
+        """Record the build finished: searches take the table from now on (before, they
+        refuse it unless PgOptions.partial)."""
+        text = (
+            "INSERT INTO {meta} (key, value) VALUES ('build', %s) "
+            "ON CONFLICT (key) DO UPDATE SET value = excluded.value"
+        )
+        with self.db.connection("recording the build finished") as conn:
+            conn.execute(sql(text, self.names), [_json({"finished": True})])
 
     def write(
         self,
@@ -274,13 +299,27 @@ class PgIndex:
 
     def delete(self, ids: Iterable[str], chunk: int = 10_000) -> int:
         """Documents (and their windows) removed by id, `chunk` ids per transaction; how many
-        there were (an id not there is no error)."""
-        removed = 0
+        there were. An id not there is no error, but is counted in `absent` (how many, the
+        first ABSENT_SHOWN of them): a file of wrong ids would otherwise delete nothing
+        without a word."""
+        removed, missing, first = 0, 0, []
+        statement = sql("DELETE FROM {docs} WHERE id = ANY(%s) RETURNING id", self.names)
         for part in chunks(iter(ids), chunk):
             with self.db.connection("deleting documents") as conn:
-                cur = conn.execute(sql("DELETE FROM {docs} WHERE id = ANY(%s)", self.names), [part])
-                removed += cur.rowcount
+                found = {i for (i,) in conn.execute(statement, [part])}
+            removed += len(found)
+            gone = [i for i in dict.fromkeys(part) if i not in found]
+            missing += len(gone)
+            first += gone[: ABSENT_SHOWN - len(first)]
+        self.absent = (missing, first)
         return removed
+
+    def ready(self, timeout: float = READY_TIMEOUT) -> None:
+        """Nothing where a search would find the database answering (within `timeout`
+        seconds), the table this model's index and its build finished (or pg.partial); else
+        the error such a search would raise (a server's readiness: serve's /ready)."""
+        with self.db.connection("checking that it answers", timeout=timeout) as conn:
+            self._check(conn)
 
     def count(self) -> tuple[int, int]:
         """(documents, windows) in the tables."""
@@ -315,7 +354,7 @@ class PgIndex:
 
     def _check(self, conn: Any) -> None:
         """The table's record, read again: still this model's index (a table rebuilt with
-        another model meanwhile would give other hits without a word)."""
+        another model meanwhile would give other hits without a word), its build finished."""
         now = _record(conn, self.names, self.path)
         if _differences(self.meta, now) or now.get("vector_type") != self.meta["vector_type"]:
             raise ConfigError(
@@ -323,6 +362,29 @@ class PgIndex:
                 f"({now.get('model_name')}, sha256 {str(now.get('model_sha256'))[:12]}...) than "
                 f"when it was opened ({self.meta['model_name']}): open it again"
             )
+        self._finished(conn)
+
+    def _finished(self, conn: Any, warn: bool = False) -> None:
+        """One DataError where the table's build has not finished (a build stopped midway
+        keeps the chunks it wrote: a search would answer from part of the corpus without a
+        word), unless pg.partial: then, with `warn`, a warning saying what it holds."""
+        held = _unfinished(conn, self.names)
+        if held is None:
+            return
+        said = f"{self.path}: its build has not finished ({held})"
+        if self.pg.partial:
+            if warn:
+                warnings.warn(
+                    f"{said}: taken as it is (--partial); run the index command that made it "
+                    "again to finish it",
+                    stacklevel=3,
+                )
+            return
+        raise DataError(
+            f"{said}: run the index command that made it again to finish it (bertforge index "
+            f"MODEL CORPUS --to DSN --table {self.pg.table}: it skips the documents written), "
+            "or search it as it is with --partial"
+        )
 
     # -- searching -----------------------------------------------------------------------------
 
@@ -664,10 +726,27 @@ def _record(conn: Any, t: Mapping[str, Any], where: str) -> dict[str, Any]:
     return dict(row[0])
 
 
-def _start(conn: Any, t: Mapping[str, Any], settings: dict[str, Any], where: str) -> dict:
-    """Create the extension and the tables when absent, or check that the record there is of
-    the same model and settings; the record."""
+def _unfinished(conn: Any, t: Mapping[str, Any]) -> str | None:
+    """What a table whose build has not finished holds, in words ("80 of 200 documents so
+    far"); None where it has (or where no build recorded its state: tables made before builds
+    did, taken as finished)."""
+    row = conn.execute(sql("SELECT value FROM {meta} WHERE key = 'build'", t)).fetchone()
+    if row is None or row[0].get("finished", True):
+        return None
+    (held,) = conn.execute(sql("SELECT count(*) FROM {docs}", t)).fetchone()
+    return f"{held:,} of {row[0].get('documents', 0):,} documents so far"
+
+
+def _start(
+    conn: Any, t: Mapping[str, Any], settings: dict[str, Any], where: str, documents: int
+) -> dict:
+    """Create the extension and the tables when absent, their build recorded unfinished (of
+    `documents` documents), or check that the record there is of the same model and settings
+    (a table whose build has not finished: its count of documents updated); the record. A
+    later build of a finished table (an update in place) leaves it finished: its readers see
+    each document old or new, and a search needs no more."""
     conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+    state = _json({"finished": False, "documents": int(documents)})
     if conn.execute("SELECT to_regclass(%s)", [t["meta"].as_string(conn)]).fetchone()[0]:
         held = _record(conn, t, where)
         if changed := _differences(held, settings):
@@ -675,6 +754,8 @@ def _start(conn: Any, t: Mapping[str, Any], settings: dict[str, Any], where: str
                 f"{where}: holds an index of another model or settings ({', '.join(changed)} "
                 "differ): give another --table, or drop that one"
             )
+        text = "UPDATE {meta} SET value = %s WHERE key = 'build' AND value ->> 'finished' = 'false'"
+        conn.execute(sql(text, t), [state])
         return held
     (version,) = conn.execute(
         "SELECT extversion FROM pg_extension WHERE extname = 'vector'"
@@ -684,6 +765,7 @@ def _start(conn: Any, t: Mapping[str, Any], settings: dict[str, Any], where: str
     for statement in _tables(meta["vector_type"], int(meta["dimensions"])):
         conn.execute(sql(statement, t))
     conn.execute(sql("INSERT INTO {meta} (key, value) VALUES ('settings', %s)", t), [_json(meta)])
+    conn.execute(sql("INSERT INTO {meta} (key, value) VALUES ('build', %s)", t), [state])
     return meta
 
 

@@ -26,7 +26,8 @@
                      (4096), "model"?} -> {"id", "results": [{index, relevance_score}], "meta":
                      {"api_version": {"version": "2"}, "billed_units": {"search_units"}}};
                      the three rerank endpoints share one batcher
-    GET  /health, GET /metadata, GET /metrics (Prometheus text), GET /openapi.json (the API)
+    GET  /health (alive), GET /ready (the index's database answers too: else 503), GET
+    /metadata, GET /metrics (Prometheus text), GET /openapi.json (the API)
 
 The model is fixed, loaded and checked at start-up: the encoder and every head its config.json
 "architectures" claim, so a corrupt checkpoint stops `serve` before it listens, and nothing in
@@ -72,8 +73,8 @@ request whose client has gone leaves uncomputed, even half done. The pieces a re
 counted as read (the batcher's, once, in a thread) are also its usage on /v1/embeddings and
 /v1/rerank; nothing is tokenised on the event loop, which would hold up every client.
 
-With an API key (--api-key, or the environment's BERTFORGE_API_KEY) every request but GET
-/health must send `Authorization: Bearer KEY`, else 401 (Auth). Each request is one line of
+With an API key (--api-key, or the environment's BERTFORGE_API_KEY) every request but
+/health and /ready must send `Authorization: Bearer KEY`, else 401 (Auth). Each request is one line of
 the access log on stderr (access_line: method, path, status, ms, texts, batch size; no body,
 no header), unless --no-access-log.
 

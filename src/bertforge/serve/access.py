@@ -26,7 +26,7 @@ def note(request: Any, **fields: Any) -> None:
     request.scope.setdefault(NOTE, {}).update(fields)
 
 
-OPEN_PATHS = ("/health",)  # answered without the API key: a liveness probe sends none
+OPEN_PATHS = ("/health", "/ready")  # answered without the API key: a probe sends none
 
 
 class Auth:

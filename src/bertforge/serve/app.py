@@ -14,7 +14,7 @@ from fastapi import FastAPI
 
 from .. import embedding
 from ..catalogue import ENTRIES
-from ..errors import BertforgeError, ConfigError, need_extra
+from ..errors import BertforgeError, ConfigError, hide, need_extra
 from .access import OPEN_PATHS, Auth, Guard, access_log
 from .errors import SERVE_EXTRA, HTTPError, error_response, not_json
 from .limits import API_KEY_ENV, Access, Limits
@@ -42,6 +42,7 @@ def create_app(
     `access`'s API key, with its access log. The model and its heads load here: a checkpoint
     that cannot be read raises its CheckpointError now, not at the first request."""
     access = access or Access()
+    hide(access.api_key)  # from now on no message, answer or log line shows it
     server = Server(model, limits or Limits(), pipeline_options)
     if calibration is not None:  # read now: a bad file stops `serve` before it listens
         server.calibration = embedding.read_calibration(calibration, server.width)
@@ -79,7 +80,7 @@ def create_app(
 
 
 def declare_bearer(app: Any) -> None:
-    """/openapi.json says that every operation but GET /health needs the bearer key (clients
+    """/openapi.json says that every operation but OPEN_PATHS' needs the bearer key (clients
     generated from it send it)."""
     schema = app.openapi()  # built once and kept: changed here, it is what is served
     schemes = schema.setdefault("components", {}).setdefault("securitySchemes", {})

@@ -11,6 +11,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from ..errors import redacted
+
 log = logging.getLogger(__package__)  # "bertforge.serve": the server's log
 SERVE_EXTRA = "bertforge serve needs the serve extra: pip install 'bertforge[serve]'"
 
@@ -40,9 +42,11 @@ def error_response(
 ) -> Any:
     """The JSON answer of an error: {"error": message}; under /v1/ OpenAI's error object, the
     shape its client reads the message from (`code` its machine-readable code, e.g.
-    "invalid_api_key"); under /v2/ Cohere's, {"id", "message"}."""
+    "invalid_api_key"); under /v2/ Cohere's, {"id", "message"}. The message redacted (every
+    error answer passes here: none shows a DSN's password or the API key)."""
     from fastapi.responses import JSONResponse
 
+    message = redacted(message)
     body: dict[str, Any] = {"error": message}
     if path.startswith("/v1/"):
         kind = "invalid_request_error" if status < 500 else "server_error"
@@ -56,7 +60,7 @@ def internal(where: str, e: BaseException) -> str:
     """A bug's answer ("internal error: <Type>"), logged here as one line: where it was raised."""
     frame = traceback.extract_tb(e.__traceback__)[-1:] if e.__traceback__ else []
     at = f" (at {Path(frame[0].filename).name}:{frame[0].lineno})" if frame else ""
-    log.error("%s: internal error: %s: %s%s", where, type(e).__name__, e, at)
+    log.error("%s: internal error: %s: %s%s", where, type(e).__name__, redacted(str(e)), at)
     return f"internal error: {type(e).__name__}"
 
 

@@ -65,7 +65,7 @@ class Access:
 
     api_key: str | None = option(
         None,
-        f"the key every request but GET /health must send as 'Authorization: Bearer KEY' "
+        f"the key every request but /health and /ready must send as 'Authorization: Bearer KEY' "
         f"(else 401); default: the environment's {API_KEY_ENV}, which, unlike this option, "
         "does not show in ps",
     )

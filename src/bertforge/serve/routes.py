@@ -18,7 +18,7 @@ from fastapi import Request
 
 from .. import embedding
 from ..catalogue import ENTRIES, Entry
-from ..errors import ConfigError, UnavailableError
+from ..errors import BertforgeError, ConfigError, UnavailableError
 from ..model import BertModel
 from ..tasks import ranking
 from .errors import HTTPError
@@ -214,15 +214,9 @@ def add_search(
     embeds the queries, and must be the index's (its sha256 and precision): one model answers
     /embed and /search; an index of another model is refused unless `index_model` names it
     (checked to be the index's), which then embeds the queries beside the served model."""
-    from ..search import Index, PgOptions
-    from ..search.postgres import PgIndex, is_dsn
+    from ..search.index import load_index
 
-    if not is_dsn(path) and pg is not None and pg != PgOptions():
-        raise ConfigError(
-            f"{path}: --table, --ef-search, --exact and --statement-timeout are a PostgreSQL "
-            "index's"
-        )
-    index: Any = PgIndex.open(str(path), pg, pool=SEARCH_POOL) if is_dsn(path) else Index.load(path)
+    index = load_index(path, pg, pool=SEARCH_POOL)
     app.state.index = index
     if index_model is not None:  # the index's model beside the served one, checked
         index.use_model(index_model, device=server.pipe.device.type)
@@ -283,11 +277,26 @@ def check_text_hits(req: SearchRequest, limit: int) -> None:
 
 
 def add_status(app: Any, server: Server) -> None:
-    """GET /health, /metadata (the model, its endpoints, precision, limits), /metrics."""
+    """GET (and HEAD) /health and /ready, GET /metadata (the model, its endpoints, precision,
+    limits), /metrics. /health: the process answers (liveness: 200 while it runs, so an
+    orchestrator restarts only a server that is stuck, not one whose database is down, which a
+    restart would not bring back); /ready: it can answer every endpoint, the index's database
+    included (readiness: 503 with the reason while /search would fail: take it out of the
+    load balancer until it is back)."""
     from fastapi.responses import PlainTextResponse
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])
     async def health() -> dict[str, Any]:
+        return {"status": "ok"}
+
+    @app.api_route("/ready", methods=["GET", "HEAD"])
+    def ready() -> dict[str, Any]:  # sync: FastAPI runs it in a thread, a database round trip
+        index = getattr(app.state, "index", None)  # add_search's, when there is one
+        try:
+            if index is not None:
+                index.ready()
+        except BertforgeError as e:  # down, slow, or its table no longer this index
+            raise HTTPError(503, str(e)) from None
         return {"status": "ok"}
 
     @app.get("/metadata")
