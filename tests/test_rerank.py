@@ -5,6 +5,7 @@ activation read where each version keeps it, long documents read in windows."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -136,6 +137,34 @@ def test_pair_rows_cover_the_document_with_the_query_in_every_row() -> None:
     (ids, _), *more = ranking.pair_rows(list(range(100, 160)), d[:5], (1, 2), 40)
     assert not more and len(ids) == 40 and list(ids[-6:-1]) == d[:5]
     assert len(ranking.pair_rows(q, d, (1, 2), 40, truncate=True)) == 1
+
+
+def test_ranked_refuses_a_score_that_is_not_finite(tiny_ce: Path) -> None:
+    """A NaN compares false with every score, so a sort leaves it wherever it falls; ranked
+    refuses it, naming the document, as evaluate refuses a non-finite ranking score; so do rerank and
+    the server's three rerank APIs (one error, not an order with NaN in it)."""
+    assert ranking.ranked([0.1, 0.9, 0.5, 0.9]) == [1, 3, 2, 0]
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        with pytest.raises(InputError, match=re.escape(f"document 2: score {bad}: rankings need")):
+            ranking.ranked([0.3, 0.9, bad])
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from bertforge.serve import create_app
+
+    with TestClient(create_app(tiny_ce, precision="fp32")) as client:
+        pipe = client.app.state.server.pipe  # type: ignore[attr-defined]
+        pipe.score = lambda queries, documents, *a, **k: [0.2, float("nan"), 0.7][: len(documents)]
+        with pytest.raises(InputError, match="document 1: score nan"):
+            pipe.rerank("q", ["a", "b", "c"])
+        bodies = [
+            ("/rerank", {"query": "q", "texts": ["a", "b", "c"]}),
+            ("/v1/rerank", {"query": "q", "documents": ["a", "b", "c"]}),
+            ("/v2/rerank", {"model": "m", "query": "q", "documents": ["a", "b", "c"]}),
+        ]
+        for path, body in bodies:
+            r = client.post(path, json=body)
+            assert r.status_code == 422 and "document 1: score nan" in r.text, (path, r.text)
 
 
 def test_a_long_document_scores_its_best_window(cross_encoder: Path) -> None:
