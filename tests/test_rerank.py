@@ -283,6 +283,26 @@ def test_server_rerank_shapes(tiny_ce: Path, tiny_model: Path) -> None:
     assert r.status_code == 404 and "error" in r.json()
 
 
+def test_cohere_v1_returns_object_documents_as_given(tiny_ce: Path) -> None:
+    """Cohere's v1 /rerank with return_documents answers each document as it was sent: an
+    object with its other fields (an id, metadata), a string as {"text"}; an object without
+    a text is a 422 naming it."""
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from bertforge.serve import create_app
+
+    given = {"text": DOCS[1], "id": "d1", "meta": {"year": 2020, "tags": ["a", None]}}
+    body = {"query": QUERIES[1], "documents": [DOCS[0], given], "return_documents": True}
+    with TestClient(create_app(tiny_ce, precision="fp32")) as client:
+        r = client.post("/v1/rerank", json=body)
+        assert r.status_code == 200, r.text
+        documents = {x["index"]: x["document"] for x in r.json()["results"]}
+        assert documents == {0: {"text": DOCS[0]}, 1: given}
+        r = client.post("/v1/rerank", json={**body, "documents": [{"id": "d1"}]})
+        assert r.status_code == 422 and "documents.0" in r.json()["error"]["message"]
+
+
 # -- training: finetune --task rerank -------------------------------------------------------------
 
 

@@ -712,7 +712,7 @@ def test_cohere_bills_a_search_unit_per_100_documents() -> None:
     from bertforge.serve.routes import cohere_answer
 
     for n, units in ((1, 1), (100, 1), (101, 2), (250, 3)):
-        answer = cohere_answer([0.5] * n, ["d"] * n, None, False, "2")
+        answer = cohere_answer([0.5] * n, [{"text": "d"}] * n, None, False, "2")
         assert answer["meta"]["billed_units"] == {"search_units": units}
 
 

@@ -19,9 +19,10 @@
                      texts or passages queries x top_k is at most max_text_hits (else 413)
     POST /rerank     text-embeddings-inference's: {"query", "texts", "raw_scores"?, "return_text"?,
                      "truncate"?} -> [{index, score, text?}], best first (a cross-encoder)
-    POST /v1/rerank  Cohere's (v1) and Jina's: {"query", "documents": [str | {"text"}], "top_n"?,
-                     "return_documents"?, "model"?} -> {"id", "results": [{index,
-                     relevance_score, document?}], "meta", "model", "usage"}
+    POST /v1/rerank  Cohere's (v1) and Jina's: {"query", "documents": [str | {"text", ...}],
+                     "top_n"?, "return_documents"?, "model"?} -> {"id", "results": [{index,
+                     relevance_score, document?}], "meta", "model", "usage"}: a document as
+                     sent (an object with its other fields, a string as {"text"})
     POST /v2/rerank  Cohere's v2: {"query", "documents": [str], "top_n"?, "max_tokens_per_doc"?
                      (4096), "model"?} -> {"id", "results": [{index, relevance_score}], "meta":
                      {"api_version": {"version": "2"}, "billed_units": {"search_units"}}};

@@ -8,7 +8,7 @@ import inspect
 import typing
 from typing import Any
 
-from pydantic import BaseModel, Field, create_model
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from .. import embedding
 from ..catalogue import Entry
@@ -44,7 +44,9 @@ class RerankRequest(BaseModel):  # text-embeddings-inference's /rerank
     truncate: bool = False
 
 
-class Document(BaseModel):
+class Document(BaseModel):  # Cohere's v1 answers it as given: its other fields are kept
+    model_config = ConfigDict(extra="allow")
+
     text: str
 
 
