@@ -708,6 +708,43 @@ def test_cohere_v2_rerank(keyed: str, cross_encoder: Path) -> None:
         assert r.status_code == 422 and list(r.json()) == ["id", "message"]
 
 
+def test_unknown_fields_are_422_where_the_peer_refuses_them_and_null_is_the_default(
+    server: str, keyed: str
+) -> None:
+    """OpenAI's and Cohere's APIs refuse a field they do not know (OpenAI: "Unrecognized request
+    argument", Cohere: "unknown field"), and bertforge's own APIs too (a misspelt option left at
+    its default answers another question): 422 naming the field, in the path's error shape;
+    text-embeddings-inference ignores one, and so does its /rerank. An explicit null is the
+    field's default (OpenAI's client sends nulls for unset fields in some versions)."""
+    nulls = {"input": "a", "encoding_format": None, "dimensions": None, "model": None}
+    r = httpx.post(f"{server}/v1/embeddings", json={**nulls, "user": None})
+    assert r.status_code == 200, r.text
+    assert len(r.json()["data"][0]["embedding"]) == 128 and r.json()["model"] == "cls0"
+    r = httpx.post(f"{server}/embed", json={"texts": ["a"], "pooling": None, "normalize": None})
+    assert r.status_code == 200, r.text
+    strict = [  # (url, path, a valid body, an unknown field, a field of the path's)
+        (server, "/v1/embeddings", {"input": "a"}, "encodingformat", "encoding_format"),
+        (server, "/embed", {"texts": ["a"]}, "normalise", "normalize"),
+        (server, "/classify", {"texts": ["a"]}, "pair", "pairs"),
+        (server, "/summarize", {"texts": ["a"]}, "sentence", "sentences"),
+        (keyed, "/v1/rerank", {"query": "q", "documents": ["a"]}, "top_k", "top_n"),
+        (keyed, "/v2/rerank", {"model": "m", "query": "q", "documents": ["a"]}, "top_k", "top_n"),
+    ]
+    for url, path, body, unknown, known in strict:
+        r = httpx.post(f"{url}{path}", json={**body, unknown: 1}, headers=AUTH)
+        assert r.status_code == 422, (path, r.text)
+        error = r.json()
+        if path.startswith("/v1/"):
+            assert error["error"]["param"] == unknown
+            message = error["error"]["message"]
+        else:
+            message = error["message"] if path.startswith("/v2/") else error["error"]
+        assert message.startswith(f"{unknown}: unknown field (the fields of POST {path}: ")
+        assert f" {known}," in message or f" {known})" in message, message
+    r = httpx.post(f"{keyed}/rerank", json={"query": "q", "texts": ["a"], "top_k": 1}, headers=AUTH)
+    assert r.status_code == 200 and [x["index"] for x in r.json()] == [0]
+
+
 def test_cohere_bills_a_search_unit_per_100_documents() -> None:
     from bertforge.serve.routes import cohere_answer
 
@@ -1332,6 +1369,8 @@ def test_search_answers_are_bounded(classifier: Path, tmp_path: Path) -> None:
         assert r.status_code == 200 and [len(x) for x in r.json()["results"]] == [2] * 4
         r = client.post("/search", json=queries)  # no texts: not limited (two documents)
         assert r.status_code == 200 and [len(x) for x in r.json()["results"]] == [2] * 4
+        r = client.post("/search", json={**queries, "topk": 1})  # strict: not the default 10
+        assert r.status_code == 422 and r.json()["error"].startswith("topk: unknown field")
 
 
 def test_a_big_request_is_not_starved_by_a_stream_of_small_ones() -> None:

@@ -84,8 +84,10 @@ on /v1/ as OpenAI's error object {"error": {"message", "type", "param", "code"}}
 client shows; on /v2/ as Cohere's {"id", "message"}. A body over max_body_bytes answers 413 as
 it arrives, before it is parsed; texts per request and characters per text over their limits
 413; a full queue 503; a body that is not JSON 400, one not sent as JSON (its Content-Type) 415;
-one of the wrong shape, or an input the pipeline refuses (a BertforgeError), 422;
-an unknown path 404, a wrong method 405; a client gone before its answer is counted as 499.
+one of the wrong shape (a field it does not know too, but on /rerank, whose peer ignores one:
+schemas.Strict; a null is a field's default), or an input the pipeline refuses (a
+BertforgeError), 422; an unknown path 404, a wrong method 405; a client gone before its answer
+is counted as 499.
 Anything else is a bug: 500 {"error": "internal error: <Type>"} and one line in the server's
 log. No answer shows a path of the server's: the model is named by its directory's name.
 

@@ -121,12 +121,23 @@ def add_error_handlers(app: Any, server: Server) -> None:
             return error_response(path, 415, not_json(request.headers.get("content-type")))
         first = errors[0] if errors else {}
         where = [str(x) for x in first.get("loc", ()) if x != "body"]
-        message = f"{'.'.join(where) or 'body'}: {first.get('msg', 'invalid request')}"
+        said = first.get("msg", "invalid request")
+        if first.get("type") == "extra_forbidden":  # a Strict body's unknown field
+            said = f"unknown field (the fields of {request.method} {path}: {body_fields(request)})"
+        message = f"{'.'.join(where) or 'body'}: {said}"
         return error_response(path, 422, message, where[0] if where else None)
 
     @app.exception_handler(BertforgeError)
     async def refused(request: Any, e: BertforgeError) -> Any:
         return error_response(request.url.path, 422, server.scrub(str(e)))
+
+
+def body_fields(request: Any) -> str:
+    """The fields of the request body the request's route reads (FastAPI's route, in the
+    request's scope), comma-separated."""
+    field = getattr(request.scope.get("route"), "body_field", None)
+    model = getattr(getattr(field, "field_info", None), "annotation", None)
+    return ", ".join(getattr(model, "model_fields", {})) or "see /openapi.json"
 
 
 def serve(
