@@ -660,6 +660,73 @@ def test_the_openai_client_sees_a_wrong_key(keyed: str) -> None:
     assert len(client.embeddings.create(input=["a"], model="m").data[0].embedding) == 128
 
 
+def test_a_huge_header_is_a_431_in_the_apis_shape(keyed: str) -> None:
+    """A 1 MB Authorization header (or any header block over max_header_bytes) is answered by
+    the app, as JSON in the path's error shape, not by uvicorn's h11 (a plain-text 400 "Invalid
+    HTTP request received." past its 16 KiB, or a reset connection); its value is not shown or
+    logged. A header within the limit is still read: a long wrong key is a 401."""
+    huge = {"Authorization": "Bearer " + "k" * 1_000_000}
+    for path, body in (
+        ("/embed", {"texts": ["a"]}),
+        ("/v1/embeddings", {"input": "a"}),
+        ("/v2/rerank", {"model": "m", "query": "q", "documents": ["a"]}),
+    ):
+        r = httpx.post(f"{keyed}{path}", json=body, headers=huge, timeout=60)
+        assert r.status_code == 431 and r.headers["content-type"] == "application/json", r.text
+        error = r.json()
+        if path.startswith("/v1/"):
+            message = error["error"]["message"]
+        else:
+            message = error["message"] if path.startswith("/v2/") else error["error"]
+        assert re.fullmatch(
+            r"headers of [\d,]+ bytes, more than the limit of 65,536 \(max_header_bytes\); "
+            r"the largest: authorization, 1,000,007 bytes",
+            message,
+        ), message
+        assert "kkkk" not in r.text
+    long = {"Authorization": "Bearer " + "k" * 30_000}
+    r = httpx.post(f"{keyed}/embed", json={"texts": ["a"]}, headers=long)
+    assert r.status_code == 401 and r.json() == {"error": "invalid API key"}
+    assert "kkkk" not in LOGS[keyed].read_text()
+
+
+def test_a_long_key_sent_in_pieces_is_read(classifier: Path, tmp_path: Path) -> None:
+    """A key of 30,000 characters (within max_header_bytes) whose header arrives in pieces, as
+    over a network: uvicorn's h11 answered a plain-text 400 once 16 KiB of it had come
+    unfinished, so every request with such a key failed; now it is read and the key checked."""
+    key = "K" * 30_000
+    body = json.dumps({"texts": ["a"]}).encode()
+    head = (
+        f"POST /embed HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Authorization: Bearer {key}\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    sent = head.encode() + body
+    env = {"BERTFORGE_API_KEY": key}
+    with running(classifier, tmp_path / "server.log", env=env) as url:
+        host, port = url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=30) as connection:
+            for i in range(0, len(sent), 4096):
+                connection.sendall(sent[i : i + 4096])
+                time.sleep(0.002)  # each piece its own read on the server's side
+            answer = b""
+            while b"\r\n\r\n" not in answer and (more := connection.recv(65536)):
+                answer += more
+        assert answer.startswith(b"HTTP/1.1 200 "), answer[:200]
+
+
+def test_a_key_longer_than_the_header_limit_is_refused_without_showing_it(classifier: Path) -> None:
+    """A key that cannot fit in max_header_bytes would make every request a 431: refused at
+    start-up, naming both options, the key unshown."""
+    from bertforge.errors import ConfigError
+    from bertforge.serve import Access, Limits, create_app
+
+    key = "s" * 2000
+    with pytest.raises(ConfigError, match="api_key .* --max-header-bytes") as caught:
+        create_app(classifier, Limits(max_header_bytes=2048), access=Access(api_key=key))
+    assert key[:100] not in str(caught.value)
+    create_app(classifier, Limits(max_header_bytes=4096), access=Access(api_key=key))
+
+
 def test_a_key_that_cannot_be_sent_is_refused_without_showing_it() -> None:
     from bertforge.errors import ConfigError
     from bertforge.serve import Access

@@ -81,8 +81,9 @@ no header), unless --no-access-log.
 
 Errors are answered, never re-raised (the connection stays usable), as JSON {"error": "..."};
 on /v1/ as OpenAI's error object {"error": {"message", "type", "param", "code"}}, which its
-client shows; on /v2/ as Cohere's {"id", "message"}. A body over max_body_bytes answers 413 as
-it arrives, before it is parsed; texts per request and characters per text over their limits
+client shows; on /v2/ as Cohere's {"id", "message"}. Headers over max_header_bytes answer 431
+(uvicorn reads a header block up to max_body_bytes, so that the app answers it); a body over
+max_body_bytes answers 413 as it arrives, before it is parsed; texts per request and characters per text over their limits
 413; a full queue 503; a body that is not JSON 400, one not sent as JSON (its Content-Type) 415;
 one of the wrong shape (a field it does not know too, but on /rerank, whose peer ignores one:
 schemas.Strict; a null is a field's default), or an input the pipeline refuses (a
