@@ -1521,6 +1521,48 @@ def qa_and_mlm(tmp_path_factory: pytest.TempPathFactory, classifier: Path) -> tu
     return out[0], out[1]
 
 
+def test_qa_reads_windows_of_the_servers_max_length_and_stride(
+    qa_and_mlm: tuple[Path, Path],
+) -> None:
+    """The server's pipeline options max_length and stride (create_app's, serve's) are /qa's
+    default max_seq_length and doc_stride (they were ignored without a word: SQuAD's 384 and
+    128), at most the model's positions; a request's own still win; truncate is refused for a
+    model with a QA head (qa reads every window: the answer may be in any), not ignored."""
+    from fastapi.testclient import TestClient
+
+    from bertforge.errors import ConfigError
+    from bertforge.serve import create_app
+
+    qa, _ = qa_and_mlm
+    context = "the river runs through the old town and its bridges are old . " * 8
+    body = {"questions": ["what runs through the town?"], "contexts": [context]}
+    with TestClient(create_app(qa, precision="fp32", max_length=32, stride=8)) as client:
+        pipe = client.app.state.server.pipe  # type: ignore[attr-defined]
+        asked, answer = [], pipe.qa
+        pipe.qa = lambda *a, **k: asked.append(k) or answer(*a, **k)
+        r = client.post("/qa", json=body)
+        assert r.status_code == 200, r.text
+        assert (asked[-1]["max_seq_length"], asked[-1]["doc_stride"]) == (32, 8)
+        want = Pipeline(qa, precision="fp32").qa(
+            body["questions"], body["contexts"], max_seq_length=32, doc_stride=8
+        )
+        assert r.json()["results"][0]["answer"] == want[0]["answer"]
+        assert r.json()["results"][0]["score"] == pytest.approx(want[0]["score"], abs=1e-5)
+        r = client.post("/qa", json={**body, "max_seq_length": 64, "doc_stride": 16})
+        assert r.status_code == 200
+        assert (asked[-1]["max_seq_length"], asked[-1]["doc_stride"]) == (64, 16)
+        schema = client.get("/openapi.json").json()["components"]["schemas"]["QaRequest"]
+        assert schema["properties"]["doc_stride"]["default"] == 8
+    with TestClient(create_app(qa, precision="fp32", max_length=100_000)) as client:
+        pipe = client.app.state.server.pipe  # type: ignore[attr-defined]
+        asked, answer = [], pipe.qa
+        pipe.qa = lambda *a, **k: asked.append(k) or answer(*a, **k)
+        assert client.post("/qa", json=body).status_code == 200
+        assert asked[-1]["max_seq_length"] == pipe.config.max_position_embeddings
+    with pytest.raises(ConfigError, match=r"^truncate: qa reads every window of a long context"):
+        create_app(qa, precision="fp32", truncate=True)
+
+
 def test_qa_fill_mask_and_summarize_are_bounded_before_any_model_call(
     qa_and_mlm: tuple[Path, Path], classifier: Path
 ) -> None:

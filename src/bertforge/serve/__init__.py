@@ -9,7 +9,9 @@
         /classify    {"texts": [...], "pairs"?: [...]}  -> [{label, score, scores}]
         /fill-mask   {"texts": [...], "top_k"?: 5}      -> [[[{token, id, score}]]]
         /ner         {"texts": [...]}                   -> [[{entity, text, start, end, score}]]
-        /qa          {"questions", "contexts", "max_seq_length"?, ...} -> [{answer, score, ...}]
+        /qa          {"questions", "contexts", "max_seq_length"?, ...} -> [{answer, score, ...}]:
+                     its windows the pipeline's max_length and stride (create_app's
+                     options) unless the request says
         /nsp         {"texts": [...], "pairs": [...]}   -> [P(IsNext)]
     POST /search     with --index DIR: {"queries", "top_k"?, "mode"?, "return_text"?,
                      "return_passage"?} -> {"results": [[{id, score, rank, text?,

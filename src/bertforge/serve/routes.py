@@ -50,7 +50,7 @@ def add_pipeline(app: Any, server: Server, entry: Entry) -> None:
         return {"results": await server.results(entry, req, request)}
 
     endpoint.__annotations__ = {
-        "req": request_model(entry),
+        "req": request_model(entry, server.defaults(entry)),
         "request": Request,
         "return": dict[str, Any],
     }

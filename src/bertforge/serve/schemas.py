@@ -104,14 +104,16 @@ class SearchRequest(Strict):  # POST /search, with --index
     where: dict[str, str] | None = None  # a PostgreSQL index's metadata filters
 
 
-def request_model(entry: Entry) -> type:
+def request_model(entry: Entry, defaults: dict[str, Any] | None = None) -> type:
     """The request body of a catalogue entry: its inputs as lists of texts (an optional one may
-    be left out) and its options with the Pipeline method's types and defaults."""
+    be left out) and its options with the Pipeline method's types and defaults, but those in
+    `defaults` (the server's: Server.defaults)."""
     method = getattr(Pipeline, entry.method)
     hints, params = typing.get_type_hints(method), inspect.signature(method).parameters
     fields: dict[str, Any] = {
         i.param: (list[str] | None, None) if i.optional else (list[str], ...) for i in entry.inputs
     }
-    fields.update({name: (hints[name], params[name].default) for name in entry.options})
+    defaults = {name: params[name].default for name in entry.options} | (defaults or {})
+    fields.update({name: (hints[name], defaults[name]) for name in entry.options})
     name = "".join(part.title() for part in entry.name.split("-")) + "Request"
     return create_model(name, __base__=Strict, **fields)  # type: ignore[misc]

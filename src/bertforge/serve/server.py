@@ -19,6 +19,7 @@ from ..checkpoint import architectures
 from ..config import BertConfig
 from ..data.tasks import SquadExample
 from ..data.tasks.documents import document
+from ..errors import ConfigError
 from ..hub import resolve
 from ..pipelines import Pipeline
 from ..tasks.squad import pieces_read as squad_pieces
@@ -56,6 +57,27 @@ class Server:
         given = (Path(str(model)).resolve(), self.pipe.path, self.pipe.path.resolve())
         self.paths = sorted({str(p) for p in given if p.is_absolute()}, key=len, reverse=True)
         self.batchers: dict[str, Batcher] = {}
+        if "qa" in self.endpoints and self.pipe.truncate:  # refused, not ignored: see defaults
+            raise ConfigError(
+                f"truncate: {ENTRIES['qa'].unused['truncate']}: serve {self.name} without it "
+                "(it has a question-answering head, served as /qa)"
+            )
+
+    def defaults(self, entry: Entry) -> dict[str, Any]:
+        """The entry's options whose default is the server's, not its Pipeline method's: /qa's
+        windows are the pipeline's max_length pieces (at most the model's positions) and its
+        stride apart when create_app was given them, as every other endpoint's windows are (a
+        request's own max_seq_length and doc_stride still win). Its truncate cannot be: qa
+        reads every window of a context, and a model with a QA head is not served with it."""
+        pipe = self.pipe
+        if entry.name != "qa":
+            return {}
+        positions = pipe.config.max_position_embeddings
+        given = {
+            "max_seq_length": None if pipe.max_length is None else min(pipe.max_length, positions),
+            "doc_stride": pipe.stride,
+        }
+        return {name: value for name, value in given.items() if value is not None}
 
     def quantized(self, rows: np.ndarray, precision: str, options: dict[str, Any]) -> np.ndarray:
         """A request's vectors at its embedding_precision (embedding.quantize, as
