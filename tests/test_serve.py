@@ -922,9 +922,9 @@ def test_the_three_rerank_apis_share_one_batcher(
     served = app.state.server
     score, calls, gate = served.pipe.score, [], threading.Event()
 
-    def held(queries: list[str], documents: list[str], **options: Any) -> list[float]:
-        calls.append(list(documents))
-        if "hold" in documents:
+    def held(queries: list[Any], documents: list[Any], **options: Any) -> list[float]:
+        calls.append(len(documents))  # each a text's piece ids
+        if len(calls) == 1:  # the "hold" request's call holds the worker
             gate.wait(30)
         return score(queries, documents, **options)
 
@@ -949,7 +949,7 @@ def test_the_three_rerank_apis_share_one_batcher(
     with caplog.at_level(logging.INFO, ACCESS_LOG), in_thread(app, gate) as url:
         rs = asyncio.run(go(url))
         asyncio.run(until(lambda: sum(r.name == ACCESS_LOG for r in caplog.records) == 4))
-    assert [r.status_code for r in rs] == [200] * 4 and [len(c) for c in calls] == [1, 9]
+    assert [r.status_code for r in rs] == [200] * 4 and calls == [1, 9]
     pipe = Pipeline(cross_encoder, precision="fp32")
     for (_, body), r in zip(bodies, rs[1:]):
         texts = body.get("texts") or body["documents"]
@@ -1221,6 +1221,52 @@ def test_nothing_is_tokenised_on_the_event_loop(
         for path, body in calls:
             assert client.post(path, json=body).status_code == 200, path
     assert on_loop and not any(on_loop)
+
+
+def test_a_rerank_request_tokenises_each_text_once(
+    classifier_ce: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rerank request's query and each document are tokenised once, in one thread, for its
+    cost (max_request_tokens, usage), /v2's max_tokens_per_doc cut and the model call: /v2/rerank
+    tokenised each document three times and the query twice per document (60 texts for 20
+    documents' 21). Its scores and usage are those of the texts tokenised apart."""
+    from fastapi.testclient import TestClient
+
+    from bertforge.serve import create_app
+
+    app = create_app(classifier_ce, precision="fp32")
+    tok = app.state.server.pipe.tok
+    encode, seen = tok._encode_raw, []  # every encoding of the tokenizer goes through it
+
+    def counted(texts: Any, *args: Any, **kwargs: Any) -> Any:
+        seen.extend(texts)
+        return encode(texts, *args, **kwargs)
+
+    monkeypatch.setattr(tok, "_encode_raw", counted)
+    query = "where is the cat"
+    docs = [f"the cat {i} sat on the mat number {i}" for i in range(20)]
+    pipe = Pipeline(classifier_ce, precision="fp32")
+    cut = [" ".join(d.split()[:3]) for d in docs]  # one piece a word
+    for path, body, want in (
+        ("/rerank", {"query": query, "texts": docs}, pipe.score([query] * 20, docs)),
+        ("/v1/rerank", {"query": query, "documents": docs}, pipe.score([query] * 20, docs)),
+        (
+            "/v2/rerank",
+            {"model": "m", "query": query, "documents": docs, "max_tokens_per_doc": 3},
+            pipe.score([query] * 20, cut),
+        ),
+    ):
+        seen.clear()
+        with TestClient(app) as client:
+            r = client.post(path, json=body)
+        assert r.status_code == 200, r.text
+        assert sorted(seen) == sorted([query, *docs]), (path, len(seen))
+        got = r.json() if path == "/rerank" else r.json()["results"]
+        scores = {x["index"]: x.get("score", x.get("relevance_score")) for x in got}
+        assert np.allclose([scores[i] for i in range(20)], want, atol=1e-6), path
+        if path == "/v1/rerank":
+            rows = pipe.pair_rows([query] * 20, docs)[0]
+            assert r.json()["usage"] == {"total_tokens": int(sum(rows.lengths))}
 
 
 def stub_batchers(

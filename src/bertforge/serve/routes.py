@@ -167,9 +167,9 @@ def add_rerank(app: Any, server: Server) -> None:
 
     @app.post(v2, summary="Cohere's v2 rerank API")
     async def cohere_v2_rerank(req: CohereV2RerankRequest, request: Request) -> dict[str, Any]:
-        server.check(req.documents, "documents")  # before they are read to be cut
-        texts = await server.clip(req.documents, req.max_tokens_per_doc)
-        scores, _ = await server.scores(req.query, texts, "documents", COHERE_OPTIONS, request)
+        scores, _ = await server.scores(
+            req.query, req.documents, "documents", COHERE_OPTIONS, request, req.max_tokens_per_doc
+        )
         given = [{"text": d} for d in req.documents]
         return cohere_answer(scores, given, req.top_n, req.return_documents, "2")
 
