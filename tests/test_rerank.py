@@ -5,6 +5,7 @@ activation read where each version keeps it, long documents read in windows."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -138,6 +139,34 @@ def test_pair_rows_cover_the_document_with_the_query_in_every_row() -> None:
     assert len(ranking.pair_rows(q, d, (1, 2), 40, truncate=True)) == 1
 
 
+def test_ranked_refuses_a_score_that_is_not_finite(tiny_ce: Path) -> None:
+    """A NaN compares false with every score, so a sort leaves it wherever it falls; ranked
+    refuses it, naming the document, as evaluate refuses a non-finite ranking score; so do rerank and
+    the server's three rerank APIs (one error, not an order with NaN in it)."""
+    assert ranking.ranked([0.1, 0.9, 0.5, 0.9]) == [1, 3, 2, 0]
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        with pytest.raises(InputError, match=re.escape(f"document 2: score {bad}: rankings need")):
+            ranking.ranked([0.3, 0.9, bad])
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from bertforge.serve import create_app
+
+    with TestClient(create_app(tiny_ce, precision="fp32")) as client:
+        pipe = client.app.state.server.pipe  # type: ignore[attr-defined]
+        pipe.score = lambda queries, documents, *a, **k: [0.2, float("nan"), 0.7][: len(documents)]
+        with pytest.raises(InputError, match="document 1: score nan"):
+            pipe.rerank("q", ["a", "b", "c"])
+        bodies = [
+            ("/rerank", {"query": "q", "texts": ["a", "b", "c"]}),
+            ("/v1/rerank", {"query": "q", "documents": ["a", "b", "c"]}),
+            ("/v2/rerank", {"model": "m", "query": "q", "documents": ["a", "b", "c"]}),
+        ]
+        for path, body in bodies:
+            r = client.post(path, json=body)
+            assert r.status_code == 422 and "document 1: score nan" in r.text, (path, r.text)
+
+
 def test_a_long_document_scores_its_best_window(cross_encoder: Path) -> None:
     """A document longer than the model reads: the best of its windows' scores, each window
     scored as CrossEncoder.predict scores that pair; truncate: the first window's."""
@@ -252,6 +281,26 @@ def test_server_rerank_shapes(tiny_ce: Path, tiny_model: Path) -> None:
     plain = TestClient(create_app(tiny_model))
     r = plain.post("/rerank", json={"query": "q", "texts": ["d"]})
     assert r.status_code == 404 and "error" in r.json()
+
+
+def test_cohere_v1_returns_object_documents_as_given(tiny_ce: Path) -> None:
+    """Cohere's v1 /rerank with return_documents answers each document as it was sent: an
+    object with its other fields (an id, metadata), a string as {"text"}; an object without
+    a text is a 422 naming it."""
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from bertforge.serve import create_app
+
+    given = {"text": DOCS[1], "id": "d1", "meta": {"year": 2020, "tags": ["a", None]}}
+    body = {"query": QUERIES[1], "documents": [DOCS[0], given], "return_documents": True}
+    with TestClient(create_app(tiny_ce, precision="fp32")) as client:
+        r = client.post("/v1/rerank", json=body)
+        assert r.status_code == 200, r.text
+        documents = {x["index"]: x["document"] for x in r.json()["results"]}
+        assert documents == {0: {"text": DOCS[0]}, 1: given}
+        r = client.post("/v1/rerank", json={**body, "documents": [{"id": "d1"}]})
+        assert r.status_code == 422 and "documents.0" in r.json()["error"]["message"]
 
 
 # -- training: finetune --task rerank -------------------------------------------------------------

@@ -660,6 +660,73 @@ def test_the_openai_client_sees_a_wrong_key(keyed: str) -> None:
     assert len(client.embeddings.create(input=["a"], model="m").data[0].embedding) == 128
 
 
+def test_a_huge_header_is_a_431_in_the_apis_shape(keyed: str) -> None:
+    """A 1 MB Authorization header (or any header block over max_header_bytes) is answered by
+    the app, as JSON in the path's error shape, not by uvicorn's h11 (a plain-text 400 "Invalid
+    HTTP request received." past its 16 KiB, or a reset connection); its value is not shown or
+    logged. A header within the limit is still read: a long wrong key is a 401."""
+    huge = {"Authorization": "Bearer " + "k" * 1_000_000}
+    for path, body in (
+        ("/embed", {"texts": ["a"]}),
+        ("/v1/embeddings", {"input": "a"}),
+        ("/v2/rerank", {"model": "m", "query": "q", "documents": ["a"]}),
+    ):
+        r = httpx.post(f"{keyed}{path}", json=body, headers=huge, timeout=60)
+        assert r.status_code == 431 and r.headers["content-type"] == "application/json", r.text
+        error = r.json()
+        if path.startswith("/v1/"):
+            message = error["error"]["message"]
+        else:
+            message = error["message"] if path.startswith("/v2/") else error["error"]
+        assert re.fullmatch(
+            r"headers of [\d,]+ bytes, more than the limit of 65,536 \(max_header_bytes\); "
+            r"the largest: authorization, 1,000,007 bytes",
+            message,
+        ), message
+        assert "kkkk" not in r.text
+    long = {"Authorization": "Bearer " + "k" * 30_000}
+    r = httpx.post(f"{keyed}/embed", json={"texts": ["a"]}, headers=long)
+    assert r.status_code == 401 and r.json() == {"error": "invalid API key"}
+    assert "kkkk" not in LOGS[keyed].read_text()
+
+
+def test_a_long_key_sent_in_pieces_is_read(classifier: Path, tmp_path: Path) -> None:
+    """A key of 30,000 characters (within max_header_bytes) whose header arrives in pieces, as
+    over a network: uvicorn's h11 answered a plain-text 400 once 16 KiB of it had come
+    unfinished, so every request with such a key failed; now it is read and the key checked."""
+    key = "K" * 30_000
+    body = json.dumps({"texts": ["a"]}).encode()
+    head = (
+        f"POST /embed HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Authorization: Bearer {key}\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    sent = head.encode() + body
+    env = {"BERTFORGE_API_KEY": key}
+    with running(classifier, tmp_path / "server.log", env=env) as url:
+        host, port = url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=30) as connection:
+            for i in range(0, len(sent), 4096):
+                connection.sendall(sent[i : i + 4096])
+                time.sleep(0.002)  # each piece its own read on the server's side
+            answer = b""
+            while b"\r\n\r\n" not in answer and (more := connection.recv(65536)):
+                answer += more
+        assert answer.startswith(b"HTTP/1.1 200 "), answer[:200]
+
+
+def test_a_key_longer_than_the_header_limit_is_refused_without_showing_it(classifier: Path) -> None:
+    """A key that cannot fit in max_header_bytes would make every request a 431: refused at
+    start-up, naming both options, the key unshown."""
+    from bertforge.errors import ConfigError
+    from bertforge.serve import Access, Limits, create_app
+
+    key = "s" * 2000
+    with pytest.raises(ConfigError, match="api_key .* --max-header-bytes") as caught:
+        create_app(classifier, Limits(max_header_bytes=2048), access=Access(api_key=key))
+    assert key[:100] not in str(caught.value)
+    create_app(classifier, Limits(max_header_bytes=4096), access=Access(api_key=key))
+
+
 def test_a_key_that_cannot_be_sent_is_refused_without_showing_it() -> None:
     from bertforge.errors import ConfigError
     from bertforge.serve import Access
@@ -708,11 +775,48 @@ def test_cohere_v2_rerank(keyed: str, cross_encoder: Path) -> None:
         assert r.status_code == 422 and list(r.json()) == ["id", "message"]
 
 
+def test_unknown_fields_are_422_where_the_peer_refuses_them_and_null_is_the_default(
+    server: str, keyed: str
+) -> None:
+    """OpenAI's and Cohere's APIs refuse a field they do not know (OpenAI: "Unrecognized request
+    argument", Cohere: "unknown field"), and bertforge's own APIs too (a misspelt option left at
+    its default answers another question): 422 naming the field, in the path's error shape;
+    text-embeddings-inference ignores one, and so does its /rerank. An explicit null is the
+    field's default (OpenAI's client sends nulls for unset fields in some versions)."""
+    nulls = {"input": "a", "encoding_format": None, "dimensions": None, "model": None}
+    r = httpx.post(f"{server}/v1/embeddings", json={**nulls, "user": None})
+    assert r.status_code == 200, r.text
+    assert len(r.json()["data"][0]["embedding"]) == 128 and r.json()["model"] == "cls0"
+    r = httpx.post(f"{server}/embed", json={"texts": ["a"], "pooling": None, "normalize": None})
+    assert r.status_code == 200, r.text
+    strict = [  # (url, path, a valid body, an unknown field, a field of the path's)
+        (server, "/v1/embeddings", {"input": "a"}, "encodingformat", "encoding_format"),
+        (server, "/embed", {"texts": ["a"]}, "normalise", "normalize"),
+        (server, "/classify", {"texts": ["a"]}, "pair", "pairs"),
+        (server, "/summarize", {"texts": ["a"]}, "sentence", "sentences"),
+        (keyed, "/v1/rerank", {"query": "q", "documents": ["a"]}, "top_k", "top_n"),
+        (keyed, "/v2/rerank", {"model": "m", "query": "q", "documents": ["a"]}, "top_k", "top_n"),
+    ]
+    for url, path, body, unknown, known in strict:
+        r = httpx.post(f"{url}{path}", json={**body, unknown: 1}, headers=AUTH)
+        assert r.status_code == 422, (path, r.text)
+        error = r.json()
+        if path.startswith("/v1/"):
+            assert error["error"]["param"] == unknown
+            message = error["error"]["message"]
+        else:
+            message = error["message"] if path.startswith("/v2/") else error["error"]
+        assert message.startswith(f"{unknown}: unknown field (the fields of POST {path}: ")
+        assert f" {known}," in message or f" {known})" in message, message
+    r = httpx.post(f"{keyed}/rerank", json={"query": "q", "texts": ["a"], "top_k": 1}, headers=AUTH)
+    assert r.status_code == 200 and [x["index"] for x in r.json()] == [0]
+
+
 def test_cohere_bills_a_search_unit_per_100_documents() -> None:
     from bertforge.serve.routes import cohere_answer
 
     for n, units in ((1, 1), (100, 1), (101, 2), (250, 3)):
-        answer = cohere_answer([0.5] * n, ["d"] * n, None, False, "2")
+        answer = cohere_answer([0.5] * n, [{"text": "d"}] * n, None, False, "2")
         assert answer["meta"]["billed_units"] == {"search_units": units}
 
 
@@ -818,9 +922,9 @@ def test_the_three_rerank_apis_share_one_batcher(
     served = app.state.server
     score, calls, gate = served.pipe.score, [], threading.Event()
 
-    def held(queries: list[str], documents: list[str], **options: Any) -> list[float]:
-        calls.append(list(documents))
-        if "hold" in documents:
+    def held(queries: list[Any], documents: list[Any], **options: Any) -> list[float]:
+        calls.append(len(documents))  # each a text's piece ids
+        if len(calls) == 1:  # the "hold" request's call holds the worker
             gate.wait(30)
         return score(queries, documents, **options)
 
@@ -845,7 +949,7 @@ def test_the_three_rerank_apis_share_one_batcher(
     with caplog.at_level(logging.INFO, ACCESS_LOG), in_thread(app, gate) as url:
         rs = asyncio.run(go(url))
         asyncio.run(until(lambda: sum(r.name == ACCESS_LOG for r in caplog.records) == 4))
-    assert [r.status_code for r in rs] == [200] * 4 and [len(c) for c in calls] == [1, 9]
+    assert [r.status_code for r in rs] == [200] * 4 and calls == [1, 9]
     pipe = Pipeline(cross_encoder, precision="fp32")
     for (_, body), r in zip(bodies, rs[1:]):
         texts = body.get("texts") or body["documents"]
@@ -1119,6 +1223,52 @@ def test_nothing_is_tokenised_on_the_event_loop(
     assert on_loop and not any(on_loop)
 
 
+def test_a_rerank_request_tokenises_each_text_once(
+    classifier_ce: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rerank request's query and each document are tokenised once, in one thread, for its
+    cost (max_request_tokens, usage), /v2's max_tokens_per_doc cut and the model call: /v2/rerank
+    tokenised each document three times and the query twice per document (60 texts for 20
+    documents' 21). Its scores and usage are those of the texts tokenised apart."""
+    from fastapi.testclient import TestClient
+
+    from bertforge.serve import create_app
+
+    app = create_app(classifier_ce, precision="fp32")
+    tok = app.state.server.pipe.tok
+    encode, seen = tok._encode_raw, []  # every encoding of the tokenizer goes through it
+
+    def counted(texts: Any, *args: Any, **kwargs: Any) -> Any:
+        seen.extend(texts)
+        return encode(texts, *args, **kwargs)
+
+    monkeypatch.setattr(tok, "_encode_raw", counted)
+    query = "where is the cat"
+    docs = [f"the cat {i} sat on the mat number {i}" for i in range(20)]
+    pipe = Pipeline(classifier_ce, precision="fp32")
+    cut = [" ".join(d.split()[:3]) for d in docs]  # one piece a word
+    for path, body, want in (
+        ("/rerank", {"query": query, "texts": docs}, pipe.score([query] * 20, docs)),
+        ("/v1/rerank", {"query": query, "documents": docs}, pipe.score([query] * 20, docs)),
+        (
+            "/v2/rerank",
+            {"model": "m", "query": query, "documents": docs, "max_tokens_per_doc": 3},
+            pipe.score([query] * 20, cut),
+        ),
+    ):
+        seen.clear()
+        with TestClient(app) as client:
+            r = client.post(path, json=body)
+        assert r.status_code == 200, r.text
+        assert sorted(seen) == sorted([query, *docs]), (path, len(seen))
+        got = r.json() if path == "/rerank" else r.json()["results"]
+        scores = {x["index"]: x.get("score", x.get("relevance_score")) for x in got}
+        assert np.allclose([scores[i] for i in range(20)], want, atol=1e-6), path
+        if path == "/v1/rerank":
+            rows = pipe.pair_rows([query] * 20, docs)[0]
+            assert r.json()["usage"] == {"total_tokens": int(sum(rows.lengths))}
+
+
 def stub_batchers(
     limits: Any, names: tuple[str, ...] = ("a",), held: int = 1
 ) -> tuple[dict[str, Any], list[tuple[str, list[str]]], list[threading.Event]]:
@@ -1332,6 +1482,8 @@ def test_search_answers_are_bounded(classifier: Path, tmp_path: Path) -> None:
         assert r.status_code == 200 and [len(x) for x in r.json()["results"]] == [2] * 4
         r = client.post("/search", json=queries)  # no texts: not limited (two documents)
         assert r.status_code == 200 and [len(x) for x in r.json()["results"]] == [2] * 4
+        r = client.post("/search", json={**queries, "topk": 1})  # strict: not the default 10
+        assert r.status_code == 422 and r.json()["error"].startswith("topk: unknown field")
 
 
 def test_a_big_request_is_not_starved_by_a_stream_of_small_ones() -> None:
@@ -1413,6 +1565,48 @@ def qa_and_mlm(tmp_path_factory: pytest.TempPathFactory, classifier: Path) -> tu
         Tokenizer.from_pretrained(classifier).save_pretrained(d)
         out.append(d)
     return out[0], out[1]
+
+
+def test_qa_reads_windows_of_the_servers_max_length_and_stride(
+    qa_and_mlm: tuple[Path, Path],
+) -> None:
+    """The server's pipeline options max_length and stride (create_app's, serve's) are /qa's
+    default max_seq_length and doc_stride (they were ignored without a word: SQuAD's 384 and
+    128), at most the model's positions; a request's own still win; truncate is refused for a
+    model with a QA head (qa reads every window: the answer may be in any), not ignored."""
+    from fastapi.testclient import TestClient
+
+    from bertforge.errors import ConfigError
+    from bertforge.serve import create_app
+
+    qa, _ = qa_and_mlm
+    context = "the river runs through the old town and its bridges are old . " * 8
+    body = {"questions": ["what runs through the town?"], "contexts": [context]}
+    with TestClient(create_app(qa, precision="fp32", max_length=32, stride=8)) as client:
+        pipe = client.app.state.server.pipe  # type: ignore[attr-defined]
+        asked, answer = [], pipe.qa
+        pipe.qa = lambda *a, **k: asked.append(k) or answer(*a, **k)
+        r = client.post("/qa", json=body)
+        assert r.status_code == 200, r.text
+        assert (asked[-1]["max_seq_length"], asked[-1]["doc_stride"]) == (32, 8)
+        want = Pipeline(qa, precision="fp32").qa(
+            body["questions"], body["contexts"], max_seq_length=32, doc_stride=8
+        )
+        assert r.json()["results"][0]["answer"] == want[0]["answer"]
+        assert r.json()["results"][0]["score"] == pytest.approx(want[0]["score"], abs=1e-5)
+        r = client.post("/qa", json={**body, "max_seq_length": 64, "doc_stride": 16})
+        assert r.status_code == 200
+        assert (asked[-1]["max_seq_length"], asked[-1]["doc_stride"]) == (64, 16)
+        schema = client.get("/openapi.json").json()["components"]["schemas"]["QaRequest"]
+        assert schema["properties"]["doc_stride"]["default"] == 8
+    with TestClient(create_app(qa, precision="fp32", max_length=100_000)) as client:
+        pipe = client.app.state.server.pipe  # type: ignore[attr-defined]
+        asked, answer = [], pipe.qa
+        pipe.qa = lambda *a, **k: asked.append(k) or answer(*a, **k)
+        assert client.post("/qa", json=body).status_code == 200
+        assert asked[-1]["max_seq_length"] == pipe.config.max_position_embeddings
+    with pytest.raises(ConfigError, match=r"^truncate: qa reads every window of a long context"):
+        create_app(qa, precision="fp32", truncate=True)
 
 
 def test_qa_fill_mask_and_summarize_are_bounded_before_any_model_call(

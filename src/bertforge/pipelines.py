@@ -590,15 +590,16 @@ class Pipeline:
 
     def score(
         self,
-        queries: Sequence[str],
-        documents: Sequence[str],
+        queries: Sequence[str | Sequence[int]],
+        documents: Sequence[str | Sequence[int]],
         raw_scores: bool = False,
         truncate: bool | None = None,
     ) -> list[float]:
         """A cross-encoder's relevance score of each (query, document) pair, through the
         activation its directory names (tasks.ranking; raw_scores: the logit). A document
         longer than the model reads is read in windows beside the query: its best window's
-        score (truncate, default the pipeline's: the first window's)."""
+        score (truncate, default the pipeline's: the first window's). A query or document may
+        be given as its piece ids (piece_ids), as the server gives them."""
         if isinstance(queries, str) or isinstance(documents, str):
             raise InputError("pass lists of queries and documents (a single string is not a list)")
         if len(queries) != len(documents):
@@ -620,23 +621,37 @@ class Pipeline:
         return best.tolist()
 
     def pair_rows(
-        self, queries: Sequence[str], documents: Sequence[str], truncate: bool | None = None
+        self,
+        queries: Sequence[str | Sequence[int]],
+        documents: Sequence[str | Sequence[int]],
+        truncate: bool | None = None,
     ) -> tuple[Features, np.ndarray]:
-        """The rows a cross-encoder reads for (query, document) pairs (ranking.pair_rows: a long
-        document in windows beside the query; truncate, None: the pipeline's) and (rows,) the
-        pair each row reads; the server counts a request's pieces with it."""
-        pieces = self.tok.encode_batch(
-            [*queries, *documents], add_special_tokens=False, truncation=False
-        )
+        """The rows a cross-encoder reads for (query, document) pairs, texts or piece ids
+        (ranking.pair_rows: a long document in windows beside the query; truncate, None: the
+        pipeline's) and (rows,) the pair each row reads; the server counts a request's pieces
+        with it."""
+        pieces = self.piece_ids([*queries, *documents])
         limit, first = self._row_limit(), self.truncate if truncate is None else truncate
         special = tuple(self.tok.convert_tokens_to_ids(["[CLS]", "[SEP]"]))
         ids, types, owners = [], [], []
         for i, (q, d) in enumerate(zip(pieces[: len(queries)], pieces[len(queries) :])):
-            for row, kinds in ranking.pair_rows(q.ids, d.ids, special, limit, self.stride, first):
+            for row, kinds in ranking.pair_rows(q, d, special, limit, self.stride, first):
                 ids.append(row)
                 types.append(kinds)
                 owners.append(i)
         return Features(ids, types, np.zeros(len(ids), np.int64)), np.asarray(owners, np.int64)
+
+    def piece_ids(self, texts: Sequence[str | Sequence[int]]) -> list[np.ndarray]:
+        """Each text's piece ids without [CLS] and [SEP], whole; a text given as piece ids is
+        checked to be in the vocabulary and kept. Each distinct text is tokenised once (a query
+        beside N documents is one text): the server tokenises a rerank request's texts with it,
+        once, and hands the ids to its cost and to the model call."""
+        strings = list(dict.fromkeys(t for t in texts if isinstance(t, str)))
+        found = dict(zip(strings, self.tok.ids_batch(strings))) if strings else {}
+        return [
+            found[t][1:-1] if isinstance(t, str) else self._pieces(t, i, view=False)[1:-1]
+            for i, t in enumerate(texts)
+        ]
 
     def rerank(
         self,

@@ -9,7 +9,9 @@
         /classify    {"texts": [...], "pairs"?: [...]}  -> [{label, score, scores}]
         /fill-mask   {"texts": [...], "top_k"?: 5}      -> [[[{token, id, score}]]]
         /ner         {"texts": [...]}                   -> [[{entity, text, start, end, score}]]
-        /qa          {"questions", "contexts", "max_seq_length"?, ...} -> [{answer, score, ...}]
+        /qa          {"questions", "contexts", "max_seq_length"?, ...} -> [{answer, score, ...}]:
+                     its windows the pipeline's max_length and stride (create_app's
+                     options) unless the request says
         /nsp         {"texts": [...], "pairs": [...]}   -> [P(IsNext)]
     POST /search     with --index DIR: {"queries", "top_k"?, "mode"?, "return_text"?,
                      "return_passage"?} -> {"results": [[{id, score, rank, text?,
@@ -19,9 +21,10 @@
                      texts or passages queries x top_k is at most max_text_hits (else 413)
     POST /rerank     text-embeddings-inference's: {"query", "texts", "raw_scores"?, "return_text"?,
                      "truncate"?} -> [{index, score, text?}], best first (a cross-encoder)
-    POST /v1/rerank  Cohere's (v1) and Jina's: {"query", "documents": [str | {"text"}], "top_n"?,
-                     "return_documents"?, "model"?} -> {"id", "results": [{index,
-                     relevance_score, document?}], "meta", "model", "usage"}
+    POST /v1/rerank  Cohere's (v1) and Jina's: {"query", "documents": [str | {"text", ...}],
+                     "top_n"?, "return_documents"?, "model"?} -> {"id", "results": [{index,
+                     relevance_score, document?}], "meta", "model", "usage"}: a document as
+                     sent (an object with its other fields, a string as {"text"})
     POST /v2/rerank  Cohere's v2: {"query", "documents": [str], "top_n"?, "max_tokens_per_doc"?
                      (4096), "model"?} -> {"id", "results": [{index, relevance_score}], "meta":
                      {"api_version": {"version": "2"}, "billed_units": {"search_units"}}};
@@ -80,11 +83,14 @@ no header), unless --no-access-log.
 
 Errors are answered, never re-raised (the connection stays usable), as JSON {"error": "..."};
 on /v1/ as OpenAI's error object {"error": {"message", "type", "param", "code"}}, which its
-client shows; on /v2/ as Cohere's {"id", "message"}. A body over max_body_bytes answers 413 as
-it arrives, before it is parsed; texts per request and characters per text over their limits
+client shows; on /v2/ as Cohere's {"id", "message"}. Headers over max_header_bytes answer 431
+(uvicorn reads a header block up to max_body_bytes, so that the app answers it); a body over
+max_body_bytes answers 413 as it arrives, before it is parsed; texts per request and characters per text over their limits
 413; a full queue 503; a body that is not JSON 400, one not sent as JSON (its Content-Type) 415;
-one of the wrong shape, or an input the pipeline refuses (a BertforgeError), 422;
-an unknown path 404, a wrong method 405; a client gone before its answer is counted as 499.
+one of the wrong shape (a field it does not know too, but on /rerank, whose peer ignores one:
+schemas.Strict; a null is a field's default), or an input the pipeline refuses (a
+BertforgeError), 422; an unknown path 404, a wrong method 405; a client gone before its answer
+is counted as 499.
 Anything else is a bug: 500 {"error": "internal error: <Type>"} and one line in the server's
 log. No answer shows a path of the server's: the model is named by its directory's name.
 

@@ -78,19 +78,21 @@ class Guard:
     """ASGI middleware just inside Starlette's ServerErrorMiddleware (which answers an exception
     and then re-raises it: uvicorn logs its traceback and drops the keep-alive connection).
     It counts every request by endpoint and status with its latency and logs its access line
-    (access_line, unless access_log is off), refuses a body over max_body as it arrives (413,
-    before anything parses it), and answers an exception that no handler took with a 500
-    instead of letting it through."""
+    (access_line, unless access_log is off), refuses headers over max_header (431, before Auth
+    reads the key) and a body over max_body as it arrives (413, before anything parses it),
+    and answers an exception that no handler took with a 500 instead of letting it through."""
 
     def __init__(
         self,
         app: Any,
         metrics: Metrics,
         max_body: int,
+        max_header: int,
         routes: list[Any],
         access_log: bool = False,
     ) -> None:
-        self.app, self.metrics, self.max_body, self.routes = app, metrics, max_body, routes
+        self.app, self.metrics, self.routes = app, metrics, routes
+        self.max_body, self.max_header = max_body, max_header
         self.paths: set[str] | None = None
         self.access_log = access_log
 
@@ -99,6 +101,20 @@ class Guard:
         """The body's Content-Length (0 when not given: it is counted as it comes)."""
         value = dict(scope["headers"]).get(b"content-length", b"0")
         return int(value) if value.isdigit() else 0
+
+    def oversized(self, scope: dict[str, Any]) -> str | None:
+        """The 431's message for a request line and headers over max_header bytes (as sent:
+        `name: value` and CRLF each), naming the largest header but never showing a value."""
+        headers = scope["headers"]
+        size = len(scope.get("raw_path") or b"") + len(scope.get("query_string") or b"") + 16
+        size += sum(len(name) + len(value) + 4 for name, value in headers)
+        if size <= self.max_header:
+            return None
+        name, value = max(headers, key=lambda h: len(h[1]), default=(b"", b""))
+        return (
+            f"headers of {size:,} bytes, more than the limit of {self.max_header:,} "
+            f"(max_header_bytes); the largest: {name.decode('latin-1')}, {len(value):,} bytes"
+        )
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -109,6 +125,10 @@ class Guard:
         start, path, status, read = time.perf_counter(), scope["path"], 0, 0
         over = self.declared(scope) > self.max_body
         notes = scope.setdefault(NOTE, {})  # filled by the handler (note())
+        if (too_long := self.oversized(scope)) is not None:  # before Auth reads the key
+            status, over = 431, True  # the body is left unread: this connection then closes
+            response = error_response(path, 431, too_long, headers={"connection": "close"})
+            await response(scope, receive, send)
 
         async def receive_counted() -> Any:
             nonlocal read, over

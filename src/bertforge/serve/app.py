@@ -17,7 +17,7 @@ from ..catalogue import ENTRIES
 from ..errors import BertforgeError, ConfigError, hide, need_extra
 from .access import OPEN_PATHS, Auth, Guard, access_log
 from .errors import SERVE_EXTRA, HTTPError, error_response, not_json
-from .limits import API_KEY_ENV, Access, Limits
+from .limits import API_KEY_ENV, Access, Limits, check_key_fits
 from .routes import add_embeddings, add_pipeline, add_rerank, add_search, add_status
 from .server import Server
 
@@ -41,9 +41,10 @@ def create_app(
     or a PostgreSQL DSN: `index_options` its table and search settings) when given; behind
     `access`'s API key, with its access log. The model and its heads load here: a checkpoint
     that cannot be read raises its CheckpointError now, not at the first request."""
-    access = access or Access()
+    access, limits = access or Access(), limits or Limits()
     hide(access.api_key)  # from now on no message, answer or log line shows it
-    server = Server(model, limits or Limits(), pipeline_options)
+    check_key_fits(access, limits)
+    server = Server(model, limits, pipeline_options)
     if calibration is not None:  # read now: a bad file stops `serve` before it listens
         server.calibration = embedding.read_calibration(calibration, server.width)
     # no /docs or /redoc: their pages load scripts from a CDN, blank offline; /openapi.json is
@@ -61,6 +62,7 @@ def create_app(
         Guard,
         metrics=server.metrics,
         max_body=server.limits.max_body_bytes,
+        max_header=server.limits.max_header_bytes,
         routes=app.routes,
         access_log=access.access_log,
     )
@@ -121,12 +123,23 @@ def add_error_handlers(app: Any, server: Server) -> None:
             return error_response(path, 415, not_json(request.headers.get("content-type")))
         first = errors[0] if errors else {}
         where = [str(x) for x in first.get("loc", ()) if x != "body"]
-        message = f"{'.'.join(where) or 'body'}: {first.get('msg', 'invalid request')}"
+        said = first.get("msg", "invalid request")
+        if first.get("type") == "extra_forbidden":  # a Strict body's unknown field
+            said = f"unknown field (the fields of {request.method} {path}: {body_fields(request)})"
+        message = f"{'.'.join(where) or 'body'}: {said}"
         return error_response(path, 422, message, where[0] if where else None)
 
     @app.exception_handler(BertforgeError)
     async def refused(request: Any, e: BertforgeError) -> Any:
         return error_response(request.url.path, 422, server.scrub(str(e)))
+
+
+def body_fields(request: Any) -> str:
+    """The fields of the request body the request's route reads (FastAPI's route, in the
+    request's scope), comma-separated."""
+    field = getattr(request.scope.get("route"), "body_field", None)
+    model = getattr(getattr(field, "field_info", None), "annotation", None)
+    return ", ".join(getattr(model, "model_fields", {})) or "see /openapi.json"
 
 
 def serve(
@@ -145,7 +158,7 @@ def serve(
     (uvicorn, its own access log off: ours says more) until stopped, the access log on
     stderr."""
     uvicorn = need_extra("uvicorn", SERVE_EXTRA)
-    access = access or Access()
+    access, limits = access or Access(), limits or Limits()
     if access.api_key is None and os.environ.get(API_KEY_ENV):
         access = Access(os.environ[API_KEY_ENV], access.access_log)
     app = create_app(
@@ -158,4 +171,8 @@ def serve(
         access_log.setLevel(logging.INFO)
     keyed = "; requests need the API key" if access.api_key else ""
     print(f"serving {model} on http://{host}:{port} (its API: /openapi.json{keyed})", flush=True)
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    # uvicorn's h11 refuses a header block over 16 KiB itself, a plain-text 400 before the app
+    # sees it (or a reset connection): it reads one up to what a body may be, so that Guard
+    # answers one over max_header_bytes with a 431 in the API's shape
+    read = max(limits.max_body_bytes, limits.max_header_bytes)
+    uvicorn.run(app, host=host, port=port, log_level="warning", h11_max_incomplete_event_size=read)

@@ -35,6 +35,14 @@ class Limits:
     max_body_bytes: int = option(
         16 * 2**20, "bytes per request body, counted as it arrives (else 413)", min=1
     )
+    # what uvicorn reads before the app sees a request is set from this and max_body_bytes by
+    # serve(): a header block over this limit is refused here, in the API's shape
+    max_header_bytes: int = option(
+        65_536,
+        "bytes of a request's line and headers (else 431; an API key must fit, beside "
+        "a client's other headers)",
+        min=1,
+    )
     return_chars: int = option(
         10_000,
         "characters of a document's text or passage in a /search answer (more: cut, flagged)",
@@ -88,3 +96,21 @@ class Access:
     def __repr__(self) -> str:
         key = None if self.api_key is None else "***"
         return f"Access(api_key={key}, access_log={self.access_log})"
+
+
+# the request line and a client's other headers beside the key's: the openai client's are
+# about 500 bytes
+HEADER_ROOM = 1024
+
+
+def check_key_fits(access: Access, limits: Limits) -> None:
+    """An API key whose header fits in max_header_bytes beside a client's other headers: a
+    longer one would make every request a 431. The key is not shown."""
+    key, limit = access.api_key, limits.max_header_bytes
+    if key is not None and len(key) + HEADER_ROOM > limit:
+        raise ConfigError(
+            f"api_key (--api-key or {API_KEY_ENV}): {len(key):,} characters, too long for "
+            f"--max-header-bytes {limit:,} (a request's headers, the key among them, with "
+            f"{HEADER_ROOM:,} bytes left for a client's others): raise --max-header-bytes or "
+            "use a shorter key"
+        )

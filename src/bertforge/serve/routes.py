@@ -50,7 +50,7 @@ def add_pipeline(app: Any, server: Server, entry: Entry) -> None:
         return {"results": await server.results(entry, req, request)}
 
     endpoint.__annotations__ = {
-        "req": request_model(entry),
+        "req": request_model(entry, server.defaults(entry)),
         "request": Request,
         "return": dict[str, Any],
     }
@@ -158,18 +158,20 @@ def add_rerank(app: Any, server: Server) -> None:
     async def cohere_rerank(req: CohereRerankRequest, request: Request) -> dict[str, Any]:
         texts = [d if isinstance(d, str) else d.text for d in req.documents]
         scores, used = await server.scores(req.query, texts, "documents", COHERE_OPTIONS, request)
+        given = [{"text": d} if isinstance(d, str) else d.model_dump() for d in req.documents]
         return {
-            **cohere_answer(scores, texts, req.top_n, req.return_documents, "1"),
+            **cohere_answer(scores, given, req.top_n, req.return_documents, "1"),
             "model": req.model or server.name,
             "usage": {"total_tokens": used},
         }
 
     @app.post(v2, summary="Cohere's v2 rerank API")
     async def cohere_v2_rerank(req: CohereV2RerankRequest, request: Request) -> dict[str, Any]:
-        server.check(req.documents, "documents")  # before they are read to be cut
-        texts = await server.clip(req.documents, req.max_tokens_per_doc)
-        scores, _ = await server.scores(req.query, texts, "documents", COHERE_OPTIONS, request)
-        return cohere_answer(scores, req.documents, req.top_n, req.return_documents, "2")
+        scores, _ = await server.scores(
+            req.query, req.documents, "documents", COHERE_OPTIONS, request, req.max_tokens_per_doc
+        )
+        given = [{"text": d} for d in req.documents]
+        return cohere_answer(scores, given, req.top_n, req.return_documents, "2")
 
 
 # both Cohere endpoints: the model's activation and the pipeline's own rule for a document
@@ -179,21 +181,26 @@ COHERE_OPTIONS: dict[str, Any] = {"raw_scores": False, "truncate": False}
 
 
 def cohere_answer(
-    scores: list[float], texts: list[str], top_n: int | None, documents: bool, version: str
+    scores: list[float],
+    documents: list[dict[str, Any]],
+    top_n: int | None,
+    return_documents: bool,
+    version: str,
 ) -> dict[str, Any]:
-    """Cohere's rerank answer: a uuid per answer, the top_n results best first, and its meta
-    (a search unit is one query with up to 100 documents, as Cohere bills them)."""
+    """Cohere's rerank answer: a uuid per answer, the top_n results best first (each with its
+    document as it is to be answered, if asked), and its meta (a search unit is one query with
+    up to 100 documents, as Cohere bills them)."""
     results = [
         {
             "index": i,
             "relevance_score": scores[i],
-            **({"document": {"text": texts[i]}} if documents else {}),
+            **({"document": documents[i]} if return_documents else {}),
         }
         for i in ranking.ranked(scores)[:top_n]
     ]
     meta = {
         "api_version": {"version": version},
-        "billed_units": {"search_units": math.ceil(len(texts) / 100)},
+        "billed_units": {"search_units": math.ceil(len(documents) / 100)},
     }
     return {"id": str(uuid.uuid4()), "results": results, "meta": meta}
 

@@ -8,7 +8,7 @@ import inspect
 import typing
 from typing import Any
 
-from pydantic import BaseModel, Field, create_model
+from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
 from .. import embedding
 from ..catalogue import Entry
@@ -16,7 +16,33 @@ from ..embedding import POOLINGS
 from ..pipelines import Pipeline
 
 
-class EmbedRequest(BaseModel):  # pooling, normalize, prompt: the model's own unless given
+class Body(BaseModel):
+    """A request body whose explicit null is the field's default (some versions of OpenAI's
+    client send a null for each field left unset); a null for a required field is still
+    refused. It ignores a field it does not know, as text-embeddings-inference does."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def null_is_default(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        fields = cls.model_fields
+        return {
+            k: v
+            for k, v in data.items()
+            if v is not None or k not in fields or fields[k].is_required()
+        }
+
+
+class Strict(Body):
+    """A body that refuses a field it does not know (422 naming it), as OpenAI's and Cohere's
+    APIs do, and bertforge's own: a misspelt option left at its default answers another
+    question."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class EmbedRequest(Strict):  # pooling, normalize, prompt: the model's own unless given
     texts: list[str]
     pooling: str | None = Field(None, pattern=f"^({'|'.join(POOLINGS)})$")
     normalize: bool | None = None
@@ -28,7 +54,7 @@ class EmbedRequest(BaseModel):  # pooling, normalize, prompt: the model's own un
     )
 
 
-class OpenAIEmbeddingRequest(BaseModel):
+class OpenAIEmbeddingRequest(Strict):
     input: str | list[str] | list[int] | list[list[int]]
     model: str | None = None
     encoding_format: str = Field("float", pattern="^(float|base64)$")
@@ -36,7 +62,7 @@ class OpenAIEmbeddingRequest(BaseModel):
     user: str | None = None
 
 
-class RerankRequest(BaseModel):  # text-embeddings-inference's /rerank
+class RerankRequest(Body):  # text-embeddings-inference's /rerank: tolerant, as TEI is
     query: str
     texts: list[str]
     raw_scores: bool = False
@@ -44,11 +70,13 @@ class RerankRequest(BaseModel):  # text-embeddings-inference's /rerank
     truncate: bool = False
 
 
-class Document(BaseModel):
+class Document(BaseModel):  # Cohere's v1 answers it as given: its other fields are kept
+    model_config = ConfigDict(extra="allow")
+
     text: str
 
 
-class CohereRerankRequest(BaseModel):  # Cohere's and Jina's /v1/rerank
+class CohereRerankRequest(Strict):  # Cohere's and Jina's /v1/rerank
     query: str
     documents: list[str | Document]
     model: str | None = None
@@ -56,7 +84,7 @@ class CohereRerankRequest(BaseModel):  # Cohere's and Jina's /v1/rerank
     return_documents: bool = False
 
 
-class CohereV2RerankRequest(BaseModel):  # Cohere's /v2/rerank: documents are strings
+class CohereV2RerankRequest(Strict):  # Cohere's /v2/rerank: documents are strings
     query: str
     documents: list[str]
     model: str | None = None  # Cohere requires it; the server has one model
@@ -65,7 +93,7 @@ class CohereV2RerankRequest(BaseModel):  # Cohere's /v2/rerank: documents are st
     return_documents: bool = False  # dropped from Cohere's v2 in 2025; older clients send it
 
 
-class SearchRequest(BaseModel):  # POST /search, with --index
+class SearchRequest(Strict):  # POST /search, with --index
     queries: list[str]
     top_k: int = Field(10, ge=1, le=1000)
     mode: str = Field("dense", pattern="^(dense|bm25|hybrid)$")
@@ -76,14 +104,16 @@ class SearchRequest(BaseModel):  # POST /search, with --index
     where: dict[str, str] | None = None  # a PostgreSQL index's metadata filters
 
 
-def request_model(entry: Entry) -> type:
+def request_model(entry: Entry, defaults: dict[str, Any] | None = None) -> type:
     """The request body of a catalogue entry: its inputs as lists of texts (an optional one may
-    be left out) and its options with the Pipeline method's types and defaults."""
+    be left out) and its options with the Pipeline method's types and defaults, but those in
+    `defaults` (the server's: Server.defaults)."""
     method = getattr(Pipeline, entry.method)
     hints, params = typing.get_type_hints(method), inspect.signature(method).parameters
     fields: dict[str, Any] = {
         i.param: (list[str] | None, None) if i.optional else (list[str], ...) for i in entry.inputs
     }
-    fields.update({name: (hints[name], params[name].default) for name in entry.options})
+    defaults = {name: params[name].default for name in entry.options} | (defaults or {})
+    fields.update({name: (hints[name], defaults[name]) for name in entry.options})
     name = "".join(part.title() for part in entry.name.split("-")) + "Request"
-    return create_model(name, **fields)  # type: ignore[misc]
+    return create_model(name, __base__=Strict, **fields)  # type: ignore[misc]

@@ -19,6 +19,7 @@ from ..checkpoint import architectures
 from ..config import BertConfig
 from ..data.tasks import SquadExample
 from ..data.tasks.documents import document
+from ..errors import ConfigError
 from ..hub import resolve
 from ..pipelines import Pipeline
 from ..tasks.squad import pieces_read as squad_pieces
@@ -56,6 +57,27 @@ class Server:
         given = (Path(str(model)).resolve(), self.pipe.path, self.pipe.path.resolve())
         self.paths = sorted({str(p) for p in given if p.is_absolute()}, key=len, reverse=True)
         self.batchers: dict[str, Batcher] = {}
+        if "qa" in self.endpoints and self.pipe.truncate:  # refused, not ignored: see defaults
+            raise ConfigError(
+                f"truncate: {ENTRIES['qa'].unused['truncate']}: serve {self.name} without it "
+                "(it has a question-answering head, served as /qa)"
+            )
+
+    def defaults(self, entry: Entry) -> dict[str, Any]:
+        """The entry's options whose default is the server's, not its Pipeline method's: /qa's
+        windows are the pipeline's max_length pieces (at most the model's positions) and its
+        stride apart when create_app was given them, as every other endpoint's windows are (a
+        request's own max_seq_length and doc_stride still win). Its truncate cannot be: qa
+        reads every window of a context, and a model with a QA head is not served with it."""
+        pipe = self.pipe
+        if entry.name != "qa":
+            return {}
+        positions = pipe.config.max_position_embeddings
+        given = {
+            "max_seq_length": None if pipe.max_length is None else min(pipe.max_length, positions),
+            "doc_stride": pipe.stride,
+        }
+        return {name: value for name, value in given.items() if value is not None}
 
     def quantized(self, rows: np.ndarray, precision: str, options: dict[str, Any]) -> np.ndarray:
         """A request's vectors at its embedding_precision (embedding.quantize, as
@@ -172,21 +194,6 @@ class Server:
         note(request, batch=max((n for _, n in rows), default=None))
         return [row for row, _ in rows], sum(costs)
 
-    async def clip(self, texts: list[str], pieces: int) -> list[str]:
-        """Each text cut after its first `pieces` pieces (Cohere's max_tokens_per_doc): at the
-        end of that piece's characters, so the cut text reads as those pieces again. Cut in a
-        thread (it tokenizes): the event loop serves the other clients meanwhile."""
-
-        def cut() -> list[str]:
-            tok = self.pipe.tok
-            encoded = tok.encode_batch(texts, add_special_tokens=False, truncation=False)
-            return [
-                t if len(e.offsets) <= pieces else t[: e.offsets[pieces - 1][1]]
-                for t, e in zip(texts, encoded)
-            ]
-
-        return await asyncio.to_thread(cut)
-
     @staticmethod
     def windows_read(pipe: Pipeline, max_length: int | None = None) -> Cost:
         """Pieces each text (or list of piece ids) is read as: the rows of its windows, as
@@ -277,21 +284,31 @@ class Server:
         return rows
 
     async def scores(
-        self, query: str, texts: list[str], field: str, options: dict[str, Any], request: Any
+        self,
+        query: str,
+        texts: list[str],
+        field: str,
+        options: dict[str, Any],
+        request: Any,
+        pieces: int | None = None,
     ) -> tuple[list[float], int]:
-        """A cross-encoder's scores of (query, text) for each text, in the batcher that
-        POST /rerank (the catalogue's entry) and /v1/rerank share, and the pieces the model
-        read for them (every window of a long text beside the query, [CLS] and two [SEP])."""
+        """A cross-encoder's scores of (query, text) for each text, in the batcher that the
+        three rerank endpoints share, and the pieces the model read for them (every window of
+        a long text beside the query, [CLS] and two [SEP]); `pieces`: each text cut after its
+        first pieces (Cohere's max_tokens_per_doc). The query and each text are tokenised
+        once, in a thread (the event loop serves the other clients meanwhile): their piece
+        ids are the batcher's items, read as they are by its cost and by the model call."""
         entry = ENTRIES["rerank"]
         self.need(entry)
         self.check([query], "query")
         self.check(texts, field)
+        query_ids, *ids = await asyncio.to_thread(self.pipe.piece_ids, [query, *texts])
 
-        def run(items: list[tuple[str, str]], options: dict[str, Any]) -> list[Any]:
+        def run(items: list[tuple[Any, Any]], options: dict[str, Any]) -> list[Any]:
             inputs = {"queries": [q for q, _ in items], "documents": [d for _, d in items]}
             return entry.run(self.pipe, inputs, options)
 
-        items, cost = [(query, t) for t in texts], self.reading(entry, 2)
+        items, cost = [(query_ids, d[:pieces]) for d in ids], self.reading(entry, 2)
         return await self.submit("rerank", run, items, options, request, cost, field)
 
 

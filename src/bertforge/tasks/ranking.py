@@ -117,7 +117,13 @@ def pair_rows(
 
 
 def ranked(scores: Sequence[float]) -> list[int]:
-    """Indices by score, highest first (ties: in the given order)."""
+    """Indices by score, highest first (ties: in the given order). A score that is not finite
+    is evaluate's unrankable InputError naming its document: a NaN compares false with every
+    score, so a sort would leave it wherever it fell."""
+    values = np.asarray(scores, np.float64)
+    if not np.isfinite(values).all():
+        i = int(np.flatnonzero(~np.isfinite(values))[0])
+        raise unrankable(f"document {i}", float(values[i]))
     return sorted(range(len(scores)), key=lambda i: -scores[i])
 
 
