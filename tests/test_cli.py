@@ -547,6 +547,12 @@ finetune --model {M} --task sst2 --train {T} --out {L}/run --epochs 1 | --out {L
 finetune --model {M} --task sst2 --train {T} --dev {T} --out {T} --epochs 1 | --out {T} is the run's --train file
 distill --teacher {M} --student-layers 0 --data {D} --out {D}/s --steps 1 | --out {D}/s is inside the run's --data directory {D}
 distill --teacher {M} --student-layers 0 --data {P} --out {M}/s --steps 1 | --out {M}/s is inside the run's --teacher directory {M}
+search {I} {Q} --out {C}                          | --out {C} is the index's corpus file
+mine {I} {Y} --out {C}                            | --out {C} is the index's corpus file
+vocab train {P} --size 200 --out {N}              | --out {N} holds a model (config.json)
+prepare {C} --tokenizer {M} --out {I}             | --out {I} holds an index (index.json)
+prepare {C} --tokenizer {M} --out {N}             | --out {N} holds a model (config.json)
+demo --out {N}                                    | --out {N} holds a model (config.json)
 """
 
 

@@ -948,3 +948,102 @@ def test_the_dsn_from_the_environment(
     index = PgIndex.open(None, PgOptions(table="docs"))
     assert index.count() == pg.count()
     index.close()
+
+
+def test_a_password_in_odd_places_and_forms_is_never_shown(
+    minilm_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """The second hostile trial's forms: a DSN where a file is expected (a path collapses its
+    //), as --out (refused: no file is named after a password), an upper-case or +driver
+    scheme, a password with a space, an @ or a backslash-escaped space, and a typo of
+    --api-key: each one error, exit 2, no secret shown, nothing written."""
+    corpus, queries = write_corpus(tmp_path / "c.jsonl"), tmp_path / "q.txt"
+    queries.write_text("who wrote hamlet\n")
+    model = str(minilm_dir)
+    index = tmp_path / "idx"
+    assert main(["index", model, str(corpus), "--out", str(index), "--no-progress"]) == 0
+    capsys.readouterr()
+    secrets = [SECRET, "Zq9 w0rd", "Zq9@w0rd"]
+    uris = [
+        f"postgresql://bob:{SECRET}@127.0.0.1:1/db",
+        f"POSTGRESQL://bob:{SECRET}@127.0.0.1:1/db",
+        f"postgresql+psycopg://bob:{SECRET}@127.0.0.1:1/db",
+        "postgresql://bob:Zq9 w0rd@127.0.0.1:1/db",
+        "postgresql://bob:Zq9@w0rd@127.0.0.1:1/db",
+        "host=127.0.0.1 port=1 password=Zq9\\ w0rd dbname=db",
+    ]
+    shown = []
+    for dsn in uris:
+        argvs = [
+            ["search", str(index), dsn],  # a DSN where the queries file is expected
+            ["search", dsn, str(queries)],
+            ["search", str(index), str(queries), "--out", dsn],
+            ["embed", model, str(queries), "--out", dsn],
+        ]
+        for argv in argvs:
+            before = sorted(p.name for p in Path.cwd().iterdir())
+            assert main(argv) == 2, argv
+            err = capsys.readouterr().err
+            assert len(err.strip().splitlines()) == 1, err
+            shown.append(err)
+            assert sorted(p.name for p in Path.cwd().iterdir()) == before  # nothing written
+    for typo in (["--api-kye", KEY], [f"--apikey={KEY}"], ["--api-token", KEY]):
+        with pytest.raises(SystemExit, match="2"):
+            main(["serve", model, *typo])
+        shown.append(capsys.readouterr().err)
+    for text in shown:
+        assert not any(s in text for s in (*secrets, "w0rd", KEY)), text
+
+
+def test_an_update_stopped_midway_is_searched_with_a_warning_until_it_ends(
+    minilm_dir: Path,
+    postgres_dsn: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A finished table updated in place by a build stopped midway (the second hostile trial's
+    kill -9 of an update: it was searched as complete, no sign): searched as before (each
+    document is its old or its new version), with a warning saying the update has not ended,
+    from the CLI and the library, and in the server's /ready; run again, the warning is gone."""
+    path = write_corpus(tmp_path / "corpus.jsonl")
+    build(minilm_dir, path, postgres_dsn, "updated")
+    more = tmp_path / "more.jsonl"
+    rows = [json.loads(x) for x in path.read_text().splitlines()]
+    rows += [{"id": f"n{i}", "text": f"A new document, number {i}."} for i in range(6)]
+    more.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    real, calls = PgIndex._write_chunk, []
+
+    def stopped(self: PgIndex, *a: Any, **k: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 2:  # what a kill leaves: the chunk committed before it
+            raise KeyboardInterrupt
+        return real(self, *a, **k)
+
+    with monkeypatch.context() as m, pytest.raises(KeyboardInterrupt):
+        m.setattr(PgIndex, "_write_chunk", stopped)
+        build(minilm_dir, more, postgres_dsn, "updated")
+    said = "an update of it has not ended"
+    queries = tmp_path / "q.txt"
+    queries.write_text("\n".join(QUERIES) + "\n")
+    search = ["search", postgres_dsn, str(queries), "--table", "updated"]
+    with pytest.warns(UserWarning, match=said):  # the CLI prints it: bertforge: warning: ...
+        assert main(search) == 0
+    assert len(capsys.readouterr().out.splitlines()) == len(QUERIES)
+    with pytest.warns(UserWarning, match=said):
+        index = PgIndex.open(postgres_dsn, PgOptions(table="updated"))
+    assert index.search(QUERIES[:1], top_k=3)[0]
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from bertforge.serve import create_app
+
+    options = PgOptions(table="updated")
+    app = create_app(minilm_dir, index=postgres_dsn, index_options=options, precision="fp32")
+    with TestClient(app) as client:
+        answer = client.get("/ready")
+        assert answer.status_code == 200 and said in answer.json()["index"]
+    build(minilm_dir, more, postgres_dsn, "updated")  # run again: it ends
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert PgIndex.open(postgres_dsn, PgOptions(table="updated")).update_note is None

@@ -117,13 +117,14 @@ def args_vocab(p: argparse.ArgumentParser) -> None:
 
 def cmd_vocab_train(args: argparse.Namespace) -> None:
     from .data.corpus import corpus_sentences
-    from .fileio import refuse_overwrite
+    from .fileio import refuse_other_kind, refuse_overwrite
     from .tokenizer import train_vocab, train_vocab_from_texts
 
     files = expand_inputs(args.files)
     if not files:
         raise DataError("no input files found")
     refuse_overwrite(args.out, {"corpus": [*args.files, *files]}, "--out")
+    refuse_other_kind(args.out, "--out", "vocabulary")
     print(
         f"training a {'cased' if args.cased else 'uncased'} WordPiece vocabulary of "
         f"{args.vocab_size:,} tokens on {len(files)} file(s)",
@@ -166,11 +167,12 @@ def args_prepare(p: argparse.ArgumentParser) -> None:
 
 def cmd_prepare(args: argparse.Namespace) -> None:
     from .data.shards import prepare
-    from .fileio import refuse_overwrite
+    from .fileio import refuse_other_kind, refuse_overwrite
     from .tokenizer import Tokenizer
 
     corpus = [*args.inputs, *expand_inputs(args.inputs)]
     refuse_overwrite(args.out, {"corpus": corpus, "tokenizer": args.tokenizer}, "--out")
+    refuse_other_kind(args.out, "--out", "pre-training data")
     prepare(
         args.inputs,
         Tokenizer.from_pretrained(args.tokenizer),
@@ -485,7 +487,11 @@ def _open_index(args: argparse.Namespace, **inputs: str | None) -> Any:
     refuse_overwrite(args.out, {"index": args.index, **inputs}, "--out")
     pg = PgOptions(**options_of(args, PgOptions))
     index = open_index(args.index, pg, **options_of(args, QueryModel))
-    refuse_overwrite(args.out, {"index's model": index.use_model().path}, "--out")
+    # the corpus a directory index was built from is not read, but written over it is lost
+    source = getattr(index, "meta", {}).get("corpus")
+    refuse_overwrite(
+        args.out, {"index's model": index.use_model().path, "index's corpus": source}, "--out"
+    )
     return index
 
 
@@ -798,7 +804,9 @@ def cmd_plot(args: argparse.Namespace) -> None:
 
 def cmd_demo(args: argparse.Namespace) -> None:
     from .demo import run_demo
+    from .fileio import refuse_other_kind
 
+    refuse_other_kind(args.out, "--out", "demo")  # its own directory holds each kind below
     if run_demo(Path(args.out), **options_of(args, run_demo)).get("interrupted"):
         raise SystemExit(130)  # stopped by Ctrl-C, checkpoint saved: as cmd_train
 
@@ -867,6 +875,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+SECRET_WORDS = {"key", "apikey", "password", "secret", "token"}  # option words hiding a value
+
+
 def hide_api_key(argv: Sequence[str]) -> None:
     """The server's API key hidden (errors.hide) before argparse reads argv: a usage error
     quotes what it did not take (`search ... --api-key KEY`: a verb without the option), and
@@ -876,7 +887,10 @@ def hide_api_key(argv: Sequence[str]) -> None:
     hide(os.environ.get(API_KEY_ENV))
     for i, arg in enumerate(argv):
         name, equals, value = arg.partition("=")
-        if len(name) >= len("--api") and "--api-key".startswith(name):
+        prefix = len(name) >= len("--api") and "--api-key".startswith(name)
+        # a typo of it (--api-kye, --apikey, --api-token) is quoted back as unrecognized
+        typo = name.startswith("--api") or bool(SECRET_WORDS & set(name.lstrip("-").split("-")))
+        if prefix or typo:
             hide(value if equals else (argv[i + 1] if i + 1 < len(argv) else None))
 
 

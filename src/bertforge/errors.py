@@ -81,8 +81,16 @@ def need_extra(module: str, message: str, error: type[Exception] = ConfigError) 
 
 # -- secrets: what no message, log line or answer shows -----------------------------------------
 
-_URI_PASSWORD = re.compile(r"(://[^:/?#@\s]*:)([^@/?#\s]*)@")  # scheme://user:PASSWORD@
-_KEY_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&]+)", re.IGNORECASE)
+# scheme://user:PASSWORD@host: any scheme's case (POSTGRESQL, postgresql+psycopg), the // a path
+# makes / of (a DSN given where a file was expected), a password with spaces or @ in it (libpq
+# reads up to the last @ before the host), at most 200 characters
+_URI_PASSWORD = re.compile(
+    r"([A-Za-z][\w+.-]*:/+[^:/?#@\s]*:)([^/?#]{0,200}?)@(?=[^@/?#\s]*(?:[/?#\s'\"),]|$))"
+)
+# password=VALUE, VALUE quoted or with backslash-escaped spaces (libpq's key=value words)
+_KEY_PASSWORD = re.compile(
+    r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|(?:\\.|[^\s&\\])+)", re.IGNORECASE
+)
 _HIDDEN: set[str] = set()  # hide()'s values: process-wide, as the secrets they stand for
 
 
@@ -98,7 +106,10 @@ def hide_passwords(dsn: str) -> None:
     and percent-decoded: the forms a server or a driver may quote back."""
     found = [m.group(2) for m in _URI_PASSWORD.finditer(dsn)]
     found += [m.group(2).removeprefix("'").removesuffix("'") for m in _KEY_PASSWORD.finditer(dsn)]
-    hide(*found, *(unquote(f) for f in found))
+    found += [f.replace("\\ ", " ") for f in found]  # libpq's reading of an escaped space
+    # a driver may quote a part of it ("Zq9@w0rd" read as host "w0rd@127.0.0.1"): its pieces too
+    pieces = [p for f in found for p in re.split(r"[\s@:]+", f) if len(p) >= 3]
+    hide(*found, *(unquote(f) for f in found), *pieces)
 
 
 def redacted(text: str) -> str:

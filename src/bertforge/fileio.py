@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .errors import CheckpointError, ConfigError, DataError, check_choice
+from .errors import CheckpointError, ConfigError, DataError, check_choice, redacted
 
 ENCODING_ERRORS = ("strict", "replace", "ignore")  # what to do with bytes that are not UTF-8
 _UMASK = os.umask(0o022)
@@ -113,6 +113,11 @@ def refuse_overwrite(
     inside an output directory is allowed (`predict --data test.tsv --out .`)."""
     if out is None or str(out) == "-":
         return
+    if redacted(str(out)) != str(out):  # user:PASSWORD@: a database's address, not a file
+        raise ConfigError(
+            f"{option} {redacted(str(out))}: holds a password, as a database address does, not "
+            "a file path; bertforge writes no file named after a password"
+        )
     target = Path(out).resolve()
     for what, given in inputs.items():
         paths = [given] if given is None or isinstance(given, (str, os.PathLike)) else given
@@ -134,6 +139,34 @@ def refuse_overwrite(
                     f"{option} {out} {where} the {what} directory {source}: writing there would "
                     f"damage the {what}; give a path outside it"
                 )
+
+
+# what a directory holds, told by the files each kind always has (the first kind found wins)
+KINDS_OF_DIRECTORY = {
+    "model": ("config.json", "bert_config.json", "model.safetensors", "pytorch_model.bin"),
+    "index": ("index.json", "build.json"),
+    "pre-training data": ("meta.json",),
+    "run": ("run.json",),
+}
+
+
+def refuse_other_kind(out: str | os.PathLike[str], option: str, writes: str) -> None:
+    """One ConfigError, before any work, when the directory `out` (given as `option`) holds
+    another kind of thing than the command writes (`writes`, one of KINDS_OF_DIRECTORY, or
+    "vocabulary"): `vocab train --out MODEL` replaced a model's vocab.txt, `prepare --out
+    INDEX` wrote shards among an index's files. The command's own kind is re-written as
+    before (a re-run, a resume)."""
+    folder = Path(out)
+    if not folder.is_dir():
+        return
+    for kind, names in KINDS_OF_DIRECTORY.items():
+        found = [n for n in names if (folder / n).exists()]
+        if found and kind != writes:
+            article = "an" if kind[0] in "aeiou" else "a"
+            raise ConfigError(
+                f"{option} {out} holds {article} {kind} ({found[0]}): the {writes} would be "
+                "written among its files and replace some; give another directory"
+            )
 
 
 def write_text(path: str | os.PathLike[str], text: str) -> None:

@@ -113,6 +113,7 @@ class PgIndex:
         self.query_prompt: str | None = meta.get("query_prompt")
         self.written: dict[str, int] = {}  # the last write's counts: new, changed, ...
         self.absent: tuple[int, list[str]] = (0, [])  # the last delete's ids not there
+        self.update_note: str | None = None  # an update not ended, when last checked
         self._pipe: Any = None
         self._local = threading.local()  # this thread's snapshot, while one is open
 
@@ -367,7 +368,11 @@ class PgIndex:
     def _finished(self, conn: Any, warn: bool = False) -> None:
         """One DataError where the table's build has not finished (a build stopped midway
         keeps the chunks it wrote: a search would answer from part of the corpus without a
-        word), unless pg.partial: then, with `warn`, a warning saying what it holds."""
+        word), unless pg.partial: then, with `warn`, a warning saying what it holds. An update
+        of a finished table that has not ended: with `warn`, a warning (update_note)."""
+        self.update_note = _update_note(conn, self.names, self.path)
+        if warn and self.update_note:
+            warnings.warn(self.update_note, stacklevel=3)
         held = _unfinished(conn, self.names)
         if held is None:
             return
@@ -737,6 +742,20 @@ def _unfinished(conn: Any, t: Mapping[str, Any]) -> str | None:
     return f"{held:,} of {row[0].get('documents', 0):,} documents so far"
 
 
+def _update_note(conn: Any, t: Mapping[str, Any], where: str) -> str | None:
+    """The warning a table under an update that has not ended (running, or killed) deserves:
+    what it holds, that each document is old or new; None when no update is under way."""
+    row = conn.execute(sql("SELECT value FROM {meta} WHERE key = 'build'", t)).fetchone()
+    if row is None or not row[0].get("updating"):
+        return None
+    (held,) = conn.execute(sql("SELECT count(*) FROM {docs}", t)).fetchone()
+    return (
+        f"{where}: an update of it has not ended ({held:,} documents in the table, the update "
+        f"reads {row[0].get('documents', 0):,}; running, or stopped midway): each document is "
+        "its old or its new version; run the index command again to finish it"
+    )
+
+
 def _start(
     conn: Any, t: Mapping[str, Any], settings: dict[str, Any], where: str, documents: int
 ) -> dict:
@@ -756,6 +775,11 @@ def _start(
             )
         text = "UPDATE {meta} SET value = %s WHERE key = 'build' AND value ->> 'finished' = 'false'"
         conn.execute(sql(text, t), [state])
+        # an update of a finished table: still searched (each document old or new), with a
+        # warning until its end (a killed update leaves the table part old, part new)
+        update = _json({"finished": True, "updating": True, "documents": int(documents)})
+        text = "UPDATE {meta} SET value = %s WHERE key = 'build' AND value ->> 'finished' = 'true'"
+        conn.execute(sql(text, t), [update])
         return held
     (version,) = conn.execute(
         "SELECT extversion FROM pg_extension WHERE extname = 'vector'"

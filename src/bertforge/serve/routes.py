@@ -308,7 +308,8 @@ def add_status(app: Any, server: Server) -> None:
                 index.ready()
         except BertforgeError as e:  # down, slow, or its table no longer this index
             raise HTTPError(503, str(e)) from None
-        return {"status": "ok"}
+        note = getattr(index, "update_note", None)  # an update of its table not ended
+        return {"status": "ok", "index": note} if note else {"status": "ok"}
 
     @app.get("/metadata")
     async def metadata() -> dict[str, Any]:
