@@ -88,9 +88,7 @@ _URI_PASSWORD = re.compile(
     r"([A-Za-z][\w+.-]*:/+[^:/?#@\s]*:)([^/?#]{0,200}?)@(?=[^@/?#\s]*(?:[/?#\s'\"),]|$))"
 )
 # password=VALUE, VALUE quoted or with backslash-escaped spaces (libpq's key=value words)
-_KEY_PASSWORD = re.compile(
-    r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|(?:\\.|[^\s&\\])+)", re.IGNORECASE
-)
+_KEY_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|(?:\\.|[^\s&\\])+)", re.IGNORECASE)
 _HIDDEN: set[str] = set()  # hide()'s values: process-wide, as the secrets they stand for
 
 
