@@ -30,7 +30,7 @@ from torch import nn
 
 from .config import BertConfig, config_file
 from .errors import CheckpointError, CheckpointWarning, FreshWeightsWarning, VocabError
-from .fileio import atomic_path, inside, read_json
+from .fileio import atomic_path, files_sha256, inside, read_json
 from .hub import resolve
 from .tokenizer import VOCAB_FILES, id_count
 
@@ -538,6 +538,14 @@ def load_trained(
 
 # ------------------------------------------------------------------------------------------------
 # Inspecting without loading
+
+
+def model_identity(path: str | os.PathLike[str]) -> str:
+    """sha256 over a model directory's config (config.json, else Google's bert_config.json)
+    and weight files (names and bytes): what an index and a summarizer record of the encoder
+    they were made with."""
+    path = Path(path)
+    return files_sha256([config_file(path) or path / "config.json", *weights_files(path)], True)
 
 
 def parameter_shapes(directory: Path) -> dict[str, tuple[tuple[int, ...], str]]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import codecs
 import contextlib
 import errno
+import hashlib
 import io
 import json
 import math
@@ -167,6 +168,19 @@ def refuse_other_kind(out: str | os.PathLike[str], option: str, writes: str) -> 
                 f"{option} {out} holds {article} {kind} ({found[0]}): the {writes} would be "
                 "written among its files and replace some; give another directory"
             )
+
+
+def files_sha256(files: Sequence[str | os.PathLike[str]], names: bool = False) -> str:
+    """sha256 over the files' bytes, read 1 MB at a time; with `names`, each file's name and a
+    NUL byte before its bytes (what an index records of its model and its own files)."""
+    h = hashlib.sha256()
+    for f in map(Path, files):
+        if names:
+            h.update(f.name.encode() + b"\0")
+        with open(f, "rb") as stream:
+            while block := stream.read(1 << 20):
+                h.update(block)
+    return h.hexdigest()
 
 
 def write_text(path: str | os.PathLike[str], text: str) -> None:

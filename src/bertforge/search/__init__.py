@@ -19,9 +19,9 @@ line (`bertforge index`, `search`, `mine`), the server's /search and Python user
     rerank.py    a first stage's hits reordered (or fused) by a cross-encoder
 """
 
+from ..checkpoint import model_identity
 from .corpus import CorpusFormat, read_search_corpus
 from .fusion import FUSIONS, RRF_K, fuse, fuse_runs, fuse_scores
-from .identity import model_identity
 from .index import Index, open_index
 from .mining import (
     Mined,

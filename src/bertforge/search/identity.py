@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..checkpoint import model_identity
 from ..errors import ConfigError, DataError
 from .windows import window_settings
 
@@ -27,29 +28,6 @@ SETUP = {
     "max_length": "max_seq_length (sentence_bert_config.json)",
     "tokenizer_sha256": "tokenizer (its vocabulary, casing or accents)",
 }
-
-
-def model_identity(path: str | Path) -> str:
-    """sha256 over a model directory's config (config.json, else Google's bert_config.json)
-    and weight files (names and bytes)."""
-    from ..checkpoint import weights_files
-    from ..config import config_file
-
-    path = Path(path)
-    return sha256([config_file(path) or path / "config.json", *weights_files(path)], names=True)
-
-
-def sha256(files: Sequence[Path], names: bool = False) -> str:
-    """sha256 over the files' bytes, read 1 MB at a time; with `names`, each file's name and a
-    NUL byte before its bytes."""
-    h = hashlib.sha256()
-    for f in files:
-        if names:
-            h.update(f.name.encode() + b"\0")
-        with open(f, "rb") as stream:
-            while block := stream.read(1 << 20):
-                h.update(block)
-    return h.hexdigest()
 
 
 def refuse_cross_encoder(model: str | Path) -> None:

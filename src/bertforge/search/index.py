@@ -52,12 +52,20 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError, DataError, check_choice, need_extra
-from ..fileio import atomic_path, json_text, read_json, read_lines, write_json, write_text
+from ..fileio import (
+    atomic_path,
+    files_sha256,
+    json_text,
+    read_json,
+    read_lines,
+    write_json,
+    write_text,
+)
 from ..runner import release_memory
 from ..tasks.windows import windows_of
 from .corpus import DEFAULT_FORMAT, CorpusFormat, read_search_corpus
 from .fusion import FUSED, FUSIONS, best_columns, fuse_runs
-from .identity import build_start, model_mismatch, query_pipeline, sha256
+from .identity import build_start, model_mismatch, query_pipeline
 from .options import MODES, FirstStage, IndexOptions, PgOptions, QueryModel, SearchOptions
 from .windows import chunks, cut_windows, embedded_windows
 
@@ -168,7 +176,7 @@ class Index:
             "chunk": o.chunk,
             "precision": o.precision,  # queries are embedded as the documents were
             "corpus": str(corpus.resolve()),
-            "corpus_sha256": sha256([corpus]),
+            "corpus_sha256": files_sha256([corpus]),
             "fields": [fmt.id_field, fmt.text_field, fmt.skip_blank],
             "embedding_precision": o.embedding_precision,
         }
@@ -208,7 +216,9 @@ class Index:
             _write_hnsw(out / "vectors.npy", out / "hnsw.faiss")
         meta = {**settings, "documents": documents, "vectors": int(total), "dimensions": int(dim)}
         meta["bm25"], meta["approximate"] = bm25, approximate
-        meta["files_sha256"] = {name: sha256([out / name]) for name in _index_files(out, meta)}
+        meta["files_sha256"] = {
+            name: files_sha256([out / name]) for name in _index_files(out, meta)
+        }
         write_json(out / "index.json", meta)
         shutil.rmtree(out / "parts")
         (out / "build.json").unlink()
@@ -599,7 +609,7 @@ def _check_files(path: Path, meta: Mapping[str, Any]) -> None:
         f = path / name
         if Path(name).is_absolute() or ".." in Path(name).parts or not f.is_file():
             raise DataError(f"{f}: missing, or not a file of the index: rebuild the index")
-        if sha256([f]) != digest:
+        if files_sha256([f]) != digest:
             raise DataError(
                 f"{f}: not the file this index was built with (its sha256 is not the one "
                 "index.json records): damaged or replaced; rebuild the index"
@@ -734,7 +744,7 @@ def _build_part(
             bar.update(len(block))
         table.flush()  # type: ignore[union-attr]
         del table
-    write_text(record, sha256(_part_files(part)))
+    write_text(record, files_sha256(_part_files(part)))
     release_memory()  # what the chunk's batches used, before the next one
 
 
@@ -751,7 +761,7 @@ def _part_whole(part: Path, listing: str) -> bool:
         record.is_file()
         and all(f.is_file() for f in files)
         and files[0].read_bytes() == listing.encode("utf-8")
-        and record.read_bytes() == sha256(files).encode()
+        and record.read_bytes() == files_sha256(files).encode()
     )
 
 
