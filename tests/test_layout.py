@@ -19,7 +19,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
         "foundations",
         frozenset(
             {"errors", "textnorm", "fileio", "hub", "config", "options", "evaluate", "runner"}
-            | {"tokenizer", "embedding"}
+            | {"families", "subwords", "tokenizer", "embedding"}
         ),
     ),
     ("data", frozenset({"data"})),

@@ -11,9 +11,12 @@ Architecture (Devlin et al. 2018; Vaswani et al. 2017), exactly as Google's and 
     per layer:  x = LayerNorm(x + dropout(Attn(x)))        attention over all positions
                 x = LayerNorm(x + dropout(W2 GELU(W1 x)))   feed-forward of width I
     pooler:     tanh(W x[:, 0])                            the [CLS] vector
-DistilBERT (config.model_type "distilbert") is the same encoder without segment embeddings
-(type_vocab_size 0: token_type_ids are ignored), optionally with fixed sinusoidal positions,
-and its classifiers' pre_classifier is the pooler with ReLU instead of tanh.
+Other families (bertforge.families) are this encoder with a few fields changed. DistilBERT
+(config.model_type "distilbert"): no segment embeddings (type_vocab_size 0: token_type_ids are
+ignored), optionally fixed sinusoidal positions, and its classifiers' pre_classifier is the
+pooler with ReLU instead of tanh. RoBERTa, XLM-RoBERTa, CamemBERT: positions counted from
+pad_token_id + 1 past each row's padding (HF's create_position_ids_from_input_ids) and one
+segment (token_type_ids are read as 0).
 Query, key and value are one fused (3H, H) projection here; checkpoint.py splits and joins it
 for HF's separate query/key/value tensors.
 """
@@ -139,6 +142,8 @@ class Embeddings(nn.Module):
         self.norm = LayerNorm(H, eps=config.layer_norm_eps)
         self.p = config.hidden_dropout_prob
         self.sinusoidal = config.sinusoidal_pos_embds
+        # RoBERTa's positions start past the padding id; None: positions 0..T-1
+        self.pad = config.pad_token_id if config.family.position_offset else None
 
     def fix_positions(self) -> None:
         """DistilBERT's sinusoidal positions: fixed, not trained (HF's
@@ -160,6 +165,12 @@ class Embeddings(nn.Module):
     ) -> torch.Tensor:
         """(B, T) ids -> (B, T, H)."""
         T = input_ids.shape[1]
+        if position_ids is None and self.pad is not None:
+            # each real token's place among the row's real tokens, past the padding id; the
+            # padding itself at pad (HF's create_position_ids_from_input_ids, so equal outputs
+            # wherever the padding is)
+            real = input_ids.ne(self.pad)
+            position_ids = real.cumsum(1) * real + self.pad
         # (T, H) broadcast over the batch, unless positions are given per example
         position = self.position.weight[:T] if position_ids is None else self.position(position_ids)
         x = self.word(input_ids)
@@ -305,10 +316,11 @@ def check_inputs(
     if input_ids.dim() != 2:
         raise InputError(f"input_ids must be (batch, seq_len), got shape {tuple(input_ids.shape)}")
     T = input_ids.shape[1]
-    if config.max_position_embeddings < T:
+    if config.max_tokens < T:
         raise InputError(
-            f"sequence length {T} is more than max_position_embeddings="
-            f"{config.max_position_embeddings}; truncate the input (tokenizer max_length)"
+            f"sequence length {T} is more than the model's {config.max_tokens} positions "
+            f"(max_position_embeddings={config.max_position_embeddings}); truncate the input "
+            "(tokenizer max_length)"
         )
     if not values:
         return
@@ -319,7 +331,7 @@ def check_inputs(
         )
     if (
         token_type_ids is not None
-        and config.type_vocab_size
+        and config.type_vocab_size > 1  # one segment: the model reads every token as segment 0
         and token_type_ids.numel()
         and (token_type_ids.max() >= config.type_vocab_size or token_type_ids.min() < 0)
     ):
@@ -332,11 +344,11 @@ class BertModel(Pretrained, nn.Module):
     hf_architecture = "BertModel"
 
     def __init__(self, config: BertConfig, add_pooling_layer: bool | None = None) -> None:
-        """add_pooling_layer None: BERT's pooler, none for a DistilBERT (it has no pooler)."""
+        """add_pooling_layer None: the family's (BERT's pooler; none for a DistilBERT)."""
         super().__init__()
         self.config = config
         if add_pooling_layer is None:
-            add_pooling_layer = config.model_type != "distilbert"
+            add_pooling_layer = config.family.pooler
         self.embeddings = Embeddings(config)
         self.layers = nn.ModuleList(Layer(config) for _ in range(config.num_hidden_layers))
         self.pooler = (
@@ -376,7 +388,8 @@ class BertModel(Pretrained, nn.Module):
         reads = not tracing and rows is None and not (self.training and input_ids.is_cuda)
         if not tracing:
             self.check_inputs(input_ids, token_type_ids, values=reads)
-        if token_type_ids is None:
+        if token_type_ids is None or self.config.type_vocab_size == 1:
+            # one segment (RoBERTa): a pair's second text is segment 0 too, as its tokenizer says
             token_type_ids = torch.zeros_like(input_ids)
         mask = None
         if attention_mask is not None and (
@@ -402,7 +415,7 @@ class BertModel(Pretrained, nn.Module):
                     probs.append(p)
         pooled = None
         if self.pooler is not None:  # DistilBERT's pre_classifier: ReLU
-            act = torch.relu if self.config.model_type == "distilbert" else torch.tanh
+            act = torch.relu if self.config.family.pooler_act == "relu" else torch.tanh
             pooled = act(self.pooler["dense"](x[:, 0]))
         return BertOutput(
             last_hidden_state=x,

@@ -1,0 +1,121 @@
+"""Tokenizers of the other families: a `tokenizers` tokenizer.json read as its file says.
+
+BERT's WordPiece is rebuilt by tokenizer.py to Google's exact rules. Every other tokenizer.json
+(RoBERTa's byte-level BPE, XLM-RoBERTa's SentencePiece Unigram, MPNet's WordPiece with <s> and
+</s>) is its own reference: transformers encodes with this very engine and file. So the engine
+is loaded from the file whole (normalizer, pre-tokenizer, model, post-processor with the
+family's pair template, added tokens) with its truncation and padding turned off (bertforge
+cuts and pads itself), and this module says which special token is which:
+tokenizer_config.json and special_tokens_map.json name them (cls_token, sep_token, pad_token,
+unk_token, mask_token, or bos/eos where cls/sep are absent); a file that names none falls back
+on the post-processor's own tokens and the model's unknown token.
+
+    engine, specials = read_engine(Path("model/tokenizer.json"))
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from tokenizers import Tokenizer as Engine
+
+from .errors import VocabError
+from .families import Specials
+from .fileio import read_json
+
+ROLES = ("pad", "unk", "cls", "sep", "mask")
+_FALLBACK = {"cls": "bos_token", "sep": "eos_token"}  # read where cls_token / sep_token are absent
+
+
+def is_bert_wordpiece(d: dict[str, Any]) -> bool:
+    """Whether a tokenizer.json (parsed) is BERT's own: a WordPiece model with BERT's [CLS] ...
+    [SEP] template (or none); tokenizer.py reads those to Google's rules. Everything else is
+    read by its engine here."""
+    model = d.get("model")
+    if not isinstance(model, dict):
+        return True  # not a tokenizer.json at all: tokenizer.py's reader names the fault
+    kind = model.get("type") or ("WordPiece" if "max_input_chars_per_word" in model else None)
+    if kind != "WordPiece":
+        return False
+    post = json.dumps(d.get("post_processor"))
+    return "<s>" not in post and "</s>" not in post
+
+
+def read_engine(path: Path, directory: Path | None = None) -> tuple[Engine, Specials, int | None]:
+    """The engine of a tokenizer.json, the special tokens it uses, and the model_max_length its
+    tokenizer_config.json gives (None when none); one VocabError naming the file otherwise."""
+    try:
+        engine = Engine.from_file(str(path))
+    except Exception as e:  # the engine's parse errors are plain Exceptions
+        raise VocabError(f"{path}: not a tokenizers file the engine can read: {e}") from None
+    engine.no_truncation()
+    engine.no_padding()
+    config = _config(directory) if directory is not None else {}
+    vocab = engine.get_vocab(with_added_tokens=True)
+    post = read_json(path, VocabError).get("post_processor") or {}
+    found = {role: _named(config, role) or _default(role, post, path) for role in ROLES}
+    for role in ("cls", "sep", "pad"):
+        if found[role] is None or found[role] not in vocab:
+            raise VocabError(
+                f"{path}: the {role} token {found[role]!r} is not in the vocabulary; name it "
+                f"({role}_token) in tokenizer_config.json"
+            )
+    pair = engine.post_processor.num_special_tokens_to_add(True) if engine.post_processor else 0
+    specials = Specials(
+        cls=found["cls"],
+        sep=found["sep"],
+        pad=found["pad"],
+        unk=found["unk"] if found["unk"] in vocab else "",  # byte-level BPE has none
+        mask=found["mask"] if found["mask"] in vocab else "",
+        pair_extra=pair,
+    )
+    length = config.get("model_max_length")
+    limit = int(length) if isinstance(length, (int, float)) and 0 < length < 10**9 else None
+    return engine, specials, limit
+
+
+def _config(directory: Path) -> dict[str, Any]:
+    """tokenizer_config.json's fields over special_tokens_map.json's (transformers' order)."""
+    merged: dict[str, Any] = {}
+    for name in ("special_tokens_map.json", "tokenizer_config.json"):
+        f = directory / name
+        if f.is_file():
+            merged.update(read_json(f, VocabError))
+    return merged
+
+
+def _named(config: dict[str, Any], role: str) -> str | None:
+    for key in (f"{role}_token", _FALLBACK.get(role)):
+        value = config.get(key) if key else None
+        if isinstance(value, dict):  # an AddedToken written out: {"content": ...}
+            value = value.get("content")
+        if isinstance(value, str) and value:
+            return value
+    return None
+
+
+def _default(role: str, post: dict[str, Any], path: Path) -> str | None:
+    """A role's token where the configs name none: the post-processor's cls/sep, the model's
+    unknown token, and the common spellings of padding and mask."""
+    if role in ("cls", "sep"):
+        given = post.get(role)  # RobertaProcessing / BertProcessing: [token, id]
+        if isinstance(given, list) and given:
+            return str(given[0])
+        single = post.get("single") or []  # TemplateProcessing: the first and last specials
+        ids = [s["SpecialToken"]["id"] for s in single if "SpecialToken" in s]
+        if ids:
+            return ids[0] if role == "cls" else ids[-1]
+        return None
+    if role == "unk":
+        return (read_json(path, VocabError).get("model") or {}).get("unk_token")
+    return {"pad": "<pad>", "mask": "<mask>"}[role]
+
+
+class NoFix:
+    """EngineFix's place for an engine that is its own reference: texts go in as they are."""
+
+    @staticmethod
+    def prepare(text: str) -> tuple[str, None]:
+        return text, None

@@ -1,0 +1,217 @@
+"""Encoder families beside BERT (bertforge.families): RoBERTa and XLM-RoBERTa checkpoints and
+tokenizers, made here by transformers and tokenizers with random weights and vocabularies
+trained in the test (no download), read by bertforge and compared with transformers' and
+sentence-transformers' outputs, and saved back for transformers to read."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from bertforge import BertConfig, BertModel, Tokenizer
+from bertforge.cli import main
+from bertforge.data.stdlib_corpus import stdlib_documents
+from bertforge.errors import ConfigError
+from bertforge.heads import (
+    BertForMaskedLM,
+    BertForMultipleChoice,
+    BertForQuestionAnswering,
+    BertForSequenceClassification,
+    BertForTokenClassification,
+)
+from bertforge.pipelines import Pipeline
+
+from .hard_cases import HARD_CASES
+
+transformers = pytest.importorskip("transformers")
+tokenizers = pytest.importorskip("tokenizers")
+
+FAMILIES = ["roberta", "xlm-roberta"]
+ARCH = {"roberta": "Roberta", "xlm-roberta": "XLMRoberta"}
+SMALL = dict(
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=128,
+    max_position_embeddings=66,  # 64 tokens past the padding id 1
+    type_vocab_size=1,
+    layer_norm_eps=1e-5,
+)
+HEADS = [  # theirs, ours, their output, our output
+    ("Model", BertModel, "last_hidden_state", "last_hidden_state"),
+    ("ForMaskedLM", BertForMaskedLM, "logits", "mlm_logits"),
+    ("ForSequenceClassification", BertForSequenceClassification, "logits", "logits"),
+    ("ForTokenClassification", BertForTokenClassification, "logits", "logits"),
+    ("ForQuestionAnswering", BertForQuestionAnswering, "end_logits", "end_logits"),
+    ("ForMultipleChoice", BertForMultipleChoice, "logits", "logits"),
+]
+# texts the reference tokenizers take (transformers refuses lone surrogates: a TypeError)
+TEXTS = [t for t in HARD_CASES if "\ud800" not in t]
+
+
+@pytest.fixture(scope="module")
+def corpus() -> list[str]:
+    return list(itertools.islice((p for d in stdlib_documents() for p in d), 300))
+
+
+def _reference_tokenizer(kind: str, corpus: list[str]) -> object:
+    """transformers' own tokenizer of the family over a vocabulary trained on `corpus`."""
+    if kind == "roberta":  # byte-level BPE
+        bpe = tokenizers.ByteLevelBPETokenizer()
+        specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+        bpe.train_from_iterator(
+            corpus, vocab_size=500, special_tokens=specials, show_progress=False
+        )
+        return transformers.RobertaTokenizerFast(
+            tokenizer_object=bpe._tokenizer, model_max_length=64
+        )
+    unigram = tokenizers.SentencePieceUnigramTokenizer()  # XLM-RoBERTa's SentencePiece Unigram
+    specials = ["<s>", "<pad>", "</s>", "<unk>"]
+    unigram.train_from_iterator(
+        corpus, vocab_size=600, special_tokens=specials, unk_token="<unk>", show_progress=False
+    )
+    vocab = [tuple(v) for v in json.loads(unigram._tokenizer.to_str())["model"]["vocab"]]
+    return transformers.XLMRobertaTokenizer(vocab=[*vocab, ("<mask>", 0.0)], model_max_length=64)
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def family_dir(request: pytest.FixtureRequest, corpus: list[str], tmp_path_factory) -> Path:
+    """A masked-LM checkpoint of the family with its tokenizer, as transformers saves them."""
+    kind = request.param
+    out = tmp_path_factory.mktemp(kind)
+    tok = _reference_tokenizer(kind, corpus)
+    torch.manual_seed(0)
+    config = getattr(transformers, f"{ARCH[kind]}Config")(vocab_size=len(tok), **SMALL)
+    getattr(transformers, f"{ARCH[kind]}ForMaskedLM")(config).eval().save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+def test_token_ids_and_offsets_equal_transformers(family_dir: Path, corpus: list[str]) -> None:
+    theirs = transformers.AutoTokenizer.from_pretrained(family_dir)
+    ours = Tokenizer.from_pretrained(family_dir)
+    assert ours.kind in ("BPE", "Unigram") and ours.specials.pair_extra == 4
+    long = " ".join(corpus[:40])  # longer than the model: encoded whole, then cut
+    for text in [*TEXTS, *corpus[:30], long, "Paris is the <mask> of France."]:
+        want = theirs(text, truncation=False, return_offsets_mapping=True)
+        got = ours.encode(text, truncation=False)
+        assert got.ids == want["input_ids"], text
+        assert [tuple(o) for o in got.offsets] == [tuple(o) for o in want["offset_mapping"]]
+    for a, b in zip([*TEXTS, long], [*corpus[:30], long]):
+        want = theirs(a, b, truncation=True, max_length=40)["input_ids"]
+        assert ours.encode(a, b, max_length=40).ids == want, (a, b)
+    batch = ours(corpus[:5], max_length=64)
+    want = theirs(corpus[:5], truncation=True, max_length=64, padding=True, return_tensors="pt")
+    assert torch.equal(batch["input_ids"], want["input_ids"])
+    assert torch.equal(batch["attention_mask"], want["attention_mask"])
+    ids = ours.encode("Paris is the <mask> of France.").ids
+    assert ids[0] == ours.cls_id and ids[-1] == ours.sep_id and ours.mask_id in ids
+    assert ours.decode(ids) == theirs.decode(ids, skip_special_tokens=True)
+
+
+def test_saved_tokenizer_reads_back_in_transformers(family_dir: Path, tmp_path: Path) -> None:
+    ours = Tokenizer.from_pretrained(family_dir)
+    ours.save_pretrained(tmp_path)
+    back = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    again = Tokenizer.from_pretrained(tmp_path)
+    for text in ["Hello <mask> world", *TEXTS[:8]]:
+        want = back(text, truncation=False)["input_ids"]
+        assert ours.encode(text, truncation=False).ids == want
+        assert again.encode(text, truncation=False).ids == want
+
+
+def test_hidden_states_equal_on_a_padded_batch(family_dir: Path, corpus: list[str]) -> None:
+    theirs = transformers.AutoModel.from_pretrained(family_dir).eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # every tensor found, none fresh, none ignored
+        ours = BertModel.from_pretrained(family_dir, add_pooling_layer=False)
+    tok = Tokenizer.from_pretrained(family_dir)
+    batch = tok([corpus[0], "short", corpus[3][:40], TEXTS[4]], max_length=64)
+    assert (batch["attention_mask"] == 0).any()  # mixed lengths: padded rows
+    with torch.no_grad():
+        want = theirs(**batch, output_hidden_states=True).hidden_states
+        got = ours(**batch, output_hidden_states=True).hidden_states
+    real = batch["attention_mask"].bool()
+    for w, g in zip(want, got):
+        torch.testing.assert_close(g[real], w[real], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("kind", FAMILIES)
+@pytest.mark.parametrize("theirs, ours, out_theirs, out_ours", HEADS)
+def test_heads_equal_in_both_directions_of_saving(
+    tmp_path: Path, kind: str, theirs: str, ours: type, out_theirs: str, out_ours: str
+) -> None:
+    torch.manual_seed(0)
+    labels = 2 if "QuestionAnswering" in theirs else 3
+    config = getattr(transformers, f"{ARCH[kind]}Config")(
+        vocab_size=301, num_labels=labels, **SMALL
+    )
+    hf_class = getattr(transformers, ARCH[kind] + theirs)
+    hf = hf_class(config).eval()
+    hf.save_pretrained(tmp_path / "hf")
+    shape = (2, 3, 20) if "MultipleChoice" in theirs else (2, 20)
+    ids = torch.randint(3, 301, shape)
+    mask = torch.ones_like(ids)
+    mask[0, ..., 12:] = 0
+    ids = ids.masked_fill(mask == 0, 1)  # padding is <pad> (id 1): positions count past it
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model = ours.from_pretrained(tmp_path / "hf")
+    model.save_pretrained(tmp_path / "ours")
+    assert json.loads((tmp_path / "ours" / "config.json").read_text())["architectures"] == [
+        ARCH[kind] + theirs
+    ]
+    back = hf_class.from_pretrained(tmp_path / "ours").eval()
+    with torch.no_grad():
+        want = getattr(hf(input_ids=ids, attention_mask=mask), out_theirs)
+        got = getattr(model(input_ids=ids, attention_mask=mask), out_ours)
+        again = getattr(back(input_ids=ids, attention_mask=mask), out_theirs)
+    real = mask.bool() if got.dim() == 3 and "MultipleChoice" not in theirs else ...
+    torch.testing.assert_close(got[real], want[real], atol=1e-5, rtol=0)
+    torch.testing.assert_close(again[real], want[real], atol=1e-5, rtol=0)
+
+
+def test_sentence_transformers_directory_embeds_equal(family_dir: Path, tmp_path: Path) -> None:
+    st = pytest.importorskip("sentence_transformers")
+    SentenceTransformer = st.SentenceTransformer
+    try:  # sentence-transformers 6; earlier: sentence_transformers.models
+        from sentence_transformers.sentence_transformer import modules as models
+    except ImportError:
+        from sentence_transformers import models
+
+    modules = [
+        models.Transformer(str(family_dir), max_seq_length=64),
+        models.Pooling(SMALL["hidden_size"], "mean"),
+        models.Normalize(),
+    ]
+    SentenceTransformer(modules=modules, device="cpu").save(str(tmp_path))
+    reference = SentenceTransformer(str(tmp_path), device="cpu")
+    texts = [t for t in TEXTS if t.strip()] + ["word " * 100]  # some longer than 64 pieces
+    want = reference.encode(texts, batch_size=8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "n texts are longer than 64 pieces"
+        got = Pipeline(str(tmp_path), precision="fp32", truncate=True).embed(texts)
+    np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+
+
+def test_positions_count_past_the_padding_id() -> None:
+    config = BertConfig(**{**SMALL, "vocab_size": 50}, model_type="roberta", pad_token_id=1)
+    assert config.max_tokens == 64
+    model = BertModel(config).eval()
+    with pytest.raises(Exception, match="65 is more than the model's 64 positions"):
+        model(torch.full((1, 65), 5))
+
+
+def test_an_unsupported_family_is_one_line(tmp_path: Path, capsys) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "deberta-v2"}))
+    with pytest.raises(ConfigError, match="deberta-v2.*bertforge reads bert, distilbert, roberta"):
+        BertConfig.from_pretrained(tmp_path)
+    assert main(["info", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "model_type='deberta-v2' is not supported" in err[0]
