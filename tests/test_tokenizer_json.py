@@ -234,8 +234,6 @@ def _no_mask(data: dict[str, Any]) -> None:
 @pytest.mark.parametrize(
     "edit, message",
     [
-        (_bpe, r"model type 'BPE' is not WordPiece"),
-        (_unigram, r"model type 'Unigram' is not WordPiece"),
         (_set("model.unk_token", "<unk>"), r"model.unk_token is '<unk>'; BERT's WordPiece uses"),
         (_set("model.continuing_subword_prefix", "@@"), r"model.continuing_subword_prefix is '@@'"),
         (_set("normalizer", {"type": "NFKC"}), r"normalizer \['NFKC'\] is not BERT's"),
@@ -255,6 +253,22 @@ def test_a_tokenizer_json_that_is_not_berts_is_one_clear_error(
 ) -> None:
     bad = _edited(hf_dir, tmp_path / "bad", edit)
     with pytest.raises(VocabError, match=rf"^{bad / 'tokenizer.json'}: {message}"):
+        Tokenizer.from_pretrained(bad)
+
+
+@pytest.mark.parametrize("edit, kind", [(_bpe, "BPE"), (_unigram, "Unigram")])
+def test_a_tokenizer_json_of_another_kind_is_read_by_its_engine(
+    hf_dir: Path, tmp_path: Path, edit: Any, kind: str
+) -> None:
+    """Not BERT's WordPiece: the file is its own reference (subwords.py), read whole by the
+    engine with the specials its directory names; without them it is one clear error."""
+    bad = _edited(hf_dir, tmp_path / "other", edit)
+    tok = Tokenizer.from_pretrained(bad)
+    assert tok.kind == kind and tok.encode("a").ids[0] == tok.cls_id == tok.vocab["[CLS]"]
+    data = json.loads((bad / "tokenizer.json").read_text())
+    data["added_tokens"] = [t for t in data["added_tokens"] if t["content"] != "[CLS]"]
+    (bad / "tokenizer.json").write_text(json.dumps(data))
+    with pytest.raises(VocabError, match=r"the cls token '\[CLS\]' is not in the vocabulary"):
         Tokenizer.from_pretrained(bad)
 
 
