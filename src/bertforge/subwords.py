@@ -62,7 +62,19 @@ def read_engine(path: Path, directory: Path | None = None) -> tuple[Engine, Spec
                 f"{path}: the {role} token {found[role]!r} is not in the vocabulary; name it "
                 f"({role}_token) in tokenizer_config.json"
             )
-    pair = engine.post_processor.num_special_tokens_to_add(True) if engine.post_processor else 0
+    if engine.post_processor is None:
+        raise VocabError(
+            f"{path}: has no post_processor: the template that puts the special tokens around a "
+            "text (<s> A </s>) is needed; save the tokenizer with transformers to add it"
+        )
+    probe = engine.encode("", "", add_special_tokens=True)  # the pair template's specials alone
+    for i, t in zip(probe.ids, probe.tokens):
+        if vocab.get(t) != i:
+            raise VocabError(
+                f"{path}: post_processor gives {t!r} the id {i}, the vocabulary {vocab.get(t)}: "
+                "the file contradicts itself"
+            )
+    pair = engine.post_processor.num_special_tokens_to_add(True)
     specials = Specials(
         cls=found["cls"],
         sep=found["sep"],
