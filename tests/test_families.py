@@ -28,6 +28,7 @@ from bertforge.heads import (
 from bertforge.pipelines import Pipeline
 
 from .hard_cases import HARD_CASES
+from .task_files import keyword_table
 
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
@@ -215,3 +216,162 @@ def test_an_unsupported_family_is_one_line(tmp_path: Path, capsys) -> None:
     assert main(["info", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "model_type='deberta-v2' is not supported" in err[0]
+
+
+def test_a_finetuned_model_loads_in_transformers_with_the_same_logits(
+    family_dir: Path, tmp_path: Path
+) -> None:
+    train = keyword_table(tmp_path / "train.tsv", 48, seed=0)
+    out = tmp_path / "run"
+    args = ["finetune", "--model", str(family_dir), "--task", "sst2", "--train", str(train)]
+    args += ["--dev", str(train), "--out", str(out), "--epochs", "1", "--max-seq-length", "32"]
+    assert main(args) == 0
+    config = json.loads((out / "config.json").read_text())
+    family = json.loads((family_dir / "config.json").read_text())["model_type"]
+    assert config["model_type"] == family
+    assert config["architectures"] == [f"{ARCH[family]}ForSequenceClassification"]
+    theirs = transformers.AutoModelForSequenceClassification.from_pretrained(out).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(out)
+    texts = ["the film was good", "a dull story of people and places with music"]
+    batch = tok(texts, padding=True, return_tensors="pt")
+    ours = BertForSequenceClassification.from_pretrained(out)
+    with torch.no_grad():
+        want = theirs(**batch).logits
+        got = ours(**Tokenizer.from_pretrained(out)(texts)).logits
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+
+
+def test_onnx_export_equals_pytorch(family_dir: Path, tmp_path: Path) -> None:
+    pytest.importorskip("onnxruntime")
+    onnx = tmp_path / "model.onnx"
+    assert main(["export", str(family_dir), "--onnx", str(onnx), "--atol", "1e-5"]) == 0
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(str(onnx), providers=["CPUExecutionProvider"])
+    tok = Tokenizer.from_pretrained(family_dir)
+    batch = tok(["a short one", "Return the length of the list, or raise an error."])
+    feed = {i.name: batch[i.name].numpy() for i in session.get_inputs()}
+    with torch.no_grad():
+        want = BertModel.from_pretrained(family_dir, add_pooling_layer=False)(**batch)
+    got = session.run(["last_hidden_state"], feed)[0]
+    real = batch["attention_mask"].bool().numpy()
+    np.testing.assert_allclose(got[real], want.last_hidden_state.numpy()[real], atol=1e-5)
+
+
+def test_pair_rows_use_the_familys_template(family_dir: Path) -> None:
+    """A cross-encoder's and a QA window's rows are laid out as the tokenizer lays out a pair
+    (<s> A </s></s> B </s>), so a pair scores alike however it was made."""
+    from bertforge.tasks import ranking
+
+    tok = Tokenizer.from_pretrained(family_dir)
+    q, d = "where is the list", "Return the length of the list."
+    pieces = tok.encode_batch([q, d], add_special_tokens=False)
+    [(row, _)] = ranking.pair_rows(pieces[0].ids, pieces[1].ids, tok, 64)
+    assert row.tolist() == tok.encode(q, d).ids
+    assert row.tolist()[len(pieces[0].ids) + 1 : len(pieces[0].ids) + 3] == [tok.sep_id] * 2
+
+
+@pytest.mark.parametrize("kind", ["bpe", "unigram"])
+def test_vocab_train_of_another_kind_encodes_as_transformers_reads_it(
+    kind: str, corpus: list[str], tmp_path: Path
+) -> None:
+    (tmp_path / "corpus.txt").write_text("\n".join(corpus) + "\n")
+    out = tmp_path / "vocab"
+    args = ["vocab", "train", str(tmp_path / "corpus.txt"), "--out", str(out), "--kind", kind]
+    assert main([*args, "--size", "400"]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["tokenizer.json", "tokenizer_config.json"]
+    ours = Tokenizer.from_pretrained(out)
+    theirs = transformers.AutoTokenizer.from_pretrained(out)
+    assert ours.tokens[:5] == ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+    assert ours.vocab_size == len(theirs) == 400
+    for text in [*TEXTS, *corpus[:20], "the <mask> of it"]:
+        assert ours.encode(text, truncation=False).ids == theirs(text)["input_ids"], text
+    assert ours.encode("a", "b").ids == theirs("a", "b")["input_ids"]  # <s> a </s></s> b </s>
+
+
+@pytest.fixture(scope="module")
+def bpe_shards(corpus: list[str], tmp_path_factory) -> Path:
+    """Pre-training shards of the stdlib's docstrings, tokenized by a byte-level BPE."""
+    from bertforge.data.shards import prepare
+    from bertforge.tokenizer import train_vocab_from_texts
+
+    root = tmp_path_factory.mktemp("roberta_data")
+    tok = train_vocab_from_texts(corpus, 400, kind="bpe", show_progress=False)
+    (root / "corpus.txt").write_text("\n\n".join(corpus) + "\n")
+    prepare([root / "corpus.txt"], tok, root / "shards", shard_tokens=4000, progress=False)
+    return root / "shards"
+
+
+def test_pretrain_roberta_losses_equal_transformers_step_for_step(
+    bpe_shards: Path, tmp_path: Path
+) -> None:
+    """`pretrain --arch roberta`'s model and loss (PretrainingTask.loss on bertforge's packed,
+    dynamically masked rows; AdamW with BERT's parameter groups) against transformers'
+    RobertaForMaskedLM on the same weights and batches: 10 optimizer steps, fp32, no dropout."""
+    from bertforge.data.shards import ShardSet
+    from bertforge.train.distributed import Dist
+    from bertforge.train.optim import build_optimizer
+    from bertforge.train.pretrain import PretrainConfig, build_model, make_task
+
+    cfg = PretrainConfig(
+        data=str(bpe_shards), out="-", arch="roberta", model_size="tiny", dropout=0.0
+    )
+    cfg.batch_size, cfg.max_seq_length, cfg.lr = 8, 64, 1e-3
+    assert not cfg.nsp  # RoBERTa: masked LM alone
+    shards = ShardSet(bpe_shards)
+    torch.manual_seed(0)
+    ours = build_model(cfg, shards.tokenizer())
+    assert ours.config.model_type == "roberta" and ours.config.max_position_embeddings == 514
+    ours.save_pretrained(tmp_path / "init")
+    theirs = transformers.RobertaForMaskedLM.from_pretrained(tmp_path / "init")
+    for module in theirs.modules():  # --dropout 0 for both
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    theirs.train()
+    task = make_task(cfg, shards, Dist())
+    opt_a = build_optimizer(ours, "adamw", 1e-3, 0.01)
+    opt_b = build_optimizer(theirs, "adamw", 1e-3, 0.01)
+    diffs = []
+    for (micro, _), _ in zip(task.batches(None), range(10)):
+        (batch,) = micro
+        assert (batch.input_ids[:, 0] == shards.tokenizer().cls_id).all()
+        loss_a, _ = task.loss(ours, batch, task.normalizers([batch]))
+        labels = torch.full_like(batch.input_ids, -100)
+        rows = torch.arange(len(labels))[:, None].expand_as(batch.mlm_positions)
+        real = batch.mlm_labels != -100
+        labels[rows[real], batch.mlm_positions[real]] = batch.mlm_labels[real]
+        loss_b = theirs(
+            input_ids=batch.input_ids, attention_mask=batch.attention_mask, labels=labels
+        ).loss
+        diffs.append(abs(loss_a.item() - loss_b.item()))
+        for model, loss, opt in ((ours, loss_a, opt_a), (theirs, loss_b, opt_b)):
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad()
+    assert max(diffs) < 1e-4, diffs
+
+
+def test_pretrain_arch_roberta_writes_what_transformers_loads(
+    bpe_shards: Path, tmp_path: Path, capsys
+) -> None:
+    out = tmp_path / "run"
+    args = ["pretrain", "--data", str(bpe_shards), "--out", str(out), "--arch", "roberta"]
+    args += ["--model-size", "tiny", "--steps", "4", "--batch-size", "4", "--max-seq-length"]
+    assert main([*args, "64", "--precision", "fp32", "--no-progress"]) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["RobertaForMaskedLM"] and config["type_vocab_size"] == 1
+    theirs = transformers.AutoModelForMaskedLM.from_pretrained(out).eval()
+    batch = Tokenizer.from_pretrained(out)(["Return the <mask> of the list.", "short"])
+    with torch.no_grad():
+        want = theirs(**batch).logits
+        got = BertForMaskedLM.from_pretrained(out)(**batch).mlm_logits
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
+    # BERT's recipe on RoBERTa's data, or NSP on a RoBERTa: one line each
+    capsys.readouterr()
+    bert = ["pretrain", "--data", str(bpe_shards), "--out", str(tmp_path / "b"), "--steps", "1"]
+    assert main([*bert, "--no-nsp"]) == 2
+    assert "prepare the data with `bertforge vocab train --kind bpe`" in capsys.readouterr().err
+    (tmp_path / "r.json").write_text((out / "config.json").read_text())
+    assert main([*bert, "--config", str(tmp_path / "r.json")]) == 2
+    assert "a RoBERTa model has no next-sentence head: pass --no-nsp" in capsys.readouterr().err

@@ -85,10 +85,11 @@ def cmd_info(args: argparse.Namespace) -> None:
 def args_vocab(p: argparse.ArgumentParser) -> None:
     from .data.corpus import FORMATS
     from .fileio import ENCODING_ERRORS
+    from .subwords import KINDS
     from .tokenizer import train_vocab
 
     vsub = p.add_subparsers(dest="vocab_command", metavar="ACTION", required=True)
-    text = "train a WordPiece vocabulary from text files"
+    text = "train a vocabulary from text files (WordPiece; --kind bpe or unigram for RoBERTa's)"
     t = vsub.add_parser("train", help=text, description=text)
     t.add_argument("files", nargs="+", help="text files, directories or glob patterns (UTF-8)")
     t.add_argument("--out", required=True, help="output directory for vocab.txt")
@@ -105,8 +106,10 @@ def args_vocab(p: argparse.ArgumentParser) -> None:
         train_vocab,
         skip=("lowercase", "show_progress"),
         flags={"vocab_size": "--size"},
-        choices={"encoding_errors": ENCODING_ERRORS},
+        choices={"encoding_errors": ENCODING_ERRORS, "kind": KINDS},
         help={
+            "kind": "wordpiece (BERT's), bpe (RoBERTa's byte-level BPE) or unigram "
+            "(XLM-RoBERTa's); bpe and unigram keep case",
             "vocab_size": "vocabulary size",
             "min_frequency": "minimum pair frequency",
             "limit_alphabet": "maximum initial characters",
@@ -125,19 +128,18 @@ def cmd_vocab_train(args: argparse.Namespace) -> None:
         raise DataError("no input files found")
     refuse_overwrite(args.out, {"corpus": [*args.files, *files]}, "--out")
     refuse_other_kind(args.out, "--out", "vocabulary")
+    kind = "WordPiece" if args.kind == "wordpiece" else args.kind
+    cased = "cased" if args.cased or args.kind != "wordpiece" else "uncased"
     print(
-        f"training a {'cased' if args.cased else 'uncased'} WordPiece vocabulary of "
-        f"{args.vocab_size:,} tokens on {len(files)} file(s)",
+        f"training a {cased} {kind} vocabulary of {args.vocab_size:,} tokens on {len(files)} file(s)"
     )
     options = options_of(args, train_vocab)
     # read as prepare reads them: JSONL's fields and WikiExtractor's markup stay out
     texts = corpus_sentences(files, args.fmt, options.pop("encoding_errors"))
     tok = train_vocab_from_texts(texts, lowercase=not args.cased, **options)
     tok.save_pretrained(args.out)
-    print(
-        f"wrote {Path(args.out) / 'vocab.txt'} ({tok.vocab_size:,} tokens) "
-        "and tokenizer_config.json"
-    )
+    written = "vocab.txt" if args.kind == "wordpiece" else "tokenizer.json"
+    print(f"wrote {Path(args.out) / written} ({tok.vocab_size:,} tokens) and tokenizer_config.json")
 
 
 def args_prepare(p: argparse.ArgumentParser) -> None:

@@ -16,6 +16,7 @@ on the post-processor's own tokens and the model's unknown token.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -53,9 +54,18 @@ def read_engine(path: Path, directory: Path | None = None) -> tuple[Engine, Spec
     engine.no_truncation()
     engine.no_padding()
     config = _config(directory) if directory is not None else {}
-    vocab = engine.get_vocab(with_added_tokens=True)
     post = read_json(path, VocabError).get("post_processor") or {}
     found = {role: _named(config, role) or _default(role, post, path) for role in ROLES}
+    length = config.get("model_max_length")
+    limit = int(length) if isinstance(length, (int, float)) and 0 < length < 10**9 else None
+    return engine, checked_specials(engine, found, str(path)), limit
+
+
+def checked_specials(engine: Engine, found: dict[str, str | None], source: str) -> Specials:
+    """The special tokens of an engine, by role (ROLES), checked against its vocabulary and its
+    template: one VocabError naming `source` where they contradict each other."""
+    path = source
+    vocab = engine.get_vocab(with_added_tokens=True)
     for role in ("cls", "sep", "pad"):
         if found[role] is None or found[role] not in vocab:
             raise VocabError(
@@ -75,17 +85,68 @@ def read_engine(path: Path, directory: Path | None = None) -> tuple[Engine, Spec
                 "the file contradicts itself"
             )
     pair = engine.post_processor.num_special_tokens_to_add(True)
-    specials = Specials(
-        cls=found["cls"],
-        sep=found["sep"],
-        pad=found["pad"],
-        unk=found["unk"] if found["unk"] in vocab else "",  # byte-level BPE has none
-        mask=found["mask"] if found["mask"] in vocab else "",
+    return Specials(
+        cls=str(found["cls"]),
+        sep=str(found["sep"]),
+        pad=str(found["pad"]),
+        unk=str(found["unk"]) if found["unk"] in vocab else "",  # byte-level BPE has none
+        mask=str(found["mask"]) if found["mask"] in vocab else "",
         pair_extra=pair,
     )
-    length = config.get("model_max_length")
-    limit = int(length) if isinstance(length, (int, float)) and 0 < length < 10**9 else None
-    return engine, specials, limit
+
+
+KINDS = ("wordpiece", "bpe", "unigram")  # vocab train --kind
+_ROBERTA = Specials(cls="<s>", sep="</s>", pad="<pad>", unk="<unk>", mask="<mask>", pair_extra=4)
+
+
+def train_engine(
+    texts: Iterable[str],
+    kind: str,
+    vocab_size: int,
+    min_frequency: int = 2,
+    show_progress: bool = True,
+) -> tuple[Engine, Specials]:
+    """A new tokenizer of RoBERTa's kind (bpe: byte-level BPE, every text representable, no
+    unknown token) or XLM-RoBERTa's (unigram: SentencePiece Unigram over Metaspace words), with
+    <s> <pad> </s> <unk> <mask> at ids 0-4 and the pair template <s> A </s></s> B </s>: what
+    `pretrain --arch roberta` needs (WordPiece is tokenizer.train_vocab's)."""
+    from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+    tokens = list(_ROBERTA.tokens)  # pad, unk, cls, sep, mask -> <s> <pad> </s> <unk> <mask>
+    order = [tokens[2], tokens[0], tokens[3], tokens[1], tokens[4]]
+    if kind == "bpe":
+        engine = Engine(models.BPE())
+        engine.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        engine.decoder = decoders.ByteLevel()
+        trainer: Any = trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            min_frequency=min_frequency,
+            special_tokens=order,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=show_progress,
+        )
+    elif kind == "unigram":
+        engine = Engine(models.Unigram())
+        engine.normalizer = normalizers.Sequence([normalizers.NFKC(), normalizers.Strip()])
+        engine.pre_tokenizer = pre_tokenizers.Metaspace()
+        engine.decoder = decoders.Metaspace()
+        trainer = trainers.UnigramTrainer(
+            vocab_size=vocab_size,
+            special_tokens=order,
+            unk_token=_ROBERTA.unk,
+            show_progress=show_progress,
+        )
+    else:
+        raise ValueError(f"kind={kind!r}: train_engine makes bpe or unigram tokenizers")
+    engine.train_from_iterator(texts, trainer=trainer)
+    cls, sep = _ROBERTA.cls, _ROBERTA.sep
+    engine.post_processor = processors.TemplateProcessing(
+        single=f"{cls} $A {sep}",
+        pair=f"{cls} $A {sep} {sep} $B {sep}",
+        special_tokens=[(cls, engine.token_to_id(cls)), (sep, engine.token_to_id(sep))],
+    )
+    found = dict(zip(ROLES, _ROBERTA.tokens))
+    return engine, checked_specials(engine, found, f"trained {kind} vocabulary")
 
 
 def _config(directory: Path) -> dict[str, Any]:

@@ -45,11 +45,11 @@ from tokenizers import AddedToken, normalizers, pre_tokenizers, processors, trai
 from tokenizers import Tokenizer as Engine
 from tokenizers.models import WordPiece
 
-from .errors import InputError, VocabError
+from .errors import InputError, VocabError, check_choice
 from .families import Specials
 from .fileio import read_json, read_lines, write_json, write_text
 from .hub import resolve
-from .subwords import NoFix, is_bert_wordpiece, read_engine
+from .subwords import KINDS, NoFix, is_bert_wordpiece, read_engine, train_engine
 from .textnorm import EngineFix, is_chinese_char, is_punctuation, is_whitespace
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
@@ -435,6 +435,14 @@ class Tokenizer:
         <s> and </s>), its engine used as the file configures it, its special tokens as its
         directory's files name them."""
         engine, specials, limit = read_engine(path, directory)
+        return cls.of_engine(engine, specials, model_max_length or limit or 512, str(path))
+
+    @classmethod
+    def of_engine(
+        cls, engine: Engine, specials: Specials, model_max_length: int, source: str
+    ) -> Tokenizer:
+        """A tokenizer over an engine that is its own reference (from_engine, train_vocab's bpe
+        and unigram kinds), its special tokens `specials`."""
         self = cls.__new__(cls)
         vocab = engine.get_vocab(with_added_tokens=True)
         tokens = [GAP.format(i) for i in range(max(vocab.values()) + 1)]
@@ -443,9 +451,9 @@ class Tokenizer:
         self.tokens, self.vocab = tokens, vocab
         self.base_size = engine.get_vocab_size(with_added_tokens=False)
         self.lowercase, self.strip_accents, self.tokenize_chinese_chars = False, None, False
-        self.model_max_length = model_max_length or limit or 512
+        self.model_max_length = model_max_length
         self.max_input_chars_per_word = MAX_INPUT_CHARS_PER_WORD
-        self.source, self._engine, self.added = str(path), engine, ()
+        self.source, self._engine, self.added = source, engine, ()
         self._fix, self._truncating = NoFix(), {}
         self.specials = specials
         self.kind = str(json.loads(engine.model.__getstate__())["type"])
@@ -1131,9 +1139,10 @@ def train_vocab(
     limit_alphabet: int = 1000,
     encoding_errors: str = "strict",
     show_progress: bool = True,
+    kind: str = "wordpiece",
 ) -> Tokenizer:
     """Train a WordPiece vocabulary on plain text files (each line a text), with BERT's special
-    tokens first. JSONL or WikiExtractor files would put their markup into the vocabulary: read
+    tokens first (kind: bpe or unigram for RoBERTa's or XLM-RoBERTa's, train_vocab_from_texts). JSONL or WikiExtractor files would put their markup into the vocabulary: read
     them with bertforge.data.corpus.corpus_sentences into train_vocab_from_texts, as
     `bertforge vocab train` does.
     """
@@ -1147,6 +1156,7 @@ def train_vocab(
         min_frequency=min_frequency,
         limit_alphabet=limit_alphabet,
         show_progress=show_progress,
+        kind=kind,
     )
 
 
@@ -1158,14 +1168,21 @@ def train_vocab_from_texts(
     min_frequency: int = 2,
     limit_alphabet: int = 1000,
     show_progress: bool = True,
+    kind: str = "wordpiece",
 ) -> Tokenizer:
-    """Train a WordPiece vocabulary on texts, with BERT's special tokens first.
+    """Train a WordPiece vocabulary on texts, with BERT's special tokens first; kind "bpe" or
+    "unigram": RoBERTa's byte-level BPE or XLM-RoBERTa's Unigram (subwords.train_engine; cased,
+    as those models are: `lowercase` and `limit_alphabet` are WordPiece's).
 
     The text goes through exactly the normalization the returned tokenizer applies, so every
     piece the trainer learns can be produced at encoding time.
     """
+    check_choice("kind", kind, KINDS)
     if vocab_size < len(SPECIAL_TOKENS) + 1:
         raise InputError(f"vocab_size={vocab_size}: must be more than {len(SPECIAL_TOKENS)}")
+    if kind != "wordpiece":
+        engine, specials = train_engine(texts, kind, vocab_size, min_frequency, show_progress)
+        return Tokenizer.of_engine(engine, specials, 512, f"trained {kind} vocabulary")
     engine = _build_engine(None, lowercase, lowercase, True)
     fix = EngineFix(engine, lowercase, lowercase, True)
     trainer = trainers.WordPieceTrainer(

@@ -32,7 +32,8 @@ class Specials:
 class Family:
     """One encoder family as its checkpoints lay it out (see the module docstring).
 
-    name: config.json's model_type written back; display: the name people write; architecture: the prefix of transformers'
+    name: config.json's model_type written back; display: the name people write; base: the
+    architecture it is built on (pretrain --arch: bert, roberta); architecture: the prefix of transformers'
     class names ("Bert" -> "BertForMaskedLM"); prefix: the encoder's name in a task model's file;
     keys: config.json keys of this family -> ours; defaults: values of keys a file leaves out
     (transformers' defaults for the family); fixed: values the family implies, not in its files;
@@ -50,6 +51,7 @@ class Family:
 
     name: str
     display: str
+    base: str
     architecture: str
     prefix: str
     table: Table

@@ -12,6 +12,7 @@ from .base import Family
 BERT = Family(
     name="bert",
     display="BERT",
+    base="bert",
     architecture="Bert",
     prefix="bert.",
     table=(
@@ -62,6 +63,7 @@ DISTILBERT_KEYS = {
 DISTILBERT = Family(
     name="distilbert",
     display="DistilBERT",
+    base="bert",
     architecture="DistilBert",
     prefix="distilbert.",
     table=(

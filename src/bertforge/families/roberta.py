@@ -29,6 +29,7 @@ _HEAD_TABLE = (
 ROBERTA = Family(
     name="roberta",
     display="RoBERTa",
+    base="roberta",
     architecture="Roberta",
     prefix="roberta.",
     table=(*_ENCODER, *_HEAD_TABLE),
