@@ -375,3 +375,39 @@ def test_pretrain_arch_roberta_writes_what_transformers_loads(
     (tmp_path / "r.json").write_text((out / "config.json").read_text())
     assert main([*bert, "--config", str(tmp_path / "r.json")]) == 2
     assert "a RoBERTa model has no next-sentence head: pass --no-nsp" in capsys.readouterr().err
+
+
+def test_index_search_and_serve_a_roberta_bi_encoder(
+    family_dir: Path, corpus: list[str], tmp_path: Path, capsys
+) -> None:
+    """The verbs over a family's sentence-transformers directory: index and search agree with
+    its embeddings; the server's embeddings are the pipeline's and fill-mask counts <mask>."""
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from bertforge.serve import Limits, create_app
+
+    docs = corpus[:12]
+    (tmp_path / "docs.jsonl").write_text(
+        "".join(json.dumps({"id": f"d{i}", "text": t}) + "\n" for i, t in enumerate(docs))
+    )
+    (tmp_path / "q.txt").write_text(docs[3][:60] + "\n")
+    index = tmp_path / "idx"
+    args = ["index", str(family_dir), str(tmp_path / "docs.jsonl"), "--out", str(index)]
+    assert main([*args, "--precision", "fp32"]) == 0
+    capsys.readouterr()
+    assert main(["search", str(index), str(tmp_path / "q.txt"), "--top-k", "3"]) == 0
+    [row] = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    pipe = Pipeline(str(family_dir), precision="fp32")
+    vectors = pipe.embed([docs[3][:60], *docs])
+    scores = vectors[1:] @ vectors[0]
+    assert [h["id"] for h in row["results"]] == [f"d{i}" for i in np.argsort(-scores)[:3]]
+    app = create_app(family_dir, Limits(max_wait_ms=5), precision="fp32")
+    with TestClient(app) as client:
+        got = client.post("/v1/embeddings", json={"input": docs[:2], "model": "m"}).json()
+        served = np.array([d["embedding"] for d in got["data"]])
+        np.testing.assert_allclose(served, pipe.embed(docs[:2]), atol=1e-5)
+        answer = client.post("/fill-mask", json={"texts": ["the <mask> of it"], "top_k": 2})
+        assert answer.status_code == 200
+        [[top]] = answer.json()["results"]  # per text, per <mask>: the top_k tokens
+        assert len(top) == 2 and all(t["id"] < len(pipe.tok) for t in top)

@@ -515,7 +515,7 @@ class Tokenizer:
         transformers writes them."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        if self.kind != "WordPiece" or self.specials != Specials():
+        if self.own_engine:
             self._save_engine(directory)
             return
         vocab = self.tokens[: self.base_size]
@@ -565,6 +565,17 @@ class Tokenizer:
                 **{f"{role}_token": t for role, t in roles.items() if t},
             },
         )
+
+    @property
+    def own_engine(self) -> bool:
+        """Whether the engine is its own reference (another family's tokenizer.json, subwords.py)
+        rather than BERT's WordPiece rebuilt to Google's rules."""
+        return self.kind != "WordPiece" or self.specials != Specials()
+
+    def definition(self) -> str:
+        """What decides the pieces besides the vocabulary and BERT's rules: an engine of its own
+        in full (normalizer, pre-tokenizer, model, template); "" for BERT's WordPiece."""
+        return self._engine.to_str() if self.own_engine else ""
 
     # -- vocabulary --------------------------------------------------------------------------
 
@@ -855,7 +866,7 @@ class Tokenizer:
         of spaces before punctuation and contractions ("it ' s ." -> "it's.")."""
         if isinstance(ids, torch.Tensor):
             ids = ids.tolist()
-        if self.kind != "WordPiece" or self.specials != Specials():
+        if self.own_engine:
             return self._engine.decode(list(ids), skip_special_tokens=skip_special_tokens)
         tokens = self.convert_ids_to_tokens(ids)
         if skip_special_tokens:
