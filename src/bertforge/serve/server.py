@@ -71,7 +71,7 @@ class Server:
         pipe = self.pipe
         if entry.name != "qa":
             return {}
-        positions = pipe.config.max_position_embeddings
+        positions = pipe.config.max_tokens
         given = {
             "max_seq_length": None if pipe.max_length is None else min(pipe.max_length, positions),
             "doc_stride": pipe.stride,
