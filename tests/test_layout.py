@@ -33,7 +33,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
         frozenset({"search", "probe", "probe_tokens", "export", "merge", "attention"}),
     ),
     ("servers", frozenset({"serve", "demo"})),
-    ("command line", frozenset({"cli", "__main__", "__init__"})),
+    ("command line", frozenset({"cli", "cli_search", "__main__", "__init__"})),
 )
 # Neither side imports the other: inference knows no training, training no inference front door.
 APART = (
