@@ -33,8 +33,8 @@ from .task_files import keyword_table
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
 
-FAMILIES = ["roberta", "xlm-roberta"]
-ARCH = {"roberta": "Roberta", "xlm-roberta": "XLMRoberta"}
+FAMILIES = ["roberta", "xlm-roberta", "mpnet"]
+ARCH = {"roberta": "Roberta", "xlm-roberta": "XLMRoberta", "mpnet": "MPNet"}
 SMALL = dict(
     hidden_size=64,
     num_hidden_layers=2,
@@ -72,6 +72,14 @@ def _reference_tokenizer(kind: str, corpus: list[str]) -> object:
         return transformers.RobertaTokenizerFast(
             tokenizer_object=bpe._tokenizer, model_max_length=64
         )
+    if kind == "mpnet":  # WordPiece with RoBERTa's special tokens
+        wordpiece = tokenizers.BertWordPieceTokenizer(lowercase=True)
+        specials = ["<s>", "<pad>", "</s>", "[UNK]", "<mask>"]
+        wordpiece.train_from_iterator(
+            corpus, vocab_size=500, special_tokens=specials, show_progress=False
+        )
+        vocab = wordpiece.get_vocab()
+        return transformers.MPNetTokenizer(vocab=vocab, model_max_length=64)
     unigram = tokenizers.SentencePieceUnigramTokenizer()  # XLM-RoBERTa's SentencePiece Unigram
     specials = ["<s>", "<pad>", "</s>", "<unk>"]
     unigram.train_from_iterator(
@@ -97,7 +105,7 @@ def family_dir(request: pytest.FixtureRequest, corpus: list[str], tmp_path_facto
 def test_token_ids_and_offsets_equal_transformers(family_dir: Path, corpus: list[str]) -> None:
     theirs = transformers.AutoTokenizer.from_pretrained(family_dir)
     ours = Tokenizer.from_pretrained(family_dir)
-    assert ours.kind in ("BPE", "Unigram") and ours.specials.pair_extra == 4
+    assert ours.own_engine and ours.specials.pair_extra == 4
     long = " ".join(corpus[:40])  # longer than the model: encoded whole, then cut
     for text in [*TEXTS, *corpus[:30], long, "Paris is the <mask> of France."]:
         want = theirs(text, truncation=False, return_offsets_mapping=True)
@@ -411,3 +419,28 @@ def test_index_search_and_serve_a_roberta_bi_encoder(
         assert answer.status_code == 200
         [[top]] = answer.json()["results"]  # per text, per <mask>: the top_k tokens
         assert len(top) == 2 and all(t["id"] < len(pipe.tok) for t in top)
+
+
+def test_mpnet_relative_positions_beyond_their_last_bucket(tmp_path: Path) -> None:
+    """MPNet's relative position buckets over rows of 200 pieces (distances past 128 share a
+    bucket), padded, in fp32 and under bf16 autocast (the scores added to SDPA's in its dtype)."""
+    torch.manual_seed(0)
+    config = transformers.MPNetConfig(
+        vocab_size=301, max_position_embeddings=260, **{k: SMALL[k] for k in list(SMALL)[:4]}
+    )
+    transformers.MPNetModel(config).eval().save_pretrained(tmp_path)
+    theirs = transformers.MPNetModel.from_pretrained(tmp_path).eval()
+    ours = BertModel.from_pretrained(tmp_path)
+    ids = torch.randint(3, 301, (2, 200))
+    mask = torch.ones_like(ids)
+    mask[1, 150:] = 0
+    ids = ids.masked_fill(mask == 0, 1)
+    real = mask.bool()
+    with torch.no_grad():
+        want = theirs(input_ids=ids, attention_mask=mask).last_hidden_state
+        got = ours(input_ids=ids, attention_mask=mask).last_hidden_state
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            low = ours(input_ids=ids, attention_mask=mask).last_hidden_state.float()
+    torch.testing.assert_close(got[real], want[real], atol=1e-5, rtol=0)
+    cosine = torch.nn.functional.cosine_similarity(low[real], want[real], dim=-1)
+    assert cosine.min() > 0.999

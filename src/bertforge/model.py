@@ -198,14 +198,18 @@ class Layer(nn.Module):
     def forward(
         self, x: torch.Tensor, mask: torch.Tensor | None, return_probs: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """x (B, T, H), mask (B, 1, 1, T) bool (True = attend) or None -> (B, T, H)."""
+        """x (B, T, H), mask (B, 1, 1, T) bool (True = attend), or (B or 1, nh, T, T) floats added
+        to the scores (relative positions, padding at the dtype's minimum), or None -> (B, T, H)."""
         B, T, H = x.shape
         q, k, v = (
             self.attn["qkv"](x).view(B, T, 3, self.nh, H // self.nh).permute(2, 0, 3, 1, 4)
         )  # each (B, nh, T, hs)
         p = self.attn_dropout if self.training else 0.0
         probs = None
-        if return_probs or (x.device.type == "cpu" and self.training):
+        # the ONNX exporter's SDPA with a float mask (relative positions) gives an output it
+        # cannot reshape: exported, such a model attends in the explicit form
+        exported = mask is not None and mask.is_floating_point() and torch.compiler.is_exporting()
+        if return_probs or exported or (x.device.type == "cpu" and self.training):
             # The explicit form: when the probabilities themselves are wanted, and for training
             # on the CPU, where torch's SDPA kernels are slower (measured on AVX-512 BF16:
             # forward + backward 59 vs 111 ms in bf16, 80 vs 99 ms in fp32). Inference takes SDPA
@@ -213,11 +217,15 @@ class Layer(nn.Module):
             # masked rows, it is 3.3 vs 15.8 ms (32 rows of 128), 5.8 vs 38.7 ms (16 of 256),
             # 9.8 vs 77.9 ms (8 of 512), 2.1 vs 3.8 ms (128 of 32).
             scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])  # (B, nh, T, T)
-            if mask is not None:
+            if mask is not None and mask.is_floating_point():  # relative positions' scores
+                scores = scores + mask.to(scores.dtype)
+            elif mask is not None:
                 scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
             probs = scores.softmax(dim=-1)
             y = dropout(probs, p, self.training) @ v
         else:
+            if mask is not None and mask.is_floating_point():
+                mask = mask.to(q.dtype)  # SDPA adds a float mask of the query's dtype
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
         y = y.transpose(1, 2).reshape(B, T, H)  # (B, T, nh, hs) -> (B, T, H)
         return self._after_attention(x, y), (probs if return_probs else None)
@@ -351,6 +359,15 @@ class BertModel(Pretrained, nn.Module):
             add_pooling_layer = config.family.pooler
         self.embeddings = Embeddings(config)
         self.layers = nn.ModuleList(Layer(config) for _ in range(config.num_hidden_layers))
+        # MPNet: one score per head for each relative position bucket, shared by every layer
+        self.relative_bias = (
+            nn.Embedding(
+                config.extras.get("relative_attention_num_buckets", RELATIVE_BUCKETS),
+                config.num_attention_heads,
+            )
+            if config.family.relative_buckets
+            else None
+        )
         self.pooler = (
             nn.ModuleDict({"dense": nn.Linear(config.hidden_size, config.hidden_size)})
             if add_pooling_layer
@@ -397,10 +414,13 @@ class BertModel(Pretrained, nn.Module):
         ):
             mask = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T): keys to attend to
         x = self.embeddings(input_ids, token_type_ids, position_ids)
+        if self.relative_bias is not None:  # (1, nh, T, T) scores, padding at the minimum
+            mask = relative_scores(self.relative_bias, x.shape[1], x.device, mask)
         hidden = [x] if output_hidden_states else None
         probs = [] if output_attentions else None
         if unpad is None:
             unpad = not tracing and not output_attentions and unpads(x, self.training)
+            unpad = unpad and self.relative_bias is None  # the varlen kernel adds no scores
         if unpad and output_attentions:
             raise InputError("unpad=True: attention maps come from the padded path only")
         if mask is not None and unpad:
@@ -437,6 +457,37 @@ class BertModel(Pretrained, nn.Module):
             if hidden is not None:
                 hidden.append(rows.unpack(x))
         return rows.unpack(x)
+
+
+RELATIVE_BUCKETS = 32  # MPNet's relative position buckets (HF computes with 32 whatever the config)
+RELATIVE_DISTANCE = 128  # distances from here on share the last bucket of their sign
+
+
+def relative_buckets(T: int, device: torch.device) -> torch.Tensor:
+    """(T, T) bucket of each key's position relative to each query's, T5's bidirectional
+    buckets as MPNet computes them: half the buckets for keys after the query, exact distances
+    up to 8, then logarithmic up to RELATIVE_DISTANCE."""
+    positions = torch.arange(T, device=device)
+    n = positions[:, None] - positions[None, :]  # query - key
+    half = RELATIVE_BUCKETS // 2
+    bucket = (n < 0).long() * half
+    n = n.abs()
+    exact = half // 2
+    large = exact + (
+        torch.log(n.float() / exact) / math.log(RELATIVE_DISTANCE / exact) * (half - exact)
+    ).long()
+    return bucket + torch.where(n < exact, n, large.clamp(max=half - 1))
+
+
+def relative_scores(
+    table: nn.Embedding, T: int, device: torch.device, mask: torch.Tensor | None
+) -> torch.Tensor:
+    """The scores relative positions add to attention, (1, nh, T, T); with a padding mask
+    (B, 1, 1, T), (B, nh, T, T) with the padded keys at the dtype's minimum."""
+    scores = table(relative_buckets(T, device)).permute(2, 0, 1)[None]  # (1, nh, T, T)
+    if mask is None:
+        return scores
+    return scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
 
 
 # Inference on a GPU skips padding (Packing) where it can; False: padded batches, as on the CPU

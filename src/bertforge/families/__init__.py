@@ -8,6 +8,7 @@ tokenizer read these fields; none of them holds a copy per family.
 
     bert.py      BERT (model_type "bert") and DistilBERT ("distilbert")
     roberta.py   RoBERTa ("roberta"), XLM-RoBERTa ("xlm-roberta"), CamemBERT ("camembert")
+    mpnet.py     MPNet ("mpnet"): relative position buckets
 
 A checkpoint name table maps our parameter names (regexes over the names under a task model's
 `bert.`) to the file's names; several file names are concatenated along dim 0 (the fused qkv);
@@ -19,9 +20,10 @@ from __future__ import annotations
 from ..errors import ConfigError
 from .base import BODY, Family, Specials, Table
 from .bert import BERT, DISTILBERT
+from .mpnet import MPNET
 from .roberta import CAMEMBERT, ROBERTA, XLM_ROBERTA
 
-FAMILIES = {f.name: f for f in (BERT, DISTILBERT, ROBERTA, XLM_ROBERTA, CAMEMBERT)}
+FAMILIES = {f.name: f for f in (BERT, DISTILBERT, ROBERTA, XLM_ROBERTA, CAMEMBERT, MPNET)}
 MODEL_TYPES = tuple(FAMILIES)
 
 

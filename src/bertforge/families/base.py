@@ -44,7 +44,8 @@ class Family:
     loading skips (buffers, a decoder tied to the word embeddings); aliases: other spellings
     of a name found in older files; decoder: the tied decoder's name in the file (a warning when
     it is not the word embeddings); position_offset: positions count from pad_token_id + 1 past
-    the padding (RoBERTa's), not from 0; pooler: whether the bare encoder has one; pooler_act:
+    the padding (RoBERTa's), not from 0; relative_buckets: a table of relative position buckets
+    (MPNet's) adds a score per head to every layer's attention; pooler: whether the bare encoder has one; pooler_act:
     its non-linearity; segments:
     whether the family has segment embeddings at all; specials: its tokenizer's tokens.
     """
@@ -66,6 +67,7 @@ class Family:
     aliases: dict[str, str] = field(default_factory=dict)
     decoder: str = ""
     position_offset: bool = False
+    relative_buckets: bool = False
     pooler: bool = True
     pooler_act: str = "tanh"
     segments: bool = True
