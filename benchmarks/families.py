@@ -161,7 +161,9 @@ def equality(name: str, directory: Path, texts: list[str]) -> dict[str, Any]:
     want = st.encode(texts, batch_size=32)
     pipe = Pipeline(directory, precision="fp32", truncate=True)
     got = pipe.embed(texts)
-    ids = sum(pipe.tok.encode(t, truncation=False).ids != st.tokenizer(t)["input_ids"] for t in texts)
+    ids = sum(
+        pipe.tok.encode(t, truncation=False).ids != st.tokenizer(t)["input_ids"] for t in texts
+    )
     row = {
         "model": name,
         "texts": len(texts),
