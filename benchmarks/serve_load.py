@@ -28,9 +28,7 @@ import argparse
 import asyncio
 import collections
 import json
-import socket
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -41,12 +39,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine, write_results
 from inference_throughput import real_sentences
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from servers import cross_encoder, start
 
 
 async def load(url: str, texts: list[str], n: int, concurrency: int, per: int) -> dict:
@@ -100,24 +93,6 @@ def quantiles(latencies: list[float]) -> dict[str, Any]:
     q = statistics.quantiles(latencies, n=100) if len(latencies) > 1 else [0.0] * 99
     top = latencies[-1] * 1e3 if latencies else None
     return {"n": len(latencies), "p50_ms": q[49] * 1e3, "p99_ms": q[98] * 1e3, "max_ms": top}
-
-
-def cross_encoder(minilm: Path, out: Path) -> Path:
-    """all-MiniLM-L6-v2 with a fresh one-output sequence head (seeded): a cross-encoder whose
-    /embed is all-MiniLM-L6-v2's (its sentence-transformers files are kept)."""
-    import shutil
-    import warnings
-
-    import torch
-
-    from bertforge.heads import BertForSequenceClassification
-
-    shutil.copytree(minilm, out)
-    torch.manual_seed(0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the fresh head
-        BertForSequenceClassification.from_pretrained(minilm, num_labels=1).save_pretrained(out)
-    return out
 
 
 def long_texts(sentences: list[str], chars: int) -> list[str]:
@@ -194,29 +169,6 @@ async def mixed(
         "big_rerank_s": [b - a for a, b in big_spans],
         "status_codes": dict(codes),
     }
-
-
-def start(model: str, src: str | None, options: str = "") -> tuple[subprocess.Popen, str]:
-    """The server on a free port (from source tree `src` when given; with more `serve`
-    options), once it answers."""
-    import os
-    import shlex
-
-    import httpx
-
-    port = free_port()
-    env = {**os.environ, **({"PYTHONPATH": src} if src else {})}
-    cmd = [sys.executable, "-m", "bertforge", "serve", model, "--port", str(port)]
-    cmd += shlex.split(options)
-    proc = subprocess.Popen(cmd, env=env)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(600):
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    return proc, url
 
 
 def run_mixed(args: argparse.Namespace) -> None:

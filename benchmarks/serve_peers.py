@@ -131,7 +131,7 @@ def scores_of(server: str, answer: dict) -> list[float]:
 
 def one_round(server: str, load: str, model: Path, items: list, concurrency: int, ctx: dict):
     """Start `server` on `model`, warm it up, run the load, stop it."""
-    from serve_load import free_port, start
+    from servers import free_port, start
 
     if server == "bertforge":
         proc, url = start(str(model), ctx["server_src"], ctx["serve_options"])
@@ -203,7 +203,7 @@ def _summary(results: list[dict]) -> dict[str, float]:
 
 
 def cross_encoder_at(model: str | None, minilm: Path, tmp: Path) -> Path:
-    from serve_load import cross_encoder
+    from servers import cross_encoder
 
     return Path(model) if model else cross_encoder(minilm, tmp / "ce")
 

@@ -23,7 +23,8 @@ from bertforge import (
     VocabError,
 )
 from bertforge.catalogue import inspect
-from bertforge.checkpoint import KEY_TABLE, hf_names, hf_state_dict
+from bertforge.checkpoint import hf_names, hf_state_dict
+from bertforge.families import BERT
 from tests.conftest import TINY
 
 
@@ -49,7 +50,7 @@ def test_key_table_covers_every_parameter_and_round_trips() -> None:
     assert len(names) == len(set(names))  # one HF name per tensor
     assert "bert.encoder.layer.1.attention.self.value.weight" in names
     assert "cls.predictions.bias" in names and "cls.seq_relationship.weight" in names
-    assert len(KEY_TABLE) == 17  # 15 for the encoder and pre-training heads, 2 task heads
+    assert len(BERT.table) == 17  # 15 for the encoder and pre-training heads, 2 task heads
     hf = hf_state_dict(model)
     q = hf["bert.encoder.layer.0.attention.self.query.weight"]
     assert torch.equal(q, model.bert.layers[0].attn["qkv"].weight[:128])

@@ -19,7 +19,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
         "foundations",
         frozenset(
             {"errors", "textnorm", "fileio", "hub", "config", "options", "evaluate", "runner"}
-            | {"tokenizer", "embedding"}
+            | {"families", "subwords", "tokenizer", "embedding"}
         ),
     ),
     ("data", frozenset({"data"})),
@@ -33,7 +33,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
         frozenset({"search", "probe", "probe_tokens", "export", "merge", "attention"}),
     ),
     ("servers", frozenset({"serve", "demo"})),
-    ("command line", frozenset({"cli", "__main__", "__init__"})),
+    ("command line", frozenset({"cli", "cli_search", "__main__", "__init__"})),
 )
 # Neither side imports the other: inference knows no training, training no inference front door.
 APART = (
@@ -192,6 +192,38 @@ def test_imports_run_down_the_layers() -> None:
 
 def test_the_import_graph_has_no_circle() -> None:
     assert not circles(SRC)
+
+
+def script_imports(folder: Path) -> dict[str, set[str]]:
+    """script -> the folder's other scripts it imports (benchmarks/ imports its siblings by
+    their bare names), function-level imports included."""
+    names = {p.stem for p in folder.glob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for path in folder.glob("*.py"):
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found |= {a.name for a in node.names if a.name in names}
+            elif isinstance(node, ast.ImportFrom) and node.module in names and not node.level:
+                found.add(node.module)
+        graph[path.stem] = found - {path.stem}
+    return graph
+
+
+def test_the_benchmarks_import_no_circle() -> None:
+    """benchmarks/serve_load.py and serve_peers.py once imported each other; what both need
+    is in a third script (servers.py)."""
+    graph = script_imports(SRC.parents[1] / "benchmarks")
+    assert graph["serve_peers"] and "serve_peers" in graph["serve_load"]  # the graph is read
+    # any circle is a path back to its start: a depth-first walk from every script
+    for start in graph:
+        seen, todo = set(), list(graph[start])
+        while todo:
+            v = todo.pop()
+            assert v != start, f"benchmarks: {start} imports itself through {sorted(seen)}"
+            if v not in seen:
+                seen.add(v)
+                todo.extend(graph.get(v, ()))
 
 
 def test_no_module_reaches_into_another_s_private_names() -> None:

@@ -224,7 +224,7 @@ def test_initialisation_follows_bert() -> None:
 def test_bad_inputs_give_clear_errors(small_config: BertConfig) -> None:
     model = BertModel(small_config).eval()
     with pytest.raises(
-        InputError, match="sequence length 513 is more than max_position_embeddings=512"
+        InputError, match="sequence length 513 is more than the model's 512 positions"
     ):
         model(torch.zeros(1, 513, dtype=torch.long))
     with pytest.raises(

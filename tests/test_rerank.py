@@ -8,6 +8,7 @@ import json
 import re
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -119,9 +120,23 @@ def test_no_activation_named_is_sigmoid_and_an_unknown_one_is_refused(
         Pipeline(d).score(["q"], ["d"])
 
 
+def _frame(cls_id: int, sep_id: int) -> Any:
+    """A stand-in tokenizer for pair_rows over made-up piece ids: BERT's frame ([CLS] a [SEP]
+    b [SEP]) around them with these ids, as Tokenizer.row lays it."""
+    from types import SimpleNamespace
+
+    from bertforge.families import Specials
+    from bertforge.tokenizer import Tokenizer
+
+    tok = SimpleNamespace(cls_id=cls_id, sep_id=sep_id, specials=Specials())
+    tok.row = lambda a, b=None: Tokenizer.row(tok, a, b)  # type: ignore[arg-type]
+    return tok
+
+
 def test_pair_rows_cover_the_document_with_the_query_in_every_row() -> None:
     q, d = list(range(100, 110)), list(range(200, 300))
-    rows = ranking.pair_rows(q, d, (1, 2), max_length=40, stride=10)
+    frame = _frame(1, 2)
+    rows = ranking.pair_rows(q, d, frame, max_length=40, stride=10)
     seen: set[int] = set()
     for ids, types in rows:
         assert len(ids) <= 40 and ids[0] == 1 and ids[-1] == 2
@@ -130,13 +145,13 @@ def test_pair_rows_cover_the_document_with_the_query_in_every_row() -> None:
         seen.update(ids[12:-1].tolist())
     assert seen == set(d)
     # a pair that fits: one row, the tokenizer's own pair layout
-    assert len(ranking.pair_rows(q, d[:5], (1, 2), 40)) == 1
+    assert len(ranking.pair_rows(q, d[:5], frame, 40)) == 1
     # a long query is cut to half a row beside a long document; beside a short one, to fit
-    ids, _ = ranking.pair_rows(list(range(100, 160)), d, (1, 2), 40)[0]
+    ids, _ = ranking.pair_rows(list(range(100, 160)), d, frame, 40)[0]
     assert list(ids[1:19]) == list(range(100, 118)) and ids[19] == 2
-    (ids, _), *more = ranking.pair_rows(list(range(100, 160)), d[:5], (1, 2), 40)
+    (ids, _), *more = ranking.pair_rows(list(range(100, 160)), d[:5], frame, 40)
     assert not more and len(ids) == 40 and list(ids[-6:-1]) == d[:5]
-    assert len(ranking.pair_rows(q, d, (1, 2), 40, truncate=True)) == 1
+    assert len(ranking.pair_rows(q, d, frame, 40, truncate=True)) == 1
 
 
 def test_ranked_refuses_a_score_that_is_not_finite(tiny_ce: Path) -> None:
@@ -177,11 +192,7 @@ def test_a_long_document_scores_its_best_window(cross_encoder: Path) -> None:
     pipe = Pipeline(cross_encoder, precision="fp32", max_length=48)
     q_ids = pipe.tok.encode(QUERIES[0], add_special_tokens=False).ids
     d_ids = pipe.tok.encode(doc, add_special_tokens=False, truncation=False).ids
-    special = (
-        pipe.tok.convert_tokens_to_ids(["[CLS]"])[0],
-        pipe.tok.convert_tokens_to_ids(["[SEP]"])[0],
-    )
-    rows = ranking.pair_rows(q_ids, d_ids, special, 48)
+    rows = ranking.pair_rows(q_ids, d_ids, pipe.tok, 48)
     assert len(rows) > 2
     windows = [pipe.tok.decode(ids[len(q_ids) + 2 : -1]) for ids, _ in rows]
     per_window = ce.predict([(QUERIES[0], w) for w in windows])

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import tokenizers
 import torch
 
 from bertforge import Tokenizer, VocabError
@@ -234,8 +235,6 @@ def _no_mask(data: dict[str, Any]) -> None:
 @pytest.mark.parametrize(
     "edit, message",
     [
-        (_bpe, r"model type 'BPE' is not WordPiece"),
-        (_unigram, r"model type 'Unigram' is not WordPiece"),
         (_set("model.unk_token", "<unk>"), r"model.unk_token is '<unk>'; BERT's WordPiece uses"),
         (_set("model.continuing_subword_prefix", "@@"), r"model.continuing_subword_prefix is '@@'"),
         (_set("normalizer", {"type": "NFKC"}), r"normalizer \['NFKC'\] is not BERT's"),
@@ -255,6 +254,30 @@ def test_a_tokenizer_json_that_is_not_berts_is_one_clear_error(
 ) -> None:
     bad = _edited(hf_dir, tmp_path / "bad", edit)
     with pytest.raises(VocabError, match=rf"^{bad / 'tokenizer.json'}: {message}"):
+        Tokenizer.from_pretrained(bad)
+
+
+@pytest.mark.parametrize("edit, kind", [(_bpe, "BPE"), (_unigram, "Unigram")])
+def test_a_tokenizer_json_of_another_kind_is_read_by_its_engine(
+    hf_dir: Path, tmp_path: Path, edit: Any, kind: str
+) -> None:
+    """Not BERT's WordPiece: the file is its own reference (subwords.py), read whole by the
+    engine with the specials its directory names; without them it is one clear error."""
+    bad = _edited(hf_dir, tmp_path / "other", edit)
+    # the edit left the template's [CLS] at 101, where the engine numbers the added tokens 2...
+    with pytest.raises(VocabError, match=r"post_processor gives '\[CLS\]' the id 101, the vocab"):
+        Tokenizer.from_pretrained(bad)
+    data = json.loads((bad / "tokenizer.json").read_text())
+    engine = tokenizers.Tokenizer.from_file(str(bad / "tokenizer.json"))
+    for t in data["post_processor"]["special_tokens"].values():
+        t["ids"] = [engine.token_to_id(t["id"])]  # the ids the engine gives the added tokens
+    (bad / "tokenizer.json").write_text(json.dumps(data))
+    tok = Tokenizer.from_pretrained(bad)
+    assert tok.kind == kind and tok.encode("a").ids[0] == tok.cls_id == tok.vocab["[CLS]"]
+    assert tok.specials.pair_extra == 3  # BERT's template, kept
+    data["added_tokens"] = [t for t in data["added_tokens"] if t["content"] != "[CLS]"]
+    (bad / "tokenizer.json").write_text(json.dumps(data))
+    with pytest.raises(VocabError, match=r"the cls token '\[CLS\]' is not in the vocabulary"):
         Tokenizer.from_pretrained(bad)
 
 

@@ -41,7 +41,7 @@ def attention_maps(
     with a warning saying how many pieces were left out."""
     tok = Tokenizer.from_pretrained(model_dir)
     model = BertModel.from_pretrained(model_dir).eval()
-    limit = min(tok.model_max_length, model.config.max_position_embeddings)
+    limit = min(tok.model_max_length, model.config.max_tokens)
     if max_length is not None and not 3 <= max_length <= limit:
         raise ConfigError(
             f"--max-length {max_length}: "

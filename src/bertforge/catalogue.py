@@ -226,7 +226,7 @@ ENTRIES: dict[str, Entry] = {
             needs="masked-LM head",
             remedy=PRE_TRAIN,
             also=("BertForPreTraining",),
-            tensors=("cls.predictions.", "vocab_transform."),
+            tensors=("cls.predictions.", "vocab_transform.", "lm_head."),
             head_label="masked LM (mlm)",
             options={"top_k": "tokens per [MASK]"},
             unused=ONE_ROW,
@@ -390,9 +390,9 @@ class CheckpointInfo:
         c, vocab = self.config, self.vocabulary()
         lines = [
             f"checkpoint   {self.directory}",
-            f"encoder      {'DistilBERT' if c.model_type == 'distilbert' else 'BERT'} "
+            f"encoder      {c.family.display} "
             f"L={c.num_hidden_layers} H={c.hidden_size} A={c.num_attention_heads} "
-            f"I={c.intermediate_size} max_len={c.max_position_embeddings} act={c.hidden_act}",
+            f"I={c.intermediate_size} max_len={c.max_tokens} act={c.hidden_act}",
             f"parameters   {self.num_parameters:,} ({', '.join(self.dtypes)})",
             f"heads        {', '.join(self.heads) or 'none (encoder only)'}",
             f"pipelines    {', '.join(self.pipelines)}",

@@ -9,7 +9,7 @@ must lie inside the checkpoint's directory, links followed (fileio.inside). Writ
 `model.safetensors` with HF names, so transformers loads our checkpoints too.
 
 Our parameter names differ from HF's (shorter, and one fused `qkv` projection instead of
-query/key/value); `KEY_TABLE` below is the whole mapping. Every error names the file and the
+query/key/value); each family's table in bertforge.families is the whole mapping. Every error names the file and the
 tensor: missing files, shapes that do not fit the config (both shapes given), truncated or
 corrupt files, a vocab.txt larger than the config's vocab_size.
 """
@@ -30,6 +30,7 @@ from torch import nn
 
 from .config import BertConfig, config_file
 from .errors import CheckpointError, CheckpointWarning, FreshWeightsWarning, VocabError
+from .families import BODY, FAMILIES, Family, family
 from .fileio import atomic_path, files_sha256, inside, read_json
 from .hub import resolve
 from .tokenizer import VOCAB_FILES, id_count
@@ -40,93 +41,21 @@ PICKLE = "pytorch_model.bin"
 PICKLE_INDEX = "pytorch_model.bin.index.json"
 WEIGHTS = (SAFETENSORS, SAFETENSORS_INDEX, PICKLE, PICKLE_INDEX)  # in the order looked for
 
-# Our name (regex) -> HF name(s). Several HF names are concatenated along dim 0 (fused qkv).
-# Names under `bert.` in our task models map to `bert.` + the same HF name.
-KEY_TABLE: list[tuple[str, tuple[str, ...]]] = [
-    (r"embeddings\.word\.(\w+)", ("embeddings.word_embeddings.{0}",)),
-    (r"embeddings\.position\.(\w+)", ("embeddings.position_embeddings.{0}",)),
-    (r"embeddings\.token_type\.(\w+)", ("embeddings.token_type_embeddings.{0}",)),
-    (r"embeddings\.norm\.(\w+)", ("embeddings.LayerNorm.{0}",)),
-    (
-        r"layers\.(\d+)\.attn\.qkv\.(\w+)",
-        (
-            "encoder.layer.{0}.attention.self.query.{1}",
-            "encoder.layer.{0}.attention.self.key.{1}",
-            "encoder.layer.{0}.attention.self.value.{1}",
-        ),
-    ),
-    (r"layers\.(\d+)\.attn\.out\.(\w+)", ("encoder.layer.{0}.attention.output.dense.{1}",)),
-    (r"layers\.(\d+)\.attn_norm\.(\w+)", ("encoder.layer.{0}.attention.output.LayerNorm.{1}",)),
-    (r"layers\.(\d+)\.ffn\.up\.(\w+)", ("encoder.layer.{0}.intermediate.dense.{1}",)),
-    (r"layers\.(\d+)\.ffn\.down\.(\w+)", ("encoder.layer.{0}.output.dense.{1}",)),
-    (r"layers\.(\d+)\.ffn_norm\.(\w+)", ("encoder.layer.{0}.output.LayerNorm.{1}",)),
-    (r"pooler\.dense\.(\w+)", ("pooler.dense.{0}",)),
-    # pre-training heads
-    (r"mlm\.transform\.(\w+)", ("cls.predictions.transform.dense.{0}",)),
-    (r"mlm\.norm\.(\w+)", ("cls.predictions.transform.LayerNorm.{0}",)),
-    (r"mlm\.bias", ("cls.predictions.bias",)),
-    (r"nsp\.(\w+)", ("cls.seq_relationship.{0}",)),
-    # fine-tuning heads (same names as HF's)
-    (r"classifier\.(\w+)", ("classifier.{0}",)),
-    (r"qa_outputs\.(\w+)", ("qa_outputs.{0}",)),
-]
-# DistilBERT's names (config.model_type "distilbert"), body under `distilbert.`; a name that
-# starts with "/" sits at the top level even for our `bert.` parameters (the pre_classifier).
-DISTILBERT_TABLE: list[tuple[str, tuple[str, ...]]] = [
-    (r"embeddings\.word\.(\w+)", ("embeddings.word_embeddings.{0}",)),
-    (r"embeddings\.position\.(\w+)", ("embeddings.position_embeddings.{0}",)),
-    (r"embeddings\.norm\.(\w+)", ("embeddings.LayerNorm.{0}",)),
-    (
-        r"layers\.(\d+)\.attn\.qkv\.(\w+)",
-        tuple(f"transformer.layer.{{0}}.attention.{x}_lin.{{1}}" for x in "qkv"),
-    ),
-    (r"layers\.(\d+)\.attn\.out\.(\w+)", ("transformer.layer.{0}.attention.out_lin.{1}",)),
-    (r"layers\.(\d+)\.attn_norm\.(\w+)", ("transformer.layer.{0}.sa_layer_norm.{1}",)),
-    (r"layers\.(\d+)\.ffn\.up\.(\w+)", ("transformer.layer.{0}.ffn.lin1.{1}",)),
-    (r"layers\.(\d+)\.ffn\.down\.(\w+)", ("transformer.layer.{0}.ffn.lin2.{1}",)),
-    (r"layers\.(\d+)\.ffn_norm\.(\w+)", ("transformer.layer.{0}.output_layer_norm.{1}",)),
-    (r"pooler\.dense\.(\w+)", ("/pre_classifier.{0}",)),
-    (r"mlm\.transform\.(\w+)", ("vocab_transform.{0}",)),
-    (r"mlm\.norm\.(\w+)", ("vocab_layer_norm.{0}",)),
-    (r"mlm\.bias", ("vocab_projector.bias",)),
-    (r"classifier\.(\w+)", ("classifier.{0}",)),
-    (r"qa_outputs\.(\w+)", ("qa_outputs.{0}",)),
-]
-_COMPILED = {
-    kind: [(re.compile(pattern + "$"), names) for pattern, names in table]
-    for kind, table in (("bert", KEY_TABLE), ("distilbert", DISTILBERT_TABLE))
-}
-PRETRAINING_HEADS = ("cls.", "vocab_")  # BERT's and DistilBERT's MLM (and NSP) heads
-_HEADS = (*PRETRAINING_HEADS, "classifier.", "qa_outputs.", "pre_classifier.")
-_KNOWN_HEADS = (*_HEADS, "bert.pooler.", "pooler.")  # file tensors not warned about if unused
-
-# Alternative spellings found in files, tried when the canonical HF name is absent.
-_ALIASES = {"cls.predictions.bias": "cls.predictions.decoder.bias"}
-# Tensors in files that are not parameters (buffers) or that we tie instead of loading.
-_IGNORED = re.compile(
-    r"(^|\.)(position_ids|token_type_ids)$|^(bert\.)?cls\.predictions\.decoder\.weight$"
-    r"|^vocab_projector\.weight$"
-)
-_BODY_PREFIX = "bert."
-# Parameters (after _BODY_PREFIX) a checkpoint must have; the pooler and task heads may be fresh.
+# Each family's names (our parameter name -> the file's) are in bertforge.families; the file
+# prefixes of every family's pre-training heads, for callers that tell them from task heads.
+PRETRAINING_HEADS = tuple(sorted({h for f in FAMILIES.values() for h in f.pretraining_heads}))
+# a checkpoint must have these; the pooler and heads may be fresh
 _REQUIRED = ("embeddings.", "layers.")
-_PREFIXES = {"bert": "bert.", "distilbert": "distilbert."}  # the encoder's name in task models
 
 
-def hf_names(ours: str, model_type: str = "bert") -> tuple[str, ...]:
+def hf_names(ours: str, model_type: str = "bert", architecture: str = "") -> tuple[str, ...]:
     """HF tensor names for one of our parameter names (in file order for fused tensors), in
-    the layout of `model_type` (bert, or distilbert: DISTILBERT_TABLE)."""
-    prefix = ""
-    if ours.startswith(_BODY_PREFIX):
-        prefix, ours = _PREFIXES[model_type], ours[len(_BODY_PREFIX) :]
-    for pattern, names in _COMPILED[model_type]:
-        m = pattern.match(ours)
-        if m:
-            return tuple(
-                n[1:].format(*m.groups()) if n.startswith("/") else prefix + n.format(*m.groups())
-                for n in names
-            )
-    raise KeyError(f"no HF name for parameter {ours!r}: add it to checkpoint.KEY_TABLE")
+    the layout of `model_type`'s family, for a model of HF class `architecture` (some families
+    name a head's tensors by the head)."""
+    try:
+        return family(model_type).file_names(ours, architecture)
+    except KeyError:
+        raise KeyError(f"no HF name for parameter {ours!r}: add it to its family's table") from None
 
 
 # ------------------------------------------------------------------------------------------------
@@ -241,34 +170,34 @@ def _canonical(name: str) -> str:
     return name
 
 
-def _find(name: str, tensors: dict[str, Any], prefix: str) -> str | None:
-    """The file's spelling of HF `name`: as is, with or without the encoder's prefix (`bert.`
-    or `distilbert.`), or an alias."""
+def _find(name: str, tensors: dict[str, Any], kind: Family) -> str | None:
+    """The file's spelling of HF `name`: as is, with or without the encoder's prefix (`bert.`,
+    `roberta.`...), or an alias."""
     candidates = [name]
-    if name.startswith(prefix):
-        candidates.append(name[len(prefix) :])
-    elif not name.startswith(_HEADS):
-        candidates.append(prefix + name)
-    if name in _ALIASES:
-        candidates.append(_ALIASES[name])
+    if name.startswith(kind.prefix):
+        candidates.append(name[len(kind.prefix) :])
+    elif not name.startswith((*kind.pretraining_heads, *kind.task_heads)):
+        candidates.append(kind.prefix + name)
+    if name in kind.aliases:
+        candidates.append(kind.aliases[name])
     return next((c for c in candidates if c in tensors), None)
 
 
 def counterpart(name: str, tensors: dict[str, Any], model_type: str = "bert") -> str | None:
     """The name under which `tensors` (another file's, read by read_tensors) holds HF `name`
     of a `model_type` checkpoint, or None: what load_state matches a name by."""
-    return _find(name, tensors, _PREFIXES[model_type])
+    return _find(name, tensors, family(model_type))
 
 
-def is_head(name: str) -> bool:
+def is_head(name: str, model_type: str = "bert") -> bool:
     """Whether a file's tensor belongs to a head or the pooler (parts a checkpoint may lack, or
     have fresh) rather than the encoder's embeddings and layers, which every one has."""
-    return name.startswith(_KNOWN_HEADS)
+    return name.startswith(family(model_type).known_heads)
 
 
-def ignored(name: str) -> bool:
+def ignored(name: str, model_type: str = "bert") -> bool:
     """Whether loading ignores a file's tensor of this name (a buffer, a tied decoder)."""
-    return bool(_IGNORED.search(name))
+    return bool(re.search(family(model_type).ignored, name))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -309,13 +238,15 @@ def load_state(model: nn.Module, tensors: dict[str, torch.Tensor], origin: dict[
     """
     expected = model.state_dict()
     dtype = next(model.parameters()).dtype
-    kind = getattr(getattr(model, "config", None), "model_type", "bert")
+    model_type = getattr(getattr(model, "config", None), "model_type", "bert")
+    kind = family(model_type)
+    architecture = getattr(model, "hf_architecture", "")
     loaded: dict[str, torch.Tensor] = {}
     used: set[str] = set()
     missing: list[tuple[str, str]] = []
     for ours, target in expected.items():
-        names = hf_names(ours, kind)
-        found = [_find(n, tensors, _PREFIXES[kind]) for n in names]
+        names = hf_names(ours, model_type, architecture)
+        found = [_find(n, tensors, kind) for n in names]
         if any(f is None for f in found):
             missing.append((ours, names[found.index(None)]))
             continue
@@ -338,17 +269,15 @@ def load_state(model: nn.Module, tensors: dict[str, torch.Tensor], origin: dict[
             used.add(f)
         loaded[ours] = (torch.cat(parts) if len(parts) > 1 else parts[0]).to(dtype)
 
-    body_missing = [
-        hf for ours, hf in missing if ours.removeprefix(_BODY_PREFIX).startswith(_REQUIRED)
-    ]
+    body_missing = [hf for ours, hf in missing if ours.removeprefix(BODY).startswith(_REQUIRED)]
     if body_missing:
         files = sorted({str(p) for p in origin.values()})
         raise CheckpointError(
             f"{', '.join(files)}: missing {len(body_missing)} encoder tensors, e.g. "
-            f"{', '.join(repr(n) for n in body_missing[:5])}: is this a BERT checkpoint?"
+            f"{', '.join(repr(n) for n in body_missing[:5])}: is this a {model_type} checkpoint?"
         )
     if missing:
-        fresh = [n for ours in dict(missing) for n in hf_names(ours, kind)]
+        fresh = [n for ours in dict(missing) for n in hf_names(ours, model_type, architecture)]
         warnings.warn(
             FreshWeightsWarning(
                 f"{len(fresh)} tensors not in the checkpoint, freshly initialised (train "
@@ -357,9 +286,11 @@ def load_state(model: nn.Module, tensors: dict[str, torch.Tensor], origin: dict[
             ),
             stacklevel=3,
         )
-    _check_tied_decoder(tensors, loaded, model)
+    _check_tied_decoder(tensors, loaded, model, kind)
     unknown = sorted(
-        n for n in tensors if not (n in used or _IGNORED.search(n) or n.startswith(_KNOWN_HEADS))
+        n
+        for n in tensors
+        if not (n in used or ignored(n, model_type) or n.startswith(kind.known_heads))
     )
     if unknown:
         warnings.warn(
@@ -383,10 +314,9 @@ def _mismatch_hint(ours: str, found: tuple[int, ...], model: nn.Module) -> str:
 
 
 def _check_tied_decoder(
-    tensors: dict[str, torch.Tensor], loaded: dict[str, Any], model: nn.Module
+    tensors: dict[str, torch.Tensor], loaded: dict[str, Any], model: nn.Module, kind: Family
 ) -> None:
-    names = ("cls.predictions.decoder.weight", "vocab_projector.weight")
-    decoder = next((tensors[n] for n in names if n in tensors), None)
+    decoder = tensors.get(kind.decoder)
     embeddings = loaded.get("bert.embeddings.word.weight")
     if decoder is None or embeddings is None or not hasattr(model, "mlm"):
         return
@@ -394,8 +324,8 @@ def _check_tied_decoder(
         decoder.to(embeddings.dtype), embeddings
     ):
         warnings.warn(
-            "the checkpoint's cls.predictions.decoder.weight differs from the word embeddings; "
-            "BERT ties them, and bertforge uses the word embeddings",
+            f"the checkpoint's {kind.decoder} differs from the word embeddings; "
+            f"{kind.architecture} ties them, and bertforge uses the word embeddings",
             CheckpointWarning,
             stacklevel=3,
         )
@@ -443,8 +373,9 @@ def hf_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """`model`'s parameters under HF names (fused tensors split), as contiguous CPU copies."""
     out: dict[str, torch.Tensor] = {}
     kind = model.config.model_type  # type: ignore[union-attr]
+    architecture = getattr(model, "hf_architecture", "")
     for ours, t in model.state_dict().items():
-        names = hf_names(ours, kind)
+        names = hf_names(ours, kind, architecture)
         for name, part in zip(names, t.detach().chunk(len(names), dim=0)):
             out[name] = part.to("cpu").contiguous().clone()
     return out
@@ -455,10 +386,13 @@ def save_pretrained(model: nn.Module, directory: str | os.PathLike[str]) -> None
     atomically into `directory`."""
     config: BertConfig = model.config  # type: ignore[assignment]
     name = type(model).hf_architecture  # type: ignore[attr-defined]
-    if config.model_type == "distilbert":
-        if hasattr(model, "nsp"):
-            raise CheckpointError("DistilBERT has no next-sentence head: save a BertForMaskedLM")
-        name = name.replace("Bert", "DistilBert")
+    kind = config.family
+    if kind.name != "bert":
+        if getattr(model, "nsp", None) is not None:
+            raise CheckpointError(
+                f"{kind.architecture} has no next-sentence head: save a BertForMaskedLM"
+            )
+        name = name.replace("Bert", kind.architecture, 1)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     with atomic_path(directory / SAFETENSORS) as tmp:
@@ -509,7 +443,12 @@ def architectures(path: str | os.PathLike[str]) -> list[str]:
     if found.name != "config.json":
         return []
     names = read_json(found, CheckpointError).get("architectures")
-    return [str(a).replace("DistilBert", "Bert") for a in names] if isinstance(names, list) else []
+    if not isinstance(names, list):
+        return []
+    # the family's class prefix read as Bert's (RobertaForMaskedLM: BertForMaskedLM); the longest
+    # first, so that XLMRoberta is not read as XLM + Roberta
+    prefixes = sorted({f.architecture for f in FAMILIES.values()}, key=len, reverse=True)
+    return [re.sub(f"^({'|'.join(prefixes)})For", "BertFor", str(a)) for a in names]
 
 
 def load_trained(
@@ -564,11 +503,10 @@ def parameter_shapes(directory: Path) -> dict[str, tuple[tuple[int, ...], str]]:
         else:
             for name, t in read_pickle(f).items():
                 shapes[_canonical(name)] = (tuple(t.shape), str(t.dtype).replace("torch.", ""))
-    return {n: s for n, s in shapes.items() if not _IGNORED.search(n)}
+    return {n: s for n, s in shapes.items() if not any(ignored(n, t) for t in FAMILIES)}
 
 
 __all__ = [
-    "KEY_TABLE",
     "Pretrained",
     "hf_names",
     "hf_state_dict",

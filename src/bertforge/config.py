@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError, check_choice
+from .families import Family, family
 from .fileio import read_json, write_json
 
 # The paper's and Google's released sizes: name -> (layers L, hidden H, heads A).
@@ -52,20 +53,7 @@ _DECODER_KEYS = ("is_decoder", "add_cross_attention")
 # Keys HF writes that carry no information for us; dropped on read so they are not echoed back.
 _HF_NOISE = {"model_type", "architectures", "transformers_version", "torch_dtype", "dtype"}
 
-# DistilBERT's config.json keys (model_type "distilbert") -> ours. A DistilBERT is a BERT
-# encoder without segment embeddings or pooler (type_vocab_size 0), LayerNorm eps 1e-12, and
-# position embeddings that may be fixed sinusoids; checkpoint.py maps its tensor names.
-DISTILBERT_KEYS = {
-    "dim": "hidden_size",
-    "n_layers": "num_hidden_layers",
-    "n_heads": "num_attention_heads",
-    "hidden_dim": "intermediate_size",
-    "activation": "hidden_act",
-    "dropout": "hidden_dropout_prob",
-    "attention_dropout": "attention_probs_dropout_prob",
-    "seq_classif_dropout": "classifier_dropout",
-}
-MODEL_TYPES = ("bert", "distilbert")
+# A family's config keys, defaults and checkpoint names: bertforge.families (one file each).
 
 # HF's `problem_type` values: which loss a sequence-classification head trains with.
 PROBLEM_TYPES = ("regression", "single_label_classification", "multi_label_classification")
@@ -98,7 +86,7 @@ class BertConfig:
     layer_norm_eps: float = 1e-12
     pad_token_id: int = 0
     position_embedding_type: str = "absolute"
-    # "distilbert": read from and written to DistilBERT's layout (see DISTILBERT_KEYS)
+    # the family (bertforge.families): "bert", "distilbert", "roberta", "xlm-roberta"...
     model_type: str = "bert"
     sinusoidal_pos_embds: bool = False  # fixed sin/cos positions (DistilBERT's option)
     # Task heads (fine-tuning). Label names as HF stores them: None when the file names none,
@@ -149,12 +137,8 @@ class BertConfig:
         ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}={getattr(self, name)}: must be >= 1")
-        if self.model_type not in MODEL_TYPES:
-            raise ConfigError(
-                f"model_type={self.model_type!r}: only {' and '.join(MODEL_TYPES)} checkpoints "
-                "are supported"
-            )
-        if self.type_vocab_size < (0 if self.model_type == "distilbert" else 1):
+        family(self.model_type, "config")  # a ConfigError naming the supported ones
+        if self.type_vocab_size < (1 if self.family.segments else 0):
             raise ConfigError(f"type_vocab_size={self.type_vocab_size}: must be >= 1")
         if self.hidden_size % self.num_attention_heads:
             raise ConfigError(
@@ -175,6 +159,12 @@ class BertConfig:
             raise ConfigError(
                 f"position_embedding_type={self.position_embedding_type!r}: only 'absolute' "
                 "(BERT's learned positions) is supported"
+            )
+        if self.max_tokens < 1:
+            raise ConfigError(
+                f"max_position_embeddings={self.max_position_embeddings}: a {self.model_type} "
+                f"counts positions past pad_token_id={self.pad_token_id}, so it needs more than "
+                f"{self.pad_token_id + 1}"
             )
         if not 0 <= self.pad_token_id < self.vocab_size:
             raise ConfigError(
@@ -252,6 +242,16 @@ class BertConfig:
     # derived values
 
     @property
+    def family(self) -> Family:
+        """The encoder family (bertforge.families) of model_type."""
+        return family(self.model_type)
+
+    @property
+    def max_tokens(self) -> int:
+        """The longest row the model reads: its positions (a RoBERTa's past the padding id)."""
+        return self.family.max_tokens(self.max_position_embeddings, self.pad_token_id)
+
+    @property
     def num_labels(self) -> int:
         """Outputs of a task head: len(id2label), or HF's default of 2 when no labels are named."""
         return len(self.id2label) if self.id2label is not None else DEFAULT_NUM_LABELS
@@ -299,9 +299,9 @@ class BertConfig:
         if not isinstance(d, dict):
             raise ConfigError(f"{source}: expected a JSON object, got {type(d).__name__}")
         model_type = d.get("model_type", "bert")
-        if model_type == "distilbert":  # its keys as ours; no segments, no pooler
-            d = {DISTILBERT_KEYS.get(k, k): v for k, v in d.items()}
-            d.update(type_vocab_size=0, layer_norm_eps=1e-12)
+        kind = family(model_type, source)  # its keys as ours, its defaults and fixed values
+        d = {**kind.defaults, **{kind.keys.get(k, k): v for k, v in d.items()}, **kind.fixed}
+        d["model_type"] = model_type
         known = {f.name for f in dataclasses.fields(cls)} - {"extras"}
         values = {k: v for k, v in d.items() if k in known}
         # Older files (and hand-written ones) may carry num_labels instead of label names.
@@ -310,12 +310,6 @@ class BertConfig:
             for k, v in d.items()
             if k not in known and k not in _HF_NOISE and k != "num_labels"
         }
-        if model_type not in MODEL_TYPES:
-            # Accept anything BERT-shaped but say so: a RoBERTa config would load wrong weights.
-            raise ConfigError(
-                f"{source}: model_type={model_type!r}: only 'bert' and 'distilbert' checkpoints "
-                "are supported"
-            )
         decoder = [k for k in _DECODER_KEYS if d.get(k)]
         if decoder:
             # HF's BertModel then attends causally (and to an encoder's states); ours would
@@ -357,7 +351,7 @@ class BertConfig:
         d: dict[str, Any] = {}
         for f in dataclasses.fields(self):
             if f.name == "extras" or (
-                f.name == "sinusoidal_pos_embds" and self.model_type == "bert"
+                f.name == "sinusoidal_pos_embds" and self.model_type != "distilbert"
             ):
                 continue
             value = getattr(self, f.name)
@@ -366,10 +360,10 @@ class BertConfig:
             if f.name == "id2label":
                 value = {str(k): v for k, v in value.items()}  # JSON keys are strings
             d[f.name] = value
-        if self.model_type == "distilbert":
-            ours = {v: k for k, v in DISTILBERT_KEYS.items()}
-            drop = ("type_vocab_size", "layer_norm_eps", "position_embedding_type")
-            d = {ours.get(k, k): v for k, v in d.items() if k not in drop}
+        kind = self.family
+        if kind.keys or kind.dropped:
+            ours = {v: k for k, v in kind.keys.items()}
+            d = {ours.get(k, k): v for k, v in d.items() if k not in kind.dropped}
         for k, v in self.extras.items():
             d.setdefault(k, v)
         return d

@@ -113,7 +113,7 @@ def export_onnx(
     traced = tok(["a short example", "a second, longer example sentence for tracing"])
     batch, seq = (
         torch.export.Dim("batch"),
-        torch.export.Dim("sequence", max=model.config.max_position_embeddings),
+        torch.export.Dim("sequence", max=model.config.max_tokens),
     )
     out = Path(out)
     with atomic_path(out) as tmp, warnings.catch_warnings():

@@ -136,12 +136,12 @@ def average(
         for name, t in first.items():
             found = counterpart(name, tensors, kind)
             if found is None:
-                if not (ignored(name) or is_head(name)):
+                if not (ignored(name, kind) or is_head(name, kind)):
                     raise CheckpointError(
                         f"{path}: has no tensor {name} (it is in {origin[name]}): only models "
                         "with the same encoder tensors can be merged"
                     )
-                if ignored(name):
+                if ignored(name, kind):
                     keep.discard(name)  # a buffer the loader ignores: not needed in the output
                 partial.add(name)
                 continue
@@ -154,7 +154,8 @@ def average(
             totals[name] += weight
             if name in sums:
                 sums[name] += tensors[found].double() * weight
-        _extra(models[0], path, where, sorted(n for n in set(tensors) - used if not ignored(n)))
+        extra = sorted(n for n in set(tensors) - used if not ignored(n, kind))
+        _extra(models[0], path, where, extra, kind)
     return {
         # a tensor in every model is the plain weighted sum (the weights sum to 1)
         n: (
@@ -165,10 +166,10 @@ def average(
     }
 
 
-def _extra(first: Path, path: Path, where: dict[str, Path], extra: list[str]) -> None:
+def _extra(first: Path, path: Path, where: dict[str, Path], extra: list[str], kind: str) -> None:
     """Tensors of `path` with no counterpart in the first model: a CheckpointError for the
     encoder's, a warning for a task head's (left out), nothing for a pre-training head's."""
-    body = [n for n in extra if not is_head(n)]
+    body = [n for n in extra if not is_head(n, kind)]
     if body:
         raise CheckpointError(
             f"{where[body[0]]}: tensor {body[0]} has no counterpart in {first}"

@@ -11,9 +11,12 @@ Architecture (Devlin et al. 2018; Vaswani et al. 2017), exactly as Google's and 
     per layer:  x = LayerNorm(x + dropout(Attn(x)))        attention over all positions
                 x = LayerNorm(x + dropout(W2 GELU(W1 x)))   feed-forward of width I
     pooler:     tanh(W x[:, 0])                            the [CLS] vector
-DistilBERT (config.model_type "distilbert") is the same encoder without segment embeddings
-(type_vocab_size 0: token_type_ids are ignored), optionally with fixed sinusoidal positions,
-and its classifiers' pre_classifier is the pooler with ReLU instead of tanh.
+Other families (bertforge.families) are this encoder with a few fields changed. DistilBERT
+(config.model_type "distilbert"): no segment embeddings (type_vocab_size 0: token_type_ids are
+ignored), optionally fixed sinusoidal positions, and its classifiers' pre_classifier is the
+pooler with ReLU instead of tanh. RoBERTa, XLM-RoBERTa, CamemBERT: positions counted from
+pad_token_id + 1 past each row's padding (HF's create_position_ids_from_input_ids) and one
+segment (token_type_ids are read as 0).
 Query, key and value are one fused (3H, H) projection here; checkpoint.py splits and joins it
 for HF's separate query/key/value tensors.
 """
@@ -139,6 +142,8 @@ class Embeddings(nn.Module):
         self.norm = LayerNorm(H, eps=config.layer_norm_eps)
         self.p = config.hidden_dropout_prob
         self.sinusoidal = config.sinusoidal_pos_embds
+        # RoBERTa's positions start past the padding id; None: positions 0..T-1
+        self.pad = config.pad_token_id if config.family.position_offset else None
 
     def fix_positions(self) -> None:
         """DistilBERT's sinusoidal positions: fixed, not trained (HF's
@@ -160,6 +165,12 @@ class Embeddings(nn.Module):
     ) -> torch.Tensor:
         """(B, T) ids -> (B, T, H)."""
         T = input_ids.shape[1]
+        if position_ids is None and self.pad is not None:
+            # each real token's place among the row's real tokens, past the padding id; the
+            # padding itself at pad (HF's create_position_ids_from_input_ids, so equal outputs
+            # wherever the padding is)
+            real = input_ids.ne(self.pad)
+            position_ids = real.cumsum(1) * real + self.pad
         # (T, H) broadcast over the batch, unless positions are given per example
         position = self.position.weight[:T] if position_ids is None else self.position(position_ids)
         x = self.word(input_ids)
@@ -187,14 +198,18 @@ class Layer(nn.Module):
     def forward(
         self, x: torch.Tensor, mask: torch.Tensor | None, return_probs: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """x (B, T, H), mask (B, 1, 1, T) bool (True = attend) or None -> (B, T, H)."""
+        """x (B, T, H), mask (B, 1, 1, T) bool (True = attend), or (B or 1, nh, T, T) floats added
+        to the scores (relative positions, padding at the dtype's minimum), or None -> (B, T, H)."""
         B, T, H = x.shape
         q, k, v = (
             self.attn["qkv"](x).view(B, T, 3, self.nh, H // self.nh).permute(2, 0, 3, 1, 4)
         )  # each (B, nh, T, hs)
         p = self.attn_dropout if self.training else 0.0
         probs = None
-        if return_probs or (x.device.type == "cpu" and self.training):
+        # the ONNX exporter's SDPA with a float mask (relative positions) gives an output it
+        # cannot reshape: exported, such a model attends in the explicit form
+        exported = mask is not None and mask.is_floating_point() and torch.compiler.is_exporting()
+        if return_probs or exported or (x.device.type == "cpu" and self.training):
             # The explicit form: when the probabilities themselves are wanted, and for training
             # on the CPU, where torch's SDPA kernels are slower (measured on AVX-512 BF16:
             # forward + backward 59 vs 111 ms in bf16, 80 vs 99 ms in fp32). Inference takes SDPA
@@ -202,11 +217,15 @@ class Layer(nn.Module):
             # masked rows, it is 3.3 vs 15.8 ms (32 rows of 128), 5.8 vs 38.7 ms (16 of 256),
             # 9.8 vs 77.9 ms (8 of 512), 2.1 vs 3.8 ms (128 of 32).
             scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])  # (B, nh, T, T)
-            if mask is not None:
+            if mask is not None and mask.is_floating_point():  # relative positions' scores
+                scores = scores + mask.to(scores.dtype)
+            elif mask is not None:
                 scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
             probs = scores.softmax(dim=-1)
             y = dropout(probs, p, self.training) @ v
         else:
+            if mask is not None and mask.is_floating_point():
+                mask = mask.to(q.dtype)  # SDPA adds a float mask of the query's dtype
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
         y = y.transpose(1, 2).reshape(B, T, H)  # (B, T, nh, hs) -> (B, T, H)
         return self._after_attention(x, y), (probs if return_probs else None)
@@ -305,10 +324,11 @@ def check_inputs(
     if input_ids.dim() != 2:
         raise InputError(f"input_ids must be (batch, seq_len), got shape {tuple(input_ids.shape)}")
     T = input_ids.shape[1]
-    if config.max_position_embeddings < T:
+    if config.max_tokens < T:
         raise InputError(
-            f"sequence length {T} is more than max_position_embeddings="
-            f"{config.max_position_embeddings}; truncate the input (tokenizer max_length)"
+            f"sequence length {T} is more than the model's {config.max_tokens} positions "
+            f"(max_position_embeddings={config.max_position_embeddings}); truncate the input "
+            "(tokenizer max_length)"
         )
     if not values:
         return
@@ -319,7 +339,7 @@ def check_inputs(
         )
     if (
         token_type_ids is not None
-        and config.type_vocab_size
+        and config.type_vocab_size > 1  # one segment: the model reads every token as segment 0
         and token_type_ids.numel()
         and (token_type_ids.max() >= config.type_vocab_size or token_type_ids.min() < 0)
     ):
@@ -332,13 +352,22 @@ class BertModel(Pretrained, nn.Module):
     hf_architecture = "BertModel"
 
     def __init__(self, config: BertConfig, add_pooling_layer: bool | None = None) -> None:
-        """add_pooling_layer None: BERT's pooler, none for a DistilBERT (it has no pooler)."""
+        """add_pooling_layer None: the family's (BERT's pooler; none for a DistilBERT)."""
         super().__init__()
         self.config = config
         if add_pooling_layer is None:
-            add_pooling_layer = config.model_type != "distilbert"
+            add_pooling_layer = config.family.pooler
         self.embeddings = Embeddings(config)
         self.layers = nn.ModuleList(Layer(config) for _ in range(config.num_hidden_layers))
+        # MPNet: one score per head for each relative position bucket, shared by every layer
+        self.relative_bias = (
+            nn.Embedding(
+                config.extras.get("relative_attention_num_buckets", RELATIVE_BUCKETS),
+                config.num_attention_heads,
+            )
+            if config.family.relative_buckets
+            else None
+        )
         self.pooler = (
             nn.ModuleDict({"dense": nn.Linear(config.hidden_size, config.hidden_size)})
             if add_pooling_layer
@@ -376,7 +405,8 @@ class BertModel(Pretrained, nn.Module):
         reads = not tracing and rows is None and not (self.training and input_ids.is_cuda)
         if not tracing:
             self.check_inputs(input_ids, token_type_ids, values=reads)
-        if token_type_ids is None:
+        if token_type_ids is None or self.config.type_vocab_size == 1:
+            # one segment (RoBERTa): a pair's second text is segment 0 too, as its tokenizer says
             token_type_ids = torch.zeros_like(input_ids)
         mask = None
         if attention_mask is not None and (
@@ -384,10 +414,13 @@ class BertModel(Pretrained, nn.Module):
         ):
             mask = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T): keys to attend to
         x = self.embeddings(input_ids, token_type_ids, position_ids)
+        if self.relative_bias is not None:  # (1, nh, T, T) scores, padding at the minimum
+            mask = relative_scores(self.relative_bias, x.shape[1], x.device, mask)
         hidden = [x] if output_hidden_states else None
         probs = [] if output_attentions else None
         if unpad is None:
             unpad = not tracing and not output_attentions and unpads(x, self.training)
+            unpad = unpad and self.relative_bias is None  # the varlen kernel adds no scores
         if unpad and output_attentions:
             raise InputError("unpad=True: attention maps come from the padded path only")
         if mask is not None and unpad:
@@ -402,7 +435,7 @@ class BertModel(Pretrained, nn.Module):
                     probs.append(p)
         pooled = None
         if self.pooler is not None:  # DistilBERT's pre_classifier: ReLU
-            act = torch.relu if self.config.model_type == "distilbert" else torch.tanh
+            act = torch.relu if self.config.family.pooler_act == "relu" else torch.tanh
             pooled = act(self.pooler["dense"](x[:, 0]))
         return BertOutput(
             last_hidden_state=x,
@@ -424,6 +457,37 @@ class BertModel(Pretrained, nn.Module):
             if hidden is not None:
                 hidden.append(rows.unpack(x))
         return rows.unpack(x)
+
+
+RELATIVE_BUCKETS = 32  # MPNet's relative position buckets (HF computes with 32 whatever the config)
+RELATIVE_DISTANCE = 128  # distances from here on share the last bucket of their sign
+
+
+def relative_buckets(T: int, device: torch.device) -> torch.Tensor:
+    """(T, T) bucket of each key's position relative to each query's, T5's bidirectional
+    buckets as MPNet computes them: half the buckets for keys after the query, exact distances
+    up to 8, then logarithmic up to RELATIVE_DISTANCE."""
+    positions = torch.arange(T, device=device)
+    n = positions[:, None] - positions[None, :]  # query - key
+    half = RELATIVE_BUCKETS // 2
+    bucket = (n < 0).long() * half
+    n = n.abs()
+    exact = half // 2
+    large = exact + (
+        torch.log(n.float() / exact) / math.log(RELATIVE_DISTANCE / exact) * (half - exact)
+    ).long()
+    return bucket + torch.where(n < exact, n, large.clamp(max=half - 1))
+
+
+def relative_scores(
+    table: nn.Embedding, T: int, device: torch.device, mask: torch.Tensor | None
+) -> torch.Tensor:
+    """The scores relative positions add to attention, (1, nh, T, T); with a padding mask
+    (B, 1, 1, T), (B, nh, T, T) with the padded keys at the dtype's minimum."""
+    scores = table(relative_buckets(T, device)).permute(2, 0, 1)[None]  # (1, nh, T, T)
+    if mask is None:
+        return scores
+    return scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
 
 
 # Inference on a GPU skips padding (Packing) where it can; False: padded batches, as on the CPU

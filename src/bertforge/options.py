@@ -26,6 +26,13 @@ from .errors import ConfigError, redacted
 MAX_SEED = 2**32 - 1
 
 
+# the help of the inference options every verb that runs a model shares
+INFERENCE_HELP = {
+    "device": "cpu, cuda, cuda:1 (default: a GPU if there is one)",
+    "precision": "auto: bf16 where the device has bf16 arithmetic, else fp32",
+}
+
+
 def option(
     default: Any = dataclasses.MISSING,
     help: str = "",

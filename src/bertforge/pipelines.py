@@ -244,7 +244,7 @@ class Pipeline:
 
     def _limit(self, max_length: int | None) -> int:
         """Pieces per row: the pipeline's max_length, else the caller's, at most the model's."""
-        positions = self.config.max_position_embeddings
+        positions = self.config.max_tokens
         return min(self.max_length or max_length or positions, positions)
 
     def _warn_cut(self, cut: int, texts: int, max_length: int | None) -> None:
@@ -265,9 +265,8 @@ class Pipeline:
         ids = list(ids)
         if not all(isinstance(k, (int, np.integer)) and 0 <= k < vocab for k in ids):
             raise ItemError("input", i, f"piece ids must be integers in [0, {vocab})")
-        cls_id, sep_id = self.tok.convert_tokens_to_ids(["[CLS]", "[SEP]"])
-        row = [cls_id, *ids, sep_id]
-        return SimpleNamespace(ids=row) if view else np.asarray(row, np.int64)
+        row, _ = self.tok.row(ids)
+        return SimpleNamespace(ids=row.tolist()) if view else row
 
     def per_token(
         self, texts: Sequence[str], fn: Callable[[dict[str, Any]], list[np.ndarray]]
@@ -490,7 +489,9 @@ class Pipeline:
         model = self.model_for("fill-mask")
         if not 1 <= top_k <= model.config.vocab_size:
             raise ConfigError(f"top_k={top_k}: must be in [1, {model.config.vocab_size}]")
-        mask_id = self.tok.convert_tokens_to_ids(["[MASK]"])[0]
+        mask_id = self.tok.mask_id
+        if mask_id is None:
+            raise ConfigError(f"{self.tok.source}: the tokenizer has no mask token")
         encodings = self.encode(texts)
         for i, e in enumerate(encodings):
             if (why := self._masks_unread(texts[i], e.ids, mask_id)) is not None:
@@ -530,18 +531,19 @@ class Pipeline:
         whole = self.tok.encode(text, truncation=False).ids
         at = [k for k, piece in enumerate(whole) if piece == mask_id]
         cut = at[list(row).count(mask_id) :]
+        mask = self.tok.specials.mask  # [MASK], RoBERTa's <mask>
         if not at:
-            return f"no [MASK] token in {text[:80]!r}"
+            return f"no {mask} token in {text[:80]!r}"
         if not cut:
             return None
-        why = f"max_length, at most the model's {self.config.max_position_embeddings} positions"
+        why = f"max_length, at most the model's {self.config.max_tokens} positions"
         if len(at) == 1:
             return (
-                f"its [MASK] is piece {at[0]} of {len(whole)}, cut off by the length limit of "
+                f"its {mask} is piece {at[0]} of {len(whole)}, cut off by the length limit of "
                 f"{limit} pieces ({why}): shorten the text before it"
             )
         return (
-            f"{len(cut)} of its {len(at)} [MASK] tokens are past the length limit of {limit} "
+            f"{len(cut)} of its {len(at)} {mask} tokens are past the length limit of {limit} "
             f"pieces (pieces {', '.join(map(str, cut))} of {len(whole)}; {why}) in "
             f"{text[:40]!r}...: shorten the text before them, or split it"
         )
@@ -632,10 +634,9 @@ class Pipeline:
         with it."""
         pieces = self.piece_ids([*queries, *documents])
         limit, first = self._row_limit(), self.truncate if truncate is None else truncate
-        special = tuple(self.tok.convert_tokens_to_ids(["[CLS]", "[SEP]"]))
         ids, types, owners = [], [], []
         for i, (q, d) in enumerate(zip(pieces[: len(queries)], pieces[len(queries) :])):
-            for row, kinds in ranking.pair_rows(q, d, special, limit, self.stride, first):
+            for row, kinds in ranking.pair_rows(q, d, self.tok, limit, self.stride, first):
                 ids.append(row)
                 types.append(kinds)
                 owners.append(i)
@@ -716,7 +717,7 @@ class Pipeline:
         )
         if max_seq_length is None:  # SQuAD's 384; a model of 128 positions reads 128
             assert options.max_seq_length is not None  # TaskOptions sets it
-            rows = min(options.max_seq_length, self.config.max_position_embeddings)
+            rows = min(options.max_seq_length, self.config.max_tokens)
             options = dataclasses.replace(options, max_seq_length=rows)
         options.check_model(self.config)
         return options
@@ -844,9 +845,7 @@ class Pipeline:
         model = self.model(BertForTokenClassification, "summarizer head", "")
         # rows as long as the model was trained on (its run.json), unless max_length is given
         options = run_task_options(str(self.path), "summarize", {})
-        rows = min(
-            self.max_length or options.max_seq_length or 512, self.config.max_position_embeddings
-        )
+        rows = min(self.max_length or options.max_seq_length or 512, self.config.max_tokens)
         fam = family(dataclasses.replace(options, max_seq_length=rows), self.tok)
         features = fam.featurize(docs)
         if self.runner.progress is not None:  # its rows are windows of sentences

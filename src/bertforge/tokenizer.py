@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import os
 import warnings
 from collections.abc import Iterable, Sequence
@@ -44,9 +45,11 @@ from tokenizers import AddedToken, normalizers, pre_tokenizers, processors, trai
 from tokenizers import Tokenizer as Engine
 from tokenizers.models import WordPiece
 
-from .errors import InputError, VocabError
+from .errors import InputError, VocabError, check_choice
+from .families import Specials
 from .fileio import read_json, read_lines, write_json, write_text
 from .hub import resolve
+from .subwords import KINDS, NoFix, is_bert_wordpiece, read_engine, train_engine
 from .textnorm import EngineFix, is_chinese_char, is_punctuation, is_whitespace
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
@@ -414,11 +417,49 @@ class Tokenizer:
         self.added = _add_tokens(self._engine, self.vocab, self.base_size, added, source)
         self.tokens += [a.content for a in self.added if a.id >= self.base_size]
         self.vocab = {**self.vocab, **{a.content: a.id for a in self.added}}
-        self._fix = EngineFix(self._engine, lowercase, strip, tokenize_chinese_chars)
+        self._fix: EngineFix | NoFix = EngineFix(
+            self._engine, lowercase, strip, tokenize_chinese_chars
+        )
         self._truncating: dict[int, Engine] = {}
+        self.specials = Specials()  # BERT's [PAD] [UNK] [CLS] [SEP] [MASK]
+        self.kind = "WordPiece"
         self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (
             self.vocab[t] for t in SPECIAL_TOKENS
         )
+
+    @classmethod
+    def from_engine(
+        cls, path: Path, directory: Path | None = None, model_max_length: int | None = None
+    ) -> Tokenizer:
+        """Another family's tokenizer.json (subwords.py: byte-level BPE, Unigram, WordPiece with
+        <s> and </s>), its engine used as the file configures it, its special tokens as its
+        directory's files name them."""
+        engine, specials, limit = read_engine(path, directory)
+        return cls.of_engine(engine, specials, model_max_length or limit or 512, str(path))
+
+    @classmethod
+    def of_engine(
+        cls, engine: Engine, specials: Specials, model_max_length: int, source: str
+    ) -> Tokenizer:
+        """A tokenizer over an engine that is its own reference (from_engine, train_vocab's bpe
+        and unigram kinds), its special tokens `specials`."""
+        self = cls.__new__(cls)
+        vocab = engine.get_vocab(with_added_tokens=True)
+        tokens = [GAP.format(i) for i in range(max(vocab.values()) + 1)]
+        for t, i in vocab.items():
+            tokens[i] = t
+        self.tokens, self.vocab = tokens, vocab
+        self.base_size = engine.get_vocab_size(with_added_tokens=False)
+        self.lowercase, self.strip_accents, self.tokenize_chinese_chars = False, None, False
+        self.model_max_length = model_max_length
+        self.max_input_chars_per_word = MAX_INPUT_CHARS_PER_WORD
+        self.source, self._engine, self.added = source, engine, ()
+        self._fix, self._truncating = NoFix(), {}
+        self.specials = specials
+        self.kind = str(json.loads(engine.model.__getstate__())["type"])
+        ids = [vocab.get(t) for t in specials.tokens]  # unk, mask: None where it has none
+        self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = ids  # type: ignore
+        return self
 
     # -- loading and saving ------------------------------------------------------------------
 
@@ -435,6 +476,14 @@ class Tokenizer:
         full of capitals is cased).
         """
         path = resolve(path)
+        engine_file = path / "tokenizer.json" if path.is_dir() else path
+        if (
+            engine_file.suffix == ".json"
+            and engine_file.is_file()
+            and not is_bert_wordpiece(read_json(engine_file, VocabError))
+        ):
+            directory = path if path.is_dir() else None
+            return cls.from_engine(engine_file, directory, kwargs.get("model_max_length"))
         vocab_file, settings = path, {}
         if path.is_dir():
             vocab_file = next((path / n for n in VOCAB_FILES if (path / n).is_file()), path)
@@ -466,6 +515,9 @@ class Tokenizer:
         transformers writes them."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
+        if self.own_engine:
+            self._save_engine(directory)
+            return
         vocab = self.tokens[: self.base_size]
         write_text(directory / "vocab.txt", "".join(t + "\n" for t in vocab))
         specials = [Added(t, self.vocab[t], special=True, normalized=False) for t in SPECIAL_TOKENS]
@@ -495,6 +547,35 @@ class Tokenizer:
                 **extra,
             },
         )
+
+    def _save_engine(self, directory: Path) -> None:
+        """Another family's tokenizer: its tokenizer.json as the engine has it, and a
+        tokenizer_config.json naming the special tokens (what transformers' AutoTokenizer and
+        from_engine read back)."""
+        write_text(directory / "tokenizer.json", self._engine.to_str())
+        sp = self.specials
+        roles = {"cls": sp.cls, "sep": sp.sep, "pad": sp.pad, "unk": sp.unk, "mask": sp.mask}
+        write_json(
+            directory / "tokenizer_config.json",
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "model_max_length": self.model_max_length,
+                "bos_token": sp.cls,
+                "eos_token": sp.sep,
+                **{f"{role}_token": t for role, t in roles.items() if t},
+            },
+        )
+
+    @property
+    def own_engine(self) -> bool:
+        """Whether the engine is its own reference (another family's tokenizer.json, subwords.py)
+        rather than BERT's WordPiece rebuilt to Google's rules."""
+        return self.kind != "WordPiece" or self.specials != Specials()
+
+    def definition(self) -> str:
+        """What decides the pieces besides the vocabulary and BERT's rules: an engine of its own
+        in full (normalizer, pre-tokenizer, model, template); "" for BERT's WordPiece."""
+        return self._engine.to_str() if self.own_engine else ""
 
     # -- vocabulary --------------------------------------------------------------------------
 
@@ -606,10 +687,13 @@ class Tokenizer:
         )
         budget = None
         if limit is not None:
-            budget = limit - (3 if add_special_tokens else 0)  # account for [CLS], [SEP], [SEP]
+            # account for [CLS], [SEP], [SEP] (RoBERTa's <s> A </s></s> B </s>: 4)
+            extra = self.specials.pair_extra if add_special_tokens else 0
+            budget = limit - extra
             if budget < 0:
                 raise InputError(
-                    f"max_length={limit} leaves no room for a text pair and its 3 special tokens"
+                    f"max_length={limit} leaves no room for a text pair and its {extra} special "
+                    "tokens"
                 )
         out = []
         for a, b in zip(firsts, seconds):
@@ -702,7 +786,7 @@ class Tokenizer:
             length = -(-length // pad_to_multiple_of) * pad_to_multiple_of
         if length is not None:
             for e in raw:  # the engine's encodings are ours alone: pad them in place
-                e.pad(length, pad_id=self.pad_id, pad_type_id=0, pad_token=PAD)
+                e.pad(length, pad_id=self.pad_id, pad_type_id=0, pad_token=self.specials.pad)
         batch = BatchEncoding(
             input_ids=torch.tensor([e.ids for e in raw], dtype=torch.long),
             token_type_ids=torch.tensor([e.type_ids for e in raw], dtype=torch.long),
@@ -710,6 +794,19 @@ class Tokenizer:
         )
         batch._raw, batch._maps, batch._split = raw, maps, split_into_words
         return batch
+
+    def row(
+        self, a: Sequence[int], b: Sequence[int] | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(ids, segments) of a row of piece ids in the family's layout: [CLS] a [SEP], or
+        [CLS] a [SEP] b [SEP] (RoBERTa's <s> a </s></s> b </s>); b and its closing token are
+        segment 1 (a one-segment model reads them as 0)."""
+        middle = 1 if b is None else self.specials.pair_extra - 2  # [SEP] (RoBERTa's </s></s>)
+        head = [self.cls_id, *a, *[self.sep_id] * middle]
+        ids = np.asarray([*head, *(b or ()), self.sep_id] if b is not None else head, np.int64)
+        types = np.zeros(len(ids), np.int64)
+        types[len(head) :] = 1
+        return ids, types
 
     def tokenize(self, text: str) -> list[str]:
         """WordPiece tokens of `text`, without [CLS]/[SEP]."""
@@ -769,6 +866,8 @@ class Tokenizer:
         of spaces before punctuation and contractions ("it ' s ." -> "it's.")."""
         if isinstance(ids, torch.Tensor):
             ids = ids.tolist()
+        if self.own_engine:
+            return self._engine.decode(list(ids), skip_special_tokens=skip_special_tokens)
         tokens = self.convert_ids_to_tokens(ids)
         if skip_special_tokens:
             special = {*SPECIAL_TOKENS, *(a.content for a in self.added if a.special)}
@@ -1051,9 +1150,10 @@ def train_vocab(
     limit_alphabet: int = 1000,
     encoding_errors: str = "strict",
     show_progress: bool = True,
+    kind: str = "wordpiece",
 ) -> Tokenizer:
     """Train a WordPiece vocabulary on plain text files (each line a text), with BERT's special
-    tokens first. JSONL or WikiExtractor files would put their markup into the vocabulary: read
+    tokens first (kind: bpe or unigram for RoBERTa's or XLM-RoBERTa's, train_vocab_from_texts). JSONL or WikiExtractor files would put their markup into the vocabulary: read
     them with bertforge.data.corpus.corpus_sentences into train_vocab_from_texts, as
     `bertforge vocab train` does.
     """
@@ -1067,6 +1167,7 @@ def train_vocab(
         min_frequency=min_frequency,
         limit_alphabet=limit_alphabet,
         show_progress=show_progress,
+        kind=kind,
     )
 
 
@@ -1078,14 +1179,21 @@ def train_vocab_from_texts(
     min_frequency: int = 2,
     limit_alphabet: int = 1000,
     show_progress: bool = True,
+    kind: str = "wordpiece",
 ) -> Tokenizer:
-    """Train a WordPiece vocabulary on texts, with BERT's special tokens first.
+    """Train a WordPiece vocabulary on texts, with BERT's special tokens first; kind "bpe" or
+    "unigram": RoBERTa's byte-level BPE or XLM-RoBERTa's Unigram (subwords.train_engine; cased,
+    as those models are: `lowercase` and `limit_alphabet` are WordPiece's).
 
     The text goes through exactly the normalization the returned tokenizer applies, so every
     piece the trainer learns can be produced at encoding time.
     """
+    check_choice("kind", kind, KINDS)
     if vocab_size < len(SPECIAL_TOKENS) + 1:
         raise InputError(f"vocab_size={vocab_size}: must be more than {len(SPECIAL_TOKENS)}")
+    if kind != "wordpiece":
+        engine, specials = train_engine(texts, kind, vocab_size, min_frequency, show_progress)
+        return Tokenizer.of_engine(engine, specials, 512, f"trained {kind} vocabulary")
     engine = _build_engine(None, lowercase, lowercase, True)
     fix = EngineFix(engine, lowercase, lowercase, True)
     trainer = trainers.WordPieceTrainer(

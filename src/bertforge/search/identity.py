@@ -67,6 +67,7 @@ def tokenizer_identity(tok: Any) -> str:
     rules = [tok.lowercase, strip, tok.tokenize_chinese_chars, tok.max_input_chars_per_word]
     h = hashlib.sha256(json.dumps(rules).encode() + b"\0")
     h.update("\n".join(tok.tokens).encode())
+    h.update(tok.definition().encode())  # another family's engine, whole ("" for BERT's)
     return h.hexdigest()
 
 

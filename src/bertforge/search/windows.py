@@ -38,7 +38,7 @@ def window_settings(
 ) -> tuple[int, int]:
     """(pieces per window, pieces between windows), checked against the model's length less
     the prompt each window is read after."""
-    positions = pipe.config.max_position_embeddings
+    positions = pipe.config.max_tokens
     longest = min(pipe.embedding_settings.max_length or positions, positions) - 2
     if prompt:
         longest -= len(pipe.tok.encode(prompt, add_special_tokens=False, truncation=False).ids)

@@ -23,7 +23,6 @@ from ..errors import ConfigError
 from ..hub import resolve
 from ..pipelines import Pipeline
 from ..tasks.squad import pieces_read as squad_pieces
-from ..tokenizer import MASK
 from .access import note
 from .batcher import Batcher, Cost
 from .errors import HTTPError
@@ -72,7 +71,7 @@ class Server:
         pipe = self.pipe
         if entry.name != "qa":
             return {}
-        positions = pipe.config.max_position_embeddings
+        positions = pipe.config.max_tokens
         given = {
             "max_seq_length": None if pipe.max_length is None else min(pipe.max_length, positions),
             "doc_stride": pipe.stride,
@@ -133,8 +132,8 @@ class Server:
     def check_answers(self, texts: list[Any], top_k: int) -> None:
         """fill-mask's answer, top_k tokens for each [MASK], within max_request_tokens answers
         (else 413): 64 texts of 2,000 masks at top_k 30,000 would be 4 billion."""
-        mask = self.pipe.tok.convert_tokens_to_ids([MASK])[0]
-        masks = sum(t.count(MASK) if isinstance(t, str) else list(t).count(mask) for t in texts)
+        token, mask = self.pipe.tok.specials.mask, self.pipe.tok.mask_id
+        masks = sum(t.count(token) if isinstance(t, str) else list(t).count(mask) for t in texts)
         limit = self.limits.max_request_tokens
         if masks * max(int(top_k), 0) > limit:
             raise HTTPError(

@@ -187,10 +187,11 @@ class TaskOptions:
     def check_model(self, config: Any) -> None:
         """Settings that must fit the model: rows no longer than its position table."""
         assert self.max_seq_length is not None
-        if self.max_seq_length > config.max_position_embeddings:
+        if self.max_seq_length > config.max_tokens:
             raise ConfigError(
                 f"max_seq_length={self.max_seq_length} (--max-seq-length): the model has "
-                f"max_position_embeddings={config.max_position_embeddings}; use at most that"
+                f"{config.max_tokens} positions (max_position_embeddings="
+                f"{config.max_position_embeddings}); use at most that"
             )
 
 

@@ -138,7 +138,7 @@ def on_device(
     on one), its rows packed on the host, its ids checked there against config: what
     BertModel's `rows=` takes, so the device reads nothing back (lengths: every row's,
     features.lengths, computed once by the caller)."""
-    positions = None if config is None else config.max_position_embeddings
+    positions = None if config is None else config.max_tokens
     batch = collate(features, rows, pad_id, runner.pad_multiple, positions)
     packing = None
     if runner.overlaps and config is not None and batch.input_ids.dim() == 2:

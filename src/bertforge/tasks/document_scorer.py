@@ -170,7 +170,7 @@ def sentence_vectors(
 
     if not sentences:
         return np.zeros((0, vector_width(encoder.config, settings)), np.float32)
-    limit = min(settings.max_length or 512, encoder.config.max_position_embeddings)
+    limit = min(settings.max_length or 512, encoder.config.max_tokens)
     features = Features.from_encodings(tok.encode_batch(list(sentences), max_length=limit))
     pooled = Pooled(encoder, settings.pooling)
     rows = infer(runner, pooled, features, tok.pad_id, outputs=lambda v: v)

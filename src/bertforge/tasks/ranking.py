@@ -88,31 +88,29 @@ def activate(logits: torch.Tensor, name: str) -> torch.Tensor:
 def pair_rows(
     query: Sequence[int],
     document: Sequence[int],
-    ids: tuple[int, int],
+    tok: Any,
     max_length: int,
     stride: int | None = None,
     truncate: bool = False,
 ) -> list[tuple[np.ndarray, np.ndarray]]:
     """(input ids, token type ids) of each row that reads the pair of piece lists (no special
-    tokens): one row [CLS] query [SEP] document [SEP] when it fits in max_length; else the
-    query, cut to fit beside the whole document or to half a row at most, with each window of
-    the document (stride: default half a window); truncate: the first window only."""
-    cls_id, sep_id = ids
-    room = max_length - 3
+    tokens): one row [CLS] query [SEP] document [SEP] (tok.row: the family's layout) when it
+    fits in max_length; else the query, cut to fit beside the whole document or to half a row
+    at most, with each window of the document (stride: default half a window); truncate: the
+    first window only."""
+    extra = tok.specials.pair_extra
+    room = max_length - extra
     if room < 2:
         raise ConfigError(
-            f"max_length={max_length}: a (query, document) row needs at least 5 pieces ([CLS], "
-            "[SEP], [SEP] and a piece of each)"
+            f"max_length={max_length}: a (query, document) row needs at least {extra + 2} "
+            f"pieces ({extra} special tokens and a piece of each)"
         )
     q = list(query)[: max(room - len(document), min(len(query), room // 2))]
     size = room - len(q)
     spans = windows_of(len(document), size, stride or max(1, size // 2))
     rows = []
     for start, length in spans[: 1 if truncate else None]:
-        row = np.asarray([cls_id, *q, sep_id, *document[start : start + length], sep_id], np.int64)
-        types = np.zeros(len(row), np.int64)
-        types[len(q) + 2 :] = 1
-        rows.append((row, types))
+        rows.append(tok.row(q, list(document[start : start + length])))
     return rows
 
 

@@ -104,11 +104,11 @@ def featurize(
     """Windows of every question as rows; labels (rows, 2): the answer's start and end row
     positions in training ((0, 0): not in this window, or no answer), zeros otherwise."""
     questions, contexts = _encoded(examples, tok, max_query_length)
-    cls_id, sep_id = tok.convert_tokens_to_ids(["[CLS]", "[SEP]"])
     ids, types, labels, meta = [], [], [], []
+    extra = tok.specials.pair_extra
     for i, (e, q) in enumerate(zip(examples, questions)):
         ctx_ids, ctx_offsets = contexts[e.context]
-        max_tokens = _room(max_seq_length, len(q.ids))
+        max_tokens = _room(max_seq_length, len(q.ids), extra)
         span = None
         if training and not e.is_impossible and e.answers:
             text, start_char = e.answers[0]
@@ -120,11 +120,10 @@ def featurize(
                 span = (int(inside[0]), int(inside[-1]))
         spans = windows_of(len(ctx_ids), max_tokens, doc_stride)
         for (start, length), flags in zip(spans, max_context_flags(spans, len(ctx_ids))):
-            head = [cls_id, *q.ids, sep_id]
-            row = np.concatenate([head, ctx_ids[start : start + length], [sep_id]])
-            ids.append(row.astype(np.int64))
-            types.append(np.r_[np.zeros(len(head), np.int64), np.ones(length + 1, np.int64)])
-            first = len(head)
+            row, kinds = tok.row(q.ids, ctx_ids[start : start + length].tolist())
+            ids.append(row)
+            types.append(kinds)
+            first = len(row) - length - 1  # the context's first piece: [CLS] q [SEP] ... before
             label = (0, 0)
             if span is not None and start <= span[0] and span[1] < start + length:
                 label = (first + span[0] - start, first + span[1] - start)
@@ -144,12 +143,13 @@ def pieces_read(
     """How many pieces `featurize` gives each question: its windows' rows summed, counted
     without making them (what a server bounds before the work)."""
     questions, contexts = _encoded(examples, tok, max_query_length)
+    extra = tok.specials.pair_extra
     out = []
     for e, q in zip(examples, questions):
         spans = windows_of(
-            len(contexts[e.context][0]), _room(max_seq_length, len(q.ids)), doc_stride
+            len(contexts[e.context][0]), _room(max_seq_length, len(q.ids), extra), doc_stride
         )
-        out.append(sum(len(q.ids) + 3 + length for _, length in spans))
+        out.append(sum(len(q.ids) + extra + length for _, length in spans))
     return out
 
 
@@ -170,10 +170,10 @@ def _encoded(
     return questions, contexts
 
 
-def _room(max_seq_length: int, question: int) -> int:
-    """Context pieces a window holds beside a question of `question` pieces, [CLS] and two
-    [SEP]; one ConfigError when there are none."""
-    room = max_seq_length - question - 3
+def _room(max_seq_length: int, question: int, extra: int = 3) -> int:
+    """Context pieces a window holds beside a question of `question` pieces and the `extra`
+    special tokens of a pair ([CLS] and two [SEP]); one ConfigError when there are none."""
+    room = max_seq_length - question - extra
     if room < 1:
         raise ConfigError(
             f"max_seq_length={max_seq_length} leaves no room for the context after a "

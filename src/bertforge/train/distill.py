@@ -491,7 +491,7 @@ class DistillTask:
             d,
             tok.pad_id,
             multiple=pad_multiple(resolve_precision(cfg.precision, d.device)),
-            positions=teacher.config.max_position_embeddings,
+            positions=teacher.config.max_tokens,
         )
         self.cfg, self.d, self.teacher, self.own = cfg, d, teacher, own
         self.train: Features | None = None
@@ -638,11 +638,7 @@ def _task(run: RunDir, source: Path, tok: Tokenizer) -> dict[str, Any]:
 def corpus_rows(tok: Tokenizer, sentences: list[str], max_length: int) -> Features:
     """[CLS] sentence [SEP] rows of corpus text, cut to max_length: a special token's string
     in the text ("use [SEP] between") is text, as prepare reads a corpus (Tokenizer.encode_ids)."""
-    cls_id, sep_id = tok.convert_tokens_to_ids(["[CLS]", "[SEP]"])
-    rows = [
-        np.asarray([cls_id, *ids[: max_length - 2], sep_id], np.int64)
-        for ids in tok.encode_ids(sentences)
-    ]
+    rows = [tok.row(ids[: max_length - 2])[0] for ids in tok.encode_ids(sentences)]
     return Features(rows, [np.zeros(len(r), np.int64) for r in rows], np.zeros(len(rows), np.int64))
 
 

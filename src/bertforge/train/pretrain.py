@@ -34,7 +34,7 @@ import math
 import statistics
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -58,6 +58,18 @@ from .checkpoints import RunDir
 from .loop import COMPILE_HELP, LoopConfig, compiled, compiles, train
 from .optim import OPTIMIZERS, build_optimizer
 
+# what --arch sets on a model built from a named size (pad_id: the tokenizer's padding id); an
+# arch trains the families built on it (Family.base; --config / --init of another is refused)
+ARCH_CONFIGS: dict[str, Callable[[int], dict[str, Any]]] = {
+    "bert": lambda pad: {},
+    "roberta": lambda pad: {
+        "model_type": "roberta",
+        "type_vocab_size": 1,
+        "layer_norm_eps": 1e-5,
+        "max_position_embeddings": 512 + pad + 1,  # positions count past the padding id
+    },
+}
+ARCHS = tuple(ARCH_CONFIGS)
 MAX_MINUTES = 1e6  # about two years: a time budget beyond it is a typo, not a plan
 EVAL_BATCH = 32  # held-out rows per evaluation batch, whatever the training batch size
 # --minutes times at least this many steps, for at least this long, after one warm-up step
@@ -86,6 +98,13 @@ class PretrainConfig:
     out: str = option(help="run directory (re-running the command resumes it)")
     model_size: str = option(
         "mini", "a named size (the paper's Table 6 and Google's small BERTs)", choices=tuple(SIZES)
+    )
+    arch: str | None = option(
+        None,
+        "bert, or roberta: masked LM alone (no NSP) on packed rows, one segment, positions "
+        "past the padding id; its data prepared with a bpe or unigram vocabulary (default: "
+        "the --config's or --init's family, else bert)",
+        choices=ARCHS,
     )
     config: str | None = option(None, "config.json of the model to train from scratch")
     init: str | None = option(None, "start from this checkpoint (phase 2, domain adaptation)")
@@ -152,6 +171,8 @@ class PretrainConfig:
         check_options(self)
         if sum(x is not None for x in (self.config, self.init)) > 1:
             raise ConfigError("give --config or --init, not both")
+        if self.arch == "roberta":
+            self.nsp = False  # RoBERTa's recipe: masked LM alone on full rows of text
 
 
 class PretrainingTask:
@@ -267,16 +288,53 @@ def build_model(cfg: PretrainConfig, tok: Tokenizer) -> BertForPreTraining | Ber
         if cfg.config:
             config = BertConfig.from_json_file(cfg.config).replace(**overrides)
         else:
-            config = BertConfig.from_size(cfg.model_size, **overrides)
-    if cfg.max_seq_length > config.max_position_embeddings:
+            arch = ARCH_CONFIGS[cfg.arch or "bert"]
+            config = BertConfig.from_size(cfg.model_size, **arch(tok.pad_id), **overrides)
+    _check_arch(cfg, config, tok)
+    if cfg.max_seq_length > config.max_tokens:
         raise ConfigError(
             f"max_seq_length={cfg.max_seq_length} is more than the model's "
-            f"max_position_embeddings={config.max_position_embeddings}"
+            f"{config.max_tokens} positions (max_position_embeddings="
+            f"{config.max_position_embeddings})"
         )
     model = cls.from_pretrained(cfg.init, config=config) if cfg.init else cls(config)
     if cfg.dropout is not None:
         set_dropout(model, cfg.dropout)  # the saved config keeps its own, for fine-tuning
     return model.train()
+
+
+def _check_arch(cfg: PretrainConfig, config: BertConfig, tok: Tokenizer) -> None:
+    """The model, its tokenizer and the recipe agree: --arch names the model's family, a
+    family without a next-sentence head trains without NSP, whole-word masking reads
+    WordPiece's ## pieces."""
+    if cfg.arch is not None and config.family.base != cfg.arch:
+        where = cfg.config or cfg.init
+        raise ConfigError(
+            f"--arch {cfg.arch}: {where} is a {config.model_type} model; leave --arch out to "
+            "train its own family"
+        )
+    if cfg.nsp and config.family.name != "bert":
+        raise ConfigError(
+            f"a {config.family.display} model has no next-sentence head: pass --no-nsp (masked "
+            "LM alone)"
+        )
+    if cfg.whole_word_mask and tok.kind != "WordPiece":
+        raise ConfigError(
+            f"--whole-word-mask reads WordPiece's ## pieces; this data's tokenizer is {tok.kind}"
+        )
+    ours, theirs = config.family.specials, tok.specials
+    if (ours.cls, ours.sep, ours.pad, ours.mask) != (
+        theirs.cls,
+        theirs.sep,
+        theirs.pad,
+        theirs.mask,
+    ):
+        raise ConfigError(
+            f"the data's tokenizer ({tok.source}) has the special tokens {theirs.cls} "
+            f"{theirs.sep} {theirs.pad} {theirs.mask}; a {config.family.display} model is "
+            f"pre-trained with {ours.cls} {ours.sep} {ours.pad} {ours.mask} (prepare the data "
+            "with `bertforge vocab train --kind bpe` for RoBERTa's, wordpiece for BERT's)"
+        )
 
 
 def run(cfg: PretrainConfig) -> dict[str, Any]:
@@ -455,7 +513,7 @@ def _run(cfg: PretrainConfig, d: distributed.Dist) -> dict[str, Any]:
     )
     run.finish(
         result,
-        f"done: {run.path} holds the model (config.json, model.safetensors, vocab.txt)",
+        f"done: {run.path} holds the model (config.json, model.safetensors) and its tokenizer",
         model.save_pretrained,
         tok.save_pretrained,
         final=result,

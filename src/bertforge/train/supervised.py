@@ -402,7 +402,7 @@ def fit(
     kept = model if kept is None else kept
     savers = (kept.save_pretrained, tok.save_pretrained, task.family.save_files)
     config = getattr(kept, "config", None)  # a BERT's rows are not padded past its positions
-    task.grouped.positions = getattr(config, "max_position_embeddings", None)
+    task.grouped.positions = getattr(config, "max_tokens", None)
     model.train()
     steps = max(1, math.ceil(cfg.epochs * task.steps_per_epoch))
     main_metric = task.metric

@@ -1,0 +1,188 @@
+"""The search verbs of the command line: index, search, mine (cli.py's table lists them; their
+options are the search package's, search/options.py)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from typing import Any
+
+from .errors import ConfigError
+from .options import INFERENCE_HELP, add_options, changed_options, options_of
+
+
+def args_index(p: argparse.ArgumentParser) -> None:
+    from .search import CorpusFormat, IndexOptions, PgOptions
+
+    p.add_argument("model", help="bi-encoder (embedding model) directory")
+    p.add_argument(
+        "corpus",
+        nargs="?",
+        help="documents: text lines, .jsonl or .csv/.tsv with id and text (other fields: "
+        "metadata, kept in PostgreSQL)",
+    )
+    p.add_argument("--out", help="index directory (re-run to resume a build)")
+    p.add_argument(
+        "--to",
+        nargs="?",
+        const="",
+        metavar="DSN",
+        help="a PostgreSQL database (postgresql://user@host/db or host=... dbname=...; alone: "
+        "$DATABASE_URL or the PG* environment) instead of --out: re-run with a changed corpus to update it in place",
+    )
+    p.add_argument(
+        "--delete",
+        metavar="IDS_FILE",
+        help="with --to: remove these documents (one id a line) instead of indexing a corpus",
+    )
+    add_options(p, PgOptions, skip=("ef_search", "exact", "statement_timeout", "partial"))
+    add_options(p, CorpusFormat)
+    add_options(p, IndexOptions, help=INFERENCE_HELP)
+
+
+def cmd_index(args: argparse.Namespace) -> None:
+    from .fileio import refuse_overwrite
+    from .search import CorpusFormat, Index, IndexOptions, PgOptions
+
+    fmt = CorpusFormat(**options_of(args, CorpusFormat))
+    if args.to is not None:
+        return _index_postgres(args, fmt)
+    wrong = args.delete is not None or changed_options(args, PgOptions)  # --to's options
+    if args.out is None or args.corpus is None or wrong:
+        raise ConfigError(
+            "index MODEL CORPUS --out DIR, or --to DSN (PostgreSQL, --table T; with --delete "
+            "IDS_FILE to remove documents): a directory index is built whole, not changed"
+        )
+    refuse_overwrite(args.out, {"model": args.model, "corpus": args.corpus}, "--out")
+    index = Index.build(
+        args.model, args.corpus, args.out, fmt=fmt, **options_of(args, IndexOptions)
+    )
+    m = index.meta
+    print(
+        f"indexed {m['documents']:,} documents ({m['vectors']:,} windows of {m['dimensions']} "
+        f"dimensions{', and BM25' if m['bm25'] else ''}) in {args.out}"
+    )
+
+
+def _index_postgres(args: argparse.Namespace, fmt: Any) -> None:
+    """index --to DSN: a corpus upserted into the table, or --delete's ids removed from it."""
+    from .search import IndexOptions, PgOptions
+    from .search.postgres import PgIndex, read_ids
+
+    if args.out is not None or (args.corpus is None) == (args.delete is None):
+        raise ConfigError("index MODEL CORPUS --to DSN, or index MODEL --to DSN --delete IDS_FILE")
+    pg = PgOptions(**options_of(args, PgOptions))
+    if args.delete is not None:  # no search: a table whose build has not finished takes it
+        index = PgIndex.open(args.to, dataclasses.replace(pg, partial=True))
+        index.use_model(args.model)  # the table's model, checked
+        removed = index.delete(read_ids(args.delete))
+        absent, first = index.absent
+        more = f" and {absent - len(first):,} more" if absent > len(first) else ""
+        named = f"; {absent:,} id{'s' * (absent != 1)} not in the table: {', '.join(first)}{more}"
+        print(f"deleted {removed:,} documents from {index.path}{named if absent else ''}")
+    else:
+        options = options_of(args, IndexOptions)
+        index = PgIndex.build(args.model, args.corpus, args.to, table=pg.table, fmt=fmt, **options)
+        docs, windows = index.count()
+        said = ", ".join(f"{v:,} {k}" for k, v in index.written.items())
+        totals = f"{docs:,} documents, {windows:,} windows"
+        print(f"indexed {args.corpus} into {index.path} ({said}): {totals}")
+    index.close()
+
+
+def _search_args(p: argparse.ArgumentParser) -> None:
+    from .search import FirstStage, PgOptions, QueryModel
+
+    p.add_argument(
+        "index",
+        help="index directory (bertforge index), or a PostgreSQL DSN (postgresql://... or "
+        "host=... dbname=...; postgresql:// alone: $DATABASE_URL or the PG* environment) with "
+        "--table",
+    )
+    add_options(p, FirstStage)
+    add_options(p, QueryModel)
+    add_options(p, PgOptions)
+
+
+def _open_index(args: argparse.Namespace, **inputs: str | None) -> Any:
+    """The index of search and mine; their --out refused first when it lies inside the index or
+    the command's other `inputs`, then inside the index's model, once that is known."""
+    from .fileio import refuse_overwrite
+    from .search import PgOptions, QueryModel, open_index
+
+    refuse_overwrite(args.out, {"index": args.index, **inputs}, "--out")
+    pg = PgOptions(**options_of(args, PgOptions))
+    index = open_index(args.index, pg, **options_of(args, QueryModel))
+    # the corpus a directory index was built from is not read, but written over it is lost
+    source = getattr(index, "meta", {}).get("corpus")
+    refuse_overwrite(
+        args.out, {"index's model": index.use_model().path, "index's corpus": source}, "--out"
+    )
+    return index
+
+
+def args_search(p: argparse.ArgumentParser) -> None:
+    from .search import SearchOptions
+
+    _search_args(p)
+    p.add_argument("queries", nargs="?", default="-", help="text lines, .jsonl {text, id?}, or -")
+    add_options(p, SearchOptions)
+    p.add_argument(
+        "--where",
+        action="append",
+        metavar="FIELD=VALUE",
+        help="PostgreSQL: only documents whose metadata FIELD is VALUE (again: all of them)",
+    )
+    p.add_argument("--skip-blank", action="store_true", help="drop blank lines (default: error)")
+    p.add_argument("--out", help="JSONL output file (default: stdout)")
+
+
+def cmd_search(args: argparse.Namespace) -> None:
+    """Per query line: {"line", "id"?, "query", "results": [{id, score, rank, text?,
+    passage?}]}; with --rerank, the first stage's top --rerank-depth reordered by the
+    cross-encoder's score (with --rerank-fuse: by the fusion of that order and the first
+    stage's, each hit with its cross-encoder score as rerank_score)."""
+    from .catalogue import TEXTS
+    from .inputs import read_inputs, write_jsonl
+    from .search import FirstStage, SearchOptions, parse_where, search_queries
+
+    options = SearchOptions(**options_of(args, SearchOptions))
+    where = parse_where(args.where)
+    index = _open_index(args, queries=args.queries, reranker=options.rerank)
+    rows = read_inputs(args.queries, TEXTS, args.skip_blank)
+    queries = [r.texts[0] for r in rows]
+    stage = FirstStage(**options_of(args, FirstStage))
+    results = search_queries(index, queries, stage, options, where)
+    write_jsonl(args.out, rows, [{"query": q, "results": h} for q, h in zip(queries, results)])
+
+
+def args_mine(p: argparse.ArgumentParser) -> None:
+    from .search import MineOptions
+
+    _search_args(p)
+    p.add_argument(
+        "train",
+        help="retrieval training file: JSONL {query, positive, positive_id?} or a table; "
+        "positive_id (the positive's document id in the index) is matched by id, else the "
+        "positive's text (spacing and case aside)",
+    )
+    p.add_argument("--out", required=True, help="JSONL {query, positive, negatives}")
+    add_options(p, MineOptions)
+
+
+def cmd_mine(args: argparse.Namespace) -> None:
+    from .data.tasks import read_retrieval
+    from .fileio import json_text, write_text
+    from .search import FirstStage, MineOptions, mine_groups
+
+    options = MineOptions(**options_of(args, MineOptions))
+    index = _open_index(args, train=args.train, teacher=options.teacher)
+    examples = read_retrieval(args.train)
+    stage = FirstStage(**options_of(args, FirstStage))
+    groups, said = mine_groups(index, examples, options, stage, args.train)
+    write_text(args.out, "".join(json_text(g) + "\n" for g in groups))
+    print(f"wrote {len(groups):,} of {len(examples):,} rows to {args.out}: {said}")
+
+
+# ------------------------------------------------------------------------------------------------
+# serve, export, attention, probe, plot, demo
