@@ -473,9 +473,12 @@ def relative_buckets(T: int, device: torch.device) -> torch.Tensor:
     bucket = (n < 0).long() * half
     n = n.abs()
     exact = half // 2
-    large = exact + (
-        torch.log(n.float() / exact) / math.log(RELATIVE_DISTANCE / exact) * (half - exact)
-    ).long()
+    large = (
+        exact
+        + (
+            torch.log(n.float() / exact) / math.log(RELATIVE_DISTANCE / exact) * (half - exact)
+        ).long()
+    )
     return bucket + torch.where(n < exact, n, large.clamp(max=half - 1))
 
 
