@@ -432,7 +432,6 @@ def test_os_errors_on_every_verb_are_one_line(
     """Unwritable outputs, files where directories go and the reverse, missing and unreadable
     inputs: one line naming the path, status 2, for every verb that reads or writes a path."""
     from bertforge import BertConfig, BertForSequenceClassification
-    from bertforge.cli import main
     from tests.conftest import TINY
 
     tmp = bad_lines[0][2].parent
@@ -464,12 +463,7 @@ def test_os_errors_on_every_verb_are_one_line(
     verbs, failures = set(), []
     for row in OS_ERRORS.strip().splitlines():
         args, expected = row.rsplit("|", 1)
-        argv = shlex.split(args.format(**names))
-        try:
-            code = main(argv)
-        except SystemExit as e:
-            code = e.code
-        err = capsys.readouterr().err.strip().splitlines()
+        argv, code, err = run_row(args, names, capsys)
         if code != 2 or len(err) != 1 or expected.strip().format(**names) not in err[0]:
             failures.append((args.strip(), code, err[-3:]))
         assert not (tmp / "out").exists(), (argv, "wrote something")
@@ -564,7 +558,6 @@ def test_outputs_inside_what_a_command_reads_are_refused(
     import os
     import shutil
 
-    from bertforge.cli import main
     from bertforge.data.shards import prepare
     from bertforge.search import Index
     from tests.task_files import keyword_table
@@ -600,12 +593,7 @@ def test_outputs_inside_what_a_command_reads_are_refused(
     before, failures = snapshot(), []
     for row in INSIDE_INPUTS.strip().splitlines():
         args, expected = row.rsplit("|", 1)
-        argv = shlex.split(args.format(**names))
-        try:
-            code = main(argv)
-        except SystemExit as e:
-            code = e.code
-        err = capsys.readouterr().err.strip().splitlines()
+        _, code, err = run_row(args, names, capsys)
         said = expected.strip().format(**names)
         if code != 2 or len(err) != 1 or said not in err[0] or snapshot() != before:
             failures.append((args.strip(), code, err[-2:]))
@@ -631,3 +619,18 @@ def test_help_texts_say_what_the_flags_do() -> None:
     assert "default: the task of the model's run.json" in shown("predict")
     assert "--max-train-rows MAX_TRAIN_ROWS train on the first N" in shown("finetune")
     assert "--minutes MINUTES train for about M minutes instead of --steps" in shown("pretrain")
+
+
+def run_row(
+    args: str, names: dict[str, Path], capsys: pytest.CaptureFixture
+) -> tuple[list[str], object, list[str]]:
+    """A table row's command line (its {X} names filled in) run through main: (argv, exit
+    status, the lines it printed on stderr)."""
+    from bertforge.cli import main
+
+    argv = shlex.split(args.format(**names))
+    try:
+        code: object = main(argv)
+    except SystemExit as e:
+        code = e.code
+    return argv, code, capsys.readouterr().err.strip().splitlines()

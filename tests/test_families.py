@@ -29,6 +29,7 @@ from bertforge.pipelines import Pipeline
 
 from .hard_cases import HARD_CASES
 from .task_files import keyword_table
+from .test_pretrain import hf_mlm_labels, step_both
 
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
@@ -344,19 +345,12 @@ def test_pretrain_roberta_losses_equal_transformers_step_for_step(
         (batch,) = micro
         assert (batch.input_ids[:, 0] == shards.tokenizer().cls_id).all()
         loss_a, _ = task.loss(ours, batch, task.normalizers([batch]))
-        labels = torch.full_like(batch.input_ids, -100)
-        rows = torch.arange(len(labels))[:, None].expand_as(batch.mlm_positions)
-        real = batch.mlm_labels != -100
-        labels[rows[real], batch.mlm_positions[real]] = batch.mlm_labels[real]
+        labels = hf_mlm_labels(batch)
         loss_b = theirs(
             input_ids=batch.input_ids, attention_mask=batch.attention_mask, labels=labels
         ).loss
         diffs.append(abs(loss_a.item() - loss_b.item()))
-        for model, loss, opt in ((ours, loss_a, opt_a), (theirs, loss_b, opt_b)):
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            opt.zero_grad()
+        step_both((ours, loss_a, opt_a), (theirs, loss_b, opt_b))
     assert max(diffs) < 1e-4, diffs
 
 

@@ -59,6 +59,22 @@ def build(model: Path, corpus: Path, dsn: str, table: str, **options: Any) -> Pg
     )
 
 
+def build_stopped(monkeypatch: pytest.MonkeyPatch, chunk: int, *args: Any) -> None:
+    """build(*args) stopped as a kill stops it when it reaches its `chunk`-th chunk: the
+    chunks before it committed, nothing after."""
+    real, calls = PgIndex._write_chunk, []
+
+    def stopped(self: PgIndex, *a: Any, **k: Any) -> Any:
+        calls.append(1)
+        if len(calls) == chunk:
+            raise KeyboardInterrupt
+        return real(self, *a, **k)
+
+    with monkeypatch.context() as m, pytest.raises(KeyboardInterrupt):
+        m.setattr(PgIndex, "_write_chunk", stopped)
+        build(*args)
+
+
 def same_rows(a: PgIndex, b: PgIndex) -> None:
     """Both tables hold the same documents (their numbers aside) and windows, the vectors
     equal to float32 rounding (a text embedded in another batch)."""
@@ -444,17 +460,8 @@ def test_an_unfinished_build_is_refused_until_it_is_run_again(
     and the table opens. A search of a table that was finished when opened and is being
     built anew meanwhile is refused too, and a table recorded before builds recorded their
     state (none: taken as finished) still opens."""
-    path, real, calls = write_corpus(tmp_path / "corpus.jsonl"), PgIndex._write_chunk, []
-
-    def stopped(self: PgIndex, *a: Any, **k: Any) -> Any:
-        calls.append(1)
-        if len(calls) == 3:  # what a kill leaves: the chunks committed before it
-            raise KeyboardInterrupt
-        return real(self, *a, **k)
-
-    with monkeypatch.context() as m, pytest.raises(KeyboardInterrupt):
-        m.setattr(PgIndex, "_write_chunk", stopped)
-        build(minilm_dir, path, postgres_dsn, "unfinished")
+    path = write_corpus(tmp_path / "corpus.jsonl")
+    build_stopped(monkeypatch, 3, minilm_dir, path, postgres_dsn, "unfinished")
     said = "its build has not finished (4 of 6 documents so far)"
     for opening in (
         lambda: PgIndex.open(postgres_dsn, PgOptions(table="unfinished")),
@@ -1012,17 +1019,7 @@ def test_an_update_stopped_midway_is_searched_with_a_warning_until_it_ends(
     rows = [json.loads(x) for x in path.read_text().splitlines()]
     rows += [{"id": f"n{i}", "text": f"A new document, number {i}."} for i in range(6)]
     more.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    real, calls = PgIndex._write_chunk, []
-
-    def stopped(self: PgIndex, *a: Any, **k: Any) -> Any:
-        calls.append(1)
-        if len(calls) == 2:  # what a kill leaves: the chunk committed before it
-            raise KeyboardInterrupt
-        return real(self, *a, **k)
-
-    with monkeypatch.context() as m, pytest.raises(KeyboardInterrupt):
-        m.setattr(PgIndex, "_write_chunk", stopped)
-        build(minilm_dir, more, postgres_dsn, "updated")
+    build_stopped(monkeypatch, 2, minilm_dir, more, postgres_dsn, "updated")
     said = "an update of it has not ended"
     queries = tmp_path / "q.txt"
     queries.write_text("\n".join(QUERIES) + "\n")

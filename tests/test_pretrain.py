@@ -14,6 +14,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -642,10 +643,7 @@ def test_losses_equal_transformers_step_for_step(data: Path, nodrop: Path) -> No
     for (micro, _), _ in zip(task.batches(None), range(8)):
         (batch,) = micro
         loss_a, _ = task.loss(ours, batch, task.normalizers([batch]))
-        labels = torch.full_like(batch.input_ids, -100)
-        rows = torch.arange(len(labels))[:, None].expand_as(batch.mlm_positions)
-        real = batch.mlm_labels != -100
-        labels[rows[real], batch.mlm_positions[real]] = batch.mlm_labels[real]
+        labels = hf_mlm_labels(batch)
         loss_b = theirs(
             input_ids=batch.input_ids,
             token_type_ids=batch.token_type_ids,
@@ -654,12 +652,28 @@ def test_losses_equal_transformers_step_for_step(data: Path, nodrop: Path) -> No
             next_sentence_label=batch.nsp_labels,
         ).loss
         diffs.append(abs(loss_a.item() - loss_b.item()))
-        for model, loss, opt in ((ours, loss_a, opt_a), (theirs, loss_b, opt_b)):
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            opt.zero_grad()
+        step_both((ours, loss_a, opt_a), (theirs, loss_b, opt_b))
     assert max(diffs) < 1e-5, diffs
+
+
+def hf_mlm_labels(batch: Any) -> torch.Tensor:
+    """A pre-training batch's masked-LM targets as transformers takes them: (B, T) with the
+    original id at each masked position, -100 elsewhere."""
+    labels = torch.full_like(batch.input_ids, -100)
+    rows = torch.arange(len(labels))[:, None].expand_as(batch.mlm_positions)
+    real = batch.mlm_labels != -100
+    labels[rows[real], batch.mlm_positions[real]] = batch.mlm_labels[real]
+    return labels
+
+
+def step_both(*runs: tuple[torch.nn.Module, torch.Tensor, Any]) -> None:
+    """An optimizer step of each (model, loss, optimizer), as the loop takes one: backward,
+    clip at 1.0, step, zero the gradients."""
+    for model, loss, opt in runs:
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad()
 
 
 def test_warmup_stable_decay_schedule() -> None:
