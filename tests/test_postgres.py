@@ -958,7 +958,7 @@ def test_the_dsn_from_the_environment(
 
 
 def test_a_password_in_odd_places_and_forms_is_never_shown(
-    minilm_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+    minilm_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The second hostile trial's forms: a DSN where a file is expected (a path collapses its
     //), as --out (refused: no file is named after a password), an upper-case or +driver
@@ -980,6 +980,9 @@ def test_a_password_in_odd_places_and_forms_is_never_shown(
         "host=127.0.0.1 port=1 password=Zq9\\ w0rd dbname=db",
     ]
     shown = []
+    here = tmp_path / "cwd"  # where a relative --out would be written: nothing may be
+    here.mkdir()
+    monkeypatch.chdir(here)
     for dsn in uris:
         argvs = [
             ["search", str(index), dsn],  # a DSN where the queries file is expected
@@ -988,12 +991,11 @@ def test_a_password_in_odd_places_and_forms_is_never_shown(
             ["embed", model, str(queries), "--out", dsn],
         ]
         for argv in argvs:
-            before = sorted(p.name for p in Path.cwd().iterdir())
             assert main(argv) == 2, argv
             err = capsys.readouterr().err
             assert len(err.strip().splitlines()) == 1, err
             shown.append(err)
-            assert sorted(p.name for p in Path.cwd().iterdir()) == before  # nothing written
+            assert not list(here.iterdir())  # nothing written
     for typo in (["--api-kye", KEY], [f"--apikey={KEY}"], ["--api-token", KEY]):
         with pytest.raises(SystemExit, match="2"):
             main(["serve", model, *typo])
