@@ -700,7 +700,17 @@ def build_parser() -> argparse.ArgumentParser:
 SECRET_WORDS = {"key", "apikey", "password", "secret", "token"}  # option words hiding a value
 
 
-def hide_api_key(argv: Sequence[str]) -> None:
+def option_strings(parser: argparse.ArgumentParser) -> set[str]:
+    """Every option string of the parser and its subcommands' (--token-weight...)."""
+    found = set(parser._option_string_actions)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                found |= option_strings(child)
+    return found
+
+
+def hide_api_key(argv: Sequence[str], known: set[str] | frozenset[str] = frozenset()) -> None:
     """The server's API key hidden (errors.hide) before argparse reads argv: a usage error
     quotes what it did not take (`search ... --api-key KEY`: a verb without the option), and
     argparse takes any long enough prefix of the option's name (--api KEY)."""
@@ -710,16 +720,18 @@ def hide_api_key(argv: Sequence[str]) -> None:
     for i, arg in enumerate(argv):
         name, equals, value = arg.partition("=")
         prefix = len(name) >= len("--api") and "--api-key".startswith(name)
-        # a typo of it (--api-kye, --apikey, --api-token) is quoted back as unrecognized
-        typo = name.startswith("--api") or bool(SECRET_WORDS & set(name.lstrip("-").split("-")))
+        # a typo of it (--api-kye, --apikey, --api-token) is quoted back as unrecognized; an
+        # option of the parser's (--token-weight 1) or an abbreviation of one is no typo
+        secret_like = name.startswith("--api") or SECRET_WORDS & set(name.lstrip("-").split("-"))
+        typo = bool(secret_like) and not any(k.startswith(name) for k in known)
         if prefix or typo:
             hide(value if equals else (argv[i + 1] if i + 1 < len(argv) else None))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    hide_api_key(argv)
     parser = build_parser()
+    hide_api_key(argv, option_strings(parser))
     args = parser.parse_args(join_layer_lists(argv))
     if not getattr(args, "func", None):
         parser.print_help()
