@@ -1002,6 +1002,12 @@ def test_a_password_in_odd_places_and_forms_is_never_shown(
         shown.append(capsys.readouterr().err)
     for text in shown:
         assert not any(s in text for s in (*secrets, "w0rd", KEY)), text
+    # what was hidden stays hidden for the process, but no common word or digit with it: the
+    # paths of later messages are shown whole
+    from bertforge.errors import redacted
+
+    plain = "two words in /tmp/pytest-1/popen-gw1/words.txt --token-weight 1"
+    assert redacted(plain) == plain
 
 
 def test_an_update_stopped_midway_is_searched_with_a_warning_until_it_ends(

@@ -105,8 +105,9 @@ def hide_passwords(dsn: str) -> None:
     found = [m.group(2) for m in _URI_PASSWORD.finditer(dsn)]
     found += [m.group(2).removeprefix("'").removesuffix("'") for m in _KEY_PASSWORD.finditer(dsn)]
     found += [f.replace("\\ ", " ") for f in found]  # libpq's reading of an escaped space
-    # a driver may quote a part of it ("Zq9@w0rd" read as host "w0rd@127.0.0.1"): its pieces too
-    pieces = [p for f in found for p in re.split(r"[\s@:]+", f) if len(p) >= 3]
+    # a driver may quote a part of one with an @ ("Zq9@w0rd": host "w0rd@127.0.0.1"): its
+    # pieces too, if long enough not to hide common words from every later message
+    pieces = [p for f in found if "@" in f for p in f.split("@") if len(p) >= 4]
     hide(*found, *(unquote(f) for f in found), *pieces)
 
 
