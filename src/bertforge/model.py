@@ -416,6 +416,9 @@ class BertModel(Pretrained, nn.Module):
         x = self.embeddings(input_ids, token_type_ids, position_ids)
         if self.relative_bias is not None:  # (1, nh, T, T) scores, padding at the minimum
             mask = relative_scores(self.relative_bias, x.shape[1], x.device, mask)
+            kind = x.device.type
+            if torch.is_autocast_enabled(kind):  # the layers' dtype: cast once, not per layer
+                mask = mask.to(torch.get_autocast_dtype(kind))
         hidden = [x] if output_hidden_states else None
         probs = [] if output_attentions else None
         if unpad is None:

@@ -10,7 +10,7 @@ tokenizer_config.json and special_tokens_map.json name them (cls_token, sep_toke
 unk_token, mask_token, or bos/eos where cls/sep are absent); a file that names none falls back
 on the post-processor's own tokens and the model's unknown token.
 
-    engine, specials = read_engine(Path("model/tokenizer.json"))
+    engine, specials, length = read_engine(path, read_json(path, VocabError), directory)
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from tokenizers import Tokenizer as Engine
 
 from .errors import VocabError
 from .families import Specials
+from .families.roberta import ROBERTA
 from .fileio import read_json
 
 ROLES = ("pad", "unk", "cls", "sep", "mask")
@@ -44,9 +45,13 @@ def is_bert_wordpiece(d: dict[str, Any]) -> bool:
     return "<s>" not in post and "</s>" not in post
 
 
-def read_engine(path: Path, directory: Path | None = None) -> tuple[Engine, Specials, int | None]:
-    """The engine of a tokenizer.json, the special tokens it uses, and the model_max_length its
-    tokenizer_config.json gives (None when none); one VocabError naming the file otherwise."""
+def read_engine(
+    path: Path, data: dict[str, Any], directory: Path | None = None
+) -> tuple[Engine, Specials, int | None]:
+    """The engine of a tokenizer.json (`data`: the file as read, its post-processor and model
+    consulted without reading the file again), the special tokens it uses, and the
+    model_max_length its tokenizer_config.json gives (None when none); one VocabError naming
+    the file otherwise."""
     try:
         engine = Engine.from_file(str(path))
     except Exception as e:  # the engine's parse errors are plain Exceptions
@@ -54,8 +59,7 @@ def read_engine(path: Path, directory: Path | None = None) -> tuple[Engine, Spec
     engine.no_truncation()
     engine.no_padding()
     config = _config(directory) if directory is not None else {}
-    post = read_json(path, VocabError).get("post_processor") or {}
-    found = {role: _named(config, role) or _default(role, post, path) for role in ROLES}
+    found = {role: _named(config, role) or _default(role, data) for role in ROLES}
     length = config.get("model_max_length")
     limit = int(length) if isinstance(length, (int, float)) and 0 < length < 10**9 else None
     return engine, checked_specials(engine, found, str(path)), limit
@@ -64,24 +68,23 @@ def read_engine(path: Path, directory: Path | None = None) -> tuple[Engine, Spec
 def checked_specials(engine: Engine, found: dict[str, str | None], source: str) -> Specials:
     """The special tokens of an engine, by role (ROLES), checked against its vocabulary and its
     template: one VocabError naming `source` where they contradict each other."""
-    path = source
     vocab = engine.get_vocab(with_added_tokens=True)
     for role in ("cls", "sep", "pad"):
         if found[role] is None or found[role] not in vocab:
             raise VocabError(
-                f"{path}: the {role} token {found[role]!r} is not in the vocabulary; name it "
+                f"{source}: the {role} token {found[role]!r} is not in the vocabulary; name it "
                 f"({role}_token) in tokenizer_config.json"
             )
     if engine.post_processor is None:
         raise VocabError(
-            f"{path}: has no post_processor: the template that puts the special tokens around a "
+            f"{source}: has no post_processor: the template that puts the special tokens around a "
             "text (<s> A </s>) is needed; save the tokenizer with transformers to add it"
         )
     probe = engine.encode("", "", add_special_tokens=True)  # the pair template's specials alone
     for i, t in zip(probe.ids, probe.tokens):
         if vocab.get(t) != i:
             raise VocabError(
-                f"{path}: post_processor gives {t!r} the id {i}, the vocabulary {vocab.get(t)}: "
+                f"{source}: post_processor gives {t!r} the id {i}, the vocabulary {vocab.get(t)}: "
                 "the file contradicts itself"
             )
     pair = engine.post_processor.num_special_tokens_to_add(True)
@@ -96,7 +99,6 @@ def checked_specials(engine: Engine, found: dict[str, str | None], source: str) 
 
 
 KINDS = ("wordpiece", "bpe", "unigram")  # vocab train --kind
-_ROBERTA = Specials(cls="<s>", sep="</s>", pad="<pad>", unk="<unk>", mask="<mask>", pair_extra=4)
 
 
 def train_engine(
@@ -112,8 +114,8 @@ def train_engine(
     `pretrain --arch roberta` needs (WordPiece is tokenizer.train_vocab's)."""
     from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
 
-    tokens = list(_ROBERTA.tokens)  # pad, unk, cls, sep, mask -> <s> <pad> </s> <unk> <mask>
-    order = [tokens[2], tokens[0], tokens[3], tokens[1], tokens[4]]
+    sp = ROBERTA.specials
+    order = [sp.cls, sp.pad, sp.sep, sp.unk, sp.mask]  # ids 0-4, as RoBERTa's
     if kind == "bpe":
         engine = Engine(models.BPE())
         engine.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -133,19 +135,19 @@ def train_engine(
         trainer = trainers.UnigramTrainer(
             vocab_size=vocab_size,
             special_tokens=order,
-            unk_token=_ROBERTA.unk,
+            unk_token=sp.unk,
             show_progress=show_progress,
         )
     else:
         raise ValueError(f"kind={kind!r}: train_engine makes bpe or unigram tokenizers")
     engine.train_from_iterator(texts, trainer=trainer)
-    cls, sep = _ROBERTA.cls, _ROBERTA.sep
+    cls, sep = sp.cls, sp.sep
     engine.post_processor = processors.TemplateProcessing(
         single=f"{cls} $A {sep}",
         pair=f"{cls} $A {sep} {sep} $B {sep}",
         special_tokens=[(cls, engine.token_to_id(cls)), (sep, engine.token_to_id(sep))],
     )
-    found = dict(zip(ROLES, _ROBERTA.tokens))
+    found = dict(zip(ROLES, sp.tokens))
     return engine, checked_specials(engine, found, f"trained {kind} vocabulary")
 
 
@@ -169,9 +171,10 @@ def _named(config: dict[str, Any], role: str) -> str | None:
     return None
 
 
-def _default(role: str, post: dict[str, Any], path: Path) -> str | None:
+def _default(role: str, data: dict[str, Any]) -> str | None:
     """A role's token where the configs name none: the post-processor's cls/sep, the model's
-    unknown token, and the common spellings of padding and mask."""
+    unknown token, and the common spellings of padding and mask (`data`: the tokenizer.json)."""
+    post = data.get("post_processor") or {}
     if role in ("cls", "sep"):
         given = post.get(role)  # RobertaProcessing / BertProcessing: [token, id]
         if isinstance(given, list) and given:
@@ -182,7 +185,7 @@ def _default(role: str, post: dict[str, Any], path: Path) -> str | None:
             return ids[0] if role == "cls" else ids[-1]
         return None
     if role == "unk":
-        return (read_json(path, VocabError).get("model") or {}).get("unk_token")
+        return (data.get("model") or {}).get("unk_token")
     return {"pad": "<pad>", "mask": "<mask>"}[role]
 
 

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import os
 import warnings
 from collections.abc import Iterable, Sequence
@@ -429,12 +428,16 @@ class Tokenizer:
 
     @classmethod
     def from_engine(
-        cls, path: Path, directory: Path | None = None, model_max_length: int | None = None
+        cls,
+        path: Path,
+        data: dict[str, Any],
+        directory: Path | None = None,
+        model_max_length: int | None = None,
     ) -> Tokenizer:
         """Another family's tokenizer.json (subwords.py: byte-level BPE, Unigram, WordPiece with
-        <s> and </s>), its engine used as the file configures it, its special tokens as its
-        directory's files name them."""
-        engine, specials, limit = read_engine(path, directory)
+        <s> and </s>; `data`: the file as read), its engine used as the file configures it, its
+        special tokens as its directory's files name them."""
+        engine, specials, limit = read_engine(path, data, directory)
         return cls.of_engine(engine, specials, model_max_length or limit or 512, str(path))
 
     @classmethod
@@ -456,7 +459,7 @@ class Tokenizer:
         self.source, self._engine, self.added = source, engine, ()
         self._fix, self._truncating = NoFix(), {}
         self.specials = specials
-        self.kind = str(json.loads(engine.model.__getstate__())["type"])
+        self.kind = type(engine.model).__name__  # BPE, Unigram, WordPiece
         ids = [vocab.get(t) for t in specials.tokens]  # unk, mask: None where it has none
         self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = ids  # type: ignore
         return self
@@ -477,13 +480,13 @@ class Tokenizer:
         """
         path = resolve(path)
         engine_file = path / "tokenizer.json" if path.is_dir() else path
-        if (
-            engine_file.suffix == ".json"
-            and engine_file.is_file()
-            and not is_bert_wordpiece(read_json(engine_file, VocabError))
-        ):
-            directory = path if path.is_dir() else None
-            return cls.from_engine(engine_file, directory, kwargs.get("model_max_length"))
+        data = None
+        if engine_file.suffix == ".json" and engine_file.is_file():
+            data = read_json(engine_file, VocabError)  # read once, whichever reader takes it
+            if not is_bert_wordpiece(data):
+                directory = path if path.is_dir() else None
+                length = kwargs.get("model_max_length")
+                return cls.from_engine(engine_file, data, directory, length)
         vocab_file, settings = path, {}
         if path.is_dir():
             vocab_file = next((path / n for n in VOCAB_FILES if (path / n).is_file()), path)
@@ -491,7 +494,7 @@ class Tokenizer:
                 raise VocabError(f"{path}: no vocab.txt in this directory (nor a tokenizer.json)")
             settings = _read_tokenizer_config(path / "tokenizer_config.json")
         if vocab_file.suffix == ".json":
-            tokens, found = read_tokenizer_json(vocab_file)
+            tokens, found = read_tokenizer_json(vocab_file, data)
             if path.is_dir():
                 _check_special_tokens(path)
             settings = {**found, **settings}  # tokenizer_config.json wins, as in transformers
@@ -1005,12 +1008,15 @@ def _positive_int(value: Any, path: Path, field: str) -> int:
 # tokenizer.json (the `tokenizers` library's file)
 
 
-def read_tokenizer_json(path: str | os.PathLike[str]) -> tuple[list[str], dict[str, Any]]:
+def read_tokenizer_json(
+    path: str | os.PathLike[str], data: dict[str, Any] | None = None
+) -> tuple[list[str], dict[str, Any]]:
     """Tokens (by id) and our settings (lowercase, strip_accents, tokenize_chinese_chars,
     max_input_chars_per_word) of a BERT tokenizer.json; anything the rules of BERT's WordPiece
-    cannot reproduce (BPE, Unigram, another normalizer or unknown-token) is a VocabError."""
+    cannot reproduce (BPE, Unigram, another normalizer or unknown-token) is a VocabError.
+    `data`: the file already read (Tokenizer.from_pretrained reads it once)."""
     path = Path(path)
-    d = read_json(path, VocabError)
+    d = read_json(path, VocabError) if data is None else data
     model = d.get("model")
     if not isinstance(model, dict):
         raise VocabError(f"{path}: no 'model' object: not a tokenizer.json")

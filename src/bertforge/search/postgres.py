@@ -370,10 +370,14 @@ class PgIndex:
         keeps the chunks it wrote: a search would answer from part of the corpus without a
         word), unless pg.partial: then, with `warn`, a warning saying what it holds. An update
         of a finished table that has not ended: with `warn`, a warning (update_note)."""
-        self.update_note = _update_note(conn, self.names, self.path)
+        held, updating = _build_state(conn, self.names)
+        self.update_note = updating and (
+            f"{self.path}: an update of it has not ended ({updating}; running, or stopped "
+            "midway): each document is its old or its new version; run the index command again "
+            "to finish it"
+        )
         if warn and self.update_note:
             warnings.warn(self.update_note, stacklevel=3)
-        held = _unfinished(conn, self.names)
         if held is None:
             return
         said = f"{self.path}: its build has not finished ({held})"
@@ -731,29 +735,22 @@ def _record(conn: Any, t: Mapping[str, Any], where: str) -> dict[str, Any]:
     return dict(row[0])
 
 
-def _unfinished(conn: Any, t: Mapping[str, Any]) -> str | None:
-    """What a table whose build has not finished holds, in words ("80 of 200 documents so
-    far"); None where it has (or where no build recorded its state: tables made before builds
-    did, taken as finished)."""
+def _build_state(conn: Any, t: Mapping[str, Any]) -> tuple[str | None, str | None]:
+    """(unfinished, updating): what a table whose first build has not finished holds, in words
+    ("80 of 200 documents so far"), and the same of a finished table under an update that has
+    not ended (running, or killed): each None where it is not so, or where no build recorded
+    its state (tables made before builds did, taken as finished). One read of the record, as
+    every search checks it."""
     row = conn.execute(sql("SELECT value FROM {meta} WHERE key = 'build'", t)).fetchone()
-    if row is None or row[0].get("finished", True):
-        return None
+    state = row[0] if row is not None else {}
+    unfinished, updating = not state.get("finished", True), bool(state.get("updating"))
+    if not (unfinished or updating):
+        return None, None
     (held,) = conn.execute(sql("SELECT count(*) FROM {docs}", t)).fetchone()
-    return f"{held:,} of {row[0].get('documents', 0):,} documents so far"
-
-
-def _update_note(conn: Any, t: Mapping[str, Any], where: str) -> str | None:
-    """The warning a table under an update that has not ended (running, or killed) deserves:
-    what it holds, that each document is old or new; None when no update is under way."""
-    row = conn.execute(sql("SELECT value FROM {meta} WHERE key = 'build'", t)).fetchone()
-    if row is None or not row[0].get("updating"):
-        return None
-    (held,) = conn.execute(sql("SELECT count(*) FROM {docs}", t)).fetchone()
-    return (
-        f"{where}: an update of it has not ended ({held:,} documents in the table, the update "
-        f"reads {row[0].get('documents', 0):,}; running, or stopped midway): each document is "
-        "its old or its new version; run the index command again to finish it"
-    )
+    documents = state.get("documents", 0)
+    if unfinished:
+        return f"{held:,} of {documents:,} documents so far", None
+    return None, f"{held:,} documents in the table, the update reads {documents:,}"
 
 
 def _start(
