@@ -1924,3 +1924,34 @@ def test_a_reranked_search_that_fails_fails_alone(
     want = search_rerank(reranker, [SEARCH_QUERIES[0]], first, top_k=3)
     same_hits(fine.json()["results"], want)
 
+
+def test_the_task_pipelines_refuse_an_unknown_field(
+    qa_and_mlm: tuple[Path, Path], tiny_model: Path, classifier: Path, tmp_path: Path
+) -> None:
+    """/qa, /fill-mask, /nsp and /ner (bertforge's own APIs, as /embed, /classify and /summarize
+    in test_unknown_fields_...) answer an unknown field with a 422 naming it and listing the
+    path's fields: a misspelt option would leave its default and answer another question."""
+    from fastapi.testclient import TestClient
+
+    from bertforge.heads import BertForTokenClassification
+    from bertforge.serve import create_app
+
+    tagger = tmp_path / "tagger"
+    config = BertConfig.from_pretrained(classifier).replace(id2label={0: "O", 1: "B-PER"})
+    BertForTokenClassification(config).save_pretrained(tagger)
+    Tokenizer.from_pretrained(classifier).save_pretrained(tagger)
+    qa, _ = qa_and_mlm
+    cases = [  # (model, path, a valid body, an unknown field, a field of the path's)
+        (qa, "/qa", {"questions": ["q"], "contexts": ["c"]}, "max_answer_len", "max_answer_length"),
+        (tiny_model, "/fill-mask", {"texts": ["a [MASK]"]}, "topk", "top_k"),
+        (tiny_model, "/nsp", {"texts": ["a"], "pairs": ["b"]}, "pair", "pairs"),
+        (tagger, "/ner", {"texts": ["a"]}, "text", "texts"),
+    ]
+    for model, path, body, unknown, known in cases:
+        with TestClient(create_app(model, precision="fp32")) as client:
+            assert client.post(path, json=body).status_code == 200, path
+            r = client.post(path, json={**body, unknown: 1})
+            assert r.status_code == 422, (path, r.text)
+            message = r.json()["error"]
+            assert message.startswith(f"{unknown}: unknown field (the fields of POST {path}: ")
+            assert f" {known}," in message or f" {known})" in message, message
