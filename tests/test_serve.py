@@ -1652,3 +1652,306 @@ def test_qa_fill_mask_and_summarize_are_bounded_before_any_model_call(
         text = "One short sentence. Another one here.\nA third in a new paragraph."
         sentences = ["One short sentence.", "Another one here.", "A third in a new paragraph."]
         assert cost([(text,)], {}) == [sum(len(e.ids) for e in tok.encode_batch(sentences))]
+
+
+# -- /search reranked by a cross-encoder (serve --rerank-model) -------------------------------
+
+SEARCH_DOCS = [
+    "The Eiffel Tower stands in Paris, the capital of France.",
+    "Cats are carnivores and eat meat such as fish and mice.",
+    "Hamlet is a tragedy written by William Shakespeare.",
+    "The stock market fell sharply on Monday.",
+    "Tea is brewed from the leaves of the camellia plant.",
+    "The Great Wall of China stretches for thousands of kilometres.",
+    "Paris hosts the Louvre, the largest art museum in the world.",
+    "Shakespeare also wrote Macbeth and King Lear.",
+]
+SEARCH_QUERIES = ["who wrote hamlet", "where is the eiffel tower", "what do cats eat"]
+
+
+@pytest.fixture(scope="module")
+def search_index(classifier: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An index of SEARCH_DOCS by the tiny classifier's encoder, with BM25 (fp32, as served)."""
+    from bertforge.search import Index
+
+    tmp = tmp_path_factory.mktemp("search")
+    corpus = tmp / "corpus.jsonl"
+    lines = [json.dumps({"id": f"d{i}", "text": t}) for i, t in enumerate(SEARCH_DOCS)]
+    corpus.write_text("\n".join(lines) + "\n")
+    return Index.build(classifier, corpus, tmp / "idx", progress=False, precision="fp32").path
+
+
+def same_hits(got: list[list[dict]], want: list[list[dict]]) -> None:
+    """Two searches' answers: the same hits in the same order, the same scores (to float32's
+    rounding: the model calls batch the pairs differently)."""
+    assert [[h["id"] for h in row] for row in got] == [[h["id"] for h in row] for row in want]
+    for g_row, w_row in zip(got, want):
+        for g, w in zip(g_row, w_row):
+            assert g.keys() - {"text_truncated"} == w.keys(), (g, w)
+            for key in ("score", "rerank_score"):
+                if key in w:
+                    assert g[key] == pytest.approx(w[key], abs=1e-5), (key, g, w)
+            assert (g["rank"], g["first_stage_rank"]) == (w["rank"], w["first_stage_rank"])
+            assert g.get("text") == w.get("text")
+
+
+def test_search_with_rerank_is_the_clis_reranked_search(
+    classifier: Path,
+    cross_encoder: Path,
+    search_index: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """serve --rerank-model CE: /search's "rerank" (true, or {depth, fusion}) answers what
+    `bertforge search --rerank CE [--rerank-depth D] [--rerank-fuse F]` writes on the same
+    index, queries and first stage: the same hits, scores, cross-encoder scores and ranks."""
+    from bertforge.cli import main
+
+    # the CLI's cross-encoder runs at precision auto: fp32 here, as the server's, on any CPU
+    monkeypatch.setattr("bertforge.runner.cpu_supports_bf16", lambda: False)
+    queries = tmp_path / "queries.txt"
+    queries.write_text("\n".join(SEARCH_QUERIES) + "\n")
+    cases = [  # (the body's first stage and rerank, the CLI's flags)
+        ({"rerank": True, "top_k": 3}, ["--top-k", "3"]),
+        (
+            {
+                "mode": "hybrid",
+                "fusion": "zscore",
+                "top_k": 3,
+                "rerank": {"depth": 5, "fusion": "rrf"},
+            },
+            [
+                "--mode",
+                "hybrid",
+                "--fusion",
+                "zscore",
+                "--top-k",
+                "3",
+                "--rerank-depth",
+                "5",
+                "--rerank-fuse",
+            ],
+        ),
+        (
+            {"mode": "bm25", "top_k": 2, "rerank": {"depth": 6, "fusion": "zscore"}},
+            ["--mode", "bm25", "--top-k", "2", "--rerank-depth", "6", "--rerank-fuse", "zscore"],
+        ),
+        (
+            {"rerank": {"depth": 4}, "top_k": 4, "return_text": True},
+            ["--top-k", "4", "--rerank-depth", "4", "--text"],
+        ),
+    ]
+    log = tmp_path / "server.log"
+    index = str(search_index)
+    with running(classifier, log, "--index", index, "--rerank-model", str(cross_encoder)) as url:
+        for i, (body, flags) in enumerate(cases):
+            out = tmp_path / f"cli{i}.jsonl"
+            argv = ["search", index, str(queries), "--rerank", str(cross_encoder), *flags]
+            assert main([*argv, "--out", str(out)]) == 0
+            want = [json.loads(line)["results"] for line in out.read_text().splitlines()]
+            r = httpx.post(f"{url}/search", json={"queries": SEARCH_QUERIES, **body}, timeout=60)
+            assert r.status_code == 200, r.text
+            same_hits(r.json()["results"], want)
+        r = httpx.post(f"{url}/search", json={"queries": SEARCH_QUERIES, "rerank": False})
+        plain = httpx.post(f"{url}/search", json={"queries": SEARCH_QUERIES})
+        assert r.status_code == 200 and r.json() == plain.json()
+        assert "first_stage_rank" not in r.json()["results"][0][0]
+        assert httpx.get(f"{url}/metadata").json()["rerank_model"] == cross_encoder.name
+
+
+def test_search_rerank_is_refused_without_a_reranker_and_checked(
+    classifier: Path, cross_encoder: Path, search_index: Path
+) -> None:
+    """A rerank asked of a server without --rerank-model is a 422 naming the field and the
+    option (it was answered 200, not reranked); a rerank object's unknown field, a depth below
+    top_k and an unknown fusion are 422s naming rerank.FIELD; a server given --rerank-model
+    that is no cross-encoder, or without --index, does not start."""
+    from fastapi.testclient import TestClient
+
+    from bertforge.errors import ConfigError
+    from bertforge.serve import create_app
+
+    app = create_app(classifier, index=search_index, precision="fp32")
+    with TestClient(app) as client:
+        for rerank in (True, {"depth": 5}):
+            r = client.post("/search", json={"queries": ["q"], "rerank": rerank})
+            assert r.status_code == 422 and r.json() == {
+                "error": "rerank: this server has no cross-encoder to rerank with: start it "
+                "with --rerank-model CROSS_ENCODER"
+            }
+    app = create_app(classifier, index=search_index, rerank_model=cross_encoder, precision="fp32")
+    with TestClient(app) as client:
+        bad = [
+            ({"depht": 5}, "rerank.depht: unknown field (the fields of rerank: depth, fusion)"),
+            ({"depth": 2}, "rerank.depth 2 is below top_k 10"),
+            ({"fusion": "borda"}, "rerank.fusion: String should match pattern '^(rrf|zscore)$'"),
+            ({"depth": True}, "rerank.depth: Input should be a valid integer"),
+        ]
+        for rerank, message in bad:
+            r = client.post("/search", json={"queries": ["q"], "rerank": rerank})
+            assert r.status_code == 422 and r.json() == {"error": message}, r.text
+        r = client.post("/search", json={"queries": ["q"], "rerank": 1})
+        assert r.status_code == 422 and r.json()["error"].startswith("rerank: ")
+        r = client.post("/search", json={"queries": ["q"], "rerank": None, "top_k": 2})
+        assert r.status_code == 200 and "first_stage_rank" not in r.json()["results"][0][0]
+    with pytest.raises(ConfigError, match=r"rerank_model \(--rerank-model\): cls\d*: no cross"):
+        create_app(classifier, index=search_index, rerank_model=classifier, precision="fp32")
+    with pytest.raises(ConfigError, match=r"rerank_model \(--rerank-model\): needs an index"):
+        create_app(classifier, rerank_model=cross_encoder, precision="fp32")
+
+
+def test_a_reranked_search_counts_its_pairs_against_the_limits(
+    classifier: Path, cross_encoder: Path, search_index: Path
+) -> None:
+    """queries x rerank depth is at most max_text_hits (the first stage reads each hit's text
+    for the cross-encoder; else 413 naming rerank.depth before any search), and the pieces the
+    cross-encoder reads, with the first stage's, at most max_request_tokens (else 413 naming
+    rerank before any cross-encoder call)."""
+    from fastapi.testclient import TestClient
+
+    from bertforge.serve import Limits, create_app
+
+    limits = Limits(max_text_hits=10, max_request_tokens=60)
+    app = create_app(
+        classifier, limits, index=search_index, rerank_model=cross_encoder, precision="fp32"
+    )
+    served = app.state.server
+    with TestClient(app) as client:
+        body = {"queries": ["who wrote hamlet"] * 3, "top_k": 2, "rerank": {"depth": 4}}
+        r = client.post("/search", json=body)  # 12 hits with their texts
+        assert r.status_code == 413 and r.json() == {
+            "error": "queries x rerank.depth: 3 x 4 = 12 hits the cross-encoder reads, more than "
+            "the limit of 10 per request (max_text_hits): ask for fewer queries or a smaller depth"
+        }
+        assert "search" not in served.batchers  # refused before any search
+        r = client.post("/search", json={**body, "queries": ["who wrote hamlet"]})
+        assert r.status_code == 413, r.text
+        error = r.json()["error"]
+        assert re.fullmatch(
+            r"rerank: read as [\d,]+ pieces \(every window, \[CLS\] and \[SEP\] included\), "
+            r"more than the limit of 60 per request \(max_request_tokens\)",
+            error,
+        ), error
+        assert served.batchers["search"].calls == 1  # the first stage ran, the reranker did not
+        assert all(b.calls == 0 for k, b in served.batchers.items() if k != "search")
+        r = client.post("/search", json={**body, "queries": ["a"], "rerank": {"depth": 2}})
+        assert r.status_code == 200, r.text
+
+
+def test_the_served_cross_encoder_reranks_search_too(
+    classifier: Path, cross_encoder: Path, search_index: Path
+) -> None:
+    """Served as MODEL and named by --rerank-model, a cross-encoder is loaded once: /search's
+    reranking and /rerank share its pipeline and batcher, and agree on the scores."""
+    from fastapi.testclient import TestClient
+
+    from bertforge.serve import create_app
+
+    app = create_app(
+        cross_encoder,
+        index=search_index,
+        index_model=str(classifier),
+        rerank_model=str(cross_encoder),
+        precision="fp32",
+    )
+    served = app.state.server
+    assert served.reranker is served.pipe
+    with TestClient(app) as client:
+        query = SEARCH_QUERIES[0]
+        first = client.post("/search", json={"queries": [query], "top_k": 5, "return_text": True})
+        texts = [h["text"] for h in first.json()["results"][0]]
+        r = client.post("/search", json={"queries": [query], "top_k": 5, "rerank": {"depth": 5}})
+        assert r.status_code == 200, r.text
+        assert served.batchers["rerank"].calls >= 1 and len(served.batchers) == 2
+        scores = {h["first_stage_rank"] - 1: h["score"] for h in r.json()["results"][0]}
+        tei = client.post("/rerank", json={"query": query, "texts": texts}).json()
+        assert scores == pytest.approx({x["index"]: x["score"] for x in tei}, abs=1e-5)
+        assert len(served.batchers) == 2  # /rerank in the same batcher
+
+
+def test_a_reranked_search_that_fails_fails_alone(
+    classifier: Path, cross_encoder: Path, search_index: Path
+) -> None:
+    """Two reranked searches in one cross-encoder call, one of which the model refuses: the
+    call is run again one request at a time, the other answered as if alone."""
+    from bertforge.search import rerank as search_rerank
+    from bertforge.serve import Limits, create_app
+
+    app = create_app(
+        classifier,
+        Limits(max_wait_ms=20),
+        index=search_index,
+        rerank_model=cross_encoder,
+        precision="fp32",
+    )
+    served = app.state.server
+    reranker, gate, calls = served.reranker, threading.Event(), []
+    score = reranker.score
+    hold, poison = (reranker.piece_ids([q])[0].tolist() for q in ("hold", "poison"))
+
+    def refusing(queries: list[Any], documents: list[Any], **options: Any) -> list[float]:
+        asked = [list(q) for q in queries]
+        calls.append(len(queries))
+        if hold in asked:
+            gate.wait(30)
+        if poison in asked:
+            raise InputError("cannot read 'poison'")
+        return score(queries, documents, **options)
+
+    reranker.score = refusing
+    body = {"top_k": 3, "rerank": {"depth": 4}}
+
+    async def go() -> list[Any]:
+        async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+            held = asyncio.create_task(client.post("/search", json={"queries": ["hold"], **body}))
+            await until(lambda: bool(calls))  # the reranker is busy: the next two queue
+            posts = [
+                asyncio.create_task(client.post("/search", json={"queries": [q], **body}))
+                for q in (SEARCH_QUERIES[0], "poison")
+            ]
+            await until(lambda: served.batchers["search:rerank"].waiting == 2)
+            gate.set()
+            return [await held, *await asyncio.gather(*posts)]
+
+    with in_thread(app, gate) as url:
+        held, fine, bad = asyncio.run(go())
+    assert calls[:2] == [4, 8]  # hold's 4 pairs, then both requests' in one call
+    assert held.status_code == 200 and fine.status_code == 200, fine.text
+    assert bad.status_code == 422 and bad.json() == {"error": "cannot read 'poison'"}
+    reranker.score = score
+    index = app.state.index
+    first = index.search([SEARCH_QUERIES[0]], 4, text=True)
+    want = search_rerank(reranker, [SEARCH_QUERIES[0]], first, top_k=3)
+    same_hits(fine.json()["results"], want)
+
+
+def test_the_task_pipelines_refuse_an_unknown_field(
+    qa_and_mlm: tuple[Path, Path], tiny_model: Path, classifier: Path, tmp_path: Path
+) -> None:
+    """/qa, /fill-mask, /nsp and /ner (bertforge's own APIs, as /embed, /classify and /summarize
+    in test_unknown_fields_...) answer an unknown field with a 422 naming it and listing the
+    path's fields: a misspelt option would leave its default and answer another question."""
+    from fastapi.testclient import TestClient
+
+    from bertforge.heads import BertForTokenClassification
+    from bertforge.serve import create_app
+
+    tagger = tmp_path / "tagger"
+    config = BertConfig.from_pretrained(classifier).replace(id2label={0: "O", 1: "B-PER"})
+    BertForTokenClassification(config).save_pretrained(tagger)
+    Tokenizer.from_pretrained(classifier).save_pretrained(tagger)
+    qa, _ = qa_and_mlm
+    cases = [  # (model, path, a valid body, an unknown field, a field of the path's)
+        (qa, "/qa", {"questions": ["q"], "contexts": ["c"]}, "max_answer_len", "max_answer_length"),
+        (tiny_model, "/fill-mask", {"texts": ["a [MASK]"]}, "topk", "top_k"),
+        (tiny_model, "/nsp", {"texts": ["a"], "pairs": ["b"]}, "pair", "pairs"),
+        (tagger, "/ner", {"texts": ["a"]}, "text", "texts"),
+    ]
+    for model, path, body, unknown, known in cases:
+        with TestClient(create_app(model, precision="fp32")) as client:
+            assert client.post(path, json=body).status_code == 200, path
+            r = client.post(path, json={**body, unknown: 1})
+            assert r.status_code == 422, (path, r.text)
+            message = r.json()["error"]
+            assert message.startswith(f"{unknown}: unknown field (the fields of POST {path}: ")
+            assert f" {known}," in message or f" {known})" in message, message

@@ -402,6 +402,12 @@ def args_serve(p: argparse.ArgumentParser) -> None:
         "/rerank, say): it embeds /search's queries (checked to be the index's)",
     )
     p.add_argument(
+        "--rerank-model",
+        metavar="CROSS_ENCODER",
+        help='a cross-encoder that reranks /search\'s hits when a request asks ("rerank", as '
+        "search --rerank): the served model itself (loaded once) or another",
+    )
+    p.add_argument(
         "--calibration",
         help="a .npy of the model's float embeddings of a corpus (bertforge embed --out F.npy): "
         'the buckets of /embed\'s "embedding_precision": int8 and uint8',
@@ -535,7 +541,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
         limits=Limits(**options_of(args, Limits)),
         access=Access(**options_of(args, Access)),
         index_options=PgOptions(**options_of(args, PgOptions)),
-        **values_of(args, "host", "port", "index", "index_model", "calibration"),
+        **values_of(args, "host", "port", "index", "index_model", "calibration", "rerank_model"),
         **values_of(args, "precision", "device"),
     )
 

@@ -53,20 +53,28 @@ def rerank(
     out = []
     ranked = zip(queries, results)
     for query, hits in tqdm(ranked, "rerank", len(queries), disable=None, file=sys.stderr):
-        order = reranked_order(ce, query, hits, top_k, fusion)
-        reordered = [
-            {
-                **hits[o["index"]],
-                **{k: o[k] for k in ("score", "rerank_score") if k in o},
-                "rank": r,
-                "first_stage_rank": o["index"] + 1,
-            }
-            for r, o in enumerate(order, 1)
-        ]
-        if not text:
-            for h in reordered:
-                h.pop("text")
-        out.append(reordered)
+        out.append(reordered(hits, reranked_order(ce, query, hits, top_k, fusion), text))
+    return out
+
+
+def reordered(
+    hits: Sequence[dict[str, Any]], order: Sequence[dict[str, Any]], text: bool
+) -> list[dict[str, Any]]:
+    """A query's first-stage hits in their new `order` (scored_order's): each hit as the first
+    stage gave it, its "score" the order's (and its "rerank_score", fused), "rank" the new rank,
+    "first_stage_rank" the old; "text" kept only with `text`."""
+    out = [
+        {
+            **hits[o["index"]],
+            **{k: o[k] for k in ("score", "rerank_score") if k in o},
+            "rank": r,
+            "first_stage_rank": o["index"] + 1,
+        }
+        for r, o in enumerate(order, 1)
+    ]
+    if not text:
+        for h in out:
+            h.pop("text")
     return out
 
 
@@ -92,30 +100,50 @@ def search_queries(
     return results
 
 
+def reads_raw(fusion: str | None) -> bool:
+    """Whether reranking with `fusion` reads the cross-encoder's raw scores (its logits): zscore
+    standardises them (an activation saturates, flattening the differences it would fuse)."""
+    return fusion == "zscore"
+
+
 def reranked_order(
     ce: Pipeline, query: str, hits: Sequence[dict[str, Any]], top_k: int, fusion: str | None
 ) -> list[dict[str, Any]]:
+    """The hits' new order by the cross-encoder `ce` (scored_order) of (query, each hit's
+    text)."""
+    texts = [h["text"] for h in hits]
+    scores = ce.score([query] * len(texts), texts, reads_raw(fusion))
+    return scored_order(scores, hits, top_k, fusion, ce.activation)
+
+
+def scored_order(
+    scores: Sequence[float],
+    hits: Sequence[dict[str, Any]],
+    top_k: int,
+    fusion: str | None,
+    activation: str,
+) -> list[dict[str, Any]]:
     """The hits' new order, [{index, score, rerank_score?}] (index: into hits, by first-stage
-    rank): by the cross-encoder's score, or that order fused with the first stage's (rrf), or
-    the z-scores of both lists' scores, the cross-encoder's raw (an activation saturates), fused
-    with equal weights (zscore); with a fusion, rerank_score is the cross-encoder's score."""
+    rank), from a cross-encoder's `scores` of them (raw where reads_raw(fusion); `activation`:
+    the cross-encoder's, which makes them its scores): by that score (ties: first-stage order),
+    or that order fused with the first stage's (rrf), or the z-scores of both lists' scores
+    fused with equal weights (zscore); with a fusion, rerank_score is the cross-encoder's score.
+    The server's /search reranks with it too, from scores its batcher computed."""
     import numpy as np
     import torch
 
-    from ..tasks.ranking import activate
+    from ..tasks.ranking import activate, ranked
 
-    raw = fusion == "zscore"
-    texts = [h["text"] for h in hits]
-    order = ce.rerank(query, texts, top_k=None if fusion else top_k, raw_scores=raw)
+    best = ranked(scores)
     if not fusion:
-        return order
-    by_ce = np.array([[o["index"] for o in order]])
-    scores = np.array([[o["score"] for o in order]])
+        return [{"index": i, "score": scores[i]} for i in best[:top_k]]
+    by_ce = np.array([best])
+    ordered = np.array([[scores[i] for i in best]], np.float64)
     first = (np.arange(len(hits))[None], np.array([[h["score"] for h in hits]]))
-    (picked,), (fused,) = fuse_runs([first, (by_ce, scores)], fusion, 0.5, top_k)
-    if raw:
-        scores = activate(torch.from_numpy(scores), ce.activation).numpy()
-    ce_score = dict(zip(by_ce[0].tolist(), scores[0].tolist()))
+    (picked,), (fused,) = fuse_runs([first, (by_ce, ordered)], fusion, 0.5, top_k)
+    if reads_raw(fusion):
+        ordered = activate(torch.from_numpy(ordered), activation).numpy()
+    ce_score = dict(zip(by_ce[0].tolist(), ordered[0].tolist()))
     return [
         {"index": int(i), "score": float(f), "rerank_score": ce_score[int(i)]}
         for i, f in zip(picked, fused)

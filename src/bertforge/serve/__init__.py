@@ -13,12 +13,16 @@
                      its windows the pipeline's max_length and stride (create_app's
                      options) unless the request says
         /nsp         {"texts": [...], "pairs": [...]}   -> [P(IsNext)]
-    POST /search     with --index DIR: {"queries", "top_k"?, "mode"?, "return_text"?,
-                     "return_passage"?} -> {"results": [[{id, score, rank, text?,
-                     text_truncated?, passage?, passage_truncated?}]]} (search/index.py); a
-                     document's text and passage are cut at return_chars characters
-                     (text_truncated, passage_truncated say whether they were), and with
-                     texts or passages queries x top_k is at most max_text_hits (else 413)
+    POST /search     with --index DIR: {"queries", "top_k"?, "mode"?, "fusion"?, "alpha"?,
+                     "return_text"?, "return_passage"?, "where"?, "rerank"?} -> {"results":
+                     [[{id, score, rank, text?, text_truncated?, passage?, passage_truncated?,
+                     rerank_score?, first_stage_rank?}]]} (search/index.py); a document's text
+                     and passage are cut at return_chars characters (text_truncated,
+                     passage_truncated say whether they were), and with texts or passages
+                     queries x top_k is at most max_text_hits (else 413). "rerank" (true or
+                     {"depth", "fusion"}: search --rerank's; with --rerank-model) reranks the
+                     hits as search --rerank does: queries x depth at most max_text_hits, the
+                     pairs' pieces counted against max_request_tokens, batched as /rerank's
     POST /rerank     text-embeddings-inference's: {"query", "texts", "raw_scores"?, "return_text"?,
                      "truncate"?} -> [{index, score, text?}], best first (a cross-encoder)
     POST /v1/rerank  Cohere's (v1) and Jina's: {"query", "documents": [str | {"text", ...}],

@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import typing
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,12 +34,15 @@ def create_app(
     access: Access | None = None,
     calibration: str | None = None,
     index_options: PgOptions | None = None,
+    rerank_model: str | Path | None = None,
     **pipeline_options: Any,
 ) -> Any:
     """The FastAPI application serving `model`: the pipelines its checkpoint has the heads for
     (only those: /openapi.json lists what this model serves), the embedding endpoints,
     health, metadata and metrics, and POST /search over `index` (an index.Index directory,
-    or a PostgreSQL DSN: `index_options` its table and search settings) when given; behind
+    or a PostgreSQL DSN: `index_options` its table and search settings) when given, its hits
+    reranked on request by the cross-encoder `rerank_model` (`model` itself, loaded once, when
+    it is that directory); behind
     `access`'s API key, with its access log. The model and its heads load here: a checkpoint
     that cannot be read raises its CheckpointError now, not at the first request."""
     access, limits = access or Access(), limits or Limits()
@@ -69,9 +73,11 @@ def create_app(
     add_error_handlers(app, server)
     add_status(app, server)
     if index is not None:
-        add_search(app, server, index, index_model, index_options)
-    elif index_model is not None:
-        raise ConfigError("index_model (--index-model): needs an index (--index)")
+        add_search(app, server, index, index_model, index_options, rerank_model)
+    for name, given in (("index_model", index_model), ("rerank_model", rerank_model)):
+        if index is None and given is not None:
+            flag = name.replace("_", "-")
+            raise ConfigError(f"{name} (--{flag}): needs an index (--index)")
     shaped = {"embed": add_embeddings, "rerank": add_rerank}  # endpoints of their own shape
     for entry in ENTRIES.values():
         if entry.name in server.endpoints:
@@ -125,7 +131,8 @@ def add_error_handlers(app: Any, server: Server) -> None:
         where = [str(x) for x in first.get("loc", ()) if x != "body"]
         said = first.get("msg", "invalid request")
         if first.get("type") == "extra_forbidden":  # a Strict body's unknown field
-            said = f"unknown field (the fields of {request.method} {path}: {body_fields(request)})"
+            owner = ".".join(where[:-1]) or f"{request.method} {path}"
+            said = f"unknown field (the fields of {owner}: {body_fields(request, where[:-1])})"
         message = f"{'.'.join(where) or 'body'}: {said}"
         return error_response(path, 422, message, where[0] if where else None)
 
@@ -134,11 +141,17 @@ def add_error_handlers(app: Any, server: Server) -> None:
         return error_response(request.url.path, 422, server.scrub(str(e)))
 
 
-def body_fields(request: Any) -> str:
+def body_fields(request: Any, within: list[str] | None = None) -> str:
     """The fields of the request body the request's route reads (FastAPI's route, in the
-    request's scope), comma-separated."""
+    request's scope), or of the object in its field `within` (/search's rerank: a path of
+    field names), comma-separated."""
     field = getattr(request.scope.get("route"), "body_field", None)
     model = getattr(getattr(field, "field_info", None), "annotation", None)
+    for name in within or ():
+        inner = getattr(model, "model_fields", {}).get(name)
+        kind = getattr(inner, "annotation", None)
+        kinds = typing.get_args(kind) or (kind,)  # SearchRerank | None: the model in it
+        model = next((k for k in kinds if hasattr(k, "model_fields")), None)
     return ", ".join(getattr(model, "model_fields", {})) or "see /openapi.json"
 
 
@@ -152,6 +165,7 @@ def serve(
     access: Access | None = None,
     calibration: str | None = None,
     index_options: PgOptions | None = None,
+    rerank_model: str | None = None,
     **pipeline_options: Any,
 ) -> None:
     """Load and check the model (a CheckpointError ends it here), then run the server
@@ -162,7 +176,15 @@ def serve(
     if access.api_key is None and os.environ.get(API_KEY_ENV):
         access = Access(os.environ[API_KEY_ENV], access.access_log)
     app = create_app(
-        model, limits, index, index_model, access, calibration, index_options, **pipeline_options
+        model,
+        limits,
+        index,
+        index_model,
+        access,
+        calibration,
+        index_options,
+        rerank_model,
+        **pipeline_options,
     )
     if access.access_log and not access_log.handlers:
         handler = logging.StreamHandler()  # stderr

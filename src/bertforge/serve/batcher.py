@@ -88,14 +88,15 @@ class Batcher:
         return sum(j.waiting for j in self.jobs)
 
     async def read(
-        self, items: list[Any], options: dict[str, Any], field: str = "texts"
+        self, items: list[Any], options: dict[str, Any], field: str = "texts", spent: int = 0
     ) -> list[int]:
         """The pieces each item is read as (the batcher's `cost`: what a request's usage
-        counts); 413 if more than max_request_tokens in all (`field`: the request's field the
-        message names). Counted in a thread (it tokenizes): the event loop serves the other
-        clients meanwhile."""
+        counts); 413 if more than max_request_tokens in all, with the `spent` pieces the
+        request has had read by another batcher (`field`: the request's field the message
+        names). Counted in a thread (it tokenizes): the event loop serves the other clients
+        meanwhile."""
         costs = await asyncio.to_thread(self.cost, items, options) if items else []
-        total, limit = sum(costs), self.limits.max_request_tokens
+        total, limit = spent + sum(costs), self.limits.max_request_tokens
         if total > limit:
             raise HTTPError(
                 413,

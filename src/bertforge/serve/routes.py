@@ -6,6 +6,7 @@ request body (schemas.py), asks the Server for its rows and shapes its answer.""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import math
 import uuid
@@ -21,6 +22,7 @@ from ..catalogue import ENTRIES, Entry
 from ..errors import BertforgeError, ConfigError, UnavailableError
 from ..model import BertModel
 from ..tasks import ranking
+from .access import note
 from .errors import HTTPError
 from .schemas import (
     CohereRerankRequest,
@@ -34,7 +36,7 @@ from .schemas import (
 from .server import RERANK_PATHS, Server
 
 if TYPE_CHECKING:
-    from ..search import PgOptions
+    from ..search import PgOptions, SearchOptions
 
 SEARCH_POOL = 4  # connections to a PostgreSQL index (the search batcher runs one call at a time)
 
@@ -211,16 +213,20 @@ def add_search(
     path: str | Path,
     index_model: str | None = None,
     pg: PgOptions | None = None,
+    rerank_model: str | Path | None = None,
 ) -> None:
     """POST /search: {"queries", "top_k"?, "mode"?: dense | bm25 | hybrid, "return_text"?,
-    "return_passage"?, "where"?} -> {"results": [[{id, score, rank, text?, passage?}]]} (each
-    text and passage cut at return_chars, text_truncated / passage_truncated said), over
-    the index (loaded now, so a broken index stops `serve` before it listens): a directory, or
-    a PostgreSQL DSN (`pg`: its table and search settings; searched through a pool of
-    connections; the database down or slow is a 503 until it is back). The served model
-    embeds the queries, and must be the index's (its sha256 and precision): one model answers
-    /embed and /search; an index of another model is refused unless `index_model` names it
-    (checked to be the index's), which then embeds the queries beside the served model."""
+    "return_passage"?, "where"?, "rerank"?} -> {"results": [[{id, score, rank, text?,
+    passage?}]]} (each text and passage cut at return_chars, text_truncated /
+    passage_truncated said), over the index (loaded now, so a broken index stops `serve` before
+    it listens): a directory, or a PostgreSQL DSN (`pg`: its table and search settings;
+    searched through a pool of connections; the database down or slow is a 503 until it is
+    back). The served model embeds the queries, and must be the index's (its sha256 and
+    precision): one model answers /embed and /search; an index of another model is refused
+    unless `index_model` names it (checked to be the index's), which then embeds the queries
+    beside the served model. With `rerank_model` (a cross-encoder: the served one loaded once,
+    or another) a request's "rerank" reorders the first stage's hits as `bertforge search
+    --rerank` does (reranked)."""
     from ..search.index import load_index
 
     index = load_index(path, pg, pool=SEARCH_POOL)
@@ -233,6 +239,8 @@ def add_search(
             f"({server.name}: {'; '.join(differs)} differ): serve that model, or name the "
             "index's own with --index-model to search with it beside the served one"
         )
+    if rerank_model is not None:
+        server.use_reranker(rerank_model)
     server.endpoints.append("search")
     pipe = index.use_model()  # the queries are read as its embed reads them
     read = server.windows_read(pipe, pipe.embedding_settings.max_length)
@@ -246,14 +254,95 @@ def add_search(
     @app.post("/search", summary="search the index given with --index")
     async def search(req: SearchRequest, request: Request) -> dict[str, Any]:
         server.check(req.queries, "queries")
-        check_text_hits(req, server.limits.max_text_hits)
-        options = {"top_k": req.top_k, "mode": req.mode, "text": req.return_text}
-        options |= {"fusion": req.fusion, "alpha": req.alpha, "passage": req.return_passage}
+        o = search_options(req, server)
+        check_text_hits(req, o, server.limits.max_text_hits)
+        # a reranked search's first stage: its top rerank_depth, with the texts the
+        # cross-encoder reads (search_queries' rule)
+        options = {"top_k": o.rerank_depth if o.rerank else o.top_k, "mode": req.mode}
+        options |= {"text": bool(o.rerank or o.text), "fusion": req.fusion}
+        options |= {"alpha": req.alpha, "passage": o.passage}
         if req.where:  # metadata filters: a PostgreSQL index's (a directory's refuses, 422)
             options["where"] = req.where
-        rows, _ = await server.submit("search", run, req.queries, options, request, read, "queries")
-        asked = [k for k, on in (("text", req.return_text), ("passage", req.return_passage)) if on]
+        rows, pieces = await server.submit(
+            "search", run, req.queries, options, request, read, "queries"
+        )
+        if o.rerank:
+            rows = await reranked(server, req.queries, rows, o, request, pieces)
+        asked = [k for k, on in (("text", o.text), ("passage", o.passage)) if on]
         return {"results": _cut(rows, asked, server.limits.return_chars)}
+
+
+# search --rerank's options as /search names them, in SearchOptions' messages (longest first)
+SEARCH_FIELDS = {
+    "--rerank-depth": "rerank.depth",
+    "--rerank-fuse": "rerank.fusion",
+    "--rerank": "rerank",
+    "--top-k": "top_k",
+}
+
+
+def search_options(req: SearchRequest, server: Server) -> SearchOptions:
+    """A /search request's SearchOptions, checked by their rules (search/options.py, as the
+    command line's are: a 422 naming the body's field), its rerank the server's cross-encoder:
+    a request for one that the server has not is a 422 saying how to give it one."""
+    from ..search import SearchOptions
+
+    r = req.rerank
+    if r is not None and server.reranker is None:
+        raise HTTPError(
+            422,
+            "rerank: this server has no cross-encoder to rerank with: start it with "
+            "--rerank-model CROSS_ENCODER",
+            "rerank",
+        )
+    rerank = None if r is None or server.reranker is None else str(server.reranker.path)
+    depth, fusion = (r.depth, r.fusion) if r is not None else (SearchOptions.rerank_depth, None)
+    try:
+        return SearchOptions(
+            top_k=req.top_k,
+            text=req.return_text,
+            passage=req.return_passage,
+            rerank=rerank,
+            rerank_depth=depth,
+            rerank_fuse=fusion,
+        )
+    except ConfigError as e:
+        message = str(e)
+        for flag, field in SEARCH_FIELDS.items():
+            message = message.replace(flag, field)
+        raise HTTPError(422, message, "rerank") from None
+
+
+async def reranked(
+    server: Server,
+    queries: list[str],
+    rows: list[list[dict[str, Any]]],
+    o: SearchOptions,
+    request: Any,
+    spent: int,
+) -> list[list[dict[str, Any]]]:
+    """Each query's first-stage hits (with their texts) reranked as `bertforge search
+    --rerank` reranks them (search.rerank's scored_order and reordered), from the server's
+    cross-encoder's scores of (query, hit's text), computed in its batcher: the pairs' pieces,
+    beside the `spent` pieces of the first stage, within max_request_tokens (else 413 naming
+    rerank, before any model call). Each text is tokenised once, in a thread."""
+    from ..search.rerank import reads_raw, reordered, scored_order
+
+    pipe = server.reranker
+    assert pipe is not None  # search_options refused a rerank without it
+    texts = [h["text"] for hits in rows for h in hits]
+    ids = await asyncio.to_thread(pipe.piece_ids, [*queries, *texts])
+    documents = iter(ids[len(queries) :])
+    items = [(ids[q], next(documents)) for q, hits in enumerate(rows) for _ in hits]
+    options = {"raw_scores": reads_raw(o.rerank_fuse), "truncate": False}  # /rerank's default
+    scores, _ = await server.pair_scores(pipe, items, options, request, "rerank", spent)
+    note(request, texts=len(queries))  # the access log's texts: the queries, not the pairs
+    out, start = [], 0
+    for hits in rows:
+        own, start = scores[start : start + len(hits)], start + len(hits)
+        order = scored_order(own, hits, o.top_k, o.rerank_fuse, pipe.activation)
+        out.append(reordered(hits, order, o.text))
+    return out
 
 
 def _cut(rows: list[list[dict[str, Any]]], keys: list[str], chars: int) -> list[Any]:
@@ -267,10 +356,11 @@ def _cut(rows: list[list[dict[str, Any]]], keys: list[str], chars: int) -> list[
     return rows
 
 
-def check_text_hits(req: SearchRequest, limit: int) -> None:
+def check_text_hits(req: SearchRequest, o: SearchOptions, limit: int) -> None:
     """A /search asking for texts or passages within max_text_hits hits (else 413, before any
     work): each hit's text is up to return_chars characters, so queries x top_k bounds the
-    answer's size."""
+    answer's size. A reranked one's first stage reads the text of queries x rerank depth hits
+    for the cross-encoder: within the same limit."""
     asked = [name for name in ("return_text", "return_passage") if getattr(req, name)]
     hits = len(req.queries) * req.top_k
     if asked and hits > limit:
@@ -280,6 +370,15 @@ def check_text_hits(req: SearchRequest, limit: int) -> None:
             f"{' and '.join(asked)}, more than the limit of {limit:,} per request "
             "(max_text_hits): ask for fewer queries or a smaller top_k",
             "top_k",
+        )
+    read = len(req.queries) * o.rerank_depth
+    if o.rerank and read > limit:
+        raise HTTPError(
+            413,
+            f"queries x rerank.depth: {len(req.queries)} x {o.rerank_depth} = {read:,} hits the "
+            f"cross-encoder reads, more than the limit of {limit:,} per request "
+            "(max_text_hits): ask for fewer queries or a smaller depth",
+            "rerank",
         )
 
 
@@ -321,6 +420,7 @@ def add_status(app: Any, server: Server) -> None:
             "precision": server.pipe.precision,
             "device": str(server.pipe.device),
             "limits": server.limits.__dict__,
+            **({"rerank_model": server.reranker.path.name} if server.reranker else {}),
         }
 
     @app.get("/metrics")

@@ -8,12 +8,19 @@ import inspect
 import typing
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 
 from .. import embedding
 from ..catalogue import Entry
 from ..embedding import POOLINGS
 from ..pipelines import Pipeline
+from ..search.fusion import FUSIONS
+from ..search.options import MODES, FirstStage, SearchOptions
+
+
+def one_of(choices: tuple[str, ...]) -> str:
+    """A Field pattern that admits exactly these choices."""
+    return f"^({'|'.join(choices)})$"
 
 
 class Body(BaseModel):
@@ -44,14 +51,12 @@ class Strict(Body):
 
 class EmbedRequest(Strict):  # pooling, normalize, prompt: the model's own unless given
     texts: list[str]
-    pooling: str | None = Field(None, pattern=f"^({'|'.join(POOLINGS)})$")
+    pooling: str | None = Field(None, pattern=one_of(POOLINGS))
     normalize: bool | None = None
     prompt_name: str | None = None
     prompt: str | None = None
     dimensions: int | None = Field(None, strict=True)  # true is not 1
-    embedding_precision: str = Field(
-        "float32", pattern=f"^({'|'.join(embedding.EMBEDDING_PRECISIONS)})$"
-    )
+    embedding_precision: str = Field("float32", pattern=one_of(embedding.EMBEDDING_PRECISIONS))
 
 
 class OpenAIEmbeddingRequest(Strict):
@@ -93,15 +98,32 @@ class CohereV2RerankRequest(Strict):  # Cohere's /v2/rerank: documents are strin
     return_documents: bool = False  # dropped from Cohere's v2 in 2025; older clients send it
 
 
-class SearchRequest(Strict):  # POST /search, with --index
+class SearchRerank(Strict):  # /search's "rerank": search --rerank's depth and fusion
+    depth: int = Field(SearchOptions.rerank_depth, ge=1, strict=True)  # true is not 1
+    fusion: str | None = Field(None, pattern=one_of(FUSIONS))  # none: the cross-encoder's order
+
+
+class SearchRequest(Strict):  # POST /search, with --index; defaults: the CLI's (search/options.py)
     queries: list[str]
-    top_k: int = Field(10, ge=1, le=1000)
-    mode: str = Field("dense", pattern="^(dense|bm25|hybrid)$")
-    fusion: str = Field("rrf", pattern="^(rrf|zscore)$")
-    alpha: float = Field(0.5, ge=0.0, le=1.0)
+    top_k: int = Field(SearchOptions.top_k, ge=1, le=1000)
+    mode: str = Field(FirstStage.mode, pattern=one_of(MODES))
+    fusion: str = Field(FirstStage.fusion, pattern=one_of(FUSIONS))
+    alpha: float = Field(FirstStage.alpha, ge=0.0, le=1.0)
     return_text: bool = False
     return_passage: bool = False
     where: dict[str, str] | None = None  # a PostgreSQL index's metadata filters
+    # true: SearchRerank's defaults; false or absent: none. Given as an object its fields are
+    # checked as a body's are: strict, a misspelt depth is no default
+    rerank: SearchRerank | None = Field(
+        None, description="true (depth 50, the cross-encoder's order), false, or {depth, fusion}"
+    )
+
+    @field_validator("rerank", mode="before")
+    @classmethod
+    def rerank_flag(cls, value: Any) -> Any:
+        if value is True:
+            return {}
+        return None if value is False else value
 
 
 def request_model(entry: Entry, defaults: dict[str, Any] | None = None) -> type:

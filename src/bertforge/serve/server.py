@@ -44,7 +44,9 @@ class Server:
 
     def __init__(self, model: str | Path, limits: Limits, pipeline_options: dict[str, Any]) -> None:
         self.model, self.limits, self.metrics = model, limits, Metrics()
+        self.pipeline_options = pipeline_options
         self.pipe = Pipeline(model, batch_size=limits.max_batch, **pipeline_options)
+        self.reranker: Pipeline | None = None  # /search's cross-encoder (use_reranker)
         self.endpoints = available(model)
         # what a request would load, loaded now: a corrupt checkpoint stops `serve` here with
         # its CheckpointError instead of answering every request with it
@@ -53,14 +55,39 @@ class Server:
         self.width = self.pipe.config.hidden_size * len(self.pipe.embedding_settings.pooling)
         self.calibration: np.ndarray | None = None  # int8/uint8 embeddings' buckets (--calibration)
         self.name = Path(str(model)).resolve().name  # answers name the model, never its path
-        given = (Path(str(model)).resolve(), self.pipe.path, self.pipe.path.resolve())
-        self.paths = sorted({str(p) for p in given if p.is_absolute()}, key=len, reverse=True)
+        self.paths: dict[str, str] = {}  # a path of a model's: its name in answers (scrub)
+        self.name_paths(model, self.pipe)
         self.batchers: dict[str, Batcher] = {}
         if "qa" in self.endpoints and self.pipe.truncate:  # refused, not ignored: see defaults
             raise ConfigError(
                 f"truncate: {ENTRIES['qa'].unused['truncate']}: serve {self.name} without it "
                 "(it has a question-answering head, served as /qa)"
             )
+
+    def use_reranker(self, model: str | Path) -> None:
+        """/search's cross-encoder (--rerank-model), loaded and checked now: the served model
+        when it is that directory (loaded once; /search's pairs share the rerank endpoints'
+        batcher), else another beside it with the server's pipeline options."""
+        local, name = resolve(model), Path(str(model)).resolve().name
+        if "rerank" not in available(local):
+            entry = ENTRIES["rerank"]
+            raise ConfigError(
+                f"rerank_model (--rerank-model): {name}: no {entry.needs} "
+                f"({entry.architectures[0]} of 1 label): {entry.remedy}"
+            )
+        if local.resolve() == self.pipe.path.resolve():
+            self.reranker = self.pipe
+            return
+        pipe = Pipeline(local, batch_size=self.limits.max_batch, **self.pipeline_options)
+        pipe.model_for("rerank")  # a corrupt checkpoint stops `serve` here
+        self.name_paths(model, pipe)
+        self.reranker = pipe
+
+    def name_paths(self, model: str | Path, pipe: Pipeline) -> None:
+        """A loaded model's paths, to be shown as its directory's name (scrub)."""
+        given = (Path(str(model)).resolve(), pipe.path, pipe.path.resolve())
+        name = Path(str(model)).resolve().name
+        self.paths |= {str(p): name for p in given if p.is_absolute()}
 
     def defaults(self, entry: Entry) -> dict[str, Any]:
         """The entry's options whose default is the server's, not its Pipeline method's: /qa's
@@ -101,8 +128,8 @@ class Server:
 
     def scrub(self, message: str) -> str:
         """A pipeline's message for a client: the model's directory named, not its path."""
-        for path in self.paths:  # longest first: a path's parent would leave its tail
-            message = message.replace(path, self.name)
+        for path in sorted(self.paths, key=len, reverse=True):  # a parent would leave its tail
+            message = message.replace(path, self.paths[path])
         return message
 
     def check(self, texts: list[Any], what: str = "texts") -> None:
@@ -175,19 +202,21 @@ class Server:
         request: Any,
         cost: Cost,
         field: str,
+        spent: int = 0,
     ) -> tuple[list[Any], int]:
         """The rows of a request's items from the batcher `key` (made with `run`, its items
         read as `cost` says), and the pieces they were read as (a request's usage: counted
         once, by the batcher), noting for the access log how many items it had and the model
         call's batch size they ran in (each row comes back from the worker beside that size);
-        `field`: the request's field a 413 names."""
+        `field`: the request's field a 413 names; `spent`: pieces the request has had read
+        already (a reranked search's first stage), counted against its limit too."""
 
         def sized(batch: list[Any], o: dict[str, Any]) -> list[tuple[Any, int]]:
             return [(row, len(batch)) for row in run(batch, o)]
 
         note(request, texts=len(items))
         b = self.batcher(key, sized, cost)
-        costs = await b.read(items, options, field)
+        costs = await b.read(items, options, field, spent)
         gone = functools.partial(client_gone, request)
         rows = await b.submit(items, options, gone, field, costs)
         note(request, batch=max((n for _, n in rows), default=None))
@@ -205,23 +234,27 @@ class Server:
 
         return cost
 
+    @staticmethod
+    def pairs_read(pipe: Pipeline) -> Cost:
+        """Pieces each (query, document) pair is read as by the cross-encoder `pipe`: every
+        window of a long document beside the query, [CLS] and two [SEP] each."""
+
+        def cost(items: list[Any], options: dict[str, Any]) -> list[int]:
+            queries, documents = [x[0] for x in items], [x[1] for x in items]
+            features, owners = pipe.pair_rows(queries, documents, options.get("truncate"))
+            out = [0] * len(items)
+            for k, length in zip(owners, features.lengths.tolist()):
+                out[int(k)] += length
+            return out
+
+        return cost
+
     def reading(self, entry: Entry, given: int) -> Cost:
         """How one of the catalogue's pipelines reads its inputs (of `given` columns): rerank
         and qa a long document or context in windows beside the query or question; fill-mask,
         nsp and classify's pairs one row each, cut to the model's length; summarize each
         sentence of a document; the rest windows."""
         pipe = self.pipe
-
-        def owned(owners: Any, lengths: Any, n: int) -> list[int]:
-            out = [0] * n
-            for k, length in zip(owners, lengths.tolist()):
-                out[int(k)] += length
-            return out
-
-        def pairs(items: list[Any], options: dict[str, Any]) -> list[int]:
-            queries, documents = [x[0] for x in items], [x[1] for x in items]
-            features, owners = pipe.pair_rows(queries, documents, options.get("truncate"))
-            return owned(owners, features.lengths, len(items))
 
         def squad(items: list[Any], options: dict[str, Any]) -> list[int]:
             examples = [SquadExample(str(i), q, c, [], False, "") for i, (q, c) in enumerate(items)]
@@ -237,7 +270,7 @@ class Server:
             return [len(e.ids) for e in encoded]
 
         if entry.name == "rerank":
-            return pairs
+            return self.pairs_read(pipe)
         if entry.name == "qa":
             return squad
         if given > 1 or entry.name == "fill-mask":
@@ -297,18 +330,34 @@ class Server:
         first pieces (Cohere's max_tokens_per_doc). The query and each text are tokenised
         once, in a thread (the event loop serves the other clients meanwhile): their piece
         ids are the batcher's items, read as they are by its cost and by the model call."""
-        entry = ENTRIES["rerank"]
-        self.need(entry)
+        self.need(ENTRIES["rerank"])
         self.check([query], "query")
         self.check(texts, field)
         query_ids, *ids = await asyncio.to_thread(self.pipe.piece_ids, [query, *texts])
+        items = [(query_ids, d[:pieces]) for d in ids]
+        return await self.pair_scores(self.pipe, items, options, request, field)
+
+    async def pair_scores(
+        self,
+        pipe: Pipeline,
+        items: list[tuple[Any, Any]],
+        options: dict[str, Any],
+        request: Any,
+        field: str,
+        spent: int = 0,
+    ) -> tuple[list[float], int]:
+        """The cross-encoder `pipe`'s scores of (query, document) pairs given as piece ids,
+        and the pieces it read for them, batched with other requests' pairs: the served
+        model's in the rerank endpoints' batcher, /search's own reranker's in one of its own;
+        `spent`: pieces the request has had read already (Server.submit)."""
+        entry = ENTRIES["rerank"]
 
         def run(items: list[tuple[Any, Any]], options: dict[str, Any]) -> list[Any]:
             inputs = {"queries": [q for q, _ in items], "documents": [d for _, d in items]}
-            return entry.run(self.pipe, inputs, options)
+            return entry.run(pipe, inputs, options)
 
-        items, cost = [(query_ids, d[:pieces]) for d in ids], self.reading(entry, 2)
-        return await self.submit("rerank", run, items, options, request, cost, field)
+        key, cost = ("rerank" if pipe is self.pipe else "search:rerank"), self.pairs_read(pipe)
+        return await self.submit(key, run, items, options, request, cost, field, spent)
 
 
 async def client_gone(request: Any) -> None:
