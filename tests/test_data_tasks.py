@@ -638,3 +638,46 @@ def test_a_missing_split_or_file_of_a_beir_set_is_named(tmp_path: Path) -> None:
     (root / "corpus.jsonl").unlink()
     with pytest.raises(DataError, match=r"a directory without corpus.jsonl: not a BEIR set"):
         read_retrieval(root)
+
+
+def test_squad_written_as_a_beir_set(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """`bertforge beir`: each paragraph a document, each question a query judged relevant to
+    its paragraph, the first half of the articles the split train; read back by the readers."""
+    from bertforge.cli import main
+    from bertforge.data.tasks import read_retrieval
+    from bertforge.data.tasks.beir import beir_documents, judgements, read_qrels
+
+    articles = [
+        ("Cats", [("Cats eat fish.", ["What do cats eat?", "Do cats eat fish?"]),
+                  ("Cats sleep a lot.", ["How much do cats sleep?"])]),
+        ("Paris", [("Paris is in France.", ["Where is Paris?"])]),
+    ]  # fmt: skip
+    data = [
+        {"title": t, "paragraphs": [
+            {"context": c, "qas": [{"id": q, "question": q, "answers": []}
+                                    for q in qs]} for c, qs in ps]}
+        for t, ps in articles
+    ]  # fmt: skip
+    squad = tmp_path / "squad.json"
+    squad.write_text(json.dumps({"version": "1.1", "data": data}))
+    out = tmp_path / "set"
+    assert main(["beir", str(squad), "--out", str(out)]) == 0
+    assert "wrote 3 documents and 4 queries" in capsys.readouterr().out
+    docs = [(i, t, m) for _, i, t, m in beir_documents(out)]
+    assert docs == [
+        ("p0", "Cats eat fish.", {"article": "Cats"}),
+        ("p1", "Cats sleep a lot.", {"article": "Cats"}),
+        ("p2", "Paris is in France.", {"article": "Paris"}),
+    ]
+    assert judgements(read_qrels(out / "qrels" / "test.tsv")) == {"Where is Paris?": {"p2": 1}}
+    pairs = read_retrieval(out)  # the train split
+    assert [(e.query, e.positive_id) for e in pairs] == [
+        ("What do cats eat?", "p0"),
+        ("Do cats eat fish?", "p0"),
+        ("How much do cats sleep?", "p1"),
+    ]
+    assert main(["beir", str(squad), "--out", str(out)]) == 2  # never over a directory's files
+    assert "exists and is not an empty directory" in capsys.readouterr().err
+    assert main(["beir", str(squad), "--out", str(tmp_path / "x"), "--train-articles", "3"]) == 2
+    assert "between 0 and the file's 2 articles" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()

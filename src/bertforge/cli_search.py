@@ -255,5 +255,32 @@ def cmd_mine(args: argparse.Namespace) -> None:
     print(f"wrote {len(groups):,} of {len(examples):,} rows to {args.out}: {said}")
 
 
+def args_beir(p: argparse.ArgumentParser) -> None:
+    p.add_argument("squad", help="a SQuAD JSON file (v1.1 or v2.0)")
+    p.add_argument("--out", required=True, help="a new directory: the set in BEIR's layout")
+    p.add_argument(
+        "--train-articles",
+        type=int,
+        help="articles whose questions are the split train (the rest: test; default: the first "
+        "half)",
+    )
+
+
+def cmd_beir(args: argparse.Namespace) -> None:
+    """corpus.jsonl (a paragraph a document), queries.jsonl (a question a query), qrels/train.tsv
+    and qrels/test.tsv (each question relevant to its paragraph; split by article)."""
+    from .data.tasks.beir import squad_beir, write_beir
+    from .fileio import refuse_overwrite
+
+    refuse_overwrite(args.out, {"squad": args.squad}, "--out")
+    data = squad_beir(args.squad, args.train_articles)
+    write_beir(args.out, data)
+    said = ", ".join(f"{len(v):,} {k}" for k, v in data.qrels.items())
+    print(
+        f"wrote {len(data.documents):,} documents and {len(data.queries):,} queries to "
+        f"{args.out} (judgements: {said})"
+    )
+
+
 # ------------------------------------------------------------------------------------------------
 # serve, export, attention, probe, plot, demo

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Container, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Container, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -285,12 +285,3 @@ def write_beir(out: str | os.PathLike[str], data: BeirSet) -> None:
 def _lines(path: Path, lines: Iterable[str]) -> None:
     with open(path, "w", encoding="utf-8") as f:
         f.writelines(line + "\n" for line in lines)
-
-
-def counts(data: BeirSet) -> Mapping[str, int]:
-    """How many documents, queries and judgements of each split a set holds (for a report)."""
-    return {
-        "documents": len(data.documents),
-        "queries": len(data.queries),
-        **{f"{split} judgements": len(rows) for split, rows in data.qrels.items()},
-    }
