@@ -49,6 +49,7 @@ import numpy as np
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bertforge.data.tasks.beir import squad_beir
 from bertforge.evaluate import retrieval_scores
 from bertforge.search.fusion import fuse_runs
 from bertforge.search.index import bm25_matches
@@ -62,17 +63,16 @@ SHOWN = ("mrr@10", "ndcg@10", "recall@1", "recall@5", "recall@20", "recall@100",
 
 
 def squad_retrieval(path: Path) -> tuple[list[str], dict[str, list[tuple[str, str, int]]]]:
-    """(paragraphs, {"train"|"eval": [(question id, question, its paragraph's index)]})."""
-    articles = json.loads(path.read_text(encoding="utf-8"))["data"]
-    corpus: list[str] = []
-    halves: dict[str, list[tuple[str, str, int]]] = {"train": [], "eval": []}
-    for a, article in enumerate(articles):
-        half = "train" if a < TRAIN_ARTICLES else "eval"
-        for paragraph in article["paragraphs"]:
-            corpus.append(paragraph["context"])
-            for qa in paragraph["qas"]:
-                halves[half].append((qa["id"], qa["question"], len(corpus) - 1))
-    return corpus, halves
+    """(paragraphs, {"train"|"eval": [(question id, question, its paragraph's index)]}): the
+    set `bertforge beir` writes (data.tasks.beir.squad_beir), its test split the eval half."""
+    data = squad_beir(path, TRAIN_ARTICLES)
+    corpus = [d["text"] for d in data.documents]
+    at = {d["_id"]: i for i, d in enumerate(data.documents)}
+    questions = {q["_id"]: q["text"] for q in data.queries}
+    return corpus, {
+        half: [(q, questions[q], at[d]) for q, d, _ in data.qrels[split]]
+        for half, split in (("train", "train"), ("eval", "test"))
+    }
 
 
 def bm25_run(corpus: list[str], questions: list[str]) -> tuple[np.ndarray, np.ndarray]:

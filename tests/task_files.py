@@ -108,3 +108,47 @@ def squad_file(path: Path, version_2: bool) -> Path:
 SWAG_HEADER = (
     "video-id,fold-ind,startphrase,sent1,sent2,gold-source,ending0,ending1,ending2,ending3,label"
 )
+
+
+# A small retrieval set in BEIR's layout: graded judgements (2 and 1, a tie of two 2s), a
+# judgement of 0 (not relevant), a title to prepend and one left empty, a query not judged.
+BEIR_DOCS = [
+    ("d0", "Eiffel Tower", "The Eiffel Tower stands in Paris, the capital of France."),
+    ("d1", None, "Cats are carnivores and eat meat such as fish and mice."),
+    ("d2", "Hamlet", "Hamlet is a tragedy written by William Shakespeare."),
+    ("d3", "", "The stock market fell sharply on Monday."),
+    ("d4", None, "Paris lies on the Seine and is the capital of France."),
+    ("d5", None, "The Great Wall of China stretches for thousands of kilometres."),
+]
+BEIR_QUERIES = [
+    ("q1", "who wrote hamlet"),
+    ("q2", "where is the eiffel tower"),
+    ("q3", "what do cats eat"),
+    ("q4", "great wall length"),
+    ("q5", "an unjudged question"),
+]
+BEIR_QRELS = {
+    "test": [
+        ("q1", "d2", 2),
+        ("q1", "d1", 1),
+        ("q2", "d0", 2),
+        ("q2", "d4", 2),
+        ("q2", "d1", 0),
+        ("q4", "d0", 1),
+        ("q4", "d5", 0),
+    ],
+    "train": [("q3", "d1", 1), ("q2", "d0", 0), ("q1", "d2", 1)],
+}
+
+
+def beir_files(root: Path) -> Path:
+    """BEIR_DOCS, BEIR_QUERIES and BEIR_QRELS written in BEIR's layout in `root`."""
+    (root / "qrels").mkdir(parents=True)
+    docs = [{"_id": i, **({} if t is None else {"title": t}), "text": x} for i, t, x in BEIR_DOCS]
+    (root / "corpus.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    queries = [{"_id": i, "text": t} for i, t in BEIR_QUERIES]
+    (root / "queries.jsonl").write_text("".join(json.dumps(q) + "\n" for q in queries))
+    for split, rows in BEIR_QRELS.items():
+        body = "".join(f"{q}\t{d}\t{s}\n" for q, d, s in rows)
+        (root / "qrels" / f"{split}.tsv").write_text("query-id\tcorpus-id\tscore\n" + body)
+    return root

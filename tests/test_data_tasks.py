@@ -555,3 +555,129 @@ def test_table_readers_share_their_checks(tmp_path: Path) -> None:
     assert (table.column("t", "text"), row.text(3), row.source) == (3, "Fine.", f"{cola}:3")
     with pytest.raises(DataError, match=r"line 1: column \"x\" \(text\) missing from the header"):
         table.column("x", "text")
+
+
+# --------------------------------------------------------------------------- BEIR's layout
+
+
+def test_a_beir_set_reads_as_documents_queries_and_judgements(tmp_path: Path) -> None:
+    """A title is prepended to the text with a space (BEIR's and sentence-transformers' way),
+    an empty or missing one is not; the title stays in the metadata; grades are kept."""
+    from bertforge.data.tasks.beir import beir_documents, judgements, read_qrels, read_queries
+    from tests.task_files import BEIR_DOCS, beir_files
+
+    root = beir_files(tmp_path / "set")
+    docs = list(beir_documents(root))
+    assert [d[1] for d in docs] == [d[0] for d in BEIR_DOCS]
+    assert docs[0][2] == "Eiffel Tower The Eiffel Tower stands in Paris, the capital of France."
+    assert docs[2][2] == "Hamlet Hamlet is a tragedy written by William Shakespeare."
+    assert docs[1][2] == BEIR_DOCS[1][2] and docs[3][2] == BEIR_DOCS[3][2]  # none, and ""
+    assert docs[0][3] == {"title": "Eiffel Tower"} and docs[1][3] == {}
+    qrels = judgements(read_qrels(root / "qrels" / "test.tsv"))
+    assert qrels["q2"] == {"d0": 2, "d4": 2, "d1": 0} and set(qrels) == {"q1", "q2", "q4"}
+    assert read_queries(root / "queries.jsonl")["q5"] == ("an unjudged question", 5)
+
+
+def test_a_beir_split_is_retrieval_pairs(tmp_path: Path) -> None:
+    """DIR:SPLIT (DIR alone: train) gives a pair per judgement above 0, the positive's id its
+    corpus-id, its source the qrels line: what mine and finetune --task retrieval read."""
+    from bertforge.data.tasks import read_retrieval
+    from tests.task_files import BEIR_DOCS, beir_files
+
+    root = beir_files(tmp_path / "set")
+    pairs = read_retrieval(f"{root}:train")
+    assert [(e.query, e.positive, e.positive_id) for e in pairs] == [
+        ("what do cats eat", BEIR_DOCS[1][2], "d1"),
+        ("who wrote hamlet", "Hamlet " + BEIR_DOCS[2][2], "d2"),
+    ]
+    assert [e.source for e in pairs] == [f"{root / 'qrels' / 'train.tsv'}:{n}" for n in (2, 4)]
+    assert read_retrieval(root) == pairs
+    assert len(read_retrieval(f"{root}:test")) == 5
+
+
+BAD_BEIR = [
+    ("corpus.jsonl", 2, '{"text": "no id"}', r'corpus.jsonl: line 2: field "_id": missing'),
+    ("corpus.jsonl", 3, '{"_id": "d2", "text": ""}', r'corpus.jsonl: line 3: field "text"'),
+    ("corpus.jsonl", 1, "{not json", r"corpus.jsonl: line 1: invalid JSON"),
+    ("queries.jsonl", 2, '{"_id": "q1", "text": "again"}', r"queries.jsonl: line 2: query id 'q1' repeats line 1"),
+    ("queries.jsonl", 2, '{"_id": "q2"}', r'queries.jsonl: line 2: field "text"'),
+    ("qrels/train.tsv", 1, "qid\tdocid\tscore", r"train.tsv: line 1: expected the header"),
+    ("qrels/train.tsv", 2, "q3\td1\thigh", r'train.tsv: line 2: field "score": \'high\' is not an integer'),
+    ("qrels/train.tsv", 3, "q2\td1", r"train.tsv: line 3: 2 fields, expected 3"),
+    ("qrels/train.tsv", 4, "q1\td9\t1", r'train.tsv: line 4: field "corpus-id": \'d9\' is not in .*corpus.jsonl'),
+    ("qrels/train.tsv", 2, "q9\td1\t1", r'train.tsv: line 2: field "query-id": \'q9\' is not in .*queries.jsonl'),
+    ("qrels/train.tsv", 4, "q3\td1\t2", r"train.tsv: line 4: query 'q3', document 'd1' judged again \(line 2\)"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "lineno", "line", "message"), BAD_BEIR)
+def test_a_bad_beir_file_is_one_error_naming_its_line(
+    tmp_path: Path, name: str, lineno: int, line: str, message: str
+) -> None:
+    from bertforge.data.tasks import read_retrieval
+    from tests.task_files import beir_files
+
+    root = beir_files(tmp_path / "set")
+    lines = (root / name).read_text().splitlines()
+    lines[lineno - 1] = line
+    (root / name).write_text("\n".join(lines) + "\n")
+    with pytest.raises(DataError, match=message):
+        read_retrieval(f"{root}:train")
+
+
+def test_a_missing_split_or_file_of_a_beir_set_is_named(tmp_path: Path) -> None:
+    from bertforge.data.tasks import read_retrieval
+    from tests.task_files import beir_files
+
+    root = beir_files(tmp_path / "set")
+    with pytest.raises(DataError, match=r"dev.tsv: no such split \(the set has: test, train"):
+        read_retrieval(f"{root}:dev")
+    (root / "queries.jsonl").unlink()
+    with pytest.raises(DataError, match=r"queries.jsonl: missing"):
+        read_retrieval(root)
+    (root / "corpus.jsonl").unlink()
+    with pytest.raises(DataError, match=r"a directory without corpus.jsonl: not a BEIR set"):
+        read_retrieval(root)
+
+
+def test_squad_written_as_a_beir_set(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """`bertforge beir`: each paragraph a document, each question a query judged relevant to
+    its paragraph, the first half of the articles the split train; read back by the readers."""
+    from bertforge.cli import main
+    from bertforge.data.tasks import read_retrieval
+    from bertforge.data.tasks.beir import beir_documents, judgements, read_qrels
+
+    articles = [
+        ("Cats", [("Cats eat fish.", ["What do cats eat?", "Do cats eat fish?"]),
+                  ("Cats sleep a lot.", ["How much do cats sleep?"])]),
+        ("Paris", [("Paris is in France.", ["Where is Paris?"])]),
+    ]  # fmt: skip
+    data = [
+        {"title": t, "paragraphs": [
+            {"context": c, "qas": [{"id": q, "question": q, "answers": []}
+                                    for q in qs]} for c, qs in ps]}
+        for t, ps in articles
+    ]  # fmt: skip
+    squad = tmp_path / "squad.json"
+    squad.write_text(json.dumps({"version": "1.1", "data": data}))
+    out = tmp_path / "set"
+    assert main(["beir", str(squad), "--out", str(out)]) == 0
+    assert "wrote 3 documents and 4 queries" in capsys.readouterr().out
+    docs = [(i, t, m) for _, i, t, m in beir_documents(out)]
+    assert docs == [
+        ("p0", "Cats eat fish.", {"article": "Cats"}),
+        ("p1", "Cats sleep a lot.", {"article": "Cats"}),
+        ("p2", "Paris is in France.", {"article": "Paris"}),
+    ]
+    assert judgements(read_qrels(out / "qrels" / "test.tsv")) == {"Where is Paris?": {"p2": 1}}
+    pairs = read_retrieval(out)  # the train split
+    assert [(e.query, e.positive_id) for e in pairs] == [
+        ("What do cats eat?", "p0"),
+        ("Do cats eat fish?", "p0"),
+        ("How much do cats sleep?", "p1"),
+    ]
+    assert main(["beir", str(squad), "--out", str(out)]) == 2  # never over a directory's files
+    assert "exists and is not an empty directory" in capsys.readouterr().err
+    assert main(["beir", str(squad), "--out", str(tmp_path / "x"), "--train-articles", "3"]) == 2
+    assert "between 0 and the file's 2 articles" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()

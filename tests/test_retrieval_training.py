@@ -752,3 +752,23 @@ def test_dev_retrieval_scores_are_information_retrieval_evaluators(
     for k in (1, 5):
         assert ours[f"recall@{k}"] == pytest.approx(ref[f"cosine_recall@{k}"], abs=1e-6)
     assert ours["recall@1"] < 1  # two relevant passages: the top 1 holds half of them
+
+
+def test_finetune_reads_a_beir_set(
+    tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """--train DIR (its train split) and --dev DIR:test: a BEIR split's relevant pairs; a
+    cross-encoder needs negatives, which a split has none of: mine them."""
+    from tests.task_files import beir_files
+
+    root, out = beir_files(tmp_path / "set"), tmp_path / "out"
+    args = ["finetune", "--task", "retrieval", "--model", str(tiny_model), "--train", str(root)]
+    dev = ["--dev", f"{root}:test", "--epochs", "1", "--no-progress", "--batch-size", "2"]
+    assert main([*args, "--out", str(out), *dev]) == 0
+    results = json.loads((out / "eval_results.json").read_text())
+    assert results["task"] == "retrieval" and 0 < results["mrr@10"] <= 1
+    rows = [json.loads(x) for x in (out / "predictions_retrieval.jsonl").read_text().splitlines()]
+    assert len(rows) == 3  # the test split's three judged queries, each once
+    args[2] = "rerank"
+    assert main([*args, "--out", str(tmp_path / "ce"), "--epochs", "1"]) == 2
+    assert "rerank training needs negatives beside each positive" in capsys.readouterr().err

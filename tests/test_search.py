@@ -1338,3 +1338,148 @@ def test_a_model_in_googles_layout_has_an_identity(tiny_model: Path, tmp_path: P
     assert len(before) == 64 and before != model_identity(tiny_model)  # its name is hashed
     (google / "bert_config.json").write_text("{}")
     assert model_identity(google) != before  # and its bytes
+
+
+# ------------------------------------------------------------------------------------------------
+# BEIR's layout: indexed, searched and scored (search --qrels), mined
+
+
+@pytest.fixture(scope="module")
+def beir_index(tmp_path_factory: pytest.TempPathFactory, minilm_dir: Path) -> tuple[Path, Path]:
+    """The BEIR fixture (tests/task_files.py) and its index, built by `bertforge index`."""
+    from tests.task_files import beir_files
+
+    tmp = tmp_path_factory.mktemp("beir")
+    root, out = beir_files(tmp / "set"), tmp / "idx"
+    assert (
+        main(["index", str(minilm_dir), str(root), "--out", str(out), "--precision", "fp32"]) == 0
+    )
+    return root, out
+
+
+def test_index_search_and_mine_read_a_beir_set(
+    beir_index: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    from tests.task_files import BEIR_DOCS, BEIR_QUERIES
+
+    root, out = beir_index
+    index = Index.load(out)
+    assert index.ids == [d[0] for d in BEIR_DOCS]
+    assert index.texts[2] == "Hamlet Hamlet is a tragedy written by William Shakespeare."
+    capsys.readouterr()
+    assert main(["search", str(out), str(root), "--top-k", "1"]) == 0  # the set's queries
+    rows = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert [(r["line"], r["id"], r["query"]) for r in rows] == [
+        (n, q, t) for n, (q, t) in enumerate(BEIR_QUERIES, 1)
+    ]
+    assert rows[0]["results"][0]["id"] == "d2"
+    mined = tmp_path / "mined.jsonl"
+    assert main(["mine", str(out), f"{root}:train", "--out", str(mined), "--negatives", "2"]) == 0
+    groups = [json.loads(x) for x in mined.read_text().splitlines()]
+    assert [(g["positive_id"], g["positive"]) for g in groups] == [
+        ("d1", BEIR_DOCS[1][2]),
+        ("d2", index.texts[2]),
+    ]
+    assert all(len(g["negatives"]) == 2 and index.texts[2] not in g["negatives"] for g in groups)
+
+
+def _trec_eval(qrels_file: Path, hits: Path) -> dict[str, float]:
+    """pytrec_eval's means over the judged queries of a search's output, in its order."""
+    import pytrec_eval
+
+    qrels: dict[str, dict[str, int]] = {}
+    for line in qrels_file.read_text().splitlines()[1:]:
+        q, d, s = line.split("\t")
+        qrels.setdefault(q, {})[d] = int(s)
+    rows = [json.loads(x) for x in hits.read_text().splitlines()]
+    run = {r["id"]: {h["id"]: -float(h["rank"]) for h in r["results"]} for r in rows}
+    run = {q: hits for q, hits in run.items() if q in qrels}
+    measures = {"recip_rank", "ndcg_cut_10", "recall_1", "recall_10", "recall_100", "map_cut_100"}
+    found = pytrec_eval.RelevanceEvaluator(qrels, measures).evaluate(run)
+    judged = [q for q, j in qrels.items() if any(s > 0 for s in j.values())]
+    mean = {m: sum(found.get(q, {}).get(m, 0.0) for q in judged) / len(judged) for m in measures}
+    names = {"recip_rank": "mrr@10", "ndcg_cut_10": "ndcg@10", "map_cut_100": "map@100"}
+    return {names.get(m, m.replace("_", "@")): v for m, v in mean.items()}
+
+
+@pytest.mark.parametrize("mode", ["dense", "bm25"])
+def test_search_qrels_scores_as_trec_eval_does(
+    beir_index: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture, mode: str
+) -> None:
+    """search --qrels DIR: the set's judged queries (test split) searched and scored, printed
+    and written as JSON; equal to pytrec_eval over the same rankings (graded judgements, a tie
+    of grades, a query BM25 finds nothing for scoring 0), and to a queries file beside a qrels
+    file."""
+    root, out = beir_index
+    hits, metrics = tmp_path / "hits.jsonl", tmp_path / "m.json"
+    capsys.readouterr()
+    args = ["search", str(out), "--mode", mode, "--top-k", "6", "--out", str(hits)]
+    assert main([*args, "--qrels", str(root), "--metrics-out", str(metrics)]) == 0
+    printed = capsys.readouterr().out
+    got = json.loads(metrics.read_text())
+    assert got["queries"] == 3 and got["qrels"] == str(root / "qrels" / "test.tsv")
+    assert "reranked" not in got
+    want = _trec_eval(root / "qrels" / "test.tsv", hits)
+    for name, value in want.items():
+        assert got["first_stage"][name] == pytest.approx(value, abs=1e-9), name
+    assert 0 < want["ndcg@10"] < 1
+    shown = {line.split()[0]: line.split()[1:] for line in printed.splitlines()[2:]}
+    assert shown["mrr@10"] == [f"{got['first_stage']['mrr@10']:.4f}"] and len(shown) == 5
+    assert [json.loads(x)["id"] for x in hits.read_text().splitlines()] == ["q1", "q2", "q4"]
+    queries = tmp_path / "q.jsonl"  # the same queries in a file, the judgements beside it
+    queries.write_text("".join(json.dumps({"id": q, "text": t}) + "\n" for q, t in [
+        ("q4", "great wall length"), ("q2", "where is the eiffel tower"),
+        ("q1", "who wrote hamlet"), ("q9", "not judged"),
+    ]))  # fmt: skip
+    again = tmp_path / "again.json"
+    qrels = root / "qrels" / "test.tsv"
+    args = ["search", str(out), str(queries), "--mode", mode, "--qrels", str(qrels)]
+    assert main([*args, "--metrics-out", str(again)]) == 0
+    assert json.loads(again.read_text())["first_stage"] == pytest.approx(got["first_stage"])
+
+
+def test_search_qrels_refusals(
+    beir_index: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    root, out = beir_index
+    qrels = tmp_path / "qrels.tsv"
+    qrels.write_text("query-id\tcorpus-id\tscore\nq1\td2\t1\nq1\td77\t1\n")
+    queries = tmp_path / "q.jsonl"
+    queries.write_text(json.dumps({"id": "q1", "text": "who wrote hamlet"}) + "\n")
+    capsys.readouterr()
+    assert main(["search", str(out), str(queries), "--qrels", str(qrels)]) == 2
+    assert (
+        f"{qrels}: line 3: field \"corpus-id\": 'd77' is not in the index"
+        in capsys.readouterr().err
+    )
+    assert main(["search", str(out), "--qrels", str(qrels)]) == 2
+    assert "a qrels file scores queries given beside it" in capsys.readouterr().err
+    assert main(["search", str(out), str(queries), "--metrics-out", str(tmp_path / "m")]) == 2
+    assert "--metrics-out: needs --qrels" in capsys.readouterr().err
+    assert main(["search", str(out), "--qrels", f"{root}:dev"]) == 2
+    assert "dev.tsv: no such split (the set has: test, train;" in capsys.readouterr().err
+    m = out / "m.json"
+    assert main(["search", str(out), "--qrels", str(root), "--metrics-out", str(m)]) == 2
+    assert "inside the index directory" in capsys.readouterr().err and not m.exists()
+
+
+def test_search_qrels_reranked_beside_the_first_stage_and_warned(
+    beir_index: tuple[Path, Path], tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """With --rerank, the first stage's figures are the same as without it, the reranked ones
+    beside them (recall@100 the first stage's: the tail beyond --rerank-depth kept in order);
+    a random cross-encoder does not beat MiniLM, and says so."""
+    root, out = beir_index
+    ce = _saturating_cross_encoder(tiny_model, tmp_path / "ce")
+    plain, reranked = tmp_path / "plain.json", tmp_path / "reranked.json"
+    assert main(["search", str(out), "--qrels", str(root), "--metrics-out", str(plain)]) == 0
+    args = ["search", str(out), "--qrels", str(root), "--metrics-out", str(reranked)]
+    capsys.readouterr()
+    with pytest.warns(UserWarning, match=r"reranking by .*ce did not raise MRR@10 on 3 judged"):
+        assert main([*args, "--rerank", str(ce), "--rerank-depth", "3", "--top-k", "3"]) == 0
+    printed = capsys.readouterr().out
+    got = json.loads(reranked.read_text())
+    assert got["first_stage"] == json.loads(plain.read_text())["first_stage"]
+    assert got["reranked"]["mrr@10"] < got["first_stage"]["mrr@10"]
+    assert got["reranked"]["recall@100"] == got["first_stage"]["recall@100"]
+    assert "first stage" in printed and "reranked" in printed

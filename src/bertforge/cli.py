@@ -31,7 +31,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import __version__
-from .cli_search import args_index, args_mine, args_search, cmd_index, cmd_mine, cmd_search
+from .cli_search import (
+    args_beir,
+    args_index,
+    args_mine,
+    args_search,
+    cmd_beir,
+    cmd_index,
+    cmd_mine,
+    cmd_search,
+)
 from .data.corpus import expand_inputs
 from .errors import BertforgeError, ConfigError, DataError, hide, redacted
 from .options import (
@@ -672,6 +681,8 @@ def commands() -> list[Command]:
         ("search", "search an index: dense, BM25 or hybrid, reranked by a cross-encoder",
          args_search, cmd_search),
         ("mine", "hard negatives for retrieval training, from an index", args_mine, cmd_mine),
+        ("beir", "a SQuAD file as a retrieval set in BEIR's layout (search --qrels scores it)",
+         args_beir, cmd_beir),
         ("serve", "HTTP server: the pipelines the model has a head for, and /v1/embeddings",
          args_serve, cmd_serve),
         ("merge", "a weighted average of models fine-tuned from one base (soups, WiSE-FT)",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
@@ -125,7 +126,12 @@ def args_search(p: argparse.ArgumentParser) -> None:
     from .search import SearchOptions
 
     _search_args(p)
-    p.add_argument("queries", nargs="?", default="-", help="text lines, .jsonl {text, id?}, or -")
+    p.add_argument(
+        "queries",
+        nargs="?",
+        help="text lines, .jsonl {text, id?}, a BEIR set's directory (its queries.jsonl), or - "
+        "(default: stdin; with --qrels DIR, the set's judged queries)",
+    )
     add_options(p, SearchOptions)
     p.add_argument(
         "--where",
@@ -134,7 +140,15 @@ def args_search(p: argparse.ArgumentParser) -> None:
         help="PostgreSQL: only documents whose metadata FIELD is VALUE (again: all of them)",
     )
     p.add_argument("--skip-blank", action="store_true", help="drop blank lines (default: error)")
-    p.add_argument("--out", help="JSONL output file (default: stdout)")
+    p.add_argument("--out", help="JSONL output file (default: stdout; with --qrels: none)")
+    p.add_argument(
+        "--qrels",
+        metavar="FILE_OR_DIR[:SPLIT]",
+        help="score the search against these judgements (BEIR's qrels TSV, or a BEIR set's "
+        "directory: its split SPLIT, default test, and its queries): print MRR@10, nDCG@10 and "
+        "recall@1/10/100 (with --rerank: the first stage's beside the reranked ones)",
+    )
+    p.add_argument("--metrics-out", metavar="FILE", help="with --qrels: the scores as JSON")
 
 
 def cmd_search(args: argparse.Namespace) -> None:
@@ -142,18 +156,75 @@ def cmd_search(args: argparse.Namespace) -> None:
     passage?}]}; with --rerank, the first stage's top --rerank-depth reordered by the
     cross-encoder's score (with --rerank-fuse: by the fusion of that order and the first
     stage's, each hit with its cross-encoder score as rerank_score)."""
-    from .catalogue import TEXTS
-    from .inputs import read_inputs, write_jsonl
+    from .fileio import refuse_overwrite
+    from .inputs import write_jsonl
     from .search import FirstStage, SearchOptions, parse_where, search_queries
 
     options = SearchOptions(**options_of(args, SearchOptions))
     where = parse_where(args.where)
-    index = _open_index(args, queries=args.queries, reranker=options.rerank)
-    rows = read_inputs(args.queries, TEXTS, args.skip_blank)
+    if args.metrics_out is not None and args.qrels is None:
+        raise ConfigError("--metrics-out: needs --qrels (the judgements to score the search by)")
+    inputs = {"queries": args.queries, "qrels": args.qrels, "reranker": options.rerank}
+    refuse_overwrite(args.metrics_out, {"index": args.index, **inputs}, "--metrics-out")
+    index = _open_index(args, **inputs)
+    rows = _query_rows(args.queries, args.qrels, args.skip_blank)
     queries = [r.texts[0] for r in rows]
     stage = FirstStage(**options_of(args, FirstStage))
-    results = search_queries(index, queries, stage, options, where)
+    if args.qrels is None:
+        results = search_queries(index, queries, stage, options, where)
+    else:
+        results = _scored_search(args, index, rows, stage, options, where)
+        if args.out is None:
+            return
     write_jsonl(args.out, rows, [{"query": q, "results": h} for q, h in zip(queries, results)])
+
+
+def _query_rows(queries: str | None, qrels: str | None, skip_blank: bool) -> list[Any]:
+    """search's queries: a file's lines, a BEIR set's queries (all of them; with --qrels, the
+    judged ones), or stdin; --qrels DIR alone reads that set's."""
+    from .catalogue import TEXTS
+    from .data.tasks.beir import beir_root, is_beir, read_queries
+    from .inputs import InputLine, read_inputs
+    from .search.evaluation import Judged
+
+    if queries is None and qrels is not None and is_beir(qrels):
+        judged = Judged.from_beir(qrels)
+        return [InputLine(n, q, (t,)) for t, q, n in zip(judged.texts, judged.ids, judged.lines)]
+    if queries is not None and Path(queries).is_dir():
+        found = read_queries(beir_root(queries).queries)
+        return [InputLine(n, q, (t,)) for q, (t, n) in found.items()]
+    if queries is None and qrels is not None:
+        raise ConfigError(
+            f"--qrels {qrels}: a qrels file scores queries given beside it: search INDEX "
+            "QUERIES --qrels FILE (a BEIR set's directory brings its own)"
+        )
+    return read_inputs("-" if queries is None else queries, TEXTS, skip_blank)
+
+
+def _scored_search(
+    args: argparse.Namespace, index: Any, rows: list[Any], stage: Any, options: Any, where: Any
+) -> list[Any]:
+    """search --qrels: the queries searched and scored; the scores printed (the first stage's
+    beside the reranked ones) and written to --metrics-out; the hits returned."""
+    from .fileio import write_json
+    from .search import Index
+    from .search.evaluation import SHOWN, Judged, score_search
+
+    texts = [r.texts[0] for r in rows]
+    ids = [str(r.line if r.id is None else r.id) for r in rows]
+    judged = Judged.from_lines(texts, ids, [r.line for r in rows], args.qrels)
+    if isinstance(index, Index):  # a PostgreSQL table's ids are not read whole
+        judged.check_documents(index.ids, f"the index {args.index}")
+    scores = score_search(index, judged, stage, options, where)
+    columns = {"first stage": scores.first, "reranked": scores.reranked}
+    shown = {k: v for k, v in columns.items() if v is not None}
+    print(f"{scores.queries:,} judged queries ({judged.path}):")
+    print(f"{'':12}" + "".join(f"{name:>14}" for name in shown))
+    for metric in SHOWN:
+        print(f"{metric:12}" + "".join(f"{v[metric]:14.4f}" for v in shown.values()))
+    if args.metrics_out is not None:
+        write_json(args.metrics_out, {"qrels": str(judged.path), **scores.report()})
+    return scores.results
 
 
 def args_mine(p: argparse.ArgumentParser) -> None:
@@ -182,6 +253,33 @@ def cmd_mine(args: argparse.Namespace) -> None:
     groups, said = mine_groups(index, examples, options, stage, args.train)
     write_text(args.out, "".join(json_text(g) + "\n" for g in groups))
     print(f"wrote {len(groups):,} of {len(examples):,} rows to {args.out}: {said}")
+
+
+def args_beir(p: argparse.ArgumentParser) -> None:
+    p.add_argument("squad", help="a SQuAD JSON file (v1.1 or v2.0)")
+    p.add_argument("--out", required=True, help="a new directory: the set in BEIR's layout")
+    p.add_argument(
+        "--train-articles",
+        type=int,
+        help="articles whose questions are the split train (the rest: test; default: the first "
+        "half)",
+    )
+
+
+def cmd_beir(args: argparse.Namespace) -> None:
+    """corpus.jsonl (a paragraph a document), queries.jsonl (a question a query), qrels/train.tsv
+    and qrels/test.tsv (each question relevant to its paragraph; split by article)."""
+    from .data.tasks.beir import squad_beir, write_beir
+    from .fileio import refuse_overwrite
+
+    refuse_overwrite(args.out, {"squad": args.squad}, "--out")
+    data = squad_beir(args.squad, args.train_articles)
+    write_beir(args.out, data)
+    said = ", ".join(f"{len(v):,} {k}" for k, v in data.qrels.items())
+    print(
+        f"wrote {len(data.documents):,} documents and {len(data.queries):,} queries to "
+        f"{args.out} (judgements: {said})"
+    )
 
 
 # ------------------------------------------------------------------------------------------------

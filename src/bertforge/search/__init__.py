@@ -17,10 +17,12 @@ line (`bertforge index`, `search`, `mine`), the server's /search and Python user
     fusion.py    reciprocal-rank and score fusion of ranked lists
     mining.py    hard negatives for retrieval training, scored by a teacher if asked
     rerank.py    a first stage's hits reordered (or fused) by a cross-encoder
+    evaluation.py  a search scored against relevance judgements (search --qrels, BEIR sets)
 """
 
 from ..checkpoint import model_identity
 from .corpus import CorpusFormat, read_search_corpus
+from .evaluation import Judged, SearchScores, score_search
 from .fusion import FUSIONS, RRF_K, fuse, fuse_runs, fuse_scores
 from .index import Index, open_index
 from .mining import (
@@ -56,11 +58,13 @@ __all__ = [
     "FirstStage",
     "Index",
     "IndexOptions",
+    "Judged",
     "MineOptions",
     "Mined",
     "PgOptions",
     "QueryModel",
     "SearchOptions",
+    "SearchScores",
     "fuse",
     "fuse_runs",
     "fuse_scores",
@@ -75,5 +79,6 @@ __all__ = [
     "read_search_corpus",
     "rerank",
     "score_groups",
+    "score_search",
     "search_queries",
 ]

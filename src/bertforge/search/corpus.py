@@ -2,8 +2,9 @@
 their metadata (the PostgreSQL backend keeps it, for `search --where field=value`).
 
 The corpus is a text file (one document per line, its id the line number), JSONL objects with
-an id and a text field, or a CSV/TSV table with a header naming them; files are read by their
-suffix. A document's metadata is its JSONL object's other fields, or its table row's other
+an id and a text field, a CSV/TSV table with a header naming them (files are read by their
+suffix), or a directory in BEIR's layout: its corpus.jsonl ({_id, title, text}; the text "title
+text", data.tasks.beir). A document's metadata is its JSONL object's other fields, or its table row's other
 columns (strings); a text line has none. JSONL objects and tables are read by the
 training-data readers (data.tasks.table: jsonl_records, open_table), so a line is parsed and
 its errors named one way everywhere.
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import DataError
+from ..errors import ConfigError, DataError
 from ..fileio import read_lines
 from ..options import check_options, option
 
@@ -60,7 +61,11 @@ def read_search_records(
     path = Path(path)
     seen: dict[str, int] = {}
     readers = {".jsonl": _jsonl_documents, ".csv": _table_documents, ".tsv": _table_documents}
-    rows = readers.get(path.suffix.lower(), _line_documents)(path, fmt)
+    if path.is_dir():
+        rows = _beir_documents(path, fmt)
+        path = corpus_file(path)
+    else:
+        rows = readers.get(path.suffix.lower(), _line_documents)(path, fmt)
     for lineno, doc_id, text, metadata in rows:
         if doc_id in seen:
             raise DataError(f"{path}: line {lineno}: id {doc_id!r} repeats line {seen[doc_id]}")
@@ -73,6 +78,26 @@ def read_search_records(
                 "PostgreSQL cannot store: remove it"
             )
         yield doc_id, text, metadata
+
+
+def corpus_file(path: str | Path) -> Path:
+    """The file that holds a corpus's documents: a BEIR set's corpus.jsonl (checked to be
+    there), else `path` itself."""
+    from ..data.tasks.beir import beir_root
+
+    path = Path(path)
+    return beir_root(path).corpus if path.is_dir() else path
+
+
+def _beir_documents(path: Path, fmt: CorpusFormat) -> Iterator[Row]:
+    from ..data.tasks.beir import beir_documents
+
+    if (fmt.id_field, fmt.text_field) != (DEFAULT_FORMAT.id_field, DEFAULT_FORMAT.text_field):
+        raise ConfigError(
+            f"{path}: a BEIR set's fields are _id, title and text: leave out --id-field and "
+            "--text-field"
+        )
+    return beir_documents(path)
 
 
 def _has_nul(value: Any) -> bool:

@@ -16,6 +16,7 @@ from typing import Any
 
 from ..checkpoint import model_identity
 from ..errors import ConfigError, DataError
+from .corpus import corpus_file
 from .windows import window_settings
 
 # What besides config.json and the weights makes an index's vectors, as errors name it. Each is
@@ -169,7 +170,7 @@ def build_start(
     pipe = Pipeline(model, device=o.device, precision=o.precision, batch_size=o.batch_size)
     roles = prompts(pipe, o.prompt_name, o.prompt)
     window, stride = window_settings(pipe, o.window, o.stride, roles["document_prompt"])
-    if not corpus.is_file():
+    if not corpus_file(corpus).is_file():  # a BEIR set's directory: its corpus.jsonl
         raise DataError(f"{corpus}: file not found")
     total = count()
     if not total:

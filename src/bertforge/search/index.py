@@ -63,7 +63,7 @@ from ..fileio import (
 )
 from ..runner import release_memory
 from ..tasks.windows import windows_of
-from .corpus import DEFAULT_FORMAT, CorpusFormat, read_search_corpus
+from .corpus import DEFAULT_FORMAT, CorpusFormat, corpus_file, read_search_corpus
 from .fusion import FUSED, FUSIONS, best_columns, fuse_runs
 from .identity import build_start, model_mismatch, query_pipeline
 from .options import MODES, FirstStage, IndexOptions, PgOptions, QueryModel, SearchOptions
@@ -176,7 +176,7 @@ class Index:
             "chunk": o.chunk,
             "precision": o.precision,  # queries are embedded as the documents were
             "corpus": str(corpus.resolve()),
-            "corpus_sha256": files_sha256([corpus]),
+            "corpus_sha256": files_sha256([corpus_file(corpus)]),
             "fields": [fmt.id_field, fmt.text_field, fmt.skip_blank],
             "embedding_precision": o.embedding_precision,
         }

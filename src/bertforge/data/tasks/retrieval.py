@@ -11,6 +11,9 @@ columns and optionally `group` and `positive_id`. Scored pairs (STS-B style, for
 "score"} objects, or a table with those columns. Every row of a file has the same number of
 negatives (a training row reads them side by side); an empty text or a score that is not a
 number is an error naming the line.
+
+A BEIR set (a directory, or DIR:SPLIT; data.tasks.beir) gives a split's relevant judgements as
+(query, positive) pairs, the positive's id its corpus-id: DIR alone reads the split "train".
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import DataError
+from .beir import beir_split, check_judged, is_beir, judged_documents, read_qrels, read_queries
 from .table import Record, header_error, jsonl_records, open_table, text_field
 
 
@@ -42,7 +46,10 @@ SCORED = ("text", "text_pair", "score")
 
 
 def read_retrieval(path: str | os.PathLike[str]) -> list[RetrievalExample]:
-    """The examples of a retrieval training or dev file (see the module docstring)."""
+    """The examples of a retrieval training or dev file, or of a BEIR set's split (see the
+    module docstring)."""
+    if is_beir(path):
+        return beir_pairs(path)
     path = Path(path)
     if path.suffix == ".jsonl":
         records = list(jsonl_records(path))
@@ -80,6 +87,28 @@ def read_retrieval(path: str | os.PathLike[str]) -> list[RetrievalExample]:
                 f"{len(examples[0].negatives)}: every row of a file needs the same number"
             )
     return examples
+
+
+def beir_pairs(spec: str | os.PathLike[str], default: str = "train") -> list[RetrievalExample]:
+    """A BEIR split's (query, positive) pairs: one per judgement above 0, in the qrels file's
+    order, the positive_id its corpus-id, the source its qrels line; a judgement of a query or
+    document the set lacks is one error naming that line."""
+    at = beir_split(spec, default)
+    qrels = [q for q in read_qrels(at.qrels) if q.score > 0]
+    if not qrels:
+        raise DataError(f"{at.qrels}: no judgement above 0: no relevant pair to train on")
+    queries = read_queries(at.queries)
+    check_judged(qrels, at.qrels, queries, str(at.queries), query=True)
+    texts = judged_documents(at, qrels)
+    return [
+        RetrievalExample(
+            queries[q.query][0],
+            texts[q.document],
+            source=f"{at.qrels}:{q.lineno}",
+            positive_id=q.document,
+        )
+        for q in qrels
+    ]
 
 
 def teacher_scores(examples: list[RetrievalExample], why: str) -> list[tuple[float, ...]]:
