@@ -216,9 +216,14 @@ def workers(ray: Any, r: RayOptions, record: Mapping[str, Any], o: IndexOptions)
         max_task_retries=-1,
     )
     pool = [actor.remote(dict(record), pipeline) for _ in range(n)]
-    for said in _got(ray, [w.check.remote() for w in pool]):
-        if said:
-            raise ConfigError(said)
+    try:
+        for said in _got(ray, [w.check.remote() for w in pool]):
+            if said:
+                raise ConfigError(said)
+    except BaseException:  # their CPUs and GPUs given back now, not when collected
+        for worker in pool:
+            ray.kill(worker)
+        raise
     return pool
 
 
