@@ -66,7 +66,7 @@ class RayOptions:
 
     address: str | None = option(
         None,
-        "embed on a Ray cluster: at ADDRESS (host:port), or alone ($RAY_ADDRESS, else a "
+        "embed and write on a Ray cluster's workers: at ADDRESS (host:port), or alone ($RAY_ADDRESS, else a "
         "cluster of this machine started for the job); docs/distributed.md",
         flag="--ray",
         metavar="ADDRESS",
@@ -87,8 +87,8 @@ class RayOptions:
 
 def connect(address: str | None = "auto") -> tuple[Any, bool]:
     """(the `ray` module, whether this call connected it): the cluster this process is already
-    in, else `address` ("auto" or None: $RAY_ADDRESS, else a new cluster of this machine). A cluster
-    that cannot be reached: one UnavailableError."""
+    in, else `address` ("auto" or None: $RAY_ADDRESS, else a new cluster of this machine). A
+    cluster that cannot be reached: one UnavailableError."""
     import logging
 
     ray = need_extra("ray", RAY_EXTRA)
@@ -103,7 +103,7 @@ def connect(address: str | None = "auto") -> tuple[Any, bool]:
     except (OSError, ValueError, RuntimeError) as e:
         said = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UnavailableError(
-            f"the Ray cluster at {target}: cannot connect ({said}); start one (ray start "
+            f"the Ray cluster at {target or 'this machine'}: cannot connect ({said}); start one (ray start "
             "--head) or give its address (--ray HOST:PORT, or RAY_ADDRESS)"
         ) from None
     return ray, True
