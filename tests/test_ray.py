@@ -307,3 +307,17 @@ def test_a_worker_that_cannot_import_bertforge(
 def test_the_cluster_has_no_room(cluster: str, single: Index) -> None:
     with pytest.raises(ConfigError, match=r"--workers 3: the Ray cluster has room for 2"):
         workers(ray, RayOptions(workers=3), single.meta, IndexOptions())
+
+
+def test_the_ray_options_need_ray(
+    minilm_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from bertforge.cli import main
+
+    corpus = write_corpus(tmp_path / "c.jsonl")
+    argv = ["index", str(minilm_dir), str(corpus), "--out", str(tmp_path / "idx")]
+    assert main([*argv, "--workers", "2"]) == 2
+    assert (
+        "--workers, --cpus-per-worker and --gpus-per-worker need --ray" in capsys.readouterr().err
+    )
+    assert not (tmp_path / "idx").exists()
