@@ -30,7 +30,8 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("pipelines", frozenset({"pipelines", "inputs"})),
     (
         "applications",
-        frozenset({"search", "probe", "probe_tokens", "export", "merge", "attention"}),
+        frozenset({"search", "probe", "probe_tokens", "export", "merge", "attention"})
+        | {"distributed"},
     ),
     ("servers", frozenset({"serve", "demo"})),
     ("command line", frozenset({"cli", "cli_search", "__main__", "__init__"})),
@@ -38,7 +39,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
 # Neither side imports the other: inference knows no training, training no inference front door.
 APART = (
     frozenset({"train"}),
-    frozenset({"catalogue", "pipelines", "search", "serve", "probe", "export"}),
+    frozenset({"catalogue", "pipelines", "search", "serve", "probe", "export", "distributed"}),
 )
 MAX_FUNCTION_LINES = 80
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from .options import INFERENCE_HELP, add_options, changed_options, options_of
 
 
 def args_index(p: argparse.ArgumentParser) -> None:
+    from .distributed import RayOptions
     from .search import CorpusFormat, IndexOptions, PgOptions
 
     p.add_argument("model", help="bi-encoder (embedding model) directory")
@@ -39,6 +41,7 @@ def args_index(p: argparse.ArgumentParser) -> None:
     add_options(p, PgOptions, skip=("ef_search", "exact", "statement_timeout", "partial"))
     add_options(p, CorpusFormat)
     add_options(p, IndexOptions, help=INFERENCE_HELP)
+    add_options(p, RayOptions)
 
 
 def cmd_index(args: argparse.Namespace) -> None:
@@ -55,7 +58,7 @@ def cmd_index(args: argparse.Namespace) -> None:
             "IDS_FILE to remove documents): a directory index is built whole, not changed"
         )
     refuse_overwrite(args.out, {"model": args.model, "corpus": args.corpus}, "--out")
-    index = Index.build(
+    index = _builder(args, Index.build)(
         args.model, args.corpus, args.out, fmt=fmt, **options_of(args, IndexOptions)
     )
     m = index.meta
@@ -63,6 +66,19 @@ def cmd_index(args: argparse.Namespace) -> None:
         f"indexed {m['documents']:,} documents ({m['vectors']:,} windows of {m['dimensions']} "
         f"dimensions{', and BM25' if m['bm25'] else ''}) in {args.out}"
     )
+
+
+def _builder(args: argparse.Namespace, here: Any) -> Any:
+    """The build of index: `here` (Index.build, PgIndex.build), or with --ray a Ray cluster's
+    (distributed.index_corpus: the same arguments, the same index)."""
+    from .distributed import RayOptions, index_corpus
+
+    ray = RayOptions(**options_of(args, RayOptions))
+    if ray.address is None:
+        if changed_options(args, RayOptions):
+            raise ConfigError("--workers, --cpus-per-worker and --gpus-per-worker need --ray")
+        return here
+    return functools.partial(index_corpus, ray=ray)
 
 
 def _index_postgres(args: argparse.Namespace, fmt: Any) -> None:
@@ -83,7 +99,8 @@ def _index_postgres(args: argparse.Namespace, fmt: Any) -> None:
         print(f"deleted {removed:,} documents from {index.path}{named if absent else ''}")
     else:
         options = options_of(args, IndexOptions)
-        index = PgIndex.build(args.model, args.corpus, args.to, table=pg.table, fmt=fmt, **options)
+        build = _builder(args, PgIndex.build)
+        index = build(args.model, args.corpus, args.to, table=pg.table, fmt=fmt, **options)
         docs, windows = index.count()
         said = ", ".join(f"{v:,} {k}" for k, v in index.written.items())
         totals = f"{docs:,} documents, {windows:,} windows"

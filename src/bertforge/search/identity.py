@@ -157,12 +157,13 @@ def model_mismatch(pipe: Any, meta: dict[str, Any]) -> list[str]:
 
 
 def build_start(
-    model: str | Path, corpus: Path, options: Any, count: Callable[[], int]
+    model: str | Path, corpus: Path | str, options: Any, count: Callable[[], int]
 ) -> tuple[Any, dict[str, Any], int]:
     """What every backend's build does first: the bi-encoder's pipeline (a cross-encoder
     refused), the record of its model, prompts and windows (index.json's, the PostgreSQL
     side table's), and the number of documents, `count()` reading every row of the corpus
-    (so a bad row fails before anything is written; an empty corpus is an error too)."""
+    (so a bad row fails before anything is written; an empty corpus is an error too).
+    `corpus`: its file, or (a str) the name of documents that are not one (a Ray Dataset)."""
     from ..pipelines import Pipeline
 
     o = options
@@ -170,7 +171,7 @@ def build_start(
     pipe = Pipeline(model, device=o.device, precision=o.precision, batch_size=o.batch_size)
     roles = prompts(pipe, o.prompt_name, o.prompt)
     window, stride = window_settings(pipe, o.window, o.stride, roles["document_prompt"])
-    if not corpus_file(corpus).is_file():  # a BEIR set's directory: its corpus.jsonl
+    if isinstance(corpus, Path) and not corpus_file(corpus).is_file():  # BEIR: its corpus.jsonl
         raise DataError(f"{corpus}: file not found")
     total = count()
     if not total:

@@ -42,9 +42,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
-import sys
 import warnings
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -91,6 +90,40 @@ def bm25_matches(docs: np.ndarray, scores: np.ndarray) -> tuple[np.ndarray, np.n
     with a dense list they would add arbitrary documents."""
     unmatched = scores <= 0
     return np.where(unmatched, -1, docs), np.where(unmatched, 0.0, scores)
+
+
+@dataclasses.dataclass
+class Build:
+    """A directory build under way (Index.begin): its directory, its settings (build.json's,
+    then index.json's), its options, the model's pipeline and how many documents it reads. Its
+    parts are written by write_part, here (Index.build) or by a cluster's workers
+    (distributed.py), each named by its chunk's number; `finish` joins them."""
+
+    out: Path
+    settings: dict[str, Any]
+    options: IndexOptions
+    pipe: Any
+    documents: int
+
+    @property
+    def cut(self) -> tuple[int, int, str]:
+        """How a document is cut and read: (window, stride, the documents' prompt)."""
+        s = self.settings
+        return s["window"], s["stride"], s["document_prompt"]
+
+    def part(self, k: int) -> Path:
+        """Where chunk `k`'s part is written (its files: this path with their suffixes)."""
+        return self.out / "parts" / f"{k:06d}"
+
+    def finish(self, parts: int, documents: int) -> Index:
+        """The index, once `parts` parts of `documents` documents are whole: parts numbered
+        from `parts` on (left by a longer corpus before) removed, the rest joined."""
+        for stale in (self.out / "parts").glob("*[0-9].npy"):
+            if int(stale.stem) >= parts:
+                for f in stale.parent.glob(f"{stale.stem}.*"):
+                    f.unlink()
+        o = self.options
+        return Index.join(self.out, self.settings, documents, o.bm25, o.approximate)
 
 
 class Index:
@@ -164,30 +197,47 @@ class Index:
         int8, uint8, binary or ubinary keeps the vectors quantised (embedding.quantize: 4 or 32
         times smaller; int8/uint8 buckets from the corpus's own vectors), float queries scored
         against their stand-ins (embedding.dequantize)."""
+        build = cls.begin(model, corpus, out, fmt=fmt, **options)
+        rows = read_search_corpus(Path(corpus), fmt)
+        return build.finish(*_build_parts(build, rows))
+
+    @classmethod
+    def begin(
+        cls,
+        model: str | Path,
+        corpus: str | Path,
+        out: str | Path,
+        *,
+        fmt: CorpusFormat = DEFAULT_FORMAT,
+        count: Callable[[], int] | None = None,
+        **options: Any,
+    ) -> Build:
+        """A build started (or resumed) in `out`: build's first half, before any part is
+        written. `corpus`: a corpus file (read once to count its documents), or, with `count`,
+        the name of documents read elsewhere (a Ray Dataset: distributed.py), whose bytes are
+        not recorded (each kept part is still checked against its documents)."""
         o = IndexOptions(**options)
         _need_extras(o)
-        out, corpus = Path(out), Path(corpus)
-        pipe, record, documents = build_start(
-            model, corpus, o, lambda: sum(1 for _ in read_search_corpus(corpus, fmt))
-        )
+        out = Path(out)
+        corpus = Path(corpus) if count is None else corpus
+        counted = count or (lambda: sum(1 for _ in read_search_corpus(Path(corpus), fmt)))
+        pipe, record, documents = build_start(model, corpus, o, counted)
+        file = isinstance(corpus, Path)
         settings = {
             "format": FORMAT,
             **record,
             "chunk": o.chunk,
             "precision": o.precision,  # queries are embedded as the documents were
-            "corpus": str(corpus.resolve()),
-            "corpus_sha256": files_sha256([corpus_file(corpus)]),
+            "corpus": str(corpus.resolve()) if file else str(corpus),  # type: ignore[union-attr]
+            "corpus_sha256": files_sha256([corpus_file(corpus)]) if file else None,  # type: ignore[arg-type]
             "fields": [fmt.id_field, fmt.text_field, fmt.skip_blank],
             "embedding_precision": o.embedding_precision,
         }
         _start_build(out, settings)
-        cut = (record["window"], record["stride"], record["document_prompt"])
-        rows = read_search_corpus(corpus, fmt)
-        done = _build_parts(out, pipe, rows, documents, o.chunk, cut, o.progress)
-        return cls._join(out, settings, done, o.bm25, o.approximate)
+        return Build(out, settings, o, pipe, documents)
 
     @classmethod
-    def _join(
+    def join(
         cls,
         out: Path,
         settings: dict[str, Any],
@@ -680,53 +730,46 @@ def _start_build(out: Path, settings: dict[str, Any]) -> None:
     (out / "parts").mkdir(parents=True, exist_ok=True)
 
 
-def _build_parts(
-    out: Path,
-    pipe: Any,
-    documents: Iterator[tuple[str, str]],
-    total: int,
-    chunk: int,
-    cut: tuple[int, int, str],
-    progress: bool,
-) -> int:
-    """The parts of a build in out/parts, `chunk` of the `total` documents each (a part already
-    whole for the same documents kept), parts left from a longer corpus removed; how many
-    documents they hold."""
-    from tqdm import tqdm
+def _build_parts(build: Build, documents: Iterator[tuple[str, str]]) -> tuple[int, int]:
+    """The parts of a build, `chunk` documents each, written in this process (a part already
+    whole for the same documents kept): (how many parts, how many documents)."""
+    from ..runner import progress_bar
 
-    bar = tqdm(desc="index", unit="window", disable=not progress, file=sys.stderr)
-    done = k = 0
-    for k, docs in enumerate(chunks(documents, chunk)):
-        _build_part(out / "parts" / f"{k:06d}", pipe, docs, done, cut, bar)
-        done += len(docs)
-        bar.set_postfix_str(f"{done:,}/{total:,} documents", refresh=True)
-    bar.close()
-    for stale in (out / "parts").glob("*[0-9].npy"):  # parts of a longer corpus before
-        if int(stale.stem) > k:
-            for f in stale.parent.glob(f"{stale.stem}.*"):
-                f.unlink()
-    return done
+    bar = progress_bar("index", None, "window") if build.options.progress else None
+    done = parts = 0
+    for k, docs in enumerate(chunks(documents, build.options.chunk)):
+        write_part(build.part(k), build.pipe, docs, done, build.cut, bar)
+        done, parts = done + len(docs), k + 1
+        if bar is not None:
+            bar.set_postfix_str(f"{done:,}/{build.documents:,} documents", refresh=True)
+    if bar is not None:
+        bar.close()
+    return parts, done
 
 
-def _build_part(
+def write_part(
     part: Path,
     pipe: Any,
     docs: list[tuple[str, str]],
     first: int,
     cut: tuple[int, int, str],
-    bar: Any,
-) -> None:
+    bar: Any = None,
+) -> int:
     """One chunk's part: documents (.jsonl), each window's document (.owners.npy, numbered from
     `first`) and characters (.spans.npy), vectors (.npy), and, written last, a sha256 of those
     four (.sha256): the part is whole. A part already whole for the same documents is kept;
     any other is made again, its record removed first, so that a build killed while making it,
     or a part damaged since (truncated, overwritten: once a traceback from np.load, or joined
-    into the index), is never taken for whole."""
+    into the index), is never taken for whole. Every file is written atomically: a part
+    written twice at once (a cluster's task retried while the first still runs) ends whole
+    either way. How many windows it holds; `bar` (optional) counts them."""
     listing = "".join(json_text({"id": i, "text": t}) + "\n" for i, t in docs)
     vectors, record = part.with_suffix(".npy"), part.with_suffix(".sha256")
     if _part_whole(part, listing):
-        bar.update(np.load(vectors, mmap_mode="r", allow_pickle=False).shape[0])
-        return
+        held = np.load(vectors, mmap_mode="r", allow_pickle=False).shape[0]
+        if bar is not None:
+            bar.update(held)
+        return int(held)
     pieces, owners, starts, lengths, spans = cut_windows(pipe, [t for _, t in docs], *cut[:2])
     record.unlink(missing_ok=True)
     write_text(part.with_suffix(".jsonl"), listing)
@@ -741,11 +784,13 @@ def _build_part(
                 table = np.lib.format.open_memmap(tmp, "w+", np.float32, shape)
             table[a : a + len(block)] = block
             a += len(block)
-            bar.update(len(block))
+            if bar is not None:
+                bar.update(len(block))
         table.flush()  # type: ignore[union-attr]
         del table
     write_text(record, files_sha256(_part_files(part)))
     release_memory()  # what the chunk's batches used, before the next one
+    return len(owners)
 
 
 def _part_files(part: Path) -> list[Path]:

@@ -52,7 +52,7 @@ import json
 import sys
 import threading
 import warnings
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
@@ -152,11 +152,31 @@ class PgIndex:
         device, progress; a directory's bm25, approximate and embedding_precision are not
         this backend's)."""
         o = IndexOptions(**options)
-        _refuse_directory_options(o)
-        names(table)  # checked before the model loads
         corpus = Path(corpus)
         read = partial(read_search_records, corpus, fmt, refuse_nul=True)  # no NUL: PostgreSQL's
-        pipe, record, total = build_start(model, corpus, o, lambda: sum(1 for _ in read()))
+        index, total = cls.begin(model, corpus, dsn, table, o, lambda: sum(1 for _ in read()))
+        index.written = index.write(read(), o.chunk, o.progress, total)
+        index.make_hnsw()
+        index.finish()
+        return index
+
+    @classmethod
+    def begin(
+        cls,
+        model: str | Path,
+        corpus: Path | str,
+        dsn: str | None,
+        table: str,
+        o: IndexOptions,
+        count: Callable[[], int],
+    ) -> tuple[PgIndex, int]:
+        """build's first half: the model loaded and checked (identity.build_start: `corpus` a
+        file, or the name of documents read elsewhere, `count()` counting them), the tables
+        made or checked to hold the same model's and settings' index; (the index, with the
+        model as its pipeline, and how many documents the build reads)."""
+        _refuse_directory_options(o)
+        names(table)  # checked before the model loads
+        pipe, record, total = build_start(model, corpus, o, count)
         settings = {
             "format": FORMAT,
             **record,
@@ -166,10 +186,7 @@ class PgIndex:
         }
         index = cls.create(dsn, table, settings, total)
         index._pipe = pipe
-        index.written = index.write(read(), o.chunk, o.progress, total)
-        index.make_hnsw()
-        index.finish()
-        return index
+        return index, total
 
     @classmethod
     def create(

@@ -1,0 +1,323 @@
+"""bertforge.distributed on a real Ray cluster of two nodes started here (ray.cluster_utils:
+two raylets, one CPU each), never a mock: its directory and PostgreSQL indexes equal to the
+one-process build's, exactly once when a worker is killed mid-job, resumed when the driver is,
+and one clear error for a wrong address, a node without the model, a worker without bertforge.
+Marked `ray` (`pytest -m 'not ray'` leaves them out; CI runs them)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bertforge.errors import ConfigError, DataError
+from bertforge.search import Index, PgOptions
+from tests.test_search import DOCS, QUERIES
+
+ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'bertforge[ray]')")
+pytestmark = [pytest.mark.ray, pytest.mark.xdist_group("ray")]  # one cluster
+
+from bertforge.distributed import (  # noqa: E402
+    NO_BERTFORGE,
+    RayOptions,
+    embed_dataset,
+    index_corpus,
+    index_dataset,
+    workers,
+)
+from bertforge.search.options import IndexOptions  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+# 30 documents, one of them long (windows), as chunks of 4: 8 parts for two workers
+TEXTS = [f"{DOCS[i % len(DOCS)]} Number {i}." for i in range(30)]
+ONE = dict(chunk=4, progress=False, precision="fp32")
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[str]:
+    """A head node and a second node, one CPU each; this process its driver."""
+    from ray.cluster_utils import Cluster
+
+    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"  # no network at test time
+    c = Cluster(
+        initialize_head=True,
+        head_node_args={
+            "num_cpus": 1,
+            "object_store_memory": 100 << 20,
+            "include_dashboard": False,
+        },
+    )
+    c.add_node(num_cpus=1, object_store_memory=100 << 20)
+    c.wait_for_nodes()
+    ray.init(address=c.address, log_to_driver=False)
+    try:
+        yield c.address
+    finally:
+        ray.shutdown()
+        c.shutdown()
+
+
+def write_corpus(path: Path, texts: list[str] = TEXTS) -> Path:
+    path.write_text(
+        "".join(json.dumps({"id": f"d{i}", "text": t}) + "\n" for i, t in enumerate(texts))
+    )
+    return path
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory: pytest.TempPathFactory, minilm_dir: Path) -> Index:
+    """The one-process index of the corpus: what every cluster build must equal."""
+    tmp = tmp_path_factory.mktemp("single")
+    return Index.build(minilm_dir, write_corpus(tmp / "corpus.jsonl"), tmp / "idx", **ONE)
+
+
+def same_index(got: Index, want: Index) -> None:
+    """The same documents in the same order, windows, spans and BM25; vectors within 1e-6;
+    the same hits for every query, dense and hybrid."""
+    assert got.ids == want.ids and got.texts == want.texts
+    np.testing.assert_array_equal(got.windows, want.windows)
+    np.testing.assert_array_equal(np.asarray(got.spans), np.asarray(want.spans))
+    np.testing.assert_allclose(np.asarray(got.vectors), np.asarray(want.vectors), atol=1e-6)
+    for mode in ("dense", "hybrid", "bm25"):
+        hits = [[h["id"] for h in q] for q in got.search(QUERIES, top_k=5, mode=mode)]
+        assert hits == [[h["id"] for h in q] for q in want.search(QUERIES, top_k=5, mode=mode)]
+    assert got.meta["model_sha256"] == want.meta["model_sha256"]
+
+
+def test_a_directory_index_by_two_nodes_is_the_one_process_index(
+    cluster: str, single: Index, minilm_dir: Path, tmp_path: Path
+) -> None:
+    r = RayOptions(workers=2)
+    got = index_corpus(
+        minilm_dir, write_corpus(tmp_path / "c.jsonl"), tmp_path / "idx", ray=r, **ONE
+    )
+    same_index(Index.load(tmp_path / "idx"), single)
+    assert got.meta["documents"] == len(TEXTS) and not (tmp_path / "idx" / "parts").exists()
+    # each worker wrote parts: both nodes took part
+    assert len({n["NodeID"] for n in ray.nodes() if n["Alive"]}) == 2
+
+
+def test_a_ray_dataset_indexed_in_its_order(
+    cluster: str, single: Index, minilm_dir: Path, tmp_path: Path
+) -> None:
+    rows = [{"id": f"d{i}", "text": t, "lang": "en"} for i, t in enumerate(TEXTS)]
+    ds = ray.data.from_items(rows, override_num_blocks=3)
+    index_dataset(ds, minilm_dir, tmp_path / "idx", ray=RayOptions(workers=2), **ONE)
+    same_index(Index.load(tmp_path / "idx"), single)
+    bad = ray.data.from_items([{"id": "a", "text": "x"}, {"id": "a", "text": "y"}])
+    with pytest.raises(DataError, match=r"row 1: id 'a' repeats"):
+        index_dataset(bad, minilm_dir, tmp_path / "bad", **ONE)
+
+
+def test_embed_dataset_is_pipeline_embed(cluster: str, minilm_dir: Path) -> None:
+    from bertforge.pipelines import Pipeline
+
+    ds = ray.data.from_items([{"id": i, "text": t} for i, t in enumerate(TEXTS)])
+    out = embed_dataset(ds, minilm_dir, precision="fp32", rows_per_batch=8).take_all()
+    got = np.stack([r["vector"] for r in sorted(out, key=lambda r: r["id"])])
+    want = Pipeline(minilm_dir, precision="fp32").embed(TEXTS)
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, want, atol=1e-6)
+
+
+def _kill_a_worker_when(begun: Callable[[], bool], killed: list[int]) -> None:
+    """SIGKILL one PipelineWorker process once `begun()` (a chunk written, more under way)."""
+    deadline = time.time() + 120
+    while time.time() < deadline and not begun():
+        time.sleep(0.05)
+    for pid in (p.name for p in Path("/proc").iterdir() if p.name.isdigit()):
+        try:
+            title = (Path("/proc") / pid / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"PipelineWorker" in title:
+            os.kill(int(pid), signal.SIGKILL)
+            killed.append(int(pid))
+            return
+
+
+@contextmanager
+def a_worker_killed(begun: Callable[[], bool]) -> Iterator[None]:
+    """The block's job with one of its workers killed midway (and it was)."""
+    killed: list[int] = []
+    killer = threading.Thread(target=_kill_a_worker_when, args=(begun, killed))
+    killer.start()
+    yield
+    killer.join()
+    assert killed, "no worker was running to be killed"
+
+
+def test_a_worker_killed_midway_leaves_each_document_once(
+    cluster: str, single: Index, minilm_dir: Path, tmp_path: Path
+) -> None:
+    corpus, parts = write_corpus(tmp_path / "c.jsonl"), tmp_path / "idx" / "parts"
+    with a_worker_killed(lambda: bool(list(parts.glob("*.sha256")))):
+        index_corpus(minilm_dir, corpus, tmp_path / "idx", ray=RayOptions(workers=2), **ONE)
+    got = Index.load(tmp_path / "idx")
+    assert sorted(got.ids) == sorted(single.ids) and len(set(got.ids)) == len(got.ids)
+    same_index(got, single)
+
+
+def ranked(hits: list[dict]) -> list[tuple[float, str]]:
+    """Hits by score, ties by id: PostgreSQL breaks ties by the order the documents were
+    written in, which workers writing at once do not keep."""
+    return sorted((-round(h["score"], 4), h["id"]) for h in hits)
+
+
+def test_postgresql_by_two_nodes_is_the_one_process_table(
+    cluster: str, minilm_dir: Path, postgres_dsn: str, tmp_path: Path
+) -> None:
+    """The same documents, windows and vectors (float32 rounding: halfvec's where pgvector has
+    it) and search results as PgIndex.build's table; run again, every document kept; a worker
+    killed midway, still each document once."""
+    from bertforge.search.postgres import PgIndex
+    from tests.test_postgres import same_rows
+
+    corpus = write_corpus(tmp_path / "c.jsonl")
+    want = PgIndex.build(minilm_dir, corpus, postgres_dsn, table="one", **ONE)
+    r = RayOptions(workers=2)
+    got = index_corpus(minilm_dir, corpus, postgres_dsn, table="ray", ray=r, **ONE)
+    assert got.written == {"new": len(TEXTS), "changed": 0, "relabelled": 0, "kept": 0}
+    same_rows(got, want)
+    hits = [ranked(q) for q in got.search(QUERIES, top_k=5)]
+    assert hits == [ranked(q) for q in want.search(QUERIES, top_k=5)]
+    # hybrid: the same documents; near copies tied in a list take ranks by the order of writing
+    fused = [{h["id"] for h in q} for q in got.search(QUERIES, top_k=5, mode="hybrid")]
+    assert fused == [{h["id"] for h in q} for q in want.search(QUERIES, top_k=5, mode="hybrid")]
+    again = index_corpus(minilm_dir, corpus, postgres_dsn, table="ray", ray=r, **ONE)
+    assert again.written["kept"] == len(TEXTS)
+
+    def rows() -> int:
+        with got.db.connection() as conn:
+            return conn.execute("SELECT count(*) FROM killed").fetchone()[0]
+
+    def begun() -> bool:
+        try:
+            return rows() > 0
+        except Exception:  # the table is not made yet
+            return False
+
+    with a_worker_killed(begun):
+        index_corpus(minilm_dir, corpus, postgres_dsn, table="killed", ray=r, **ONE)
+    killed = PgIndex.open(postgres_dsn, PgOptions(table="killed"))
+    assert rows() == len(TEXTS)
+    same_rows(killed, want)
+    for index in (want, got, again, killed):
+        index.close()
+
+
+def test_a_killed_driver_resumes(
+    cluster: str, single: Index, minilm_dir: Path, tmp_path: Path
+) -> None:
+    corpus, out = write_corpus(tmp_path / "c.jsonl"), tmp_path / "idx"
+    command = [sys.executable, "-m", "bertforge", "index", str(minilm_dir), str(corpus)]
+    command += ["--out", str(out), "--ray", cluster, "--workers", "1", "--chunk", "2"]
+    command += ["--precision", "fp32", "--no-progress"]
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    driver = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.time() + 120
+    while time.time() < deadline and len(list((out / "parts").glob("*.sha256"))) < 2:
+        time.sleep(0.05)
+    driver.send_signal(signal.SIGKILL)
+    driver.wait()
+    whole = len(list((out / "parts").glob("*.sha256")))
+    assert 2 <= whole < 15 and not (out / "index.json").exists()
+    with pytest.raises(DataError, match="unfinished index"):
+        Index.load(out)
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert f"indexed {len(TEXTS)} documents" in done.stdout
+    same_index(Index.load(out), single)
+
+
+def test_one_clear_line_for_a_wrong_address(minilm_dir: Path, tmp_path: Path) -> None:
+    command = [sys.executable, "-m", "bertforge", "index", str(minilm_dir)]
+    command += [str(write_corpus(tmp_path / "c.jsonl")), "--out", str(tmp_path / "idx")]
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "RAY_USAGE_STATS_ENABLED": "0"}
+    done = subprocess.run(
+        [*command, "--ray", "127.0.0.1:9"], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        "bertforge: error: the Ray cluster at 127.0.0.1:9"
+    )
+
+
+def test_a_node_without_the_model(cluster: str, single: Index, tmp_path: Path) -> None:
+    record = {**single.meta, "model": str(tmp_path / "nowhere")}
+    with pytest.raises(
+        ConfigError, match=r"nowhere: the model is not on the Ray node .*every node"
+    ):
+        workers(ray, RayOptions(workers=2), record, IndexOptions(precision="fp32"))
+    other = {**single.meta, "model_sha256": "0" * 64}
+    with pytest.raises(ConfigError, match=r"not the driver's model \(its config.json and weights"):
+        workers(ray, RayOptions(workers=1), other, IndexOptions(precision="fp32"))
+
+
+BLOCK = """
+import sys
+
+class Absent:  # bertforge as on a node where it is not installed
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "bertforge":
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+def block():
+    sys.meta_path.insert(0, Absent())
+"""
+DRIVER = """
+import sys, ray
+from bertforge.cli import main
+hook = {"worker_process_setup_hook": "absent.block", "env_vars": {"PYTHONPATH": sys.argv[1]}}
+ray.init(address=sys.argv[2], runtime_env=hook, log_to_driver=False, logging_level="ERROR")
+sys.exit(main(sys.argv[3:]))
+"""
+
+
+def test_a_worker_that_cannot_import_bertforge(
+    cluster: str, minilm_dir: Path, tmp_path: Path
+) -> None:
+    """The workers of a driver's cluster find no bertforge (their setup hook takes it away,
+    as on a node where it is not installed): one line saying so, exit 2."""
+    (tmp_path / "hook").mkdir()
+    (tmp_path / "hook" / "absent.py").write_text(BLOCK)
+    command = ["index", str(minilm_dir), str(write_corpus(tmp_path / "c.jsonl"))]
+    command += ["--out", str(tmp_path / "idx"), "--ray", "--no-progress"]
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    done = subprocess.run(
+        [sys.executable, "-c", DRIVER, str(tmp_path / "hook"), cluster, *command],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert lines == [f"bertforge: error: {NO_BERTFORGE}"]
+
+
+def test_the_cluster_has_no_room(cluster: str, single: Index) -> None:
+    with pytest.raises(ConfigError, match=r"--workers 3: the Ray cluster has room for 2"):
+        workers(ray, RayOptions(workers=3), single.meta, IndexOptions())
+
+
+def test_the_ray_options_need_ray(
+    minilm_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from bertforge.cli import main
+
+    corpus = write_corpus(tmp_path / "c.jsonl")
+    argv = ["index", str(minilm_dir), str(corpus), "--out", str(tmp_path / "idx")]
+    assert main([*argv, "--workers", "2"]) == 2
+    assert (
+        "--workers, --cpus-per-worker and --gpus-per-worker need --ray" in capsys.readouterr().err
+    )
+    assert not (tmp_path / "idx").exists()
