@@ -202,7 +202,8 @@ class RerankTask(TaskFamily):
     [SEP], the positive first; `rerank_loss` listwise (softmax over the group), pointwise
     (binary cross-entropy per pair), or distilled from a teacher's scores of the group's pairs
     (margin-mse, listnet). Dev: the positive's rank among its group (MRR@10,
-    recall@1); a score that is not finite is an error naming the dev row. Saved as sentence-transformers saves a CrossEncoder (one label; its activation,
+    recall@1), beside the MRR@10 of the order it would replace (baseline; warned about when not
+    beaten: warning); a score that is not finite is an error naming the dev row. Saved as sentence-transformers saves a CrossEncoder (one label; its activation,
     sigmoid, named where each version reads it: save_activation). A step reads its groups'
     pairs in one pass unless --micro-batch-size cuts it: 32 groups of 8 are 256 pairs, 7.7 GB for
     MiniLM on the CPU (bf16, 128 pieces); --micro-batch-size 4, 2.0 GB and faster, the same
