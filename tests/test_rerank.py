@@ -386,6 +386,80 @@ def test_training_writes_a_crossencoder(minilm_dir: Path, tmp_path: Path, loss: 
     ]
 
 
+def test_training_ends_scoring_the_first_stages_order_beside_its_own(
+    minilm_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """The dev groups' "ranks" (bertforge mine's: each passage's rank in the first stage, the
+    positive first, null below --depth) order them as the first stage did: its MRR@10 on the
+    same groups is reported beside the reranker's, and a reranker that beats it is not warned
+    about."""
+    rows = groups()
+    train, dev, out = tmp_path / "groups.jsonl", tmp_path / "dev.jsonl", tmp_path / "ce"
+    train.write_text("".join(json.dumps(r) + "\n" for r in rows * 4))
+    # the positive third (1/3), below --depth (last of 4: 1/4), first (1)
+    ranks = [[3, 1, 2, 4], [None, 1, 2, 3], [1, 2, 3, 4]]
+    dev.write_text("".join(json.dumps({**r, "ranks": k}) + "\n" for r, k in zip(rows, ranks)))
+    args = ["finetune", "--task", "rerank", "--model", str(minilm_dir), "--train", str(train)]
+    args += ["--dev", str(dev), "--out", str(out), "--epochs", "2", "--batch-size", "4"]
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no warning: it beats the first stage
+        assert main([*args, "--lr", "1e-4", "--precision", "fp32", "--no-progress"]) == 0
+    results = json.loads((out / "eval_results.json").read_text())
+    assert results["first_stage_mrr@10"] == pytest.approx((1 / 3 + 1 / 4 + 1) / 3)
+    assert results["mrr@10"] > results["first_stage_mrr@10"]
+    assert f"first_stage_mrr@10 {results['first_stage_mrr@10']:.4f}" in capsys.readouterr().out
+
+
+def test_a_reranker_at_chance_is_warned_about(tiny_model: Path, tmp_path: Path) -> None:
+    """A fresh head (a random tiny encoder, a learning rate too small to move it) ranks the dev
+    groups by chance: the run ends with one warning naming its MRR@10 and the first stage's on
+    the same groups (which ranked each positive first)."""
+    rows = groups()
+    train, dev, out = tmp_path / "groups.jsonl", tmp_path / "dev.jsonl", tmp_path / "ce"
+    train.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    dev.write_text("".join(json.dumps({**r, "ranks": [1, 2, 3, 4]}) + "\n" for r in rows))
+    args = ["finetune", "--task", "rerank", "--model", str(tiny_model), "--train", str(train)]
+    args += ["--dev", str(dev), "--out", str(out), "--epochs", "1", "--lr", "1e-12"]
+    with pytest.warns(UserWarning, match="not better than the first stage's order") as caught:
+        assert main([*args, "--precision", "fp32", "--no-progress"]) == 0
+    results = json.loads((out / "eval_results.json").read_text())
+    assert results["first_stage_mrr@10"] == 1.0 and results["mrr@10"] < 1.0
+    (said,) = [str(w.message) for w in caught if "first stage" in str(w.message)]
+    assert f"MRR@10 {results['mrr@10']:.4f} is not better" in said and "(1.0000)" in said
+    assert "\n" not in said
+
+
+def test_groups_without_ranks_are_compared_with_a_random_order() -> None:
+    """Dev groups that carry no first-stage ranks (not mined, or by an older bertforge): the
+    reranker must beat a random order, each group's expected reciprocal rank (groups of 4: (1 +
+    1/2 + 1/3 + 1/4) / 4; of 12: the top 10's sum / 12)."""
+    from bertforge.data.tasks import RetrievalExample
+
+    four, twelve = (RetrievalExample("q", "p", ("n",) * k) for k in (3, 11))
+    chance = ranking.baseline([four, twelve])["chance_mrr@10"]
+    assert chance == pytest.approx((25 / 12 / 4 + sum(1 / r for r in range(1, 11)) / 12) / 2)
+    task = ranking.RerankTask.__new__(ranking.RerankTask)
+    said = task.warning({"mrr@10": chance, "chance_mrr@10": chance})
+    assert said is not None and "not better than a random order" in said
+    assert task.warning({"mrr@10": chance + 0.01, "chance_mrr@10": chance}) is None
+
+
+def test_dev_ranks_are_checked(
+    minilm_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    rows = groups()
+    train, dev = tmp_path / "groups.jsonl", tmp_path / "dev.jsonl"
+    train.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    dev.write_text(json.dumps({**rows[0], "ranks": [1, 2]}) + "\n")
+    args = ["finetune", "--task", "rerank", "--model", str(minilm_dir), "--train", str(train)]
+    assert main([*args, "--dev", str(dev), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert f'{dev}: line 1: field "ranks": expected 4 ranks' in err, err
+    assert not (tmp_path / "o").exists()
+
+
 def test_a_dev_pass_that_scores_nan_stops_training_with_the_row_named(
     tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:

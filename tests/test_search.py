@@ -383,6 +383,10 @@ def test_cli(minilm_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) ->
     (row,) = [json.loads(x) for x in mined.read_text().splitlines()]
     assert row["positive"] == DOCS[2] and len(row["negatives"]) == 2
     assert row["group"] == "7"  # kept for --group-batches
+    # each passage's rank in the first stage that mined it, the positive first
+    hits = Index.load(out).search(QUERIES[:1], 30, mode="hybrid", text=True)[0]
+    rank_of = {h["text"]: h["rank"] for h in hits}
+    assert row["ranks"] == [rank_of[t] for t in (row["positive"], *row["negatives"])]
     assert main(["search", str(tmp_path), str(queries)]) == 2
     assert "not an index" in capsys.readouterr().err
     assert main(["search", str(out), str(queries), "--mode", "hybrid", "--alpha", "2"]) == 2

@@ -24,7 +24,7 @@ import re
 import sys
 import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -52,6 +52,9 @@ class Mined:
     by_id: int = 0
     by_text: int = 0
     near_duplicates: int = 0
+    # per row kept: the first stage's rank of its positive (None: below depth), then of each
+    # negative: the order a rerank dev file is scored in beside the reranker's
+    ranks: list[list[int | None]] = field(default_factory=list)
 
     @property
     def missing(self) -> list[int]:
@@ -166,7 +169,11 @@ def mine(
             group = theirs[normalized(queries[q])]
             kept, near = _kept(candidates, texts, words, group, low, negatives, near_duplicate)
             result.near_duplicates += near
-            result.negatives.append(kept if len(kept) == negatives else None)
+            result.negatives.append([t for t, _ in kept] if len(kept) == negatives else None)
+            if len(kept) == negatives:
+                ranked = row_d.tolist()
+                own = ranked.index(found[q]) + 1 if found[q] in ranked else None
+                result.ranks.append([own, *(skip + 1 + at for _, at in kept)])
     return result
 
 
@@ -195,13 +202,14 @@ def _kept(
     floor: float,
     negatives: int,
     near_duplicate: float,
-) -> tuple[list[str], int]:
+) -> tuple[list[tuple[str, int]], int]:
     """A query's first `negatives` candidates ((number, score), best first) that are none of
     its positives' documents, score below floor and are less than near_duplicate like each of
     its positives' words: their texts; and how many were left out as near-duplicates
-    (`words`: each candidate's word set, filled as read)."""
+    (`words`: each candidate's word set, filled as read), each text with its place among the
+    candidates (from 0)."""
     (docs, own), kept, near = positives, [], 0
-    for d, s in candidates:
+    for at, (d, s) in enumerate(candidates):
         if d < 0 or d in docs or s >= floor or len(kept) == negatives:
             continue
         if d not in words:
@@ -209,7 +217,7 @@ def _kept(
         if max(likeness(words[d], w) for w in own) >= near_duplicate:
             near += 1
             continue
-        kept.append(texts[d])
+        kept.append((texts[d], at))
     return kept, near
 
 
@@ -317,14 +325,16 @@ def mine_groups(
 
 def mined_groups(examples: Sequence[RetrievalExample], found: Mined) -> list[dict[str, Any]]:
     """The training groups of the rows that kept their negatives: {"query", "positive",
-    "negatives"}, a row's "group" kept for --group-batches, its "positive_id" for the next
-    mine."""
+    "negatives", "ranks"} (ranks: Mined.ranks, what a rerank dev file is compared with), a
+    row's "group" kept for --group-batches, its "positive_id" for the next mine."""
+    kept = [(e, n) for e, n in zip(examples, found.negatives) if n is not None]
+    ranks: list[Any] = found.ranks or [None] * len(kept)  # none: a Mined made by hand
     return [
         {"query": e.query, "positive": e.positive, "negatives": n}
+        | ({} if r is None else {"ranks": r})
         | ({} if e.group is None else {"group": e.group})
         | ({} if e.positive_id is None else {"positive_id": e.positive_id})
-        for e, n in zip(examples, found.negatives)
-        if n is not None
+        for (e, n), r in zip(kept, ranks)
     ]
 
 

@@ -376,6 +376,11 @@ class TaskFamily:
     def write_predictions(self, out: Any, examples: Sequence[Any], preds: Any) -> list[Any]:
         raise NotImplementedError
 
+    def warning(self, best: dict[str, Any]) -> str | None:
+        """What the run's best dev metrics say is wrong with the model (warned about at the end
+        of training), or None."""
+        return None
+
     def save_files(self, out: Any) -> None:
         """What a trained model's directory holds beside its weights and vocabulary (retrieval:
         its sentence-transformers modules); nothing for most families."""

@@ -164,6 +164,29 @@ def listnet_loss(logits: torch.Tensor, teacher: torch.Tensor | None = None) -> t
     return soft_cross_entropy(logits, teacher, 1.0)
 
 
+BASELINES = {  # the dev orders a reranker's is compared with: key, in words
+    "first_stage_mrr@10": "the first stage's order",
+    "chance_mrr@10": "a random order",
+}
+
+
+def baseline(examples: Sequence[RetrievalExample]) -> dict[str, float]:
+    """What reranking the dev groups must beat: with every group's first-stage "ranks" (bertforge
+    mine's), their MRR@10 in that order (a passage below the depth mined after the others,
+    ties by the given order); else that of a random order (each group's expected reciprocal
+    rank of its positive in the top 10)."""
+    if examples and all(e.ranks for e in examples):
+        run = {}
+        for i, e in enumerate(examples):
+            last = len(e.ranks) + max(r or 0 for r in e.ranks)
+            run[str(i)] = {str(j): -float(r or last + j) for j, r in enumerate(e.ranks)}
+        qrels = {str(i): {"0": 1} for i in range(len(examples))}
+        return {"first_stage_mrr@10": retrieval_scores(qrels, run)["mrr@10"]}
+    sizes = [1 + len(e.negatives) for e in examples]
+    chance = [sum(1 / r for r in range(1, min(n, 10) + 1)) / n for n in sizes]
+    return {"chance_mrr@10": float(np.mean(chance))} if chance else {}
+
+
 LOSSES = {
     "listwise": listwise_loss,
     "pointwise": pointwise_loss,
@@ -179,7 +202,8 @@ class RerankTask(TaskFamily):
     [SEP], the positive first; `rerank_loss` listwise (softmax over the group), pointwise
     (binary cross-entropy per pair), or distilled from a teacher's scores of the group's pairs
     (margin-mse, listnet). Dev: the positive's rank among its group (MRR@10,
-    recall@1); a score that is not finite is an error naming the dev row. Saved as sentence-transformers saves a CrossEncoder (one label; its activation,
+    recall@1), beside the MRR@10 of the order it would replace (baseline; warned about when not
+    beaten: warning); a score that is not finite is an error naming the dev row. Saved as sentence-transformers saves a CrossEncoder (one label; its activation,
     sigmoid, named where each version reads it: save_activation). A step reads its groups'
     pairs in one pass unless --micro-batch-size cuts it: 32 groups of 8 are 256 pairs, 7.7 GB for
     MiniLM on the CPU (bf16, 128 pieces); --micro-batch-size 4, 2.0 GB and faster, the same
@@ -229,7 +253,21 @@ class RerankTask(TaskFamily):
                 raise unrankable(f"{e.source}: passage {j} ({what})", float(r[j]))
         run = {str(i): {str(j): float(s) for j, s in enumerate(r)} for i, r in enumerate(rows)}
         qrels = {str(i): {"0": 1} for i in range(len(examples))}
-        return retrieval_scores(qrels, run, recall_at=(1,)), run
+        return {**retrieval_scores(qrels, run, recall_at=(1,)), **baseline(examples)}, run
+
+    def warning(self, best: dict[str, Any]) -> str | None:
+        """The run's verdict when its order of the dev groups is not better than the one it
+        would replace (the first stage's, else a random one): reranking with it would not help
+        search (the user of issue 54 lost 55 MRR@10 points to a head left at chance)."""
+        for key, what in BASELINES.items():
+            if key in best and not best["mrr@10"] > best[key]:
+                return (
+                    f"the reranker's dev MRR@10 {best['mrr@10']:.4f} is not better than {what} "
+                    f"of the same groups ({best[key]:.4f}): reranking with it would not improve "
+                    "search (train longer or on more groups, or fuse it: search --rerank-fuse "
+                    "zscore)"
+                )
+        return None
 
     def write_predictions(self, out: Any, examples: Sequence[Any], preds: Any) -> list[Path]:
         """predictions_rerank.jsonl: per dev group its scores, the positive's first."""

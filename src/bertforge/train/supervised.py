@@ -442,6 +442,8 @@ def fit(
         return {"interrupted": True, "step": result["step"]}
     if d.is_main:
         _warn_if_one_class(best, main_metric)
+        if best and (said := task.family.warning(best)):
+            warnings.warn(said, stacklevel=2)
     return dict(best)
 
 

@@ -2,7 +2,9 @@
 
 JSONL: one object per line, {"query": str, "positive": str, "negatives": [str, ...]} (negatives
 optional), and for distillation "scores": a teacher's score of the positive and of each negative,
-in that order (bertforge mine --teacher); "group" (a string or integer: the document or topic the
+in that order (bertforge mine --teacher); "ranks": each passage's rank in the first stage that
+mined it, the positive first, null for one below the depth mined (bertforge mine writes them; a
+rerank dev file with them is scored in that order beside the reranker's); "group" (a string or integer: the document or topic the
 row comes from) lets `--group-batches` fill each batch from one group; "positive_id" (a string or
 integer) names the positive's document in a corpus, which `bertforge mine` then matches by id
 rather than by text. A table (TSV, or CSV when
@@ -39,6 +41,7 @@ class RetrievalExample:
     teacher: tuple[float, ...] = ()  # a teacher's scores of the positive and the negatives
     group: str | None = None  # the document or topic the row comes from (--group-batches)
     positive_id: str | None = None  # the positive's id in a corpus (bertforge mine matches it)
+    ranks: tuple[int | None, ...] = ()  # the first stage's rank of the positive and negatives
 
 
 PAIRS = ("query", "positive")
@@ -142,10 +145,10 @@ def _example(r: Record, scored: bool, columns: dict[str, Any] | None) -> Retriev
         if not isinstance(negatives, list):
             raise DataError(f'{r.where}: field "negatives": expected a list of texts')
         texts = tuple(text_field(r.where, f"negatives[{i}]", n) for i, n in enumerate(negatives))
-        teacher = _teacher(r, len(texts))
+        teacher, ranks = _teacher(r, len(texts)), _ranks(r, len(texts))
         group, positive_id = (_name(r, field) for field in ("group", "positive_id"))
     else:
-        texts, teacher = tuple(r.text(i) for i in columns["negatives"]), ()
+        texts, teacher, ranks = tuple(r.text(i) for i in columns["negatives"]), (), ()
         group = None if columns["group"] is None else r.text(columns["group"], "the row's group")
         at = columns["positive_id"]
         positive_id = None if at is None else r.text(at, "the positive's document id")
@@ -157,6 +160,7 @@ def _example(r: Record, scored: bool, columns: dict[str, Any] | None) -> Retriev
         teacher=teacher,
         group=group,
         positive_id=positive_id,
+        ranks=ranks,
     )
 
 
@@ -186,3 +190,22 @@ def _teacher(r: Record, negatives: int) -> tuple[float, ...]:
             f"of the positive, then of each of its {negatives} negatives)"
         )
     return tuple(float(v) for v in value)
+
+
+def _ranks(r: Record, negatives: int) -> tuple[int | None, ...]:
+    """A JSONL row's first-stage "ranks": one per passage, the positive first, each a whole
+    number from 1 or null (below the depth mined)."""
+    value = r.fields.get("ranks")  # type: ignore[union-attr]
+    if value is None:
+        return ()
+    if (
+        not isinstance(value, list)
+        or len(value) != negatives + 1
+        or not all(v is None or (type(v) is int and v >= 1) for v in value)
+    ):
+        raise DataError(
+            f'{r.where}: field "ranks": expected {negatives + 1} ranks (whole numbers from 1, '
+            f"or null below the depth mined: the positive's in the first stage, then each of its "
+            f"{negatives} negatives)"
+        )
+    return tuple(value)
