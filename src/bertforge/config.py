@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError, check_choice
-from .families import Family, family
+from .families import Blocks, Family, family
 from .fileio import read_json, write_json
 
 # The paper's and Google's released sizes: name -> (layers L, hidden H, heads A).
@@ -155,6 +155,9 @@ class BertConfig:
         if not (0 < self.layer_norm_eps < 1):
             raise ConfigError(f"layer_norm_eps={self.layer_norm_eps}: must be in (0, 1)")
         check_choice("hidden_act", self.hidden_act, ACTIVATIONS)
+        blocks = self.blocks  # a ConfigError for a family's key it cannot build
+        if blocks.head_act is not None:
+            check_choice("classifier_activation", blocks.head_act, ACTIVATIONS)
         if self.position_embedding_type != "absolute":
             raise ConfigError(
                 f"position_embedding_type={self.position_embedding_type!r}: only 'absolute' "
@@ -245,6 +248,11 @@ class BertConfig:
     def family(self) -> Family:
         """The encoder family (bertforge.families) of model_type."""
         return family(self.model_type)
+
+    @property
+    def blocks(self) -> Blocks:
+        """How the family's encoder is assembled (families.Blocks), from its config keys."""
+        return self.family.blocks(self.num_hidden_layers, self.extras)
 
     @property
     def max_tokens(self) -> int:
