@@ -139,7 +139,11 @@ class Embeddings(nn.Module):
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
         H, blocks = config.hidden_size, config.blocks
-        self.word = nn.Embedding(config.vocab_size, H)
+        # the padding's row learns nothing from where it is read (a random replacement of a
+        # masked piece), as the families built on transformers' code have it; BERT's as
+        # Google's (every row)
+        pad = None if config.family.base == "bert" else config.pad_token_id
+        self.word = nn.Embedding(config.vocab_size, H, padding_idx=pad)
         # rotary positions (ModernBERT) turn q and k in each layer instead of a table
         self.position = None if blocks.rotary else nn.Embedding(config.max_position_embeddings, H)
         self.token_type = (
