@@ -33,7 +33,6 @@ from .test_pretrain import hf_mlm_labels, step_both
 
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
-import tokenizers.processors  # noqa: E402  (TemplateProcessing, for a ModernBERT tokenizer)
 
 FAMILIES = ["roberta", "xlm-roberta", "mpnet", "modernbert"]
 ARCH = {
@@ -102,12 +101,14 @@ def _reference_tokenizer(kind: str, corpus: list[str]) -> object:
             tokenizer_object=bpe._tokenizer, model_max_length=64
         )
     if kind == "modernbert":  # byte-level BPE with BERT's special tokens and pair template
+        from tokenizers.processors import TemplateProcessing
+
         bpe = tokenizers.ByteLevelBPETokenizer()
         specials = ["[CLS]", "[PAD]", "[SEP]", "[UNK]", "[MASK]"]
         bpe.train_from_iterator(
             corpus, vocab_size=500, special_tokens=specials, show_progress=False
         )
-        bpe._tokenizer.post_processor = tokenizers.processors.TemplateProcessing(
+        bpe._tokenizer.post_processor = TemplateProcessing(
             single="[CLS] $A [SEP]",
             pair="[CLS] $A [SEP] $B [SEP]",
             special_tokens=[("[CLS]", 0), ("[SEP]", 2)],

@@ -391,7 +391,7 @@ def engine_pair_lengths(la: int, lb: int, budget: int) -> tuple[int, int]:
     on ties)."""
     if la + lb <= budget:
         return la, lb
-    short, long = sorted((la, lb))
+    short = min(la, lb)
     keep_short = short
     keep_long = short if short > budget else max(short, budget - short)
     if keep_short + keep_long > budget:
