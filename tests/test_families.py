@@ -536,3 +536,73 @@ def test_mpnet_relative_positions_beyond_their_last_bucket(tmp_path: Path) -> No
     torch.testing.assert_close(got[real], want[real], atol=1e-5, rtol=0)
     cosine = torch.nn.functional.cosine_similarity(low[real], want[real], dim=-1)
     assert cosine.min() > 0.999
+
+
+def test_modernbert_long_rows_attend_locally_as_transformers(tmp_path: Path) -> None:
+    """ModernBERT's default layout (global in one layer of three, local attention over 128
+    positions in the others) over rows of 600 pieces, padded: hidden states and attention maps
+    equal transformers', in fp32, packed (unpadded rows, the GPU's path run on the CPU) and
+    under bf16 autocast; past its 8,192 positions, one error."""
+    torch.manual_seed(0)
+    config = transformers.ModernBertConfig(
+        vocab_size=301, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+        intermediate_size=96, pad_token_id=1, cls_token_id=0, sep_token_id=2, bos_token_id=0,
+        eos_token_id=2,
+    )  # fmt: skip
+    transformers.ModernBertModel(config).eval().save_pretrained(tmp_path)
+    theirs = transformers.ModernBertModel.from_pretrained(tmp_path, attn_implementation="eager")
+    ours = BertModel.from_pretrained(tmp_path)
+    assert ours.config.max_tokens == 8192 and [layer.window for layer in ours.layers] == [
+        None,
+        64,
+        64,
+    ]
+    ids = torch.randint(3, 301, (2, 600))
+    mask = torch.ones_like(ids)
+    mask[1, 450:] = 0
+    ids = ids.masked_fill(mask == 0, 1)
+    real = mask.bool()
+    with torch.no_grad():
+        want = theirs.eval()(input_ids=ids, attention_mask=mask, output_attentions=True)
+        got = ours(input_ids=ids, attention_mask=mask, output_attentions=True)
+        packed = ours(input_ids=ids, attention_mask=mask, unpad=True).last_hidden_state
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            low = ours(input_ids=ids, attention_mask=mask).last_hidden_state.float()
+    w = want.last_hidden_state
+    torch.testing.assert_close(got.last_hidden_state[real], w[real], atol=1e-5, rtol=0)
+    torch.testing.assert_close(packed[real], w[real], atol=1e-5, rtol=0)
+    for a, b in zip(got.attentions, want.attentions):  # real queries' maps: local ones banded
+        torch.testing.assert_close(a[0], b[0], atol=1e-6, rtol=0)
+    band = got.attentions[1][0, 0]
+    assert band[300, 236].item() > 0 and band[300, 235].item() == 0
+    cosine = torch.nn.functional.cosine_similarity(low[real], w[real], dim=-1)
+    assert cosine.min() > 0.999
+    with pytest.raises(Exception, match="8193 is more than the model's 8192 positions"):
+        ours(torch.full((1, 8193), 5))
+
+
+@pytest.mark.parametrize("family_dir", ["modernbert"], indirect=True)
+def test_a_distilled_modernbert_student_keeps_its_layers_kinds(
+    family_dir: Path, corpus: list[str], tmp_path: Path
+) -> None:
+    """A student of teacher layers 1 and 2 (both local) is a ModernBERT of two local layers,
+    its first without a norm of its own (the teacher's layer 1's is left behind), and
+    transformers reads it as bertforge does."""
+    (tmp_path / "text.txt").write_text("\n".join(corpus[:200]) + "\n")
+    out = tmp_path / "student"
+    args = ["distill", "--teacher", str(family_dir), "--out", str(out), "--data"]
+    args += [str(tmp_path / "text.txt"), "--student-layers", "1,2", "--steps", "2"]
+    assert main([*args, "--batch-size", "4", "--no-progress", "--precision", "fp32"]) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == "modernbert" and config["num_hidden_layers"] == 2
+    assert config["layer_types"] == ["sliding_attention", "sliding_attention"]
+    theirs = transformers.AutoModel.from_pretrained(out).eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ours = BertModel.from_pretrained(out)
+    batch = Tokenizer.from_pretrained(out)([corpus[0], "short"], max_length=64)
+    with torch.no_grad():
+        want = theirs(**batch).last_hidden_state
+        got = ours(**batch).last_hidden_state
+    real = batch["attention_mask"].bool()
+    torch.testing.assert_close(got[real], want[real], atol=1e-5, rtol=0)

@@ -283,6 +283,20 @@ class BertConfig:
             changes["id2label"] = None
         return dataclasses.replace(self, **changes)
 
+    def with_layers(self, layers: list[int] | int) -> BertConfig:
+        """The config of a model of some of these layers (a list of their indices: what each
+        keeps, e.g. its local or global attention), or of a new count of them (each layer as
+        the family's default pattern has it)."""
+        extras = dict(self.extras)
+        for key in self.family.layer_keys:
+            if key in extras:
+                if isinstance(layers, int):
+                    del extras[key]
+                else:
+                    extras[key] = [extras[key][i] for i in layers]
+        count = layers if isinstance(layers, int) else len(layers)
+        return self.replace(num_hidden_layers=count, extras=extras)
+
     # ----------------------------------------------------------------------------------------
     # construction
 

@@ -86,7 +86,8 @@ class Family:
     whether the family has segment embeddings at all; specials: its tokenizer's tokens;
     any_specials: a model of the family may be trained with any tokenizer's special tokens (its
     config names their ids); blocks: the encoder's blocks from the layer count and config keys
-    (ModernBERT's choices; a ConfigError for a value it cannot build).
+    (ModernBERT's choices; a ConfigError for a value it cannot build); layer_keys: config keys
+    that list a value per layer (ModernBERT's layer_types), cut with the layers.
     """
 
     name: str
@@ -113,6 +114,7 @@ class Family:
     specials: Specials = Specials()
     any_specials: bool = False
     blocks: Callable[[int, dict[str, Any]], Blocks] = bert_blocks
+    layer_keys: tuple[str, ...] = ()
 
     def compiled(self, head: str = "") -> list[tuple[re.Pattern[str], tuple[str, ...]]]:
         """The name table for a model of architecture ending in `head`, compiled."""

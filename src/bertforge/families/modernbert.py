@@ -181,4 +181,5 @@ MODERNBERT = Family(
     segments=False,
     any_specials=True,
     blocks=modernbert_blocks,
+    layer_keys=("layer_types",),
 )
