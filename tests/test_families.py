@@ -306,7 +306,9 @@ def test_onnx_export_equals_pytorch(family_dir: Path, tmp_path: Path) -> None:
 
     session = onnxruntime.InferenceSession(str(onnx), providers=["CPUExecutionProvider"])
     tok = Tokenizer.from_pretrained(family_dir)
-    batch = tok(["a short one", "Return the length of the list, or raise an error."])
+    # traced on two short rows; a row of 64 reads past ModernBERT's local window of 8 each side
+    long = "Return the length of the list, or raise an error. " * 8
+    batch = tok(["a short one", long], max_length=64)
     feed = {i.name: batch[i.name].numpy() for i in session.get_inputs()}
     with torch.no_grad():
         want = BertModel.from_pretrained(family_dir, add_pooling_layer=False)(**batch)
@@ -606,3 +608,32 @@ def test_a_distilled_modernbert_student_keeps_its_layers_kinds(
         got = ours(**batch).last_hidden_state
     real = batch["attention_mask"].bool()
     torch.testing.assert_close(got[real], want[real], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("family_dir", ["modernbert"], indirect=True)
+def test_onnx_export_keeps_local_attention_past_its_traced_length(
+    family_dir: Path, tmp_path: Path
+) -> None:
+    """Exported from rows shorter than its local window (32 each side here), a ModernBERT's ONNX
+    graph still attends locally on rows longer than it."""
+    pytest.importorskip("onnxruntime")
+    import onnxruntime
+
+    config = json.loads((family_dir / "config.json").read_text())
+    config.update(local_attention=64, max_position_embeddings=128)
+    torch.manual_seed(0)
+    model = tmp_path / "model"
+    transformers.ModernBertModel(transformers.ModernBertConfig(**config)).save_pretrained(model)
+    transformers.AutoTokenizer.from_pretrained(family_dir).save_pretrained(model)
+    onnx = tmp_path / "model.onnx"
+    assert main(["export", str(model), "--onnx", str(onnx), "--atol", "1e-5"]) == 0
+    session = onnxruntime.InferenceSession(str(onnx), providers=["CPUExecutionProvider"])
+    tok = Tokenizer.from_pretrained(model)
+    batch = tok(["a short one", "Return the length of the list. " * 20], max_length=128)
+    assert batch["input_ids"].shape[1] == 128
+    feed = {i.name: batch[i.name].numpy() for i in session.get_inputs()}
+    with torch.no_grad():
+        want = BertModel.from_pretrained(model)(**batch).last_hidden_state.numpy()
+    got = session.run(["last_hidden_state"], feed)[0]
+    real = batch["attention_mask"].bool().numpy()
+    np.testing.assert_allclose(got[real], want[real], atol=1e-5)

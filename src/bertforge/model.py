@@ -612,9 +612,12 @@ class BertModel(Pretrained, nn.Module):
             torch.arange(T, device=x.device) if position_ids is None else position_ids
         )
         local: dict[int, torch.Tensor] = {}
+        # traced (ONNX, torch.compile), the band is always built: a branch on the example's
+        # length would be kept for every length
+        traced = torch.compiler.is_compiling() or torch.jit.is_tracing()
         for layer in self.layers:
             layer_mask = mask
-            if layer.window is not None and layer.window < T - 1:
+            if layer.window is not None and (traced or layer.window < T - 1):
                 if layer.window not in local:
                     local[layer.window] = local_mask(mask, T, layer.window, x.device)
                 layer_mask = local[layer.window]
