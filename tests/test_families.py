@@ -1,4 +1,4 @@
-"""Encoder families beside BERT (bertforge.families): RoBERTa and XLM-RoBERTa checkpoints and
+"""Encoder families beside BERT (bertforge.families): RoBERTa, XLM-RoBERTa, MPNet and ModernBERT checkpoints and
 tokenizers, made here by transformers and tokenizers with random weights and vocabularies
 trained in the test (no download), read by bertforge and compared with transformers' and
 sentence-transformers' outputs, and saved back for transformers to read."""
@@ -34,8 +34,13 @@ from .test_pretrain import hf_mlm_labels, step_both
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
 
-FAMILIES = ["roberta", "xlm-roberta", "mpnet"]
-ARCH = {"roberta": "Roberta", "xlm-roberta": "XLMRoberta", "mpnet": "MPNet"}
+FAMILIES = ["roberta", "xlm-roberta", "mpnet", "modernbert"]
+ARCH = {
+    "roberta": "Roberta",
+    "xlm-roberta": "XLMRoberta",
+    "mpnet": "MPNet",
+    "modernbert": "ModernBert",
+}
 SMALL = dict(
     hidden_size=64,
     num_hidden_layers=2,
@@ -45,6 +50,28 @@ SMALL = dict(
     type_vocab_size=1,
     layer_norm_eps=1e-5,
 )
+# ModernBERT's keys: 3 layers (global, local, local), local attention over 16 positions (8 each
+# side) so that rows of 64 read only part of the row in its local layers
+SMALL_MODERNBERT = dict(
+    hidden_size=64,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    intermediate_size=96,
+    max_position_embeddings=64,
+    local_attention=16,
+    pad_token_id=1,
+    cls_token_id=0,
+    sep_token_id=2,
+    bos_token_id=0,
+    eos_token_id=2,
+)
+
+
+def small(kind: str) -> dict[str, object]:
+    """transformers' config keys of a tiny model of the family."""
+    return SMALL_MODERNBERT if kind == "modernbert" else SMALL
+
+
 HEADS = [  # theirs, ours, their output, our output
     ("Model", BertModel, "last_hidden_state", "last_hidden_state"),
     ("ForMaskedLM", BertForMaskedLM, "logits", "mlm_logits"),
@@ -73,6 +100,23 @@ def _reference_tokenizer(kind: str, corpus: list[str]) -> object:
         return transformers.RobertaTokenizerFast(
             tokenizer_object=bpe._tokenizer, model_max_length=64
         )
+    if kind == "modernbert":  # byte-level BPE with BERT's special tokens and pair template
+        from tokenizers.processors import TemplateProcessing
+
+        bpe = tokenizers.ByteLevelBPETokenizer()
+        specials = ["[CLS]", "[PAD]", "[SEP]", "[UNK]", "[MASK]"]
+        bpe.train_from_iterator(
+            corpus, vocab_size=500, special_tokens=specials, show_progress=False
+        )
+        bpe._tokenizer.post_processor = TemplateProcessing(
+            single="[CLS] $A [SEP]",
+            pair="[CLS] $A [SEP] $B [SEP]",
+            special_tokens=[("[CLS]", 0), ("[SEP]", 2)],
+        )
+        names = dict(cls_token="[CLS]", sep_token="[SEP]", pad_token="[PAD]", unk_token="[UNK]")
+        return transformers.PreTrainedTokenizerFast(
+            tokenizer_object=bpe._tokenizer, mask_token="[MASK]", model_max_length=64, **names
+        )
     if kind == "mpnet":  # WordPiece with RoBERTa's special tokens
         wordpiece = tokenizers.BertWordPieceTokenizer(lowercase=True)
         specials = ["<s>", "<pad>", "</s>", "[UNK]", "<mask>"]
@@ -97,7 +141,7 @@ def family_dir(request: pytest.FixtureRequest, corpus: list[str], tmp_path_facto
     out = tmp_path_factory.mktemp(kind)
     tok = _reference_tokenizer(kind, corpus)
     torch.manual_seed(0)
-    config = getattr(transformers, f"{ARCH[kind]}Config")(vocab_size=len(tok), **SMALL)
+    config = getattr(transformers, f"{ARCH[kind]}Config")(vocab_size=len(tok), **small(kind))
     getattr(transformers, f"{ARCH[kind]}ForMaskedLM")(config).eval().save_pretrained(out)
     tok.save_pretrained(out)
     return out
@@ -106,9 +150,10 @@ def family_dir(request: pytest.FixtureRequest, corpus: list[str], tmp_path_facto
 def test_token_ids_and_offsets_equal_transformers(family_dir: Path, corpus: list[str]) -> None:
     theirs = transformers.AutoTokenizer.from_pretrained(family_dir)
     ours = Tokenizer.from_pretrained(family_dir)
-    assert ours.own_engine and ours.specials.pair_extra == 4
+    assert ours.own_engine and ours.specials.pair_extra == (3 if "[CLS]" in ours.vocab else 4)
     long = " ".join(corpus[:40])  # longer than the model: encoded whole, then cut
-    for text in [*TEXTS, *corpus[:30], long, "Paris is the <mask> of France."]:
+    masked = f"Paris is the {ours.specials.mask} of France."
+    for text in [*TEXTS, *corpus[:30], long, masked]:
         want = theirs(text, truncation=False, return_offsets_mapping=True)
         got = ours.encode(text, truncation=False)
         assert got.ids == want["input_ids"], text
@@ -120,7 +165,7 @@ def test_token_ids_and_offsets_equal_transformers(family_dir: Path, corpus: list
     want = theirs(corpus[:5], truncation=True, max_length=64, padding=True, return_tensors="pt")
     assert torch.equal(batch["input_ids"], want["input_ids"])
     assert torch.equal(batch["attention_mask"], want["attention_mask"])
-    ids = ours.encode("Paris is the <mask> of France.").ids
+    ids = ours.encode(masked).ids
     assert ids[0] == ours.cls_id and ids[-1] == ours.sep_id and ours.mask_id in ids
     assert ours.decode(ids) == theirs.decode(ids, skip_special_tokens=True)
 
@@ -130,7 +175,7 @@ def test_saved_tokenizer_reads_back_in_transformers(family_dir: Path, tmp_path: 
     ours.save_pretrained(tmp_path)
     back = transformers.AutoTokenizer.from_pretrained(tmp_path)
     again = Tokenizer.from_pretrained(tmp_path)
-    for text in ["Hello <mask> world", *TEXTS[:8]]:
+    for text in [f"Hello {ours.specials.mask} world", *TEXTS[:8]]:
         want = back(text, truncation=False)["input_ids"]
         assert ours.encode(text, truncation=False).ids == want
         assert again.encode(text, truncation=False).ids == want
@@ -160,12 +205,12 @@ def test_heads_equal_in_both_directions_of_saving(
     torch.manual_seed(0)
     labels = 2 if "QuestionAnswering" in theirs else 3
     config = getattr(transformers, f"{ARCH[kind]}Config")(
-        vocab_size=301, num_labels=labels, **SMALL
+        vocab_size=301, num_labels=labels, **small(kind)
     )
     hf_class = getattr(transformers, ARCH[kind] + theirs)
     hf = hf_class(config).eval()
     hf.save_pretrained(tmp_path / "hf")
-    shape = (2, 3, 20) if "MultipleChoice" in theirs else (2, 20)
+    shape = (2, 3, 30) if "MultipleChoice" in theirs else (2, 30)  # past a local window
     ids = torch.randint(3, 301, shape)
     mask = torch.ones_like(ids)
     mask[0, ..., 12:] = 0
@@ -182,7 +227,10 @@ def test_heads_equal_in_both_directions_of_saving(
         want = getattr(hf(input_ids=ids, attention_mask=mask), out_theirs)
         got = getattr(model(input_ids=ids, attention_mask=mask), out_ours)
         again = getattr(back(input_ids=ids, attention_mask=mask), out_theirs)
-    real = mask.bool() if got.dim() == 3 and "MultipleChoice" not in theirs else ...
+    # per token: the real tokens (what padding gives is no answer, and differs: a padded row
+    # of ModernBERT's local layers attends to itself, transformers' to nothing)
+    per_token = any(h in theirs for h in ("Model", "MaskedLM", "Token", "QuestionAnswering"))
+    real = mask.bool() if per_token else ...
     torch.testing.assert_close(got[real], want[real], atol=1e-5, rtol=0)
     torch.testing.assert_close(again[real], want[real], atol=1e-5, rtol=0)
 
@@ -197,7 +245,7 @@ def test_sentence_transformers_directory_embeds_equal(family_dir: Path, tmp_path
 
     modules = [
         models.Transformer(str(family_dir), max_seq_length=64),
-        models.Pooling(SMALL["hidden_size"], "mean"),
+        models.Pooling(64, "mean"),
         models.Normalize(),
     ]
     SentenceTransformer(modules=modules, device="cpu").save(str(tmp_path))
@@ -258,7 +306,9 @@ def test_onnx_export_equals_pytorch(family_dir: Path, tmp_path: Path) -> None:
 
     session = onnxruntime.InferenceSession(str(onnx), providers=["CPUExecutionProvider"])
     tok = Tokenizer.from_pretrained(family_dir)
-    batch = tok(["a short one", "Return the length of the list, or raise an error."])
+    # traced on two short rows; a row of 64 reads past ModernBERT's local window of 8 each side
+    long = "Return the length of the list, or raise an error. " * 8
+    batch = tok(["a short one", long], max_length=64)
     feed = {i.name: batch[i.name].numpy() for i in session.get_inputs()}
     with torch.no_grad():
         want = BertModel.from_pretrained(family_dir, add_pooling_layer=False)(**batch)
@@ -277,7 +327,9 @@ def test_pair_rows_use_the_familys_template(family_dir: Path) -> None:
     pieces = tok.encode_batch([q, d], add_special_tokens=False)
     [(row, _)] = ranking.pair_rows(pieces[0].ids, pieces[1].ids, tok, 64)
     assert row.tolist() == tok.encode(q, d).ids
-    assert row.tolist()[len(pieces[0].ids) + 1 : len(pieces[0].ids) + 3] == [tok.sep_id] * 2
+    seps = tok.specials.pair_extra - 2  # </s></s> between RoBERTa's texts, [SEP] between BERT's
+    after = len(pieces[0].ids) + 1
+    assert row.tolist()[after : after + seps + 1] == [tok.sep_id] * seps + [pieces[1].ids[0]]
 
 
 @pytest.mark.parametrize("kind", ["bpe", "unigram"])
@@ -311,28 +363,65 @@ def bpe_shards(corpus: list[str], tmp_path_factory) -> Path:
     return root / "shards"
 
 
-def test_pretrain_roberta_losses_equal_transformers_step_for_step(
-    bpe_shards: Path, tmp_path: Path
+@pytest.mark.parametrize("arch", ["roberta", "modernbert"])
+def test_pretrain_losses_equal_transformers_step_for_step(
+    arch: str, bpe_shards: Path, tmp_path: Path
 ) -> None:
-    """`pretrain --arch roberta`'s model and loss (PretrainingTask.loss on bertforge's packed,
+    """`pretrain --arch roberta|modernbert`'s model and loss against transformers'. The
+    ModernBERT has 3 layers with local attention over 16 positions, so that its rows of 64
+    attend locally in two of them."""
+    config = None
+    if arch == "modernbert":
+        config = BertConfig.from_dict({"model_type": "modernbert", **SMALL_MODERNBERT})
+    diffs = _losses_beside_transformers(arch, bpe_shards, tmp_path, 64, config)
+    assert max(diffs) < 1e-4, diffs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["roberta", "modernbert"])
+def test_pretrain_losses_equal_transformers_on_the_wikipedia_sample(
+    arch: str, data_dir: Path, tmp_path: Path
+) -> None:
+    """The same on a Wikipedia file of the shared sample, a byte-level BPE trained on it, and
+    --arch's own model (ModernBERT: 2 layers, a global and a local one) at 128 pieces a row."""
+    from bertforge.data.shards import prepare
+    from bertforge.tokenizer import train_vocab_from_texts
+
+    wiki = sorted((data_dir / "wikipedia_en_sample").rglob("wiki_*"))[0]
+    lines = [ln for ln in wiki.read_text(encoding="utf-8").splitlines() if not ln.startswith("<")]
+    tok = train_vocab_from_texts(lines, 2000, kind="bpe", show_progress=False)
+    (tmp_path / "corpus.txt").write_text("\n".join(lines) + "\n")
+    prepare([tmp_path / "corpus.txt"], tok, tmp_path / "shards", progress=False)
+    diffs = _losses_beside_transformers(arch, tmp_path / "shards", tmp_path, 128, None)
+    assert max(diffs) < 1e-4, diffs
+
+
+def _losses_beside_transformers(
+    arch: str, shards_dir: Path, tmp_path: Path, length: int, config: BertConfig | None
+) -> list[float]:
+    """`pretrain --arch`'s model and loss (PretrainingTask.loss on bertforge's packed,
     dynamically masked rows; AdamW with BERT's parameter groups) against transformers'
-    RobertaForMaskedLM on the same weights and batches: 10 optimizer steps, fp32, no dropout."""
+    RobertaForMaskedLM / ModernBertForMaskedLM on the same weights and batches: |difference|
+    of the loss at each of 10 optimizer steps, fp32, no dropout. `config`: the model's
+    config.json instead of --arch's tiny one."""
     from bertforge.data.shards import ShardSet
     from bertforge.train.distributed import Dist
     from bertforge.train.optim import build_optimizer
     from bertforge.train.pretrain import PretrainConfig, build_model, make_task
 
-    cfg = PretrainConfig(
-        data=str(bpe_shards), out="-", arch="roberta", model_size="tiny", dropout=0.0
-    )
-    cfg.batch_size, cfg.max_seq_length, cfg.lr = 8, 64, 1e-3
-    assert not cfg.nsp  # RoBERTa: masked LM alone
-    shards = ShardSet(bpe_shards)
+    cfg = PretrainConfig(data=str(shards_dir), out="-", arch=arch, model_size="tiny", dropout=0.0)
+    cfg.batch_size, cfg.max_seq_length, cfg.lr = 8, length, 1e-3
+    assert not cfg.nsp  # masked LM alone
+    assert cfg.masked_lm_prob == (0.30 if arch == "modernbert" else 0.15)
+    shards = ShardSet(shards_dir)
     torch.manual_seed(0)
+    if config is not None:
+        (tmp_path / "config.json").write_text(json.dumps(config.to_dict()))
+        cfg.config, cfg.arch = str(tmp_path / "config.json"), None
     ours = build_model(cfg, shards.tokenizer())
-    assert ours.config.model_type == "roberta" and ours.config.max_position_embeddings == 514
+    assert ours.config.model_type == arch
     ours.save_pretrained(tmp_path / "init")
-    theirs = transformers.RobertaForMaskedLM.from_pretrained(tmp_path / "init")
+    theirs = getattr(transformers, f"{ARCH[arch]}ForMaskedLM").from_pretrained(tmp_path / "init")
     for module in theirs.modules():  # --dropout 0 for both
         if isinstance(module, torch.nn.Dropout):
             module.p = 0.0
@@ -351,32 +440,42 @@ def test_pretrain_roberta_losses_equal_transformers_step_for_step(
         ).loss
         diffs.append(abs(loss_a.item() - loss_b.item()))
         step_both((ours, loss_a, opt_a), (theirs, loss_b, opt_b))
-    assert max(diffs) < 1e-4, diffs
+    return diffs
 
 
-def test_pretrain_arch_roberta_writes_what_transformers_loads(
-    bpe_shards: Path, tmp_path: Path, capsys
+@pytest.mark.parametrize("arch", ["roberta", "modernbert"])
+def test_pretrain_arch_writes_what_transformers_loads(
+    arch: str, bpe_shards: Path, tmp_path: Path, capsys
 ) -> None:
     out = tmp_path / "run"
-    args = ["pretrain", "--data", str(bpe_shards), "--out", str(out), "--arch", "roberta"]
+    args = ["pretrain", "--data", str(bpe_shards), "--out", str(out), "--arch", arch]
     args += ["--model-size", "tiny", "--steps", "4", "--batch-size", "4", "--max-seq-length"]
     assert main([*args, "64", "--precision", "fp32", "--no-progress"]) == 0
     config = json.loads((out / "config.json").read_text())
-    assert config["architectures"] == ["RobertaForMaskedLM"] and config["type_vocab_size"] == 1
+    assert config["architectures"] == [f"{ARCH[arch]}ForMaskedLM"]
+    run = json.loads((out / "run.json").read_text())["settings"]
+    if arch == "roberta":
+        assert config["type_vocab_size"] == 1 and run["masked_lm_prob"] == 0.15
+    else:  # ModernBERT's blocks written out; its recipe's 30% masking
+        assert "type_vocab_size" not in config and config["intermediate_size"] == 192
+        assert config["layer_types"] == ["full_attention", "sliding_attention"]
+        assert run["masked_lm_prob"] == 0.30
     theirs = transformers.AutoModelForMaskedLM.from_pretrained(out).eval()
+    assert type(theirs).__name__ == f"{ARCH[arch]}ForMaskedLM"
     batch = Tokenizer.from_pretrained(out)(["Return the <mask> of the list.", "short"])
     with torch.no_grad():
         want = theirs(**batch).logits
         got = BertForMaskedLM.from_pretrained(out)(**batch).mlm_logits
     torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
-    # BERT's recipe on RoBERTa's data, or NSP on a RoBERTa: one line each
+    # BERT's recipe on RoBERTa's data, or NSP on a family without it: one line each
     capsys.readouterr()
     bert = ["pretrain", "--data", str(bpe_shards), "--out", str(tmp_path / "b"), "--steps", "1"]
     assert main([*bert, "--no-nsp"]) == 2
     assert "prepare the data with `bertforge vocab train --kind bpe`" in capsys.readouterr().err
     (tmp_path / "r.json").write_text((out / "config.json").read_text())
     assert main([*bert, "--config", str(tmp_path / "r.json")]) == 2
-    assert "a RoBERTa model has no next-sentence head: pass --no-nsp" in capsys.readouterr().err
+    display = {"roberta": "RoBERTa", "modernbert": "ModernBERT"}[arch]
+    assert f"a {display} model has no next-sentence head: pass --no-nsp" in capsys.readouterr().err
 
 
 def test_index_search_and_serve_a_roberta_bi_encoder(
@@ -389,7 +488,7 @@ def test_index_search_and_serve_a_roberta_bi_encoder(
 
     from bertforge.serve import Limits, create_app
 
-    docs = corpus[:12]
+    docs = [d[:90] for d in corpus[:12]]  # within one window: scored as the pipeline embeds
     (tmp_path / "docs.jsonl").write_text(
         "".join(json.dumps({"id": f"d{i}", "text": t}) + "\n" for i, t in enumerate(docs))
     )
@@ -409,7 +508,8 @@ def test_index_search_and_serve_a_roberta_bi_encoder(
         got = client.post("/v1/embeddings", json={"input": docs[:2], "model": "m"}).json()
         served = np.array([d["embedding"] for d in got["data"]])
         np.testing.assert_allclose(served, pipe.embed(docs[:2]), atol=1e-5)
-        answer = client.post("/fill-mask", json={"texts": ["the <mask> of it"], "top_k": 2})
+        masked = f"the {pipe.tok.specials.mask} of it"
+        answer = client.post("/fill-mask", json={"texts": [masked], "top_k": 2})
         assert answer.status_code == 200
         [[top]] = answer.json()["results"]  # per text, per <mask>: the top_k tokens
         assert len(top) == 2 and all(t["id"] < len(pipe.tok) for t in top)
@@ -438,3 +538,102 @@ def test_mpnet_relative_positions_beyond_their_last_bucket(tmp_path: Path) -> No
     torch.testing.assert_close(got[real], want[real], atol=1e-5, rtol=0)
     cosine = torch.nn.functional.cosine_similarity(low[real], want[real], dim=-1)
     assert cosine.min() > 0.999
+
+
+def test_modernbert_long_rows_attend_locally_as_transformers(tmp_path: Path) -> None:
+    """ModernBERT's default layout (global in one layer of three, local attention over 128
+    positions in the others) over rows of 600 pieces, padded: hidden states and attention maps
+    equal transformers', in fp32, packed (unpadded rows, the GPU's path run on the CPU) and
+    under bf16 autocast; past its 8,192 positions, one error."""
+    torch.manual_seed(0)
+    config = transformers.ModernBertConfig(
+        vocab_size=301, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+        intermediate_size=96, pad_token_id=1, cls_token_id=0, sep_token_id=2, bos_token_id=0,
+        eos_token_id=2,
+    )  # fmt: skip
+    transformers.ModernBertModel(config).eval().save_pretrained(tmp_path)
+    theirs = transformers.ModernBertModel.from_pretrained(tmp_path, attn_implementation="eager")
+    ours = BertModel.from_pretrained(tmp_path)
+    assert ours.config.max_tokens == 8192 and [layer.window for layer in ours.layers] == [
+        None,
+        64,
+        64,
+    ]
+    ids = torch.randint(3, 301, (2, 600))
+    mask = torch.ones_like(ids)
+    mask[1, 450:] = 0
+    ids = ids.masked_fill(mask == 0, 1)
+    real = mask.bool()
+    with torch.no_grad():
+        want = theirs.eval()(input_ids=ids, attention_mask=mask, output_attentions=True)
+        got = ours(input_ids=ids, attention_mask=mask, output_attentions=True)
+        packed = ours(input_ids=ids, attention_mask=mask, unpad=True).last_hidden_state
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            low = ours(input_ids=ids, attention_mask=mask).last_hidden_state.float()
+    w = want.last_hidden_state
+    torch.testing.assert_close(got.last_hidden_state[real], w[real], atol=1e-5, rtol=0)
+    torch.testing.assert_close(packed[real], w[real], atol=1e-5, rtol=0)
+    for a, b in zip(got.attentions, want.attentions):  # real queries' maps: local ones banded
+        torch.testing.assert_close(a[0], b[0], atol=1e-6, rtol=0)
+    band = got.attentions[1][0, 0]
+    assert band[300, 236].item() > 0 and band[300, 235].item() == 0
+    cosine = torch.nn.functional.cosine_similarity(low[real], w[real], dim=-1)
+    assert cosine.min() > 0.999
+    with pytest.raises(Exception, match="8193 is more than the model's 8192 positions"):
+        ours(torch.full((1, 8193), 5))
+
+
+@pytest.mark.parametrize("family_dir", ["modernbert"], indirect=True)
+def test_a_distilled_modernbert_student_keeps_its_layers_kinds(
+    family_dir: Path, corpus: list[str], tmp_path: Path
+) -> None:
+    """A student of teacher layers 1 and 2 (both local) is a ModernBERT of two local layers,
+    its first without a norm of its own (the teacher's layer 1's is left behind), and
+    transformers reads it as bertforge does."""
+    (tmp_path / "text.txt").write_text("\n".join(corpus[:200]) + "\n")
+    out = tmp_path / "student"
+    args = ["distill", "--teacher", str(family_dir), "--out", str(out), "--data"]
+    args += [str(tmp_path / "text.txt"), "--student-layers", "1,2", "--steps", "2"]
+    assert main([*args, "--batch-size", "4", "--no-progress", "--precision", "fp32"]) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == "modernbert" and config["num_hidden_layers"] == 2
+    assert config["layer_types"] == ["sliding_attention", "sliding_attention"]
+    theirs = transformers.AutoModel.from_pretrained(out).eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ours = BertModel.from_pretrained(out)
+    batch = Tokenizer.from_pretrained(out)([corpus[0], "short"], max_length=64)
+    with torch.no_grad():
+        want = theirs(**batch).last_hidden_state
+        got = ours(**batch).last_hidden_state
+    real = batch["attention_mask"].bool()
+    torch.testing.assert_close(got[real], want[real], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("family_dir", ["modernbert"], indirect=True)
+def test_onnx_export_keeps_local_attention_past_its_traced_length(
+    family_dir: Path, tmp_path: Path
+) -> None:
+    """Exported from rows shorter than its local window (32 each side here), a ModernBERT's ONNX
+    graph still attends locally on rows longer than it."""
+    pytest.importorskip("onnxruntime")
+    import onnxruntime
+
+    config = json.loads((family_dir / "config.json").read_text())
+    config.update(local_attention=64, max_position_embeddings=128)
+    torch.manual_seed(0)
+    model = tmp_path / "model"
+    transformers.ModernBertModel(transformers.ModernBertConfig(**config)).save_pretrained(model)
+    transformers.AutoTokenizer.from_pretrained(family_dir).save_pretrained(model)
+    onnx = tmp_path / "model.onnx"
+    assert main(["export", str(model), "--onnx", str(onnx), "--atol", "1e-5"]) == 0
+    session = onnxruntime.InferenceSession(str(onnx), providers=["CPUExecutionProvider"])
+    tok = Tokenizer.from_pretrained(model)
+    batch = tok(["a short one", "Return the length of the list. " * 20], max_length=128)
+    assert batch["input_ids"].shape[1] == 128
+    feed = {i.name: batch[i.name].numpy() for i in session.get_inputs()}
+    with torch.no_grad():
+        want = BertModel.from_pretrained(model)(**batch).last_hidden_state.numpy()
+    got = session.run(["last_hidden_state"], feed)[0]
+    real = batch["attention_mask"].bool().numpy()
+    np.testing.assert_allclose(got[real], want[real], atol=1e-5)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError, check_choice
-from .families import Family, family
+from .families import Blocks, Family, family
 from .fileio import read_json, write_json
 
 # The paper's and Google's released sizes: name -> (layers L, hidden H, heads A).
@@ -155,6 +155,9 @@ class BertConfig:
         if not (0 < self.layer_norm_eps < 1):
             raise ConfigError(f"layer_norm_eps={self.layer_norm_eps}: must be in (0, 1)")
         check_choice("hidden_act", self.hidden_act, ACTIVATIONS)
+        blocks = self.blocks  # a ConfigError for a family's key it cannot build
+        if blocks.head_act is not None:
+            check_choice("classifier_activation", blocks.head_act, ACTIVATIONS)
         if self.position_embedding_type != "absolute":
             raise ConfigError(
                 f"position_embedding_type={self.position_embedding_type!r}: only 'absolute' "
@@ -247,6 +250,11 @@ class BertConfig:
         return family(self.model_type)
 
     @property
+    def blocks(self) -> Blocks:
+        """How the family's encoder is assembled (families.Blocks), from its config keys."""
+        return self.family.blocks(self.num_hidden_layers, self.extras)
+
+    @property
     def max_tokens(self) -> int:
         """The longest row the model reads: its positions (a RoBERTa's past the padding id)."""
         return self.family.max_tokens(self.max_position_embeddings, self.pad_token_id)
@@ -274,6 +282,20 @@ class BertConfig:
         elif "label2id" in changes and "id2label" not in changes:
             changes["id2label"] = None
         return dataclasses.replace(self, **changes)
+
+    def with_layers(self, layers: list[int] | int) -> BertConfig:
+        """The config of a model of some of these layers (a list of their indices: what each
+        keeps, e.g. its local or global attention), or of a new count of them (each layer as
+        the family's default pattern has it)."""
+        extras = dict(self.extras)
+        for key in self.family.layer_keys:
+            if key in extras:
+                if isinstance(layers, int):
+                    del extras[key]
+                else:
+                    extras[key] = [extras[key][i] for i in layers]
+        count = layers if isinstance(layers, int) else len(layers)
+        return self.replace(num_hidden_layers=count, extras=extras)
 
     # ----------------------------------------------------------------------------------------
     # construction

@@ -16,7 +16,11 @@ Other families (bertforge.families) are this encoder with a few fields changed. 
 ignored), optionally fixed sinusoidal positions, and its classifiers' pre_classifier is the
 pooler with ReLU instead of tanh. RoBERTa, XLM-RoBERTa, CamemBERT: positions counted from
 pad_token_id + 1 past each row's padding (HF's create_position_ids_from_input_ids) and one
-segment (token_type_ids are read as 0).
+segment (token_type_ids are read as 0). MPNet: relative position buckets added to every
+layer's scores. ModernBERT (config.blocks): pre-norm blocks
+    x = x + Attn(LN(x)) with rotary q, k (no LN before layer 0); x = x + W2 (GELU(a) * g),
+    [a, g] = W1 LN(x); a final LN after the last layer; no biases; local attention (keys within
+    64 positions either side) in two layers of three.
 Query, key and value are one fused (3H, H) projection here; checkpoint.py splits and joins it
 for HF's separate query/key/value tensors.
 """
@@ -125,7 +129,8 @@ class LayerNorm(nn.LayerNorm):
         low = LOW_PRECISION_LAYERNORM and torch.is_autocast_enabled(kind)
         if low and torch.get_autocast_dtype(kind) == bf16:
             with torch.autocast(kind, enabled=False):
-                weight, bias = self.weight.to(bf16), self.bias.to(bf16)
+                weight = self.weight.to(bf16)
+                bias = None if self.bias is None else self.bias.to(bf16)
                 return F.layer_norm(x.to(bf16), self.normalized_shape, weight, bias, self.eps)
         return super().forward(x)
 
@@ -133,14 +138,23 @@ class LayerNorm(nn.LayerNorm):
 class Embeddings(nn.Module):
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
-        H = config.hidden_size
-        self.word = nn.Embedding(config.vocab_size, H)
-        self.position = nn.Embedding(config.max_position_embeddings, H)
+        H, blocks = config.hidden_size, config.blocks
+        # the padding's row learns nothing from where it is read (a random replacement of a
+        # masked piece), as the families built on transformers' code have it; BERT's as
+        # Google's (every row)
+        pad = None if config.family.base == "bert" else config.pad_token_id
+        self.word = nn.Embedding(config.vocab_size, H, padding_idx=pad)
+        # rotary positions (ModernBERT) turn q and k in each layer instead of a table
+        self.position = None if blocks.rotary else nn.Embedding(config.max_position_embeddings, H)
         self.token_type = (
             nn.Embedding(config.type_vocab_size, H) if config.type_vocab_size else None
         )
-        self.norm = LayerNorm(H, eps=config.layer_norm_eps)
-        self.p = config.hidden_dropout_prob
+        self.norm = LayerNorm(H, eps=config.layer_norm_eps, bias=blocks.norm_bias)
+        self.p = (
+            config.hidden_dropout_prob
+            if blocks.embedding_dropout is None
+            else blocks.embedding_dropout
+        )
         self.sinusoidal = config.sinusoidal_pos_embds
         # RoBERTa's positions start past the padding id; None: positions 0..T-1
         self.pad = config.pad_token_id if config.family.position_offset else None
@@ -148,6 +162,7 @@ class Embeddings(nn.Module):
     def fix_positions(self) -> None:
         """DistilBERT's sinusoidal positions: fixed, not trained (HF's
         create_sinusoidal_embeddings)."""
+        assert self.position is not None  # DistilBERT's table
         n, H = self.position.weight.shape
         angle = torch.arange(n, dtype=torch.float64)[:, None] / torch.pow(
             10000.0, 2 * (torch.arange(H) // 2) / H
@@ -165,6 +180,9 @@ class Embeddings(nn.Module):
     ) -> torch.Tensor:
         """(B, T) ids -> (B, T, H)."""
         T = input_ids.shape[1]
+        if self.position is None:  # rotary: positions are applied in the layers
+            x = self.word(input_ids)
+            return dropout(self.norm(x), self.p, self.training)
         if position_ids is None and self.pad is not None:
             # each real token's place among the row's real tokens, past the padding id; the
             # padding itself at pad (HF's create_position_ids_from_input_ids, so equal outputs
@@ -180,30 +198,58 @@ class Embeddings(nn.Module):
         return dropout(self.norm(x), self.p, self.training)
 
 
-class Layer(nn.Module):
-    """One post-LayerNorm Transformer block: self-attention, then feed-forward."""
+Rope = tuple[torch.Tensor, torch.Tensor]  # rotary cos and sin, broadcast over q and k
 
-    def __init__(self, config: BertConfig) -> None:
+
+class Layer(nn.Module):
+    """One Transformer block: self-attention, then feed-forward; post-LayerNorm (BERT's) or
+    pre-LayerNorm with a GeGLU feed-forward (ModernBERT's), as config.blocks says."""
+
+    def __init__(self, config: BertConfig, index: int = 0) -> None:
         super().__init__()
         H, I = config.hidden_size, config.intermediate_size
+        blocks = config.blocks
         self.nh = config.num_attention_heads
         self.attn_dropout = config.attention_probs_dropout_prob
-        self.attn = nn.ModuleDict({"qkv": nn.Linear(H, 3 * H), "out": nn.Linear(H, H)})
-        self.attn_norm = LayerNorm(H, eps=config.layer_norm_eps)
-        self.ffn = nn.ModuleDict({"up": nn.Linear(H, I), "down": nn.Linear(I, H)})
-        self.ffn_norm = LayerNorm(H, eps=config.layer_norm_eps)
+        self.pre_norm, self.glu = blocks.pre_norm, blocks.glu
+        self.window = blocks.window(index)  # local attention's half-width; None: global
+        self.theta = blocks.rotary[index] if blocks.rotary else None
+        bias = blocks.attention_bias
+        self.attn = nn.ModuleDict(
+            {"qkv": nn.Linear(H, 3 * H, bias=bias), "out": nn.Linear(H, H, bias=bias)}
+        )
+        eps, norm_bias = config.layer_norm_eps, blocks.norm_bias
+        # pre-norm: layer 0 reads the embeddings' norm, with none of its own (ModernBERT's)
+        first = self.pre_norm and index == 0
+        self.attn_norm = nn.Identity() if first else LayerNorm(H, eps=eps, bias=norm_bias)
+        up = 2 * I if self.glu else I  # GeGLU: a value and a gate
+        self.ffn = nn.ModuleDict(
+            {
+                "up": nn.Linear(H, up, bias=blocks.mlp_bias),
+                "down": nn.Linear(I, H, bias=blocks.mlp_bias),
+            }
+        )
+        self.ffn_norm = LayerNorm(H, eps=eps, bias=norm_bias)
         self.act = activation(config.hidden_act)
         self.p = config.hidden_dropout_prob
 
     def forward(
-        self, x: torch.Tensor, mask: torch.Tensor | None, return_probs: bool = False
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None,
+        return_probs: bool = False,
+        rope: Rope | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """x (B, T, H), mask (B, 1, 1, T) bool (True = attend), or (B or 1, nh, T, T) floats added
-        to the scores (relative positions, padding at the dtype's minimum), or None -> (B, T, H)."""
+        """x (B, T, H), mask (B, 1, 1, T) or (B, 1, T, T) bool (True = attend), or (B or 1, nh,
+        T, T) floats added to the scores (relative positions, padding at the dtype's minimum),
+        or None; rope: rotary cos, sin (T, hs) -> (B, T, H)."""
         B, T, H = x.shape
+        h = self.attn_norm(x) if self.pre_norm else x
         q, k, v = (
-            self.attn["qkv"](x).view(B, T, 3, self.nh, H // self.nh).permute(2, 0, 3, 1, 4)
+            self.attn["qkv"](h).view(B, T, 3, self.nh, H // self.nh).permute(2, 0, 3, 1, 4)
         )  # each (B, nh, T, hs)
+        if rope is not None:
+            q, k = rotate(q, *rope), rotate(k, *rope)
         p = self.attn_dropout if self.training else 0.0
         probs = None
         # the ONNX exporter's SDPA with a float mask (relative positions) gives an output it
@@ -231,18 +277,62 @@ class Layer(nn.Module):
         return self._after_attention(x, y), (probs if return_probs else None)
 
     def _after_attention(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """x, attention's y (..., H) -> the block's output: projection, residual, LayerNorm,
-        feed-forward, residual, LayerNorm."""
+        """x, attention's y (..., H) -> the block's output: projection, residual, feed-forward,
+        residual, each with its LayerNorm after (BERT) or before (pre-norm)."""
+        if self.pre_norm:  # ModernBERT: its attention dropout after the projection too
+            x = x + dropout(self.attn["out"](y), self.attn_dropout, self.training)
+            return x + self._feed_forward(self.ffn_norm(x))
         x = self.attn_norm(x + dropout(self.attn["out"](y), self.p, self.training))
-        h = self.ffn["down"](self.act(self.ffn["up"](x)))  # (.., I) -> (.., H)
-        return self.ffn_norm(x + dropout(h, self.p, self.training))
+        return self.ffn_norm(x + dropout(self._feed_forward(x), self.p, self.training))
 
-    def packed(self, x: torch.Tensor, rows: Packing) -> torch.Tensor:
+    def _feed_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(.., H) -> (.., I) -> (.., H); GeGLU: act(value) * gate, dropped out before W2."""
+        if not self.glu:
+            return self.ffn["down"](self.act(self.ffn["up"](x)))
+        value, gate = self.ffn["up"](x).chunk(2, dim=-1)
+        return self.ffn["down"](dropout(self.act(value) * gate, self.p, self.training))
+
+    def packed(self, x: torch.Tensor, rows: Packing, rope: Rope | None = None) -> torch.Tensor:
         """The block over packed tokens: x (N, H), the real tokens of the batch's rows one after
-        another (`rows` says where each row starts); no work on padding."""
+        another (`rows` says where each row starts); rope: cos, sin (N, 1, hs); no work on
+        padding."""
         N, H = x.shape
-        q, k, v = self.attn["qkv"](x).view(N, 3, self.nh, H // self.nh).unbind(1)  # (N, nh, hs)
-        return self._after_attention(x, rows.attend(q, k, v).reshape(N, H))
+        h = self.attn_norm(x) if self.pre_norm else x
+        q, k, v = self.attn["qkv"](h).view(N, 3, self.nh, H // self.nh).unbind(1)  # (N, nh, hs)
+        if rope is not None:
+            q, k = rotate(q, *rope), rotate(k, *rope)
+        y = rows.attend(q, k, v, self.window).reshape(N, H)
+        return self._after_attention(x, y)
+
+
+def rotary_tables(positions: torch.Tensor, theta: float, dim: int) -> Rope:
+    """Rotary positions' cos and sin (..., dim) at `positions` (...) for base `theta`: the
+    frequencies theta^(-2i/dim), each used twice (transformers' layout: halves, not pairs),
+    in fp32 as transformers computes them."""
+    device = positions.device
+    inverse = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float, device=device) / dim))
+    angles = positions[..., None].float() * inverse
+    angles = torch.cat((angles, angles), dim=-1)
+    return angles.cos(), angles.sin()
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """q or k (..., hs) turned by its positions' angles, in fp32, back in x's dtype."""
+    x32 = x.float()
+    first, second = x32.chunk(2, dim=-1)
+    return (x32 * cos + torch.cat((-second, first), dim=-1) * sin).to(x.dtype)
+
+
+def local_mask(mask: torch.Tensor | None, T: int, window: int, device: torch.device) -> Any:
+    """Local attention's mask: keys within `window` positions of the query (either side) and
+    not padding, (B or 1, 1, T, T) bool. A padded query keeps itself, so that no row is empty
+    (an empty row's NaN would reach the real rows through its value)."""
+    positions = torch.arange(T, device=device)
+    near = (positions[:, None] - positions[None, :]).abs() <= window  # (T, T)
+    if mask is None:
+        return near[None, None]
+    itself = torch.eye(T, dtype=torch.bool, device=device)
+    return near & (mask | itself)
 
 
 @dataclass
@@ -278,6 +368,11 @@ class Packing:
         """Whether any row is shorter than the batch (known without reading the device)."""
         return self.index.numel() < self.shape[0] * self.shape[1]
 
+    @property
+    def positions(self) -> torch.Tensor:
+        """(N,) each packed token's place in its row."""
+        return self.index % self.shape[1]
+
     def pack(self, x: torch.Tensor) -> torch.Tensor:
         """(B, T, ...) -> (N, ...)."""
         return x.flatten(0, 1).index_select(0, self.index)
@@ -287,16 +382,24 @@ class Packing:
         out = x.new_zeros(self.shape[0] * self.shape[1], *x.shape[1:])
         return out.index_copy_(0, self.index, x).unflatten(0, self.shape)
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """Attention within each row of packed (N, nh, hs) q, k, v: flash attention over the
-        variable-length rows on a GPU; elsewhere (the CPU, tests) SDPA over the re-padded batch,
-        the same numbers."""
+    def attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None = None
+    ) -> torch.Tensor:
+        """Attention within each row of packed (N, nh, hs) q, k, v (with `window`: keys within
+        that many positions either side): flash attention over the variable-length rows on a
+        GPU; elsewhere (the CPU, tests) SDPA over the re-padded batch, the same numbers."""
         varlen = varlen_attention() if q.is_cuda else None  # CUDA only: the varlen flash kernel
         if varlen is not None:
-            return varlen(q, k, v, self.starts, self.starts, self.longest, self.longest)
+            w = (-1, -1) if window is None else (window, window)
+            return varlen(
+                q, k, v, self.starts, self.starts, self.longest, self.longest, window_size=w
+            )
         mask = self.unpack(torch.ones(len(q), dtype=torch.bool, device=q.device))
+        mask = mask[:, None, None, :]
+        if window is not None:
+            mask = local_mask(mask, self.shape[1], window, q.device)
         q, k, v = (self.unpack(t).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None, None, :])
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return self.pack(y.transpose(1, 2))
 
 
@@ -346,6 +449,41 @@ def check_inputs(
         raise InputError(f"token_type_ids must be in [0, type_vocab_size={config.type_vocab_size})")
 
 
+class Pooler(nn.Module):
+    """The vector a sequence head reads: BERT's tanh(W h_[CLS]) (DistilBERT's pre_classifier:
+    ReLU); ModernBERT's head, LayerNorm(act(W pool(h))) with pool the first token or the mean
+    of the real tokens, the same transform over each token for its token and span heads."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        H, blocks = config.hidden_size, config.blocks
+        self.dense = nn.Linear(H, H, bias=blocks.head_bias)
+        self.norm = (
+            LayerNorm(H, eps=config.layer_norm_eps, bias=blocks.norm_bias)
+            if blocks.head_norm
+            else None
+        )
+        if blocks.head_act is not None:
+            self.act = activation(blocks.head_act)
+        else:  # BERT's tanh; DistilBERT's ReLU
+            self.act = torch.relu if config.family.pooler_act == "relu" else torch.tanh
+        self.mean = blocks.pooling == "mean"
+
+    def transform(self, h: torch.Tensor) -> torch.Tensor:
+        """(.., H) -> (.., H): dense, non-linearity, the LayerNorm where there is one."""
+        h = self.act(self.dense(h))
+        return h if self.norm is None else self.norm(h)
+
+    def forward(self, x: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+        """x (B, T, H) -> (B, H)."""
+        if not self.mean:
+            return self.transform(x[:, 0])
+        if attention_mask is None:
+            return self.transform(x.mean(1))
+        weights = attention_mask.to(x.dtype)[..., None]  # (B, T, 1)
+        return self.transform((x * weights).sum(1) / weights.sum(1))
+
+
 class BertModel(Pretrained, nn.Module):
     """The BERT encoder (and pooler). `BertModel.from_pretrained(dir)` loads HF checkpoints."""
 
@@ -357,8 +495,15 @@ class BertModel(Pretrained, nn.Module):
         self.config = config
         if add_pooling_layer is None:
             add_pooling_layer = config.family.pooler
+        blocks = config.blocks
         self.embeddings = Embeddings(config)
-        self.layers = nn.ModuleList(Layer(config) for _ in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(Layer(config, i) for i in range(config.num_hidden_layers))
+        # pre-norm blocks end with a norm of their own (ModernBERT's final_norm)
+        self.final_norm = (
+            LayerNorm(config.hidden_size, eps=config.layer_norm_eps, bias=blocks.norm_bias)
+            if blocks.pre_norm
+            else None
+        )
         # MPNet: one score per head for each relative position bucket, shared by every layer
         self.relative_bias = (
             nn.Embedding(
@@ -368,12 +513,13 @@ class BertModel(Pretrained, nn.Module):
             if config.family.relative_buckets
             else None
         )
-        self.pooler = (
-            nn.ModuleDict({"dense": nn.Linear(config.hidden_size, config.hidden_size)})
-            if add_pooling_layer
-            else None
-        )
+        self.pooler = Pooler(config) if add_pooling_layer else None
         self.apply(lambda m: init_bert_weights(m, config.initializer_range))
+        if blocks.pre_norm:  # residual branches' outputs smaller with depth (ModernBERT's)
+            std = config.initializer_range / math.sqrt(2.0 * config.num_hidden_layers)
+            for layer in self.layers:
+                for out in (layer.attn["out"], layer.ffn["down"]):
+                    nn.init.normal_(out.weight, std=std)
         if config.sinusoidal_pos_embds:
             self.embeddings.fix_positions()
 
@@ -430,22 +576,64 @@ class BertModel(Pretrained, nn.Module):
             assert attention_mask is not None  # mask is made from it
             x = self._packed_layers(x, rows or Packing.of(attention_mask), hidden)
         else:
-            for layer in self.layers:
-                x, p = layer(x, mask, return_probs=output_attentions)
-                if hidden is not None:
-                    hidden.append(x)
-                if probs is not None:
-                    probs.append(p)
-        pooled = None
-        if self.pooler is not None:  # DistilBERT's pre_classifier: ReLU
-            act = torch.relu if self.config.family.pooler_act == "relu" else torch.tanh
-            pooled = act(self.pooler["dense"](x[:, 0]))
+            x = self._padded_layers(x, mask, position_ids, hidden, probs)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+            if hidden is not None:  # the last layer's state as the model returns it (HF's)
+                hidden[-1] = x
+        pooled = None if self.pooler is None else self.pooler(x, attention_mask)
         return BertOutput(
             last_hidden_state=x,
             pooler_output=pooled,
             hidden_states=tuple(hidden) if hidden is not None else None,
             attentions=tuple(probs) if probs is not None else None,
         )
+
+    def token_states(self, h: torch.Tensor) -> torch.Tensor:
+        """What a token or span head reads of the states h (.., H): ModernBERT's head over each
+        token (dense + act + LayerNorm), else h itself."""
+        if self.config.blocks.token_head:
+            assert self.pooler is not None, "built with add_pooling_layer=True"
+            return self.pooler.transform(h)
+        return h
+
+    def _padded_layers(
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None,
+        position_ids: torch.Tensor | None,
+        hidden: list[torch.Tensor] | None,
+        probs: list[torch.Tensor | None] | None,
+    ) -> torch.Tensor:
+        """The layers over the padded batch x (B, T, H), each with its mask (local attention's
+        band where the layer's window is shorter than the rows) and rotary positions."""
+        T = x.shape[1]
+        ropes = self._ropes(
+            torch.arange(T, device=x.device) if position_ids is None else position_ids
+        )
+        local: dict[int, torch.Tensor] = {}
+        # traced (ONNX, torch.compile), the band is always built: a branch on the example's
+        # length would be kept for every length
+        traced = torch.compiler.is_compiling() or torch.jit.is_tracing()
+        for layer in self.layers:
+            layer_mask = mask
+            if layer.window is not None and (traced or layer.window < T - 1):
+                if layer.window not in local:
+                    local[layer.window] = local_mask(mask, T, layer.window, x.device)
+                layer_mask = local[layer.window]
+            rope = ropes.get(layer.theta)
+            x, p = layer(x, layer_mask, return_probs=probs is not None, rope=rope)
+            if hidden is not None:
+                hidden.append(x)
+            if probs is not None:
+                probs.append(p)
+        return x
+
+    def _ropes(self, positions: torch.Tensor) -> dict[float | None, Rope]:
+        """Rotary cos and sin at `positions` for each base the layers use (none without)."""
+        dim = self.config.hidden_size // self.config.num_attention_heads
+        thetas = set(self.config.blocks.rotary)
+        return {theta: rotary_tables(positions, theta, dim) for theta in thetas}
 
     def _packed_layers(
         self, x: torch.Tensor, rows: Packing, hidden: list[torch.Tensor] | None
@@ -455,8 +643,9 @@ class BertModel(Pretrained, nn.Module):
         x = rows.pack(x)
         if hidden is not None:
             hidden[0] = rows.unpack(x)
+        ropes = {t: (c[:, None], s[:, None]) for t, (c, s) in self._ropes(rows.positions).items()}
         for layer in self.layers:
-            x = layer.packed(x, rows)
+            x = layer.packed(x, rows, ropes.get(layer.theta))
             if hidden is not None:
                 hidden.append(rows.unpack(x))
         return rows.unpack(x)
@@ -521,4 +710,5 @@ def init_bert_weights(module: nn.Module, std: float) -> None:
             nn.init.zeros_(module.bias)
     elif isinstance(module, nn.LayerNorm):
         nn.init.ones_(module.weight)
-        nn.init.zeros_(module.bias)
+        if module.bias is not None:  # ModernBERT's norms have none
+            nn.init.zeros_(module.bias)

@@ -384,6 +384,22 @@ def truncate_pair_lengths(la: int, lb: int, budget: int) -> tuple[int, int]:
     return la - excess // 2, lb - (excess + 1) // 2
 
 
+def engine_pair_lengths(la: int, lb: int, budget: int) -> tuple[int, int]:
+    """Lengths after the tokenizers library's longest-first truncation, which transformers
+    applies for every family but BERT's: the shorter side kept whole where the longer can
+    take the cut; else half the budget each, the odd token to the longer side (the second
+    on ties)."""
+    if la + lb <= budget:
+        return la, lb
+    short = min(la, lb)
+    keep_short = short
+    keep_long = short if short > budget else max(short, budget - short)
+    if keep_short + keep_long > budget:
+        keep_short = budget // 2
+        keep_long = keep_short + budget % 2
+    return (keep_long, keep_short) if la > lb else (keep_short, keep_long)
+
+
 class Tokenizer:
     """BERT WordPiece tokenizer. See the module docstring for the API in brief."""
 
@@ -680,8 +696,10 @@ class Tokenizer:
         limit: int | None,
         split: bool,
     ) -> list[Any]:
-        """Pairs, truncated as Google's `_truncate_seq_pair` does (the engine's longest-first
-        breaks ties the other way): encode both sides, cut, then add [CLS]/[SEP]."""
+        """Pairs, truncated as Google's `_truncate_seq_pair` does for BERT's WordPiece (the
+        engine's longest-first breaks ties the other way), as the engine does for the other
+        families (transformers' reference for them): encode both sides, cut, then add the
+        specials."""
         firsts = self._engine.encode_batch(
             [a for a, _ in inputs], add_special_tokens=False, is_pretokenized=split
         )
@@ -699,9 +717,10 @@ class Tokenizer:
                     "tokens"
                 )
         out = []
+        lengths = engine_pair_lengths if self.own_engine else truncate_pair_lengths
         for a, b in zip(firsts, seconds):
             if budget is not None:
-                la, lb = truncate_pair_lengths(len(a), len(b), budget)
+                la, lb = lengths(len(a), len(b), budget)
                 if la < len(a):
                     a.truncate(la)
                 if lb < len(b):

@@ -9,6 +9,10 @@ tokenizer read these fields; none of them holds a copy per family.
     bert.py      BERT (model_type "bert") and DistilBERT ("distilbert")
     roberta.py   RoBERTa ("roberta"), XLM-RoBERTa ("xlm-roberta"), CamemBERT ("camembert")
     mpnet.py     MPNet ("mpnet"): relative position buckets
+    modernbert.py  ModernBERT ("modernbert"): pre-norm, rotary, GeGLU, local attention
+
+What a family assembles differently (where the norms sit, the positions, the feed-forward,
+biases, local attention, the head) is its `blocks` (base.Blocks), read from its config keys.
 
 A checkpoint name table maps our parameter names (regexes over the names under a task model's
 `bert.`) to the file's names; several file names are concatenated along dim 0 (the fused qkv);
@@ -18,12 +22,15 @@ a file name starting with "/" sits at the file's top level, outside the encoder'
 from __future__ import annotations
 
 from ..errors import ConfigError
-from .base import BODY, Family, Specials, Table
+from .base import BODY, Blocks, Family, Specials, Table
 from .bert import BERT, DISTILBERT
+from .modernbert import MODERNBERT
 from .mpnet import MPNET
 from .roberta import CAMEMBERT, ROBERTA, XLM_ROBERTA
 
-FAMILIES = {f.name: f for f in (BERT, DISTILBERT, ROBERTA, XLM_ROBERTA, CAMEMBERT, MPNET)}
+FAMILIES = {
+    f.name: f for f in (BERT, DISTILBERT, ROBERTA, XLM_ROBERTA, CAMEMBERT, MPNET, MODERNBERT)
+}
 MODEL_TYPES = tuple(FAMILIES)
 
 
@@ -38,4 +45,4 @@ def family(model_type: str, source: str = "config") -> Family:
     return found
 
 
-__all__ = ["BODY", "FAMILIES", "MODEL_TYPES", "Family", "Specials", "Table", "family"]
+__all__ = ["BODY", "FAMILIES", "MODEL_TYPES", "Blocks", "Family", "Specials", "Table", "family"]

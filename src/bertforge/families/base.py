@@ -4,6 +4,7 @@ positions and special tokens, as data."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +30,41 @@ class Specials:
 
 
 @dataclass(frozen=True)
+class Blocks:
+    """How a family's encoder is assembled, as its config chooses (BERT's by default): where
+    the LayerNorms sit (post-norm; pre-norm with a final norm and none before the first
+    attention), the feed-forward (GELU; GeGLU: the up projection gives a value and a gate),
+    which projections and norms have biases, the positions (learned; rotary with a base per
+    layer), each layer's attention (global: None; local: keys within `window` positions either
+    side), and the head over the encoder (its non-linearity, bias, pooling of the tokens
+    (cls / mean); whether task heads read each token through it; the decoder's bias)."""
+
+    pre_norm: bool = False
+    glu: bool = False
+    attention_bias: bool = True
+    mlp_bias: bool = True
+    norm_bias: bool = True
+    rotary: tuple[float, ...] = ()  # one rotary base per layer; () for learned positions
+    windows: tuple[int | None, ...] = ()  # per layer; () or None: global attention
+    embedding_dropout: float | None = None  # None: hidden_dropout_prob (BERT's)
+    head_act: str | None = None  # None: hidden_act
+    head_bias: bool = True
+    head_norm: bool = False  # the pooler is dense + act + LayerNorm (ModernBERT's head)
+    token_head: bool = False  # token and span heads read each token through that head
+    pooling: str = "cls"  # what the pooler reads: the first token, or the mean of the tokens
+    decoder_bias: bool = True
+
+    def window(self, layer: int) -> int | None:
+        """Layer `layer`'s local attention half-width (keys within it either side), or None."""
+        return self.windows[layer] if self.windows else None
+
+
+def bert_blocks(layers: int, extras: dict[str, Any]) -> Blocks:
+    """BERT's blocks, whatever the config: post-norm, GELU, biases, learned positions."""
+    return Blocks()
+
+
+@dataclass(frozen=True)
 class Family:
     """One encoder family as its checkpoints lay it out (see the module docstring).
 
@@ -47,7 +83,11 @@ class Family:
     the padding (RoBERTa's), not from 0; relative_buckets: a table of relative position buckets
     (MPNet's) adds a score per head to every layer's attention; pooler: whether the bare encoder has one; pooler_act:
     its non-linearity; segments:
-    whether the family has segment embeddings at all; specials: its tokenizer's tokens.
+    whether the family has segment embeddings at all; specials: its tokenizer's tokens;
+    any_specials: a model of the family may be trained with any tokenizer's special tokens (its
+    config names their ids); blocks: the encoder's blocks from the layer count and config keys
+    (ModernBERT's choices; a ConfigError for a value it cannot build); layer_keys: config keys
+    that list a value per layer (ModernBERT's layer_types), cut with the layers.
     """
 
     name: str
@@ -72,6 +112,9 @@ class Family:
     pooler_act: str = "tanh"
     segments: bool = True
     specials: Specials = Specials()
+    any_specials: bool = False
+    blocks: Callable[[int, dict[str, Any]], Blocks] = bert_blocks
+    layer_keys: tuple[str, ...] = ()
 
     def compiled(self, head: str = "") -> list[tuple[re.Pattern[str], tuple[str, ...]]]:
         """The name table for a model of architecture ending in `head`, compiled."""

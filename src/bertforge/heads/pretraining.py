@@ -28,10 +28,11 @@ class MaskedLMHead(nn.Module):
 
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
-        self.transform = nn.Linear(config.hidden_size, config.hidden_size)
-        self.act = activation(config.hidden_act)
-        self.norm = LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+        H, blocks = config.hidden_size, config.blocks
+        self.transform = nn.Linear(H, H, bias=blocks.head_bias)
+        self.act = activation(blocks.head_act or config.hidden_act)
+        self.norm = LayerNorm(H, eps=config.layer_norm_eps, bias=blocks.norm_bias)
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size)) if blocks.decoder_bias else None
 
     def forward(self, h: torch.Tensor, word_embeddings: torch.Tensor) -> torch.Tensor:
         """h (..., H), word_embeddings (V, H) -> logits (..., V)."""

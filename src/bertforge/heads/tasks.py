@@ -78,7 +78,9 @@ class BertForSequenceClassification(Pretrained, nn.Module):
         self.config = config
         if self.outputs is None:  # named by the error on a checkpoint classifier of another size
             self.num_labels = config.num_labels
-        self.bert = BertModel(config, add_pooling_layer=not self.per_token)
+        # ModernBERT's token heads read each token through its head: the pooler's transform
+        token_head = config.blocks.token_head
+        self.bert = BertModel(config, add_pooling_layer=not self.per_token or token_head)
         self.p = classifier_dropout(config)
         self.classifier = nn.Linear(config.hidden_size, self.outputs or config.num_labels)
         _init_head(self.classifier, config)
@@ -92,7 +94,8 @@ class BertForSequenceClassification(Pretrained, nn.Module):
     ) -> ClassifierOutput:
         """input_ids, token_type_ids, attention_mask (B, T) -> logits (B, K), or (B, T, K)."""
         out = self.bert(input_ids, token_type_ids, attention_mask, **encoder_kwargs)
-        h = out.last_hidden_state if self.per_token else out.pooler_output  # (B, T, H) or (B, H)
+        # (B, T, H) or (B, H)
+        h = self.bert.token_states(out.last_hidden_state) if self.per_token else out.pooler_output
         return ClassifierOutput(
             logits=self.classifier(dropout(h, self.p, self.training)), encoder=out
         )
@@ -125,7 +128,7 @@ class BertForQuestionAnswering(Pretrained, nn.Module):
                 "an end per token, so num_labels must be 2 (or id2label unset)"
             )
         self.config = config
-        self.bert = BertModel(config, add_pooling_layer=False)
+        self.bert = BertModel(config, add_pooling_layer=config.blocks.token_head)
         self.qa_outputs = nn.Linear(config.hidden_size, 2)
         _init_head(self.qa_outputs, config)
 
@@ -138,7 +141,7 @@ class BertForQuestionAnswering(Pretrained, nn.Module):
     ) -> QuestionAnsweringOutput:
         """input_ids, token_type_ids, attention_mask (B, T) -> start_logits, end_logits (B, T)."""
         out = self.bert(input_ids, token_type_ids, attention_mask, **encoder_kwargs)
-        logits = self.qa_outputs(out.last_hidden_state)  # (B, T, 2)
+        logits = self.qa_outputs(self.bert.token_states(out.last_hidden_state))  # (B, T, 2)
         start, end = logits.unbind(dim=-1)  # each (B, T)
         return QuestionAnsweringOutput(
             start_logits=start.contiguous(), end_logits=end.contiguous(), encoder=out

@@ -258,7 +258,7 @@ def make_student(teacher: nn.Module, layers: list[int]) -> nn.Module:
             f"student layers {layers}: must be distinct increasing indices of the teacher's "
             f"{n} layers (0..{n - 1})"
         )
-    student = _like(teacher, teacher.config.replace(num_hidden_layers=len(layers)))
+    student = _like(teacher, teacher.config.with_layers(layers))
     state = {}
     for name, v in teacher.state_dict().items():
         m = re.match(r"(.*?\blayers\.)(\d+)(\..*)", name)
@@ -266,6 +266,12 @@ def make_student(teacher: nn.Module, layers: list[int]) -> nn.Module:
             state[name] = v
         elif int(m[2]) in layers:
             state[f"{m[1]}{layers.index(int(m[2]))}{m[3]}"] = v
+    # pre-norm (ModernBERT): the first layer reads the embeddings' norm, with no norm of its
+    # own; a later teacher layer taken first leaves its attention norm behind
+    wanted = student.state_dict()
+    dropped = [n for n in state if n not in wanted and ".layers.0.attn_norm." in f".{n}"]
+    for name in dropped:
+        del state[name]
     student.load_state_dict(state)
     return student
 
@@ -282,7 +288,8 @@ def fresh_student(teacher: nn.Module, size: str) -> nn.Module:
             f"student_size={size!r} (--student-size): a size ({', '.join(SIZES)}) or a "
             "config.json (or a directory holding one)"
         )
-    config = teacher.config.replace(**{k: getattr(shape, k) for k in SHAPE_KEYS})
+    config = teacher.config.with_layers(shape.num_hidden_layers)
+    config = config.replace(**{k: getattr(shape, k) for k in SHAPE_KEYS})
     return _like(teacher, config)
 
 

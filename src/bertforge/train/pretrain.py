@@ -46,6 +46,7 @@ from ..data.instances import IGNORE_INDEX, MaskingSpec
 from ..data.pretraining import Batch, Position, PretrainingStream
 from ..data.shards import ShardSet
 from ..errors import ConfigError, DataError
+from ..families.modernbert import modernbert_extras
 from ..heads import BertForMaskedLM, BertForPreTraining
 from ..hub import resolve
 from ..model import set_dropout
@@ -58,16 +59,45 @@ from .checkpoints import RunDir
 from .loop import COMPILE_HELP, LoopConfig, compiled, compiles, train
 from .optim import OPTIMIZERS, build_optimizer
 
-# what --arch sets on a model built from a named size (pad_id: the tokenizer's padding id); an
-# arch trains the families built on it (Family.base; --config / --init of another is refused)
-ARCH_CONFIGS: dict[str, Callable[[int], dict[str, Any]]] = {
-    "bert": lambda pad: {},
-    "roberta": lambda pad: {
-        "model_type": "roberta",
-        "type_vocab_size": 1,
-        "layer_norm_eps": 1e-5,
-        "max_position_embeddings": 512 + pad + 1,  # positions count past the padding id
-    },
+
+@dataclass(frozen=True)
+class Arch:
+    """What --arch sets: the config of a model built from a named size (from the data's
+    tokenizer and the size's layers, width and heads), its recipe's masking rate, and whether it trains
+    next-sentence prediction. An arch trains the families built on it (Family.base; --config /
+    --init of another family is refused)."""
+
+    config: Callable[[Tokenizer, tuple[int, int, int]], dict[str, Any]]
+    masked_lm_prob: float = 0.15
+    nsp: bool = False
+
+
+ARCH_CONFIGS: dict[str, Arch] = {
+    "bert": Arch(lambda tok, size: {}, nsp=True),
+    "roberta": Arch(
+        lambda tok, size: {
+            "model_type": "roberta",
+            "type_vocab_size": 1,
+            "layer_norm_eps": 1e-5,
+            "max_position_embeddings": 512 + tok.pad_id + 1,  # positions past the padding id
+        }
+    ),
+    # ModernBERT's recipe: 30% of the pieces masked; its GeGLU at 1.5x the width (ModernBERT-
+    # base: 1152 for 768), no dropout, 8,192 positions
+    "modernbert": Arch(
+        lambda tok, size: {
+            "model_type": "modernbert",
+            "type_vocab_size": 0,
+            "layer_norm_eps": 1e-5,
+            "max_position_embeddings": 8192,
+            "intermediate_size": 3 * size[1] // 2,
+            "hidden_dropout_prob": 0.0,
+            "attention_probs_dropout_prob": 0.0,
+            "classifier_dropout": 0.0,
+            "extras": modernbert_extras(size[0], tok.cls_id, tok.sep_id),
+        },
+        masked_lm_prob=0.30,
+    ),
 }
 ARCHS = tuple(ARCH_CONFIGS)
 MAX_MINUTES = 1e6  # about two years: a time budget beyond it is a typo, not a plan
@@ -101,9 +131,10 @@ class PretrainConfig:
     )
     arch: str | None = option(
         None,
-        "bert, or roberta: masked LM alone (no NSP) on packed rows, one segment, positions "
-        "past the padding id; its data prepared with a bpe or unigram vocabulary (default: "
-        "the --config's or --init's family, else bert)",
+        "bert; roberta: masked LM alone (no NSP) on packed rows, one segment, positions past "
+        "the padding id, its data prepared with a bpe or unigram vocabulary; modernbert: the "
+        "same with pre-norm GeGLU blocks, rotary positions, local attention and 30%% masking "
+        "(default: the --config's or --init's family, else bert)",
         choices=ARCHS,
     )
     config: str | None = option(None, "config.json of the model to train from scratch")
@@ -122,7 +153,12 @@ class PretrainConfig:
     )
     max_seq_length: int = option(128, "pieces per row", min=5)
     max_predictions_per_seq: int | None = option(None, "default: 15%% of max-seq-length", min=1)
-    masked_lm_prob: float = option(0.15, "share of pieces masked", above=0, below=1)
+    masked_lm_prob: float | None = option(
+        None,
+        "share of pieces masked (default: 0.15; 0.30 with --arch modernbert)",
+        above=0,
+        below=1,
+    )
     short_seq_prob: float = option(0.1, "NSP: share of shorter target lengths", min=0, max=1)
     whole_word_mask: bool = option(False, "mask all pieces of a word together")
     nsp: bool = option(
@@ -171,8 +207,11 @@ class PretrainConfig:
         check_options(self)
         if sum(x is not None for x in (self.config, self.init)) > 1:
             raise ConfigError("give --config or --init, not both")
-        if self.arch == "roberta":
+        arch = ARCH_CONFIGS[self.arch or "bert"]
+        if not arch.nsp:
             self.nsp = False  # RoBERTa's recipe: masked LM alone on full rows of text
+        if self.masked_lm_prob is None:
+            self.masked_lm_prob = arch.masked_lm_prob
 
 
 class PretrainingTask:
@@ -288,8 +327,8 @@ def build_model(cfg: PretrainConfig, tok: Tokenizer) -> BertForPreTraining | Ber
         if cfg.config:
             config = BertConfig.from_json_file(cfg.config).replace(**overrides)
         else:
-            arch = ARCH_CONFIGS[cfg.arch or "bert"]
-            config = BertConfig.from_size(cfg.model_size, **arch(tok.pad_id), **overrides)
+            arch = ARCH_CONFIGS[cfg.arch or "bert"].config(tok, SIZES[cfg.model_size])
+            config = BertConfig.from_size(cfg.model_size, **arch, **overrides)
     _check_arch(cfg, config, tok)
     if cfg.max_seq_length > config.max_tokens:
         raise ConfigError(
@@ -323,7 +362,7 @@ def _check_arch(cfg: PretrainConfig, config: BertConfig, tok: Tokenizer) -> None
             f"--whole-word-mask reads WordPiece's ## pieces; this data's tokenizer is {tok.kind}"
         )
     ours, theirs = config.family.specials, tok.specials
-    if (ours.cls, ours.sep, ours.pad, ours.mask) != (
+    if not config.family.any_specials and (ours.cls, ours.sep, ours.pad, ours.mask) != (
         theirs.cls,
         theirs.sep,
         theirs.pad,
