@@ -895,8 +895,10 @@ def test_summarize_shows_its_progress_in_lines_off_a_terminal(
     capsys: pytest.CaptureFixture,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A long document took minutes with no sign of life: the CLI shows how many of the
-    sentences are read (a bar on a terminal; off one, a line every so often: here always)."""
+    """A long document took minutes with no sign of life: the library shows how many of the
+    sentences are read, the CLI how many of the input's characters (as every pipeline verb),
+    one document's advancing as its sentences are read (a bar on a terminal; off one, a line
+    every so often: here always)."""
     from bertforge import runner
     from bertforge.cli import main
 
@@ -914,4 +916,6 @@ def test_summarize_shows_its_progress_in_lines_off_a_terminal(
     data.write_text(json.dumps({"text": text}) + "\n")
     assert main(["summarize", str(minilm_dir), str(data), "--out", str(tmp_path / "o")]) == 0
     lines = capsys.readouterr().err.splitlines()
-    assert lines[-2].startswith("summarize: 40/40 sentences (100%)"), lines  # then "wrote ..."
+    chars = f"{len(text) / 1000:.2f}k"
+    assert lines[-2].startswith(f"summarize: {chars}/{chars} characters (100%)"), lines
+    assert any(f"/{chars} characters (" in x and "(0%)" not in x for x in lines[:-2]), lines

@@ -37,6 +37,7 @@ from .errors import BertforgeError, ConfigError, DataError, hide, redacted
 from .options import (
     INFERENCE_HELP,
     Parser,
+    add_no_progress,
     add_options,
     changed_options,
     float_list,
@@ -318,6 +319,7 @@ def args_pipeline(p: argparse.ArgumentParser, name: str) -> None:
         p.add_argument(
             "--keep-tabs", action="store_true", help="a tab is part of the text (default: an error)"
         )
+    add_no_progress(p)
     method = getattr(Pipeline, entry.method)
     hidden = [name for name, *_ in parameters(method) if name not in entry.options]
     add_options(p, method, skip=hidden, choices=entry.choices, help=entry.options)
@@ -357,7 +359,7 @@ def cmd_pipeline(args: argparse.Namespace) -> None:
     work: an option the verb does not read, an --out that is one of its input files."""
     from .catalogue import ENTRIES
     from .fileio import refuse_overwrite
-    from .inputs import columns, read_inputs, write_results
+    from .inputs import answers, columns, read_inputs, write_results
     from .pipelines import Pipeline
 
     entry = ENTRIES[args.pipeline]
@@ -370,13 +372,15 @@ def cmd_pipeline(args: argparse.Namespace) -> None:
     rows = read_inputs(args.input, inputs, args.skip_blank, keep_tabs, unasked)
     texts = columns(rows, inputs)
     pipe = Pipeline(args.model, **options_of(args, Pipeline))
-    method = getattr(Pipeline, entry.method)
-    options = options_of(args, method)
-    if any(name == "progress" for name, *_ in parameters(method)):  # long inputs show how far
-        options["progress"] = True
-    results = entry.run(pipe, texts, options)
-    if entry.post:
-        results = entry.post(results, **options_of(args, entry.post))
+    options = options_of(args, getattr(Pipeline, entry.method))
+    results = answers(entry, pipe, texts, options, args.progress)
+    post = options_of(args, entry.post) if entry.post else {}
+    # JSONL rows are written as their part is run; an array file is written whole, and so is
+    # what post changes (embed's int8 buckets come from every vector written)
+    array = bool(args.out and entry.save and args.out.endswith(entry.arrays))
+    defaults = {name: default for name, default, *_ in parameters(entry.post)} if post else {}
+    if array or post != defaults:
+        results = list(results) if entry.post is None else entry.post(list(results), **post)
     write_results(entry, args.out, rows, texts, results)
 
 
