@@ -520,6 +520,66 @@ def test_rerank_from_python_is_search_rerank(
         rerank(pipe, QUERIES, first, fusion="borda")
 
 
+def test_search_writes_each_row_when_ready_and_shows_how_far_it_is(
+    built: Index,
+    tiny_model: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """search --rerank over 300 questions ran 400 s with nothing shown and nothing written: a
+    query's row is on stdout before the next query is reranked (the first stage runs a part of
+    the queries at a time), and stderr says how far it is (off a terminal, a line every
+    LINE_SECONDS: here always); the rows are what reranking all the queries at once gives."""
+    import importlib
+
+    from bertforge import runner
+    from bertforge.search import rerank
+
+    monkeypatch.setattr(runner, "LINE_SECONDS", 0.0)
+    # the module, not search.rerank the function
+    monkeypatch.setattr(importlib.import_module("bertforge.search.rerank"), "QUERIES_AT_ONCE", 2)
+    ce = _saturating_cross_encoder(tiny_model, tmp_path / "ce")
+    asked = [*QUERIES, "tea leaves"]
+    queries = tmp_path / "q.txt"
+    queries.write_text("\n".join(asked) + "\n")
+    out: list[str] = []
+    err: list[str] = []
+    seen: dict[str, list[int]] = {"first stage": [], "rerank": []}  # stdout's rows by then
+
+    def counting(name: str, fn: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            got = capsys.readouterr()
+            out.extend(got.out.splitlines())
+            err.extend(got.err.splitlines())
+            seen[name].append(len(out))
+            return fn(*args, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(Index, "search", counting("first stage", Index.search))
+    monkeypatch.setattr(Pipeline, "rerank", counting("rerank", Pipeline.rerank))
+    common = ["search", str(built.path), str(queries), "--top-k", "3"]
+    assert main([*common, "--rerank", str(ce), "--rerank-depth", "4"]) == 0
+    got = capsys.readouterr()
+    out.extend(got.out.splitlines())
+    assert seen == {"first stage": [0, 2, 4], "rerank": [0, 1, 2, 3, 4]}
+    first = built.search(asked, top_k=4, text=True)
+    assert [json.loads(x)["results"] for x in out] == rerank(ce, asked, first, top_k=3)
+    lines = err + got.err.splitlines()
+    assert lines and all(x.startswith("search: ") for x in lines), lines
+    assert lines[-1].startswith("search: 5/5 queries (100%)"), lines
+    assert any(x.startswith("search: 1/5 queries (20%)") for x in lines), lines  # per query
+
+    out.clear()
+    err.clear()
+    seen["first stage"].clear()
+    assert main([*common, "--no-progress"]) == 0
+    got = capsys.readouterr()
+    assert seen["first stage"] == [0, 2, 4] and err == [] and got.err == ""
+    assert [json.loads(x)["line"] for x in out + got.out.splitlines()] == [1, 2, 3, 4, 5]
+
+
 def test_mining_from_python_is_the_mine_command(
     built: Index, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:

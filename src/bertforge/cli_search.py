@@ -8,7 +8,7 @@ import dataclasses
 from typing import Any
 
 from .errors import ConfigError
-from .options import INFERENCE_HELP, add_options, changed_options, options_of
+from .options import INFERENCE_HELP, add_no_progress, add_options, changed_options, options_of
 
 
 def args_index(p: argparse.ArgumentParser) -> None:
@@ -134,7 +134,8 @@ def args_search(p: argparse.ArgumentParser) -> None:
         help="PostgreSQL: only documents whose metadata FIELD is VALUE (again: all of them)",
     )
     p.add_argument("--skip-blank", action="store_true", help="drop blank lines (default: error)")
-    p.add_argument("--out", help="JSONL output file (default: stdout)")
+    p.add_argument("--out", help="JSONL output file (default: stdout, a row as each is ready)")
+    add_no_progress(p)
 
 
 def cmd_search(args: argparse.Namespace) -> None:
@@ -144,7 +145,7 @@ def cmd_search(args: argparse.Namespace) -> None:
     stage's, each hit with its cross-encoder score as rerank_score)."""
     from .catalogue import TEXTS
     from .inputs import read_inputs, write_jsonl
-    from .search import FirstStage, SearchOptions, parse_where, search_queries
+    from .search import FirstStage, SearchOptions, parse_where, searched
 
     options = SearchOptions(**options_of(args, SearchOptions))
     where = parse_where(args.where)
@@ -152,8 +153,8 @@ def cmd_search(args: argparse.Namespace) -> None:
     rows = read_inputs(args.queries, TEXTS, args.skip_blank)
     queries = [r.texts[0] for r in rows]
     stage = FirstStage(**options_of(args, FirstStage))
-    results = search_queries(index, queries, stage, options, where)
-    write_jsonl(args.out, rows, [{"query": q, "results": h} for q, h in zip(queries, results)])
+    results = searched(index, queries, stage, options, where, args.progress)
+    write_jsonl(args.out, rows, ({"query": q, "results": h} for q, h in zip(queries, results)))
 
 
 def args_mine(p: argparse.ArgumentParser) -> None:

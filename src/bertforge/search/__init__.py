@@ -44,7 +44,7 @@ from .options import (
     SearchOptions,
     parse_where,
 )
-from .rerank import rerank, search_queries
+from .rerank import rerank, search_queries, searched
 
 __all__ = [
     "FUSIONS",
@@ -76,4 +76,5 @@ __all__ = [
     "rerank",
     "score_groups",
     "search_queries",
+    "searched",
 ]

@@ -32,9 +32,7 @@ import numpy as np
 
 from ..errors import ConfigError, DataError, check_choice
 from .index import Index
-from .options import MISSING, MODES, FirstStage, MineOptions
-
-QUERIES_AT_ONCE = 1024  # queries searched, and their candidates' texts held, at a time
+from .options import MISSING, MODES, QUERIES_AT_ONCE, FirstStage, MineOptions
 
 if TYPE_CHECKING:
     from ..data.tasks.retrieval import RetrievalExample
