@@ -891,6 +891,37 @@ def test_mine_command_reports_and_refuses(
     assert "must end in .jsonl" in capsys.readouterr().err
 
 
+def test_mine_shows_how_far_it_is_on_stderr(
+    built: Index,
+    tiny_model: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """mine ran 30 s silent: stderr shows the queries searched and the groups a teacher scored
+    (off a terminal, a line every LINE_SECONDS: here always), stdout its report alone."""
+    from bertforge import runner
+    from bertforge.search import mining
+
+    monkeypatch.setattr(runner, "LINE_SECONDS", 0.0)
+    monkeypatch.setattr(mining, "QUERIES_AT_ONCE", 2)
+    train = tmp_path / "train.jsonl"
+    rows = [{"query": q, "positive": DOCS[i]} for q, i in zip(QUERIES[:3], (2, 0, 1))]
+    train.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    ce = _saturating_cross_encoder(tiny_model, tmp_path / "ce")
+    base = ["mine", str(built.path), str(train), "--negatives", "2", "--depth", "6"]
+    assert main([*base, "--out", str(tmp_path / "m"), "--teacher", str(ce)]) == 0
+    got = capsys.readouterr()
+    assert got.out.startswith("wrote 3 of 3 rows")
+    lines = got.err.splitlines()
+    mined = [x for x in lines if x.startswith("mine: ")]
+    assert mined[-2].startswith("mine: 2/3 queries (67%)"), lines  # a line per part
+    assert mined[-1].startswith("mine: 3/3 queries (100%)"), lines
+    assert lines[len(mined) :] and lines[-1].startswith("teacher: 3/3 groups (100%)"), lines
+    assert main([*base, "--out", str(tmp_path / "m2"), "--no-progress"]) == 0
+    assert capsys.readouterr().err == ""
+
+
 def test_an_index_is_bound_to_its_model(
     built: Index,
     minilm_dir: Path,

@@ -169,6 +169,7 @@ def args_mine(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--out", required=True, help="JSONL {query, positive, negatives}")
     add_options(p, MineOptions)
+    add_no_progress(p)
 
 
 def cmd_mine(args: argparse.Namespace) -> None:
@@ -180,7 +181,7 @@ def cmd_mine(args: argparse.Namespace) -> None:
     index = _open_index(args, train=args.train, teacher=options.teacher)
     examples = read_retrieval(args.train)
     stage = FirstStage(**options_of(args, FirstStage))
-    groups, said = mine_groups(index, examples, options, stage, args.train)
+    groups, said = mine_groups(index, examples, options, stage, args.train, args.progress)
     write_text(args.out, "".join(json_text(g) + "\n" for g in groups))
     print(f"wrote {len(groups):,} of {len(examples):,} rows to {args.out}: {said}")
 
