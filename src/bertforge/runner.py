@@ -145,7 +145,7 @@ class Runner:
     overlap: bool | None = None
     max_tokens: int | None = None
     progress: Any = None  # a progress_bar each batch advances by its rows (showing); None: none
-    progress_units: int | None = None  # set: each call advances it this much in all (showing)
+    progress_end: int | None = None  # set: where a call's batches take the bar in all (showing)
 
     @property
     def pad_multiple(self) -> int:
@@ -207,44 +207,44 @@ class Runner:
 
     def _advancing(self, rows: int) -> Callable[[int], None]:
         """How a call over `rows` rows advances the bar per batch: by the batch's rows, or with
-        progress_units, by its share of them (whole units; the call's last batch ends on them)."""
-        bar, units = self.progress, self.progress_units
+        progress_end, by its share of what is left up to there (whole units; the call's last
+        batch ends there)."""
+        bar, end = self.progress, self.progress_end
         if bar is None:
             return lambda n: None
-        if units is None:
+        if end is None:
             return bar.update
-        done = [0, 0]  # rows run, units shown
+        units, start = max(end - bar.n, 0), bar.n
+        done = [0]  # rows run
 
         def advance(n: int) -> None:
             done[0] += n
-            shown = units * done[0] // max(rows, 1)
-            bar.update(shown - done[1])
-            done[1] = shown
+            bar.update(start + units * done[0] // max(rows, 1) - bar.n)
 
         return advance
 
     @contextlib.contextmanager
     def showing(self, bar: Any, units: int | None = None) -> Iterator[Any]:
         """`bar` (a progress_bar) advanced by the rows of every batch run meanwhile, closed at
-        the end; None: the bar already shown, if any, goes on. With `units`, each call advances
-        it by that many in all instead, spread over the call's batches by their rows (a
-        caller's documents or lines, whose rows are their sentences or windows), and at the end
-        it stands `units` further on (a call that ran no rows: empty documents) however many
-        calls ran."""
+        the end; None: the bar already shown, if any, goes on. With `units`, the calls run
+        meanwhile advance it by that many in all instead, spread over their batches by their
+        rows (a caller's documents or lines, whose rows are their sentences or windows): the
+        first call takes it all the way (a later one has nothing left to add), and at the end
+        it stands `units` further on (a call that ran no rows: empty documents)."""
         if bar is None and units is None:
             yield self.progress
             return
-        before = self.progress, self.progress_units
+        before = self.progress, self.progress_end
         if bar is not None:
             self.progress = bar
-        self.progress_units = units
-        start = self.progress.n if self.progress is not None else 0
+        end = None if units is None or self.progress is None else self.progress.n + units
+        self.progress_end = end
         try:
             yield self.progress
-            if units is not None and self.progress is not None:
-                self.progress.update(start + units - self.progress.n)
+            if end is not None:
+                self.progress.update(end - self.progress.n)
         finally:
-            self.progress, self.progress_units = before
+            self.progress, self.progress_end = before
             if bar is not None:
                 bar.close()
 
