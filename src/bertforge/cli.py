@@ -487,6 +487,7 @@ def args_probe(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-train", type=int, help="use the first N training sentences")
     _inference_options(p, "precision")
     p.add_argument("--json", help="also write the table as JSON here")
+    add_no_progress(p)
 
     def single_sentence(name: str) -> str:  # argparse's "invalid choice" would not say why
         if name not in TASKS:
@@ -612,6 +613,7 @@ def cmd_probe(args: argparse.Namespace) -> None:
             choices or DEFAULT_CHOICES,
             pooling=args.pooling,
             precision=args.precision,
+            progress=args.progress,
         )
         print(
             f"{len(train):,} training and {len(dev):,} dev sentences; frozen features "
