@@ -32,9 +32,10 @@ queries and of windows (memory bounded for any corpus), the best window per docu
 k (ties: the earlier document first). An index built with approximate="hnsw"
 (`--approximate hnsw`, faiss) searches an HNSW graph of the windows instead (for millions of
 vectors). Hybrid search fuses the dense and BM25 top-100 lists (top-k where more are asked
-for): by reciprocal rank (k = 60; `fusion="rrf"`, the default) or by their scores standardised
-per query (`fusion="zscore"`: each list's z-scores, a document it leaves out given its lowest,
-summed; fusion.py); `alpha` weighs the dense list against BM25's (0.5: equal).
+for): by their scores standardised per query (`fusion="zscore"`, the default, FirstStage's:
+each list's z-scores, a document it leaves out given its lowest, summed; fusion.py) or by
+reciprocal rank (`fusion="rrf"`, k = 60); `alpha` weighs the dense list against BM25's (0.5:
+equal).
 """
 
 from __future__ import annotations

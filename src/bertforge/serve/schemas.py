@@ -14,6 +14,7 @@ from .. import embedding
 from ..catalogue import Entry
 from ..embedding import POOLINGS
 from ..pipelines import Pipeline
+from ..search.options import FirstStage
 
 
 class Body(BaseModel):
@@ -97,7 +98,7 @@ class SearchRequest(Strict):  # POST /search, with --index
     queries: list[str]
     top_k: int = Field(10, ge=1, le=1000)
     mode: str = Field("dense", pattern="^(dense|bm25|hybrid)$")
-    fusion: str = Field("rrf", pattern="^(rrf|zscore)$")
+    fusion: str = Field(FirstStage.fusion, pattern="^(rrf|zscore)$")
     alpha: float = Field(0.5, ge=0.0, le=1.0)
     return_text: bool = False
     return_passage: bool = False
