@@ -371,7 +371,7 @@ def cmd_pipeline(args: argparse.Namespace) -> None:
     files = {"input": args.input, "calibration": getattr(args, "calibration", None)}
     refuse_overwrite(args.out, {**files, "model": args.model}, "--out")
     keep_tabs = getattr(args, "keep_tabs", False)
-    rows = read_inputs(args.input, inputs, args.skip_blank, keep_tabs, unasked)
+    rows = read_inputs(args.input, inputs, args.skip_blank, keep_tabs, unasked, entry.documents)
     texts = columns(rows, inputs)
     pipe = Pipeline(args.model, **options_of(args, Pipeline))
     options = options_of(args, getattr(Pipeline, entry.method))

@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from .catalogue import Entry, Input
+from .data.corpus import detect_format
+from .data.tasks.documents import WikiCounts, read_documents
 from .data.tasks.table import json_object
 from .errors import DataError
 from .fileio import atomic_path, json_text, read_lines
@@ -45,6 +47,7 @@ def read_inputs(
     skip_blank: bool = False,
     keep_tabs: bool = False,
     unasked: Sequence[Input] = (),
+    documents: bool = False,
 ) -> list[InputLine]:
     """Inputs of a pipeline command, one per line: JSONL objects with the inputs' fields (file
     ends in .jsonl, in any case), or lines of text (several inputs: tab-separated); "-" reads
@@ -53,7 +56,11 @@ def read_inputs(
     says which line it answers); a tab in a single-text line is an error unless keep_tabs (a
     TSV line given without --pairs would otherwise be read as one text, its other columns
     included). unasked: optional inputs whose flag was not given (classify's --pairs): a JSONL
-    line with one's field is an error, not a pair read as a single text."""
+    line with one's field is an error, not a pair read as a single text. documents (a verb
+    of one text, Entry.documents): WikiExtractor output, a file or a directory, is read as
+    finetune --task summarize reads it (wiki_inputs)."""
+    if documents and path != "-" and (Path(path).is_dir() or detect_format(Path(path)) == "wiki"):
+        return wiki_inputs(path)
     names = [i.field for i in inputs]
     where = "<stdin>" if path == "-" else path
     jsonl = where.lower().endswith(".jsonl")
@@ -80,6 +87,19 @@ def read_inputs(
             )
         rows.append(InputLine(lineno, None, tuple(parts)))
     return rows
+
+
+def wiki_inputs(path: str) -> list[InputLine]:
+    """The documents of WikiExtractor files (a file, or a directory of them) as
+    data.tasks.documents.read_documents reads them to fine-tune a summarizer: an article's
+    body is a document (its lead is that document's reference summary; an article too short
+    to summarise is left out, the count said on stderr), its line its <doc>, its id
+    FILE:TITLE."""
+    counts = WikiCounts()
+    found = read_documents(path, labelled=False, counts=counts)
+    if counts.articles:
+        print(counts.said(path), file=sys.stderr, flush=True)
+    return [InputLine(int(d.source.rsplit(":", 1)[1]), d.guid, (d.text,)) for d in found]
 
 
 def _json_input(
