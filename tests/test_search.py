@@ -219,6 +219,23 @@ def test_a_query_that_shares_no_word_with_the_corpus(built: Index) -> None:
     assert [h["id"] for h in one] == ["d2"]
 
 
+def test_a_build_shows_its_documents_done_with_the_time_left(
+    minilm_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Off a terminal the build's bar (tqdm's, in windows, no total) piled its carriage returns
+    on one line with no time left: it counts documents of the corpus's total (runner.progress_bar,
+    a line every LINE_SECONDS off a terminal: here always), moving as each part's windows are
+    embedded."""
+    from bertforge import runner
+
+    monkeypatch.setattr(runner, "LINE_SECONDS", 0.0)
+    Index.build(minilm_dir, corpus(tmp_path), tmp_path / "idx", chunk=4, precision="fp32")
+    lines = capsys.readouterr().err.splitlines()
+    assert lines and all(x.startswith("index: ") and "\r" not in x for x in lines), lines
+    assert any(x.startswith("index: 4/6 documents (67%)") for x in lines), lines
+    assert lines[-1].startswith("index: 6/6 documents (100%)"), lines
+
+
 def test_a_killed_build_resumes_without_redoing_parts(
     built: Index, minilm_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -43,7 +43,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
-import sys
 import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from itertools import pairwise
@@ -62,7 +61,7 @@ from ..fileio import (
     write_json,
     write_text,
 )
-from ..runner import release_memory
+from ..runner import progress_bar, release_memory
 from ..tasks.windows import windows_of
 from .corpus import DEFAULT_FORMAT, CorpusFormat, read_search_corpus
 from .fusion import FUSED, FUSIONS, best_columns, fuse_runs
@@ -693,15 +692,15 @@ def _build_parts(
     """The parts of a build in out/parts, `chunk` of the `total` documents each (a part already
     whole for the same documents kept), parts left from a longer corpus removed; how many
     documents they hold."""
-    from tqdm import tqdm
-
-    bar = tqdm(desc="index", unit="window", disable=not progress, file=sys.stderr)
+    bar = progress_bar("index", total, "documents") if progress else None
     done = k = 0
     for k, docs in enumerate(chunks(documents, chunk)):
         _build_part(out / "parts" / f"{k:06d}", pipe, docs, done, cut, bar)
         done += len(docs)
-        bar.set_postfix_str(f"{done:,}/{total:,} documents", refresh=True)
-    bar.close()
+        if bar is not None:  # the part's documents, however many windows it had
+            bar.update(done - bar.n)
+    if bar is not None:
+        bar.close()
     for stale in (out / "parts").glob("*[0-9].npy"):  # parts of a longer corpus before
         if int(stale.stem) > k:
             for f in stale.parent.glob(f"{stale.stem}.*"):
@@ -722,11 +721,11 @@ def _build_part(
     four (.sha256): the part is whole. A part already whole for the same documents is kept;
     any other is made again, its record removed first, so that a build killed while making it,
     or a part damaged since (truncated, overwritten: once a traceback from np.load, or joined
-    into the index), is never taken for whole."""
+    into the index), is never taken for whole. `bar` (None: none): a bar over
+    the documents, moved by this part's share of its windows as they are embedded."""
     listing = "".join(json_text({"id": i, "text": t}) + "\n" for i, t in docs)
     vectors, record = part.with_suffix(".npy"), part.with_suffix(".sha256")
     if _part_whole(part, listing):
-        bar.update(np.load(vectors, mmap_mode="r", allow_pickle=False).shape[0])
         return
     pieces, owners, starts, lengths, spans = cut_windows(pipe, [t for _, t in docs], *cut[:2])
     record.unlink(missing_ok=True)
@@ -742,7 +741,8 @@ def _build_part(
                 table = np.lib.format.open_memmap(tmp, "w+", np.float32, shape)
             table[a : a + len(block)] = block
             a += len(block)
-            bar.update(len(block))
+            if bar is not None:  # the documents' share of the windows embedded
+                bar.update(first + len(docs) * a // len(owners) - bar.n)
         table.flush()  # type: ignore[union-attr]
         del table
     write_text(record, files_sha256(_part_files(part)))
