@@ -168,3 +168,9 @@ def test_pipeline_rows_are_written_part_by_part_with_progress_on_stderr(
     assert main([*int8, "--out", str(tmp_path / "e.npy")]) == 0  # from every vector
     rows = [json.loads(r)["embedding"] for r in got.out.splitlines()]
     np.testing.assert_array_equal(rows, np.load(tmp_path / "e.npy"))
+    # no lines: still one (empty) part, so a bad option is refused as for any input
+    monkeypatch.setattr(Pipeline, "embed", embed)  # its options are read from its signature
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    assert main(["embed", str(tiny_model), str(empty), "--dimensions", "1000"]) == 2
+    assert "dimensions" in capsys.readouterr().err

@@ -126,8 +126,12 @@ def columns(rows: Sequence[InputLine], inputs: Sequence[Input]) -> dict[str, lis
 
 
 def parts(texts: dict[str, list[str]]) -> Iterator[range]:
-    """The input lines' indices in the parts they are run in, in order (LINES_AT_ONCE)."""
+    """The input lines' indices in the parts they are run in, in order (LINES_AT_ONCE); no
+    lines, one empty part (the pipeline still checks its options, as for any input)."""
     n = len(next(iter(texts.values()), []))
+    if n == 0:
+        yield range(0)
+        return
     start, size = 0, 0
     for i in range(n):
         size += sum(len(column[i]) for column in texts.values())
