@@ -868,7 +868,7 @@ def test_row_limits_and_evaluate_predict_from_the_run(
     assert main(["evaluate", "--model", str(out), "--data", str(dev), "--json"]) == 0
     metrics = json.loads(capsys.readouterr().out)
     given = evaluate_model(str(out), "csv", str(dev), text_column="words", label_column="tone")
-    assert metrics == given and capsys.readouterr().err == ""  # the library is quiet
+    assert metrics == given and capsys.readouterr().err == ""  # no line for a short run
     # the command line shows how far it is on stderr (off a terminal, a line every
     # LINE_SECONDS: here always), stdout the metrics alone
     from bertforge import runner

@@ -231,9 +231,14 @@ def args_evaluate(p: argparse.ArgumentParser, predict: bool = False) -> None:
     add_options(
         p,
         finetune.predict if predict else finetune.evaluate_model,
-        skip=("out", "progress"),
+        skip=("out",),
+        flags={"progress": "--no-progress"},
         choices={"precision": PRECISIONS},
-        help={**INFERENCE_HELP, "max_rows": "only the first N examples of --data, in file order"},
+        help={
+            **INFERENCE_HELP,
+            "max_rows": "only the first N examples of --data, in file order",
+            "progress": "no progress bar",
+        },
     )
     p.add_argument(
         "--task",
@@ -242,7 +247,6 @@ def args_evaluate(p: argparse.ArgumentParser, predict: bool = False) -> None:
         "lengths and other options below apply too unless given here",
     )
     add_options(p, TaskOptions, skip=("task",))
-    add_no_progress(p)
     if not predict:
         p.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
 
@@ -256,8 +260,7 @@ def _run_task(args: argparse.Namespace, fn: Callable[..., Any]) -> Any:
 
     refuse_overwrite(args.out, {"model": args.model, "data": args.data}, "--out")
     changed = changed_options(args, TaskOptions)
-    options = {**options_of(args, fn), **changed, "progress": args.progress}
-    return fn(args.model, args.task, args.data, out=args.out, **options)
+    return fn(args.model, args.task, args.data, out=args.out, **options_of(args, fn), **changed)
 
 
 def cmd_evaluate(args: argparse.Namespace) -> None:

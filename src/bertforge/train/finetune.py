@@ -159,14 +159,15 @@ def evaluate_model(
     max_rows: int | None = None,
     device: str | None = None,
     precision: str = "auto",
-    progress: bool = False,
+    progress: bool = True,
     **options: Any,
 ) -> dict[str, float]:
     """Metrics of a fine-tuned model directory on a labelled task file (e.g. GLUE dev), or on
     its first `max_rows` examples; with `out`, its predictions are written there in the task's
     format. `task`: TaskOptions, or a name with TaskOptions fields as keyword arguments, or
     None: the task of the model's run.json (run_task_options fills the fields not given).
-    progress: a bar over the examples on stderr (runner.progress_bar)."""
+    progress: a bar over the examples on stderr (runner.progress_bar; as training's, shown
+    unless turned off)."""
     opts = task if isinstance(task, TaskOptions) else run_task_options(model_dir, task, options)
     if is_document_summarizer(model_dir) and opts.task == "summarize":
         fam, scorer = document_summarizer(model_dir, opts, device, precision)
@@ -199,7 +200,7 @@ def predict(
     max_rows: int | None = None,
     device: str | None = None,
     precision: str = "auto",
-    progress: bool = False,
+    progress: bool = True,
     **options: Any,
 ) -> list[Path]:
     """Predictions of a fine-tuned model for the inputs of `data` (labels, if any, unused), or
