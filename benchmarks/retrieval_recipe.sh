@@ -26,8 +26,9 @@ mkdir -p "$W" && cd "$W"
 python "$HERE/retrieval.py" --data "$DATA" --write-train .
 bertforge index "$M" train_paragraphs.jsonl --out idx-train
 bertforge mine idx-train squad_train_pairs.jsonl --out bi.jsonl --mode bm25 --negatives 3 --depth 30
-bertforge mine idx-train squad_train_pairs.jsonl --out ce.jsonl --mode hybrid --negatives 7 \
-    --depth 30
+# --fusion rrf: hybrid's default when these rows were measured (z-scores since)
+bertforge mine idx-train squad_train_pairs.jsonl --out ce.jsonl --mode hybrid --fusion rrf \
+    --negatives 7 --depth 30
 python - "$HERE" "$DATA" <<'EOF'
 import json, sys
 sys.path.insert(0, sys.argv[1])
@@ -76,8 +77,8 @@ read -r _ BS LR EP < <(best bi_b)
 bertforge finetune --task retrieval --model "$M" --train bi.jsonl --out bi-final \
     --batch-size "$BS" --lr "$LR" --epochs "$EP" "${common[@]}"
 read -r CE _ < <(best ce_)
-bertforge mine idx-train squad_train_pairs.jsonl --out bt.jsonl --mode hybrid --negatives 7 \
-    --depth 30 --teacher "$CE"
+bertforge mine idx-train squad_train_pairs.jsonl --out bt.jsonl --mode hybrid --fusion rrf \
+    --negatives 7 --depth 30 --teacher "$CE"
 for seed in 0 1 2 3; do
     bertforge finetune --task retrieval --model "$M" --train bt.jsonl --out "bt_s$seed" \
         --teacher-weight 1 --batch-size 64 --lr 5e-5 --epochs 1 --seed $seed "${common[@]}"

@@ -1,6 +1,8 @@
 """MkDocs hook: the benchmark results (benchmarks/results/*.md and their pictures) become
 pages of the site under results/, read from where they live: written once, in the results
-files, and shown here (docs/benchmarks.md indexes them)."""
+files, and shown here (docs/benchmarks.md indexes them). A page links a results file by its
+path in the repository (../benchmarks/results/x.md, which GitHub follows), made the site's
+(results/x.md) here."""
 
 from __future__ import annotations
 
@@ -18,9 +20,14 @@ def on_files(files: Files, config) -> Files:
     return files
 
 
+REPOSITORY_LINK = "](../benchmarks/results/"  # a page's link (or picture) of a results file
+
+
 def on_page_markdown(markdown: str, page, config, files) -> str:
-    """docs/benchmarks.md ends with the index of the results pages: each file's title, made
-    here from the files themselves (a new results file is listed without an edit)."""
+    """Links to the results files as the site's; docs/benchmarks.md ends with the index of the
+    results pages: each file's title, made here from the files themselves (a new results file
+    is listed without an edit)."""
+    markdown = markdown.replace(REPOSITORY_LINK, "](results/")
     if page.file.src_uri != "benchmarks.md":
         return markdown
     rows = ["| results | what |", "|---|---|"]

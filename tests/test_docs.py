@@ -245,3 +245,38 @@ def test_readme_links_lead_somewhere_and_it_stays_a_front_page() -> None:
         link for link in local if not (ROOT / link).exists()
     ]
     assert len(text.splitlines()) < 300
+
+
+def test_links_into_the_results_work_on_github_and_on_the_site() -> None:
+    """A page's link to a results file (benchmarks/results/, a page of the site under results/
+    by docs/hooks.py) is written as the repository's path, which GitHub follows; the hook
+    makes it the site's. A link written as results/... worked on the built site alone."""
+    sys.path.insert(0, str(ROOT / "docs"))
+    try:
+        import hooks
+    finally:
+        sys.path.remove(str(ROOT / "docs"))
+    site_only, linked = [], []
+    for page in sorted((ROOT / "docs").glob("*.md")):
+        for target in re.findall(r"\]\(([^)#\s]+)", page.read_text()):
+            if target.startswith("results/"):
+                site_only.append(f"{page.name}: {target}")
+            elif "benchmarks/results/" in target:
+                linked.append(target)
+                assert (page.parent / target).resolve().is_file(), f"{page.name}: {target}"
+    assert not site_only, site_only
+    assert linked  # the pages do link their measurements
+    page = type("Page", (), {"file": type("File", (), {"src_uri": "search.md"})()})()
+    shown = hooks.on_page_markdown("[r](../benchmarks/results/retrieval.md)", page, None, None)
+    assert shown == "[r](results/retrieval.md)"
+
+
+def test_the_install_line_names_every_extra() -> None:
+    """docs/index.md's install line lists the extras pyproject.toml defines (postgres and
+    summarize were left out)."""
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    line = next(x for x in (ROOT / "docs" / "index.md").read_text().splitlines() if "extras:" in x)
+    named = re.findall(r"[\w-]+", line.split("extras:", 1)[1])
+    assert sorted(named) == sorted(extras["optional-dependencies"]), line

@@ -837,7 +837,10 @@ def _tree_hashes(root: Path) -> dict[str, str]:
 
 
 def test_row_limits_and_evaluate_predict_from_the_run(
-    tmp_path: Path, tiny_model: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path,
+    tiny_model: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     header = "words\ttone"  # not the csv task's default columns: they must come from run.json
     train = keyword_table(tmp_path / "train.tsv", 20, seed=0, header=header)
@@ -865,12 +868,23 @@ def test_row_limits_and_evaluate_predict_from_the_run(
     assert main(["evaluate", "--model", str(out), "--data", str(dev), "--json"]) == 0
     metrics = json.loads(capsys.readouterr().out)
     given = evaluate_model(str(out), "csv", str(dev), text_column="words", label_column="tone")
-    assert metrics == given
+    assert metrics == given and capsys.readouterr().err == ""  # no line for a short run
+    # the command line shows how far it is on stderr (off a terminal, a line every
+    # LINE_SECONDS: here always), stdout the metrics alone
+    from bertforge import runner
+
+    monkeypatch.setattr(runner, "LINE_SECONDS", 0.0)
+    assert main(["evaluate", "--model", str(out), "--data", str(dev), "--json"]) == 0
+    got = capsys.readouterr()
+    assert json.loads(got.out) == given
+    assert got.err.splitlines()[-1].startswith("evaluate: 12/12 examples (100%)"), got.err
     ev = tmp_path / "ev"
-    limit = ["--max-rows", "4", "--out", str(ev)]
+    limit = ["--max-rows", "4", "--out", str(ev), "--no-progress"]
     assert main(["evaluate", "--model", str(out), "--data", str(dev), *limit]) == 0
+    assert capsys.readouterr().err == ""
     assert len((ev / "predictions_csv.tsv").read_text().splitlines()) == 1 + 4  # four rows scored
     assert main(["predict", "--model", str(out), "--data", str(dev), "--out", str(ev / "p")]) == 0
+    assert capsys.readouterr().err.splitlines()[-1].startswith("predict: 12/12 examples (100%)")
     assert len((ev / "p" / "predictions_csv.tsv").read_text().splitlines()) == 1 + 12
     assert _tree_hashes(out) == before  # the training run's files are left as they were
     capsys.readouterr()

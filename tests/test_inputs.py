@@ -116,3 +116,61 @@ def test_jsonl_rows_are_written_as_they_come_and_atomically(tmp_path: Path) -> N
     with pytest.raises(RuntimeError):
         write_jsonl(str(out), rows, failing())
     assert out.read_bytes() == before and sorted(tmp_path.iterdir()) == [out]
+
+
+def test_pipeline_rows_are_written_part_by_part_with_progress_on_stderr(
+    tmp_path: Path,
+    tiny_model: Path,
+    capsys: pytest.CaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A verb's JSONL rows come a part of the input lines at a time, each part's rows on stdout
+    (flushed) before the next part is run; stderr shows how far it is (off a terminal, a line
+    every LINE_SECONDS: here always) and nothing of it reaches stdout. The rows are those of one
+    call over every line; int8 rows, whose buckets come from every vector, are written whole."""
+    from bertforge import inputs, runner
+    from bertforge.cli import main
+    from bertforge.pipelines import Pipeline
+
+    monkeypatch.setattr(runner, "LINE_SECONDS", 0.0)
+    monkeypatch.setattr(inputs, "LINES_AT_ONCE", 2)
+    texts = [f"text number {i} " * (i + 1) for i in range(5)]
+    path = tmp_path / "t.txt"
+    path.write_text("\n".join(texts) + "\n")
+    written: list[int] = []  # stdout's rows so far, at each call of the pipeline
+    out: list[str] = []
+    embed = Pipeline.embed
+
+    def counting(self: Pipeline, *args: Any, **kwargs: Any) -> Any:
+        out.extend(capsys.readouterr().out.splitlines())
+        written.append(len(out))
+        return embed(self, *args, **kwargs)
+
+    monkeypatch.setattr(Pipeline, "embed", counting)
+    base = ["embed", str(tiny_model), str(path), "--precision", "fp32"]
+    assert main(base) == 0
+    got = capsys.readouterr()
+    out.extend(got.out.splitlines())
+    assert written == [0, 2, 4] and [json.loads(r)["line"] for r in out] == [1, 2, 3, 4, 5]
+    whole = embed(Pipeline(tiny_model, precision="fp32"), texts)
+    np.testing.assert_allclose([json.loads(r)["embedding"] for r in out], whole, atol=1e-5)
+    lines = got.err.splitlines()
+    assert lines and all(line.startswith("embed: ") for line in lines), lines
+    chars = sum(map(len, texts))
+    assert lines[-1].startswith(f"embed: {chars}/{chars} characters (100%)"), lines
+
+    written.clear()
+    out.clear()
+    int8 = [*base, "--embedding-precision", "int8", "--no-progress"]
+    assert main(int8) == 0
+    got = capsys.readouterr()
+    assert written == [0, 0, 0] and got.err == ""  # no row before the last part: buckets
+    assert main([*int8, "--out", str(tmp_path / "e.npy")]) == 0  # from every vector
+    rows = [json.loads(r)["embedding"] for r in got.out.splitlines()]
+    np.testing.assert_array_equal(rows, np.load(tmp_path / "e.npy"))
+    # no lines: still one (empty) part, so a bad option is refused as for any input
+    monkeypatch.setattr(Pipeline, "embed", embed)  # its options are read from its signature
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    assert main(["embed", str(tiny_model), str(empty), "--dimensions", "1000"]) == 2
+    assert "dimensions" in capsys.readouterr().err

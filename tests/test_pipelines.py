@@ -678,6 +678,47 @@ def test_results_read_later_land_in_their_rows_after_the_next_batch_is_given() -
     assert events[:2] == ["run [1, 3]", "read [1, 3]"]
 
 
+def test_a_bar_in_the_callers_units_moves_with_the_rows_and_ends_on_them() -> None:
+    """Runner.showing(bar, units): a caller's documents (or lines) whose rows are sentences or
+    windows it cannot count ahead: each batch moves the bar by its share of the units, a
+    second call has nothing left to add (the bar never passes the units), a part that ran no
+    rows still counts, and an outer bar goes on through showing(None)."""
+    from bertforge.runner import Runner
+
+    class Bar:
+        n = 0
+        closed = False
+
+        def update(self, k: int) -> None:
+            self.n += k
+            seen.append(self.n)
+
+        def close(self) -> None:
+            self.closed = True
+
+    seen: list[int] = []
+    runner = Runner(torch.device("cpu"), "fp32", batch_size=2)
+    one = [1] * 8  # four batches of two rows
+
+    def run() -> None:
+        runner(one, lambda rows: rows, lambda rows: [0] * len(rows))
+
+    bar = Bar()
+    with runner.showing(bar):
+        with runner.showing(None, units=10):
+            run()
+            assert seen[-4:] == [2, 5, 7, 10]
+            run()
+            assert bar.n == 10
+        with runner.showing(None, units=3):  # no rows run: empty documents
+            pass
+        assert bar.n == 13 and not bar.closed
+        with runner.showing(None):
+            run()  # no units: a row each
+        assert bar.n == 21
+    assert bar.closed and runner.progress is None and runner.progress_end is None
+
+
 def test_an_id_past_the_vocabulary_is_one_clear_error_when_the_host_checks(
     minilm_dir: Path,
 ) -> None:

@@ -46,8 +46,14 @@ def test_combine_layer_choices() -> None:
 
 
 def test_probe_on_frozen_minilm(
-    tmp_path: Path, minilm_dir: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path,
+    minilm_dir: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    from bertforge import runner
+
+    monkeypatch.setattr(runner, "LINE_SECONDS", 0.0)  # off a terminal: a line each time
     train = keyword_table(tmp_path / "train.tsv", 96, seed=0)
     dev = keyword_table(tmp_path / "dev.tsv", 48, seed=1)
     out = tmp_path / "probe.json"
@@ -72,7 +78,10 @@ def test_probe_on_frozen_minilm(
     assert [r["dim"] for r in rows] == [384, 384, 768]
     # the tone words are easy to read off MiniLM's top layer; all choices beat chance
     assert rows[0]["dev_accuracy"] >= 0.9 and min(r["dev_accuracy"] for r in rows) > 0.6
-    assert "best: " in capsys.readouterr().out
+    got = capsys.readouterr()
+    assert "best: " in got.out
+    # the features of thousands of sentences took minutes in silence: stderr says how far
+    assert got.err.splitlines()[-1].startswith("features: 144/144 texts (100%)"), got.err
 
 
 def test_probe_without_scikit_learn_is_one_clear_error(

@@ -207,6 +207,30 @@ def test_wikipedia_leads_are_the_summaries_of_their_bodies(tmp_path: Path) -> No
     assert is_heading("Early life and career.") and not is_heading("He was born in 1900 in Rome.")
 
 
+def test_the_verb_reads_wikiextractor_files_as_finetuning_does(
+    minilm_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """`bertforge summarize` given WikiExtractor output (a file, or a directory of them) reads
+    it as finetune --task summarize does (read_documents): an article's body is a document
+    (its lead, the reference, left out; short articles left out and counted on stderr), its
+    row naming the article's <doc> line and file:title. It read each line as a document,
+    <doc> markup and all."""
+    from bertforge.cli import main
+
+    (tmp_path / "wiki").mkdir()
+    write_wiki(tmp_path / "wiki" / "wiki_00")
+    (doc,) = read_documents(tmp_path / "wiki", labelled=False)
+    want = Pipeline(minilm_dir).summarize([doc.text], sentences=2)
+    for given in (tmp_path / "wiki" / "wiki_00", tmp_path / "wiki"):
+        assert main(["summarize", str(minilm_dir), str(given), "--sentences", "2"]) == 0
+        got = capsys.readouterr()
+        (row,) = [json.loads(x) for x in got.out.splitlines()]
+        lines = (tmp_path / "wiki" / "wiki_00").read_text().splitlines()
+        assert lines[row["line"] - 1].startswith("<doc ") and row["id"] == doc.guid
+        assert row["summary"] == want[0]["summary"] and "The River is long." not in row["summary"]
+        assert "3 Wikipedia articles, 1 kept; left out: 1 with a body under 10" in got.err
+
+
 def test_documents_spans_and_bad_files(tmp_path: Path) -> None:
     doc = document("First one here. Second one.\n\nA new paragraph, one sentence.")
     assert doc.sentences == ["First one here.", "Second one.", "A new paragraph, one sentence."]
@@ -895,8 +919,10 @@ def test_summarize_shows_its_progress_in_lines_off_a_terminal(
     capsys: pytest.CaptureFixture,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A long document took minutes with no sign of life: the CLI shows how many of the
-    sentences are read (a bar on a terminal; off one, a line every so often: here always)."""
+    """A long document took minutes with no sign of life: the library shows how many of the
+    sentences are read, the CLI how many of the input's characters (as every pipeline verb),
+    one document's advancing as its sentences are read (a bar on a terminal; off one, a line
+    every so often: here always)."""
     from bertforge import runner
     from bertforge.cli import main
 
@@ -914,4 +940,6 @@ def test_summarize_shows_its_progress_in_lines_off_a_terminal(
     data.write_text(json.dumps({"text": text}) + "\n")
     assert main(["summarize", str(minilm_dir), str(data), "--out", str(tmp_path / "o")]) == 0
     lines = capsys.readouterr().err.splitlines()
-    assert lines[-2].startswith("summarize: 40/40 sentences (100%)"), lines  # then "wrote ..."
+    chars = f"{len(text) / 1000:.2f}k"
+    assert lines[-2].startswith(f"summarize: {chars}/{chars} characters (100%)"), lines
+    assert any(f"/{chars} characters (" in x and "(0%)" not in x for x in lines[:-2]), lines

@@ -77,6 +77,9 @@ class Entry:
     post: Callable[..., Any] | None = None
     post_options: dict[str, str] = field(default_factory=dict)
     served: bool = True  # POST /<name> (with {"results": [...]}; /embed has its own shape)
+    # its input may also be WikiExtractor output (a file or a directory), an article's body a
+    # document, as finetune --task summarize reads it (inputs.read_inputs)
+    documents: bool = False
     onnx: tuple[str, ...] = ()  # graph outputs of `export --onnx` for a checkpoint with the head
     labels: int | None = None  # the outputs its head must have (rerank: 1; None: any)
     # Pipeline options (max_length, stride, truncate) the method does not read, and why: the
@@ -308,11 +311,13 @@ ENTRIES: dict[str, Entry] = {
         Entry(
             "summarize",
             "summarize",
-            "extractive summaries, one document a line (JSONL {text}: paragraphs on lines): "
-            "the best sentences by a fine-tuned summarizer (finetune --task summarize), else "
-            "by k-means over any model's sentence embeddings",
+            "extractive summaries, one document a line (JSONL {text}: paragraphs on lines; "
+            "WikiExtractor files: each article's body, as finetune --task summarize reads "
+            "them): the best sentences by a fine-tuned summarizer (finetune --task summarize), "
+            "else by k-means over any model's sentence embeddings",
             BertModel,
             lambda x, r, i: r,
+            documents=True,
             options={
                 "sentences": "sentences per summary (default: 3)",
                 "ratio": "keep this share of each document's sentences instead of --sentences "

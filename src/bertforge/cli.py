@@ -46,6 +46,7 @@ from .errors import BertforgeError, ConfigError, DataError, hide, redacted
 from .options import (
     INFERENCE_HELP,
     Parser,
+    add_no_progress,
     add_options,
     changed_options,
     float_list,
@@ -240,8 +241,13 @@ def args_evaluate(p: argparse.ArgumentParser, predict: bool = False) -> None:
         p,
         finetune.predict if predict else finetune.evaluate_model,
         skip=("out",),
+        flags={"progress": "--no-progress"},
         choices={"precision": PRECISIONS},
-        help={**INFERENCE_HELP, "max_rows": "only the first N examples of --data, in file order"},
+        help={
+            **INFERENCE_HELP,
+            "max_rows": "only the first N examples of --data, in file order",
+            "progress": "no progress bar",
+        },
     )
     p.add_argument(
         "--task",
@@ -327,6 +333,7 @@ def args_pipeline(p: argparse.ArgumentParser, name: str) -> None:
         p.add_argument(
             "--keep-tabs", action="store_true", help="a tab is part of the text (default: an error)"
         )
+    add_no_progress(p)
     method = getattr(Pipeline, entry.method)
     hidden = [name for name, *_ in parameters(method) if name not in entry.options]
     add_options(p, method, skip=hidden, choices=entry.choices, help=entry.options)
@@ -366,7 +373,7 @@ def cmd_pipeline(args: argparse.Namespace) -> None:
     work: an option the verb does not read, an --out that is one of its input files."""
     from .catalogue import ENTRIES
     from .fileio import refuse_overwrite
-    from .inputs import columns, read_inputs, write_results
+    from .inputs import answers, columns, read_inputs, write_results
     from .pipelines import Pipeline
 
     entry = ENTRIES[args.pipeline]
@@ -376,16 +383,18 @@ def cmd_pipeline(args: argparse.Namespace) -> None:
     files = {"input": args.input, "calibration": getattr(args, "calibration", None)}
     refuse_overwrite(args.out, {**files, "model": args.model}, "--out")
     keep_tabs = getattr(args, "keep_tabs", False)
-    rows = read_inputs(args.input, inputs, args.skip_blank, keep_tabs, unasked)
+    rows = read_inputs(args.input, inputs, args.skip_blank, keep_tabs, unasked, entry.documents)
     texts = columns(rows, inputs)
     pipe = Pipeline(args.model, **options_of(args, Pipeline))
-    method = getattr(Pipeline, entry.method)
-    options = options_of(args, method)
-    if any(name == "progress" for name, *_ in parameters(method)):  # long inputs show how far
-        options["progress"] = True
-    results = entry.run(pipe, texts, options)
-    if entry.post:
-        results = entry.post(results, **options_of(args, entry.post))
+    options = options_of(args, getattr(Pipeline, entry.method))
+    results = answers(entry, pipe, texts, options, args.progress)
+    post = options_of(args, entry.post) if entry.post else {}
+    # JSONL rows are written as their part is run; an array file is written whole, and so is
+    # what post changes (embed's int8 buckets come from every vector written)
+    array = bool(args.out and entry.save and args.out.endswith(entry.arrays))
+    defaults = {name: default for name, default, *_ in parameters(entry.post)} if post else {}
+    if array or post != defaults:
+        results = list(results) if entry.post is None else entry.post(list(results), **post)
     write_results(entry, args.out, rows, texts, results)
 
 
@@ -496,6 +505,7 @@ def args_probe(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-train", type=int, help="use the first N training sentences")
     _inference_options(p, "precision")
     p.add_argument("--json", help="also write the table as JSON here")
+    add_no_progress(p)
 
     def single_sentence(name: str) -> str:  # argparse's "invalid choice" would not say why
         if name not in TASKS:
@@ -621,6 +631,7 @@ def cmd_probe(args: argparse.Namespace) -> None:
             choices or DEFAULT_CHOICES,
             pooling=args.pooling,
             precision=args.precision,
+            progress=args.progress,
         )
         print(
             f"{len(train):,} training and {len(dev):,} dev sentences; frozen features "

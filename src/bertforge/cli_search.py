@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
-from .options import INFERENCE_HELP, add_options, changed_options, options_of
+from .options import INFERENCE_HELP, add_no_progress, add_options, changed_options, options_of
 
 
 def args_index(p: argparse.ArgumentParser) -> None:
@@ -157,7 +157,10 @@ def args_search(p: argparse.ArgumentParser) -> None:
         help="PostgreSQL: only documents whose metadata FIELD is VALUE (again: all of them)",
     )
     p.add_argument("--skip-blank", action="store_true", help="drop blank lines (default: error)")
-    p.add_argument("--out", help="JSONL output file (default: stdout; with --qrels: none)")
+    p.add_argument(
+        "--out",
+        help="JSONL output file (default: stdout, a row as each is ready; with --qrels: none)",
+    )
     p.add_argument(
         "--qrels",
         metavar="FILE_OR_DIR[:SPLIT]",
@@ -166,6 +169,7 @@ def args_search(p: argparse.ArgumentParser) -> None:
         "recall@1/10/100 (with --rerank: the first stage's beside the reranked ones)",
     )
     p.add_argument("--metrics-out", metavar="FILE", help="with --qrels: the scores as JSON")
+    add_no_progress(p)
 
 
 def cmd_search(args: argparse.Namespace) -> None:
@@ -175,7 +179,7 @@ def cmd_search(args: argparse.Namespace) -> None:
     stage's, each hit with its cross-encoder score as rerank_score)."""
     from .fileio import refuse_overwrite
     from .inputs import write_jsonl
-    from .search import FirstStage, SearchOptions, parse_where, search_queries
+    from .search import FirstStage, SearchOptions, parse_where, searched
 
     options = SearchOptions(**options_of(args, SearchOptions))
     where = parse_where(args.where)
@@ -188,12 +192,12 @@ def cmd_search(args: argparse.Namespace) -> None:
     queries = [r.texts[0] for r in rows]
     stage = FirstStage(**options_of(args, FirstStage))
     if args.qrels is None:
-        results = search_queries(index, queries, stage, options, where)
+        results = searched(index, queries, stage, options, where, args.progress)
     else:
-        results = _scored_search(args, index, rows, stage, options, where)
+        results = iter(_scored_search(args, index, rows, stage, options, where))
         if args.out is None:
             return
-    write_jsonl(args.out, rows, [{"query": q, "results": h} for q, h in zip(queries, results)])
+    write_jsonl(args.out, rows, ({"query": q, "results": h} for q, h in zip(queries, results)))
 
 
 def _query_rows(queries: str | None, qrels: str | None, skip_blank: bool) -> list[Any]:
@@ -256,6 +260,7 @@ def args_mine(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--out", required=True, help="JSONL {query, positive, negatives}")
     add_options(p, MineOptions)
+    add_no_progress(p)
 
 
 def cmd_mine(args: argparse.Namespace) -> None:
@@ -267,7 +272,7 @@ def cmd_mine(args: argparse.Namespace) -> None:
     index = _open_index(args, train=args.train, teacher=options.teacher)
     examples = read_retrieval(args.train)
     stage = FirstStage(**options_of(args, FirstStage))
-    groups, said = mine_groups(index, examples, options, stage, args.train)
+    groups, said = mine_groups(index, examples, options, stage, args.train, args.progress)
     write_text(args.out, "".join(json_text(g) + "\n" for g in groups))
     print(f"wrote {len(groups):,} of {len(examples):,} rows to {args.out}: {said}")
 

@@ -12,15 +12,24 @@ JSON request bodies instead).
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
 from .catalogue import Entry, Input
+from .data.corpus import detect_format
+from .data.tasks.documents import WikiCounts, read_documents
 from .data.tasks.table import json_object
 from .errors import DataError
 from .fileio import atomic_path, json_text, read_lines
+from .runner import progress_bar
+
+# Input lines run at a time where their rows are written as they come (JSONL): at most this many,
+# fewer where their texts reach CHARS_AT_ONCE characters (a long document is a part alone).
+# Large enough that the runner's batches are still cut from rows of similar lengths.
+LINES_AT_ONCE = 1024
+CHARS_AT_ONCE = 1 << 20
 
 
 @dataclass
@@ -38,6 +47,7 @@ def read_inputs(
     skip_blank: bool = False,
     keep_tabs: bool = False,
     unasked: Sequence[Input] = (),
+    documents: bool = False,
 ) -> list[InputLine]:
     """Inputs of a pipeline command, one per line: JSONL objects with the inputs' fields (file
     ends in .jsonl, in any case), or lines of text (several inputs: tab-separated); "-" reads
@@ -46,7 +56,11 @@ def read_inputs(
     says which line it answers); a tab in a single-text line is an error unless keep_tabs (a
     TSV line given without --pairs would otherwise be read as one text, its other columns
     included). unasked: optional inputs whose flag was not given (classify's --pairs): a JSONL
-    line with one's field is an error, not a pair read as a single text."""
+    line with one's field is an error, not a pair read as a single text. documents (a verb
+    of one text, Entry.documents): WikiExtractor output, a file or a directory, is read as
+    finetune --task summarize reads it (wiki_inputs)."""
+    if documents and path != "-" and (Path(path).is_dir() or detect_format(Path(path)) == "wiki"):
+        return wiki_inputs(path)
     names = [i.field for i in inputs]
     where = "<stdin>" if path == "-" else path
     jsonl = where.lower().endswith(".jsonl")
@@ -75,6 +89,19 @@ def read_inputs(
     return rows
 
 
+def wiki_inputs(path: str) -> list[InputLine]:
+    """The documents of WikiExtractor files (a file, or a directory of them) as
+    data.tasks.documents.read_documents reads them to fine-tune a summarizer: an article's
+    body is a document (its lead is that document's reference summary; an article too short
+    to summarise is left out, the count said on stderr), its line its <doc>, its id
+    FILE:TITLE."""
+    counts = WikiCounts()
+    found = read_documents(path, labelled=False, counts=counts)
+    if counts.articles:
+        print(counts.said(path), file=sys.stderr, flush=True)
+    return [InputLine(int(d.source.rsplit(":", 1)[1]), d.guid, (d.text,)) for d in found]
+
+
 def _json_input(
     line: str, at: str, lineno: int, names: Sequence[str], unasked: Sequence[Input]
 ) -> InputLine:
@@ -98,16 +125,53 @@ def columns(rows: Sequence[InputLine], inputs: Sequence[Input]) -> dict[str, lis
     return {i.param: [r.texts[k] for r in rows] for k, i in enumerate(inputs)}
 
 
+def parts(texts: dict[str, list[str]]) -> Iterator[range]:
+    """The input lines' indices in the parts they are run in, in order (LINES_AT_ONCE); no
+    lines, one empty part (the pipeline still checks its options, as for any input)."""
+    n = len(next(iter(texts.values()), []))
+    if n == 0:
+        yield range(0)
+        return
+    start, size = 0, 0
+    for i in range(n):
+        size += sum(len(column[i]) for column in texts.values())
+        if i + 1 - start == LINES_AT_ONCE or size >= CHARS_AT_ONCE:
+            yield range(start, i + 1)
+            start, size = i + 1, 0
+    if start < n:
+        yield range(start, n)
+
+
+def answers(
+    entry: Entry, pipe: Any, texts: dict[str, list[str]], options: dict[str, Any], progress: bool
+) -> Iterator[Any]:
+    """The entry's results for the columns `texts`, one per input line, a part at a time
+    (`parts`), so each part's rows are written before the next part is run; with progress, a
+    bar over the inputs' characters (runner.progress_bar), which a single long document
+    advances too (by its share of the rows run)."""
+    size = [sum(map(len, line)) for line in zip(*texts.values())]
+    bar = progress_bar(entry.name, sum(size), "characters", scale=True) if progress else None
+    with pipe.runner.showing(bar):
+        for part in parts(texts):
+            some = {k: v[part.start : part.stop] for k, v in texts.items()}
+            with pipe.runner.showing(None, units=sum(size[part.start : part.stop])):
+                results = entry.run(pipe, some, options)
+            yield from results
+
+
 def write_jsonl(out: str | None, rows: Sequence[InputLine], items: Iterable[Any]) -> None:
     """Output rows, each after its input's line number (and id, if the JSONL input had one):
     to the file `out` (written atomically: a temporary file renamed once complete), or stdout
-    when it is None. Row by row, as `items` gives them: a features file can be gigabytes."""
+    when it is None, each row flushed as it comes (a reader of the pipe has it then). Row by
+    row, as `items` gives them: a features file can be gigabytes."""
 
     def write(f: TextIO) -> int:
         n = 0
-        for r, x in zip(rows, items):
+        for x, r in zip(items, rows):  # items first: a generator runs to its end (its bar closes)
             f.write(json_text({"line": r.line, **({"id": r.id} if r.id is not None else {}), **x}))
             f.write("\n")
+            if out is None:
+                f.flush()
             n += 1
         return n
 

@@ -120,6 +120,12 @@ def changed_options(args: argparse.Namespace, target: Any) -> dict[str, Any]:
     return {k: v for k, v in options_of(args, target).items() if v != defaults[k]}
 
 
+def add_no_progress(p: argparse.ArgumentParser) -> None:
+    """--no-progress (args.progress False) on a verb whose progress bar is the command line's,
+    not an option of the library function it calls (which is quiet unless asked)."""
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+
+
 def values_of(args: argparse.Namespace, *names: str) -> dict[str, Any]:
     """The values of options added by hand (add_argument: their dest is the parameter's name)."""
     return {name: getattr(args, name) for name in names}

@@ -848,7 +848,8 @@ class Pipeline:
         rows = min(self.max_length or options.max_seq_length or 512, self.config.max_tokens)
         fam = family(dataclasses.replace(options, max_seq_length=rows), self.tok)
         features = fam.featurize(docs)
-        if self.runner.progress is not None:  # its rows are windows of sentences
+        if self.runner.progress is not None and self.runner.progress_end is None:
+            # summarize's own bar, in sentences: its rows are windows of sentences
             self.runner.progress.unit = " windows"
             self.runner.progress.reset(total=len(features.input_ids))
         rows = infer(

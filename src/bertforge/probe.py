@@ -32,6 +32,7 @@ from .embedding import POOLINGS
 from .errors import ConfigError, check_choice
 from .model import BertModel
 from .pipelines import Pipeline
+from .runner import progress_bar
 from .tasks import TaskFamily, TaskOptions, family
 from .tokenizer import Tokenizer
 
@@ -110,9 +111,11 @@ def probe(
     choices: Sequence[str] = DEFAULT_CHOICES,
     pooling: str = "mean",
     c: float = 1.0,
+    progress: bool = False,
     **pipeline_options: Any,
 ) -> list[dict[str, Any]]:
-    """Dev accuracy of a logistic regression on each layer choice of frozen features."""
+    """Dev accuracy of a logistic regression on each layer choice of frozen features.
+    progress: a bar over the texts whose features are computed, on stderr."""
     try:
         from sklearn.linear_model import LogisticRegression
         from sklearn.preprocessing import StandardScaler
@@ -124,8 +127,10 @@ def probe(
     for choice in choices:  # a bad choice is refused before the features are computed
         parse_choice(choice, pipe.config.num_hidden_layers + 1)
     start = time.perf_counter()
-    x_train = pooled_layers(pipe, train[0], pooling)
-    x_dev = pooled_layers(pipe, dev[0], pooling)
+    texts = len(train[0]) + len(dev[0])
+    with pipe.runner.showing(progress_bar("features", texts, "texts") if progress else None):
+        x_train = pooled_layers(pipe, train[0], pooling)  # a row a text
+        x_dev = pooled_layers(pipe, dev[0], pooling)
     seconds = time.perf_counter() - start
     rows = []
     for choice in choices:

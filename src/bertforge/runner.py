@@ -18,7 +18,9 @@ the same rule (pad_multiple). fp32 keeps the exact lengths (the reference compar
 bitwise there).
 
 Progress. A long run can show how far it is (Runner.showing): each batch advances a
-progress_bar by its rows, drawn in place on a terminal and written as whole lines off one.
+progress_bar by its rows, drawn in place on a terminal and written as whole lines off one; or,
+counted in the caller's units (documents, examples, input lines, whose rows are windows or
+sentences the caller cannot count ahead), by its share of them.
 """
 
 from __future__ import annotations
@@ -143,6 +145,7 @@ class Runner:
     overlap: bool | None = None
     max_tokens: int | None = None
     progress: Any = None  # a progress_bar each batch advances by its rows (showing); None: none
+    progress_end: int | None = None  # set: where a call's batches take the bar in all (showing)
 
     @property
     def pad_multiple(self) -> int:
@@ -186,6 +189,7 @@ class Runner:
                     out[r] = item
 
         pending = None
+        advance = self._advancing(len(lengths))
         # The next batch is made on this thread while the device runs this one (a Later is read
         # only after): a worker thread made it before, which cost more in handing the GIL to
         # and fro (+0.3 s per 50,000 sentences on the CPU) than it saved.
@@ -196,21 +200,51 @@ class Runner:
                 if pending is not None:
                     place(*pending)
                 pending = rows, result
-                if self.progress is not None:
-                    self.progress.update(len(rows))
+                advance(len(rows))
             if pending is not None:
                 place(*pending)
         return out
 
+    def _advancing(self, rows: int) -> Callable[[int], None]:
+        """How a call over `rows` rows advances the bar per batch: by the batch's rows, or with
+        progress_end, by its share of what is left up to there (whole units; the call's last
+        batch ends there)."""
+        bar, end = self.progress, self.progress_end
+        if bar is None:
+            return lambda n: None
+        if end is None:
+            return bar.update
+        units, start = max(end - bar.n, 0), bar.n
+        done = [0]  # rows run
+
+        def advance(n: int) -> None:
+            done[0] += n
+            bar.update(start + units * done[0] // max(rows, 1) - bar.n)
+
+        return advance
+
     @contextlib.contextmanager
-    def showing(self, bar: Any) -> Iterator[Any]:
-        """`bar` (a progress_bar; None: nothing shown) advanced by the rows of every batch run
-        meanwhile, closed at the end."""
-        self.progress = bar
+    def showing(self, bar: Any, units: int | None = None) -> Iterator[Any]:
+        """`bar` (a progress_bar) advanced by the rows of every batch run meanwhile, closed at
+        the end; None: the bar already shown, if any, goes on. With `units`, the calls run
+        meanwhile advance it by that many in all instead, spread over their batches by their
+        rows (a caller's documents or lines, whose rows are their sentences or windows): the
+        first call takes it all the way (a later one has nothing left to add), and at the end
+        it stands `units` further on (a call that ran no rows: empty documents)."""
+        if bar is None and units is None:
+            yield self.progress
+            return
+        before = self.progress, self.progress_end
+        if bar is not None:
+            self.progress = bar
+        end = None if units is None or self.progress is None else self.progress.n + units
+        self.progress_end = end
         try:
-            yield bar
+            yield self.progress
+            if end is not None:
+                self.progress.update(end - self.progress.n)
         finally:
-            self.progress = None
+            self.progress, self.progress_end = before
             if bar is not None:
                 bar.close()
 
@@ -248,14 +282,16 @@ class Runner:
         return Later(wait)
 
 
-def progress_bar(desc: str, total: int | None, unit: str) -> Any:
+def progress_bar(desc: str, total: int | None, unit: str, scale: bool = False) -> Any:
     """A tqdm bar on stderr: on a terminal drawn in place; off one (a log file, a pipe, where
     tqdm's carriage returns pile up on one line) a line `desc: n/total unit (p%), rate, time
-    left` at most every LINE_SECONDS, the last one at the end, and none for a shorter run."""
+    left` at most every LINE_SECONDS, the last one at the end, and none for a shorter run.
+    scale: counts shown as 1.2M (characters, say)."""
     from tqdm.auto import tqdm
 
+    shown = {"unit": f" {unit}", "unit_scale": scale, "file": sys.stderr}
     if sys.stderr.isatty():
-        return tqdm(total=total, desc=desc, unit=f" {unit}", dynamic_ncols=True, file=sys.stderr)
+        return tqdm(total=total, desc=desc, dynamic_ncols=True, **shown)
 
     class Lines(tqdm):  # type: ignore[misc, valid-type]
         def display(self, msg: str | None = None, pos: int | None = None) -> bool:
@@ -274,8 +310,7 @@ def progress_bar(desc: str, total: int | None, unit: str) -> Any:
     return Lines(
         total=total,
         desc=desc,
-        unit=f" {unit}",
-        file=sys.stderr,
+        **shown,
         bar_format="{desc}: " + (counted if total else "{n_fmt}{unit}, {rate_fmt}"),
         mininterval=LINE_SECONDS,
         delay=LINE_SECONDS,

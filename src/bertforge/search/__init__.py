@@ -46,7 +46,7 @@ from .options import (
     SearchOptions,
     parse_where,
 )
-from .rerank import rerank, search_queries
+from .rerank import rerank, search_queries, searched
 
 __all__ = [
     "FUSIONS",
@@ -81,4 +81,5 @@ __all__ = [
     "score_groups",
     "score_search",
     "search_queries",
+    "searched",
 ]

@@ -32,9 +32,10 @@ queries and of windows (memory bounded for any corpus), the best window per docu
 k (ties: the earlier document first). An index built with approximate="hnsw"
 (`--approximate hnsw`, faiss) searches an HNSW graph of the windows instead (for millions of
 vectors). Hybrid search fuses the dense and BM25 top-100 lists (top-k where more are asked
-for): by reciprocal rank (k = 60; `fusion="rrf"`, the default) or by their scores standardised
-per query (`fusion="zscore"`: each list's z-scores, a document it leaves out given its lowest,
-summed; fusion.py); `alpha` weighs the dense list against BM25's (0.5: equal).
+for): by their scores standardised per query (`fusion="zscore"`, the default, FirstStage's:
+each list's z-scores, a document it leaves out given its lowest, summed; fusion.py) or by
+reciprocal rank (`fusion="rrf"`, k = 60); `alpha` weighs the dense list against BM25's (0.5:
+equal).
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ from ..fileio import (
     write_json,
     write_text,
 )
-from ..runner import release_memory
+from ..runner import progress_bar, release_memory
 from ..tasks.windows import windows_of
 from .corpus import DEFAULT_FORMAT, CorpusFormat, corpus_file, read_search_corpus
 from .fusion import FUSED, FUSIONS, best_columns, fuse_runs
@@ -733,15 +734,13 @@ def _start_build(out: Path, settings: dict[str, Any]) -> None:
 def _build_parts(build: Build, documents: Iterator[tuple[str, str]]) -> tuple[int, int]:
     """The parts of a build, `chunk` documents each, written in this process (a part already
     whole for the same documents kept): (how many parts, how many documents)."""
-    from ..runner import progress_bar
-
-    bar = progress_bar("index", None, "window") if build.options.progress else None
+    bar = progress_bar("index", build.documents, "documents") if build.options.progress else None
     done = parts = 0
     for k, docs in enumerate(chunks(documents, build.options.chunk)):
         write_part(build.part(k), build.pipe, docs, done, build.cut, bar)
         done, parts = done + len(docs), k + 1
-        if bar is not None:
-            bar.set_postfix_str(f"{done:,}/{build.documents:,} documents", refresh=True)
+        if bar is not None:  # the part's documents, however many windows it had
+            bar.update(done - bar.n)
     if bar is not None:
         bar.close()
     return parts, done
@@ -762,14 +761,12 @@ def write_part(
     or a part damaged since (truncated, overwritten: once a traceback from np.load, or joined
     into the index), is never taken for whole. Every file is written atomically: a part
     written twice at once (a cluster's task retried while the first still runs) ends whole
-    either way. How many windows it holds; `bar` (optional) counts them."""
+    either way. How many windows it holds; `bar` (None: none): a bar over the documents,
+    moved by this part's share of its windows as they are embedded."""
     listing = "".join(json_text({"id": i, "text": t}) + "\n" for i, t in docs)
     vectors, record = part.with_suffix(".npy"), part.with_suffix(".sha256")
     if _part_whole(part, listing):
-        held = np.load(vectors, mmap_mode="r", allow_pickle=False).shape[0]
-        if bar is not None:
-            bar.update(held)
-        return int(held)
+        return int(np.load(vectors, mmap_mode="r", allow_pickle=False).shape[0])
     pieces, owners, starts, lengths, spans = cut_windows(pipe, [t for _, t in docs], *cut[:2])
     record.unlink(missing_ok=True)
     write_text(part.with_suffix(".jsonl"), listing)
@@ -784,8 +781,8 @@ def write_part(
                 table = np.lib.format.open_memmap(tmp, "w+", np.float32, shape)
             table[a : a + len(block)] = block
             a += len(block)
-            if bar is not None:
-                bar.update(len(block))
+            if bar is not None:  # the documents' share of the windows embedded
+                bar.update(first + len(docs) * a // len(owners) - bar.n)
         table.flush()  # type: ignore[union-attr]
         del table
     write_text(record, files_sha256(_part_files(part)))

@@ -21,7 +21,6 @@ a time, only their candidates' texts read (a PostgreSQL index's corpus need not 
 from __future__ import annotations
 
 import re
-import sys
 import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -31,10 +30,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import ConfigError, DataError, check_choice
+from ..runner import progress_bar
 from .index import Index
-from .options import MISSING, MODES, FirstStage, MineOptions
-
-QUERIES_AT_ONCE = 1024  # queries searched, and their candidates' texts held, at a time
+from .options import MISSING, MODES, QUERIES_AT_ONCE, FirstStage, MineOptions
 
 if TYPE_CHECKING:
     from ..data.tasks.retrieval import RetrievalExample
@@ -133,6 +131,7 @@ def mine(
     near_duplicate: float = MineOptions.near_duplicate,
     missing: str = MineOptions.missing,
     sources: Sequence[str] | None = None,
+    progress: bool = False,
 ) -> Mined:
     """Hard negatives per (query, positive): the query's candidates at ranks skip+1..depth of
     `mode`'s search, leaving out the documents of its positives (the positives of every row of
@@ -143,7 +142,8 @@ def mine(
     the first `negatives` left, or None where fewer are left. A positive not in the corpus is
     one DataError naming the rows (`sources`: each row's file:line) unless `missing` is "skip"
     (no negatives for the row) or "keep" (mined all the same, guarded by likeness alone); a
-    positive_id naming a document whose text is not the row's positive is one always."""
+    positive_id naming a document whose text is not the row's positive is one always.
+    progress: a bar over the queries on stderr (runner.progress_bar)."""
     _check_mining(negatives, skip, depth, mode, margin, near_duplicate, missing)
     found, n_id, n_text = find_positives(index, positives, positive_ids, sources)
     result = Mined([], found, n_id, n_text)
@@ -151,6 +151,7 @@ def mine(
     if result.missing and (missing == "error" or margin is not None):
         by_id = positive_ids is not None
         raise _not_in_corpus(result.missing, len(positives), index, by_id, margin, sources)
+    bar = progress_bar("mine", len(queries), "queries") if progress else None
     for at in range(0, len(queries), QUERIES_AT_ONCE):
         part = range(at, min(at + QUERIES_AT_ONCE, len(queries)))
         asked = [queries[q] for q in part]
@@ -174,6 +175,10 @@ def mine(
                 ranked = row_d.tolist()
                 own = ranked.index(found[q]) + 1 if found[q] in ranked else None
                 result.ranks.append([own, *(skip + 1 + at for _, at in kept)])
+        if bar is not None:
+            bar.update(len(part))
+    if bar is not None:
+        bar.close()
     return result
 
 
@@ -307,19 +312,21 @@ def mine_groups(
     options: MineOptions,
     stage: FirstStage,
     source: str | Path,
+    progress: bool = False,
 ) -> tuple[list[dict[str, Any]], str]:
     """`bertforge mine`: the training groups of retrieval rows (read from `source`) that kept
     their negatives, scored by options.teacher if given, and what mining found, in words; no
-    group kept is one DataError saying why."""
+    group kept is one DataError saying why. progress: bars over the queries and the groups
+    scored."""
     o = options
     mined = {k: v for k, v in vars(o).items() if k != "teacher"}
-    found = mine_examples(index, examples, **mined, **vars(stage))
+    found = mine_examples(index, examples, **mined, **vars(stage), progress=progress)
     groups = mined_groups(examples, found)
     said = mining_report(found, examples, o.missing, o.negatives)
     if not groups:
         raise DataError(f"{source}: no row kept its {o.negatives} negatives; {said}")
     if o.teacher:
-        score_groups(groups, o.teacher, o.negatives + 1)
+        score_groups(groups, o.teacher, o.negatives + 1, progress)
     return groups, said
 
 
@@ -358,22 +365,24 @@ def mining_report(
     return "; ".join(parts)
 
 
-def score_groups(groups: list[dict[str, Any]], teacher: str | Path | Pipeline, width: int) -> None:
+def score_groups(
+    groups: list[dict[str, Any]], teacher: str | Path | Pipeline, width: int, progress: bool = False
+) -> None:
     """Each group's "scores": the teacher cross-encoder's raw scores of (query, positive), then
     of each negative (`width`: 1 + the negatives of each group), computed a bounded number of
     groups at a time; what finetune --task rerank (margin-mse, listnet) or --task retrieval
-    --teacher-weight learns from. `teacher`: a cross-encoder's path or loaded Pipeline."""
-    from tqdm import tqdm
-
+    --teacher-weight learns from. `teacher`: a cross-encoder's path or loaded Pipeline.
+    progress: a bar over the groups on stderr, moving as their pairs are scored."""
     from ..pipelines import Pipeline
 
     model, step = teacher if isinstance(teacher, Pipeline) else Pipeline(teacher), 1024
-    for at in tqdm(
-        range(0, len(groups), step), desc="teacher", unit="chunk", disable=None, file=sys.stderr
-    ):
-        chunk = groups[at : at + step]
-        queries = [k["query"] for k in chunk for _ in range(width)]
-        texts = [t for k in chunk for t in (k["positive"], *k["negatives"])]
-        scores = model.score(queries, texts, raw_scores=True)
-        for i, k in enumerate(chunk):
-            k["scores"] = scores[i * width : (i + 1) * width]
+    bar = progress_bar("teacher", len(groups), "groups") if progress else None
+    with model.runner.showing(bar):
+        for at in range(0, len(groups), step):
+            chunk = groups[at : at + step]
+            queries = [k["query"] for k in chunk for _ in range(width)]
+            texts = [t for k in chunk for t in (k["positive"], *k["negatives"])]
+            with model.runner.showing(None, units=len(chunk)):
+                scores = model.score(queries, texts, raw_scores=True)
+            for i, k in enumerate(chunk):
+                k["scores"] = scores[i * width : (i + 1) * width]

@@ -26,6 +26,9 @@ MODES = ("dense", "bm25", "hybrid")
 NEAR_DUPLICATE = 0.8  # mining: a candidate whose words are this like its positive's is no negative
 MISSING = ("error", "skip", "keep")  # mining: what to do with positives not in the corpus
 EF_SEARCH_MAX = 1000  # pgvector's largest hnsw.ef_search: the most candidates its graph gives
+# queries searched (and mining: their candidates' texts held) at a time: search's rows are written
+# and a bar over the queries moves a part at a time, a part taking seconds on a CPU
+QUERIES_AT_ONCE = 256
 
 
 def _prompt_help(what: str, default: str) -> tuple[str, str]:
@@ -94,10 +97,12 @@ class FirstStage:
     """The first stage of search and mine: which lists, and how hybrid search fuses them."""
 
     mode: str = option("dense", "first stage (default: dense)", choices=MODES)
+    # z-scores: on 300 SQuAD questions, MRR@10 86.5 against reciprocal rank's 80.4, which fell
+    # below full text alone (81.8; docs/search.md, benchmarks/results/postgres.md)
     fusion: str = option(
-        "rrf",
-        "hybrid: by reciprocal rank (rrf), or by each list's scores standardised per query and "
-        "summed (zscore) (default: rrf)",
+        "zscore",
+        "hybrid: by each list's scores standardised per query and summed (zscore), or by "
+        "reciprocal rank (rrf) (default: zscore)",
         choices=FUSIONS,
     )
     alpha: float = option(

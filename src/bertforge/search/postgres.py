@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sys
 import threading
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -61,6 +60,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError, DataError, check_choice
+from ..runner import progress_bar
 from .corpus import DEFAULT_FORMAT, CorpusFormat, read_search_records
 from .fusion import FUSED, FUSIONS, fuse_runs
 from .identity import build_start, model_differences, model_mismatch, query_pipeline
@@ -221,16 +221,16 @@ class PgIndex:
         """Upsert (id, text, metadata) records a chunk at a time, each chunk one transaction:
         how many documents were new, changed (embedded again), relabelled (metadata only) and
         kept."""
-        from tqdm import tqdm
-
         pipe = self.use_model()
         counts = dict.fromkeys(("new", "changed", "relabelled", "kept"), 0)
-        bar = tqdm(desc="index", unit="doc", total=total, disable=not progress, file=sys.stderr)
+        bar = progress_bar("index", total, "documents") if progress else None
         for docs in chunks(iter(records), chunk):
             for k, v in self._write_chunk(pipe, docs).items():
                 counts[k] += v
-            bar.update(len(docs))
-        bar.close()
+            if bar is not None:
+                bar.update(len(docs))
+        if bar is not None:
+            bar.close()
         return counts
 
     def _write_chunk(self, pipe: Any, docs: list[tuple[str, str, dict[str, Any]]]) -> dict:

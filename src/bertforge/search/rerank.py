@@ -14,14 +14,14 @@ rank, or by the z-scores of the first stage's scores and the cross-encoder's raw
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, check_choice
+from ..runner import progress_bar
 from .fusion import FUSIONS, fuse_runs
-from .options import FirstStage, SearchOptions
+from .options import QUERIES_AT_ONCE, FirstStage, SearchOptions
 
 if TYPE_CHECKING:
     from ..pipelines import Pipeline
@@ -35,26 +35,48 @@ def rerank(
     top_k: int = SearchOptions.top_k,
     fusion: str | None = None,
     text: bool = False,
+    progress: bool = False,
 ) -> list[list[dict[str, Any]]]:
     """Each query's first-stage hits (results[i] for queries[i]: Index.search with text=True,
     the texts being what the cross-encoder reads) reranked, its top_k: each hit as the first
     stage gave it, its "score" the cross-encoder's (with `fusion`: the fused one, the
     cross-encoder's as "rerank_score"), "rank" the new rank, "first_stage_rank" the old;
-    "text" kept only with `text`. `cross_encoder`: a path or a loaded Pipeline."""
-    from tqdm import tqdm
+    "text" kept only with `text`. `cross_encoder`: a path or a loaded Pipeline. progress: a bar
+    over the queries on stderr (runner.progress_bar)."""
+    bar = progress_bar("rerank", len(queries), "queries") if progress else None
+    try:
+        ce = _cross_encoder(cross_encoder, fusion)
+        return list(_reranked(ce, queries, results, top_k, fusion, text, bar))
+    finally:
+        if bar is not None:
+            bar.close()
 
+
+def _cross_encoder(cross_encoder: str | Path | Pipeline, fusion: str | None) -> Pipeline:
     from ..pipelines import Pipeline
 
     if fusion is not None:
         check_choice("fusion", fusion, FUSIONS, "--rerank-fuse")
+    return cross_encoder if isinstance(cross_encoder, Pipeline) else Pipeline(cross_encoder)
+
+
+def _reranked(
+    ce: Pipeline,
+    queries: Sequence[str],
+    results: Sequence[Sequence[dict[str, Any]]],
+    top_k: int,
+    fusion: str | None,
+    text: bool,
+    bar: Any,
+) -> Iterator[list[dict[str, Any]]]:
+    """rerank's hits of each query in turn, `bar` (None: none) advanced by each."""
     if any("text" not in h for hits in results for h in hits):
         raise ConfigError("rerank reads each hit's text: search the first stage with text=True")
-    ce = cross_encoder if isinstance(cross_encoder, Pipeline) else Pipeline(cross_encoder)
-    out = []
-    ranked = zip(queries, results)
-    for query, hits in tqdm(ranked, "rerank", len(queries), disable=None, file=sys.stderr):
-        out.append(reordered(hits, reranked_order(ce, query, hits, top_k, fusion), text))
-    return out
+    for query, hits in zip(queries, results):
+        order = reranked_order(ce, query, hits, top_k, fusion)
+        if bar is not None:
+            bar.update(1)
+        yield reordered(hits, order, text)
 
 
 def reordered(
@@ -89,15 +111,40 @@ def search_queries(
     options.rerank, the first stage's top rerank_depth reranked by that cross-encoder (with
     rerank_fuse: that order fused with the first stage's); each hit's text with options.text,
     its passage with options.passage; `where`: a PostgreSQL index's metadata filters."""
+    return list(searched(index, queries, stage, options, where))
+
+
+def searched(
+    index: Index,
+    queries: Sequence[str],
+    stage: FirstStage | None = None,
+    options: SearchOptions | None = None,
+    where: Mapping[str, str] | None = None,
+    progress: bool = False,
+) -> Iterator[list[dict[str, Any]]]:
+    """search_queries' hits of each query in turn, as they are ready (the first stage run
+    QUERIES_AT_ONCE queries at a time, reranking a query at a time), so a caller can write
+    each before the next is searched; progress: a bar over the queries on stderr."""
     stage, o = stage or FirstStage(), options or SearchOptions()
     depth = o.rerank_depth if o.rerank else o.top_k
     text = bool(o.rerank or o.text)
-    results = index.search(
-        queries, depth, stage.mode, text, stage.fusion, stage.alpha, o.passage, where
-    )
-    if o.rerank:
-        results = rerank(o.rerank, queries, results, o.top_k, o.rerank_fuse, o.text)
-    return results
+    bar = progress_bar("search", len(queries), "queries") if progress else None
+    try:
+        ce = _cross_encoder(o.rerank, o.rerank_fuse) if o.rerank else None
+        for at in range(0, len(queries), QUERIES_AT_ONCE):
+            part = queries[at : at + QUERIES_AT_ONCE]
+            results = index.search(
+                part, depth, stage.mode, text, stage.fusion, stage.alpha, o.passage, where
+            )
+            if ce is not None:
+                yield from _reranked(ce, part, results, o.top_k, o.rerank_fuse, o.text, bar)
+                continue
+            if bar is not None:
+                bar.update(len(part))
+            yield from results
+    finally:
+        if bar is not None:
+            bar.close()
 
 
 def reads_raw(fusion: str | None) -> bool:

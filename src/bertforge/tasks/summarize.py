@@ -468,14 +468,8 @@ class SummarizeTask(TaskFamily):
     def read(self, path: str, labelled: bool = True) -> list[SummaryExample]:
         counts = WikiCounts()
         examples = read_documents(path, labelled, counts)
-        if counts.articles:
-            print(
-                f"{path}: {counts.articles:,} Wikipedia articles, {counts.kept:,} kept; left out: "
-                f"{counts.short_body:,} with a body under 10 sentences, "
-                f"{counts.one_sentence_lead:,} with a lead of one sentence",
-                file=sys.stderr,  # stdout may be `evaluate --json`'s
-                flush=True,
-            )
+        if counts.articles:  # stderr: stdout may be `evaluate --json`'s
+            print(counts.said(path), file=sys.stderr, flush=True)
         return examples
 
     def set_labels(self, train: Sequence[Any] | None = None, config: Any = None) -> None:

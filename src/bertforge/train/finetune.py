@@ -42,7 +42,7 @@ import torch
 from ..checkpoint import load_trained, load_with_fresh
 from ..errors import ConfigError
 from ..options import option
-from ..runner import Runner, resolve_precision
+from ..runner import Runner, progress_bar, resolve_precision
 from ..tasks import TaskFamily, TaskOptions, family, run_task_options
 from ..tasks.document_scorer import is_document_summarizer
 from ..tokenizer import Tokenizer
@@ -159,24 +159,36 @@ def evaluate_model(
     max_rows: int | None = None,
     device: str | None = None,
     precision: str = "auto",
+    progress: bool = True,
     **options: Any,
 ) -> dict[str, float]:
     """Metrics of a fine-tuned model directory on a labelled task file (e.g. GLUE dev), or on
     its first `max_rows` examples; with `out`, its predictions are written there in the task's
     format. `task`: TaskOptions, or a name with TaskOptions fields as keyword arguments, or
-    None: the task of the model's run.json (run_task_options fills the fields not given)."""
+    None: the task of the model's run.json (run_task_options fills the fields not given).
+    progress: a bar over the examples on stderr (runner.progress_bar; as training's, shown
+    unless turned off)."""
     opts = task if isinstance(task, TaskOptions) else run_task_options(model_dir, task, options)
     if is_document_summarizer(model_dir) and opts.task == "summarize":
         fam, scorer = document_summarizer(model_dir, opts, device, precision)
         examples = _read(fam, data, max_rows)
-        metrics, preds = scorer.evaluate(examples)
+        with _showing(scorer.runner, "evaluate", len(examples), progress):
+            metrics, preds = scorer.evaluate(examples)
     else:
         fam, model, runner = _load(model_dir, opts, options, device, precision)
         examples = _read(fam, data, max_rows)
-        metrics, preds = fam.evaluate(runner, model, examples, fam.featurize(examples))
+        with _showing(runner, "evaluate", len(examples), progress):
+            metrics, preds = fam.evaluate(runner, model, examples, fam.featurize(examples))
     if out is not None:
         fam.write_predictions(Path(out), examples, preds)
     return metrics
+
+
+def _showing(runner: Runner, what: str, examples: int, progress: bool) -> Any:
+    """runner.showing a bar over the examples (their rows are features: windows, choices)."""
+    if not progress:
+        return runner.showing(None)
+    return runner.showing(progress_bar(what, examples, "examples"), units=examples)
 
 
 def predict(
@@ -188,18 +200,21 @@ def predict(
     max_rows: int | None = None,
     device: str | None = None,
     precision: str = "auto",
+    progress: bool = True,
     **options: Any,
 ) -> list[Path]:
     """Predictions of a fine-tuned model for the inputs of `data` (labels, if any, unused), or
     of its first `max_rows`, written to the directory `out` in the task's format; returns the
-    files written. `task` as evaluate_model takes it."""
+    files written. `task` and progress as evaluate_model takes them."""
     opts = task if isinstance(task, TaskOptions) else run_task_options(model_dir, task, options)
     if is_document_summarizer(model_dir) and opts.task == "summarize":
         fam, scorer = document_summarizer(model_dir, opts, device, precision)
         examples = _read(fam, data, max_rows, labelled=False)
-        preds = scorer.predict(examples)
+        with _showing(scorer.runner, "predict", len(examples), progress):
+            preds = scorer.predict(examples)
     else:
         fam, model, runner = _load(model_dir, opts, options, device, precision)
         examples = _read(fam, data, max_rows, labelled=False)
-        preds = fam.predict(runner, model, examples, fam.featurize(examples))
+        with _showing(runner, "predict", len(examples), progress):
+            preds = fam.predict(runner, model, examples, fam.featurize(examples))
     return fam.write_predictions(Path(out), examples, preds)

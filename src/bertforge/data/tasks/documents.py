@@ -61,6 +61,16 @@ class WikiCounts:
     one_sentence_lead: int = 0  # lead of one sentence (or none)
     files: list[str] = field(default_factory=list)
 
+    def said(self, path: str | os.PathLike[str]) -> str:
+        """What was kept and left out, in words ("" where no article was read)."""
+        if not self.articles:
+            return ""
+        return (
+            f"{path}: {self.articles:,} Wikipedia articles, {self.kept:,} kept; left out: "
+            f"{self.short_body:,} with a body under {MIN_BODY_SENTENCES} sentences, "
+            f"{self.one_sentence_lead:,} with a lead of one sentence"
+        )
+
 
 def document(
     text: str, guid: str = "", summary: str | None = None, source: str = ""
