@@ -6,7 +6,6 @@ import contextlib
 import itertools
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -23,6 +22,7 @@ from safetensors.torch import load_file
 
 from bertforge import BertConfig, BertForPreTraining, Tokenizer
 from bertforge.data.shards import prepare
+from bertforge.train.checkpoints import checkpoint_dirs
 from bertforge.train.optim import Lamb, lr_factor, param_groups
 from tests.test_shards import write_corpus
 
@@ -407,6 +407,48 @@ def test_tokens_per_s_counts_training_time_alone(
         assert r["train_seconds"] < 1, r
 
 
+def test_a_time_budget_trains_until_it_is_spent_whatever_its_first_steps_took(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A busy machine's start: 3 steps of 10 s, then steps of 0.1 s, on a 100 s budget. A plan
+    fixed from the first steps stopped after 10 steps (30 s); the budget trains until its
+    seconds are spent (about 700 more steps), warms up over its first 5% (here: step 1, which
+    took 10), holds the peak, and decays over its last 20% to (nearly) zero at its end."""
+    from bertforge.train import loop
+    from bertforge.train.distributed import Dist
+    from bertforge.train.optim import TimeBudget
+
+    now = [0.0]
+    monkeypatch.setattr(loop.time, "perf_counter", lambda: now[0])
+
+    class BusyStart(_ClockTask):
+        steps = 0
+
+        def loss(self, model: torch.nn.Module, micro: _Micro, totals: torch.Tensor):
+            self.steps += 1
+            now[0] += 10.0 if self.steps <= 3 else 0.1
+            return super().loss(model, micro, totals)
+
+    cfg = loop.LoopConfig(
+        steps=10, lr=1e-3, warmup_steps=0, decay_steps=None, weight_decay=0.0, optimizer="adamw",
+        clip_norm=1.0, precision="fp32", log_every=1, eval_every=0, save_every=0,
+        keep_checkpoints=1, progress=False, seed=0,
+        budget=TimeBudget(seconds=100.0, warmup_ratio=0.05, decay_ratio=0.2),
+    )  # fmt: skip
+    result = loop.train(_Linear(now), BusyStart(now), cfg, tmp_path, Dist())
+    assert not result["interrupted"] and 100.0 <= result["train_seconds"] < 100.11
+    rows = [json.loads(ln) for ln in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert result["step"] == rows[-1]["step"] and 3 + 700 <= result["step"] <= 3 + 701
+    lr = {r["step"]: r["lr"] for r in rows}
+    began = {r["step"] + 1: r["train_seconds"] for r in rows} | {1: 0.0}  # the time spent before
+    assert lr[1] < 1e-5  # the first step, at the start of the warmup
+    peak = [s for s in lr if 5 <= began[s] < 80]
+    assert all(lr[s] == 1e-3 for s in peak) and len(peak) > 400
+    decay = [lr[s] for s in lr if began[s] >= 80.01]
+    assert decay == sorted(decay, reverse=True) and decay[0] < 1e-3 and len(decay) > 190
+    assert lr[result["step"]] < 1e-5  # the schedule ends where the time does
+
+
 class _Linear(torch.nn.Linear):
     """A model whose saving takes 1,000 s of the test's clock."""
 
@@ -686,46 +728,54 @@ def test_warmup_stable_decay_schedule() -> None:
     ]
 
 
-def test_minutes_say_the_steps_they_chose_and_keep_them(
+def test_minutes_train_until_the_time_is_spent_and_keep_the_steps(
     data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from bertforge.cli import main
 
-    argv = pretrain_cmd(data, tmp_path / "M", "--minutes", "0.01", "--eval-every", "0")[3:]
+    argv = pretrain_cmd(data, tmp_path / "M", "--minutes", "0.1", "--eval-every", "0")[3:]
     assert main(argv) == 0
     said = capsys.readouterr().out
     saved = json.loads((tmp_path / "M" / "run.json").read_text())
-    steps = saved["steps"]
-    assert saved["finished"] and saved["settings"]["minutes"] == 0.01 and steps >= 1
-    assert re.search(
-        rf"--minutes 0.01: [0-9.]+ s per step \(timed over \d+ steps\) -> {steps:,} steps", said
-    )
-    assert losses(tmp_path / "M")[-1][0] == steps
-    assert main(argv) == 0  # finished at the count it chose: not timed again
+    steps, seconds = saved["steps"], saved["final"]["train_seconds"]
+    assert saved["finished"] and saved["settings"]["minutes"] == 0.1 and steps >= 2
+    assert "--minutes 0.1: training for 6 s" in said
+    assert f"--minutes 0.1: {steps:,} steps in {seconds:.1f} s of training" in said
+    rows = [json.loads(ln) for ln in (tmp_path / "M" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, steps + 1))
+    # the last step began before the budget was spent and ended after
+    assert rows[-2]["train_seconds"] < 6.0 <= rows[-1]["train_seconds"] <= seconds
+    assert main(argv) == 0  # finished at the count it reached: not trained again
     said = capsys.readouterr().out
-    assert f"already finished ({steps:,} steps)" in said and "s per step" not in said
+    assert f"already finished ({steps:,} steps)" in said and "training for" not in said
 
 
 @pytest.mark.slow
-def test_minutes_killed_and_resumed_end_as_a_run_of_that_many_steps(
-    data: Path, tmp_path: Path
-) -> None:
-    """The timing runs on a copy (with dropout: the random state too), the count is kept in
-    run.json: a --minutes run killed and resumed ends at that count with the parameters and
-    losses of an uninterrupted --steps run of it."""
-    out, reference = tmp_path / "B", tmp_path / "A"
-    # every checkpoint kept: with the default 3, step 4's was gone by step 16, and on a loaded
-    # machine the watch below could miss it and see the run finish
-    rest = ["--save-every", "4", "--eval-every", "0", "--keep-checkpoints", "1000"]
-
-    def reference_run() -> None:
-        steps = json.loads((out / "run.json").read_text())["steps"]
-        assert steps > 4
-        result = run(pretrain_cmd(data, reference, "--steps", str(steps), *rest))
-        assert result.returncode == 0, result.stderr[-3000:]
-
-    kill_and_resume(
-        data, reference, out, ["--minutes", "0.02", *rest], at_step=4, before_resume=reference_run
-    )
+def test_minutes_killed_and_resumed_go_on_with_the_time_left(data: Path, tmp_path: Path) -> None:
+    """A --minutes run's checkpoint keeps its seconds of training: killed and resumed, the run
+    goes on from there (the steps after the checkpoint done again) and stops when the budget is
+    spent in all, not a new budget after the resume."""
+    out = tmp_path / "B"
+    cmd = pretrain_cmd(data, out, "--minutes", "0.1", "--save-every", "4", "--eval-every", "0")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    deadline = time.time() + 300
+    while not (out / "checkpoints" / f"step-{8:08d}").exists():
+        assert proc.poll() is None, proc.stderr.read().decode()[-2000:] if proc.stderr else ""
+        assert time.time() < deadline
+        time.sleep(0.02)
+    proc.kill()
+    proc.wait()
+    assert not (out / "model.safetensors").exists()  # it really died before the end
+    last = checkpoint_dirs(out)[-1]
+    before = json.loads((last / "trainer_state.json").read_text())
+    result = run(cmd)
+    assert result.returncode == 0, result.stderr[-3000:]
+    said = f"(step {before['step']:,}; {before['train_seconds']:.1f} s of its 6 s budget trained)"
+    assert f"resuming from {last} {said}" in result.stdout
     saved = json.loads((out / "run.json").read_text())
-    assert saved["finished"] and losses(out)[-1][0] == saved["steps"]
+    rows = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, saved["steps"] + 1))  # each step once
+    # the step after the checkpoint went on from its time, and the budget is spent once
+    assert rows[before["step"]]["train_seconds"] > before["train_seconds"]
+    assert rows[-2]["train_seconds"] < 6.0 <= rows[-1]["train_seconds"]

@@ -5,9 +5,10 @@
     3. shards       tokenized pre-training shards + a held-out part (= bertforge prepare)
     4. before       a random tiny BERT: its guesses and held-out masked-LM accuracy
     5. pre-train    masked LM on packed text, the small-budget recipe (= bertforge pretrain
-                    --no-nsp --dropout 0), for --minutes (the step count that fits, timed on
-                    this machine) or --steps; its guesses after, and on held-out sentences
-                    with a word masked: is the word among its top 5? (= bertforge fill-mask)
+                    --no-nsp --dropout 0), for --minutes of training (the steps that fit,
+                    timed as they go: a busy machine takes fewer, never for less time) or
+                    --steps; its guesses after, and on held-out sentences with a word
+                    masked: is the word among its top 5? (= bertforge fill-mask)
     6. fine-tune    an acceptability task made from held-out text: a real sentence, or the
                     same words shuffled? (= bertforge finetune --task csv); held-out accuracy
     7. use it       classify new sentences                          (= bertforge classify)

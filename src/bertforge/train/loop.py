@@ -2,7 +2,8 @@
 
 Each optimizer step: take the step's micro-batches, compute the loss of each under the chosen
 precision, accumulate gradients (DDP synchronises only on the last micro-batch), clip, step,
-follow the warmup-then-linear-decay schedule. Around it: progress bar and metrics, held-out
+follow the warmup-then-linear-decay schedule: over cfg.steps, or over a time budget (train
+until its seconds of training are spent, however fast the steps turn out). Around it: progress bar and metrics, held-out
 evaluation, checkpoints every N steps and on SIGINT/SIGTERM, exact resume (each process draws
 a step's dropout from a seed of (seed, rank, step): the same after a resume, on every process).
 Training that diverges (a loss or gradient norm that is not finite) stops with one
@@ -34,7 +35,7 @@ from ..runner import autocast, resolve_precision
 from . import checkpoints
 from .distributed import Dist, all_reduce_sum
 from .logs import MetricsLog
-from .optim import build_optimizer, lr_factor, set_lr
+from .optim import TimeBudget, build_optimizer, lr_factor, set_lr
 
 # fp16: a loss scale halved this often means that every step overflows (fairseq's min_loss_scale)
 MIN_LOSS_SCALE = 1e-4
@@ -61,6 +62,9 @@ class LoopConfig:
     seed: int
     adam_eps: float = 1e-6  # BERT's
     compile: bool | None = None  # the step's forward and loss through torch.compile; None: on GPUs
+    # train until this budget of training seconds is spent (steps, warmup_steps and
+    # decay_steps unused): pretrain --minutes
+    budget: TimeBudget | None = None
 
     @classmethod
     def of(cls, cfg: Any, **values: Any) -> LoopConfig:
@@ -131,8 +135,9 @@ def train(
     describe: str = "train",
     on_eval: Callable[[int, dict[str, float]], None] | None = None,
 ) -> dict[str, Any]:
-    """Train `model` on `task` for cfg.steps optimizer steps, resuming from RUN's last
-    checkpoint if there is one. Returns {"step", "interrupted", "eval": last evaluation}.
+    """Train `model` on `task` for cfg.steps optimizer steps (or cfg.budget's seconds),
+    resuming from RUN's last checkpoint if there is one. Returns {"step", "interrupted", "eval":
+    last evaluation, "precision", "train_seconds": of training, over resumes}.
     on_eval(step, metrics) runs on every process after each evaluation (e.g. to keep the best
     model)."""
     return _Training(model, task, cfg, run_dir, d, save_extra, on_eval).run(describe)
@@ -178,6 +183,9 @@ class _Training:
         self.stats_sum: torch.Tensor | None = None
         self.window_tokens, self.window_start = 0, 0.0  # (set as the loop starts)
         self.segment_start = 0.0  # when training last resumed (after setup, evaluation, saving)
+        self.spent = self.train_seconds  # on a time budget: training seconds after the last step
+        self.window_steps = 0  # steps since the last record (a budget's pace)
+        self.lrs: dict[int, float] = {}  # steps' learning rates since the last divergence check
 
     def _resume(self) -> tuple[int, Any, float]:
         """(step, batches' position, seconds of training) of the last checkpoint; (0, None, 0)
@@ -189,15 +197,42 @@ class _Training:
         if not saved:
             return 0, None, 0.0
         info = checkpoints.load(saved[-1], self.model, self.optimizer, self.scaler)
-        step = info["step"]
+        step, seconds = info["step"], float(info.get("train_seconds", 0.0))
         if d.is_main:
-            print(f"resuming from {saved[-1]} (step {step:,} of {self.cfg.steps:,})", flush=True)
-        return step, info["position"], float(info.get("train_seconds", 0.0))
+            budget = self.cfg.budget
+            of = f" of {self.cfg.steps:,}"
+            if budget is not None:
+                of = f"; {seconds:.1f} s of its {budget.seconds:g} s budget trained"
+            print(f"resuming from {saved[-1]} (step {step:,}{of})", flush=True)
+        return step, info["position"], seconds
 
-    def lr_at(self, s: int) -> float:
-        """The learning rate of step s (1 = the first)."""
-        cfg = self.cfg
-        return cfg.lr * lr_factor(s - 1, cfg.warmup_steps, cfg.steps, cfg.decay_steps)
+    def next_lr(self) -> float:
+        """The learning rate of the next step: by its place among cfg.steps, or on a time
+        budget by the training seconds spent before it. Kept until the divergence check, whose
+        message names a past step's."""
+        cfg, s = self.cfg, self.step + 1
+        if cfg.budget is None:
+            factor = lr_factor(s - 1, cfg.warmup_steps, cfg.steps, cfg.decay_steps)
+        else:
+            factor = cfg.budget.lr_factor(self.spent)
+        self.lrs[s] = cfg.lr * factor
+        return self.lrs[s]
+
+    def done(self) -> bool:
+        """Whether the run has all its steps, or has spent its time budget."""
+        if self.cfg.budget is None:
+            return self.step >= self.cfg.steps
+        return self.cfg.budget.spent(self.spent)
+
+    def _spent_now(self) -> float:
+        """Training seconds so far by the host's clock, read after every step of a time budget:
+        no device synchronisation (a GPU may have a step or two queued); on several processes
+        rank 0's, so that all take the same learning rate and stop at the same step."""
+        spent = self.train_seconds + time.perf_counter() - self.segment_start
+        if not self.d.enabled:
+            return spent
+        mine = torch.tensor([spent if self.d.is_main else 0.0], device=self.device)
+        return float(all_reduce_sum(mine, self.d).item())
 
     def trained_for(self) -> float:
         """Seconds of training so far (not evaluating or saving), device work included."""
@@ -206,12 +241,13 @@ class _Training:
         return self.train_seconds + time.perf_counter() - self.segment_start
 
     def run(self, describe: str) -> dict[str, Any]:
-        """The steps from where the run is to cfg.steps, or until asked to stop."""
+        """The steps from where the run is to cfg.steps (or the budget's end), or until asked to
+        stop."""
         cfg, d = self.cfg, self.d
         from tqdm.auto import tqdm
 
         bar = tqdm(
-            total=cfg.steps,
+            total=cfg.steps if cfg.budget is None else None,  # a budget's: known as it goes
             initial=self.step,
             desc=describe,
             disable=not (cfg.progress and d.is_main),
@@ -223,17 +259,20 @@ class _Training:
         self.segment_start = time.perf_counter()
         # closed on the way out, an error's too
         with _StopFlag() as stop, contextlib.closing(bar), contextlib.closing(self.log):
-            while self.step < cfg.steps:
+            while not self.done():
                 micro_batches, next_position = next(data)
                 torch.manual_seed(step_seed(cfg.seed, d.rank, self.step + 1))  # its dropout
-                lr = self.lr_at(self.step + 1)
+                lr = self.next_lr()
                 set_lr(self.optimizer, lr)
                 step_loss, grad_norm = self._step(micro_batches)
                 self.step, self.position = self.step + 1, next_position
+                self.window_steps += 1
+                if cfg.budget is not None:
+                    self.spent = self._spent_now()
                 self.diverged.update(self.step, step_loss, grad_norm)
                 if self._after_step(bar, stop, lr, grad_norm):
                     break
-        interrupted = self.step < cfg.steps
+        interrupted = not self.done()
         if interrupted and d.is_main:
             print(
                 f"stopped at step {self.step:,}; checkpoint saved in "
@@ -244,6 +283,7 @@ class _Training:
             "interrupted": interrupted,
             "eval": self.last_eval,
             "precision": self.precision,
+            "train_seconds": round(self.train_seconds, 3),
         }
 
     def _step(self, micro_batches: list[Any]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -280,17 +320,18 @@ class _Training:
         """What follows a step: its record (every log_every steps and the last), evaluation
         (every eval_every and the last), a checkpoint (every save_every, the last, and when
         asked to stop); True when asked to stop, on any process (then on every one)."""
-        cfg, d, step = self.cfg, self.d, self.step
-        logging = step % cfg.log_every == 0 or step == cfg.steps
+        cfg, d, step, last = self.cfg, self.d, self.step, self.done()
+        logging = step % cfg.log_every == 0 or last
         if logging:
             self._record(bar, lr, grad_norm)
         bar.update(1)
 
-        evaluating = cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps)
+        evaluating = cfg.eval_every and (step % cfg.eval_every == 0 or last)
         stopping = _agree(stop.requested, d)
-        saving = (cfg.save_every and step % cfg.save_every == 0) or stopping or step == cfg.steps
+        saving = (cfg.save_every and step % cfg.save_every == 0) or stopping or last
         if logging or evaluating or saving:  # the device is read here anyway
-            self.diverged.check(step, d, self.lr_at)  # so nothing of a diverged model is kept
+            self.diverged.check(step, d, self.lrs.__getitem__)  # nothing of a diverged model kept
+            self.lrs.clear()
         if evaluating or saving:
             self.train_seconds = self.trained_for()
             paused = time.perf_counter()
@@ -330,6 +371,10 @@ class _Training:
             all_reduce_sum(torch.tensor([float(self.window_tokens)], device=device), d).item()
         )
         elapsed = time.perf_counter() - self.window_start
+        if self.cfg.budget is not None:  # the steps that fit, at the window's pace
+            bar.total = self.cfg.budget.steps_that_fit(
+                self.step, self.spent, elapsed / max(1, self.window_steps)
+            )
         numbers = self.task.summarize(summed)
         numbers.update(
             lr=lr,
@@ -346,6 +391,7 @@ class _Training:
             refresh=False,
         )
         self.stats_sum, self.window_tokens, self.window_start = None, 0, time.perf_counter()
+        self.window_steps = 0
 
     def _evaluate(self, bar: Any) -> None:
         """The task's held-out evaluation, logged, handed to on_eval, shown."""

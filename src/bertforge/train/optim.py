@@ -3,10 +3,14 @@
 AdamW (decoupled weight decay) as in the paper's recipe, or LAMB (You et al. 2019) for large
 batches. Weight decay skips LayerNorm parameters and biases, as Google's optimizer does.
 Schedule: linear warmup to the peak, then linear decay to zero at the last step (over all the
-steps after warmup, or over the last ones only: warmup-stable-decay).
+steps after warmup, or over the last ones only: warmup-stable-decay). On a time budget
+(`TimeBudget`: pretrain --minutes) the same schedule runs over the budget's time, not its steps.
 """
 
 from __future__ import annotations
+
+import math
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -103,6 +107,41 @@ def lr_factor(
         return (step + 1) / warmup_steps
     span = max(1, total_steps - warmup_steps if decay_steps is None else decay_steps)
     return max(0.0, min(1.0, (total_steps - step) / span))
+
+
+# A time budget's schedule is lr_factor's over this many equal slices of its time
+BUDGET_SLICES = 10_000
+
+
+@dataclass(frozen=True)
+class TimeBudget:
+    """A run's length as seconds of training instead of a step count (pretrain --minutes).
+    It trains until the seconds are spent, however long its steps take: a plan fixed from the
+    first steps' pace made a busy machine's slow start cut the run short (90 steps in 61 s of
+    a 4.3-minute budget). Warmup and decay are shares of the time, so the schedule stretches to
+    the steps that actually fit and ends at the budget's end. Like Cramming's (Geiping and
+    Goldstein 2022) schedules, a run of it is not reproducible step for step."""
+
+    seconds: float
+    warmup_ratio: float  # share of the time of linear warmup
+    decay_ratio: float  # share of the time of linear decay at the end (1: all after warmup)
+
+    def lr_factor(self, spent: float) -> float:
+        """Multiplier of the peak learning rate for a step begun after `spent` seconds."""
+        n = BUDGET_SLICES
+        decay = None if self.decay_ratio == 1 else max(1, round(self.decay_ratio * n))
+        now = min(n - 1, math.floor(spent / self.seconds * n))
+        return lr_factor(now, round(self.warmup_ratio * n), n, decay)
+
+    def spent(self, seconds: float) -> bool:
+        """Whether `seconds` of training use the budget up."""
+        return seconds >= self.seconds
+
+    def steps_that_fit(self, steps: int, spent: float, step_seconds: float) -> int:
+        """The run's length in steps as it looks after `steps` in `spent` seconds: those and
+        the steps the time left holds at the latest pace (`step_seconds` each)."""
+        left = max(0.0, self.seconds - spent)
+        return steps + math.ceil(left / max(step_seconds, 1e-9))
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:

@@ -14,11 +14,11 @@ packed held-out rows of max_seq_length tokens with fixed 15% masks (whatever the
 rate and format); NSP runs add their NSP accuracy on fixed held-out pairs. `train_seconds` in
 metrics.jsonl counts training time alone (no evaluation, no checkpoint writing), over resumes.
 
-`--minutes M` trains for a time budget instead of a step count: before the run starts, a few
-steps on its first batches are timed on a throwaway copy of the model and optimizer (so the
-run's trajectory is that of `--steps N`), N = floor(M x 60 / seconds per step), and N goes into
-run.json, where a resumed run reads it back instead of timing again. The schedule (warmup,
-decay) follows N as it follows --steps.
+`--minutes M` trains for a time budget instead of a step count (optim.TimeBudget): it takes
+steps until M x 60 seconds of training are spent, however fast they turn out, with warmup and
+decay over shares of that time, and run.json keeps the number of steps it took once it ends. A
+resumed run goes on with the time its checkpoint had left. A plan fixed by timing the first
+steps made a busy machine's slow start cut the run short (issue 54).
 
 The loss of a step is the mean over the whole global batch (masked tokens for the MLM loss,
 sequences for NSP) whatever the number of processes or micro-batches, so a run on N processes
@@ -27,12 +27,8 @@ follows the same curve as one process with the same global batch.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
-import itertools
 import math
-import statistics
-import time
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -56,8 +52,8 @@ from ..tasks.pretraining import batch_statistics
 from ..tokenizer import Tokenizer
 from . import distributed
 from .checkpoints import RunDir
-from .loop import COMPILE_HELP, LoopConfig, compiled, compiles, train
-from .optim import OPTIMIZERS, build_optimizer
+from .loop import COMPILE_HELP, LoopConfig, train
+from .optim import OPTIMIZERS, TimeBudget
 
 
 @dataclass(frozen=True)
@@ -102,8 +98,6 @@ ARCH_CONFIGS: dict[str, Arch] = {
 ARCHS = tuple(ARCH_CONFIGS)
 MAX_MINUTES = 1e6  # about two years: a time budget beyond it is a typo, not a plan
 EVAL_BATCH = 32  # held-out rows per evaluation batch, whatever the training batch size
-# --minutes times at least this many steps, for at least this long, after one warm-up step
-CALIBRATION_STEPS, CALIBRATION_SECONDS = 3, 2.0
 
 
 @dataclass(kw_only=True)
@@ -142,8 +136,9 @@ class PretrainConfig:
     steps: int = option(10_000, "optimizer steps (unless --minutes)", min=1)
     minutes: float | None = option(
         None,
-        "train for about M minutes instead of --steps: the step count is chosen by timing a "
-        "few steps first (said, and kept in run.json: a resumed run goes on to it)",
+        "train for about M minutes instead of --steps: as many steps as fit, timed as they go "
+        "(evaluating and saving not counted), warmup and decay over shares of the time; a "
+        "resumed run goes on with the time left",
         above=0,
         max=MAX_MINUTES,
     )
@@ -449,54 +444,6 @@ def heldout_scores(cfg: PretrainConfig, model: nn.Module) -> dict[str, float]:
         return make_task(cfg, ShardSet(cfg.data), d).evaluate(model)
 
 
-def seconds_per_step(
-    cfg: PretrainConfig, model: nn.Module, task: PretrainingTask, d: distributed.Dist
-) -> tuple[float, int]:
-    """(seconds per optimizer step, steps timed) of this run: the median of steps on its first
-    batches (data and masking included) after one untimed warm-up step, on a throwaway copy of
-    the model and optimizer with the random state restored after, so that the run itself
-    starts as it would have. Each process times its own part without the gradient exchange;
-    rank 0's number counts everywhere, so that every process chooses the same step count."""
-    device = d.device
-    precision = resolve_precision(cfg.precision, device)
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        trial = copy.deepcopy(model).to(device).train()
-        optimizer = build_optimizer(trial, cfg.optimizer, cfg.lr, cfg.weight_decay)
-        data = task.batches(None)  # a stream of its own: the run's starts at the beginning
-        # the step the run will take: compiled on a GPU (the warm-up step compiles it)
-        step_loss = compiled(task.loss) if compiles(cfg.compile, device) else task.loss
-        durations: list[float] = []  # of the timed steps; the first, a warm-up, is not
-        for warm_up in itertools.chain([True], itertools.repeat(False)):
-            if len(durations) >= CALIBRATION_STEPS and sum(durations) >= CALIBRATION_SECONDS:
-                break
-            begin = time.perf_counter()
-            micro_batches, _ = next(data)
-            totals = task.normalizers(micro_batches).to(device)
-            for micro in micro_batches:
-                with autocast(precision, device):
-                    loss, _ = step_loss(trial, micro.to(device), totals)
-                loss.backward()
-            torch.nn.utils.clip_grad_norm_(trial.parameters(), cfg.clip_norm)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            if not warm_up:  # the warm-up step: allocations, kernel choice, compiling
-                durations.append(time.perf_counter() - begin)
-        # the median step: a moment of other work on the machine does not set the step count
-        seconds, timed = statistics.median(durations), len(durations)
-    shared = torch.tensor([seconds if d.is_main else 0.0], device=device)
-    return float(distributed.all_reduce_sum(shared, d)), timed
-
-
-def _with_steps(
-    cfg: PretrainConfig, d: distributed.Dist, steps: int, run: RunDir
-) -> tuple[PretrainConfig, RunDir]:
-    """A --minutes run's config and run directory once its step count is known."""
-    cfg = dataclasses.replace(cfg, steps=steps)
-    return cfg, RunDir(cfg.out, cfg, d, **{**run.record, "steps": steps})
-
-
 def _check_data(run: RunDir, shards: ShardSet) -> None:
     """The data a run resumes on is the data it started on: run.json keeps its fingerprint
     (ShardSet.fingerprint), since --data names only a directory, which may have been prepared
@@ -514,11 +461,12 @@ def _check_data(run: RunDir, shards: ShardSet) -> None:
 
 def _run(cfg: PretrainConfig, d: distributed.Dist) -> dict[str, Any]:
     resolve_precision(cfg.precision, d.device)  # fp16 on a CPU: an error before anything is written
-    run = RunDir(cfg.out, cfg, d, steps=cfg.steps)
-    if cfg.minutes is not None and run.saved:  # the count chosen when it started: no new timing
-        cfg, run = _with_steps(cfg, d, run.saved["steps"], run)
-    if run.finished(f"this run already finished ({cfg.steps:,} steps); the model is in {run.path}"):
-        return {"step": cfg.steps, "interrupted": False, "already_finished": True}
+    # a time budget's steps are known once it ends (run.json keeps them then); its minutes are
+    # among the settings a resumed run must match
+    run = RunDir(cfg.out, cfg, d, **({} if cfg.minutes is not None else {"steps": cfg.steps}))
+    steps = (run.saved or {}).get("steps", cfg.steps)
+    if run.finished(f"this run already finished ({steps:,} steps); the model is in {run.path}"):
+        return {"step": steps, "interrupted": False, "already_finished": True}
     shards = ShardSet(cfg.data)
     _check_data(run, shards)
     tok = shards.tokenizer()
@@ -527,29 +475,28 @@ def _run(cfg: PretrainConfig, d: distributed.Dist) -> dict[str, Any]:
     torch.manual_seed(cfg.seed)
     model = build_model(cfg, tok)
     task = make_task(cfg, shards, d)
-    if cfg.minutes is not None and not run.saved:
-        seconds, timed = seconds_per_step(cfg, model, task, d)
-        cfg, run = _with_steps(cfg, d, max(1, math.floor(cfg.minutes * 60 / seconds)), run)
-        if d.is_main:
-            print(
-                f"--minutes {cfg.minutes:g}: {seconds:.4f} s per step (timed over {timed} "
-                f"steps) -> {cfg.steps:,} steps",
-                flush=True,
-            )
     run.start(
         f"pre-training {model.num_parameters():,} parameters on {shards.count('train'):,} tokens "
         f"({cfg.data}); {d.world_size} process(es) on {d.device}; "
         f"batch {cfg.batch_size} x {cfg.max_seq_length}"
     )
-    loop = LoopConfig.of(
-        cfg,
-        warmup_steps=round(cfg.warmup_ratio * cfg.steps),
-        decay_steps=None if cfg.decay_ratio == 1 else max(1, round(cfg.decay_ratio * cfg.steps)),
-        eval_every=cfg.eval_every if task.heldout else 0,
-    )
     result = train(
-        model, task, loop, run.path, d, save_extra=tok.save_pretrained, describe="pretrain"
+        model,
+        task,
+        _loop_config(cfg, task, d),
+        run.path,
+        d,
+        save_extra=tok.save_pretrained,
+        describe="pretrain",
     )
+    if cfg.minutes is not None:
+        run.record["steps"] = result["step"]
+        if d.is_main and not result["interrupted"]:
+            print(
+                f"--minutes {cfg.minutes:g}: {result['step']:,} steps in "
+                f"{result['train_seconds']:.1f} s of training",
+                flush=True,
+            )
     run.finish(
         result,
         f"done: {run.path} holds the model (config.json, model.safetensors) and its tokenizer",
@@ -558,3 +505,28 @@ def _run(cfg: PretrainConfig, d: distributed.Dist) -> dict[str, Any]:
         final=result,
     )
     return result
+
+
+def _loop_config(cfg: PretrainConfig, task: PretrainingTask, d: distributed.Dist) -> LoopConfig:
+    """The loop's settings: cfg.steps with warmup and decay of its steps, or (--minutes) a time
+    budget with the same shares of its time."""
+    eval_every = cfg.eval_every if task.heldout else 0
+    if cfg.minutes is None:
+        return LoopConfig.of(
+            cfg,
+            warmup_steps=round(cfg.warmup_ratio * cfg.steps),
+            decay_steps=None
+            if cfg.decay_ratio == 1
+            else max(1, round(cfg.decay_ratio * cfg.steps)),
+            eval_every=eval_every,
+        )
+    budget = TimeBudget(cfg.minutes * 60, cfg.warmup_ratio, cfg.decay_ratio)
+    if d.is_main:
+        print(
+            f"--minutes {cfg.minutes:g}: training for {budget.seconds:g} s (evaluating and saving "
+            "not counted), as many steps as fit",
+            flush=True,
+        )
+    return LoopConfig.of(
+        cfg, warmup_steps=0, decay_steps=None, eval_every=eval_every, budget=budget
+    )
