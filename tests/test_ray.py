@@ -140,7 +140,9 @@ def _kill_a_worker_when(begun: Callable[[], bool], killed: list[int]) -> None:
             title = (Path("/proc") / pid / "cmdline").read_bytes()
         except OSError:
             continue
-        if b"PipelineWorker" in title:
+        # a worker at work or idle: one still in its creation task (a slow start on a busy
+        # machine) is not restarted by Ray once killed, the job failing as for a bad node
+        if b"PipelineWorker" in title and b"__init__" not in title:
             os.kill(int(pid), signal.SIGKILL)
             killed.append(int(pid))
             return
