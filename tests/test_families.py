@@ -210,6 +210,60 @@ def test_sentence_transformers_directory_embeds_equal(family_dir: Path, tmp_path
     np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
 
 
+def test_fill_mask_shows_tokens_as_transformers_pipeline(family_dir: Path) -> None:
+    """A token's text as transformers' fill-mask pipeline shows it (its decoded text: "it", not
+    the byte-level piece "Ġit" nor SentencePiece's "▁it"), with its id and probability."""
+    texts = ["Paris is the <mask> of France.", "Return the <mask> of the list."]
+    theirs = transformers.pipeline("fill-mask", model=str(family_dir), device="cpu", top_k=8)
+    got = Pipeline(family_dir, precision="fp32").fill_mask(texts, top_k=8)
+    for text, [row] in zip(texts, got):
+        want = theirs(text)
+        assert [t["id"] for t in row] == [w["token"] for w in want]
+        assert [t["token"] for t in row] == [w["token_str"] for w in want]
+        np.testing.assert_allclose([t["score"] for t in row], [w["score"] for w in want], atol=1e-6)
+
+
+def test_whole_word_masking_finds_the_words_transformers_collator_finds(
+    family_dir: Path, corpus: list[str]
+) -> None:
+    """--whole-word-mask on a byte-level BPE or Unigram vocabulary: a word starts at a piece
+    with the vocabulary's mark of a word's start (Ġ, ▁), as transformers'
+    DataCollatorForLanguageModeling(whole_word_mask=True) finds words (no gap between pieces:
+    one word), and every piece of a chosen word is masked. (MPNet's WordPiece: Google's "##"
+    continuations, test_instances.py.)"""
+    from transformers.data.data_collator import DataCollatorForLanguageModeling as Collator
+
+    from bertforge.data.instances import MaskingSpec, mask_tokens
+
+    tok = Tokenizer.from_pretrained(family_dir)
+    assert tok.word_start == {"BPE": "Ġ", "Unigram": "▁", "WordPiece": None}[tok.kind]
+    specials = frozenset({tok.cls_id, tok.sep_id, tok.pad_id})
+    spec = MaskingSpec.from_tokens(
+        tok.tokens, tok.mask_id, specials, word_start=tok.word_start, whole_word=True
+    )
+    if tok.word_start is None:
+        assert spec.is_continuation.tolist() == [t.startswith("##") for t in tok.tokens]
+        return
+    rng = np.random.default_rng(0)
+    for text in corpus[:60]:
+        enc = tok.encode(text, max_length=64)
+        ids, special = np.array(enc.ids), np.isin(enc.ids, list(specials))
+        words, _ = Collator._calc_word_ids_and_prob_mask(
+            np.array([enc.offsets]), special[None].astype(int)
+        )
+        words = words[0]
+        starts = ~special & ~spec.is_continuation[ids]
+        starts[1] = True  # the first piece after <s> starts a word, marked or not
+        # a bare "▁" piece gets the next character's offsets, and the collator then splits its
+        # word in two where the piece after overlaps it: "▁" "ch" "anges" is one word here
+        bare = np.roll(np.array(tok.convert_ids_to_tokens(ids)) == tok.word_start, 1)
+        keep = ~special & ~bare
+        assert (starts[keep] == (np.diff(words, prepend=-1) > 0)[keep]).all(), text
+        _, positions, _ = mask_tokens(ids, spec, rng)
+        chosen = set(words[positions].tolist())
+        assert set(np.flatnonzero(np.isin(words, list(chosen)))) == set(positions.tolist())
+
+
 def test_positions_count_past_the_padding_id() -> None:
     config = BertConfig(**{**SMALL, "vocab_size": 50}, model_type="roberta", pad_token_id=1)
     assert config.max_tokens == 64
@@ -359,7 +413,8 @@ def test_pretrain_arch_roberta_writes_what_transformers_loads(
 ) -> None:
     out = tmp_path / "run"
     args = ["pretrain", "--data", str(bpe_shards), "--out", str(out), "--arch", "roberta"]
-    args += ["--model-size", "tiny", "--steps", "4", "--batch-size", "4", "--max-seq-length"]
+    args += ["--model-size", "tiny", "--steps", "4", "--batch-size", "4", "--whole-word-mask"]
+    args += ["--max-seq-length"]
     assert main([*args, "64", "--precision", "fp32", "--no-progress"]) == 0
     config = json.loads((out / "config.json").read_text())
     assert config["architectures"] == ["RobertaForMaskedLM"] and config["type_vocab_size"] == 1
