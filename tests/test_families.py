@@ -493,3 +493,123 @@ def test_mpnet_relative_positions_beyond_their_last_bucket(tmp_path: Path) -> No
     torch.testing.assert_close(got[real], want[real], atol=1e-5, rtol=0)
     cosine = torch.nn.functional.cosine_similarity(low[real], want[real], dim=-1)
     assert cosine.min() > 0.999
+
+
+# -- every verb and endpoint on every family (issue 57, item 4) ---------------------------------
+
+NER_TAGS = ["O", "B-PER", "I-PER"]
+
+
+@pytest.fixture(scope="module")
+def family_heads(family_dir: Path, tmp_path_factory) -> dict[str, Path]:
+    """The family's heads as transformers saves them, random weights, family_dir's tokenizer:
+    a classifier (two of them, for merge), a tagger, a QA head, a cross-encoder (one label)
+    and a sentence-transformers bi-encoder (mean pooling, normalised)."""
+    out = tmp_path_factory.mktemp("heads")
+    tok = transformers.AutoTokenizer.from_pretrained(family_dir)
+    arch = ARCH[json.loads((family_dir / "config.json").read_text())["model_type"]]
+    tags = dict(id2label=dict(enumerate(NER_TAGS)), label2id={t: i for i, t in enumerate(NER_TAGS)})
+    made = {}
+    for name, head, seed, extra in [
+        ("cls", "ForSequenceClassification", 0, {"num_labels": 2}),
+        ("cls2", "ForSequenceClassification", 1, {"num_labels": 2}),
+        ("ner", "ForTokenClassification", 0, tags),
+        ("qa", "ForQuestionAnswering", 0, {}),
+        ("ce", "ForSequenceClassification", 2, {"num_labels": 1}),
+    ]:
+        torch.manual_seed(seed)
+        config = getattr(transformers, f"{arch}Config")(vocab_size=len(tok), **SMALL, **extra)
+        getattr(transformers, arch + head)(config).eval().save_pretrained(out / name)
+        tok.save_pretrained(out / name)
+        made[name] = out / name
+    st = pytest.importorskip("sentence_transformers")
+    try:  # sentence-transformers 6; earlier: sentence_transformers.models
+        from sentence_transformers.sentence_transformer import modules as models
+    except ImportError:
+        from sentence_transformers import models
+    modules = [
+        models.Transformer(str(family_dir), max_seq_length=64),
+        models.Pooling(SMALL["hidden_size"], "mean"),
+        models.Normalize(),
+    ]
+    st.SentenceTransformer(modules=modules, device="cpu").save(str(out / "st"))
+    return {**made, "st": out / "st"}
+
+
+def test_pipelines_equal_transformers_on_every_head(
+    family_dir: Path, family_heads: dict[str, Path], capsys
+) -> None:
+    """info, features of every layer, classify, ner (words as the tokenizer's word_ids), qa's
+    span scores, attention maps (MPNet's: with its relative position buckets) and summarize,
+    each against transformers on the same checkpoint."""
+    from bertforge.attention import attention_maps
+    from bertforge.evaluate import entity_spans
+
+    family = json.loads((family_dir / "config.json").read_text())["model_type"]
+    assert main(["info", str(family_heads["ner"]), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert "ner" in info["pipelines"] and info["model_type"] == family, info
+    texts = ["Paris is the capital of France.", "Dr. O'Neil's café, 3.5 km away!"]
+    tok = Tokenizer.from_pretrained(family_dir)
+    batch = tok(texts)
+    real = batch["attention_mask"].bool()
+    base = transformers.AutoModel.from_pretrained(family_dir, attn_implementation="eager").eval()
+    with torch.no_grad():
+        ref = base(**batch, output_hidden_states=True, output_attentions=True)
+    layers = list(range(SMALL["num_hidden_layers"] + 1))
+    got = Pipeline(family_dir, precision="fp32").features(texts, layers=layers, combine=None)
+    for i, item in enumerate(got):
+        for layer in layers:
+            want = ref.hidden_states[layer][i][real[i]].numpy()
+            np.testing.assert_allclose(item["layers"][layer], want, atol=1e-5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a masked LM has no pooler, and the maps need none
+        tokens, maps = attention_maps(family_dir, texts[0])
+    want_maps = torch.stack([a[0] for a in ref.attentions]).numpy()[:, :, : len(tokens)][
+        ..., : len(tokens)
+    ]
+    np.testing.assert_allclose(maps, want_maps, atol=1e-5)
+
+    classifier = transformers.AutoModelForSequenceClassification.from_pretrained(
+        family_heads["cls"]
+    )
+    with torch.no_grad():
+        probs = classifier.eval()(**batch).logits.softmax(-1).numpy()
+    got_c = Pipeline(family_heads["cls"], precision="fp32").classify(texts)
+    np.testing.assert_allclose([list(g["scores"].values()) for g in got_c], probs, atol=1e-5)
+
+    tagger = transformers.AutoModelForTokenClassification.from_pretrained(family_heads["ner"])
+    with torch.no_grad():
+        tags = tagger.eval()(**batch).logits.argmax(-1).tolist()
+    for i, (text, entities) in enumerate(
+        zip(texts, Pipeline(family_heads["ner"], precision="fp32").ner(texts))
+    ):
+        enc = tok.encode(text)
+        firsts = [
+            j for j, w in enumerate(enc.word_ids) if w is not None and w != enc.word_ids[j - 1]
+        ]
+        word_tags = [NER_TAGS[tags[i][j]] for j in firsts]
+        want = [(kind, enc.offsets[firsts[a]][0]) for kind, a, _ in entity_spans(word_tags)]
+        assert [(e["entity"], e["start"]) for e in entities] == want
+        assert all(text[e["start"] : e["end"]] == e["text"] for e in entities)
+
+    question, context = "What is the capital?", "Paris is the capital of France."
+    [answer] = Pipeline(family_heads["qa"], precision="fp32").qa([question], [context])
+    reader = transformers.AutoModelForQuestionAnswering.from_pretrained(family_heads["qa"]).eval()
+    pair = tok([question], [context])
+    with torch.no_grad():
+        out = reader(**pair)
+    enc = tok.encode(question, context)
+    starts = [j for j, s in enumerate(enc.sequence_ids) if s == 1]
+    best = max(
+        (out.start_logits[0, a] + out.end_logits[0, b], a, b)
+        for a in starts
+        for b in starts
+        if a <= b < a + 30
+    )
+    assert (answer["start"], answer["end"]) == (enc.offsets[best[1]][0], enc.offsets[best[2]][1])
+
+    [summary] = Pipeline(family_heads["st"], precision="fp32").summarize(
+        ["One thing is here. Two things are there. Three things are elsewhere."], sentences=2
+    )
+    assert len(summary["sentences"]) == 2
