@@ -613,3 +613,170 @@ def test_pipelines_equal_transformers_on_every_head(
         ["One thing is here. Two things are there. Three things are elsewhere."], sentences=2
     )
     assert len(summary["sentences"]) == 2
+
+
+def test_serve_answers_every_api_as_the_pipelines(
+    family_dir: Path, family_heads: dict[str, Path], tmp_path: Path
+) -> None:
+    """Each endpoint once, on the head that serves it: its answer is the pipeline's."""
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from bertforge.serve import Limits, create_app
+
+    texts = ["Paris is the <mask> of France.", "Return the length of the list."]
+    qa = {"questions": ["What is the capital?"], "contexts": ["Paris is the capital of France."]}
+    requests = {  # head: [(path, body, the pipeline's answer)]
+        "mlm": [
+            ("/fill-mask", {"texts": texts[:1], "top_k": 2}, lambda p: p.fill_mask(texts[:1], 2))
+        ],
+        "cls": [("/classify", {"texts": texts}, lambda p: p.classify(texts))],
+        "ner": [("/ner", {"texts": texts}, lambda p: p.ner(texts))],
+        "qa": [("/qa", qa, lambda p: p.qa(qa["questions"], qa["contexts"]))],
+        "ce": [
+            ("/rerank", {"query": "list", "texts": texts}, lambda p: p.rerank("list", texts)),
+            (
+                "/v1/rerank",
+                {"query": "list", "documents": texts},
+                lambda p: p.rerank("list", texts),
+            ),
+            (
+                "/v2/rerank",
+                {"query": "list", "documents": texts, "model": "m"},
+                lambda p: p.rerank("list", texts),
+            ),
+        ],
+        "st": [
+            ("/embed", {"texts": texts}, lambda p: p.embed(texts)),
+            ("/v1/embeddings", {"input": texts, "model": "m"}, lambda p: p.embed(texts)),
+            ("/summarize", {"texts": ["One thing. Two things. Three things."]}, None),
+            ("/search", {"queries": ["the list"], "top_k": 2}, None),
+        ],
+    }
+    (tmp_path / "docs.jsonl").write_text(
+        "".join(json.dumps({"id": f"d{i}", "text": t}) + "\n" for i, t in enumerate(texts))
+    )
+    index = tmp_path / "idx"
+    assert (
+        main(
+            [
+                "index",
+                str(family_heads["st"]),
+                str(tmp_path / "docs.jsonl"),
+                "--out",
+                str(index),
+                "--precision",
+                "fp32",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
+    for head, calls in requests.items():
+        model = family_dir if head == "mlm" else family_heads[head]
+        pipe = Pipeline(model, precision="fp32")
+        app = create_app(
+            model, Limits(max_wait_ms=5), index=index if head == "st" else None, precision="fp32"
+        )
+        with TestClient(app) as client:
+            for path in ("/health", "/ready", "/metadata", "/metrics"):
+                assert client.get(path).status_code == 200, path
+            for path, body, answer in calls:
+                r = client.post(path, json=body)
+                assert r.status_code == 200, (path, r.text)
+                got = r.json()
+                if answer is None:
+                    continue
+                want = json.loads(json.dumps(answer(pipe), default=np.ndarray.tolist))
+                if path == "/v1/embeddings":
+                    got = [d["embedding"] for d in got["data"]]
+                elif path == "/embed":
+                    got = got["embeddings"]
+                elif path != "/rerank":
+                    got = got["results"]
+                if path in ("/v1/rerank", "/v2/rerank"):
+                    got = [{"index": g["index"], "score": g["relevance_score"]} for g in got]
+                    want = [{"index": w["index"], "score": w["score"]} for w in want]
+                np.testing.assert_allclose(_numbers(got), _numbers(want), atol=1e-5, err_msg=path)
+                assert _strings(got) == _strings(want), path
+
+
+def _numbers(x: object) -> list[float]:
+    if isinstance(x, dict):
+        return [n for k in sorted(x) for n in _numbers(x[k])]
+    if isinstance(x, list):
+        return [n for v in x for n in _numbers(v)]
+    return [float(x)] if isinstance(x, (int, float)) and not isinstance(x, bool) else []
+
+
+def _strings(x: object) -> list[str]:
+    if isinstance(x, dict):
+        return [s for k in sorted(x) for s in _strings(x[k])]
+    if isinstance(x, list):
+        return [s for v in x for s in _strings(v)]
+    return [x] if isinstance(x, str) else []
+
+
+@pytest.mark.parametrize("task", ["conll2003", "squad2", "swag", "retrieval", "rerank"])
+def test_finetune_of_every_task_family_loads_in_its_library(
+    family_dir: Path, task: str, tmp_path: Path
+) -> None:
+    """`finetune` on each task family (sequence classification: the test above): the result
+    loads in transformers' head class of the family (SentenceTransformer for retrieval,
+    CrossEncoder for rerank) with the same outputs as bertforge's."""
+    from bertforge import heads
+    from bertforge.checkpoint import architectures
+    from bertforge.train.finetune import FinetuneConfig
+    from bertforge.train.finetune import run as finetune
+
+    from .test_distill import _family_files
+    from .test_rerank import groups
+    from .test_retrieval_training import toy
+
+    if task == "retrieval":
+        data, options = toy(tmp_path / "r.jsonl"), {}
+    elif task == "rerank":
+        data, options = tmp_path / "g.jsonl", {}
+        data.write_text("".join(json.dumps(r) + "\n" for r in groups()))
+    else:
+        data, options = _family_files(task, tmp_path)
+    out = tmp_path / "out"
+    options = {"max_seq_length": 64, **options}
+    finetune(
+        FinetuneConfig(
+            model=str(family_dir),
+            task=task,
+            train=str(data),
+            dev=str(data),
+            out=str(out),
+            epochs=1,
+            batch_size=4,
+            progress=False,
+            precision="fp32",
+            **options,
+        )
+    )  # type: ignore[arg-type]
+    family = json.loads((family_dir / "config.json").read_text())["model_type"]
+    assert json.loads((out / "config.json").read_text())["model_type"] == family
+    texts = ["a fine film", "the cat sat on the mat"]
+    if task in ("retrieval", "rerank"):
+        st = pytest.importorskip("sentence_transformers")
+        if task == "retrieval":
+            want = st.SentenceTransformer(str(out), device="cpu").encode(texts)
+            got = Pipeline(out, precision="fp32").embed(texts)
+        else:
+            want = st.CrossEncoder(str(out), device="cpu").predict([tuple(texts)])
+            got = Pipeline(out, precision="fp32").score(texts[:1], texts[1:])
+        np.testing.assert_allclose(got, want, atol=1e-5)
+        return
+    [arch] = json.loads((out / "config.json").read_text())["architectures"]
+    assert arch.startswith(ARCH[family])
+    theirs = getattr(transformers, arch).from_pretrained(out).eval()
+    ours = getattr(heads, architectures(out)[0]).from_pretrained(out).eval()
+    enc = Tokenizer.from_pretrained(out)(texts)
+    if task == "swag":
+        enc = {k: v.unsqueeze(0) for k, v in enc.items()}
+    with torch.no_grad():
+        a, b = ours(**enc), theirs(**enc)
+    for field in ("start_logits", "end_logits") if task == "squad2" else ("logits",):
+        torch.testing.assert_close(getattr(a, field), getattr(b, field), atol=1e-5, rtol=0)
