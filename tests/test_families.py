@@ -304,21 +304,26 @@ def test_a_finetuned_model_loads_in_transformers_with_the_same_logits(
     torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
 
 
-def test_onnx_export_equals_pytorch(family_dir: Path, tmp_path: Path) -> None:
+def test_onnx_export_equals_pytorch(family_heads: dict[str, Path], tmp_path: Path) -> None:
+    """A sentence-transformers directory of the family: its hidden states and its pooled,
+    normalised sentence embedding in the graph, equal to PyTorch's and to `embed`'s."""
     pytest.importorskip("onnxruntime")
+    st_dir = family_heads["st"]
     onnx = tmp_path / "model.onnx"
-    assert main(["export", str(family_dir), "--onnx", str(onnx), "--atol", "1e-5"]) == 0
+    assert main(["export", str(st_dir), "--onnx", str(onnx), "--atol", "1e-5"]) == 0
     import onnxruntime
 
     session = onnxruntime.InferenceSession(str(onnx), providers=["CPUExecutionProvider"])
-    tok = Tokenizer.from_pretrained(family_dir)
-    batch = tok(["a short one", "Return the length of the list, or raise an error."])
+    texts = ["a short one", "Return the length of the list, or raise an error."]
+    batch = Tokenizer.from_pretrained(st_dir)(texts)
     feed = {i.name: batch[i.name].numpy() for i in session.get_inputs()}
     with torch.no_grad():
-        want = BertModel.from_pretrained(family_dir, add_pooling_layer=False)(**batch)
-    got = session.run(["last_hidden_state"], feed)[0]
+        want = BertModel.from_pretrained(st_dir, add_pooling_layer=False)(**batch)
+    got, sentences = session.run(["last_hidden_state", "sentence_embedding"], feed)
     real = batch["attention_mask"].bool().numpy()
     np.testing.assert_allclose(got[real], want.last_hidden_state.numpy()[real], atol=1e-5)
+    embedded = Pipeline(st_dir, precision="fp32").embed(texts)
+    np.testing.assert_allclose(sentences, embedded, atol=1e-5)
 
 
 def test_pair_rows_use_the_familys_template(family_dir: Path) -> None:
@@ -780,3 +785,73 @@ def test_finetune_of_every_task_family_loads_in_its_library(
         a, b = ours(**enc), theirs(**enc)
     for field in ("start_logits", "end_logits") if task == "squad2" else ("logits",):
         torch.testing.assert_close(getattr(a, field), getattr(b, field), atol=1e-5, rtol=0)
+
+
+def test_distill_merge_probe_search_and_mine_on_the_family(
+    family_dir: Path, family_heads: dict[str, Path], corpus: list[str], tmp_path: Path, capsys
+) -> None:
+    """distill: a fresh narrower student of the teacher's family (MPNet's buckets kept) that
+    transformers reads with bertforge's hidden states; merge of two classifiers of the family;
+    probe on its frozen features; search reranked by, and mine taught by, its cross-encoder."""
+    (tmp_path / "text.txt").write_text("\n".join(corpus[:80]) + "\n")
+    shape = {"num_hidden_layers": 1, "hidden_size": 32, "num_attention_heads": 4}
+    (tmp_path / "shape.json").write_text(json.dumps({**shape, "intermediate_size": 64}))
+    student = tmp_path / "student"
+    args = ["distill", "--teacher", str(family_heads["st"]), "--out", str(student), "--data"]
+    args += [str(tmp_path / "text.txt"), "--student-size", str(tmp_path / "shape.json")]
+    args += ["--steps", "2", "--batch-size", "4", "--max-seq-length", "64", "--no-progress"]
+    assert main([*args, "--precision", "fp32"]) == 0
+    teacher = json.loads((family_dir / "config.json").read_text())
+    config = json.loads((student / "config.json").read_text())
+    assert config["model_type"] == teacher["model_type"] and config["hidden_size"] == 32
+    assert config.get("relative_attention_num_buckets") == teacher.get(
+        "relative_attention_num_buckets"
+    )
+    batch = Tokenizer.from_pretrained(student)(corpus[:3])
+    real = batch["attention_mask"].bool()
+    with torch.no_grad():
+        want = transformers.AutoModel.from_pretrained(student).eval()(**batch).last_hidden_state
+        got = BertModel.from_pretrained(student, add_pooling_layer=False)(**batch)
+    torch.testing.assert_close(got.last_hidden_state[real], want[real], atol=1e-5, rtol=0)
+
+    merged = tmp_path / "merged"
+    two = [str(family_heads["cls"]), str(family_heads["cls2"])]
+    assert main(["merge", *two, "--out", str(merged)]) == 0
+    theirs = transformers.AutoModelForSequenceClassification.from_pretrained(merged).eval()
+    a, b = (
+        transformers.AutoModelForSequenceClassification.from_pretrained(p).state_dict() for p in two
+    )
+    for name, tensor in theirs.state_dict().items():
+        torch.testing.assert_close(tensor, (a[name] + b[name]) / 2, atol=1e-6, rtol=0)
+
+    train = keyword_table(tmp_path / "train.tsv", 40, seed=0)
+    probe = ["probe", "--model", str(family_dir), "--task", "sst2", "--train", str(train)]
+    assert main([*probe, "--dev", str(train), "--layers=-1", "--precision", "fp32"]) == 0
+    assert "best: -1" in capsys.readouterr().out
+
+    docs = corpus[:10]
+    (tmp_path / "docs.jsonl").write_text(
+        "".join(json.dumps({"id": f"d{i}", "text": t}) + "\n" for i, t in enumerate(docs))
+    )
+    (tmp_path / "q.txt").write_text(docs[3][:50] + "\n")
+    index = tmp_path / "idx"
+    args = ["index", str(family_heads["st"]), str(tmp_path / "docs.jsonl"), "--out", str(index)]
+    assert main([*args, "--precision", "fp32", "--no-progress"]) == 0
+    capsys.readouterr()
+    ce = str(family_heads["ce"])
+    search = ["search", str(index), str(tmp_path / "q.txt"), "--rerank", ce, "--top-k", "3"]
+    assert main([*search, "--rerank-depth", "10"]) == 0
+    [row] = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    # a random cross-encoder's scores are close: each hit's score is the pipeline's (at the
+    # precision search runs it), in order, rather than the order compared
+    want = {f"d{s['index']}": s["score"] for s in Pipeline(ce).rerank(docs[3][:50], docs)}
+    got = [h["score"] for h in row["results"]]
+    assert got == sorted(got, reverse=True) and len(got) == 3
+    np.testing.assert_allclose(got, [want[h["id"]] for h in row["results"]], atol=1e-3)
+    (tmp_path / "train.jsonl").write_text(json.dumps({"query": docs[1][:30], "positive": docs[1]}))
+    mined = tmp_path / "mined.jsonl"
+    mine = ["mine", str(index), str(tmp_path / "train.jsonl"), "--out", str(mined)]
+    assert main([*mine, "--teacher", ce, "--negatives", "2"]) == 0
+    [row] = [json.loads(x) for x in mined.read_text().splitlines()]
+    assert len(row["negatives"]) == 2 and docs[1] not in row["negatives"]
+    assert len(row["scores"]) == 3  # the teacher's score of the positive and of each negative
