@@ -40,7 +40,8 @@ def attention_maps(
     (the tokenizer's model_max_length and the model's positions, or the shorter max_length),
     with a warning saying how many pieces were left out."""
     tok = Tokenizer.from_pretrained(model_dir)
-    model = BertModel.from_pretrained(model_dir).eval()
+    # no pooler: the maps need none, and a masked LM has none to load (a warning of fresh weights)
+    model = BertModel.from_pretrained(model_dir, add_pooling_layer=False).eval()
     limit = min(tok.model_max_length, model.config.max_tokens)
     if max_length is not None and not 3 <= max_length <= limit:
         raise ConfigError(

@@ -506,14 +506,12 @@ class Pipeline:
             logits = model(*b["inputs"], rows=b["packing"], mlm_positions=first).mlm_logits
             p, ids = logits.float().softmax(-1).topk(top_k, dim=-1)  # (B, P, top_k)
             p, ids = p.tolist(), ids.tolist()
+            # a token's text, as transformers' fill-mask shows it: "it", not the byte-level
+            # piece "Ġit" (a BERT piece decodes to itself: "##ing")
+            text = functools.partial(self.tok.decode, skip_special_tokens=False)
             return [
                 [
-                    [
-                        {"token": t, "id": k, "score": s}
-                        for t, k, s in zip(
-                            self.tok.convert_ids_to_tokens(ids[j][m]), ids[j][m], p[j][m]
-                        )
-                    ]
+                    [{"token": text([k]), "id": k, "score": s} for k, s in zip(ids[j][m], p[j][m])]
                     for m in range(n)
                 ]
                 for j, n in enumerate(counts)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import os
 import warnings
 from collections.abc import Iterable, Sequence
@@ -590,6 +591,21 @@ class Tokenizer:
         """Whether the engine is its own reference (another family's tokenizer.json, subwords.py)
         rather than BERT's WordPiece rebuilt to Google's rules."""
         return self.kind != "WordPiece" or self.specials != Specials()
+
+    @property
+    def word_start(self) -> str | None:
+        """The mark of a word's first piece where the vocabulary marks starts rather than
+        continuations: byte-level BPE's "Ġ", SentencePiece's "▁"; None for WordPiece (its "##"
+        marks continuations) and for an engine that marks neither ("")."""
+        if self.kind == "WordPiece":
+            return None
+        pre = json.loads(self._engine.to_str())["pre_tokenizer"] or {}
+        for step in pre.get("pretokenizers", [pre]):
+            if step.get("type") == "ByteLevel":
+                return "\u0120"  # Ġ: the byte-level alphabet's space
+            if step.get("type") == "Metaspace":
+                return str(step.get("replacement", "\u2581"))
+        return ""
 
     def definition(self) -> str:
         """What decides the pieces besides the vocabulary and BERT's rules: an engine of its own

@@ -186,17 +186,29 @@ class MaskingSpec:
     vocab_size: int
     mask_id: int
     special_ids: frozenset[int]  # never masked: [CLS], [SEP], [PAD]
-    is_continuation: np.ndarray  # (V,) bool: token starts with "##" (for whole-word masking)
+    is_continuation: np.ndarray  # (V,) bool: piece continues a word (for whole-word masking)
     masked_lm_prob: float = 0.15
     max_predictions_per_seq: int = 20
     whole_word: bool = False
 
     @classmethod
     def from_tokens(
-        cls, tokens: list[str], mask_id: int, special_ids: frozenset[int], **kw: object
+        cls,
+        tokens: list[str],
+        mask_id: int,
+        special_ids: frozenset[int],
+        word_start: str | None = None,
+        **kw: object,
     ) -> MaskingSpec:
-        cont = np.fromiter((t.startswith("##") for t in tokens), dtype=bool, count=len(tokens))
-        return cls(len(tokens), mask_id, special_ids, cont, **kw)  # type: ignore[arg-type]
+        """word_start: the mark of a word's first piece (Tokenizer.word_start: "Ġ", "▁"), where
+        a piece without it continues the word before, as transformers' whole-word collator
+        finds words (pieces with no space between); None: WordPiece, "##" continues a word."""
+        if word_start is None:
+            cont = (t.startswith("##") for t in tokens)
+        else:
+            cont = (not t.startswith(word_start) for t in tokens)
+        is_continuation = np.fromiter(cont, dtype=bool, count=len(tokens))
+        return cls(len(tokens), mask_id, special_ids, is_continuation, **kw)  # type: ignore[arg-type]
 
 
 def mask_tokens(

@@ -339,8 +339,8 @@ def build_model(cfg: PretrainConfig, tok: Tokenizer) -> BertForPreTraining | Ber
 
 def _check_arch(cfg: PretrainConfig, config: BertConfig, tok: Tokenizer) -> None:
     """The model, its tokenizer and the recipe agree: --arch names the model's family, a
-    family without a next-sentence head trains without NSP, whole-word masking reads
-    WordPiece's ## pieces."""
+    family without a next-sentence head trains without NSP, whole-word masking finds the
+    tokenizer's words."""
     if cfg.arch is not None and config.family.base != cfg.arch:
         where = cfg.config or cfg.init
         raise ConfigError(
@@ -352,9 +352,11 @@ def _check_arch(cfg: PretrainConfig, config: BertConfig, tok: Tokenizer) -> None
             f"a {config.family.display} model has no next-sentence head: pass --no-nsp (masked "
             "LM alone)"
         )
-    if cfg.whole_word_mask and tok.kind != "WordPiece":
+    if cfg.whole_word_mask and tok.word_start == "":
         raise ConfigError(
-            f"--whole-word-mask reads WordPiece's ## pieces; this data's tokenizer is {tok.kind}"
+            f"--whole-word-mask: the data's {tok.kind} tokenizer ({tok.source}) marks neither "
+            "a word's first piece (byte-level Ġ, SentencePiece's ▁) nor its continuations "
+            "(WordPiece's ##), so its words cannot be found from its pieces"
         )
     ours, theirs = config.family.specials, tok.specials
     if not config.family.any_specials and (ours.cls, ours.sep, ours.pad, ours.mask) != (
@@ -388,6 +390,7 @@ def make_task(cfg: PretrainConfig, shards: ShardSet, d: distributed.Dist) -> Pre
         tok.tokens,
         tok.mask_id,
         specials,
+        word_start=tok.word_start,
         masked_lm_prob=cfg.masked_lm_prob,
         max_predictions_per_seq=max_predictions,
         whole_word=cfg.whole_word_mask,
