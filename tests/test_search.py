@@ -607,7 +607,7 @@ def test_search_writes_each_row_when_ready_and_shows_how_far_it_is(
         return call
 
     monkeypatch.setattr(Index, "search", counting("first stage", Index.search))
-    monkeypatch.setattr(Pipeline, "rerank", counting("rerank", Pipeline.rerank))
+    monkeypatch.setattr(Pipeline, "score", counting("rerank", Pipeline.score))
     common = ["search", str(built.path), str(queries), "--top-k", "3"]
     assert main([*common, "--rerank", str(ce), "--rerank-depth", "4"]) == 0
     got = capsys.readouterr()

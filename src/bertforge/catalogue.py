@@ -120,6 +120,7 @@ def _quantized(
     vectors written."""
     if calibration is not None and not embedding_precision.endswith("int8"):
         raise ConfigError("--calibration is for --embedding-precision int8 or uint8")
+    vectors = np.asarray(vectors)  # the rows' vectors as the parts gave them: (N, D)
     if calibration is None:
         return quantize(vectors, embedding_precision)
     reference = read_calibration(calibration, vectors.shape[-1])
