@@ -135,6 +135,12 @@ def _kill_a_worker_when(begun: Callable[[], bool], killed: list[int]) -> None:
     deadline = time.time() + 120
     while time.time() < deadline and not begun():
         time.sleep(0.05)
+    while time.time() < deadline and not killed:  # a worker past its creation, when there is
+        _kill_one(killed)
+        time.sleep(0.05)
+
+
+def _kill_one(killed: list[int]) -> None:
     for pid in (p.name for p in Path("/proc").iterdir() if p.name.isdigit()):
         try:
             title = (Path("/proc") / pid / "cmdline").read_bytes()
