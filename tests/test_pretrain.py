@@ -779,3 +779,65 @@ def test_minutes_killed_and_resumed_go_on_with_the_time_left(data: Path, tmp_pat
     # the step after the checkpoint went on from its time, and the budget is spent once
     assert rows[before["step"]]["train_seconds"] > before["train_seconds"]
     assert rows[-2]["train_seconds"] < 6.0 <= rows[-1]["train_seconds"]
+
+
+def _steps_under(choice: Any, seconds_per_step: Callable[[int], float], n: int) -> list[str]:
+    """Feed `n` steps to a ThreadChoice, each as long as seconds_per_step(its thread count)
+    says; the lines it printed."""
+    lines = []
+    for _ in range(n):
+        if line := choice.took(seconds_per_step(choice.current)):
+            lines.append(line)
+    return lines
+
+
+def test_thread_choice_takes_one_thread_on_busy_cores_and_all_again_when_free() -> None:
+    """On cores other work holds, a small step's threads wait for each other (the demo beside
+    two busy loops took 403 steps where the quiet machine took 6,719): a time budget's run
+    times one thread against all and keeps the faster, and follows the machine as it changes."""
+    from bertforge.train.optim import ThreadChoice
+
+    set_to: list[int] = []
+    choice = ThreadChoice(2, period=20.0, trial=1.0, set_threads=set_to.append)
+    busy = {2: 0.5, 1: 0.2}  # seconds a step: two threads slower than one
+    said = _steps_under(choice, busy.__getitem__, 12)
+    assert choice.current == 1 and set_to == [1]  # tried one thread and kept it
+    assert len(said) == 1 and said[0].startswith("training on 1 CPU thread: 5.00 steps/s")
+    assert "against 2.00 on 2" in said[0] and "busy" in said[0]
+    # the machine gets quiet: at the next check, two threads are faster again
+    quiet = {2: 0.1, 1: 0.2}
+    said = _steps_under(choice, quiet.__getitem__, 200)
+    assert choice.current == 2 and set_to[-1] == 2 and len(said) == 1 and "free again" in said[0]
+    # nearly equal: no switch back and forth (the margin), the count in use kept
+    even = {2: 0.1, 1: 0.098}
+    before = len(set_to)
+    assert _steps_under(choice, even.__getitem__, 400) == [] and choice.current == 2
+    assert set(set_to[before:]) <= {1, 2} and set_to[-1] == 2  # trials only, back each time
+
+
+def test_a_time_budget_run_gives_back_torch_threads_it_changed(
+    data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The thread choice runs on a CPU time budget only, says when it changes the count, and
+    leaves torch's thread count as it found it (the demo fine-tunes in the same process)."""
+    from bertforge.cli import main
+    from bertforge.train import loop, optim
+
+    class Eager(optim.ThreadChoice):  # one thread always "faster": it switches at once
+        def __init__(self, threads: int) -> None:
+            super().__init__(threads, period=1.0, trial=0.0, margin=0.0)
+
+    monkeypatch.setattr(loop, "ThreadChoice", Eager)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        argv = pretrain_cmd(data, tmp_path / "M", "--minutes", "0.05", "--eval-every", "0")[3:]
+        assert main(argv) == 0
+        assert "training on 1 CPU thread" in capsys.readouterr().out
+        assert torch.get_num_threads() == 2
+        argv = pretrain_cmd(data, tmp_path / "S", "--steps", "3", "--eval-every", "0")[3:]
+        assert main(argv) == 0  # a step count: no choice made (its steps are reproducible)
+        assert "CPU thread" not in capsys.readouterr().out
+    finally:
+        torch.set_num_threads(threads)

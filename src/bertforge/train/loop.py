@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import os
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -35,7 +36,7 @@ from ..runner import autocast, resolve_precision
 from . import checkpoints
 from .distributed import Dist, all_reduce_sum
 from .logs import MetricsLog
-from .optim import TimeBudget, build_optimizer, lr_factor, set_lr
+from .optim import ThreadChoice, TimeBudget, build_optimizer, lr_factor, set_lr
 
 # fp16: a loss scale halved this often means that every step overflows (fairseq's min_loss_scale)
 MIN_LOSS_SCALE = 1e-4
@@ -143,6 +144,15 @@ def train(
     return _Training(model, task, cfg, run_dir, d, save_extra, on_eval).run(describe)
 
 
+def _thread_choice(cfg: LoopConfig, d: Dist) -> ThreadChoice | None:
+    """A ThreadChoice where steps per second are the goal and the threads are ours to choose:
+    a time budget, one process on a CPU of several threads, no OMP_NUM_THREADS set."""
+    threads = torch.get_num_threads()
+    if cfg.budget is None or d.enabled or d.device.type != "cpu" or threads < 2:
+        return None
+    return None if os.environ.get("OMP_NUM_THREADS") else ThreadChoice(threads)
+
+
 class _Training:
     """One call of `train`, in its phases (torchtune's recipes: setup, then the loop): set up
     the model on its device (DDP-wrapped when distributed), the optimizer, the fp16 loss scaler
@@ -186,6 +196,7 @@ class _Training:
         self.spent = self.train_seconds  # on a time budget: training seconds after the last step
         self.window_steps = 0  # steps since the last record (a budget's pace)
         self.lrs: dict[int, float] = {}  # steps' learning rates since the last divergence check
+        self.threads = _thread_choice(cfg, d)
 
     def _resume(self) -> tuple[int, Any, float]:
         """(step, batches' position, seconds of training) of the last checkpoint; (0, None, 0)
@@ -257,21 +268,13 @@ class _Training:
         self.window_start = time.perf_counter()
         self.model.train()
         self.segment_start = time.perf_counter()
+        threads = torch.get_num_threads()  # a ThreadChoice changes it; the caller's comes back
         # closed on the way out, an error's too
         with _StopFlag() as stop, contextlib.closing(bar), contextlib.closing(self.log):
-            while not self.done():
-                micro_batches, next_position = next(data)
-                torch.manual_seed(step_seed(cfg.seed, d.rank, self.step + 1))  # its dropout
-                lr = self.next_lr()
-                set_lr(self.optimizer, lr)
-                step_loss, grad_norm = self._step(micro_batches)
-                self.step, self.position = self.step + 1, next_position
-                self.window_steps += 1
-                if cfg.budget is not None:
-                    self.spent = self._spent_now()
-                self.diverged.update(self.step, step_loss, grad_norm)
-                if self._after_step(bar, stop, lr, grad_norm):
-                    break
+            try:
+                self._loop(data, bar, stop)
+            finally:
+                torch.set_num_threads(threads)
         interrupted = not self.done()
         if interrupted and d.is_main:
             print(
@@ -285,6 +288,31 @@ class _Training:
             "precision": self.precision,
             "train_seconds": round(self.train_seconds, 3),
         }
+
+    def _loop(self, data: Iterator[Any], bar: Any, stop: _StopFlag) -> None:
+        """Steps until the run is done or asked to stop."""
+        cfg, d = self.cfg, self.d
+        while not self.done():
+            micro_batches, next_position = next(data)
+            torch.manual_seed(step_seed(cfg.seed, d.rank, self.step + 1))  # its dropout
+            lr = self.next_lr()
+            set_lr(self.optimizer, lr)
+            began = time.perf_counter()
+            step_loss, grad_norm = self._step(micro_batches)
+            self._pace(time.perf_counter() - began)
+            self.step, self.position = self.step + 1, next_position
+            self.window_steps += 1
+            if cfg.budget is not None:
+                self.spent = self._spent_now()
+            self.diverged.update(self.step, step_loss, grad_norm)
+            if self._after_step(bar, stop, lr, grad_norm):
+                break
+
+    def _pace(self, seconds: float) -> None:
+        """A step's seconds to the thread choice (a CPU run on a time budget), which may change
+        torch's thread count and says so."""
+        if self.threads is not None and (line := self.threads.took(seconds)) and self.d.is_main:
+            print(line, flush=True)
 
     def _step(self, micro_batches: list[Any]) -> tuple[torch.Tensor, torch.Tensor]:
         """One optimizer step over this process's micro-batches, gradients accumulated: (this
