@@ -10,7 +10,8 @@ evaluate.retrieval_scores (trec_eval's definitions).
 
 The training's cost comes from the `/usr/bin/time -v` log of the `bertforge finetune --task
 rerank` command that made the cross-encoder (wall clock, user + system CPU seconds, peak RSS)
-and its run directory (steps, dev MRR@10 beside the first stage's order of the same groups):
+and its run directory (steps, dev MRR@10 beside the first stage's order of the same groups, or
+a random order's where the groups carried no first-stage ranks):
 wall time alone misleads on a shared machine, CPU seconds / 2 is the wall time on 2 idle cores.
 
     python benchmarks/rerank_cpu.py --cross-encoder runs/ce --time-log ce.time.log \
@@ -31,6 +32,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bertforge.search.fusion import fuse_runs
+from bertforge.tasks.ranking import BASELINES
 from common import RESULTS, machine
 from retrieval import DATA, SHOWN, bm25_run, dense_run, rerank_rows, spread, squad_retrieval
 
@@ -55,9 +57,21 @@ def training_cost(time_log: Path, run: Path) -> dict[str, Any]:
     cost["cpu_s"] = round(float(cost.pop("user_s")) + float(cost.pop("system_s")), 1)
     cost["max_rss_gb"] = round(int(cost.pop("max_rss_kb")) / 1e6, 2)
     best = json.loads((run / "eval_results.json").read_text())
-    cost["dev"] = {k: v for k, v in best.items() if k in ("mrr@10", "first_stage_mrr@10", "step")}
+    cost["dev"] = {k: v for k, v in best.items() if k in ("mrr@10", *BASELINES, "step")}
     cost["settings"] = json.loads((run / "run.json").read_text()).get("settings", {})
     return cost
+
+
+def dev_scores(dev: dict[str, Any]) -> str:
+    """The reranker's dev MRR@10 beside the order training compared it with: the first stage's
+    where the dev groups carried its ranks, else a random order's (finetune's baseline)."""
+    if "mrr@10" not in dev:
+        return "no dev scores"
+    said = f"dev MRR@10 {dev['mrr@10']:.4f}"
+    for key, what in BASELINES.items():
+        if key in dev:
+            return f"{said} against {what} of the same groups {dev[key]:.4f}"
+    return said
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -72,9 +86,8 @@ def markdown(result: dict[str, Any]) -> str:
         f"Recipe: `{result['recipe']}`",
         "",
         f"Training: {t['wall_s']:,.0f} s wall, {t['cpu_s']:,.0f} s CPU (user + system; "
-        f"{t['cpu_s'] / 2 / 60:.1f} min on 2 idle cores), peak RSS {t['max_rss_gb']} GB; dev "
-        f"MRR@10 {t['dev'].get('mrr@10', float('nan')):.4f} against the first stage's order of "
-        f"the same groups {t['dev'].get('first_stage_mrr@10', float('nan')):.4f}.",
+        f"{t['cpu_s'] / 2 / 60:.1f} min on 2 idle cores), peak RSS {t['max_rss_gb']} GB; "
+        f"{dev_scores(t['dev'])}.",
         "",
         "| | " + " | ".join(SHOWN) + " | seconds |",
         "|---|" + "---|" * (len(SHOWN) + 1),

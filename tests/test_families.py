@@ -159,8 +159,11 @@ def test_token_ids_and_offsets_equal_transformers(family_dir: Path, corpus: list
         assert got.ids == want["input_ids"], text
         assert [tuple(o) for o in got.offsets] == [tuple(o) for o in want["offset_mapping"]]
     for a, b in zip([*TEXTS, long], [*corpus[:30], long]):
-        want = theirs(a, b, truncation=True, max_length=40)["input_ids"]
-        assert ours.encode(a, b, max_length=40).ids == want, (a, b)
+        want = theirs(a, b, truncation=True, max_length=40, return_offsets_mapping=True)
+        got = ours.encode(a, b, max_length=40)
+        assert got.ids == want["input_ids"], (a, b)
+        # a pair's offsets trimmed once, as a single text's (QA reads a context's this way)
+        assert got.offsets == [tuple(o) for o in want["offset_mapping"]], (a, b)
     batch = ours(corpus[:5], max_length=64)
     want = theirs(corpus[:5], truncation=True, max_length=64, padding=True, return_tensors="pt")
     assert torch.equal(batch["input_ids"], want["input_ids"])
@@ -410,6 +413,84 @@ def test_vocab_train_of_another_kind_encodes_as_transformers_reads_it(
     for text in [*TEXTS, *corpus[:20], "the <mask> of it"]:
         assert ours.encode(text, truncation=False).ids == theirs(text)["input_ids"], text
     assert ours.encode("a", "b").ids == theirs("a", "b")["input_ids"]  # <s> a </s></s> b </s>
+
+
+def _familys_own_tokenizer(kind: str, trained: Path) -> object:
+    """transformers' RoBERTa (bpe) or XLM-RoBERTa (unigram) tokenizer class over the
+    vocabulary `vocab train` wrote: what those families' own files do with the same pieces."""
+    model = json.loads((trained / "tokenizer.json").read_text())["model"]
+    if kind == "bpe":
+        merges = [tuple(m) for m in model["merges"]]
+        return transformers.RobertaTokenizer(vocab=model["vocab"], merges=merges)
+    theirs = transformers.XLMRobertaTokenizer(vocab=[tuple(v) for v in model["vocab"]])
+    # XLM-RoBERTa's own file normalises by SentencePiece's NFKC table; the class built from
+    # a vocabulary has no normaliser, so it is given NFKC's
+    theirs._tokenizer.normalizer = tokenizers.normalizers.NFKC()
+    return theirs
+
+
+@pytest.mark.parametrize("kind", ["bpe", "unigram"])
+def test_vocab_train_offsets_equal_the_familys_own_tokenizer(
+    kind: str, corpus: list[str], tmp_path: Path
+) -> None:
+    """A trained vocabulary's pieces span the words without the space before them, as RoBERTa's
+    (trim_offsets) and XLM-RoBERTa's tokenizers give them: a QA answer or an entity built from
+    the offsets does not begin with a space."""
+    (tmp_path / "corpus.txt").write_text("\n".join(corpus) + "\n")
+    out = tmp_path / "vocab"
+    args = ["vocab", "train", str(tmp_path / "corpus.txt"), "--out", str(out), "--kind", kind]
+    assert main([*args, "--size", "400"]) == 0
+    ours = Tokenizer.from_pretrained(out)
+    theirs = _familys_own_tokenizer(kind, out)
+    spaced = ["  two  spaces  before and after  ", "tabs\tand\n\nlines", "a  b   c"]
+    for text in [*TEXTS, *corpus[:20], *spaced]:
+        want = theirs(text, return_offsets_mapping=True)
+        got = ours.encode(text, truncation=False)
+        assert got.ids == want["input_ids"], text
+        assert got.offsets == [tuple(o) for o in want["offset_mapping"]], text
+    for a, b in zip(spaced, corpus):
+        want = theirs(a, b, return_offsets_mapping=True)
+        assert ours.encode(a, b).offsets == [tuple(o) for o in want["offset_mapping"]], (a, b)
+    text = "Paris is the capital of France."
+    spans = [text[s:e] for s, e in ours.encode(text).offsets]
+    assert not any(piece[:1].isspace() for piece in spans), spans
+
+
+def test_qa_answers_and_entities_on_a_bpe_vocabulary_start_at_their_word(
+    corpus: list[str], tmp_path: Path
+) -> None:
+    """On a vocabulary `vocab train --kind bpe` made, a QA answer (the SQuAD decoding of given
+    logits) and NER entities (a tagger that tags every word B-PER) are the words themselves,
+    not the words with the space before them."""
+    from bertforge.data.tasks import SquadExample
+    from bertforge.tasks.squad import featurize, postprocess
+    from bertforge.tokenizer import train_vocab_from_texts
+
+    tok = train_vocab_from_texts(corpus, 400, kind="bpe", show_progress=False)
+    context = "Paris is the capital of France."
+    example = SquadExample("x", "What is Paris?", context, [], True, "t")
+    features = featurize([example], tok, max_seq_length=64)
+    window = features.meta[0]
+    at, end = context.index("capital"), context.index("capital") + len("capital")
+    inside = [i for i, (a, b) in enumerate(window.offsets) if b > at and a < end]
+    start_logits, end_logits = np.zeros((2, len(features.input_ids[0])))
+    start_logits[window.context_start + inside[0]] = 5.0
+    end_logits[window.context_start + inside[-1]] = 5.0
+    answers = postprocess([example], features, [start_logits], [end_logits], version_2=False)
+    assert answers.predictions["x"] == "capital"
+
+    tok.save_pretrained(tmp_path)
+    tags = dict(id2label=dict(enumerate(NER_TAGS)), label2id={t: i for i, t in enumerate(NER_TAGS)})
+    config = transformers.RobertaConfig(vocab_size=len(tok), **SMALL, **tags)
+    tagger = transformers.RobertaForTokenClassification(config)
+    with torch.no_grad():  # every piece B-PER: each word an entity of its own
+        tagger.classifier.weight.zero_()
+        tagger.classifier.bias.copy_(torch.tensor([0.0, 5.0, 0.0]))
+    tagger.save_pretrained(tmp_path)
+    [entities] = Pipeline(tmp_path, precision="fp32").ner([context])
+    words = ["Paris", "is", "the", "capital", "of", "France", "."]
+    assert [e["text"] for e in entities] == words
+    assert all(context[e["start"] : e["end"]] == e["text"] for e in entities)
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -431,6 +432,27 @@ def test_a_reranker_at_chance_is_warned_about(tiny_model: Path, tmp_path: Path) 
     assert "\n" not in said
 
 
+def test_training_on_groups_without_ranks_prints_the_chance_figure(
+    tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """Dev groups without first-stage ranks: finetune's last line gives a random order's MRR@10
+    (chance_mrr@10) beside the reranker's, and no first stage's figure (never a nan)."""
+    rows = groups()
+    train, dev, out = tmp_path / "groups.jsonl", tmp_path / "dev.jsonl", tmp_path / "ce"
+    train.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    dev.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = ["finetune", "--task", "rerank", "--model", str(tiny_model), "--train", str(train)]
+    args += ["--dev", str(dev), "--out", str(out), "--epochs", "1", "--lr", "1e-12"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # whether this random head beats chance: luck
+        assert main([*args, "--precision", "fp32", "--no-progress"]) == 0
+    results = json.loads((out / "eval_results.json").read_text())
+    assert "first_stage_mrr@10" not in results
+    printed = capsys.readouterr().out
+    assert f"chance_mrr@10 {results['chance_mrr@10']:.4f}" in printed
+    assert "nan" not in printed.lower() and "first_stage" not in printed
+
+
 def test_groups_without_ranks_are_compared_with_a_random_order() -> None:
     """Dev groups that carry no first-stage ranks (not mined, or by an older bertforge): the
     reranker must beat a random order, each group's expected reciprocal rank (groups of 4: (1 +
@@ -444,6 +466,37 @@ def test_groups_without_ranks_are_compared_with_a_random_order() -> None:
     said = task.warning({"mrr@10": chance, "chance_mrr@10": chance})
     assert said is not None and "not better than a random order" in said
     assert task.warning({"mrr@10": chance + 0.01, "chance_mrr@10": chance}) is None
+
+
+def test_rerank_cpu_report_gives_the_chance_figure_without_first_stage_ranks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """benchmarks/rerank_cpu.py's report of a reranker whose dev groups carried no first-stage
+    ranks: its dev MRR@10 beside a random order's (chance_mrr@10, what training compared it
+    with), not a first stage's figure of nan."""
+    import importlib
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    bench = importlib.import_module("rerank_cpu")
+    run = tmp_path / "ce"
+    run.mkdir()
+    scores = {"mrr@10": 0.61, "chance_mrr@10": 0.52, "recall@1": 0.4, "step": 10}
+    (run / "eval_results.json").write_text(json.dumps(scores))
+    (run / "run.json").write_text(json.dumps({"settings": {}}))
+    log = tmp_path / "time.log"
+    log.write_text(
+        "\tElapsed (wall clock) time (h:mm:ss or m:ss): 1:02.50\n\tUser time (seconds): 100.0\n"
+        "\tSystem time (seconds): 4.0\n\tMaximum resident set size (kbytes): 2300000\n"
+    )
+    training = bench.training_cost(log, run)
+    assert training["dev"] == {"mrr@10": 0.61, "chance_mrr@10": 0.52, "step": 10}
+    result = {"date": "d", "queries": 3, "depth": 20, "recipe": "r", "training": training}
+    text = bench.markdown({**result, "rows": {}})
+    assert "dev MRR@10 0.6100 against a random order of the same groups 0.5200." in text
+    assert "nan" not in text
+    training["dev"] = {"mrr@10": 0.897, "first_stage_mrr@10": 0.9139, "step": 10}
+    text = bench.markdown({**result, "rows": {}})
+    assert "dev MRR@10 0.8970 against the first stage's order of the same groups 0.9139." in text
 
 
 def test_dev_ranks_are_checked(

@@ -464,9 +464,9 @@ def test_search_reranked_and_fused_by_hand(
     built: Index, tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
     """search --rerank: the first stage's top hits in the cross-encoder's order; with
-    --rerank-fuse, in the reciprocal-rank fusion of both orders, and with --rerank-fuse zscore,
-    in the equal-weight sum of both lists' z-scores (the CE's raw logits), computed here by
-    hand."""
+    --rerank-fuse rrf, in the reciprocal-rank fusion of both orders, and with --rerank-fuse
+    alone (zscore, what the measurements advise), in the equal-weight sum of both lists'
+    z-scores (the CE's raw logits), computed here by hand."""
     import torch
 
     from bertforge import BertConfig, Tokenizer
@@ -489,7 +489,7 @@ def test_search_reranked_and_fused_by_hand(
     common = ["search", str(built.path), str(queries), "--top-k", "3", "--rerank", str(ce)]
     for fusion in (None, "rrf", "zscore"):
         capsys.readouterr()
-        flags = ["--rerank-fuse", *([fusion] if fusion == "zscore" else [])] if fusion else []
+        flags = ["--rerank-fuse", *([fusion] if fusion == "rrf" else [])] if fusion else []
         assert main([*common, "--rerank-depth", "4", *flags]) == 0
         rows = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
         for query, hits, row in zip(QUERIES, first, rows):

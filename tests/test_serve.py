@@ -1730,6 +1730,7 @@ def test_search_with_rerank_is_the_clis_reranked_search(
                 "--rerank-depth",
                 "5",
                 "--rerank-fuse",
+                "rrf",
             ],
         ),
         (

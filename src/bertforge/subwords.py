@@ -111,7 +111,9 @@ def train_engine(
     """A new tokenizer of RoBERTa's kind (bpe: byte-level BPE, every text representable, no
     unknown token) or XLM-RoBERTa's (unigram: SentencePiece Unigram over Metaspace words), with
     <s> <pad> </s> <unk> <mask> at ids 0-4 and the pair template <s> A </s></s> B </s>: what
-    `pretrain --arch roberta` needs (WordPiece is tokenizer.train_vocab's)."""
+    `pretrain --arch roberta` needs (WordPiece is tokenizer.train_vocab's). Offsets leave out
+    the space before a word, as those families' own tokenizers give them (a QA answer or an
+    entity cut from them starts at its word)."""
     from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
 
     sp = ROBERTA.specials
@@ -129,8 +131,12 @@ def train_engine(
         )
     elif kind == "unigram":
         engine = Engine(models.Unigram())
-        engine.normalizer = normalizers.Sequence([normalizers.NFKC(), normalizers.Strip()])
-        engine.pre_tokenizer = pre_tokenizers.Metaspace()
+        engine.normalizer = normalizers.NFKC()  # SentencePiece's default normalisation
+        # XLM-RoBERTa's: words split at whitespace, then each marked "▁", so that the mark takes
+        # no character of the text (Metaspace alone makes a piece of the space before a word)
+        engine.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Metaspace()]
+        )
         engine.decoder = decoders.Metaspace()
         trainer = trainers.UnigramTrainer(
             vocab_size=vocab_size,
@@ -141,12 +147,18 @@ def train_engine(
     else:
         raise ValueError(f"kind={kind!r}: train_engine makes bpe or unigram tokenizers")
     engine.train_from_iterator(texts, trainer=trainer)
-    cls, sep = sp.cls, sp.sep
-    engine.post_processor = processors.TemplateProcessing(
-        single=f"{cls} $A {sep}",
-        pair=f"{cls} $A {sep} {sep} $B {sep}",
-        special_tokens=[(cls, engine.token_to_id(cls)), (sep, engine.token_to_id(sep))],
-    )
+    cls, sep = (sp.cls, engine.token_to_id(sp.cls)), (sp.sep, engine.token_to_id(sp.sep))
+    if kind == "bpe":
+        # RoBERTa's own post-processor: its trim_offsets takes the "Ġ" space out of the offsets
+        engine.post_processor = processors.RobertaProcessing(
+            sep, cls, trim_offsets=True, add_prefix_space=False
+        )
+    else:
+        engine.post_processor = processors.TemplateProcessing(
+            single=f"{cls[0]} $A {sep[0]}",
+            pair=f"{cls[0]} $A {sep[0]} {sep[0]} $B {sep[0]}",
+            special_tokens=[cls, sep],
+        )
     found = dict(zip(ROLES, sp.tokens))
     return engine, checked_specials(engine, found, f"trained {kind} vocabulary")
 

@@ -716,10 +716,11 @@ class Tokenizer:
         engine's longest-first breaks ties the other way), as the engine does for the other
         families (transformers' reference for them): encode both sides, cut, then add the
         specials."""
-        firsts = self._engine.encode_batch(
+        engine = self._side_engine
+        firsts = engine.encode_batch(
             [a for a, _ in inputs], add_special_tokens=False, is_pretokenized=split
         )
-        seconds = self._engine.encode_batch(
+        seconds = engine.encode_batch(
             [b for _, b in inputs], add_special_tokens=False, is_pretokenized=split
         )
         budget = None
@@ -866,6 +867,15 @@ class Tokenizer:
         """A copy of the engine that reads special tokens' strings as text (encode_ids)."""
         engine = Engine.from_str(self._engine.to_str())
         engine.encode_special_tokens = True
+        return engine
+
+    @functools.cached_property
+    def _side_engine(self) -> Engine:
+        """A copy of the engine without its post-processor: a pair's two sides (_encode_pairs),
+        whose post_process then runs once over both (RoBERTa's trim_offsets, run on a side and
+        again on the pair, would cut a character off the start of each word)."""
+        engine = Engine.from_str(self._engine.to_str())
+        engine.post_processor = None
         return engine
 
     def encode_long(self, texts: Sequence[str], segment: int | None = None) -> list[Pieces]:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from ..data.tasks.beir import Qrel, beir_split, check_judged, judgements, read_qrels, read_queries
 from ..errors import ConfigError
 from ..evaluate import retrieval_scores
+from .fusion import RERANK_FUSION
 from .options import FirstStage, SearchOptions
 
 if TYPE_CHECKING:
@@ -129,7 +130,7 @@ def score_search(
             f"reranking by {o.rerank} did not raise MRR@10 on {n:,} judged queries "
             f"({first_scores['mrr@10']:.4f} first stage, {scores['mrr@10']:.4f} reranked): "
             "search without --rerank, or fuse its order with the first stage's (--rerank-fuse "
-            "zscore)",
+            f"{RERANK_FUSION})",
             stacklevel=2,
         )
     return SearchScores(first_scores, scores, n, _cut(reordered, o.top_k, o.text))

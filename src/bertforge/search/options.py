@@ -20,7 +20,7 @@ from ..embedding import EMBEDDING_PRECISIONS
 from ..errors import ConfigError
 from ..options import check_options, option
 from ..runner import PRECISIONS
-from .fusion import FUSIONS
+from .fusion import FUSIONS, RERANK_FUSION
 
 MODES = ("dense", "bm25", "hybrid")
 NEAR_DUPLICATE = 0.8  # mining: a candidate whose words are this like its positive's is no negative
@@ -143,11 +143,11 @@ class SearchOptions:
     rerank_depth: int = option(50, "first-stage hits reranked")
     rerank_fuse: str | None = option(
         None,
-        "with --rerank: the cross-encoder's order fused with the first stage's, by reciprocal "
-        "rank (rrf, the default) or by z-scores of the first stage's scores and the "
-        "cross-encoder's raw ones, equal weights (zscore); score: the fused one",
+        "with --rerank: the cross-encoder's order fused with the first stage's, by z-scores of "
+        "the first stage's scores and the cross-encoder's raw ones, equal weights (zscore), or "
+        f"by reciprocal rank (rrf); the flag alone: {RERANK_FUSION}; score: the fused one",
         choices=FUSIONS,
-        const="rrf",
+        const=RERANK_FUSION,
     )
 
     def __post_init__(self) -> None:
