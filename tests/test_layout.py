@@ -23,7 +23,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
         ),
     ),
     ("data", frozenset({"data"})),
-    ("checkpoint", frozenset({"checkpoint"})),
+    ("checkpoint", frozenset({"checkpoint", "modeldir"})),
     ("model", frozenset({"model", "heads"})),
     ("tasks", frozenset({"tasks"})),
     ("training and the catalogue", frozenset({"train", "catalogue"})),

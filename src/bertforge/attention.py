@@ -27,11 +27,11 @@ import torch
 from .errors import ConfigError
 from .fileio import write_text
 from .model import BertModel
-from .tokenizer import Tokenizer
+from .modeldir import ModelDir
 
 
 def attention_maps(
-    model_dir: str | os.PathLike[str],
+    model_dir: str | os.PathLike[str] | ModelDir,
     text: str,
     pair: str | None = None,
     max_length: int | None = None,
@@ -39,9 +39,11 @@ def attention_maps(
     """(tokens, probabilities (layers, heads, T, T)) of one input, cut at what the model reads
     (the tokenizer's model_max_length and the model's positions, or the shorter max_length),
     with a warning saying how many pieces were left out."""
-    tok = Tokenizer.from_pretrained(model_dir)
+    source = ModelDir.open(model_dir)
+    tok = source.tokenizer
     # no pooler: the maps need none, and a masked LM has none to load (a warning of fresh weights)
-    model = BertModel.from_pretrained(model_dir, add_pooling_layer=False).eval()
+    with source.reading():
+        model = BertModel.from_pretrained(source.path, add_pooling_layer=False).eval()
     limit = min(tok.model_max_length, model.config.max_tokens)
     if max_length is not None and not 3 <= max_length <= limit:
         raise ConfigError(

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from .checkpoint import architectures, parameter_shapes, weights_files
+from .checkpoint import parameter_shapes, weights_files
 from .config import BertConfig
 from .embedding import EMBEDDING_PRECISIONS, POOLINGS, quantize, read_calibration
 from .errors import ConfigError
@@ -34,8 +34,8 @@ from .heads import (
     BertForSequenceClassification,
     BertForTokenClassification,
 )
-from .hub import resolve
 from .model import BertModel
+from .modeldir import ModelDir
 from .tasks.summarize import MODES as SUMMARY_MODES
 
 COMBINES = ("concat", "sum", "mean")  # how `features` combines several layers
@@ -416,8 +416,8 @@ class CheckpointInfo:
 def inspect(path: str | os.PathLike[str]) -> CheckpointInfo:
     """What a checkpoint can do: config, parameter count, heads and the pipelines it serves,
     reading only the weights files' headers."""
-    directory = resolve(path)
-    config = BertConfig.from_pretrained(directory)
+    source = ModelDir.open(path)
+    directory, config = source.path, source.config
     params = parameter_shapes(directory)
     pooler = any(n.endswith(("pooler.dense.weight", "pre_classifier.weight")) for n in params)
     return CheckpointInfo(
@@ -427,5 +427,5 @@ def inspect(path: str | os.PathLike[str]) -> CheckpointInfo:
         dtypes=sorted({d for _, d in params.values()}),
         heads=["pooler"] * pooler + head_labels(list(params)),
         weights_files=weights_files(directory),
-        pipelines=[e.name for e in available(architectures(directory), config.num_labels)],
+        pipelines=[e.name for e in available(source.architectures, config.num_labels)],
     )

@@ -33,10 +33,9 @@ from torch import nn
 
 from . import embedding
 from .catalogue import ENTRIES
-from .checkpoint import architectures
 from .errors import ConfigError, need_extra
 from .fileio import atomic_path
-from .hub import resolve
+from .modeldir import ModelDir
 from .tokenizer import Tokenizer
 
 INPUTS = ["input_ids", "token_type_ids", "attention_mask"]
@@ -64,13 +63,13 @@ class _Graph(nn.Module):
 
 
 def _sentence_settings(
-    model_dir: Path, entry_name: str, asked: bool | None
+    model_dir: Path | ModelDir, entry_name: str, asked: bool | None
 ) -> embedding.Embedding | None:
     """The pooling the graph carries (see the module docstring), or None for none."""
     wanted = asked if asked is not None else (model_dir / "modules.json").is_file()
     if not wanted or (asked is None and entry_name != "embed"):
         return None
-    own = embedding.settings(model_dir)
+    own = ModelDir.open(model_dir).embedding
     if own.include_prompt:
         return own
     why = (
@@ -84,7 +83,7 @@ def _sentence_settings(
 
 
 def export_onnx(
-    model_dir: str | os.PathLike[str],
+    model_dir: str | os.PathLike[str] | ModelDir,
     out: str | os.PathLike[str],
     atol: float = 1e-4,
     sentence_embedding: bool | None = None,
@@ -96,19 +95,23 @@ def export_onnx(
     )
     if not atol > 0:
         raise ConfigError(f"atol={atol} (--atol): must be > 0")
-    model_dir = resolve(model_dir)  # a hub name: its snapshot, whose modules.json says the pooling
+    source = ModelDir.open(
+        model_dir
+    )  # a hub name: its snapshot, whose modules.json says the pooling
+    model_dir = source.path
     # the first pipeline of the catalogue with a graph for this checkpoint's head, else the encoder
-    found = architectures(model_dir)
+    found = source.architectures
     entry = next(
         (e for e in ENTRIES.values() if e.onnx and e.needs and e.available(found)), ENTRIES["embed"]
     )
-    pooled = _sentence_settings(model_dir, entry.name, sentence_embedding)
+    pooled = _sentence_settings(source, entry.name, sentence_embedding)
     if pooled is not None:
         entry = ENTRIES["embed"]
-    model = entry.model.from_pretrained(model_dir).eval()
+    with source.reading():
+        model = entry.model.from_pretrained(model_dir).eval()
     outputs = [o for o in entry.onnx if o != "pooler_output" or model.pooler is not None]
     outputs += ["sentence_embedding"] if pooled is not None else []
-    tok = Tokenizer.from_pretrained(model_dir)
+    tok = source.tokenizer
     graph = _Graph(model, outputs, pooled).eval()
     traced = tok(["a short example", "a second, longer example sentence for tracing"])
     batch, seq = (

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+import contextvars
 import errno
 import hashlib
 import io
@@ -212,6 +213,36 @@ def write_json(path: str | os.PathLike[str], obj: Any) -> None:
     write_text(path, json_text(obj, indent=2) + "\n")
 
 
+# the files read inside a `reads_once` block: (its directory, absolute path -> bytes)
+_READ_ONCE: contextvars.ContextVar[tuple[str, dict[str, bytes]] | None] = contextvars.ContextVar(
+    "bertforge_read_once", default=None
+)
+
+
+@contextlib.contextmanager
+def reads_once(directory: str | os.PathLike[str], read: dict[str, bytes]) -> Iterator[None]:
+    """Inside the block (this thread), `read_bytes` and the readers built on it (read_json, the
+    vocabulary readers) take each file of `directory` from `read` once it has been read: an
+    object that holds `read` (modeldir.ModelDir) reads each of its files once, whichever
+    readers ask. Other files are read as ever (a data file is not kept)."""
+    token = _READ_ONCE.set((os.path.join(os.path.abspath(directory), ""), read))
+    try:
+        yield
+    finally:
+        _READ_ONCE.reset(token)
+
+
+def read_bytes(path: str | os.PathLike[str]) -> bytes:
+    """A file's bytes (Path.read_bytes' errors), from the reads_once block's files if any."""
+    block = _READ_ONCE.get()
+    key = os.path.abspath(path)
+    if block is None or not key.startswith(block[0]):
+        return Path(path).read_bytes()
+    if key not in block[1]:
+        block[1][key] = Path(path).read_bytes()
+    return block[1][key]
+
+
 def read_json(
     path: str | os.PathLike[str], error: type[Exception] = DataError, obj: bool = True
 ) -> Any:
@@ -220,7 +251,7 @@ def read_json(
     path = Path(path)
     if not path.is_file():
         raise error(f"{path}: file not found")
-    raw = path.read_bytes()
+    raw = read_bytes(path)
     try:
         value = json.loads(raw.decode("utf-8-sig"))
     except UnicodeDecodeError as e:

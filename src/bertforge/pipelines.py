@@ -44,7 +44,7 @@ from .data.tasks.documents import SummaryExample, document
 from .embedding import POOLINGS
 from .errors import ConfigError, InputError, ItemError, check_choice
 from .heads import BertForTokenClassification
-from .hub import resolve
+from .modeldir import ModelDir
 from .runner import Runner, prepared, progress_bar
 from .tasks import (
     TaskOptions,
@@ -58,7 +58,6 @@ from .tasks import (
 )
 from .tasks.base import Features, infer, on_device
 from .tasks.windows import Layout, Stitcher, Windows, contributions, split
-from .tokenizer import Tokenizer
 
 
 def quantize_int8(model: nn.Module) -> nn.Module:
@@ -100,7 +99,7 @@ class Pipeline:
 
     def __init__(
         self,
-        model: str | Path,
+        model: str | Path | ModelDir,
         *,
         device: str | None = None,
         precision: str = "auto",
@@ -125,8 +124,9 @@ class Pipeline:
         int8, activations quantised per batch; precision auto or fp32, as its kernels take
         fp32 activations): faster on CPUs without bf16 units, at a small cost in accuracy
         (benchmarks/inference_throughput.py measures both)."""
-        self.path = resolve(model)  # a hub name: its local snapshot
-        self.tok = Tokenizer.from_pretrained(self.path)
+        self.source = ModelDir.open(model)  # read once, whatever each task asks of it
+        self.path = self.source.path
+        self.tok = self.source.tokenizer
         self.runner = Runner.create(device, precision, batch_size, max_tokens)
         self.device = self.runner.device
         self.max_length, self.stride, self.truncate = max_length, stride, truncate
@@ -153,11 +153,12 @@ class Pipeline:
         """The checkpoint as `cls` (cached); needs_head names the trained head it must have,
         remedy says where to find one."""
         if cls not in self._models:
-            m = (
-                load_trained(cls, self.path, needs_head, remedy)
-                if needs_head
-                else load_with_fresh(cls, self.path)[0]
-            )
+            with self.source.reading():
+                m = (
+                    load_trained(cls, self.path, needs_head, remedy)
+                    if needs_head
+                    else load_with_fresh(cls, self.path)[0]
+                )
             m = m.to(self.device).eval()
             if self.quantize == "int8":
                 m = quantize_int8(m)
@@ -172,17 +173,17 @@ class Pipeline:
     @functools.cached_property
     def config(self) -> BertConfig:
         """The checkpoint's config (read once; no weights loaded)."""
-        return BertConfig.from_pretrained(self.path)
+        return self.source.config
 
     @functools.cached_property
     def embedding_settings(self) -> embedding.Embedding:
         """How the model directory pools its sentence vectors (read once; bertforge.embedding)."""
-        return embedding.settings(self.path)
+        return self.source.embedding
 
     @functools.cached_property
     def activation(self) -> str:
         """A cross-encoder's activation, as its directory names it (read once; tasks.ranking)."""
-        return ranking.activation(self.path)
+        return self.source.read(ranking.activation)
 
     @property
     def precision(self) -> str:

@@ -31,10 +31,10 @@ from .data.tasks import GLUE_TASKS
 from .embedding import POOLINGS
 from .errors import ConfigError, check_choice
 from .model import BertModel
+from .modeldir import ModelDir
 from .pipelines import Pipeline
 from .runner import progress_bar
 from .tasks import TaskFamily, TaskOptions, family
-from .tokenizer import Tokenizer
 
 DEFAULT_CHOICES = ("0", "-1", "-2", "-3", "-4", "sum:-1,-2,-3,-4", "concat:-1,-2,-3,-4", "sum:all")
 # the tasks it takes: single-sentence GLUE tasks, a table with one text column (csv), and tagging
@@ -148,7 +148,7 @@ def read_task(
 ) -> tuple[TaskFamily, list[Any], list[Any]]:
     """The task family of `options` (with the model's tokenizer), its training examples (the
     first max_train, if given) and its dev examples, read as fine-tuning reads them."""
-    fam = family(options, Tokenizer.from_pretrained(model))
+    fam = family(options, ModelDir.open(model).tokenizer)
     examples = fam.read(train)[:max_train] if max_train else fam.read(train)
     return fam, examples, fam.read(dev)
 

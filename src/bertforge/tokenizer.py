@@ -47,7 +47,7 @@ from tokenizers.models import WordPiece
 
 from .errors import InputError, VocabError, check_choice
 from .families import Specials
-from .fileio import read_json, read_lines, write_json, write_text
+from .fileio import read_bytes, read_json, read_lines, write_json, write_text
 from .hub import resolve
 from .subwords import KINDS, NoFix, is_bert_wordpiece, read_engine, train_engine
 from .textnorm import EngineFix, is_chinese_char, is_punctuation, is_whitespace
@@ -235,7 +235,7 @@ def read_vocab(path: str | os.PathLike[str]) -> list[str]:
     """Tokens of a `vocab.txt` (one per line, id = line number), as Google's loader reads it."""
     path = Path(path)
     try:
-        raw = path.read_bytes()
+        raw = read_bytes(path)
     except FileNotFoundError:
         raise VocabError(f"{path}: vocabulary file not found") from None
     except IsADirectoryError:
@@ -1035,8 +1035,8 @@ def id_count(vocab_file: Path) -> int | None:
             model = read_json(vocab_file, VocabError).get("model")
             n = 1 + max(i for i in model["vocab"].values() if isinstance(i, int))
         else:
-            with open(vocab_file, "rb") as f:
-                n = sum(1 for _ in f)
+            raw = read_bytes(vocab_file)  # its lines as a binary file iterates them (at \n)
+            n = raw.count(b"\n") + (not raw.endswith(b"\n") and bool(raw))
         added = read_added_tokens(vocab_file.parent)
     except (VocabError, OSError, AttributeError, KeyError, TypeError, ValueError):
         return None

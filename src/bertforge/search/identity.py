@@ -16,6 +16,7 @@ from typing import Any
 
 from ..checkpoint import model_identity
 from ..errors import ConfigError, DataError
+from ..modeldir import ModelDir
 from .corpus import corpus_file
 from .windows import window_settings
 
@@ -31,20 +32,17 @@ SETUP = {
 }
 
 
-def refuse_cross_encoder(model: str | Path) -> None:
+def refuse_cross_encoder(model: str | Path | ModelDir) -> None:
     """A cross-encoder (a one-output sequence-classification head, no sentence-transformers
     modules) scores pairs; its encoder's pooled states are not trained to be compared, so
     indexing with it would give arbitrary hits: one ConfigError."""
     from ..catalogue import ENTRIES
-    from ..checkpoint import architectures
-    from ..config import BertConfig
-    from ..hub import resolve
 
-    path = resolve(model)
-    if (path / "modules.json").is_file():
+    source = ModelDir.open(model)
+    if source.is_sentence_transformers:
         return
-    labels = BertConfig.from_pretrained(path).num_labels
-    if ENTRIES["rerank"].needs and ENTRIES["rerank"].available(architectures(path), labels):
+    labels = source.config.num_labels
+    if ENTRIES["rerank"].needs and ENTRIES["rerank"].available(source.architectures, labels):
         raise ConfigError(
             f"{model}: a cross-encoder (it scores query-document pairs); an index needs a "
             "bi-encoder (an embedding model): rerank with this one (search --rerank)"

@@ -15,12 +15,10 @@ import numpy as np
 
 from .. import embedding
 from ..catalogue import ENTRIES, Entry
-from ..checkpoint import architectures
-from ..config import BertConfig
 from ..data.tasks import SquadExample
 from ..data.tasks.documents import document
 from ..errors import ConfigError
-from ..hub import resolve
+from ..modeldir import ModelDir
 from ..pipelines import Pipeline
 from ..tasks.squad import pieces_read as squad_pieces
 from .access import note
@@ -32,9 +30,10 @@ from .metrics import Metrics
 RERANK_PATHS = ("/rerank", "/v1/rerank", "/v2/rerank")  # served with a cross-encoder
 
 
-def available(model: str | Path) -> list[str]:
+def available(model: str | Path | ModelDir) -> list[str]:
     """The served pipelines this checkpoint supports (embed always; the rest by its head)."""
-    found, labels = architectures(model), BertConfig.from_pretrained(resolve(model)).num_labels
+    source = ModelDir.open(model)
+    found, labels = source.architectures, source.config.num_labels
     return [e.name for e in ENTRIES.values() if e.served and e.available(found, labels)]
 
 
@@ -45,9 +44,10 @@ class Server:
     def __init__(self, model: str | Path, limits: Limits, pipeline_options: dict[str, Any]) -> None:
         self.model, self.limits, self.metrics = model, limits, Metrics()
         self.pipeline_options = pipeline_options
-        self.pipe = Pipeline(model, batch_size=limits.max_batch, **pipeline_options)
+        # the directory read once: the pipeline and the endpoints' checks share what is read
+        self.pipe = Pipeline(ModelDir.open(model), batch_size=limits.max_batch, **pipeline_options)
         self.reranker: Pipeline | None = None  # /search's cross-encoder (use_reranker)
-        self.endpoints = available(model)
+        self.endpoints = available(self.pipe.source)
         # what a request would load, loaded now: a corrupt checkpoint stops `serve` here with
         # its CheckpointError instead of answering every request with it
         for name in self.endpoints:
@@ -68,8 +68,9 @@ class Server:
         """/search's cross-encoder (--rerank-model), loaded and checked now: the served model
         when it is that directory (loaded once; /search's pairs share the rerank endpoints'
         batcher), else another beside it with the server's pipeline options."""
-        local, name = resolve(model), Path(str(model)).resolve().name
-        if "rerank" not in available(local):
+        source, name = ModelDir.open(model), Path(str(model)).resolve().name
+        local = source.path
+        if "rerank" not in available(source):
             entry = ENTRIES["rerank"]
             raise ConfigError(
                 f"rerank_model (--rerank-model): {name}: no {entry.needs} "
@@ -78,7 +79,7 @@ class Server:
         if local.resolve() == self.pipe.path.resolve():
             self.reranker = self.pipe
             return
-        pipe = Pipeline(local, batch_size=self.limits.max_batch, **self.pipeline_options)
+        pipe = Pipeline(source, batch_size=self.limits.max_batch, **self.pipeline_options)
         pipe.model_for("rerank")  # a corrupt checkpoint stops `serve` here
         self.name_paths(model, pipe)
         self.reranker = pipe

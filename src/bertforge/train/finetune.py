@@ -41,6 +41,7 @@ import torch
 
 from ..checkpoint import load_trained, load_with_fresh
 from ..errors import ConfigError
+from ..modeldir import ModelDir
 from ..options import option
 from ..runner import Runner, progress_bar, resolve_precision
 from ..tasks import TaskFamily, TaskOptions, family, run_task_options
@@ -126,7 +127,7 @@ def _run(cfg: FinetuneConfig, d: distributed.Dist) -> dict[str, Any]:
 
 
 def _load(
-    model_dir: str,
+    model_dir: str | ModelDir,
     task: str | TaskOptions | None,
     options: dict[str, Any],
     device: str | None,
@@ -134,7 +135,7 @@ def _load(
 ) -> tuple[TaskFamily, Any, Runner]:
     """(task family with the model's labels, the model in eval mode, the runner)."""
     opts = task if isinstance(task, TaskOptions) else run_task_options(model_dir, task, options)
-    fam = family(opts, Tokenizer.from_pretrained(model_dir))
+    fam = family(opts, ModelDir.open(model_dir).tokenizer)
     fam.set_model(model_dir)
     runner = Runner.create(device, precision)
     model = load_trained(fam.head, model_dir, f"{fam.head.hf_architecture} head")
@@ -151,7 +152,7 @@ def _read(fam: TaskFamily, data: str, max_rows: int | None, labelled: bool = Tru
 
 
 def evaluate_model(
-    model_dir: str,
+    model_dir: str | ModelDir,
     task: str | TaskOptions | None,
     data: str,
     *,
@@ -168,20 +169,22 @@ def evaluate_model(
     None: the task of the model's run.json (run_task_options fills the fields not given).
     progress: a bar over the examples on stderr (runner.progress_bar; as training's, shown
     unless turned off)."""
-    opts = task if isinstance(task, TaskOptions) else run_task_options(model_dir, task, options)
-    if is_document_summarizer(model_dir) and opts.task == "summarize":
-        fam, scorer = document_summarizer(model_dir, opts, device, precision)
-        examples = _read(fam, data, max_rows)
-        with _showing(scorer.runner, "evaluate", len(examples), progress):
-            metrics, preds = scorer.evaluate(examples)
-    else:
-        fam, model, runner = _load(model_dir, opts, options, device, precision)
-        examples = _read(fam, data, max_rows)
-        with _showing(runner, "evaluate", len(examples), progress):
-            metrics, preds = fam.evaluate(runner, model, examples, fam.featurize(examples))
-    if out is not None:
-        fam.write_predictions(Path(out), examples, preds)
-    return metrics
+    source = ModelDir.open(model_dir)  # read once: its files, whichever reader asks
+    with source.reading():
+        opts = task if isinstance(task, TaskOptions) else run_task_options(model_dir, task, options)
+        if is_document_summarizer(model_dir) and opts.task == "summarize":
+            fam, scorer = document_summarizer(model_dir, opts, device, precision)
+            examples = _read(fam, data, max_rows)
+            with _showing(scorer.runner, "evaluate", len(examples), progress):
+                metrics, preds = scorer.evaluate(examples)
+        else:
+            fam, model, runner = _load(source, opts, options, device, precision)
+            examples = _read(fam, data, max_rows)
+            with _showing(runner, "evaluate", len(examples), progress):
+                metrics, preds = fam.evaluate(runner, model, examples, fam.featurize(examples))
+        if out is not None:
+            fam.write_predictions(Path(out), examples, preds)
+        return metrics
 
 
 def _showing(runner: Runner, what: str, examples: int, progress: bool) -> Any:
@@ -192,7 +195,7 @@ def _showing(runner: Runner, what: str, examples: int, progress: bool) -> Any:
 
 
 def predict(
-    model_dir: str,
+    model_dir: str | ModelDir,
     task: str | TaskOptions | None,
     data: str,
     out: str,
@@ -206,15 +209,17 @@ def predict(
     """Predictions of a fine-tuned model for the inputs of `data` (labels, if any, unused), or
     of its first `max_rows`, written to the directory `out` in the task's format; returns the
     files written. `task` and progress as evaluate_model takes them."""
-    opts = task if isinstance(task, TaskOptions) else run_task_options(model_dir, task, options)
-    if is_document_summarizer(model_dir) and opts.task == "summarize":
-        fam, scorer = document_summarizer(model_dir, opts, device, precision)
-        examples = _read(fam, data, max_rows, labelled=False)
-        with _showing(scorer.runner, "predict", len(examples), progress):
-            preds = scorer.predict(examples)
-    else:
-        fam, model, runner = _load(model_dir, opts, options, device, precision)
-        examples = _read(fam, data, max_rows, labelled=False)
-        with _showing(runner, "predict", len(examples), progress):
-            preds = fam.predict(runner, model, examples, fam.featurize(examples))
-    return fam.write_predictions(Path(out), examples, preds)
+    source = ModelDir.open(model_dir)  # read once: its files, whichever reader asks
+    with source.reading():
+        opts = task if isinstance(task, TaskOptions) else run_task_options(model_dir, task, options)
+        if is_document_summarizer(model_dir) and opts.task == "summarize":
+            fam, scorer = document_summarizer(model_dir, opts, device, precision)
+            examples = _read(fam, data, max_rows, labelled=False)
+            with _showing(scorer.runner, "predict", len(examples), progress):
+                preds = scorer.predict(examples)
+        else:
+            fam, model, runner = _load(source, opts, options, device, precision)
+            examples = _read(fam, data, max_rows, labelled=False)
+            with _showing(runner, "predict", len(examples), progress):
+                preds = fam.predict(runner, model, examples, fam.featurize(examples))
+        return fam.write_predictions(Path(out), examples, preds)

@@ -1,0 +1,173 @@
+"""modeldir.ModelDir: a model directory read once, whichever verb reads it."""
+
+from __future__ import annotations
+
+import builtins
+import collections
+import io
+import json
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from bertforge import BertConfig, Tokenizer
+from bertforge.errors import CheckpointError, ConfigError
+from bertforge.heads import BertForSequenceClassification
+from bertforge.modeldir import ModelDir
+from bertforge.pipelines import Pipeline
+
+from .conftest import TINY
+
+
+@pytest.fixture
+def reads(monkeypatch: pytest.MonkeyPatch) -> Callable[[Path], collections.Counter[str]]:
+    """reads(directory): a counter, per file of `directory`, of the times it is opened (every
+    Python read goes through io.open; Path.read_bytes and read_text too)."""
+    real = io.open
+
+    def watch(directory: Path) -> collections.Counter[str]:
+        counts: collections.Counter[str] = collections.Counter()
+        root = os.path.abspath(directory) + os.sep
+
+        def counting(file: Any, *args: Any, **kwargs: Any) -> Any:
+            if isinstance(file, (str, os.PathLike)):
+                name = os.path.abspath(os.fspath(file))
+                if name.startswith(root) and "r" in (args[0] if args else kwargs.get("mode", "r")):
+                    counts[name[len(root) :]] += 1
+            return real(file, *args, **kwargs)
+
+        monkeypatch.setattr(io, "open", counting)
+        monkeypatch.setattr(builtins, "open", counting)
+        return counts
+
+    return watch
+
+
+@pytest.fixture(scope="module")
+def classifier(tmp_path_factory: pytest.TempPathFactory, minilm_dir: Path) -> Path:
+    out = tmp_path_factory.mktemp("classifier")
+    tok = Tokenizer.from_pretrained(minilm_dir)
+    torch.manual_seed(0)
+    config = BertConfig(**{**TINY, "vocab_size": tok.vocab_size, "id2label": {0: "no", 1: "yes"}})
+    BertForSequenceClassification(config).save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+def read_more_than_once(counts: collections.Counter[str]) -> dict[str, int]:
+    return {name: n for name, n in counts.items() if n > 1}
+
+
+def test_a_pipeline_reads_each_file_of_its_model_once(
+    reads: Callable[[Path], collections.Counter[str]], minilm_dir: Path, classifier: Path
+) -> None:
+    """Embedding read tokenizer.json and tokenizer_config.json three times each and vocab.txt
+    and config.json twice (the tokenizer, the checkpoint's vocabulary check, the config, the
+    loader each went back to the files); now the Pipeline's ModelDir reads each once."""
+    counts = reads(minilm_dir)
+    pipe = Pipeline(minilm_dir, precision="fp32")
+    assert pipe.embed(["a first text", "and a second"]).shape == (2, 384)
+    assert {"config.json", "modules.json", "tokenizer_config.json"} <= set(counts)
+    assert read_more_than_once(counts) == {}
+    counts = reads(classifier)
+    pipe = Pipeline(classifier, precision="fp32")
+    assert len(pipe.classify(["one", "two"])) == 2
+    assert pipe.embed(["one"]).shape == (1, TINY["hidden_size"])  # a second task: no re-read
+    assert "config.json" in counts and read_more_than_once(counts) == {}
+
+
+def test_the_embed_and_classify_commands_read_each_file_once(
+    reads: Callable[[Path], collections.Counter[str]],
+    minilm_dir: Path,
+    classifier: Path,
+    tmp_path: Path,
+) -> None:
+    from bertforge.cli import main
+
+    texts = tmp_path / "texts.txt"
+    texts.write_text("a first text\nand a second\n")
+    counts = reads(minilm_dir)
+    assert main(["embed", str(minilm_dir), str(texts), "--out", str(tmp_path / "e.npy")]) == 0
+    assert counts and read_more_than_once(counts) == {}
+    counts = reads(classifier)
+    assert main(["classify", str(classifier), str(texts)]) == 0
+    assert counts and read_more_than_once(counts) == {}
+
+
+def test_open_returns_a_modeldir_unchanged_and_reads_lazily(
+    reads: Callable[[Path], collections.Counter[str]], minilm_dir: Path
+) -> None:
+    counts = reads(minilm_dir)
+    md = ModelDir.open(minilm_dir)
+    assert ModelDir.open(md) is md and Path(md) == minilm_dir and md / "x" == minilm_dir / "x"
+    assert not counts  # nothing read until asked for
+    assert md.config.hidden_size == 384 and md.config is md.config
+    assert md.tokenizer is md.tokenizer and md.embedding.pooling == ("mean",)
+    assert md.is_sentence_transformers and md.run is None
+    assert read_more_than_once(counts) == {}
+    assert Pipeline(md).source is md  # handed on, not opened again
+
+
+def test_open_refuses_what_is_not_a_model_directory(tmp_path: Path, classifier: Path) -> None:
+    with pytest.raises(CheckpointError, match="nowhere: no such file or directory"):
+        ModelDir.open(tmp_path / "nowhere")
+    (tmp_path / "file.txt").write_text("x")
+    with pytest.raises(CheckpointError, match="file.txt: not a model directory"):
+        ModelDir.open(tmp_path / "file.txt")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ConfigError, match="empty: no config.json or bert_config.json"):
+        _ = ModelDir.open(empty).config
+    broken = tmp_path / "broken"
+    shutil.copytree(classifier, broken)
+    (broken / "config.json").write_text('{"model_type": "bert",')
+    with pytest.raises(ConfigError, match=r"broken/config.json: line 1, column \d+: invalid JSON"):
+        _ = ModelDir.open(broken).config
+    config = json.loads((classifier / "config.json").read_text())
+    (broken / "config.json").write_text(json.dumps({**config, "model_type": "deberta-v2"}))
+    with pytest.raises(ConfigError, match="deberta-v2.*bert.*roberta.*modernbert"):
+        _ = ModelDir.open(broken).config
+
+
+def test_serve_reads_each_file_of_its_model_once_at_start(
+    reads: Callable[[Path], collections.Counter[str]], classifier: Path, minilm_dir: Path
+) -> None:
+    """`serve` checked the endpoints' heads (architectures, labels) apart from its pipeline's
+    reading: config.json read three times. One ModelDir now serves both."""
+    from bertforge.serve import Limits, create_app
+
+    counts = reads(classifier)
+    create_app(classifier, Limits(), precision="fp32")
+    assert "config.json" in counts and read_more_than_once(counts) == {}
+    counts = reads(minilm_dir)
+    create_app(minilm_dir, Limits(), precision="fp32")
+    assert "modules.json" in counts and read_more_than_once(counts) == {}
+
+
+def test_evaluate_reads_each_file_of_its_model_once(
+    reads: Callable[[Path], collections.Counter[str]], tmp_path: Path, minilm_dir: Path
+) -> None:
+    """`bertforge evaluate` on a model `finetune` wrote (run.json, config, tokenizer, weights):
+    the issue counted 15 trips back up the layers along its path; each file is read once."""
+    from bertforge.cli import main
+
+    train = tmp_path / "train.tsv"
+    rows = [f"text number {i} {'good' if i % 2 else 'bad'}\t{i % 2}" for i in range(16)]
+    train.write_text("sentence\tlabel\n" + "\n".join(rows) + "\n")
+    tiny = tmp_path / "tiny"
+    from .conftest import save_tiny
+
+    save_tiny(tiny, minilm_dir)
+    out = tmp_path / "run"
+    argv = ["finetune", "--task", "sst2", "--model", str(tiny), "--train", str(train)]
+    argv += ["--out", str(out), "--epochs", "1", "--batch-size", "8", "--no-progress"]
+    assert main(argv) == 0
+    counts = reads(out)
+    assert main(["evaluate", "--model", str(out), "--data", str(train), "--no-progress"]) == 0
+    assert "run.json" in counts and "config.json" in counts
+    assert read_more_than_once(counts) == {}
