@@ -329,3 +329,115 @@ def test_the_ray_options_need_ray(
         "--workers, --cpus-per-worker and --gpus-per-worker need --ray" in capsys.readouterr().err
     )
     assert not (tmp_path / "idx").exists()
+
+
+def read_parts(out: Path) -> tuple[list[str], list[int], np.ndarray]:
+    """(ids, lines, vectors) of an embed --ray directory's Parquet parts, in the input's order."""
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(sorted(out.glob("part-*.parquet")))
+    ids, lines = table["id"].to_pylist(), table["line"].to_pylist()
+    vectors = np.array(table["vector"].to_pylist(), dtype=np.float32)
+    order = np.argsort(lines)
+    return [ids[i] for i in order], [lines[i] for i in order], vectors[order]
+
+
+def test_embed_ray_writes_parquet_equal_to_one_process_embed(
+    cluster: str, minilm_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`bertforge embed MODEL FILE --ray --out DIR`: the texts' vectors as Parquet parts (id,
+    line, vector) equal to the one-process embed of the same file; a worker killed midway
+    leaves each text once; run again, a finished directory is left as it is."""
+    from bertforge.cli import main
+
+    texts = tmp_path / "texts.jsonl"
+    texts.write_text(
+        "".join(json.dumps({"id": f"d{i}", "text": t}) + "\n" for i, t in enumerate(TEXTS))
+    )
+    want_file = tmp_path / "one.npy"
+    assert (
+        main(
+            [
+                "embed",
+                str(minilm_dir),
+                str(texts),
+                "--out",
+                str(want_file),
+                "--precision",
+                "fp32",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
+    want = np.load(want_file)
+    out = tmp_path / "vectors"
+    argv = ["embed", str(minilm_dir), str(texts), "--out", str(out), "--ray", cluster]
+    argv += ["--workers", "2", "--chunk", "4", "--precision", "fp32", "--no-progress"]
+    with a_worker_killed(lambda: bool(list(out.glob("part-*.parquet")))):
+        assert main(argv) == 0
+    assert "wrote the vectors to" in capsys.readouterr().out
+    ids, lines, got = read_parts(out)
+    assert ids == [f"d{i}" for i in range(len(TEXTS))] and lines == list(range(1, len(TEXTS) + 1))
+    assert len(list(out.glob("part-*.parquet"))) == 8
+    np.testing.assert_allclose(got, want, atol=1e-6)
+    record = json.loads((out / "embed.json").read_text())
+    assert record["finished"] and record["texts"] == len(TEXTS) and record["parts"] == 8
+    before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+    assert main(argv) == 0  # done: nothing run again
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before
+
+
+def test_embed_ray_goes_on_from_its_missing_parts_and_refuses_another_job(
+    cluster: str, minilm_dir: Path, tmp_path: Path
+) -> None:
+    from bertforge.distributed import embed_file
+
+    texts = tmp_path / "texts.txt"
+    texts.write_text("".join(t + "\n" for t in TEXTS))
+    out = tmp_path / "vectors"
+    ray_options = RayOptions(workers=1)
+    embed_file(minilm_dir, texts, out, ray=ray_options, chunk=8, progress=False, precision="fp32")
+    ids, _, full = read_parts(out)
+    assert ids == [str(i) for i in range(1, len(TEXTS) + 1)]  # a text line's id: its line
+    # a driver killed midway: its record unfinished, some parts missing
+    (out / "part-00001.parquet").unlink()
+    (out / "part-00003.parquet").unlink()
+    record = json.loads((out / "embed.json").read_text())
+    (out / "embed.json").write_text(json.dumps({**record, "finished": False}))
+    kept = (out / "part-00000.parquet").stat().st_mtime_ns
+    embed_file(minilm_dir, texts, out, ray=ray_options, chunk=8, progress=False, precision="fp32")
+    assert (out / "part-00000.parquet").stat().st_mtime_ns == kept  # written parts kept
+    np.testing.assert_array_equal(read_parts(out)[2], full)
+    with pytest.raises(ConfigError, match="holds the embeddings of another job \\(chunk differ\\)"):
+        embed_file(
+            minilm_dir, texts, out, ray=ray_options, chunk=4, progress=False, precision="fp32"
+        )
+
+
+def test_embed_ray_bad_outputs_and_options_are_one_line(
+    cluster: str, minilm_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from bertforge.cli import main
+
+    texts = tmp_path / "texts.txt"
+    texts.write_text("one\ntwo\n")
+    cases = [
+        (["--out", str(tmp_path / "v.npy")], "give a directory, not a .npy or JSONL file"),
+        (["--out", str(tmp_path / "d"), "--truncate"], "--truncate is not used by embed --ray"),
+        (
+            ["--out", str(tmp_path / "d"), "--embedding-precision", "int8"],
+            "--embedding-precision int8 is not used by embed --ray",
+        ),
+    ]
+    for extra, said in cases:
+        assert main(["embed", str(minilm_dir), str(texts), "--ray", "127.0.0.1:1", *extra]) == 2
+        assert said in capsys.readouterr().err
+    argv = ["embed", str(minilm_dir), str(texts), "--out", str(tmp_path / "x.npy"), "--chunk", "8"]
+    assert main(argv) == 2 and "--chunk need --ray" in capsys.readouterr().err
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "mine.txt").write_text("x")
+    argv = ["embed", str(minilm_dir), str(texts), "--out", str(other), "--ray", cluster]
+    assert main(argv) == 2 and "a directory of other files" in capsys.readouterr().err
+    assert (other / "mine.txt").read_text() == "x"

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from . import __version__
 from .cli_search import (
     args_beir,
+    args_embed_ray,
     args_index,
     args_mine,
     args_search,
@@ -40,6 +41,7 @@ from .cli_search import (
     cmd_index,
     cmd_mine,
     cmd_search,
+    embed_on_ray,
 )
 from .data.corpus import expand_inputs
 from .errors import BertforgeError, ConfigError, DataError, hide, redacted
@@ -339,6 +341,8 @@ def args_pipeline(p: argparse.ArgumentParser, name: str) -> None:
     add_options(p, method, skip=hidden, choices=entry.choices, help=entry.options)
     if entry.post:  # e.g. embed's --embedding-precision
         add_options(p, entry.post, choices=entry.choices, help=entry.post_options)
+    if name == "embed":  # --ray: on a Ray cluster, into Parquet parts
+        args_embed_ray(p)
     for unused in entry.unused:  # given anyway: refused by name (_refuse_unused), not ignored
         flag = f"--{unused.replace('_', '-')}"
         p.add_argument(flag, dest=f"unused_{unused}", nargs="?", const="", help=argparse.SUPPRESS)
@@ -377,6 +381,8 @@ def cmd_pipeline(args: argparse.Namespace) -> None:
     from .pipelines import Pipeline
 
     entry = ENTRIES[args.pipeline]
+    if entry.name == "embed" and embed_on_ray(args):
+        return
     inputs = [i for i in entry.inputs if not i.optional or getattr(args, i.param)]
     unasked = [i for i in entry.inputs if i not in inputs]
     _refuse_unused(args, entry, next((i for i in inputs if i.optional), None))

@@ -306,3 +306,67 @@ def cmd_beir(args: argparse.Namespace) -> None:
 
 # ------------------------------------------------------------------------------------------------
 # serve, export, attention, probe, plot, demo
+
+
+# -- embed --ray: the embed verb's options for a Ray cluster (cli.args_pipeline adds them)
+
+RAY_CHUNK = 1024  # texts a worker embeds and writes as one Parquet part
+
+
+def args_embed_ray(p: argparse.ArgumentParser) -> None:
+    from .distributed import RayOptions
+
+    add_options(p, RayOptions)
+    p.add_argument(
+        "--chunk",
+        type=int,
+        default=RAY_CHUNK,
+        help=f"with --ray: texts a worker embeds and writes as one Parquet part (default: {RAY_CHUNK})",
+    )
+
+
+def embed_on_ray(args: argparse.Namespace) -> bool:
+    """embed --ray: the input file embedded by a Ray cluster into --out, a directory of
+    Parquet parts (distributed.embed_file); False without --ray (the one-process embed runs).
+    A Pipeline option the workers would not apply is refused, not ignored."""
+    from .distributed import RayOptions, embed_file
+    from .options import parameters
+    from .pipelines import Pipeline
+
+    ray = RayOptions(**options_of(args, RayOptions))
+    if ray.address is None:
+        if changed_options(args, RayOptions) or args.chunk != RAY_CHUNK:
+            raise ConfigError(
+                "--workers, --cpus-per-worker, --gpus-per-worker and --chunk need --ray"
+            )
+        return False
+    if not args.out or Path(args.out).suffix:
+        raise ConfigError(
+            f"--out {args.out}: embed --ray writes a directory of Parquet parts (id, line, "
+            "vector) and embed.json: give a directory, not a .npy or JSONL file"
+        )
+    kept = ("device", "precision", "batch_size")
+    given = options_of(args, Pipeline)
+    for name, default, *_ in parameters(Pipeline):
+        if name not in kept and given.get(name, default) != default:
+            raise ConfigError(f"--{name.replace('_', '-')} is not used by embed --ray")
+    if getattr(args, "embedding_precision", "float32") != "float32":
+        raise ConfigError(
+            f"--embedding-precision {args.embedding_precision} is not used by embed --ray: its "
+            "parts hold float32 vectors (quantise them together, or build an index)"
+        )
+    embed = options_of(args, Pipeline.embed)
+    out = embed_file(
+        args.model,
+        args.input,
+        args.out,
+        ray=ray,
+        chunk=args.chunk,
+        skip_blank=args.skip_blank,
+        keep_tabs=args.keep_tabs,
+        progress=args.progress,
+        **{k: given[k] for k in kept},
+        **embed,
+    )
+    print(f"wrote the vectors to {out} (Parquet parts, embed.json)")
+    return True

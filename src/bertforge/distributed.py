@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from .errors import BertforgeError, ConfigError, DataError, UnavailableError, need_extra
+from .fileio import atomic_path, files_sha256, read_json, write_json
 from .options import check_options, option
 from .runner import progress_bar
 from .search.corpus import DEFAULT_FORMAT, CorpusFormat, read_search_records
@@ -192,6 +193,27 @@ class PipelineWorker:
             self.table = index
         return self.table.write(docs, len(docs))
 
+    def vectors(
+        self, part: str, ids: list[str], lines: list[int], texts: list[str], embed: dict
+    ) -> int:
+        """An embed job's chunk written as one Parquet part (id, line, vector), whole or not
+        at all (a retried chunk writes it again): its rows."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        vectors = np.ascontiguousarray(self.pipe().embed(texts, **embed), dtype=np.float32)
+        flat = pa.array(vectors.reshape(-1))
+        table = pa.table(
+            {
+                "id": pa.array(ids, pa.string()),
+                "line": pa.array(lines, pa.int64()),
+                "vector": pa.FixedSizeListArray.from_arrays(flat, vectors.shape[1]),
+            }
+        )
+        with atomic_path(part) as tmp:
+            pq.write_table(table, tmp)
+        return len(ids)
+
     def pid(self) -> int:
         return os.getpid()
 
@@ -242,12 +264,17 @@ def _room(ray: Any, r: RayOptions) -> int:
 
 
 def run_chunks(
-    ray: Any, pool: list[Any], jobs: Iterable[tuple[str, tuple, int]], total: int, progress: bool
+    ray: Any,
+    pool: list[Any],
+    jobs: Iterable[tuple[str, tuple, int]],
+    total: int,
+    progress: bool,
+    what: str = "index",
 ) -> list[Any]:
     """Each job (a worker's method, its arguments, its documents) run by the next free worker,
     IN_FLIGHT queued per worker (the driver reads ahead no further); their results, in the
     order they finished. Progress: documents of `total`, their rate and the time left."""
-    bar = progress_bar("index", total, "doc") if progress else None
+    bar = progress_bar(what, total, "doc" if what == "index" else "text") if progress else None
     free = [w for w in pool for _ in range(IN_FLIGHT)]
     pending: dict[Any, tuple[Any, int]] = {}
     results = []
@@ -499,3 +526,104 @@ def embed_dataset(
         num_cpus=r.cpus_per_worker,
         num_gpus=r.gpus_per_worker,
     )
+
+
+# -- embedding files -------------------------------------------------------------------------------
+
+EMBED_RECORD = "embed.json"  # what an embed --ray directory holds: model, input, chunks, done
+PART = "part-{:05d}.parquet"
+
+
+def embed_file(
+    model: str | Path,
+    input: str | Path,
+    out: str | Path,
+    *,
+    ray: RayOptions | None = None,
+    chunk: int = 1024,
+    skip_blank: bool = False,
+    keep_tabs: bool = False,
+    progress: bool = True,
+    precision: str = "auto",
+    batch_size: int | None = None,
+    device: str | None = None,
+    **embed: Any,
+) -> Path:
+    """`bertforge embed MODEL FILE --ray --out DIR`: FILE's texts (lines, or JSONL with "text"
+    and an optional "id", read as `embed` reads them) embedded by a Ray cluster's workers into
+    the directory `out`: Parquet parts (part-00000.parquet, ...: id, the line it came from,
+    vector as float32) of `chunk` texts each, each written whole by its worker (a chunk retried
+    after a worker died writes its part again), and embed.json, which records the model and
+    the input. Run again, a finished directory is left as it is and an unfinished one goes on
+    from its missing parts; a directory of another model or input is refused. The vectors are
+    Pipeline.embed's, `embed` its options (pooling, normalize, prompt_name, prompt,
+    dimensions)."""
+    from .catalogue import ENTRIES
+    from .inputs import read_inputs
+    from .pipelines import Pipeline
+    from .search.identity import model_record
+
+    need_extra("pyarrow", RAY_EXTRA)
+    if str(input) == "-":
+        raise ConfigError("embed --ray reads a file (its workers are handed its chunks), not stdin")
+    if chunk < 1:
+        raise ConfigError(f"chunk={chunk}: must be >= 1")
+    r, out, entry = ray or RayOptions(), Path(out), ENTRIES["embed"]
+    rows = read_inputs(str(input), entry.inputs[:1], skip_blank, keep_tabs)
+    driver = Pipeline(model, device=device, precision=precision, batch_size=batch_size)
+    driver.embed(["a check of the options"], **embed)  # a bad prompt or size: an error now
+    record = {**model_record(driver), "precision": precision}
+    wanted = {
+        "model": record,
+        "input": str(Path(input).resolve()),
+        "input_sha256": files_sha256([input]),
+        "chunk": chunk,
+        "embed": embed,
+        "texts": len(rows),
+    }
+    with cluster(r.address) as ray_:  # a cluster not there: said before anything is written
+        parts = _embed_begin(out, wanted)
+        if read_json(out / EMBED_RECORD, ConfigError).get("finished"):
+            return out  # done before: nothing to run
+        left = [k for k, part in enumerate(parts) if not part.is_file()]  # a re-run: the rest
+        pieces = {k: rows[k * chunk : (k + 1) * chunk] for k in left}
+        jobs = (
+            ("vectors", (str(parts[k]), *_columns(pieces[k]), embed), len(pieces[k])) for k in left
+        )
+        o = IndexOptions(device=device, precision=precision, batch_size=batch_size)
+        pool = workers(ray_, r, record, o)
+        run_chunks(ray_, pool, jobs, sum(map(len, pieces.values())), progress, what="embed")
+    write_json(out / EMBED_RECORD, {**wanted, "parts": len(parts), "finished": True})
+    return out
+
+
+def _columns(rows: list[Any]) -> tuple[list[str], list[int], list[str]]:
+    """(ids: a JSONL row's own, else its line number; lines; texts) of a chunk of InputLines."""
+    return (
+        [str(r.line if r.id is None else r.id) for r in rows],
+        [r.line for r in rows],
+        [r.texts[0] for r in rows],
+    )
+
+
+def _embed_begin(out: Path, wanted: dict[str, Any]) -> list[Path]:
+    """The parts' paths of an embed job into `out`, begun (embed.json written unfinished) or
+    taken up again (the same model, input and chunks; its written parts kept)."""
+    record = out / EMBED_RECORD
+    if record.is_file():
+        had = read_json(record, ConfigError)
+        differs = [k for k in wanted if had.get(k) != wanted[k]]
+        if differs:
+            raise ConfigError(
+                f"--out {out}: holds the embeddings of another job ({', '.join(differs)} "
+                "differ): remove it or give another directory"
+            )
+    elif out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ConfigError(
+            f"--out {out}: {'not a directory' if not out.is_dir() else 'a directory of other files'}; "
+            "embed --ray writes a directory of Parquet parts and embed.json: give a new one"
+        )
+    else:
+        write_json(record, {**wanted, "finished": False})
+    n = -(-wanted["texts"] // wanted["chunk"])
+    return [out / PART.format(k) for k in range(n)]
