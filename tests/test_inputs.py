@@ -174,3 +174,20 @@ def test_pipeline_rows_are_written_part_by_part_with_progress_on_stderr(
     empty.write_text("")
     assert main(["embed", str(tiny_model), str(empty), "--dimensions", "1000"]) == 2
     assert "dimensions" in capsys.readouterr().err
+
+
+def test_pieces_of_a_file_read_apart_are_the_file_read_whole(tmp_path: Path) -> None:
+    """embed --ray's workers each read one piece (fileio.line_spans): together the rows of the
+    whole file, with its line numbers (a BOM, multi-byte text, no final newline); an error in
+    a piece names the file's own line."""
+    from bertforge.fileio import line_spans
+
+    path = tmp_path / "t.txt"
+    path.write_bytes("\ufeffé one\nzwei ü\n\ndrei\nvier €\nfünf".encode())
+    spans = line_spans(path, 2)
+    assert [s[1:] for s in spans] == [(1, 2), (3, 2), (5, 2)]
+    pieces = [read_inputs(str(path), TEXTS, skip_blank=True, span=s) for s in spans]
+    assert [r for p in pieces for r in p] == read_inputs(str(path), TEXTS, skip_blank=True)
+    assert pieces[0][0] == InputLine(1, None, ("é one",)) and pieces[2][1].texts == ("fünf",)
+    with pytest.raises(DataError, match=r"t.txt: line 3: blank line"):
+        read_inputs(str(path), TEXTS, span=spans[1])

@@ -388,6 +388,42 @@ def test_embed_ray_writes_parquet_equal_to_one_process_embed(
     assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before
 
 
+def test_embed_ray_reads_several_files_in_its_workers(
+    cluster: str, minilm_dir: Path, tmp_path: Path
+) -> None:
+    """Several inputs (a text file with a blank line, --skip-blank; a directory of JSONL): each
+    file cut into pieces the workers read themselves; a text line's id FILE:LINE, a JSONL
+    row's its own; each text once with a worker killed midway; the vectors one process's."""
+    from bertforge.cli import main
+    from bertforge.pipelines import Pipeline
+
+    plain = tmp_path / "a.txt"
+    plain.write_text(
+        "".join(t + "\n" for t in TEXTS[:5]) + "\n" + "".join(t + "\n" for t in TEXTS[5:12])
+    )
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    write_corpus(shards / "b.jsonl", TEXTS[12:])
+    out = tmp_path / "vectors"
+    argv = ["embed", str(minilm_dir), str(plain), str(shards), "--out", str(out), "--skip-blank"]
+    argv += ["--ray", cluster, "--workers", "2", "--chunk", "3", "--precision", "fp32"]
+    with a_worker_killed(lambda: bool(list(out.glob("part-*.parquet")))):
+        assert main([*argv, "--no-progress"]) == 0
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(sorted(out.glob("part-*.parquet"))).to_pylist()
+    lines = [*range(1, 6), *range(7, 14)]
+    assert [(r["file"], r["id"], r["line"]) for r in table] == [
+        *((str(plain), f"{plain}:{n}", n) for n in lines),
+        *((str(shards / "b.jsonl"), f"d{i}", i + 1) for i in range(len(TEXTS) - 12)),
+    ]
+    assert len(list(out.glob("part-*.parquet"))) == 5 + 6  # 13 lines by 3, 18 by 3
+    want = Pipeline(minilm_dir, precision="fp32").embed(TEXTS)
+    got = np.array([r["vector"] for r in table], dtype=np.float32)
+    np.testing.assert_allclose(got, want, atol=1e-6)
+    assert json.loads((out / "embed.json").read_text())["texts"] == len(TEXTS)
+
+
 def test_embed_ray_goes_on_from_its_missing_parts_and_refuses_another_job(
     cluster: str, minilm_dir: Path, tmp_path: Path
 ) -> None:
@@ -401,13 +437,13 @@ def test_embed_ray_goes_on_from_its_missing_parts_and_refuses_another_job(
     ids, _, full = read_parts(out)
     assert ids == [str(i) for i in range(1, len(TEXTS) + 1)]  # a text line's id: its line
     # a driver killed midway: its record unfinished, some parts missing
-    (out / "part-00001.parquet").unlink()
-    (out / "part-00003.parquet").unlink()
+    (out / "part-00000-00001.parquet").unlink()
+    (out / "part-00000-00003.parquet").unlink()
     record = json.loads((out / "embed.json").read_text())
     (out / "embed.json").write_text(json.dumps({**record, "finished": False}))
-    kept = (out / "part-00000.parquet").stat().st_mtime_ns
+    kept = (out / "part-00000-00000.parquet").stat().st_mtime_ns
     embed_file(minilm_dir, texts, out, ray=ray_options, chunk=8, progress=False, precision="fp32")
-    assert (out / "part-00000.parquet").stat().st_mtime_ns == kept  # written parts kept
+    assert (out / "part-00000-00000.parquet").stat().st_mtime_ns == kept  # written parts kept
     np.testing.assert_array_equal(read_parts(out)[2], full)
     with pytest.raises(ConfigError, match="holds the embeddings of another job \\(chunk differ\\)"):
         embed_file(
@@ -435,6 +471,14 @@ def test_embed_ray_bad_outputs_and_options_are_one_line(
         assert said in capsys.readouterr().err
     argv = ["embed", str(minilm_dir), str(texts), "--out", str(tmp_path / "x.npy"), "--chunk", "8"]
     assert main(argv) == 2 and "--chunk need --ray" in capsys.readouterr().err
+    argv = ["embed", str(minilm_dir), str(texts), str(tmp_path / "gone.txt"), "--ray", cluster]
+    assert main([*argv, "--out", str(tmp_path / "d")]) == 2
+    assert "gone.txt: no such file, directory or matching files" in capsys.readouterr().err
+    assert not (tmp_path / "d").exists()
+    argv = ["embed", str(minilm_dir), str(texts), str(texts), "--out", str(tmp_path / "x.npy")]
+    assert main(argv) == 2 and "several are read by a Ray cluster's workers (--ray)" in (
+        capsys.readouterr().err
+    )
     other = tmp_path / "other"
     other.mkdir()
     (other / "mine.txt").write_text("x")

@@ -318,6 +318,12 @@ def args_embed_ray(p: argparse.ArgumentParser) -> None:
 
     add_options(p, RayOptions)
     p.add_argument(
+        "more_inputs",
+        nargs="*",
+        metavar="FILE",
+        help="with --ray: more input files, directories or glob patterns, read in parallel",
+    )
+    p.add_argument(
         "--chunk",
         type=int,
         default=RAY_CHUNK,
@@ -326,7 +332,7 @@ def args_embed_ray(p: argparse.ArgumentParser) -> None:
 
 
 def embed_on_ray(args: argparse.Namespace) -> bool:
-    """embed --ray: the input file embedded by a Ray cluster into --out, a directory of
+    """embed --ray: the input files embedded by a Ray cluster into --out, a directory of
     Parquet parts (distributed.embed_file); False without --ray (the one-process embed runs).
     A Pipeline option the workers would not apply is refused, not ignored."""
     from .distributed import RayOptions, embed_file
@@ -338,6 +344,11 @@ def embed_on_ray(args: argparse.Namespace) -> bool:
         if changed_options(args, RayOptions) or args.chunk != RAY_CHUNK:
             raise ConfigError(
                 "--workers, --cpus-per-worker, --gpus-per-worker and --chunk need --ray"
+            )
+        if args.more_inputs:
+            raise ConfigError(
+                f"{args.more_inputs[0]}: embed reads one input file; several are read by a Ray "
+                "cluster's workers (--ray)"
             )
         return False
     if not args.out or Path(args.out).suffix:
@@ -358,7 +369,7 @@ def embed_on_ray(args: argparse.Namespace) -> bool:
     embed = options_of(args, Pipeline.embed)
     out = embed_file(
         args.model,
-        args.input,
+        [args.input, *args.more_inputs],
         args.out,
         ray=ray,
         chunk=args.chunk,

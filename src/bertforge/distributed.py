@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from .errors import BertforgeError, ConfigError, DataError, UnavailableError, need_extra
-from .fileio import atomic_path, files_sha256, read_json, write_json
+from .fileio import Span, atomic_path, files_sha256, line_spans, read_json, write_json
 from .options import check_options, option
 from .runner import progress_bar
 from .search.corpus import DEFAULT_FORMAT, CorpusFormat, read_search_records
@@ -193,21 +193,30 @@ class PipelineWorker:
             self.table = index
         return self.table.write(docs, len(docs))
 
-    def vectors(
-        self, part: str, ids: list[str], lines: list[int], texts: list[str], embed: dict
-    ) -> int:
-        """An embed job's chunk written as one Parquet part (id, line, vector), whole or not
-        at all (a retried chunk writes it again): its rows."""
+    def vectors(self, part: str, file: str, span: Span, read: dict, embed: dict) -> int:
+        """A piece of an input file read here (as `embed` reads it) and its texts written as one
+        Parquet part (id, file, line, vector), whole or not at all (a retried piece writes it
+        again): its rows."""
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        vectors = np.ascontiguousarray(self.pipe().embed(texts, **embed), dtype=np.float32)
-        flat = pa.array(vectors.reshape(-1))
+        from .catalogue import ENTRIES
+        from .inputs import read_inputs
+
+        inputs = ENTRIES["embed"].inputs[:1]
+        rows = read_inputs(file, inputs, read["skip_blank"], read["keep_tabs"], span=span)
+        ids, lines, texts = _columns(rows, read["prefix"])
+        # a piece of blank lines only (--skip-blank) still gets a part of the others' schema
+        vectors = self.pipe().embed(texts or ["."], **embed)[: len(texts)]
+        vectors = np.ascontiguousarray(vectors, dtype=np.float32)
         table = pa.table(
             {
                 "id": pa.array(ids, pa.string()),
+                "file": pa.array([file] * len(ids), pa.string()),
                 "line": pa.array(lines, pa.int64()),
-                "vector": pa.FixedSizeListArray.from_arrays(flat, vectors.shape[1]),
+                "vector": pa.FixedSizeListArray.from_arrays(
+                    pa.array(vectors.reshape(-1)), vectors.shape[1]
+                ),
             }
         )
         with atomic_path(part) as tmp:
@@ -531,12 +540,12 @@ def embed_dataset(
 # -- embedding files -------------------------------------------------------------------------------
 
 EMBED_RECORD = "embed.json"  # what an embed --ray directory holds: model, input, chunks, done
-PART = "part-{:05d}.parquet"
+PART = "part-{:05d}-{:05d}.parquet"  # an input file's number, its piece's
 
 
 def embed_file(
     model: str | Path,
-    input: str | Path,
+    inputs: str | Path | Sequence[str | Path],
     out: str | Path,
     *,
     ray: RayOptions | None = None,
@@ -549,66 +558,77 @@ def embed_file(
     device: str | None = None,
     **embed: Any,
 ) -> Path:
-    """`bertforge embed MODEL FILE --ray --out DIR`: FILE's texts (lines, or JSONL with "text"
-    and an optional "id", read as `embed` reads them) embedded by a Ray cluster's workers into
-    the directory `out`: Parquet parts (part-00000.parquet, ...: id, the line it came from,
-    vector as float32) of `chunk` texts each, each written whole by its worker (a chunk retried
-    after a worker died writes its part again), and embed.json, which records the model and
-    the input. Run again, a finished directory is left as it is and an unfinished one goes on
-    from its missing parts; a directory of another model or input is refused. The vectors are
-    Pipeline.embed's, `embed` its options (pooling, normalize, prompt_name, prompt,
-    dimensions)."""
-    from .catalogue import ENTRIES
-    from .inputs import read_inputs
+    """`bertforge embed MODEL FILES --ray --out DIR`: the texts of the files (lines, or JSONL
+    with "text" and an optional "id"; directories and glob patterns expanded) embedded by a Ray
+    cluster's workers into the directory `out`. The driver only cuts each file into pieces of
+    `chunk` lines (fileio.line_spans, no decoding); each worker reads its piece as `embed`
+    reads a file and writes it as one Parquet part (part-FFFFF-PPPPP.parquet: id, file, line,
+    vector as float32), whole (a piece retried after a worker died writes its part again).
+    Ids: a JSONL row's own, else its line number (with several files, FILE:LINE). embed.json
+    records the model and the inputs: run again, a finished directory is left as it is and an
+    unfinished one goes on from its missing parts; a directory of another job is refused. The
+    vectors are Pipeline.embed's, `embed` its options (pooling, normalize, prompt_name,
+    prompt, dimensions)."""
+    from .data.corpus import expand_inputs
     from .pipelines import Pipeline
     from .search.identity import model_record
 
     need_extra("pyarrow", RAY_EXTRA)
-    if str(input) == "-":
-        raise ConfigError("embed --ray reads a file (its workers are handed its chunks), not stdin")
+    given = [inputs] if isinstance(inputs, str | Path) else list(inputs)
+    if "-" in map(str, given):
+        raise ConfigError("embed --ray reads files (its workers read them), not stdin")
     if chunk < 1:
         raise ConfigError(f"chunk={chunk}: must be >= 1")
-    r, out, entry = ray or RayOptions(), Path(out), ENTRIES["embed"]
-    rows = read_inputs(str(input), entry.inputs[:1], skip_blank, keep_tabs)
+    files = [str(f) for f in expand_inputs(given)]
+    r, out = ray or RayOptions(), Path(out)
     driver = Pipeline(model, device=device, precision=precision, batch_size=batch_size)
     driver.embed(["a check of the options"], **embed)  # a bad prompt or size: an error now
     record = {**model_record(driver), "precision": precision}
     wanted = {
         "model": record,
-        "input": str(Path(input).resolve()),
-        "input_sha256": files_sha256([input]),
+        "input": [str(Path(f).resolve()) for f in files],
+        "input_sha256": files_sha256(files),
         "chunk": chunk,
         "embed": embed,
-        "texts": len(rows),
     }
+    spans = [line_spans(f, chunk) for f in files]
+    read = {"skip_blank": skip_blank, "keep_tabs": keep_tabs}
     with cluster(r.address) as ray_:  # a cluster not there: said before anything is written
-        parts = _embed_begin(out, wanted)
+        _embed_begin(out, wanted)
         if read_json(out / EMBED_RECORD, ConfigError).get("finished"):
             return out  # done before: nothing to run
-        left = [k for k, part in enumerate(parts) if not part.is_file()]  # a re-run: the rest
-        pieces = {k: rows[k * chunk : (k + 1) * chunk] for k in left}
+        left = [
+            ((out / PART.format(k, p)), f, span)
+            for k, f in enumerate(files)
+            for p, span in enumerate(spans[k])
+            if not (out / PART.format(k, p)).is_file()  # a re-run: the rest
+        ]
+        several = len(files) > 1  # a text line's id: FILE:LINE, not a line number of many files
         jobs = (
-            ("vectors", (str(parts[k]), *_columns(pieces[k]), embed), len(pieces[k])) for k in left
+            ("vectors", (str(part), f, span, {**read, "prefix": f"{f}:" * several}, embed), span[2])
+            for part, f, span in left
         )
         o = IndexOptions(device=device, precision=precision, batch_size=batch_size)
         pool = workers(ray_, r, record, o)
-        run_chunks(ray_, pool, jobs, sum(map(len, pieces.values())), progress, what="embed")
-    write_json(out / EMBED_RECORD, {**wanted, "parts": len(parts), "finished": True})
+        run_chunks(ray_, pool, jobs, sum(s[2] for _, _, s in left), progress, what="embed")
+    _embed_end(
+        out, wanted, [PART.format(k, p) for k in range(len(files)) for p in range(len(spans[k]))]
+    )
     return out
 
 
-def _columns(rows: list[Any]) -> tuple[list[str], list[int], list[str]]:
-    """(ids: a JSONL row's own, else its line number; lines; texts) of a chunk of InputLines."""
+def _columns(rows: list[Any], prefix: str) -> tuple[list[str], list[int], list[str]]:
+    """(ids: a JSONL row's own, else prefix + its line number; lines; texts) of InputLines."""
     return (
-        [str(r.line if r.id is None else r.id) for r in rows],
+        [f"{prefix}{r.line}" if r.id is None else str(r.id) for r in rows],
         [r.line for r in rows],
         [r.texts[0] for r in rows],
     )
 
 
-def _embed_begin(out: Path, wanted: dict[str, Any]) -> list[Path]:
-    """The parts' paths of an embed job into `out`, begun (embed.json written unfinished) or
-    taken up again (the same model, input and chunks; its written parts kept)."""
+def _embed_begin(out: Path, wanted: dict[str, Any]) -> None:
+    """An embed job into `out` begun (embed.json written unfinished) or taken up again (the
+    same model, inputs and chunks; its written parts kept)."""
     record = out / EMBED_RECORD
     if record.is_file():
         had = read_json(record, ConfigError)
@@ -625,5 +645,14 @@ def _embed_begin(out: Path, wanted: dict[str, Any]) -> list[Path]:
         )
     else:
         write_json(record, {**wanted, "finished": False})
-    n = -(-wanted["texts"] // wanted["chunk"])
-    return [out / PART.format(k) for k in range(n)]
+
+
+def _embed_end(out: Path, wanted: dict[str, Any], parts: list[str]) -> None:
+    """embed.json marked finished, with the parts and the texts they hold (read from the
+    parts' footers: a resumed job's earlier parts counted too)."""
+    import pyarrow.parquet as pq
+
+    texts = sum(pq.read_metadata(out / p).num_rows for p in parts)
+    write_json(
+        out / EMBED_RECORD, {**wanted, "parts": len(parts), "texts": texts, "finished": True}
+    )

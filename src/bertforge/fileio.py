@@ -17,6 +17,7 @@ import contextvars
 import errno
 import hashlib
 import io
+import itertools
 import json
 import math
 import os
@@ -34,14 +35,33 @@ os.umask(_UMASK)  # read (there is no other way) and put back at once
 FILE_MODE = 0o666 & ~_UMASK  # what open() would give a new file: 0644 under umask 022
 
 
+Span = tuple[int, int, int]  # a piece of a text file: (byte offset, first line number, lines)
+
+
+def line_spans(path: str | os.PathLike[str], every: int) -> list[Span]:
+    """The pieces of `every` lines of a text file, found without decoding it: readers in other
+    processes take one each (text_lines(span=...)) and read the file in parallel."""
+    spans: list[list[int]] = []
+    offset = 0
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f):
+            if n % every == 0:
+                spans.append([offset, n + 1, 0])
+            spans[-1][2] += 1
+            offset += len(raw)
+    return [(a, b, c) for a, b, c in spans]
+
+
 def text_lines(
     path: str | os.PathLike[str],
     encoding_errors: str = "strict",
     on_bytes: Callable[[int], object] | None = None,
     hint: str = "",
+    span: Span | None = None,
 ) -> Iterator[tuple[int, str]]:
     """(1-based line number, line with its ending) of a UTF-8 file ("-": stdin, checked alike);
-    a leading BOM is dropped.
+    a leading BOM is dropped. span: only that piece of the file (line_spans), its line numbers
+    the file's own.
 
     Lines are split on "\\n" only: a stray "\\r", "\\x0b" or U+2028 inside a text stays in
     the text (str.splitlines would split there). A byte that is not UTF-8 is an error naming
@@ -60,8 +80,9 @@ def text_lines(
     with io.BytesIO(sys.stdin.buffer.read()) if stdin else open(path, "rb") as f:
         if b"\x00" in f.read(8192):
             raise DataError(f"{path}: looks like a binary file (NUL bytes), expected UTF-8 text")
-        f.seek(0)
-        for lineno, raw in enumerate(f, start=1):
+        offset, first, count = span or (0, 1, None)
+        f.seek(offset)
+        for lineno, raw in enumerate(itertools.islice(f, count), start=first):
             if on_bytes is not None:
                 on_bytes(len(raw))
             if lineno == 1 and raw.startswith(codecs.BOM_UTF8):
@@ -269,6 +290,7 @@ def read_lines(
     encoding_errors: str = "strict",
     on_bytes: Callable[[int], object] | None = None,
     hint: str = ", or pass encoding_errors='replace' (CLI: --encoding-errors replace)",
+    span: Span | None = None,
 ) -> Iterator[tuple[int, str]]:
     """(line number, text without the line ending) of a UTF-8 file (fileio.text_lines).
 
@@ -276,7 +298,7 @@ def read_lines(
     encoding_errors="replace" (U+FFFD, which the tokenizer drops) or "ignore".
     on_bytes(n) is called with the size of each line read (for progress bars).
     """
-    for lineno, line in text_lines(path, encoding_errors, on_bytes, hint):
+    for lineno, line in text_lines(path, encoding_errors, on_bytes, hint, span):
         yield lineno, line.rstrip("\r\n")
 
 

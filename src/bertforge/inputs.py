@@ -22,7 +22,7 @@ from .data.corpus import detect_format
 from .data.tasks.documents import WikiCounts, read_documents
 from .data.tasks.table import json_object
 from .errors import DataError
-from .fileio import atomic_path, json_text, read_lines
+from .fileio import Span, atomic_path, json_text, read_lines
 from .runner import progress_bar
 
 # Input lines run at a time where their rows are written as they come (JSONL): at most this many,
@@ -48,6 +48,7 @@ def read_inputs(
     keep_tabs: bool = False,
     unasked: Sequence[Input] = (),
     documents: bool = False,
+    span: Span | None = None,
 ) -> list[InputLine]:
     """Inputs of a pipeline command, one per line: JSONL objects with the inputs' fields (file
     ends in .jsonl, in any case), or lines of text (several inputs: tab-separated); "-" reads
@@ -58,14 +59,15 @@ def read_inputs(
     included). unasked: optional inputs whose flag was not given (classify's --pairs): a JSONL
     line with one's field is an error, not a pair read as a single text. documents (a verb
     of one text, Entry.documents): WikiExtractor output, a file or a directory, is read as
-    finetune --task summarize reads it (wiki_inputs)."""
+    finetune --task summarize reads it (wiki_inputs). span: only that piece of the file
+    (fileio.line_spans: embed --ray's workers each read one)."""
     if documents and path != "-" and (Path(path).is_dir() or detect_format(Path(path)) == "wiki"):
         return wiki_inputs(path)
     names = [i.field for i in inputs]
     where = "<stdin>" if path == "-" else path
     jsonl = where.lower().endswith(".jsonl")
     rows: list[InputLine] = []
-    for lineno, line in read_lines(Path(path), hint=""):
+    for lineno, line in read_lines(Path(path), hint="", span=span):
         at = f"{where}: line {lineno}"
         if not line.strip():
             if skip_blank:
