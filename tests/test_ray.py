@@ -146,8 +146,8 @@ def _kill_one(killed: list[int]) -> None:
             title = (Path("/proc") / pid / "cmdline").read_bytes()
         except OSError:
             continue
-        # a worker at work or idle: one still in its creation task (a slow start on a busy
-        # machine) is not restarted by Ray once killed, the job failing as for a bad node
+        # a worker at work or idle, the case these tests are about; one killed in its creation
+        # task is restarted too (test_a_worker_killed_while_it_is_created_is_restarted)
         if b"PipelineWorker" in title and b"__init__" not in title:
             os.kill(int(pid), signal.SIGKILL)
             killed.append(int(pid))
@@ -485,3 +485,40 @@ def test_embed_ray_bad_outputs_and_options_are_one_line(
     argv = ["embed", str(minilm_dir), str(texts), "--out", str(other), "--ray", cluster]
     assert main(argv) == 2 and "a directory of other files" in capsys.readouterr().err
     assert (other / "mine.txt").read_text() == "x"
+
+
+def test_a_worker_killed_while_it_is_created_is_restarted(
+    cluster: str, minilm_dir: Path, tmp_path: Path
+) -> None:
+    """Workers killed in their creation task (before the model is loaded: a slow start on a
+    busy node), twice, are made again, and the job is still exactly once."""
+    from bertforge.distributed import embed_file
+
+    texts = tmp_path / "texts.txt"
+    texts.write_text("".join(t + "\n" for t in TEXTS))
+    killed: list[int] = []
+
+    def kill_in_creation() -> None:
+        deadline = time.time() + 60
+        while time.time() < deadline and len(killed) < 2:
+            for pid in (p.name for p in Path("/proc").iterdir() if p.name.isdigit()):
+                try:
+                    title = (Path("/proc") / pid / "cmdline").read_bytes()
+                except OSError:
+                    continue
+                if b"PipelineWorker.__init__" in title and int(pid) not in killed:
+                    os.kill(int(pid), signal.SIGKILL)
+                    killed.append(int(pid))
+                    break
+            time.sleep(0.01)
+
+    killer = threading.Thread(target=kill_in_creation)
+    killer.start()
+    out = embed_file(minilm_dir, texts, tmp_path / "v", ray=RayOptions(workers=2), **ONE)
+    killer.join()
+    assert len(killed) == 2, "no two workers were seen in their creation"
+    from bertforge.pipelines import Pipeline
+
+    ids, _, got = read_parts(out)
+    assert ids == [str(n) for n in range(1, len(TEXTS) + 1)]
+    np.testing.assert_allclose(got, Pipeline(minilm_dir, precision="fp32").embed(TEXTS), atol=1e-6)
