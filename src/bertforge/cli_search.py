@@ -310,7 +310,7 @@ def cmd_beir(args: argparse.Namespace) -> None:
 
 # -- embed --ray: the embed verb's options for a Ray cluster (cli.args_pipeline adds them)
 
-RAY_CHUNK = 1024  # texts a worker embeds and writes as one Parquet part
+RAY_CHUNK = 1024  # input lines a worker reads, embeds and writes as one Parquet part
 
 
 def args_embed_ray(p: argparse.ArgumentParser) -> None:
@@ -327,7 +327,8 @@ def args_embed_ray(p: argparse.ArgumentParser) -> None:
         "--chunk",
         type=int,
         default=RAY_CHUNK,
-        help=f"with --ray: texts a worker embeds and writes as one Parquet part (default: {RAY_CHUNK})",
+        help=f"with --ray: input lines a worker reads, embeds and writes as one Parquet part "
+        f"(default: {RAY_CHUNK})",
     )
 
 
@@ -353,7 +354,7 @@ def embed_on_ray(args: argparse.Namespace) -> bool:
         return False
     if not args.out or Path(args.out).suffix:
         raise ConfigError(
-            f"--out {args.out}: embed --ray writes a directory of Parquet parts (id, line, "
+            f"--out {args.out}: embed --ray writes a directory of Parquet parts (id, file, line, "
             "vector) and embed.json: give a directory, not a .npy or JSONL file"
         )
     kept = ("device", "precision", "batch_size")
