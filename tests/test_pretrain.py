@@ -823,9 +823,13 @@ def test_a_time_budget_run_gives_back_torch_threads_it_changed(
     from bertforge.cli import main
     from bertforge.train import loop, optim
 
-    class Eager(optim.ThreadChoice):  # one thread always "faster": it switches at once
-        def __init__(self, threads: int) -> None:
-            super().__init__(threads, period=1.0, trial=0.0, margin=0.0)
+    class Eager(optim.ThreadChoice):  # switches to one thread at its first step, however slow
+        def took(self, seconds: float) -> str | None:
+            if self.current == 1:
+                return None
+            self.current = 1
+            self.set_threads(1)
+            return "training on 1 CPU thread (the test's choice)"
 
     monkeypatch.setattr(loop, "ThreadChoice", Eager)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
