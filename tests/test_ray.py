@@ -130,6 +130,19 @@ def test_embed_dataset_is_pipeline_embed(cluster: str, minilm_dir: Path) -> None
     np.testing.assert_allclose(got, want, atol=1e-6)
 
 
+def _ours(pid: int) -> bool:
+    """Whether a process descends from this one (this test's cluster's raylets are its
+    children): another session's Ray workers on the machine are left alone."""
+    while pid > 1:
+        try:
+            pid = int((Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            return False
+        if pid == os.getpid():
+            return True
+    return False
+
+
 def _kill_a_worker_when(begun: Callable[[], bool], killed: list[int]) -> None:
     """SIGKILL one PipelineWorker process once `begun()` (a chunk written, more under way)."""
     deadline = time.time() + 120
@@ -148,7 +161,7 @@ def _kill_one(killed: list[int]) -> None:
             continue
         # a worker at work or idle, the case these tests are about; one killed in its creation
         # task is restarted too (test_a_worker_killed_while_it_is_created_is_restarted)
-        if b"PipelineWorker" in title and b"__init__" not in title:
+        if b"PipelineWorker" in title and b"__init__" not in title and _ours(int(pid)):
             os.kill(int(pid), signal.SIGKILL)
             killed.append(int(pid))
             return
@@ -506,7 +519,8 @@ def test_a_worker_killed_while_it_is_created_is_restarted(
                     title = (Path("/proc") / pid / "cmdline").read_bytes()
                 except OSError:
                     continue
-                if b"PipelineWorker.__init__" in title and int(pid) not in killed:
+                created = b"PipelineWorker.__init__" in title and _ours(int(pid))
+                if created and int(pid) not in killed:
                     os.kill(int(pid), signal.SIGKILL)
                     killed.append(int(pid))
                     break
@@ -522,19 +536,6 @@ def test_a_worker_killed_while_it_is_created_is_restarted(
     ids, _, got = read_parts(out)
     assert ids == [str(n) for n in range(1, len(TEXTS) + 1)]
     np.testing.assert_allclose(got, Pipeline(minilm_dir, precision="fp32").embed(TEXTS), atol=1e-6)
-
-
-def _ours(pid: int) -> bool:
-    """Whether a process descends from this one (this test's cluster's raylets are its
-    children): another session's Ray workers on the machine are left alone."""
-    while pid > 1:
-        try:
-            pid = int((Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            return False
-        if pid == os.getpid():
-            return True
-    return False
 
 
 @contextmanager
