@@ -130,6 +130,19 @@ def test_embed_dataset_is_pipeline_embed(cluster: str, minilm_dir: Path) -> None
     np.testing.assert_allclose(got, want, atol=1e-6)
 
 
+def _ours(pid: int) -> bool:
+    """Whether a process descends from this one (this test's cluster's raylets are its
+    children): another session's Ray workers on the machine are left alone."""
+    while pid > 1:
+        try:
+            pid = int((Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            return False
+        if pid == os.getpid():
+            return True
+    return False
+
+
 def _kill_a_worker_when(begun: Callable[[], bool], killed: list[int]) -> None:
     """SIGKILL one PipelineWorker process once `begun()` (a chunk written, more under way)."""
     deadline = time.time() + 120
@@ -148,7 +161,7 @@ def _kill_one(killed: list[int]) -> None:
             continue
         # a worker at work or idle, the case these tests are about; one killed in its creation
         # task is restarted too (test_a_worker_killed_while_it_is_created_is_restarted)
-        if b"PipelineWorker" in title and b"__init__" not in title:
+        if b"PipelineWorker" in title and b"__init__" not in title and _ours(int(pid)):
             os.kill(int(pid), signal.SIGKILL)
             killed.append(int(pid))
             return
@@ -506,7 +519,8 @@ def test_a_worker_killed_while_it_is_created_is_restarted(
                     title = (Path("/proc") / pid / "cmdline").read_bytes()
                 except OSError:
                     continue
-                if b"PipelineWorker.__init__" in title and int(pid) not in killed:
+                created = b"PipelineWorker.__init__" in title and _ours(int(pid))
+                if created and int(pid) not in killed:
                     os.kill(int(pid), signal.SIGKILL)
                     killed.append(int(pid))
                     break
@@ -522,3 +536,79 @@ def test_a_worker_killed_while_it_is_created_is_restarted(
     ids, _, got = read_parts(out)
     assert ids == [str(n) for n in range(1, len(TEXTS) + 1)]
     np.testing.assert_allclose(got, Pipeline(minilm_dir, precision="fp32").embed(TEXTS), atol=1e-6)
+
+
+@contextmanager
+def every_worker_killed(doing: bytes, seconds: float = 60) -> Iterator[list[int]]:
+    """The block's job with each worker killed as soon as it is seen `doing` (its process title:
+    b"__init__" its creation, b"vectors" a chunk), until the block ends or `seconds` pass: a
+    node where a worker dies every time. The pids killed."""
+    killed: list[int] = []
+    stop = threading.Event()
+
+    def kill() -> None:
+        deadline = time.time() + seconds
+        while not stop.is_set() and time.time() < deadline:
+            for pid in (p.name for p in Path("/proc").iterdir() if p.name.isdigit()):
+                try:
+                    title = (Path("/proc") / pid / "cmdline").read_bytes()
+                except OSError:
+                    continue
+                mine = b"PipelineWorker." + doing in title and _ours(int(pid))
+                if mine and int(pid) not in killed:
+                    os.kill(int(pid), signal.SIGKILL)
+                    killed.append(int(pid))
+            time.sleep(0.01)
+
+    killer = threading.Thread(target=kill)
+    killer.start()
+    try:
+        yield killed
+    finally:
+        stop.set()
+        killer.join()
+
+
+def test_a_chunk_whose_worker_dies_each_time_stops_the_job(
+    cluster: str, minilm_dir: Path, tmp_path: Path
+) -> None:
+    """A chunk that kills its worker every time (a text too big for a node's memory, a crash
+    in a native library) is tried TRIES times, then the job stops with one line naming the
+    lines it held; it was tried forever (max_task_retries=-1), the job never ending."""
+    from bertforge.distributed import TRIES, embed_file
+    from bertforge.errors import UnavailableError
+
+    texts = tmp_path / "texts.txt"
+    texts.write_text("".join(t + "\n" for t in TEXTS))
+    start = time.time()
+    with every_worker_killed(b"vectors") as killed, pytest.raises(UnavailableError) as e:
+        embed_file(minilm_dir, texts, tmp_path / "v", ray=RayOptions(workers=1), **ONE)
+    assert time.time() - start < 55 and len(killed) >= TRIES
+    said = str(e.value)
+    assert "\n" not in said and f"tried {TRIES} times" in said
+    assert f"lines 1-4 of {texts}" in said or f"lines 5-8 of {texts}" in said
+    assert json.loads((tmp_path / "v" / "embed.json").read_text())["finished"] is False
+
+
+def test_a_worker_that_dies_each_time_it_is_created_stops_the_job(
+    cluster: str, minilm_dir: Path, tmp_path: Path
+) -> None:
+    """A worker that dies in its creation every time (a node that cannot start it) is
+    restarted RESTARTS times, then the job stops with one line; it was restarted forever
+    (max_restarts=-1), the job never ending and nothing said."""
+    from bertforge.distributed import RESTARTS
+    from bertforge.errors import UnavailableError
+
+    start = time.time()
+    with every_worker_killed(b"__init__") as killed, pytest.raises(UnavailableError) as e:
+        index_corpus(
+            minilm_dir,
+            write_corpus(tmp_path / "c.jsonl"),
+            tmp_path / "idx",
+            ray=RayOptions(workers=1),
+            **ONE,
+        )
+    assert time.time() - start < 55 and len(killed) == RESTARTS + 1
+    said = str(e.value)
+    assert "\n" not in said and f"restarted {RESTARTS} times" in said
+    assert said.startswith("a Ray worker died while starting or loading its model")

@@ -25,7 +25,9 @@ Exactly once: a worker killed mid-chunk is restarted by Ray and the chunk run ag
 written whole again; a transaction rolled back is done again, the documents a committed one
 wrote found and kept); a driver killed and run again resumes as the one-process build does
 (whole parts kept, documents present with the same text skipped). The vectors are the ones a
-single process gives: the same chunks, the same batches by the pipelines' token budget.
+single process gives: the same chunks, the same batches by the pipelines' token budget. Ray's
+retries are bounded (TRIES, RESTARTS): a chunk that kills its worker every time stops the job
+with one line naming it; run again, the job goes on from what is written.
 """
 
 from __future__ import annotations
@@ -53,6 +55,11 @@ from .search.windows import chunks
 
 RAY_EXTRA = "a Ray cluster needs ray: pip install 'bertforge[ray]'"
 IN_FLIGHT = 2  # chunks queued per worker: its next one is there when it finishes one
+# Ray's retries, bounded: a chunk that kills its worker every time (a text too big for a node's
+# memory, a crash in a native library), or a node where a worker dies as it starts, stops the
+# job with one line (run again, it goes on from what is written) instead of being retried forever
+TRIES = 4  # times a chunk is run (Ray's max_task_retries + 1)
+RESTARTS = 8  # times Ray restarts a worker that died (max_restarts), over the whole job
 NO_BERTFORGE = (
     "the Ray cluster's workers cannot import bertforge: install it on every node, in the Python "
     "the cluster runs (pip install 'bertforge[ray]'), or hand it to them in a runtime_env"
@@ -121,9 +128,10 @@ def cluster(address: str | None = "auto") -> Iterator[Any]:
             ray.shutdown()
 
 
-def _got(ray: Any, refs: Any) -> Any:
+def _got(ray: Any, refs: Any, held: str = "while starting or loading its model") -> Any:
     """ray.get, a worker's failure as one bertforge error: its own (a bad row, a model not on
-    its node), a worker that cannot import bertforge, or one that died for good."""
+    its node), a worker that cannot import bertforge, or one that died for good (Ray's
+    restarts and retries spent; `held`: what it was doing, for the message)."""
     try:
         return ray.get(refs)
     except ray.exceptions.RayTaskError as e:
@@ -136,7 +144,11 @@ def _got(ray: Any, refs: Any) -> Any:
         if "No module named 'bertforge'" in str(e):
             raise ConfigError(NO_BERTFORGE) from None
         said = str(e).strip().splitlines()[0]
-        raise UnavailableError(f"a Ray worker died and was not restarted: {said}") from None
+        raise UnavailableError(
+            f"a Ray worker died {held} and Ray gave up (a chunk is tried {TRIES} times, a worker "
+            f"restarted {RESTARTS} times; a node short of memory, or a crash there?): the job "
+            f"stops; run it again to go on from what is written. Ray said: {said}"
+        ) from None
 
 
 # -- the workers -----------------------------------------------------------------------------------
@@ -243,8 +255,8 @@ def workers(ray: Any, r: RayOptions, record: Mapping[str, Any], o: IndexOptions)
     actor = ray.remote(PipelineWorker).options(
         num_cpus=r.cpus_per_worker,
         num_gpus=r.gpus_per_worker,
-        max_restarts=-1,
-        max_task_retries=-1,
+        max_restarts=RESTARTS,
+        max_task_retries=TRIES - 1,
     )
     pool = [actor.remote(dict(record), pipeline) for _ in range(n)]
     try:
@@ -275,33 +287,34 @@ def _room(ray: Any, r: RayOptions) -> int:
 def run_chunks(
     ray: Any,
     pool: list[Any],
-    jobs: Iterable[tuple[str, tuple, int]],
+    jobs: Iterable[tuple[str, tuple, int, str]],
     total: int,
     progress: bool,
     what: str = "index",
 ) -> list[Any]:
-    """Each job (a worker's method, its arguments, its documents) run by the next free worker,
-    IN_FLIGHT queued per worker (the driver reads ahead no further); their results, in the
-    order they finished. Progress: documents of `total`, their rate and the time left."""
+    """Each job (a worker's method, its arguments, its documents, what they are in words: a
+    worker's death names them) run by the next free worker, IN_FLIGHT queued per worker (the
+    driver reads ahead no further); their results, in the order they finished. Progress:
+    documents of `total`, their rate and the time left."""
     bar = progress_bar(what, total, "doc" if what == "index" else "text") if progress else None
     free = [w for w in pool for _ in range(IN_FLIGHT)]
-    pending: dict[Any, tuple[Any, int]] = {}
+    pending: dict[Any, tuple[Any, int, str]] = {}
     results = []
 
     def take() -> None:
         (ref,), _ = ray.wait(list(pending), num_returns=1)
-        worker, size = pending.pop(ref)
-        results.append(_got(ray, ref))
+        worker, size, held = pending.pop(ref)
+        results.append(_got(ray, ref, held))
         free.append(worker)
         if bar is not None:
             bar.update(size)
 
     try:
-        for method, args, size in jobs:
+        for method, args, size, held in jobs:
             if not free:
                 take()
             worker = free.pop()
-            pending[getattr(worker, method).remote(*args)] = (worker, size)
+            pending[getattr(worker, method).remote(*args)] = (worker, size, held)
         while pending:
             take()
     finally:
@@ -310,6 +323,12 @@ def run_chunks(
         for worker in pool:
             ray.kill(worker)
     return results
+
+
+def _held(docs: list[Any], first: int, corpus: Path | str) -> str:
+    """A chunk of documents in words: its ids and where they are, for a worker's death."""
+    ids = f"ids {docs[0][0]}...{docs[-1][0]}"
+    return f"holding documents {first + 1}-{first + len(docs)} of {corpus} ({ids})"
 
 
 # -- indexing --------------------------------------------------------------------------------------
@@ -405,11 +424,12 @@ def _index(
         build = Index.begin(model, corpus, to, fmt=fmt, count=None if file else count, **options)
         chunk, cut = build.options.chunk, list(build.cut)
 
-        def jobs() -> Iterator[tuple[str, tuple, int]]:
+        def jobs() -> Iterator[tuple[str, tuple, int, str]]:
             first = 0
             docs = ((i, t) for i, t, _ in records())
             for k, part in enumerate(chunks(docs, chunk)):
-                yield "part", (str(build.part(k).resolve()), part, first, cut), len(part)
+                args = (str(build.part(k).resolve()), part, first, cut)
+                yield "part", args, len(part), _held(part, first, corpus)
                 first += len(part)
 
         pool = workers(ray, r, build.settings, build.options)
@@ -435,8 +455,13 @@ def _index_postgres(
     with cluster(r.address) as ray:
         index, total = PgIndex.begin(model, corpus, dsn, table, o, count)
         jobs = (
-            ("rows", (index.db.dsn, table, total, docs), len(docs))
-            for docs in chunks(records(), o.chunk)
+            (
+                "rows",
+                (index.db.dsn, table, total, docs),
+                len(docs),
+                _held(docs, k * o.chunk, corpus),
+            )
+            for k, docs in enumerate(chunks(records(), o.chunk))
         )
         pool = workers(ray, r, index.meta, o)
         done = run_chunks(ray, pool, jobs, total, o.progress)
@@ -605,7 +630,12 @@ def embed_file(
         ]
         several = len(files) > 1  # a text line's id: FILE:LINE, not a line number of many files
         jobs = (
-            ("vectors", (str(part), f, span, {**read, "prefix": f"{f}:" * several}, embed), span[2])
+            (
+                "vectors",
+                (str(part), f, span, {**read, "prefix": f"{f}:" * several}, embed),
+                span[2],
+                f"holding lines {span[1]}-{span[1] + span[2] - 1} of {f}",
+            )
             for part, f, span in left
         )
         o = IndexOptions(device=device, precision=precision, batch_size=batch_size)
