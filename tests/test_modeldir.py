@@ -171,3 +171,25 @@ def test_evaluate_reads_each_file_of_its_model_once(
     assert main(["evaluate", "--model", str(out), "--data", str(train), "--no-progress"]) == 0
     assert "run.json" in counts and "config.json" in counts
     assert read_more_than_once(counts) == {}
+
+
+def test_index_and_search_read_each_file_of_their_model_once(
+    reads: Callable[[Path], collections.Counter[str]], minilm_dir: Path, tmp_path: Path
+) -> None:
+    """The index's record of its model (config.json and weights' sha256) read config.json
+    apart from the pipeline that embedded: twice per command; one ModelDir now reads both."""
+    from bertforge.cli import main
+
+    docs, queries = tmp_path / "docs.txt", tmp_path / "q.txt"
+    docs.write_text("the cat sat\na dog ran\nrain fell all day\n")
+    queries.write_text("a cat\n")
+    out = tmp_path / "idx"
+    counts = reads(minilm_dir)
+    assert (
+        main(["index", str(minilm_dir), str(docs), "--out", str(out), "--precision", "fp32"]) == 0
+    )
+    assert "config.json" in counts and read_more_than_once(counts) == {}
+    counts = reads(minilm_dir)
+    assert main(["search", str(out), str(queries), "--top-k", "1"]) == 0
+    assert "config.json" in counts and read_more_than_once(counts) == {}
+

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from . import embedding
-from .checkpoint import architectures
+from .checkpoint import architectures, model_identity
 from .config import BertConfig
 from .errors import CheckpointError
 from .fileio import read_json, reads_once
@@ -95,6 +95,12 @@ class ModelDir:
             return None
         with self.reading():
             return read_json(self.path / "run.json", CheckpointError)
+
+    @functools.cached_property
+    def identity(self) -> str:
+        """sha256 of config.json and the weights (checkpoint.model_identity): what an index and
+        a summarizer record of their encoder; config.json is read once with the config's."""
+        return self.read(model_identity)
 
     @property
     def is_sentence_transformers(self) -> bool:
