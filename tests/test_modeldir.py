@@ -193,3 +193,49 @@ def test_index_and_search_read_each_file_of_their_model_once(
     assert main(["search", str(out), str(queries), "--top-k", "1"]) == 0
     assert "config.json" in counts and read_more_than_once(counts) == {}
 
+
+def test_finetune_reads_each_file_of_its_model_once(
+    reads: Callable[[Path], collections.Counter[str]], tmp_path: Path, minilm_dir: Path
+) -> None:
+    """`finetune --task retrieval` from a sentence-transformers directory read it piecemeal:
+    the tokenizer, the task's pooling (embedding.settings), the loader and the saved layout
+    each went back to its files; one ModelDir now reads each once."""
+    from bertforge.cli import main
+    from bertforge.embedding import write_layout
+
+    from .conftest import save_tiny
+
+    tiny = save_tiny(tmp_path / "tiny", minilm_dir)
+    write_layout(minilm_dir, tiny, TINY["hidden_size"])
+    rows = [{"query": f"what of topic {i}", "positive": f"topic {i} is told"} for i in range(8)]
+    train = tmp_path / "train.jsonl"
+    train.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    counts = reads(tiny)
+    argv = ["finetune", "--task", "retrieval", "--model", str(tiny), "--train", str(train)]
+    argv += ["--out", str(tmp_path / "out"), "--epochs", "1", "--batch-size", "8"]
+    assert main([*argv, "--no-progress", "--precision", "fp32"]) == 0
+    assert {"config.json", "modules.json"} <= set(counts)
+    assert read_more_than_once(counts) == {}
+
+
+def test_distill_reads_each_file_of_its_teacher_once(
+    reads: Callable[[Path], collections.Counter[str]], tmp_path: Path, minilm_dir: Path
+) -> None:
+    """`distill` read its sentence-transformers teacher piecemeal (the tokenizer, its pooling,
+    the loader, the student's layout each went back to the files); one ModelDir now."""
+    from bertforge.cli import main
+    from bertforge.embedding import write_layout
+
+    from .conftest import save_tiny
+
+    teacher = save_tiny(tmp_path / "teacher", minilm_dir)
+    write_layout(minilm_dir, teacher, TINY["hidden_size"])
+    text = tmp_path / "text.txt"
+    text.write_text("".join(f"sentence number {i} says a few words more\n" for i in range(16)))
+    counts = reads(teacher)
+    argv = ["distill", "--teacher", str(teacher), "--out", str(tmp_path / "student")]
+    argv += ["--data", str(text), "--student-layers", "0", "--steps", "2", "--batch-size", "8"]
+    assert main([*argv, "--no-progress", "--precision", "fp32"]) == 0
+    assert {"config.json", "modules.json"} <= set(counts)
+    assert read_more_than_once(counts) == {}
+

@@ -843,7 +843,7 @@ class Pipeline:
             )
         model = self.model(BertForTokenClassification, "summarizer head", "")
         # rows as long as the model was trained on (its run.json), unless max_length is given
-        options = run_task_options(str(self.path), "summarize", {})
+        options = run_task_options(self.source, "summarize", {})
         rows = min(self.max_length or options.max_seq_length or 512, self.config.max_tokens)
         fam = family(dataclasses.replace(options, max_seq_length=rows), self.tok)
         features = fam.featurize(docs)
