@@ -239,3 +239,18 @@ def test_distill_reads_each_file_of_its_teacher_once(
     assert {"config.json", "modules.json"} <= set(counts)
     assert read_more_than_once(counts) == {}
 
+
+def test_merge_reads_each_file_of_its_models_once(
+    reads: Callable[[Path], collections.Counter[str]], tmp_path: Path, minilm_dir: Path
+) -> None:
+    """`merge` checked each model's config and tokenizer, then averaged and copied: the second
+    model's files are read once each (the first's are copied into the merge besides)."""
+    from bertforge.cli import main
+
+    from .conftest import save_tiny
+
+    a, b = save_tiny(tmp_path / "a", minilm_dir), save_tiny(tmp_path / "b", minilm_dir)
+    counts = reads(b)
+    assert main(["merge", str(a), str(b), "--out", str(tmp_path / "merged")]) == 0
+    assert {"config.json", "vocab.txt"} <= set(counts)
+    assert read_more_than_once(counts) == {}

@@ -37,12 +37,11 @@ import torch
 from safetensors.torch import save_file
 
 from .checkpoint import PRETRAINING_HEADS, counterpart, ignored, is_head, read_tensors
-from .config import CONFIG_FILES, BertConfig
-from .embedding import write_layout
+from .config import CONFIG_FILES
 from .errors import CheckpointError, ConfigError
 from .fileio import inside, write_json
-from .hub import resolve
-from .tokenizer import VOCAB_FILES, Tokenizer
+from .modeldir import ModelDir
+from .tokenizer import VOCAB_FILES
 
 # config.json fields that must agree: the ones that change what the weights compute.
 ARCHITECTURE = (
@@ -83,10 +82,9 @@ def check_weights(weights: Sequence[float] | None, n: int) -> list[float]:
     return [w / total for w in weights]
 
 
-def _check_alike(first: Path, a: BertConfig, ta: Tokenizer, other: Path) -> None:
-    """A CheckpointError unless `other` has the architecture and vocabulary of `first` (its
-    config `a` and tokenizer `ta`, read once for all the others)."""
-    b = BertConfig.from_pretrained(other)
+def _check_alike(first: ModelDir, other: ModelDir) -> None:
+    """A CheckpointError unless `other` has the architecture and vocabulary of `first`."""
+    a, ta, b = first.config, first.tokenizer, other.config
     for name in ARCHITECTURE:
         if getattr(a, name) != getattr(b, name):
             raise CheckpointError(
@@ -98,7 +96,7 @@ def _check_alike(first: Path, a: BertConfig, ta: Tokenizer, other: Path) -> None
             f"{other}: config id2label = {b.id2label}, but {first} has {a.id2label}: only heads "
             "with the same labels in the same order can be merged"
         )
-    tb = Tokenizer.from_pretrained(other)
+    tb = other.tokenizer
     if ta.tokens != tb.tokens or ta.lowercase != tb.lowercase:
         at = next((i for i, (x, y) in enumerate(zip(ta.tokens, tb.tokens)) if x != y), None)
         what = (
@@ -188,7 +186,7 @@ def _extra(first: Path, path: Path, where: dict[str, Path], extra: list[str], ki
 
 
 def merge(
-    models: Sequence[str | os.PathLike[str]],
+    models: Sequence[str | os.PathLike[str] | ModelDir],
     out: str | os.PathLike[str],
     weights: Sequence[float] | None = None,
 ) -> dict[str, Any]:
@@ -201,10 +199,10 @@ def merge(
     out = Path(out)
     if out.is_file() or (out.is_dir() and any(out.iterdir())):
         raise ConfigError(f"--out {out}: already exists and is not empty: merge writes a new one")
-    paths = [resolve(m) for m in models]
-    config, tok = BertConfig.from_pretrained(paths[0]), Tokenizer.from_pretrained(paths[0])
-    for path in paths[1:]:
-        _check_alike(paths[0], config, tok, path)
+    sources = [ModelDir.open(m) for m in models]  # each read once: checked, then averaged
+    paths, config = [s.path for s in sources], sources[0].config
+    for other in sources[1:]:
+        _check_alike(sources[0], other)
     tensors = average(paths, scaled, config.model_type)
     record = {"models": [str(m) for m in models], "weights": scaled}
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -220,7 +218,7 @@ def merge(
                     warnings.warn(f"{f}: a link out of {paths[0]}: not copied", stacklevel=2)
                     continue
                 shutil.copyfile(f, tmp / f.name)
-        write_layout(paths[0], tmp, config.hidden_size)  # sentence-transformers module folders
+        sources[0].write_layout(tmp, config.hidden_size)  # sentence-transformers modules
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         write_json(tmp / "merge.json", record)
         if out.is_dir():
