@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import builtins
 import collections
-import io
 import json
-import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -21,31 +17,7 @@ from bertforge.heads import BertForSequenceClassification
 from bertforge.modeldir import ModelDir
 from bertforge.pipelines import Pipeline
 
-from .conftest import TINY
-
-
-@pytest.fixture
-def reads(monkeypatch: pytest.MonkeyPatch) -> Callable[[Path], collections.Counter[str]]:
-    """reads(directory): a counter, per file of `directory`, of the times it is opened (every
-    Python read goes through io.open; Path.read_bytes and read_text too)."""
-    real = io.open
-
-    def watch(directory: Path) -> collections.Counter[str]:
-        counts: collections.Counter[str] = collections.Counter()
-        root = os.path.abspath(directory) + os.sep
-
-        def counting(file: Any, *args: Any, **kwargs: Any) -> Any:
-            if isinstance(file, (str, os.PathLike)):
-                name = os.path.abspath(os.fspath(file))
-                if name.startswith(root) and "r" in (args[0] if args else kwargs.get("mode", "r")):
-                    counts[name[len(root) :]] += 1
-            return real(file, *args, **kwargs)
-
-        monkeypatch.setattr(io, "open", counting)
-        monkeypatch.setattr(builtins, "open", counting)
-        return counts
-
-    return watch
+from .conftest import TINY, read_more_than_once
 
 
 @pytest.fixture(scope="module")
@@ -57,10 +29,6 @@ def classifier(tmp_path_factory: pytest.TempPathFactory, minilm_dir: Path) -> Pa
     BertForSequenceClassification(config).save_pretrained(out)
     tok.save_pretrained(out)
     return out
-
-
-def read_more_than_once(counts: collections.Counter[str]) -> dict[str, int]:
-    return {name: n for name, n in counts.items() if n > 1}
 
 
 def test_a_pipeline_reads_each_file_of_its_model_once(
@@ -243,14 +211,38 @@ def test_distill_reads_each_file_of_its_teacher_once(
 def test_merge_reads_each_file_of_its_models_once(
     reads: Callable[[Path], collections.Counter[str]], tmp_path: Path, minilm_dir: Path
 ) -> None:
-    """`merge` checked each model's config and tokenizer, then averaged and copied: the second
-    model's files are read once each (the first's are copied into the merge besides)."""
+    """`merge` checked each model's config and tokenizer, then averaged and copied the first's
+    files and sentence-transformers modules: config.json, vocab.txt and the modules' files of
+    the first model were read two or three times; each file of either model once now."""
     from bertforge.cli import main
+    from bertforge.embedding import write_layout
 
     from .conftest import save_tiny
 
     a, b = save_tiny(tmp_path / "a", minilm_dir), save_tiny(tmp_path / "b", minilm_dir)
-    counts = reads(b)
+    write_layout(minilm_dir, a, TINY["hidden_size"])
+    counts = reads(tmp_path)
     assert main(["merge", str(a), str(b), "--out", str(tmp_path / "merged")]) == 0
-    assert {"config.json", "vocab.txt"} <= set(counts)
+    assert {"a/config.json", "a/modules.json", "b/config.json", "b/vocab.txt"} <= set(counts)
+    assert read_more_than_once(counts) == {}
+    assert (tmp_path / "merged" / "1_Pooling" / "config.json").is_file()
+
+
+def test_distill_reads_each_file_of_its_student_once(
+    reads: Callable[[Path], collections.Counter[str]], tmp_path: Path, tiny_model: Path
+) -> None:
+    """`distill --student DIR` opens that directory as a ModelDir too: teacher and student
+    (copies of one model here, counted apart) each read once."""
+    from bertforge.cli import main
+
+    models = tmp_path / "models"
+    shutil.copytree(tiny_model, models / "teacher")
+    shutil.copytree(tiny_model, models / "student")
+    text = tmp_path / "text.txt"
+    text.write_text("".join(f"sentence number {i} says a few words more\n" for i in range(16)))
+    counts = reads(models)
+    argv = ["distill", "--teacher", str(models / "teacher"), "--out", str(tmp_path / "out")]
+    argv += ["--student", str(models / "student"), "--data", str(text), "--steps", "1"]
+    assert main([*argv, "--batch-size", "8", "--no-progress", "--precision", "fp32"]) == 0
+    assert {"teacher/config.json", "student/config.json", "student/vocab.txt"} <= set(counts)
     assert read_more_than_once(counts) == {}

@@ -21,6 +21,7 @@ import itertools
 import json
 import math
 import os
+import shutil
 import sys
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -271,6 +272,17 @@ def read_bytes(path: str | os.PathLike[str]) -> bytes:
     if key not in block[1]:
         block[1][key] = Path(path).read_bytes()
     return block[1][key]
+
+
+def copy_file(source: str | os.PathLike[str], target: str | os.PathLike[str]) -> None:
+    """Copy `source` to `target`: from the reads_once block's bytes when it has read the file
+    already (a model's config copied into a new model is not read twice), else from disk."""
+    block = _READ_ONCE.get()
+    kept = block[1].get(os.path.abspath(source)) if block is not None else None
+    if kept is None:
+        shutil.copyfile(source, target)
+    else:
+        Path(target).write_bytes(kept)
 
 
 def read_json(

@@ -39,7 +39,7 @@ from safetensors.torch import save_file
 from .checkpoint import PRETRAINING_HEADS, counterpart, ignored, is_head, read_tensors
 from .config import CONFIG_FILES
 from .errors import CheckpointError, ConfigError
-from .fileio import inside, write_json
+from .fileio import copy_file, inside, write_json
 from .modeldir import ModelDir
 from .tokenizer import VOCAB_FILES
 
@@ -212,13 +212,7 @@ def merge(
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"  # renamed to out when complete
     tmp.mkdir()
     try:
-        for f in sorted(paths[0].iterdir()):
-            if f.is_file() and f.name not in _RECORDS and not _weights_file(f.name):
-                if _leads_out(paths[0], f):
-                    warnings.warn(f"{f}: a link out of {paths[0]}: not copied", stacklevel=2)
-                    continue
-                shutil.copyfile(f, tmp / f.name)
-        sources[0].write_layout(tmp, config.hidden_size)  # sentence-transformers modules
+        _copy_files(sources[0], tmp, config.hidden_size)
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         write_json(tmp / "merge.json", record)
         if out.is_dir():
@@ -228,6 +222,20 @@ def merge(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return record
+
+
+def _copy_files(first: ModelDir, out: Path, width: int) -> None:
+    """The first model's files but its weights and training records, and its
+    sentence-transformers module folders, into `out`; what the checks read is not read again."""
+    _ = first.embedding  # its modules' files read (and kept) before they are copied
+    with first.reading():
+        for f in sorted(first.path.iterdir()):
+            if f.is_file() and f.name not in _RECORDS and not _weights_file(f.name):
+                if _leads_out(first.path, f):
+                    warnings.warn(f"{f}: a link out of {first}: not copied", stacklevel=3)
+                    continue
+                copy_file(f, out / f.name)
+    first.write_layout(out, width)
 
 
 def _leads_out(directory: Path, f: Path) -> bool:

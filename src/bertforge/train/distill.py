@@ -67,7 +67,6 @@ from ..data.corpus import expand_inputs, read_corpus
 from ..data.tasks import TASK_NAMES
 from ..errors import CheckpointError, ConfigError, DataError
 from ..fileio import ENCODING_ERRORS
-from ..hub import resolve
 from ..model import BertModel, init_bert_weights, set_dropout
 from ..modeldir import ModelDir
 from ..options import option
@@ -366,7 +365,9 @@ def make_trainee(cfg: DistillConfig, teacher: nn.Module, **head_kwargs: Any) -> 
     elif cfg.student_size:
         student = fresh_student(teacher, cfg.student_size)
     else:
-        student = load_with_fresh(type(teacher), resolve(str(cfg.model)), **head_kwargs)[0]
+        start = ModelDir.open(str(cfg.model))
+        with start.reading():
+            student = load_with_fresh(type(teacher), start.path, **head_kwargs)[0]
         if student.config.vocab_size != teacher.config.vocab_size:
             raise ConfigError(
                 f"--student {cfg.model}: vocabulary of {student.config.vocab_size:,} pieces, "
