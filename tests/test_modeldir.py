@@ -152,14 +152,15 @@ def test_index_and_search_read_each_file_of_their_model_once(
     docs.write_text("the cat sat\na dog ran\nrain fell all day\n")
     queries.write_text("a cat\n")
     out = tmp_path / "idx"
+    hashed = {"model.safetensors": 2}  # its sha256 (the identity), then its tensors loaded
     counts = reads(minilm_dir)
     assert (
         main(["index", str(minilm_dir), str(docs), "--out", str(out), "--precision", "fp32"]) == 0
     )
-    assert "config.json" in counts and read_more_than_once(counts) == {}
+    assert "config.json" in counts and read_more_than_once(counts) == hashed
     counts = reads(minilm_dir)
     assert main(["search", str(out), str(queries), "--top-k", "1"]) == 0
-    assert "config.json" in counts and read_more_than_once(counts) == {}
+    assert "config.json" in counts and read_more_than_once(counts) == hashed
 
 
 def test_finetune_reads_each_file_of_its_model_once(
@@ -224,6 +225,7 @@ def test_merge_reads_each_file_of_its_models_once(
     counts = reads(tmp_path)
     assert main(["merge", str(a), str(b), "--out", str(tmp_path / "merged")]) == 0
     assert {"a/config.json", "a/modules.json", "b/config.json", "b/vocab.txt"} <= set(counts)
+    assert {"a/model.safetensors", "b/model.safetensors"} <= set(counts)
     assert read_more_than_once(counts) == {}
     assert (tmp_path / "merged" / "1_Pooling" / "config.json").is_file()
 
@@ -245,4 +247,5 @@ def test_distill_reads_each_file_of_its_student_once(
     argv += ["--student", str(models / "student"), "--data", str(text), "--steps", "1"]
     assert main([*argv, "--batch-size", "8", "--no-progress", "--precision", "fp32"]) == 0
     assert {"teacher/config.json", "student/config.json", "student/vocab.txt"} <= set(counts)
+    assert {"teacher/model.safetensors", "student/model.safetensors"} <= set(counts)
     assert read_more_than_once(counts) == {}
