@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import builtins
+import collections
+import io
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -107,3 +111,43 @@ def postgres_dsn() -> Any:
 
     with running() as server:
         yield server.get_uri()
+
+
+@pytest.fixture
+def reads(monkeypatch: pytest.MonkeyPatch) -> Callable[[Path], collections.Counter[str]]:
+    """reads(directory): a counter, per file of `directory`, of the times it is opened (every
+    Python read goes through io.open; Path.read_bytes and read_text too) or its tensors are
+    loaded (safetensors are read by Rust: counted at checkpoint.read_safetensors)."""
+    from bertforge import checkpoint
+
+    real, real_tensors = io.open, checkpoint.read_safetensors
+
+    def watch(directory: Path) -> collections.Counter[str]:
+        counts: collections.Counter[str] = collections.Counter()
+        root = os.path.abspath(directory) + os.sep
+
+        def note(file: Any) -> None:
+            if isinstance(file, (str, os.PathLike)):
+                name = os.path.abspath(os.fspath(file))
+                if name.startswith(root):
+                    counts[name[len(root) :]] += 1
+
+        def counting(file: Any, *args: Any, **kwargs: Any) -> Any:
+            if "r" in (args[0] if args else kwargs.get("mode", "r")):
+                note(file)
+            return real(file, *args, **kwargs)
+
+        def tensors(path: Path) -> Any:
+            note(path)
+            return real_tensors(path)
+
+        monkeypatch.setattr(io, "open", counting)
+        monkeypatch.setattr(builtins, "open", counting)
+        monkeypatch.setattr(checkpoint, "read_safetensors", tensors)
+        return counts
+
+    return watch
+
+
+def read_more_than_once(counts: collections.Counter[str]) -> dict[str, int]:
+    return {name: n for name, n in counts.items() if n > 1}

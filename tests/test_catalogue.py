@@ -14,6 +14,7 @@ import pytest
 from bertforge.catalogue import ENTRIES, available, head_labels, inspect
 from bertforge.cli import build_parser, cmd_pipeline, main
 from bertforge.pipelines import Pipeline
+from tests.conftest import read_more_than_once
 
 pytest.importorskip("fastapi")
 pytest.importorskip("httpx")
@@ -135,3 +136,15 @@ def test_googles_layout_has_no_head_and_every_front_door_says_so(
         Pipeline(google, precision="fp32").rerank("q", ["a document"])
     result = export_onnx(google, tmp_path / "model.onnx")
     assert result["architecture"] == "BertModel" and result["max_abs_diff"]
+
+
+def test_info_reads_each_file_of_its_model_once(reads, minilm_dir: Path, capsys) -> None:
+    """`info` read the vocabulary apart from the directory it inspected (tokenizer.json and
+    tokenizer_config.json twice: once for the report, once for its text); once now."""
+    counts = reads(minilm_dir)
+    assert main(["info", str(minilm_dir)]) == 0
+    assert "30,522 tokens, uncased" in capsys.readouterr().out
+    assert {"config.json", "tokenizer.json"} <= set(counts)
+    assert read_more_than_once(counts) == {}
+    info = inspect(minilm_dir)
+    assert info.vocabulary() == {"size": 30522, "cased": False} and info.source is not None

@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import builtins
 import collections
-import io
 import json
-import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -21,31 +17,7 @@ from bertforge.heads import BertForSequenceClassification
 from bertforge.modeldir import ModelDir
 from bertforge.pipelines import Pipeline
 
-from .conftest import TINY
-
-
-@pytest.fixture
-def reads(monkeypatch: pytest.MonkeyPatch) -> Callable[[Path], collections.Counter[str]]:
-    """reads(directory): a counter, per file of `directory`, of the times it is opened (every
-    Python read goes through io.open; Path.read_bytes and read_text too)."""
-    real = io.open
-
-    def watch(directory: Path) -> collections.Counter[str]:
-        counts: collections.Counter[str] = collections.Counter()
-        root = os.path.abspath(directory) + os.sep
-
-        def counting(file: Any, *args: Any, **kwargs: Any) -> Any:
-            if isinstance(file, (str, os.PathLike)):
-                name = os.path.abspath(os.fspath(file))
-                if name.startswith(root) and "r" in (args[0] if args else kwargs.get("mode", "r")):
-                    counts[name[len(root) :]] += 1
-            return real(file, *args, **kwargs)
-
-        monkeypatch.setattr(io, "open", counting)
-        monkeypatch.setattr(builtins, "open", counting)
-        return counts
-
-    return watch
+from .conftest import TINY, read_more_than_once
 
 
 @pytest.fixture(scope="module")
@@ -57,10 +29,6 @@ def classifier(tmp_path_factory: pytest.TempPathFactory, minilm_dir: Path) -> Pa
     BertForSequenceClassification(config).save_pretrained(out)
     tok.save_pretrained(out)
     return out
-
-
-def read_more_than_once(counts: collections.Counter[str]) -> dict[str, int]:
-    return {name: n for name, n in counts.items() if n > 1}
 
 
 def test_a_pipeline_reads_each_file_of_its_model_once(
@@ -170,4 +138,114 @@ def test_evaluate_reads_each_file_of_its_model_once(
     counts = reads(out)
     assert main(["evaluate", "--model", str(out), "--data", str(train), "--no-progress"]) == 0
     assert "run.json" in counts and "config.json" in counts
+    assert read_more_than_once(counts) == {}
+
+
+def test_index_and_search_read_each_file_of_their_model_once(
+    reads: Callable[[Path], collections.Counter[str]], minilm_dir: Path, tmp_path: Path
+) -> None:
+    """The index's record of its model (config.json and weights' sha256) read config.json
+    apart from the pipeline that embedded: twice per command; one ModelDir now reads both."""
+    from bertforge.cli import main
+
+    docs, queries = tmp_path / "docs.txt", tmp_path / "q.txt"
+    docs.write_text("the cat sat\na dog ran\nrain fell all day\n")
+    queries.write_text("a cat\n")
+    out = tmp_path / "idx"
+    hashed = {"model.safetensors": 2}  # its sha256 (the identity), then its tensors loaded
+    counts = reads(minilm_dir)
+    assert (
+        main(["index", str(minilm_dir), str(docs), "--out", str(out), "--precision", "fp32"]) == 0
+    )
+    assert "config.json" in counts and read_more_than_once(counts) == hashed
+    counts = reads(minilm_dir)
+    assert main(["search", str(out), str(queries), "--top-k", "1"]) == 0
+    assert "config.json" in counts and read_more_than_once(counts) == hashed
+
+
+def test_finetune_reads_each_file_of_its_model_once(
+    reads: Callable[[Path], collections.Counter[str]], tmp_path: Path, minilm_dir: Path
+) -> None:
+    """`finetune --task retrieval` from a sentence-transformers directory read it piecemeal:
+    the tokenizer, the task's pooling (embedding.settings), the loader and the saved layout
+    each went back to its files; one ModelDir now reads each once."""
+    from bertforge.cli import main
+    from bertforge.embedding import write_layout
+
+    from .conftest import save_tiny
+
+    tiny = save_tiny(tmp_path / "tiny", minilm_dir)
+    write_layout(minilm_dir, tiny, TINY["hidden_size"])
+    rows = [{"query": f"what of topic {i}", "positive": f"topic {i} is told"} for i in range(8)]
+    train = tmp_path / "train.jsonl"
+    train.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    counts = reads(tiny)
+    argv = ["finetune", "--task", "retrieval", "--model", str(tiny), "--train", str(train)]
+    argv += ["--out", str(tmp_path / "out"), "--epochs", "1", "--batch-size", "8"]
+    assert main([*argv, "--no-progress", "--precision", "fp32"]) == 0
+    assert {"config.json", "modules.json"} <= set(counts)
+    assert read_more_than_once(counts) == {}
+
+
+def test_distill_reads_each_file_of_its_teacher_once(
+    reads: Callable[[Path], collections.Counter[str]], tmp_path: Path, minilm_dir: Path
+) -> None:
+    """`distill` read its sentence-transformers teacher piecemeal (the tokenizer, its pooling,
+    the loader, the student's layout each went back to the files); one ModelDir now."""
+    from bertforge.cli import main
+    from bertforge.embedding import write_layout
+
+    from .conftest import save_tiny
+
+    teacher = save_tiny(tmp_path / "teacher", minilm_dir)
+    write_layout(minilm_dir, teacher, TINY["hidden_size"])
+    text = tmp_path / "text.txt"
+    text.write_text("".join(f"sentence number {i} says a few words more\n" for i in range(16)))
+    counts = reads(teacher)
+    argv = ["distill", "--teacher", str(teacher), "--out", str(tmp_path / "student")]
+    argv += ["--data", str(text), "--student-layers", "0", "--steps", "2", "--batch-size", "8"]
+    assert main([*argv, "--no-progress", "--precision", "fp32"]) == 0
+    assert {"config.json", "modules.json"} <= set(counts)
+    assert read_more_than_once(counts) == {}
+
+
+def test_merge_reads_each_file_of_its_models_once(
+    reads: Callable[[Path], collections.Counter[str]], tmp_path: Path, minilm_dir: Path
+) -> None:
+    """`merge` checked each model's config and tokenizer, then averaged and copied the first's
+    files and sentence-transformers modules: config.json, vocab.txt and the modules' files of
+    the first model were read two or three times; each file of either model once now."""
+    from bertforge.cli import main
+    from bertforge.embedding import write_layout
+
+    from .conftest import save_tiny
+
+    a, b = save_tiny(tmp_path / "a", minilm_dir), save_tiny(tmp_path / "b", minilm_dir)
+    write_layout(minilm_dir, a, TINY["hidden_size"])
+    counts = reads(tmp_path)
+    assert main(["merge", str(a), str(b), "--out", str(tmp_path / "merged")]) == 0
+    assert {"a/config.json", "a/modules.json", "b/config.json", "b/vocab.txt"} <= set(counts)
+    assert {"a/model.safetensors", "b/model.safetensors"} <= set(counts)
+    assert read_more_than_once(counts) == {}
+    assert (tmp_path / "merged" / "1_Pooling" / "config.json").is_file()
+
+
+def test_distill_reads_each_file_of_its_student_once(
+    reads: Callable[[Path], collections.Counter[str]], tmp_path: Path, tiny_model: Path
+) -> None:
+    """`distill --student DIR` opens that directory as a ModelDir too: teacher and student
+    (copies of one model here, counted apart) each read once."""
+    from bertforge.cli import main
+
+    models = tmp_path / "models"
+    shutil.copytree(tiny_model, models / "teacher")
+    shutil.copytree(tiny_model, models / "student")
+    text = tmp_path / "text.txt"
+    text.write_text("".join(f"sentence number {i} says a few words more\n" for i in range(16)))
+    counts = reads(models)
+    argv = ["distill", "--teacher", str(models / "teacher"), "--out", str(tmp_path / "out")]
+    argv += ["--student", str(models / "student"), "--data", str(text), "--steps", "1"]
+    assert main([*argv, "--batch-size", "8", "--no-progress", "--precision", "fp32"]) == 0
+    assert {"teacher/config.json", "student/config.json", "student/vocab.txt"} <= set(counts)
+    assert {"teacher/model.safetensors", "student/model.safetensors"} <= set(counts)
     assert read_more_than_once(counts) == {}

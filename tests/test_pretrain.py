@@ -24,6 +24,7 @@ from bertforge import BertConfig, BertForPreTraining, Tokenizer
 from bertforge.data.shards import prepare
 from bertforge.train.checkpoints import checkpoint_dirs
 from bertforge.train.optim import Lamb, lr_factor, param_groups
+from tests.conftest import read_more_than_once
 from tests.test_shards import write_corpus
 
 
@@ -845,3 +846,22 @@ def test_a_time_budget_run_gives_back_torch_threads_it_changed(
         assert "CPU thread" not in capsys.readouterr().out
     finally:
         torch.set_num_threads(threads)
+
+
+def test_pretrain_init_reads_each_file_of_its_model_once(
+    reads: Any, data: Path, tiny_model: Path, tmp_path: Path
+) -> None:
+    """--init's tokenizer (checked against the data's), its config and its weights were each
+    read apart (config.json three times, the vocabulary twice); one ModelDir reads each once."""
+    from bertforge.train.pretrain import PretrainConfig
+    from bertforge.train.pretrain import run as pretrain
+
+    init = tmp_path / "init"
+    shutil.copytree(tiny_model, init)
+    counts = reads(init)
+    small = {"batch_size": 4, "max_seq_length": 32, "eval_every": 0, "progress": False}
+    cfg = PretrainConfig(data=str(data), out=str(tmp_path / "run"), init=str(init), **small)
+    cfg.steps, cfg.precision = 1, "fp32"
+    assert pretrain(cfg)["step"] == 1
+    assert {"config.json", "vocab.txt"} <= set(counts)
+    assert read_more_than_once(counts) == {}

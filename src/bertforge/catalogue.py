@@ -359,6 +359,8 @@ class CheckpointInfo:
     heads: list[str]
     weights_files: list[Path]
     pipelines: list[str]  # the pipelines of this table its architecture serves
+    # the directory as inspect opened it: its vocabulary read from there, not again
+    source: ModelDir | None = field(default=None, repr=False, compare=False)
 
     def vocabulary(self) -> dict[str, Any] | None:
         """The directory's vocabulary: its size and whether it is cased (None: it has none)."""
@@ -366,7 +368,7 @@ class CheckpointInfo:
 
         if not Tokenizer.exists(self.directory):
             return None
-        tok = Tokenizer.from_pretrained(self.directory)
+        tok = (self.source or ModelDir.open(self.directory)).tokenizer
         return {"size": tok.vocab_size, "cased": not tok.lowercase}
 
     def report(self) -> dict[str, Any]:
@@ -428,4 +430,5 @@ def inspect(path: str | os.PathLike[str]) -> CheckpointInfo:
         heads=["pooler"] * pooler + head_labels(list(params)),
         weights_files=weights_files(directory),
         pipelines=[e.name for e in available(source.architectures, config.num_labels)],
+        source=source,
     )

@@ -58,9 +58,9 @@ def _say(step: str) -> None:
     print(f"\n== {step}", flush=True)
 
 
-def _show_fill_mask(model_dir: Path) -> list[str]:
+def _show_fill_mask(pipe: Pipeline) -> list[str]:
     tops = []
-    for text, masks in zip(PROBES, Pipeline(model_dir, precision="fp32").fill_mask(PROBES, 5)):
+    for text, masks in zip(PROBES, pipe.fill_mask(PROBES, 5)):
         guesses = ", ".join(f"{c['token']} {c['score']:.2f}" for c in masks[0])
         print(f"  {text:<52} {guesses}")
         tops.append(masks[0][0]["token"])
@@ -115,10 +115,10 @@ def masked_sentences(
     return out
 
 
-def top5_hits(model_dir: Path, masked: list[tuple[str, str]], show: int = 4) -> tuple[int, int]:
+def top5_hits(pipe: Pipeline, masked: list[tuple[str, str]], show: int = 4) -> tuple[int, int]:
     """(how many of the masked held-out sentences have their word among the model's top 5, how
     many distinct top guesses the model made over them); the first `show` shown."""
-    guesses = Pipeline(model_dir, precision="fp32").fill_mask([t for t, _ in masked], 5)
+    guesses = pipe.fill_mask([t for t, _ in masked], 5)
     hits = [word in [c["token"] for c in g[0]] for (_, word), g in zip(masked, guesses)]
     for (text, word), g, hit in list(zip(masked, guesses, hits))[:show]:
         short = text if len(text) <= 60 else text[:57] + "..."
@@ -333,8 +333,9 @@ def _before_pretraining(
     tok.save_pretrained(untrained)
     acc_before = heldout_scores(recipe, model)["mlm_acc"]
     print(f"held-out masked-LM accuracy {acc_before:.1%}; it guesses:")
-    before = _show_fill_mask(untrained)
-    top5_before = top5_hits(untrained, masked, show=0)
+    pipe = Pipeline(untrained, precision="fp32")  # one model for both
+    before = _show_fill_mask(pipe)
+    top5_before = top5_hits(pipe, masked, show=0)
     return acc_before, before, top5_before
 
 
@@ -360,15 +361,15 @@ def _after_pretraining(
     the probes' top guesses, and the top-5 share on the masked held-out sentences."""
     from .train.pretrain import heldout_scores
 
-    run_dir = Path(recipe.out)
-    acc_after = heldout_scores(recipe, BertForMaskedLM.from_pretrained(run_dir))["mlm_acc"]
+    pipe = Pipeline(recipe.out, precision="fp32")  # its weights loaded once for all three
+    acc_after = heldout_scores(recipe, pipe.model_for("fill-mask"))["mlm_acc"]
     print(f"held-out masked-LM accuracy {acc_before:.1%} -> {acc_after:.1%}; now it guesses:")
-    after = _show_fill_mask(run_dir)
+    after = _show_fill_mask(pipe)
     print(
         "held-out sentences, each with a word masked that the corpus uses often "
         "(+: the word is among the top 5 guesses):"
     )
-    top5 = top5_hits(run_dir, masked, show=len(masked))
+    top5 = top5_hits(pipe, masked, show=len(masked))
     print(
         f"the masked word is among the top 5 in {top5[0]} of {len(masked)} held-out sentences, "
         f"with {top5[1]} different first guesses (before pre-training: {top5_before[0]} of "

@@ -21,6 +21,7 @@ import itertools
 import json
 import math
 import os
+import shutil
 import sys
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -196,9 +197,18 @@ def files_sha256(files: Sequence[str | os.PathLike[str]], names: bool = False) -
     """sha256 over the files' bytes, read 1 MB at a time; with `names`, each file's name and a
     NUL byte before its bytes (what an index records of its model and its own files)."""
     h = hashlib.sha256()
+    kept = _READ_ONCE.get()
     for f in map(Path, files):
         if names:
             h.update(f.name.encode() + b"\0")
+        # a small file of a reads_once block (a config) is kept for its readers; weights are not
+        if (
+            kept is not None
+            and os.path.abspath(f).startswith(kept[0])
+            and f.stat().st_size <= 1 << 20
+        ):
+            h.update(read_bytes(f))
+            continue
         with open(f, "rb") as stream:
             while block := stream.read(1 << 20):
                 h.update(block)
@@ -262,6 +272,17 @@ def read_bytes(path: str | os.PathLike[str]) -> bytes:
     if key not in block[1]:
         block[1][key] = Path(path).read_bytes()
     return block[1][key]
+
+
+def copy_file(source: str | os.PathLike[str], target: str | os.PathLike[str]) -> None:
+    """Copy `source` to `target`: from the reads_once block's bytes when it has read the file
+    already (a model's config copied into a new model is not read twice), else from disk."""
+    block = _READ_ONCE.get()
+    kept = block[1].get(os.path.abspath(source)) if block is not None else None
+    if kept is None:
+        shutil.copyfile(source, target)
+    else:
+        Path(target).write_bytes(kept)
 
 
 def read_json(

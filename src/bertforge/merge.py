@@ -37,12 +37,11 @@ import torch
 from safetensors.torch import save_file
 
 from .checkpoint import PRETRAINING_HEADS, counterpart, ignored, is_head, read_tensors
-from .config import CONFIG_FILES, BertConfig
-from .embedding import write_layout
+from .config import CONFIG_FILES
 from .errors import CheckpointError, ConfigError
-from .fileio import inside, write_json
-from .hub import resolve
-from .tokenizer import VOCAB_FILES, Tokenizer
+from .fileio import copy_file, inside, write_json
+from .modeldir import ModelDir
+from .tokenizer import VOCAB_FILES
 
 # config.json fields that must agree: the ones that change what the weights compute.
 ARCHITECTURE = (
@@ -83,10 +82,9 @@ def check_weights(weights: Sequence[float] | None, n: int) -> list[float]:
     return [w / total for w in weights]
 
 
-def _check_alike(first: Path, a: BertConfig, ta: Tokenizer, other: Path) -> None:
-    """A CheckpointError unless `other` has the architecture and vocabulary of `first` (its
-    config `a` and tokenizer `ta`, read once for all the others)."""
-    b = BertConfig.from_pretrained(other)
+def _check_alike(first: ModelDir, other: ModelDir) -> None:
+    """A CheckpointError unless `other` has the architecture and vocabulary of `first`."""
+    a, ta, b = first.config, first.tokenizer, other.config
     for name in ARCHITECTURE:
         if getattr(a, name) != getattr(b, name):
             raise CheckpointError(
@@ -98,7 +96,7 @@ def _check_alike(first: Path, a: BertConfig, ta: Tokenizer, other: Path) -> None
             f"{other}: config id2label = {b.id2label}, but {first} has {a.id2label}: only heads "
             "with the same labels in the same order can be merged"
         )
-    tb = Tokenizer.from_pretrained(other)
+    tb = other.tokenizer
     if ta.tokens != tb.tokens or ta.lowercase != tb.lowercase:
         at = next((i for i, (x, y) in enumerate(zip(ta.tokens, tb.tokens)) if x != y), None)
         what = (
@@ -188,7 +186,7 @@ def _extra(first: Path, path: Path, where: dict[str, Path], extra: list[str], ki
 
 
 def merge(
-    models: Sequence[str | os.PathLike[str]],
+    models: Sequence[str | os.PathLike[str] | ModelDir],
     out: str | os.PathLike[str],
     weights: Sequence[float] | None = None,
 ) -> dict[str, Any]:
@@ -201,10 +199,10 @@ def merge(
     out = Path(out)
     if out.is_file() or (out.is_dir() and any(out.iterdir())):
         raise ConfigError(f"--out {out}: already exists and is not empty: merge writes a new one")
-    paths = [resolve(m) for m in models]
-    config, tok = BertConfig.from_pretrained(paths[0]), Tokenizer.from_pretrained(paths[0])
-    for path in paths[1:]:
-        _check_alike(paths[0], config, tok, path)
+    sources = [ModelDir.open(m) for m in models]  # each read once: checked, then averaged
+    paths, config = [s.path for s in sources], sources[0].config
+    for other in sources[1:]:
+        _check_alike(sources[0], other)
     tensors = average(paths, scaled, config.model_type)
     record = {"models": [str(m) for m in models], "weights": scaled}
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -214,13 +212,7 @@ def merge(
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"  # renamed to out when complete
     tmp.mkdir()
     try:
-        for f in sorted(paths[0].iterdir()):
-            if f.is_file() and f.name not in _RECORDS and not _weights_file(f.name):
-                if _leads_out(paths[0], f):
-                    warnings.warn(f"{f}: a link out of {paths[0]}: not copied", stacklevel=2)
-                    continue
-                shutil.copyfile(f, tmp / f.name)
-        write_layout(paths[0], tmp, config.hidden_size)  # sentence-transformers module folders
+        _copy_files(sources[0], tmp, config.hidden_size)
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         write_json(tmp / "merge.json", record)
         if out.is_dir():
@@ -230,6 +222,20 @@ def merge(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return record
+
+
+def _copy_files(first: ModelDir, out: Path, width: int) -> None:
+    """The first model's files but its weights and training records, and its
+    sentence-transformers module folders, into `out`; what the checks read is not read again."""
+    _ = first.embedding  # its modules' files read (and kept) before they are copied
+    with first.reading():
+        for f in sorted(first.path.iterdir()):
+            if f.is_file() and f.name not in _RECORDS and not _weights_file(f.name):
+                if _leads_out(first.path, f):
+                    warnings.warn(f"{f}: a link out of {first}: not copied", stacklevel=3)
+                    continue
+                copy_file(f, out / f.name)
+    first.write_layout(out, width)
 
 
 def _leads_out(directory: Path, f: Path) -> bool:

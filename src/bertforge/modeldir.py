@@ -5,13 +5,17 @@ what it holds is read when first asked for and kept: `config` (config.json, its 
 by model_type once), `tokenizer` (tokenizer.json or vocab.txt, tokenizer_config.json,
 special_tokens_map.json, added tokens), `embedding` (the sentence-transformers modules, pooling,
 prompts and max_seq_length), `architectures`, `run` (run.json: the options a fine-tuned model was
-trained with); the weights are loaded inside `reading()` too. The readers are the project's own
-(BertConfig.from_pretrained, Tokenizer.from_pretrained, embedding.settings, checkpoint's
-loaders); they run inside `reading()`, where every file of the directory is read from disk once
-however many readers ask for it (fileio.reads_once): before, a pipeline that embedded read
-tokenizer.json and tokenizer_config.json three times, vocab.txt and config.json twice.
-Functions that take a model accept a path or a ModelDir (`ModelDir.open` returns a ModelDir
-unchanged)."""
+trained with), `identity` (the sha256 of config.json and the weights an index records); the
+weights are loaded inside `reading()` too, and `write_layout` copies the sentence-transformers
+modules into a model saved from this one (finetune, distill, merge) from the files already read.
+Who opens one: Pipeline (and so serve, search, export, attention, probe), evaluate, predict,
+finetune, distill, merge, an index's query pipeline; a task family is handed it (set_model).
+The readers are the project's own (BertConfig.from_pretrained, Tokenizer.from_pretrained,
+embedding.settings, checkpoint's loaders); they run inside `reading()`, where every file of
+the directory is read from disk once however many readers ask for it (fileio.reads_once):
+before, a pipeline that embedded read tokenizer.json and tokenizer_config.json three times,
+vocab.txt and config.json twice. Functions that take a model accept a path or a ModelDir
+(`ModelDir.open` returns a ModelDir unchanged)."""
 
 from __future__ import annotations
 
@@ -23,7 +27,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from . import embedding
-from .checkpoint import architectures
+from .checkpoint import architectures, model_identity
 from .config import BertConfig
 from .errors import CheckpointError
 from .fileio import read_json, reads_once
@@ -95,6 +99,18 @@ class ModelDir:
             return None
         with self.reading():
             return read_json(self.path / "run.json", CheckpointError)
+
+    @functools.cached_property
+    def identity(self) -> str:
+        """sha256 of config.json and the weights (checkpoint.model_identity): what an index and
+        a summarizer record of their encoder; config.json is read once with the config's."""
+        return self.read(model_identity)
+
+    def write_layout(self, out: str | os.PathLike[str], width: int) -> None:
+        """Give the model saved in `out` this directory's sentence-transformers modules
+        (embedding.write_layout), from the files its pooling was read from: not read again."""
+        with self.reading():
+            embedding.write_layout(self.path, out, width)
 
     @property
     def is_sentence_transformers(self) -> bool:

@@ -44,6 +44,7 @@ from .data.tasks.documents import SummaryExample, document
 from .embedding import POOLINGS
 from .errors import ConfigError, InputError, ItemError, check_choice
 from .heads import BertForTokenClassification
+from .model import BertModel
 from .modeldir import ModelDir
 from .runner import Runner, prepared, progress_bar
 from .tasks import (
@@ -152,6 +153,8 @@ class Pipeline:
     def model(self, cls: type, needs_head: str | None = None, remedy: str = "") -> Any:
         """The checkpoint as `cls` (cached); needs_head names the trained head it must have,
         remedy says where to find one."""
+        if cls is BertModel and cls not in self._models and (bert := self._loaded_encoder()):
+            self._models[cls] = bert
         if cls not in self._models:
             with self.source.reading():
                 m = (
@@ -164,6 +167,12 @@ class Pipeline:
                 m = quantize_int8(m)
             self._models[cls] = m
         return self._models[cls]
+
+    def _loaded_encoder(self) -> BertModel | None:
+        """The encoder of a head model already loaded (its `bert`): embedding with a
+        classifier's encoder neither reads its weights again nor keeps a second copy."""
+        encoders = (getattr(m, "bert", None) for m in self._models.values())
+        return next((m for m in encoders if isinstance(m, BertModel)), None)
 
     def model_for(self, pipeline: str) -> Any:
         """The model a pipeline of the catalogue loads, refused without the head it needs."""
@@ -843,7 +852,7 @@ class Pipeline:
             )
         model = self.model(BertForTokenClassification, "summarizer head", "")
         # rows as long as the model was trained on (its run.json), unless max_length is given
-        options = run_task_options(str(self.path), "summarize", {})
+        options = run_task_options(self.source, "summarize", {})
         rows = min(self.max_length or options.max_seq_length or 512, self.config.max_tokens)
         fam = family(dataclasses.replace(options, max_seq_length=rows), self.tok)
         features = fam.featurize(docs)

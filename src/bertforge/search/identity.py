@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..checkpoint import model_identity
+from ..checkpoint import model_identity as model_identity  # its home before ModelDir.identity
 from ..errors import ConfigError, DataError
 from ..modeldir import ModelDir
 from .corpus import corpus_file
@@ -88,7 +88,7 @@ def model_record(pipe: Any) -> dict[str, Any]:
     return {
         "model": str(path),
         "model_name": path.name,
-        "model_sha256": model_identity(path),
+        "model_sha256": pipe.source.identity,
         **model_setup(pipe),
     }
 
@@ -124,13 +124,14 @@ def query_pipeline(
     if not Path(path).is_dir():
         raise ConfigError(f"{where}: its model {path} is gone; pass the same model (--model)")
     what = "" if given else "the model at the path the index records, "
-    if model_identity(path) != meta["model_sha256"]:
+    source = ModelDir.open(path)  # its identity and the pipeline's reading: each file once
+    if source.identity != meta["model_sha256"]:
         raise ConfigError(
             f"{model if given else path}: {what}not the model this index was built with "
             f"({meta['model_name']}, sha256 {meta['model_sha256'][:12]}...; changed since?): "
             "search with that model (--model), or build an index with this one"
         )
-    pipe = Pipeline(path, **{"precision": meta["precision"], **pipeline})
+    pipe = Pipeline(source, **{"precision": meta["precision"], **pipeline})
     differs = model_differences(meta, {**model_setup(pipe), "model_sha256": meta["model_sha256"]})
     if differs:
         raise ConfigError(
@@ -147,7 +148,7 @@ def model_mismatch(pipe: Any, meta: dict[str, Any]) -> list[str]:
     (differing's, then its precision); empty: the index's model in the index's precision."""
     from ..runner import resolve_precision
 
-    current = {"model_sha256": model_identity(pipe.path), **model_setup(pipe)}
+    current = {"model_sha256": pipe.source.identity, **model_setup(pipe)}
     said = [differing(differs)] if (differs := model_differences(meta, current)) else []
     if resolve_precision(meta["precision"], pipe.device) != pipe.precision:
         said.append(f"its precision ({pipe.precision}; the index's {meta['precision']})")

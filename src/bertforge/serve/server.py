@@ -18,6 +18,7 @@ from ..catalogue import ENTRIES, Entry
 from ..data.tasks import SquadExample
 from ..data.tasks.documents import document
 from ..errors import ConfigError
+from ..model import BertModel
 from ..modeldir import ModelDir
 from ..pipelines import Pipeline
 from ..tasks.squad import pieces_read as squad_pieces
@@ -49,8 +50,9 @@ class Server:
         self.reranker: Pipeline | None = None  # /search's cross-encoder (use_reranker)
         self.endpoints = available(self.pipe.source)
         # what a request would load, loaded now: a corrupt checkpoint stops `serve` here with
-        # its CheckpointError instead of answering every request with it
-        for name in self.endpoints:
+        # its CheckpointError instead of answering every request with it; heads first, so the
+        # encoder alone is a head's (Pipeline.model): the weights read and kept once
+        for name in sorted(self.endpoints, key=lambda n: ENTRIES[n].model is BertModel):
             self.pipe.model_for(name)
         self.width = self.pipe.config.hidden_size * len(self.pipe.embedding_settings.pooling)
         self.calibration: np.ndarray | None = None  # int8/uint8 embeddings' buckets (--calibration)

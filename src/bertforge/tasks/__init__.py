@@ -18,13 +18,13 @@ family object for a task name; `run_task_options` the settings a fine-tuned mode
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, fields
-from pathlib import Path
 from typing import Any
 
 from ..data.tasks import GLUE_TASKS, TASK_NAMES
-from ..errors import CheckpointError, ConfigError
-from ..fileio import read_json
+from ..errors import ConfigError
+from ..modeldir import ModelDir
 from ..options import check_options, option
 from .base import Features, TaskFamily
 from .choice import ChoiceTask
@@ -195,13 +195,15 @@ class TaskOptions:
             )
 
 
-def run_task_options(model_dir: str, task: str | None, options: dict[str, Any]) -> TaskOptions:
+def run_task_options(
+    model: str | os.PathLike[str] | ModelDir, task: str | None, options: dict[str, Any]
+) -> TaskOptions:
     """The task settings for reading data the way a fine-tuned model was trained on it:
-    `options`, then those of the run that trained it (run.json in the model directory, which
+    `options`, then those of the run that trained it (its ModelDir's run: run.json, which
     `finetune` and `distill --task` write) when `task` is None (the run's task) or the run's
     task, then TaskOptions' defaults."""
-    path = Path(model_dir) / "run.json"
-    saved = read_json(path, CheckpointError).get("settings", {}) if path.is_file() else {}
+    model_dir = ModelDir.open(model)
+    saved = (model_dir.run or {}).get("settings", {})
     if task is None and not saved.get("task"):
         raise ConfigError(
             f"{model_dir}: no run.json saying which task the model was fine-tuned for (one "

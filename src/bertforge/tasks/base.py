@@ -9,6 +9,7 @@ defined beside it, and decodes the model's outputs into predictions and metrics.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -22,6 +23,7 @@ from ..config import BertConfig
 from ..data.instances import IGNORE_INDEX
 from ..errors import ConfigError, InputError
 from ..model import Packing, check_inputs
+from ..modeldir import ModelDir
 from ..runner import Runner, to_device
 from ..tokenizer import Tokenizer
 
@@ -267,6 +269,7 @@ class TaskFamily:
     metric: str = "accuracy"
     reports_accuracy = True  # the training log shows accuracy
     per_token = False  # inference keeps a value per token (cut to each row's length)
+    source: ModelDir | None = None  # the model directory trained or evaluated (set_model)
 
     def __init__(self, options: Any, tok: Tokenizer) -> None:
         self.options, self.tok = options, tok
@@ -292,9 +295,11 @@ class TaskFamily:
         (retrieval with --group-batches: the rows' "group"); None for most families."""
         return None
 
-    def set_model(self, path: str) -> None:
-        """The model directory trained or evaluated: settings it holds beyond config.json
-        (retrieval: its pooling); nothing for most families."""
+    def set_model(self, model: str | os.PathLike[str] | ModelDir) -> None:
+        """The model directory trained or evaluated, opened once (a ModelDir handed on as it
+        is): what it holds beyond config.json (retrieval's pooling, a summarizer's modules) is
+        read from it."""
+        self.source = ModelDir.open(model)
 
     def head_kwargs(self) -> dict[str, Any]:
         return {}

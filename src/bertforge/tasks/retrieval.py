@@ -34,6 +34,7 @@ train/finetune.py).
 from __future__ import annotations
 
 import hashlib
+import os
 import textwrap
 from collections.abc import Sequence
 from pathlib import Path
@@ -51,8 +52,8 @@ from ..data.tasks import RetrievalExample, read_retrieval, teacher_scores
 from ..errors import ConfigError, DataError
 from ..evaluate import pearson, retrieval_scores, spearman, unrankable
 from ..fileio import json_text, write_text
-from ..hub import resolve
 from ..model import BertModel
+from ..modeldir import ModelDir
 from ..runner import Runner
 from .base import Batch, Features, TaskFamily, infer, soft_cross_entropy
 from .choice import grouped_rows
@@ -199,12 +200,11 @@ class RetrievalTask(TaskFamily):
     metric = "mrr@10"
     scored = False  # scored pairs (CoSENT) rather than (query, positive) pairs
 
-    source: str | None = None  # the model directory: its pooling (set_model)
     settings = embedding.Embedding()
 
-    def set_model(self, path: str) -> None:
-        self.source = str(resolve(path))  # a hub name: its local snapshot
-        self.settings = embedding.settings(self.source)
+    def set_model(self, model: str | os.PathLike[str] | ModelDir) -> None:
+        super().set_model(model)
+        self.settings = self.source.embedding if self.source else self.settings
 
     @property
     def dims(self) -> list[int | None]:
@@ -456,7 +456,7 @@ class RetrievalTask(TaskFamily):
         """The sentence-transformers modules of the model trained from (mean pooling and
         normalisation when it has none), so the directory embeds as it was trained."""
         width = BertConfig.from_pretrained(out).hidden_size
-        if self.source and (Path(self.source) / "modules.json").is_file():
-            embedding.write_layout(self.source, out, width)
+        if self.source and self.source.is_sentence_transformers:
+            self.source.write_layout(out, width)
         else:
             embedding.write_default_layout(out, width)

@@ -47,7 +47,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from .. import embedding
 from ..config import BertConfig
 from ..data.instances import IGNORE_INDEX
 from ..data.tasks.documents import SummaryExample, WikiCounts, read_documents
@@ -448,22 +447,13 @@ class SummarizeTask(TaskFamily):
     metric = "rouge2"
     reports_accuracy = False  # most sentences are not in the summary: accuracy says little
     per_token = True
-    source: str | None = None  # the model directory trained from (its pooling: set_model)
-
-    def set_model(self, path: str) -> None:
-        self.source = path
 
     def save_files(self, out: Path) -> None:
         """A document summarizer's directory keeps its encoder's sentence-transformers modules,
         so that it embeds sentences as it was trained on them."""
         source = self.source
-        if (
-            self.options.summarizer == "document"
-            and source
-            and Path(source, "modules.json").is_file()
-        ):
-            width = BertConfig.from_pretrained(out).hidden_size
-            embedding.write_layout(source, out, width)
+        if self.options.summarizer == "document" and source and source.is_sentence_transformers:
+            source.write_layout(out, BertConfig.from_pretrained(out).hidden_size)
 
     def read(self, path: str, labelled: bool = True) -> list[SummaryExample]:
         counts = WikiCounts()

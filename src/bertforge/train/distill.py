@@ -67,8 +67,8 @@ from ..data.corpus import expand_inputs, read_corpus
 from ..data.tasks import TASK_NAMES
 from ..errors import CheckpointError, ConfigError, DataError
 from ..fileio import ENCODING_ERRORS
-from ..hub import resolve
 from ..model import BertModel, init_bert_weights, set_dropout
+from ..modeldir import ModelDir
 from ..options import option
 from ..runner import pad_multiple, resolve_precision
 from ..tasks import family
@@ -365,7 +365,9 @@ def make_trainee(cfg: DistillConfig, teacher: nn.Module, **head_kwargs: Any) -> 
     elif cfg.student_size:
         student = fresh_student(teacher, cfg.student_size)
     else:
-        student = load_with_fresh(type(teacher), resolve(str(cfg.model)), **head_kwargs)[0]
+        start = ModelDir.open(str(cfg.model))
+        with start.reading():
+            student = load_with_fresh(type(teacher), start.path, **head_kwargs)[0]
         if student.config.vocab_size != teacher.config.vocab_size:
             raise ConfigError(
                 f"--student {cfg.model}: vocabulary of {student.config.vocab_size:,} pieces, "
@@ -592,9 +594,8 @@ def _run(cfg: DistillConfig, d: distributed.Dist) -> dict[str, Any]:
     run = RunDir(cfg.out, cfg, d)
     if saved := run.finished(f"this distillation already finished; the student is in {run.path}"):
         return saved.get("best", {})
-    source = resolve(cfg.teacher)  # a hub name: its local snapshot
-    tok = Tokenizer.from_pretrained(source)
-    return (_general if cfg.task is None else _task)(run, source, tok)
+    source = ModelDir.open(cfg.teacher)  # its files read once, whoever asks
+    return (_general if cfg.task is None else _task)(run, source, source.tokenizer)
 
 
 def _describe(cfg: DistillConfig, trainee: Trainee, teacher: nn.Module) -> str:
@@ -614,12 +615,13 @@ def _describe(cfg: DistillConfig, trainee: Trainee, teacher: nn.Module) -> str:
     )
 
 
-def _task(run: RunDir, source: Path, tok: Tokenizer) -> dict[str, Any]:
+def _task(run: RunDir, source: ModelDir, tok: Tokenizer) -> dict[str, Any]:
     cfg, d = run.cfg, run.d
     fam = family(cfg, tok)
-    teacher = load_trained(
-        fam.head, source, f"{fam.head.hf_architecture} head for --task {cfg.task}"
-    )
+    with source.reading():
+        teacher = load_trained(
+            fam.head, source.path, f"{fam.head.hf_architecture} head for --task {cfg.task}"
+        )
     cfg.check_model(teacher.config)
     fam.set_labels(config=teacher.config)  # the student predicts the teacher's labels
     if getattr(fam, "order", None) is not None:  # evaluate maps them; the soft targets cannot
@@ -649,10 +651,12 @@ def corpus_rows(tok: Tokenizer, sentences: list[str], max_length: int) -> Featur
     return Features(rows, [np.zeros(len(r), np.int64) for r in rows], np.zeros(len(rows), np.int64))
 
 
-def _general(run: RunDir, source: Path, tok: Tokenizer) -> dict[str, Any]:
+def _general(run: RunDir, source: ModelDir, tok: Tokenizer) -> dict[str, Any]:
     cfg, d = run.cfg, run.d
-    own = embedding.settings(source)
-    teacher = load_with_fresh(BertModel, source)[0].to(d.device).eval().requires_grad_(False)
+    own = source.embedding
+    with source.reading():
+        teacher = load_with_fresh(BertModel, source.path)[0]
+    teacher = teacher.to(d.device).eval().requires_grad_(False)
     torch.manual_seed(cfg.seed)  # the student's initialisation
     trainee = make_trainee(cfg, teacher).to(d.device)
     sentences = read_sentences(cfg)
@@ -672,7 +676,7 @@ def _general(run: RunDir, source: Path, tok: Tokenizer) -> dict[str, Any]:
         f"done: the student ({trainee.config.num_hidden_layers} layers) is in {run.path}",
         trainee.student.save_pretrained,
         tok.save_pretrained,
-        lambda out: embedding.write_layout(source, out, trainee.config.hidden_size),
+        lambda out: source.write_layout(out, trainee.config.hidden_size),
     ):
         return {"interrupted": True, "step": result["step"]}
     return {"step": result["step"]}

@@ -46,7 +46,6 @@ from ..options import option
 from ..runner import Runner, progress_bar, resolve_precision
 from ..tasks import TaskFamily, TaskOptions, family, run_task_options
 from ..tasks.document_scorer import is_document_summarizer
-from ..tokenizer import Tokenizer
 from . import distributed
 from .checkpoints import RunDir
 from .summarizer import document_summarizer, train_document_summarizer
@@ -90,7 +89,8 @@ def _run(cfg: FinetuneConfig, d: distributed.Dist) -> dict[str, Any]:
     run = RunDir(cfg.out, cfg, d)
     if saved := run.finished(f"this run already finished; the model is in {run.path}"):
         return saved.get("best", {})
-    tok = Tokenizer.from_pretrained(cfg.model)
+    source = ModelDir.open(cfg.model)  # its tokenizer, pooling and weights: each file read once
+    tok = source.tokenizer
     if cfg.cache_chunk is not None and (cfg.micro_batch_size or d.world_size > 1):
         raise ConfigError(
             "--cache-chunk replaces accumulation: one process, no --micro-batch-size (GradCache "
@@ -105,14 +105,15 @@ def _run(cfg: FinetuneConfig, d: distributed.Dist) -> dict[str, Any]:
     if cfg.cache_chunk is not None and resolve_precision(cfg.precision, d.device) == "fp16":
         raise ConfigError("--cache-chunk needs bf16 or fp32 (its backward runs unscaled)")
     if cfg.task == "summarize" and cfg.summarizer == "document":
-        return train_document_summarizer(run, cfg, family(cfg, tok), tok, d)
+        return train_document_summarizer(run, cfg, source, family(cfg, tok), d)
     task = SupervisedTask(family(cfg, tok), cfg, d)
-    task.family.set_model(cfg.model)
+    task.family.set_model(source)
     train_examples, dev_examples = load_data(task, cfg)
 
     torch.manual_seed(cfg.seed)
     # a missing task head is what fine-tuning expects: said in the first lines, not warned about
-    model, fresh = load_with_fresh(task.family.head, cfg.model, **task.family.head_kwargs())
+    with source.reading():
+        model, fresh = load_with_fresh(task.family.head, source.path, **task.family.head_kwargs())
     cfg.check_model(model.config)
     frozen = tuple(task.family.freeze_unused(model))  # not trained: not said to be
     fresh = [n for n in fresh if not n.endswith(frozen)]
@@ -171,9 +172,9 @@ def evaluate_model(
     unless turned off)."""
     source = ModelDir.open(model_dir)  # read once: its files, whichever reader asks
     with source.reading():
-        opts = task if isinstance(task, TaskOptions) else run_task_options(model_dir, task, options)
-        if is_document_summarizer(model_dir) and opts.task == "summarize":
-            fam, scorer = document_summarizer(model_dir, opts, device, precision)
+        opts = task if isinstance(task, TaskOptions) else run_task_options(source, task, options)
+        if is_document_summarizer(source.path) and opts.task == "summarize":
+            fam, scorer = document_summarizer(source, opts, device, precision)
             examples = _read(fam, data, max_rows)
             with _showing(scorer.runner, "evaluate", len(examples), progress):
                 metrics, preds = scorer.evaluate(examples)
@@ -211,9 +212,9 @@ def predict(
     files written. `task` and progress as evaluate_model takes them."""
     source = ModelDir.open(model_dir)  # read once: its files, whichever reader asks
     with source.reading():
-        opts = task if isinstance(task, TaskOptions) else run_task_options(model_dir, task, options)
-        if is_document_summarizer(model_dir) and opts.task == "summarize":
-            fam, scorer = document_summarizer(model_dir, opts, device, precision)
+        opts = task if isinstance(task, TaskOptions) else run_task_options(source, task, options)
+        if is_document_summarizer(source.path) and opts.task == "summarize":
+            fam, scorer = document_summarizer(source, opts, device, precision)
             examples = _read(fam, data, max_rows, labelled=False)
             with _showing(scorer.runner, "predict", len(examples), progress):
                 preds = scorer.predict(examples)

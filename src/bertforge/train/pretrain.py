@@ -44,8 +44,8 @@ from ..data.shards import ShardSet
 from ..errors import ConfigError, DataError
 from ..families.modernbert import modernbert_extras
 from ..heads import BertForMaskedLM, BertForPreTraining
-from ..hub import resolve
 from ..model import set_dropout
+from ..modeldir import ModelDir
 from ..options import MAX_SEED, check_options, option
 from ..runner import PRECISIONS, autocast, resolve_precision
 from ..tasks.pretraining import batch_statistics
@@ -306,12 +306,16 @@ def _split(batch: Batch, size: int) -> list[Batch]:
     return parts
 
 
-def build_model(cfg: PretrainConfig, tok: Tokenizer) -> BertForPreTraining | BertForMaskedLM:
-    """The model to pre-train: from --init, a config.json or a named size; BertForMaskedLM
-    without NSP. --dropout replaces the config's dropout (the saved config keeps its own)."""
+def build_model(
+    cfg: PretrainConfig, tok: Tokenizer, init: ModelDir | None = None
+) -> BertForPreTraining | BertForMaskedLM:
+    """The model to pre-train: from --init (`init`: that directory already opened), a
+    config.json or a named size; BertForMaskedLM without NSP. --dropout replaces the config's
+    dropout (the saved config keeps its own)."""
     cls = BertForPreTraining if cfg.nsp else BertForMaskedLM
-    if cfg.init:
-        config = BertConfig.from_pretrained(resolve(cfg.init))
+    init = ModelDir.open(init or cfg.init) if cfg.init else None
+    if init is not None:
+        config = init.config
         if config.vocab_size < tok.vocab_size:
             raise ConfigError(
                 f"{cfg.init}: vocab_size={config.vocab_size} is smaller than the data's "
@@ -331,7 +335,11 @@ def build_model(cfg: PretrainConfig, tok: Tokenizer) -> BertForPreTraining | Ber
             f"{config.max_tokens} positions (max_position_embeddings="
             f"{config.max_position_embeddings})"
         )
-    model = cls.from_pretrained(cfg.init, config=config) if cfg.init else cls(config)
+    if init is not None:
+        with init.reading():
+            model = cls.from_pretrained(init.path, config=config)
+    else:
+        model = cls(config)
     if cfg.dropout is not None:
         set_dropout(model, cfg.dropout)  # the saved config keeps its own, for fine-tuning
     return model.train()
@@ -473,10 +481,11 @@ def _run(cfg: PretrainConfig, d: distributed.Dist) -> dict[str, Any]:
     shards = ShardSet(cfg.data)
     _check_data(run, shards)
     tok = shards.tokenizer()
-    if cfg.init:
-        shards.check_tokenizer(Tokenizer.from_pretrained(cfg.init), f"the tokenizer of {cfg.init}")
+    init = ModelDir.open(cfg.init) if cfg.init else None  # a hub name resolved; read once
+    if init is not None:
+        shards.check_tokenizer(init.tokenizer, f"the tokenizer of {cfg.init}")
     torch.manual_seed(cfg.seed)
-    model = build_model(cfg, tok)
+    model = build_model(cfg, tok, init)
     task = make_task(cfg, shards, d)
     run.start(
         f"pre-training {model.num_parameters():,} parameters on {shards.count('train'):,} tokens "

@@ -14,6 +14,7 @@ the directory still embeds) and the scorer (summarizer.safetensors, summarizer.j
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -28,6 +29,7 @@ from ..checkpoint import load_trained, load_with_fresh
 from ..data.tasks import split_train_test
 from ..errors import ConfigError, DataError
 from ..model import BertModel
+from ..modeldir import ModelDir
 from ..runner import Runner, progress_bar
 from ..tasks import TaskFamily, TaskOptions, family
 from ..tasks import document_scorer as ds
@@ -123,7 +125,7 @@ def documents(
 ) -> list[ds.ScoredDocument]:
     """The examples as the scorer reads them: embedded, their features, their oracle labels."""
     fam, size = task.family, task.family.options.summary_sentences
-    settings = embedding.settings(fam.source)
+    settings = fam.source.embedding if fam.source else embedding.Embedding()
     sentences = [e.sentences for e in examples]
     flat = [s for doc in sentences for s in doc]
     vectors = embed_sentences(task.runner, encoder, fam.tok, settings, flat, progress)
@@ -132,9 +134,10 @@ def documents(
 
 
 def train_document_summarizer(
-    run: RunDir, cfg: TrainingOptions, fam: TaskFamily, tok: Tokenizer, d: distributed.Dist
+    run: RunDir, cfg: TrainingOptions, source: ModelDir, fam: TaskFamily, d: distributed.Dist
 ) -> dict[str, Any]:
-    """Embed, label and featurize the training and dev documents, then train the scorer."""
+    """Embed, label and featurize the training and dev documents (by `source`, the encoder
+    trained over, and its pooling), then train the scorer."""
     if d.world_size > 1:
         raise ConfigError(
             "--summarizer document trains in one process (its scorer is small: minutes on a "
@@ -147,7 +150,7 @@ def train_document_summarizer(
         if value is not None:
             raise ConfigError(f"{option}: not for --summarizer document (a step's blocks fit)")
     task = DocumentTask(fam, cfg, d)
-    fam.set_model(cfg.model)
+    fam.set_model(source)
     train, dev = fam.read(cfg.train), None
     if not train:
         raise DataError(f"{cfg.train}: no documents")
@@ -157,7 +160,8 @@ def train_document_summarizer(
     if cfg.dev:
         dev = fam.read(cfg.dev)
     dev = dev[: cfg.max_dev_rows] if dev is not None else None
-    encoder, _ = load_with_fresh(BertModel, cfg.model)
+    with source.reading():
+        encoder, _ = load_with_fresh(BertModel, source.path)
     encoder = encoder.to(task.runner.device).eval()
     started = time.perf_counter()
     task.blocks, _ = ds.split_blocks(documents(task, encoder, train, cfg.progress and d.is_main))
@@ -166,25 +170,35 @@ def train_document_summarizer(
         task.dev_docs = documents(task, encoder, dev, cfg.progress and d.is_main)
     prepared = time.perf_counter() - started
     torch.manual_seed(cfg.seed)
-    width = ds.vector_width(encoder.config, embedding.settings(task.family.source))
+    width = ds.vector_width(encoder.config, source.embedding)
     scorer = ds.DocumentScorer(ds.ScorerConfig(dim=width))
     header = (
         f"training a document summarizer over {cfg.model}'s sentence embeddings (the encoder "
         f"frozen): {len(train):,} training documents ({len(task.blocks):,} blocks), "
         f"{len(dev) if dev else 0:,} dev; embedded and labelled in {prepared:.0f} s"
     )
-    return fit(run, task, scorer, tok, header, "finetune summarize", Summarizer(encoder, scorer))
+    return fit(
+        run,
+        task,
+        scorer,
+        source.tokenizer,
+        header,
+        "finetune summarize",
+        Summarizer(encoder, scorer),
+    )
 
 
 class TrainedSummarizer:
     """A document summarizer's directory loaded for `evaluate` and `predict`."""
 
-    def __init__(self, path: str, fam: TaskFamily, runner: Runner) -> None:
+    def __init__(self, source: ModelDir, fam: TaskFamily, runner: Runner) -> None:
         self.fam, self.runner = fam, runner
-        self.settings = embedding.settings(path)
-        self.encoder = load_trained(BertModel, path, "").to(runner.device).eval()
-        self.scorer = ds.DocumentScorer.from_pretrained(path).to(runner.device)
-        ds.check_width(self.scorer, ds.vector_width(self.encoder.config, self.settings), path)
+        self.settings = source.embedding
+        with source.reading():
+            self.encoder = load_trained(BertModel, source.path, "").to(runner.device).eval()
+            self.scorer = ds.DocumentScorer.from_pretrained(source.path).to(runner.device)
+        width = ds.vector_width(self.encoder.config, self.settings)
+        ds.check_width(self.scorer, width, source.path)
 
     def predict(self, examples: Sequence[Any]) -> list[Summary]:
         sentences = [e.sentences for e in examples]
@@ -199,8 +213,12 @@ class TrainedSummarizer:
 
 
 def document_summarizer(
-    path: str, opts: TaskOptions, device: str | None, precision: str
+    model: str | os.PathLike[str] | ModelDir,
+    opts: TaskOptions,
+    device: str | None,
+    precision: str,
 ) -> tuple[TaskFamily, TrainedSummarizer]:
     """(the summarize family, the trained summarizer) of a document summarizer's directory."""
-    fam = family(opts, Tokenizer.from_pretrained(path))
-    return fam, TrainedSummarizer(path, fam, Runner.create(device, precision))
+    source = ModelDir.open(model)
+    fam = family(opts, source.tokenizer)
+    return fam, TrainedSummarizer(source, fam, Runner.create(device, precision))
