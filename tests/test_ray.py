@@ -612,3 +612,32 @@ def test_a_worker_that_dies_each_time_it_is_created_stops_the_job(
     said = str(e.value)
     assert "\n" not in said and f"restarted {RESTARTS} times" in said
     assert said.startswith("a Ray worker died while starting or loading its model")
+
+
+def test_a_file_given_as_the_ray_address_is_named(
+    minilm_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--ray takes an optional address, so `--ray corpus.jsonl` swallowed the input: the error
+    was about the missing corpus (or stdin), not the option that took it."""
+    from bertforge.cli import main
+
+    corpus = write_corpus(tmp_path / "c.jsonl")
+    texts = tmp_path / "texts.txt"
+    texts.write_text("one\n")
+    for argv in (
+        ["index", str(minilm_dir), "--ray", str(corpus), "--out", str(tmp_path / "idx")],
+        ["embed", str(minilm_dir), "--ray", str(texts), "--out", str(tmp_path / "d")],
+    ):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [
+            f"bertforge: error: --ray {argv[3]}: a file, not a cluster address (HOST:PORT, "
+            "ray://HOST:PORT or auto): put the input files before --ray"
+        ]
+    argv = ["index", str(minilm_dir), str(corpus), "--out", str(tmp_path / "idx")]
+    assert main([*argv, "--ray", "my cluster"]) == 2
+    assert (
+        "--ray my cluster: not a cluster address (HOST:PORT, ray://HOST:PORT or auto)"
+        in capsys.readouterr().err
+    )
+    assert not (tmp_path / "idx").exists() and not (tmp_path / "d").exists()

@@ -49,6 +49,7 @@ def cmd_index(args: argparse.Namespace) -> None:
     from .search import CorpusFormat, Index, IndexOptions, PgOptions
 
     fmt = CorpusFormat(**options_of(args, CorpusFormat))
+    _ray_options(args)  # first: `--ray CORPUS` took the corpus as its address
     if args.to is not None:
         return _index_postgres(args, fmt)
     wrong = args.delete is not None or changed_options(args, PgOptions)  # --to's options
@@ -71,14 +72,21 @@ def cmd_index(args: argparse.Namespace) -> None:
 def _builder(args: argparse.Namespace, here: Any) -> Any:
     """The build of index: `here` (Index.build, PgIndex.build), or with --ray a Ray cluster's
     (distributed.index_corpus: the same arguments, the same index)."""
-    from .distributed import RayOptions, index_corpus
+    from .distributed import index_corpus
+
+    ray = _ray_options(args)
+    return here if ray.address is None else functools.partial(index_corpus, ray=ray)
+
+
+def _ray_options(args: argparse.Namespace) -> Any:
+    """index's --ray options (distributed.RayOptions), checked: the address's form, and the
+    shape of workers only with --ray."""
+    from .distributed import RayOptions
 
     ray = RayOptions(**options_of(args, RayOptions))
-    if ray.address is None:
-        if changed_options(args, RayOptions):
-            raise ConfigError("--workers, --cpus-per-worker and --gpus-per-worker need --ray")
-        return here
-    return functools.partial(index_corpus, ray=ray)
+    if ray.address is None and changed_options(args, RayOptions):
+        raise ConfigError("--workers, --cpus-per-worker and --gpus-per-worker need --ray")
+    return ray
 
 
 def _index_postgres(args: argparse.Namespace, fmt: Any) -> None:

@@ -33,6 +33,7 @@ with one line naming it; run again, the job goes on from what is written.
 from __future__ import annotations
 
 import os
+import re
 import socket
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -88,6 +89,18 @@ class RayOptions:
 
     def __post_init__(self) -> None:
         check_options(self)
+        if self.address is not None and not _ADDRESS.fullmatch(self.address):
+            # --ray's value is optional: `--ray corpus.jsonl` takes the input as the address
+            file = Path(self.address).exists()
+            raise ConfigError(
+                f"--ray {self.address}: {'a file, ' if file else ''}not a cluster address "
+                "(HOST:PORT, ray://HOST:PORT or auto)"
+                + (": put the input files before --ray" if file else "")
+            )
+
+
+# HOST:PORT, SCHEME://…, or auto / local (ray.init's own words)
+_ADDRESS = re.compile(r"auto|local|[A-Za-z][A-Za-z0-9+.-]*://\S+|[^\s/:]*:\d+")
 
 
 # -- the cluster -----------------------------------------------------------------------------------
