@@ -180,11 +180,15 @@ def test_pieces_of_a_file_read_apart_are_the_file_read_whole(tmp_path: Path) -> 
     """embed --ray's workers each read one piece (fileio.line_spans): together the rows of the
     whole file, with its line numbers (a BOM, multi-byte text, no final newline); an error in
     a piece names the file's own line."""
-    from bertforge.fileio import line_spans
+    import hashlib
+
+    from bertforge.fileio import files_sha256, line_spans
 
     path = tmp_path / "t.txt"
     path.write_bytes("\ufeffé one\nzwei ü\n\ndrei\nvier €\nfünf".encode())
-    spans = line_spans(path, 2)
+    digest = hashlib.sha256()
+    spans = line_spans(path, 2, digest)
+    assert digest.hexdigest() == files_sha256([path])  # the file's hash in the same pass
     assert [s[1:] for s in spans] == [(1, 2), (3, 2), (5, 2)]
     pieces = [read_inputs(str(path), TEXTS, skip_blank=True, span=s) for s in spans]
     assert [r for p in pieces for r in p] == read_inputs(str(path), TEXTS, skip_blank=True)

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -402,11 +403,12 @@ def test_embed_ray_writes_parquet_equal_to_one_process_embed(
 
 
 def test_embed_ray_reads_several_files_in_its_workers(
-    cluster: str, minilm_dir: Path, tmp_path: Path
+    cluster: str, minilm_dir: Path, tmp_path: Path, reads: Callable[[Path], Counter[str]]
 ) -> None:
     """Several inputs (a text file with a blank line, --skip-blank; a directory of JSONL): each
     file cut into pieces the workers read themselves; a text line's id FILE:LINE, a JSONL
-    row's its own; each text once with a worker killed midway; the vectors one process's."""
+    row's its own; each text once with a worker killed midway; the vectors one process's. The
+    driver reads each input once (its pieces and its sha256 in one pass)."""
     from bertforge.cli import main
     from bertforge.pipelines import Pipeline
 
@@ -420,8 +422,10 @@ def test_embed_ray_reads_several_files_in_its_workers(
     out = tmp_path / "vectors"
     argv = ["embed", str(minilm_dir), str(plain), str(shards), "--out", str(out), "--skip-blank"]
     argv += ["--ray", cluster, "--workers", "2", "--chunk", "3", "--precision", "fp32"]
+    opened = reads(tmp_path)
     with a_worker_killed(lambda: bool(list(out.glob("part-*.parquet")))):
         assert main([*argv, "--no-progress"]) == 0
+    assert opened["a.txt"] == 1 and opened[os.path.join("shards", "b.jsonl")] == 1
     import pyarrow.parquet as pq
 
     table = pq.read_table(sorted(out.glob("part-*.parquet"))).to_pylist()

@@ -32,6 +32,7 @@ with one line naming it; run again, the job goes on from what is written.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import socket
@@ -44,7 +45,7 @@ from typing import Any
 import numpy as np
 
 from .errors import BertforgeError, ConfigError, DataError, UnavailableError, need_extra
-from .fileio import Span, atomic_path, files_sha256, line_spans, read_json, write_json
+from .fileio import Span, atomic_path, line_spans, read_json, write_json
 from .options import check_options, option
 from .runner import progress_bar
 from .search.corpus import DEFAULT_FORMAT, CorpusFormat, read_search_records
@@ -622,14 +623,15 @@ def embed_file(
     driver = Pipeline(model, device=device, precision=precision, batch_size=batch_size)
     driver.embed(["a check of the options"], **embed)  # a bad prompt or size: an error now
     record = {**model_record(driver), "precision": precision}
+    digest = hashlib.sha256()  # files_sha256(files), in the pass that cuts them
+    spans = [line_spans(f, chunk, digest) for f in files]
     wanted = {
         "model": record,
         "input": [str(Path(f).resolve()) for f in files],
-        "input_sha256": files_sha256(files),
+        "input_sha256": digest.hexdigest(),
         "chunk": chunk,
         "embed": embed,
     }
-    spans = [line_spans(f, chunk) for f in files]
     read = {"skip_blank": skip_blank, "keep_tabs": keep_tabs}
     with cluster(r.address) as ray_:  # a cluster not there: said before anything is written
         _embed_begin(out, wanted)

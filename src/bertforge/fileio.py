@@ -39,9 +39,11 @@ FILE_MODE = 0o666 & ~_UMASK  # what open() would give a new file: 0644 under uma
 Span = tuple[int, int, int]  # a piece of a text file: (byte offset, first line number, lines)
 
 
-def line_spans(path: str | os.PathLike[str], every: int) -> list[Span]:
+def line_spans(path: str | os.PathLike[str], every: int, digest: Any = None) -> list[Span]:
     """The pieces of `every` lines of a text file, found without decoding it: readers in other
-    processes take one each (text_lines(span=...)) and read the file in parallel."""
+    processes take one each (text_lines(span=...)) and read the file in parallel. `digest` (a
+    hashlib object) is fed the file's bytes in the same pass: files_sha256 without a second
+    read of a large input."""
     spans: list[list[int]] = []
     offset = 0
     with open(path, "rb") as f:
@@ -50,6 +52,8 @@ def line_spans(path: str | os.PathLike[str], every: int) -> list[Span]:
                 spans.append([offset, n + 1, 0])
             spans[-1][2] += 1
             offset += len(raw)
+            if digest is not None:
+                digest.update(raw)
     return [(a, b, c) for a, b, c in spans]
 
 
