@@ -182,13 +182,15 @@ def test_pieces_of_a_file_read_apart_are_the_file_read_whole(tmp_path: Path) -> 
     a piece names the file's own line."""
     import hashlib
 
-    from bertforge.fileio import files_sha256, line_spans
+    from bertforge.fileio import line_spans
 
     path = tmp_path / "t.txt"
     path.write_bytes("\ufeffé one\nzwei ü\n\ndrei\nvier €\nfünf".encode())
-    digest = hashlib.sha256()
-    spans = line_spans(path, 2, digest)
-    assert digest.hexdigest() == files_sha256([path])  # the file's hash in the same pass
+    shas: list[str] = []
+    spans = line_spans(path, 2, shas)
+    raw = path.read_bytes()
+    ends = [s[0] for s in spans[1:]] + [len(raw)]
+    assert shas == [hashlib.sha256(raw[s[0] : e]).hexdigest() for s, e in zip(spans, ends)]
     assert [s[1:] for s in spans] == [(1, 2), (3, 2), (5, 2)]
     pieces = [read_inputs(str(path), TEXTS, skip_blank=True, span=s) for s in spans]
     assert [r for p in pieces for r in p] == read_inputs(str(path), TEXTS, skip_blank=True)

@@ -468,6 +468,49 @@ def test_embed_ray_goes_on_from_its_missing_parts_and_refuses_another_job(
         )
 
 
+def test_embed_ray_redoes_only_the_pieces_whose_lines_changed(
+    cluster: str, minilm_dir: Path, tmp_path: Path
+) -> None:
+    """A bad line stops the job, its parts so far kept; the line fixed, the same command goes
+    on (it refused: the input's sha256 had changed), writing the fixed piece and keeping the
+    parts of unchanged ones. A finished job whose input changed redoes the changed pieces
+    alone; a shorter input drops the parts past its end. The vectors: the file's as it is."""
+    from bertforge.distributed import embed_file
+    from bertforge.pipelines import Pipeline
+
+    texts, out = tmp_path / "texts.txt", tmp_path / "vectors"
+    options = dict(ray=RayOptions(workers=1), chunk=8, progress=False, precision="fp32")
+    pipe = Pipeline(minilm_dir, precision="fp32")
+
+    def parts() -> dict[str, int]:
+        return {p.name: p.stat().st_mtime_ns for p in out.glob("part-*.parquet")}
+
+    def run(lines: list[str]) -> dict[str, int]:
+        texts.write_text("".join(t + "\n" for t in lines))
+        embed_file(minilm_dir, texts, out, **options)
+        ids, _, got = read_parts(out)
+        assert ids == [str(i) for i in range(1, len(lines) + 1)]
+        np.testing.assert_allclose(got, pipe.embed(lines), atol=1e-6)
+        record = json.loads((out / "embed.json").read_text())
+        assert record["finished"] and record["texts"] == len(lines)
+        return parts()
+
+    texts.write_text("".join(t + "\n" for t in [*TEXTS[:9], "", *TEXTS[10:]]))
+    with pytest.raises(DataError, match=r"texts.txt: line 10: blank line"):
+        embed_file(minilm_dir, texts, out, **options)
+    stopped = parts()
+    assert "part-00000-00000.parquet" in stopped and "part-00000-00001.parquet" not in stopped
+    fixed = [*TEXTS[:9], "A line put right.", *TEXTS[10:]]
+    done = run(fixed)
+    assert all(done[name] == t for name, t in stopped.items())  # lines 1-8 and 17-: kept
+    changed = [*fixed[:20], "A line changed.", *fixed[21:]]  # in the third piece, lines 17-24
+    again = run(changed)
+    assert again.keys() == done.keys()
+    assert [n for n in done if again[n] != done[n]] == ["part-00000-00002.parquet"]
+    shorter = run(changed[:16])
+    assert shorter == {n: t for n, t in again.items() if n < "part-00000-00002"}
+
+
 def test_embed_ray_bad_outputs_and_options_are_one_line(
     cluster: str, minilm_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -32,7 +32,6 @@ with one line naming it; run again, the job goes on from what is written.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import socket
@@ -604,8 +603,10 @@ def embed_file(
     reads a file and writes it as one Parquet part (part-FFFFF-PPPPP.parquet: id, file, line,
     vector as float32), whole (a piece retried after a worker died writes its part again).
     Ids: a JSONL row's own, else its line number (with several files, FILE:LINE). embed.json
-    records the model and the inputs: run again, a finished directory is left as it is and an
-    unfinished one goes on from its missing parts; a directory of another job is refused. The
+    records the model, the inputs and each piece's sha256: run again, a finished directory is
+    left as it is and an unfinished one goes on from its missing parts; a piece whose bytes
+    changed since (a bad line put right) is redone, the others kept; a directory of another
+    model, input files or chunking is refused. The
     vectors are Pipeline.embed's, `embed` its options (pooling, normalize, prompt_name,
     prompt, dimensions)."""
     from .data.corpus import expand_inputs
@@ -623,19 +624,18 @@ def embed_file(
     driver = Pipeline(model, device=device, precision=precision, batch_size=batch_size)
     driver.embed(["a check of the options"], **embed)  # a bad prompt or size: an error now
     record = {**model_record(driver), "precision": precision}
-    digest = hashlib.sha256()  # files_sha256(files), in the pass that cuts them
-    spans = [line_spans(f, chunk, digest) for f in files]
+    pieces: list[list[str]] = [[] for _ in files]  # each piece's sha256, in the cutting pass
+    spans = [line_spans(f, chunk, pieces[k]) for k, f in enumerate(files)]
     wanted = {
         "model": record,
         "input": [str(Path(f).resolve()) for f in files],
-        "input_sha256": digest.hexdigest(),
         "chunk": chunk,
         "embed": embed,
+        "pieces": pieces,
     }
     read = {"skip_blank": skip_blank, "keep_tabs": keep_tabs}
     with cluster(r.address) as ray_:  # a cluster not there: said before anything is written
-        _embed_begin(out, wanted)
-        if read_json(out / EMBED_RECORD, ConfigError).get("finished"):
+        if _embed_begin(out, wanted):
             return out  # done before: nothing to run
         left = [
             ((out / PART.format(k, p)), f, span)
@@ -671,25 +671,40 @@ def _columns(rows: list[Any], prefix: str) -> tuple[list[str], list[int], list[s
     )
 
 
-def _embed_begin(out: Path, wanted: dict[str, Any]) -> None:
+def _embed_begin(out: Path, wanted: dict[str, Any]) -> bool:
     """An embed job into `out` begun (embed.json written unfinished) or taken up again (the
-    same model, inputs and chunks; its written parts kept)."""
+    same model, inputs, chunking and options; its written parts kept, but those of pieces
+    whose bytes changed since, or that the input no longer has: a bad line put right, lines
+    edited); True when it had finished and nothing changed."""
     record = out / EMBED_RECORD
     if record.is_file():
         had = read_json(record, ConfigError)
-        differs = [k for k in wanted if had.get(k) != wanted[k]]
+        differs = [k for k in wanted if k != "pieces" and had.get(k) != wanted[k]]
         if differs:
             raise ConfigError(
                 f"--out {out}: holds the embeddings of another job ({', '.join(differs)} "
                 "differ): remove it or give another directory"
             )
+        if had.get("pieces") == wanted["pieces"]:
+            return bool(had.get("finished"))
+        old, new = _piece_sha256(had.get("pieces") or []), _piece_sha256(wanted["pieces"])
+        for part in out.iterdir():  # removed before the record says otherwise
+            named = re.fullmatch(r"part-(\d+)-(\d+)\.parquet", part.name)
+            key = named and (int(named[1]), int(named[2]))
+            if key and (key not in new or old.get(key) != new[key]):
+                part.unlink()
     elif out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ConfigError(
             f"--out {out}: {'not a directory' if not out.is_dir() else 'a directory of other files'}; "
             "embed --ray writes a directory of Parquet parts and embed.json: give a new one"
         )
-    else:
-        write_json(record, {**wanted, "finished": False})
+    write_json(record, {**wanted, "finished": False})
+    return False
+
+
+def _piece_sha256(pieces: list[list[str]]) -> dict[tuple[int, int], str]:
+    """embed.json's "pieces" (each input file's pieces' sha256) by (file, piece): a part's key."""
+    return {(k, p): sha for k, shas in enumerate(pieces) for p, sha in enumerate(shas)}
 
 
 def _embed_end(out: Path, wanted: dict[str, Any], parts: list[str]) -> None:

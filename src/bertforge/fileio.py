@@ -39,21 +39,30 @@ FILE_MODE = 0o666 & ~_UMASK  # what open() would give a new file: 0644 under uma
 Span = tuple[int, int, int]  # a piece of a text file: (byte offset, first line number, lines)
 
 
-def line_spans(path: str | os.PathLike[str], every: int, digest: Any = None) -> list[Span]:
+def line_spans(
+    path: str | os.PathLike[str], every: int, sha256s: list[str] | None = None
+) -> list[Span]:
     """The pieces of `every` lines of a text file, found without decoding it: readers in other
-    processes take one each (text_lines(span=...)) and read the file in parallel. `digest` (a
-    hashlib object) is fed the file's bytes in the same pass: files_sha256 without a second
-    read of a large input."""
+    processes take one each (text_lines(span=...)) and read the file in parallel. `sha256s`
+    (a list) gets the sha256 of each piece's bytes, in the same pass: a job that went on after
+    its input changed redoes only the pieces that differ."""
     spans: list[list[int]] = []
     offset = 0
+    piece = None
     with open(path, "rb") as f:
         for n, raw in enumerate(f):
             if n % every == 0:
                 spans.append([offset, n + 1, 0])
+                if sha256s is not None:
+                    if piece is not None:
+                        sha256s.append(piece.hexdigest())
+                    piece = hashlib.sha256()
             spans[-1][2] += 1
             offset += len(raw)
-            if digest is not None:
-                digest.update(raw)
+            if piece is not None:
+                piece.update(raw)
+    if sha256s is not None and piece is not None:
+        sha256s.append(piece.hexdigest())
     return [(a, b, c) for a, b, c in spans]
 
 
