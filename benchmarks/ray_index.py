@@ -11,6 +11,13 @@ interleaved rounds in one process (A B C D, A B C D, ...), each into a new direc
     ray 1 x 1 CPU     one worker, one CPU
     ray 2 x 1 CPU     two workers, one CPU each: the scaling from 1 to 2 workers
 
+and the vectors alone, as a user runs them (cli.main, in this process), into a new place:
+
+    embed             `bertforge embed MODEL corpus.jsonl --out v.npy`: one process
+    embed --ray 2x1   `bertforge embed MODEL corpus.jsonl --out DIR --ray --workers 2
+                      --cpus-per-worker 1 --chunk 250`: the workers read their pieces of the
+                      file and write Parquet parts
+
 The cluster: one Ray node on this machine (ray.init(num_cpus=2)), started once before the
 rounds; its start-up is not counted, the workers' (and their model's loading) is. Rows/s from
 each run's median time; the vectors of every Ray run checked equal to the one process's (max
@@ -39,6 +46,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bertforge import cli
 from bertforge.distributed import RayOptions, index_corpus
 from bertforge.search import Index
 from common import RESULTS, machine, matmul_gflops, table, write_results
@@ -54,16 +62,48 @@ RUNS = {  # name: None (one process) or the Ray workers' shape
 }
 
 
+EMBED_RUNS = {  # name: the embed command line's options after MODEL FILE
+    "embed": ["--out", "{out}.npy"],
+    "embed --ray 2x1": [
+        *("--out", "{out}", "--ray", "--workers", "2", "--cpus-per-worker", "1"),
+        *("--chunk", str(CHUNK)),
+    ],
+}
+
+
 def run(name: str, model: Path, corpus: Path, out: Path) -> float:
-    """Seconds to build the index of `corpus` in `out` the way `name` says."""
+    """Seconds to build the index of `corpus` in `out` (or embed it there) as `name` says."""
     options: dict[str, Any] = dict(chunk=CHUNK, bm25=False, progress=False, precision="fp32")
     shutil.rmtree(out, ignore_errors=True)
+    Path(f"{out}.npy").unlink(missing_ok=True)
     t = time.perf_counter()
-    if RUNS[name] is None:
+    if name in EMBED_RUNS:
+        argv = ["embed", str(model), str(corpus), *(a.format(out=out) for a in EMBED_RUNS[name])]
+        if cli.main([*argv, "--precision", "fp32", "--no-progress"]) != 0:
+            raise SystemExit(f"{name} failed")
+    elif RUNS[name] is None:
         Index.build(model, corpus, out, **options)
     else:
         index_corpus(model, corpus, out, ray=RUNS[name], **options)
     return time.perf_counter() - t
+
+
+def place(tmp: Path, name: str) -> Path:
+    """Where a run writes."""
+    return tmp / name.replace(" ", "_")
+
+
+def vectors(name: str, out: Path) -> np.ndarray:
+    """The vectors a run wrote, in the corpus's order."""
+    if name == "embed":
+        return np.load(f"{out}.npy")
+    if name in EMBED_RUNS:
+        import pyarrow.parquet as pq
+
+        t = pq.read_table(sorted(out.glob("part-*.parquet")))
+        order = np.argsort(t["line"].to_numpy())
+        return np.array(t["vector"].to_pylist(), dtype=np.float32)[order]
+    return np.load(out / "vectors.npy")
 
 
 def main() -> None:
@@ -89,27 +129,28 @@ def main() -> None:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     gflops = matmul_gflops(torch.float32, torch.device("cpu"))
-    times: dict[str, list[float]] = {name: [] for name in RUNS}
+    times: dict[str, list[float]] = {name: [] for name in [*RUNS, *EMBED_RUNS]}
     for r in range(args.rounds):
-        for name in RUNS:
-            times[name].append(run(name, model, corpus, tmp / name.replace(" ", "_")))
+        for name in times:
+            times[name].append(run(name, model, corpus, place(tmp, name)))
             print(f"round {r + 1} {name}: {times[name][-1]:.1f} s", flush=True)
     ray.shutdown()
-    want = np.load(tmp / "one_process" / "vectors.npy")
     rows = []
+    for names in (list(RUNS), list(EMBED_RUNS)):  # each against its one-process run
+        base, want = statistics.median(times[names[0]]), vectors(names[0], place(tmp, names[0]))
+        for name in names:
+            median = statistics.median(times[name])
+            got = vectors(name, place(tmp, name))
+            rows.append(
+                {
+                    "run": name,
+                    "seconds": median,
+                    "rows/s": len(texts) / median,
+                    "vs one process": base / median,
+                    "max |diff|": float(np.abs(got - want).max()),
+                }
+            )
     base = statistics.median(times["one process"])
-    for name in RUNS:
-        median = statistics.median(times[name])
-        got = np.load(tmp / name.replace(" ", "_") / "vectors.npy")
-        rows.append(
-            {
-                "run": name,
-                "seconds": median,
-                "rows/s": len(texts) / median,
-                "vs one process": base / median,
-                "max |diff|": float(np.abs(got - want).max()),
-            }
-        )
     same = statistics.median(times["ray 1 x 2 CPUs"])
     overhead_ms = (same - base) / len(texts) * 1e3
     shutil.rmtree(tmp, ignore_errors=True)
@@ -145,7 +186,7 @@ def load_sentence(p: dict[str, Any], cpus: int) -> str:
 
 def report(p: dict[str, Any], shown: str) -> str:
     m = p["machine"]
-    return f"""# A directory index built by a Ray cluster against the one-process `index`
+    return f"""# A directory index (and the vectors alone) by a Ray cluster against one process
 
 `python benchmarks/ray_index.py --sentences {p["sentences"]} --rounds {p["rounds"]}` (its
 docstring says what each run is). all-MiniLM-L6-v2 fp32, {p["sentences"]:,} Wikipedia
@@ -160,6 +201,10 @@ conditions on average.
 ```
 {shown}
 ```
+
+The embed rows are the vectors alone, as `bertforge embed` writes them: one process into a
+.npy file, against `embed --ray` with two workers of one CPU (each reading its pieces of the
+file and writing Parquet parts); their "vs one process" is against the one-process embed.
 
 Overhead per row, Ray's work over the same computation (one worker holding both CPUs against
 one process with 2 threads): {p["overhead_ms_per_row"]:.3f} ms. {p.get("note", "")}
