@@ -511,6 +511,29 @@ def test_embed_ray_redoes_only_the_pieces_whose_lines_changed(
     assert shorter == {n: t for n, t in again.items() if n < "part-00000-00002"}
 
 
+def test_a_piece_changed_after_it_was_cut_is_refused(minilm_dir: Path, tmp_path: Path) -> None:
+    """A worker reads its piece itself: bytes other than those the driver cut (the file edited
+    while the job ran) are refused, not written as a part that embed.json says holds the old
+    bytes (a re-run would keep it)."""
+    from bertforge.distributed import PipelineWorker
+    from bertforge.fileio import line_spans
+    from bertforge.pipelines import Pipeline
+    from bertforge.search.identity import model_record
+
+    texts = tmp_path / "t.txt"
+    texts.write_text("one\ntwo\nthree\n")
+    shas: list[str] = []
+    (span,) = line_spans(texts, 8, shas)
+    record = {**model_record(Pipeline(minilm_dir, precision="fp32")), "precision": "fp32"}
+    worker = PipelineWorker(record, {"device": "cpu", "precision": "fp32", "batch_size": None})
+    read = {"skip_blank": False, "keep_tabs": False, "prefix": ""}
+    assert worker.vectors(str(tmp_path / "p0.parquet"), str(texts), span, shas[0], read, {}) == 3
+    texts.write_text("one\nTWO\nthree\n")
+    with pytest.raises(DataError, match=r"t.txt: lines 1-3 changed while the job ran"):
+        worker.vectors(str(tmp_path / "p1.parquet"), str(texts), span, shas[0], read, {})
+    assert not (tmp_path / "p1.parquet").exists()
+
+
 def test_embed_ray_bad_outputs_and_options_are_one_line(
     cluster: str, minilm_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

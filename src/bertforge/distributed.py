@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from .errors import BertforgeError, ConfigError, DataError, UnavailableError, need_extra
-from .fileio import Span, atomic_path, line_spans, read_json, write_json
+from .fileio import Span, atomic_path, line_spans, read_json, span_sha256, write_json
 from .options import check_options, option
 from .runner import progress_bar
 from .search.corpus import DEFAULT_FORMAT, CorpusFormat, read_search_records
@@ -218,16 +218,24 @@ class PipelineWorker:
             self.table = index
         return self.table.write(docs, len(docs))
 
-    def vectors(self, part: str, file: str, span: Span, read: dict, embed: dict) -> int:
+    def vectors(
+        self, part: str, file: str, span: Span, sha256: str, read: dict, embed: dict
+    ) -> int:
         """A piece of an input file read here (as `embed` reads it) and its texts written as one
         Parquet part (id, file, line, vector), whole or not at all (a retried piece writes it
-        again): its rows."""
+        again): its rows. A piece whose bytes are not those the driver cut (`sha256`: the file
+        changed since) is refused, so a part always holds the piece embed.json records."""
         import pyarrow as pa
         import pyarrow.parquet as pq
 
         from .catalogue import ENTRIES
         from .inputs import read_inputs
 
+        if span_sha256(file, span) != sha256:
+            raise DataError(
+                f"{file}: lines {span[1]}-{span[1] + span[2] - 1} changed while the job ran "
+                "(not the bytes the driver cut into pieces): run the job again to embed them"
+            )
         inputs = ENTRIES["embed"].inputs[:1]
         rows = read_inputs(file, inputs, read["skip_blank"], read["keep_tabs"], span=span)
         ids, lines, texts = _columns(rows, read["prefix"])
@@ -638,7 +646,7 @@ def embed_file(
         if _embed_begin(out, wanted):
             return out  # done before: nothing to run
         left = [
-            ((out / PART.format(k, p)), f, span)
+            ((out / PART.format(k, p)), f, span, pieces[k][p])
             for k, f in enumerate(files)
             for p, span in enumerate(spans[k])
             if not (out / PART.format(k, p)).is_file()  # a re-run: the rest
@@ -647,15 +655,15 @@ def embed_file(
         jobs = (
             (
                 "vectors",
-                (str(part), f, span, {**read, "prefix": f"{f}:" * several}, embed),
+                (str(part), f, span, sha, {**read, "prefix": f"{f}:" * several}, embed),
                 span[2],
                 f"holding lines {span[1]}-{span[1] + span[2] - 1} of {f}",
             )
-            for part, f, span in left
+            for part, f, span, sha in left
         )
         o = IndexOptions(device=device, precision=precision, batch_size=batch_size)
         pool = workers(ray_, r, record, o)
-        run_chunks(ray_, pool, jobs, sum(s[2] for _, _, s in left), progress, what="embed")
+        run_chunks(ray_, pool, jobs, sum(s[2] for _, _, s, _ in left), progress, what="embed")
     _embed_end(
         out, wanted, [PART.format(k, p) for k in range(len(files)) for p in range(len(spans[k]))]
     )

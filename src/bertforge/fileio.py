@@ -66,6 +66,17 @@ def line_spans(
     return [(a, b, c) for a, b, c in spans]
 
 
+def span_sha256(path: str | os.PathLike[str], span: Span) -> str:
+    """The sha256 of a piece's bytes (line_spans' `sha256s`, read again): a reader finds the
+    piece it was handed changed since it was cut."""
+    piece = hashlib.sha256()
+    with open(path, "rb") as f:
+        f.seek(span[0])
+        for raw in itertools.islice(f, span[2]):
+            piece.update(raw)
+    return piece.hexdigest()
+
+
 def text_lines(
     path: str | os.PathLike[str],
     encoding_errors: str = "strict",
