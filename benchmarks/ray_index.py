@@ -205,6 +205,11 @@ conditions on average.
 The embed rows are the vectors alone, as `bertforge embed` writes them: one process into a
 .npy file, against `embed --ray` with two workers of one CPU (each reading its pieces of the
 file and writing Parquet parts); their "vs one process" is against the one-process embed.
+Every Ray run's time includes starting its workers (each a Python process that imports torch
+and reads the model, on its own CPUs) and the driver's own reading of the model to record its
+identity: costs paid once per job, a large share of the difference at this corpus's size. How
+the difference divides between those and a cost per row was not measured (a larger corpus
+would show it), so the overhead per row below is an upper bound for a larger job's.
 
 Overhead per row, Ray's work over the same computation (one worker holding both CPUs against
 one process with 2 threads): {p["overhead_ms_per_row"]:.3f} ms. {p.get("note", "")}
