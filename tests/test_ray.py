@@ -554,6 +554,9 @@ def test_embed_ray_bad_outputs_and_options_are_one_line(
         assert said in capsys.readouterr().err
     argv = ["embed", str(minilm_dir), str(texts), "--out", str(tmp_path / "x.npy"), "--chunk", "8"]
     assert main(argv) == 2 and "--chunk need --ray" in capsys.readouterr().err
+    argv = ["embed", str(minilm_dir), str(texts), "--out", str(tmp_path / "d"), "--chunk", "0"]
+    assert main([*argv, "--ray", cluster]) == 2
+    assert "chunk=0 (--chunk): must be >= 1" in capsys.readouterr().err
     argv = ["embed", str(minilm_dir), str(texts), str(tmp_path / "gone.txt"), "--ray", cluster]
     assert main([*argv, "--out", str(tmp_path / "d")]) == 2
     assert "gone.txt: no such file, directory or matching files" in capsys.readouterr().err

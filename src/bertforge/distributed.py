@@ -626,7 +626,7 @@ def embed_file(
     if "-" in map(str, given):
         raise ConfigError("embed --ray reads files (its workers read them), not stdin")
     if chunk < 1:
-        raise ConfigError(f"chunk={chunk}: must be >= 1")
+        raise ConfigError(f"chunk={chunk} (--chunk): must be >= 1")
     files = [str(f) for f in expand_inputs(given)]
     r, out = ray or RayOptions(), Path(out)
     driver = Pipeline(model, device=device, precision=precision, batch_size=batch_size)
