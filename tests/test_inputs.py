@@ -174,6 +174,20 @@ def test_pipeline_rows_are_written_part_by_part_with_progress_on_stderr(
     empty.write_text("")
     assert main(["embed", str(tiny_model), str(empty), "--dimensions", "1000"]) == 2
     assert "dimensions" in capsys.readouterr().err
+    # and its array file: no rows of the vectors' width, not a shapeless (0,) (np.load(...) @ q
+    # fails on it), at any --dimensions or precision
+    width = Pipeline(tiny_model, precision="fp32").embed(["x"]).shape[1]
+    for extra, shape, dtype in (
+        ([], (0, width), np.float32),
+        (["--dimensions", "8"], (0, 8), np.float32),
+        (["--embedding-precision", "int8"], (0, width), np.int8),
+    ):
+        assert (
+            main(["embed", str(tiny_model), str(empty), "--out", str(tmp_path / "0.npy"), *extra])
+            == 0
+        )
+        got = np.load(tmp_path / "0.npy")
+        assert (got.shape, got.dtype) == (shape, dtype), extra
 
 
 def test_pieces_of_a_file_read_apart_are_the_file_read_whole(tmp_path: Path) -> None:

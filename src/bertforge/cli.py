@@ -400,7 +400,10 @@ def cmd_pipeline(args: argparse.Namespace) -> None:
     array = bool(args.out and entry.save and args.out.endswith(entry.arrays))
     defaults = {name: default for name, default, *_ in parameters(entry.post)} if post else {}
     if array or post != defaults:
-        results = list(results) if entry.post is None else entry.post(list(results), **post)
+        listed: Any = list(results)
+        if array and not rows:  # no input lines: the entry's own empty answer, (0, D) vectors
+            listed = entry.run(pipe, texts, options)
+        results = listed if entry.post is None else entry.post(listed, **post)
     write_results(entry, args.out, rows, texts, results)
 
 
