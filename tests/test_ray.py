@@ -534,6 +534,30 @@ def test_a_piece_changed_after_it_was_cut_is_refused(minilm_dir: Path, tmp_path:
     assert not (tmp_path / "p1.parquet").exists()
 
 
+def test_a_second_driver_into_the_same_directory_is_refused(
+    cluster: str, minilm_dir: Path, tmp_path: Path
+) -> None:
+    """Two embed --ray jobs writing one directory at once (a command run twice, an edited input
+    run again while the first runs) would race on embed.json and the parts: the second is
+    refused, one line, and the directory is left as the first has it. A job that made the
+    directory and failed before writing in it leaves none behind."""
+    from bertforge.distributed import embed_file
+    from bertforge.fileio import sole_writer
+
+    texts, out = tmp_path / "texts.txt", tmp_path / "vectors"
+    texts.write_text("".join(t + "\n" for t in TEXTS))
+    options = dict(ray=RayOptions(workers=1), chunk=8, progress=False, precision="fp32")
+    with sole_writer(out, "embed --ray job"):  # the first job, still running
+        with pytest.raises(ConfigError, match=r"vectors: another embed --ray job is writing it"):
+            embed_file(minilm_dir, texts, out, **options)
+        assert list(out.iterdir()) == []
+    embed_file(minilm_dir, texts, out, **options)  # the lock given back: runs
+    assert json.loads((out / "embed.json").read_text())["finished"]
+    with pytest.raises(KeyboardInterrupt), sole_writer(tmp_path / "new", "job"):
+        raise KeyboardInterrupt
+    assert not (tmp_path / "new").exists()
+
+
 def test_embed_ray_bad_outputs_and_options_are_one_line(
     cluster: str, minilm_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

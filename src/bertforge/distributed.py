@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from .errors import BertforgeError, ConfigError, DataError, UnavailableError, need_extra
-from .fileio import Span, atomic_path, line_spans, read_json, span_sha256, write_json
+from .fileio import Span, atomic_path, line_spans, read_json, sole_writer, span_sha256, write_json
 from .options import check_options, option
 from .runner import progress_bar
 from .search.corpus import DEFAULT_FORMAT, CorpusFormat, read_search_records
@@ -642,7 +642,8 @@ def embed_file(
         "pieces": pieces,
     }
     read = {"skip_blank": skip_blank, "keep_tabs": keep_tabs}
-    with cluster(r.address) as ray_:  # a cluster not there: said before anything is written
+    # a cluster not there: said before anything is written; another driver on `out`: refused
+    with cluster(r.address) as ray_, sole_writer(out, "embed --ray job"):
         if _embed_begin(out, wanted):
             return out  # done before: nothing to run
         left = [
@@ -664,9 +665,8 @@ def embed_file(
         o = IndexOptions(device=device, precision=precision, batch_size=batch_size)
         pool = workers(ray_, r, record, o)
         run_chunks(ray_, pool, jobs, sum(s[2] for _, _, s, _ in left), progress, what="embed")
-    _embed_end(
-        out, wanted, [PART.format(k, p) for k in range(len(files)) for p in range(len(spans[k]))]
-    )
+        parts = [PART.format(k, p) for k in range(len(files)) for p in range(len(spans[k]))]
+        _embed_end(out, wanted, parts)
     return out
 
 

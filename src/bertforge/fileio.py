@@ -125,6 +125,43 @@ def text_lines(
 
 
 @contextlib.contextmanager
+def sole_writer(directory: str | os.PathLike[str], what: str) -> Iterator[Path]:
+    """The directory (made if missing) held by this job alone while the block runs: another
+    process's job holding it is refused, one line (an advisory flock on the directory, released
+    when the block ends or the process dies; local to a machine, so two nodes writing one
+    shared directory are not kept apart). A directory made here and left empty by a failed
+    block is removed. A path that is a file is left to the caller to refuse."""
+    directory = Path(directory)
+    if directory.exists() and not directory.is_dir():
+        yield directory
+        return
+    made = not directory.exists()
+    directory.mkdir(parents=True, exist_ok=True)
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        try:
+            import fcntl  # not on Windows: there, no lock
+        except ImportError:
+            fcntl = None  # type: ignore[assignment]
+        if fcntl is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise ConfigError(
+                    f"{directory}: another {what} is writing it now: wait for it to end, or "
+                    "give another directory"
+                ) from None
+        try:
+            yield directory
+        except BaseException:
+            if made and not any(directory.iterdir()):
+                directory.rmdir()
+            raise
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
 def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temporary path to write; on success it is renamed to `path`, on error removed."""
     path = Path(path)
