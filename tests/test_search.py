@@ -270,6 +270,30 @@ def test_a_killed_build_resumes_without_redoing_parts(
     assert not (tmp_path / "idx" / "parts").exists()
 
 
+def test_a_second_build_into_the_same_directory_is_refused(
+    built: Index, minilm_dir: Path, tmp_path: Path
+) -> None:
+    """A build holds its directory alone while it runs (as embed --ray's): a second one started
+    on it (the command run twice) is refused in one line, before it writes anything; the
+    first's lock given back, the build runs. A build refused before writing (a bad row found
+    while counting) leaves no directory it made."""
+    from bertforge.fileio import sole_writer
+
+    out = tmp_path / "idx"
+    options = dict(chunk=2, progress=False, precision="fp32")
+    with sole_writer(out, "index build"):
+        with pytest.raises(ConfigError, match=r"idx: another index build is writing it now"):
+            Index.build(minilm_dir, corpus(tmp_path), out, **options)
+        assert list(out.iterdir()) == []
+    got = Index.build(minilm_dir, corpus(tmp_path), out, **options)
+    assert got.ids == built.ids
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "a", "text": "one"}\n{not json\n')
+    with pytest.raises(DataError, match="bad.jsonl: line 2"):
+        Index.build(minilm_dir, bad, tmp_path / "new" / "idx", **options)
+    assert not (tmp_path / "new").exists()  # neither it nor the parent it made
+
+
 def test_hybrid_weighted_and_by_standardised_scores(built: Index) -> None:
     """alpha weighs the dense list against BM25's in both fusions: reciprocal rank (2 alpha and
     2 (1 - alpha), so 0.5 is the plain sum) and z-scores (each list's scores standardised per

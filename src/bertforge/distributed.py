@@ -441,7 +441,8 @@ def _index(
     if is_dsn(to):
         return _index_postgres(model, corpus, records, count, str(to), r, table, options)
     file = isinstance(corpus, Path)
-    with cluster(r.address) as ray:  # a cluster not there: said before anything is written
+    # a cluster not there: said before anything is written; another build on `to`: refused
+    with cluster(r.address) as ray, sole_writer(to, "index build"):
         build = Index.begin(model, corpus, to, fmt=fmt, count=None if file else count, **options)
         chunk, cut = build.options.chunk, list(build.cut)
 
@@ -455,7 +456,7 @@ def _index(
 
         pool = workers(ray, r, build.settings, build.options)
         done = run_chunks(ray, pool, jobs(), build.documents, build.options.progress)
-    return build.finish(len(done), build.documents)
+        return build.finish(len(done), build.documents)
 
 
 def _index_postgres(

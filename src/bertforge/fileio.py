@@ -129,13 +129,13 @@ def sole_writer(directory: str | os.PathLike[str], what: str) -> Iterator[Path]:
     """The directory (made if missing) held by this job alone while the block runs: another
     process's job holding it is refused, one line (an advisory flock on the directory, released
     when the block ends or the process dies; local to a machine, so two nodes writing one
-    shared directory are not kept apart). A directory made here and left empty by a failed
-    block is removed. A path that is a file is left to the caller to refuse."""
+    shared directory are not kept apart). Directories made here (the parents too) and left
+    empty by a failed block are removed. A path that is a file is left to the caller to refuse."""
     directory = Path(directory)
     if directory.exists() and not directory.is_dir():
         yield directory
         return
-    made = not directory.exists()
+    made = [d for d in [directory, *directory.parents] if not d.exists()]  # leaf first
     directory.mkdir(parents=True, exist_ok=True)
     fd = os.open(directory, os.O_RDONLY)
     try:
@@ -154,8 +154,10 @@ def sole_writer(directory: str | os.PathLike[str], what: str) -> Iterator[Path]:
         try:
             yield directory
         except BaseException:
-            if made and not any(directory.iterdir()):
-                directory.rmdir()
+            for d in made:  # what this made, while nothing was written in it
+                if any(d.iterdir()):
+                    break
+                d.rmdir()
             raise
     finally:
         os.close(fd)

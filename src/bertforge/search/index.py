@@ -58,6 +58,7 @@ from ..fileio import (
     json_text,
     read_json,
     read_lines,
+    sole_writer,
     write_json,
     write_text,
 )
@@ -198,9 +199,10 @@ class Index:
         int8, uint8, binary or ubinary keeps the vectors quantised (embedding.quantize: 4 or 32
         times smaller; int8/uint8 buckets from the corpus's own vectors), float queries scored
         against their stand-ins (embedding.dequantize)."""
-        build = cls.begin(model, corpus, out, fmt=fmt, **options)
-        rows = read_search_corpus(Path(corpus), fmt)
-        return build.finish(*_build_parts(build, rows))
+        with sole_writer(out, "index build"):  # a second build on `out` meanwhile: refused
+            build = cls.begin(model, corpus, out, fmt=fmt, **options)
+            rows = read_search_corpus(Path(corpus), fmt)
+            return build.finish(*_build_parts(build, rows))
 
     @classmethod
     def begin(
