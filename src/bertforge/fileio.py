@@ -30,6 +30,11 @@ from typing import Any
 
 from .errors import CheckpointError, ConfigError, DataError, check_choice, redacted
 
+try:
+    import fcntl  # sole_writer's lock; not on Windows, where there is none
+except ImportError:
+    fcntl = None  # type: ignore[assignment]
+
 ENCODING_ERRORS = ("strict", "replace", "ignore")  # what to do with bytes that are not UTF-8
 _UMASK = os.umask(0o022)
 os.umask(_UMASK)  # read (there is no other way) and put back at once
@@ -47,22 +52,19 @@ def line_spans(
     (a list) gets the sha256 of each piece's bytes, in the same pass: a job that went on after
     its input changed redoes only the pieces that differ."""
     spans: list[list[int]] = []
+    pieces: list[Any] = []  # each span's sha256, fed as it is read
     offset = 0
-    piece = None
     with open(path, "rb") as f:
         for n, raw in enumerate(f):
             if n % every == 0:
                 spans.append([offset, n + 1, 0])
-                if sha256s is not None:
-                    if piece is not None:
-                        sha256s.append(piece.hexdigest())
-                    piece = hashlib.sha256()
+                pieces.append(hashlib.sha256())
             spans[-1][2] += 1
             offset += len(raw)
-            if piece is not None:
-                piece.update(raw)
-    if sha256s is not None and piece is not None:
-        sha256s.append(piece.hexdigest())
+            if sha256s is not None:
+                pieces[-1].update(raw)
+    if sha256s is not None:
+        sha256s.extend(piece.hexdigest() for piece in pieces)
     return [(a, b, c) for a, b, c in spans]
 
 
@@ -139,11 +141,7 @@ def sole_writer(directory: str | os.PathLike[str], what: str) -> Iterator[Path]:
     directory.mkdir(parents=True, exist_ok=True)
     fd = os.open(directory, os.O_RDONLY)
     try:
-        try:
-            import fcntl  # not on Windows: there, no lock
-        except ImportError:
-            fcntl = None  # type: ignore[assignment]
-        if fcntl is not None:
+        if fcntl is not None:  # not on Windows: there, no lock
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
